@@ -1,0 +1,39 @@
+"""opforge: define a deep-learning op once — signature, kernels, shape rule, gradient rule — and get
+argument checking, dispatch, eager autograd to any order and gradient checks from that one definition.
+
+    import opforge as of
+    from opforge import ops as F
+"""
+
+from . import ops, testing
+from .autodiff import backward, grad
+from .core import (
+    ArgumentError,
+    DispatchError,
+    GradientError,
+    OpforgeError,
+    Sample,
+    SchemaError,
+    ShapeError,
+    Spec,
+    enable_grad,
+    is_grad_enabled,
+    manual_seed,
+    no_grad,
+    register_device,
+    registry,
+    set_grad_enabled,
+)
+from .core.dtypes import bool_, float32, float64, int32, int64
+from .creation import arange, full, ones, rand, randn, tensor, zeros
+from .dispatch import op
+from .tensor import Tensor
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ArgumentError", "DispatchError", "GradientError", "OpforgeError", "Sample", "SchemaError", "ShapeError",
+    "Spec", "Tensor", "arange", "backward", "bool_", "enable_grad", "float32", "float64", "full", "grad",
+    "int32", "int64", "is_grad_enabled", "manual_seed", "no_grad", "ones", "op", "ops", "rand", "randn",
+    "register_device", "registry", "set_grad_enabled", "tensor", "testing", "zeros",
+]

@@ -1,0 +1,316 @@
+"""``OpDef``: everything opforge knows about one op, gathered from its one definition.
+
+An ``OpDef`` is made by ``@of.op(signature)`` (see ``opforge.dispatch``) and grows through its
+decorator methods: ``@op.kernel`` (more kernels), ``@op.infer`` (shape/dtype rule), ``@op.grad``
+(gradient rule), ``@op.check`` (attribute validation) and ``@op.samples`` (inputs for the
+conformance suite). The registry maps op names to ``OpDef``s.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import NamedTuple
+
+import numpy as np
+
+from . import dtypes as D
+from .devices import check_device
+from .errors import ArgumentError, DispatchError, OpforgeError, SchemaError, ShapeError, describe
+from .schema import Schema
+from .spec import Spec, broadcast_shapes
+
+TRAITS = {
+    "elementwise": "output has the shape and dtype of the first input",
+    "broadcast": "inputs broadcast together; output dtype is their promoted dtype",
+    "no_grad": "not differentiable: outputs never require grad, autograd skips the op",
+    "random": "draws from the seeded generator; never merged with an identical op",
+}
+
+
+class Kernel(NamedTuple):
+    fn: object
+    device: str
+    dtypes: tuple | None  # None: every dtype the op allows
+    takes_out: bool  # accepts out= (a buffer to write into)
+    takes_rng: bool  # accepts rng= (a numpy Generator)
+
+
+class GradRule(NamedTuple):
+    """A gradient rule and what it asks for, worked out once from its parameter names."""
+
+    fn: object
+    params: tuple  # every parameter name, in order
+    saved_inputs: tuple  # (name, input position) of forward inputs the rule needs
+    saved_outputs: tuple  # (name, output position) of forward outputs the rule needs
+    output_grads: tuple  # (name, output position) of incoming output gradients, "d<output>"
+    spec_params: tuple  # (name, "in"|"out", position): "<name>_spec" gives a Spec, keeps no data
+    attrs: tuple  # attribute names the rule takes
+    wants_needs: bool  # takes needs_input_grad
+
+
+class Sample(NamedTuple):
+    """One call of an op for the conformance suite: positional args (arrays for tensors) and attrs."""
+
+    args: tuple
+    kwargs: dict
+
+    @classmethod
+    def of(cls, *args, **kwargs) -> Sample:
+        return cls(args, kwargs)
+
+
+class OpDef:
+    def __init__(self, schema: Schema, traits=(), *, inplace=None, doc: str = "", defined_at: str = ""):
+        self.name = schema.name
+        self.schema = schema
+        unknown = [t for t in traits if t not in TRAITS]
+        if unknown:
+            raise SchemaError(f"op '{self.name}': unknown trait(s) {unknown}; known traits: {sorted(TRAITS)}")
+        self.traits = frozenset(traits)
+        if "elementwise" in self.traits and "broadcast" in self.traits:
+            raise SchemaError(f"op '{self.name}': traits 'elementwise' and 'broadcast' exclude each other")
+        self.inputs = schema.inputs
+        self.attrs = schema.attrs
+        self.outputs = schema.outputs
+        self.input_names = tuple(p.name for p in self.inputs)
+        self.output_names = tuple(o.name for o in self.outputs)
+        self.inplace = dict(inplace or {})
+        for out, inp in self.inplace.items():
+            if out not in self.output_names or inp not in self.input_names:
+                raise SchemaError(
+                    f"op '{self.name}': inplace pair {out!r}: {inp!r} must map an output "
+                    f"{self.output_names} to an input {self.input_names}"
+                )
+        clash = {"d" + o for o in self.output_names} & {p.name for p in schema.params}
+        if clash:
+            raise SchemaError(
+                f"op '{self.name}': argument(s) {sorted(clash)} clash with the output-gradient names "
+                "a gradient rule uses (d<output>); rename the argument or the output"
+            )
+        if ("elementwise" in self.traits or "broadcast" in self.traits) and not self.inputs:
+            raise SchemaError(f"op '{self.name}': traits elementwise/broadcast need a tensor input")
+        self.doc = doc
+        self.defined_at = defined_at
+        self.kernels: dict = {}  # (device, dtype or None) -> Kernel
+        self._kernel_cache: dict = {}  # (device, dtype) -> Kernel, filled on use
+        self.kernel_table: dict = {}  # device -> dtype -> kernel function: the dispatch fast path's cache
+        self.infer_fn = None
+        self.grad_rule: GradRule | None = None
+        self.check_fn = None
+        self.samples_fn = None
+        self.fn = None  # the generated functional API, set by opforge.dispatch
+        self.validate = None
+        self._refresh_validate()
+
+    # -- decorator methods --------------------------------------------------------------------------------
+
+    def kernel(self, device: str = "cpu", dtypes=None):
+        """Register a kernel for ``device`` and the given dtypes (default: every dtype the op allows)."""
+        check_device(device, f"op '{self.name}'.kernel()")
+        dts = None if dtypes is None else tuple(D.as_dtype(d, op=f"{self.name}.kernel", arg="dtypes")
+                                                 for d in dtypes)
+
+        def register(fn):
+            self.add_kernel(fn, device, dts)
+            return fn
+
+        return register
+
+    def add_kernel(self, fn, device: str, dtypes: tuple | None) -> None:
+        params = inspect.signature(fn).parameters
+        kernel = Kernel(fn, device, dtypes, "out" in params, "rng" in params)
+        if "random" in self.traits and not kernel.takes_rng:
+            raise SchemaError(f"op '{self.name}' has the trait 'random': its kernels must take rng=")
+        for dt in dtypes or (None,):
+            self.kernels[(device, dt)] = kernel
+        self._kernel_cache.clear()
+        self.kernel_table.clear()
+
+    def infer(self, fn):
+        """Register the shape/dtype rule: input Specs (and attrs as keywords) -> output Spec(s)."""
+        self.infer_fn = fn
+        self._refresh_validate()
+        return fn
+
+    def check(self, fn):
+        """Register attribute validation: called with the attrs as keywords; raise ValueError to refuse."""
+        self.check_fn = fn
+        self._refresh_validate()
+        return fn
+
+    def _refresh_validate(self) -> None:
+        """Set ``validate``: what every call runs before its kernel (None, the common case, costs nothing)."""
+        missing_infer = self.infer_fn is None and not ({"elementwise", "broadcast"} & self.traits)
+        check = self.check_fn
+        if not missing_infer and check is None:
+            self.validate = None
+            return
+
+        def validate(attrs: dict) -> None:
+            if missing_infer:
+                raise SchemaError(self.missing_infer_message())
+            try:
+                check(**attrs)
+            except (ValueError, TypeError) as e:
+                if isinstance(e, OpforgeError):
+                    raise
+                raise ArgumentError(f"{self.name}(): {e}") from None
+
+        self.validate = validate
+
+    def samples(self, fn):
+        """Register sample inputs for the conformance suite: ``fn(rng)`` yields ``Sample``s."""
+        self.samples_fn = fn
+        return fn
+
+    def grad(self, fn):
+        """Register the gradient rule. Its parameter names say what it needs (see GradRule)."""
+        self.grad_rule = self._parse_rule(fn)
+        return fn
+
+    def _parse_rule(self, fn) -> GradRule:
+        names = tuple(inspect.signature(fn).parameters)
+        inputs = {n: i for i, n in enumerate(self.input_names)}
+        outputs = {n: i for i, n in enumerate(self.output_names)}
+        attrs = {p.name for p in self.attrs}
+        saved_in, saved_out, douts, specs, rule_attrs, needs = [], [], [], [], [], False
+        for n in names:
+            if n in inputs:
+                saved_in.append((n, inputs[n]))
+            elif n in outputs:
+                saved_out.append((n, outputs[n]))
+            elif n.startswith("d") and n[1:] in outputs:
+                douts.append((n, outputs[n[1:]]))
+            elif n in attrs:
+                rule_attrs.append(n)
+            elif n.endswith("_spec") and n[:-5] in inputs:
+                specs.append((n, "in", inputs[n[:-5]]))
+            elif n.endswith("_spec") and n[:-5] in outputs:
+                specs.append((n, "out", outputs[n[:-5]]))
+            elif n == "needs_input_grad":
+                needs = True
+            else:
+                raise SchemaError(
+                    f"gradient rule of op '{self.name}': parameter '{n}' is none of: inputs "
+                    f"{list(inputs)}, outputs {list(outputs)}, output gradients "
+                    f"{['d' + o for o in outputs]}, attrs {sorted(attrs)}, '<input>_spec', 'needs_input_grad'"
+                )
+        return GradRule(fn, names, tuple(saved_in), tuple(saved_out), tuple(douts), tuple(specs),
+                        tuple(rule_attrs), needs)
+
+    # -- queries -----------------------------------------------------------------------------------------
+
+    @property
+    def differentiable(self) -> bool:
+        return "no_grad" not in self.traits and self.grad_rule is not None
+
+    def find_kernel(self, device: str, dtype) -> Kernel:
+        key = (device, dtype)
+        kernel = self._kernel_cache.get(key)
+        if kernel is None:
+            kernel = self.kernels.get(key) or self.kernels.get((device, None))
+            if kernel is None:
+                have = sorted(f"{d}/{t if t is not None else 'any dtype'}" for d, t in self.kernels)
+                raise DispatchError(
+                    f"op '{self.name}' has no kernel for device '{device}' and dtype {dtype}; "
+                    f"kernels exist for: {', '.join(have) or 'nothing'}"
+                )
+            self._kernel_cache[key] = kernel
+        return kernel
+
+    def infer_specs(self, inputs: list, attrs: dict) -> tuple:
+        """Output Specs from input Specs (a list per ``Tensor[]`` input, None for a missing ``Tensor?``)."""
+        for p, spec in zip(self.inputs, inputs):
+            for s in spec if p.is_list else (spec,):
+                if s is not None and p.dtypes is not None and s.dtype not in p.dtypes:
+                    raise ArgumentError(
+                        f"{self.name}(): argument '{p.name}' expected dtype "
+                        f"{' or '.join(map(str, p.dtypes))}, got {s.dtype}"
+                    )
+        if self.infer_fn is not None:
+            result = self.infer_fn(*inputs, **attrs)
+        elif "elementwise" in self.traits:
+            result = inputs[0]
+        elif "broadcast" in self.traits:
+            specs = [s for s in inputs if s is not None]
+            shape = broadcast_shapes(*(s.shape for s in specs), op=self.name)
+            result = Spec(shape, D.promote(*(s.dtype for s in specs)))
+        else:
+            raise SchemaError(self.missing_infer_message())
+        result = tuple(result) if isinstance(result, (tuple, list)) and not isinstance(result, Spec) else (result,)
+        if len(result) != len(self.outputs) or not all(
+            isinstance(r, Spec) or (o.is_list and isinstance(r, (list, tuple)))
+            for r, o in zip(result, self.outputs)
+        ):
+            raise SchemaError(
+                f"infer function of op '{self.name}' must return {len(self.outputs)} Spec(s) "
+                f"for outputs {list(self.output_names)}, returned {describe(result)}"
+            )
+        return result
+
+    def missing_infer_message(self) -> str:
+        return (
+            f"op '{self.name}' (defined at {self.defined_at}) has no shape/dtype rule: give it the trait "
+            "'elementwise' or 'broadcast', or register one with @{0}.infer".format(self.name)
+        )
+
+    def check_shapes(self, specs: list, attrs: dict, error: Exception) -> None:
+        """After a kernel failed: let the infer rule explain the mistake, else re-raise naming the op."""
+        try:
+            self.infer_specs(specs, attrs)
+        except (ShapeError, ArgumentError):
+            raise
+        except Exception:
+            pass
+        shapes = ", ".join(
+            f"{p.name}: {[tuple(s.shape) for s in sp] if p.is_list else (None if sp is None else sp)}"
+            for p, sp in zip(self.inputs, specs)
+        )
+        raise ShapeError(f"{self.name}(): the kernel failed on inputs ({shapes}): {error}") from error
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<op {self.schema}>"
+
+
+def spec_of_array(array: np.ndarray) -> Spec:
+    return Spec(array.shape, array.dtype)
+
+
+class Registry:
+    """Op name -> OpDef. Listeners (the ``opforge.ops`` namespace) hear of every new or replaced op."""
+
+    def __init__(self):
+        self.ops: dict[str, OpDef] = {}
+        self.listeners: list = []
+
+    def add(self, op: OpDef, replace: bool = False) -> None:
+        old = self.ops.get(op.name)
+        if old is not None and not replace:
+            raise SchemaError(
+                f"op '{op.name}' is already defined (at {old.defined_at}); "
+                "pass replace=True to of.op(...) to redefine it"
+            )
+        self.ops[op.name] = op
+        for listener in self.listeners:
+            listener(op)
+
+    def get(self, name: str) -> OpDef:
+        try:
+            return self.ops[name]
+        except KeyError:
+            raise KeyError(f"no op named '{name}' is registered") from None
+
+    def __iter__(self):
+        return iter(list(self.ops.values()))
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.ops
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+
+registry = Registry()

@@ -1,0 +1,62 @@
+"""``Spec``: what is known of a tensor before it is computed — its shape (dims may be None) and dtype."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from .errors import ShapeError
+
+
+class Spec(NamedTuple):
+    """Shape and dtype of a tensor. A dim of ``None`` is unknown until run time (a batch dim, say)."""
+
+    shape: tuple
+    dtype: np.dtype
+
+    @classmethod
+    def of(cls, shape, dtype) -> Spec:
+        from .dtypes import as_dtype
+
+        return cls(tuple(None if d is None else int(d) for d in shape), as_dtype(dtype))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def matches(self, other: Spec) -> bool:
+        """True if a concrete ``other`` fits this spec (None dims match any size)."""
+        return (
+            self.dtype == other.dtype
+            and len(self.shape) == len(other.shape)
+            and all(a is None or b is None or a == b for a, b in zip(self.shape, other.shape))
+        )
+
+    def __repr__(self) -> str:
+        dims = ", ".join("?" if d is None else str(d) for d in self.shape)
+        return f"Spec(({dims}{',' if len(self.shape) == 1 else ''}), {self.dtype})"
+
+
+def broadcast_shapes(*shapes, op: str = "") -> tuple:
+    """NumPy broadcasting of shapes whose dims may be None (unknown).
+
+    An unknown dim against 1 stays unknown; against a known n > 1 it becomes n (it must be n or 1).
+    """
+    ndim = max((len(s) for s in shapes), default=0)
+    out = []
+    for i in range(-ndim, 0):
+        dims = [s[i] for s in shapes if len(s) >= -i]
+        known = {d for d in dims if d is not None and d != 1}
+        if len(known) > 1:
+            raise ShapeError(
+                f"{op + '(): ' if op else ''}shapes {' and '.join(str(tuple(s)) for s in shapes)}"
+                f" do not broadcast: dim {i} has sizes {sorted(known)}"
+            )
+        if known:
+            out.append(known.pop())
+        elif any(d is None for d in dims):
+            out.append(None)
+        else:
+            out.append(1)
+    return tuple(out)

@@ -1,0 +1,23 @@
+"""``opforge.ops``: every registered op as a function — the library's and yours alike.
+
+    from opforge import ops as F
+    y = F.leaky_relu(x, alpha=0.2)
+
+Each function is generated from the op's signature (see ``opforge.dispatch``): it has a real
+``inspect.signature`` and a docstring built from the schema and the kernel's docstring. An op defined
+with ``@of.op`` appears here the moment it is defined. The library's ops are defined in the family
+modules of this package, each op's signature, kernel, shape rule, gradient rule and samples together.
+"""
+
+from ..core.opdef import registry as _registry
+
+
+def _publish(opdef) -> None:
+    globals()[opdef.name] = opdef.fn
+
+
+_registry.listeners.append(_publish)
+for _op in _registry:
+    _publish(_op)
+
+from . import creation, elementwise, binary, reduce, shape, linalg, loss  # noqa: E402, F401, I001

@@ -1,0 +1,26 @@
+"""What op definitions share: the decorator, sample helpers and small shape helpers for infer rules."""
+
+import numpy as np
+
+from ..core import dtypes as D
+from ..core.errors import ShapeError
+from ..core.opdef import Sample
+from ..core.spec import Spec, broadcast_shapes
+from ..dispatch import op
+
+__all__ = ["D", "Sample", "ShapeError", "Spec", "broadcast_shapes", "normalize_axes", "np", "op"]
+
+
+def normalize_axes(op_name: str, axes, ndim: int) -> tuple:
+    """Axes (None = all) -> sorted non-negative tuple; an axis out of range is a ShapeError naming the op."""
+    if axes is None:
+        return tuple(range(ndim))
+    out = []
+    for a in axes:
+        if not -ndim <= a < max(ndim, 1) or (ndim == 0 and a not in (0, -1)):
+            raise ShapeError(f"{op_name}(): axis {a} is out of range for a tensor of rank {ndim}")
+        a = a % ndim if ndim else 0
+        if a in out:
+            raise ShapeError(f"{op_name}(): axis {a} is given twice in {tuple(axes)}")
+        out.append(a)
+    return tuple(sorted(out))

@@ -1,0 +1,192 @@
+"""Binary ops with NumPy broadcasting. The engine sums each gradient back to its input's shape,
+so rules here are written as if nothing were broadcast."""
+
+from opforge import ops as F
+
+from ._common import D, Sample, Spec, broadcast_shapes, np, op
+
+
+@op("add(Tensor x, Tensor y) -> Tensor out", traits=["broadcast"])
+def add(x, y):
+    """x + y."""
+    return np.add(x, y)
+
+
+@add.grad
+def _(dout):
+    return dout, dout
+
+
+@op("sub(Tensor x, Tensor y) -> Tensor out", traits=["broadcast"])
+def sub(x, y):
+    """x − y."""
+    return np.subtract(x, y)
+
+
+@sub.grad
+def _(dout):
+    return dout, F.neg(dout)
+
+
+@op("minus(Tensor x, Tensor y) -> Tensor out", traits=["broadcast"])
+def minus(x, y):
+    """x − y, with the gradient of PaddlePaddle's design example: identity and scale(−1)."""
+    return np.subtract(x, y)
+
+
+@minus.grad
+def _(dout):
+    return F.identity(dout), F.scale(dout, scale=-1.0)
+
+
+@op("mul(Tensor x, Tensor y) -> Tensor out", traits=["broadcast"])
+def mul(x, y):
+    """x · y."""
+    return np.multiply(x, y)
+
+
+@mul.grad
+def _(x, y, dout):
+    return dout * y, dout * x
+
+
+@op("div(Tensor x, Tensor y) -> Tensor out", traits=["broadcast"])
+def div(x, y):
+    """x / y (true division: integers give float64, as in NumPy)."""
+    return np.true_divide(x, y)
+
+
+@div.infer
+def _(x, y):
+    dtype = D.promote(x.dtype, y.dtype)
+    return Spec(broadcast_shapes(x.shape, y.shape, op="div"), dtype if dtype.kind == "f" else D.float64)
+
+
+@div.grad
+def _(y, out, dout):
+    return dout / y, -dout * out / y
+
+
+@div.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((2, 3)), rng.uniform(0.5, 2.0, (2, 3)))
+    yield Sample.of(rng.standard_normal((2, 3)), rng.uniform(-2.0, -0.5, (3,)))
+    yield Sample.of(rng.standard_normal(()), rng.uniform(0.5, 2.0, (2, 1)))
+
+
+@op("pow(Tensor x, Tensor y) -> Tensor out", traits=["broadcast"])
+def pow(x, y):
+    """xʸ."""
+    return np.power(x, y)
+
+
+@pow.grad
+def _(x, y, out, dout, needs_input_grad):
+    dx = dout * y * F.pow(x, y - 1) if needs_input_grad[0] else None
+    dy = None
+    if needs_input_grad[1]:
+        # d/dy xʸ = xʸ·ln x; 0 where x = 0 (as PyTorch), NaN where x < 0.
+        dy = F.where(x == 0, 0, dout * out * F.log(F.where(x == 0, 1, x)))
+    return dx, dy
+
+
+@pow.samples
+def _(rng):
+    yield Sample.of(rng.uniform(0.5, 2.0, (2, 3)), rng.uniform(-2.0, 2.0, (2, 3)))
+    yield Sample.of(rng.uniform(0.5, 2.0, (3,)), rng.uniform(-2.0, 2.0, ()))
+    yield Sample.of(rng.uniform(0.5, 2.0, (2, 3)), np.array(2.0))
+
+
+@op("maximum(Tensor x, Tensor y) -> Tensor out", traits=["broadcast"])
+def maximum(x, y):
+    """The larger of x and y, elementwise."""
+    return np.maximum(x, y)
+
+
+@maximum.grad
+def _(x, y, dout):
+    half = dout * 0.5  # ties share the gradient equally, as in PyTorch
+    return (F.where(x > y, dout, F.where(x == y, half, 0)),
+            F.where(y > x, dout, F.where(x == y, half, 0)))
+
+
+@maximum.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((2, 3)), rng.standard_normal((2, 3)))
+    yield Sample.of(rng.standard_normal((2, 3)), rng.standard_normal(3))
+    # Ties (x == y) are tested against PyTorch in tests/: the derivative jumps there, so central
+    # differences of the second order would not mean anything.
+
+
+def _where_spec(condition, x, y):
+    return Spec(broadcast_shapes(condition.shape, x.shape, y.shape, op="where"), D.promote(x.dtype, y.dtype))
+
+
+@op("where(nograd Tensor<bool> condition, Tensor x, Tensor y) -> Tensor out", infer=_where_spec)
+def where(condition, x, y):
+    """x where condition holds, else y."""
+    return np.where(condition, x, y)
+
+
+@where.grad
+def _(condition, dout):
+    return None, F.where(condition, dout, 0), F.where(condition, 0, dout)
+
+
+@where.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((2, 3)) > 0, rng.standard_normal((2, 3)), rng.standard_normal((2, 3)))
+    yield Sample.of(rng.standard_normal(3) > 0, rng.standard_normal((2, 3)), rng.standard_normal(()))
+
+
+# -- comparisons: bool results, no gradient ----------------------------------------------------------------
+
+
+def _compare_spec(x, y):
+    return Spec(broadcast_shapes(x.shape, y.shape), D.bool_)
+
+
+def _compare_samples(rng):
+    x = rng.standard_normal((2, 3))
+    yield Sample.of(x, np.where(rng.standard_normal((2, 3)) > 0, x, rng.standard_normal((2, 3))))
+    yield Sample.of(rng.standard_normal((2, 3)), rng.standard_normal(3))
+
+
+@op("less(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec)
+def less(x, y):
+    """x < y."""
+    return np.less(x, y)
+
+
+@op("less_equal(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec)
+def less_equal(x, y):
+    """x ≤ y."""
+    return np.less_equal(x, y)
+
+
+@op("greater(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec)
+def greater(x, y):
+    """x > y."""
+    return np.greater(x, y)
+
+
+@op("greater_equal(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec)
+def greater_equal(x, y):
+    """x ≥ y."""
+    return np.greater_equal(x, y)
+
+
+@op("equal(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec)
+def equal(x, y):
+    """x == y."""
+    return np.equal(x, y)
+
+
+@op("not_equal(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec)
+def not_equal(x, y):
+    """x ≠ y."""
+    return np.not_equal(x, y)
+
+
+for _compare in (less, less_equal, greater, greater_equal, equal, not_equal):
+    _compare.samples(_compare_samples)

@@ -1,0 +1,82 @@
+"""Ops that make tensors from attributes alone. ``random`` ones draw from the seeded generator."""
+
+from ._common import D, Sample, ShapeError, Spec, np, op
+
+
+def _shape_spec(*, shape, dtype=None, **_):
+    if any(d < 0 for d in shape):
+        raise ShapeError(f"shape {list(shape)} has a negative dim")
+    return Spec(tuple(shape), dtype or D.DEFAULT_FLOAT)
+
+
+def _shape_samples(rng):
+    yield Sample.of(shape=[2, 3])
+    yield Sample.of(shape=[], dtype="float64")
+    yield Sample.of(shape=[4], dtype="int64")
+
+
+@op("zeros(*, int[] shape, dtype dtype=None) -> Tensor y", traits=["no_grad"], infer=_shape_spec)
+def zeros(*, shape, dtype):
+    """A tensor of zeros (float32 unless ``dtype`` says otherwise)."""
+    return np.zeros(shape, dtype or D.DEFAULT_FLOAT)
+
+
+@op("ones(*, int[] shape, dtype dtype=None) -> Tensor y", traits=["no_grad"], infer=_shape_spec)
+def ones(*, shape, dtype):
+    """A tensor of ones (float32 unless ``dtype`` says otherwise)."""
+    return np.ones(shape, dtype or D.DEFAULT_FLOAT)
+
+
+@op("full(*, int[] shape, float fill_value, dtype dtype=None) -> Tensor y", traits=["no_grad"],
+    infer=_shape_spec)
+def full(*, shape, fill_value, dtype):
+    """A tensor filled with ``fill_value``."""
+    return np.full(shape, fill_value, dtype or D.DEFAULT_FLOAT)
+
+
+@op("normal(*, int[] shape, float mean=0.0, float std=1.0, dtype dtype=None) -> Tensor y",
+    traits=["no_grad", "random"], infer=_shape_spec)
+def normal(*, shape, mean, std, dtype, rng):
+    """Samples of N(mean, std²)."""
+    return (mean + std * rng.standard_normal(shape)).astype(dtype or D.DEFAULT_FLOAT)
+
+
+@op("uniform(*, int[] shape, float low=0.0, float high=1.0, dtype dtype=None) -> Tensor y",
+    traits=["no_grad", "random"], infer=_shape_spec)
+def uniform(*, shape, low, high, dtype, rng):
+    """Samples of U[low, high)."""
+    return rng.uniform(low, high, shape).astype(dtype or D.DEFAULT_FLOAT)
+
+
+@op("arange(*, float start, float stop, float step=1.0, dtype dtype=None) -> Tensor y", traits=["no_grad"])
+def arange(*, start, stop, step, dtype):
+    """Evenly spaced values in [start, stop)."""
+    return np.arange(start, stop, step).astype(dtype or D.DEFAULT_FLOAT)
+
+
+@arange.check
+def _(*, start, stop, step, dtype):
+    if step == 0:
+        raise ValueError("argument 'step' must not be 0")
+
+
+@arange.infer
+def _(*, start, stop, step, dtype):
+    return Spec((max(0, int(np.ceil((stop - start) / step))),), dtype or D.DEFAULT_FLOAT)
+
+
+for _op in (zeros, ones, normal, uniform):
+    _op.samples(_shape_samples)
+
+
+@full.samples
+def _(rng):
+    yield Sample.of(shape=[2, 3], fill_value=1.5)
+    yield Sample.of(shape=[2], fill_value=3, dtype="int32")
+
+
+@arange.samples
+def _(rng):
+    yield Sample.of(start=0, stop=5)
+    yield Sample.of(start=1, stop=2, step=0.25, dtype="float64")
+    yield Sample.of(start=5, stop=0, step=-1, dtype="int64")

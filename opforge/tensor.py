@@ -1,0 +1,370 @@
+"""The eager ``Tensor``: a NumPy array plus what autograd needs to know about where it came from.
+
+Every operator and method here calls a registered op (``opforge.ops``); none touches the array
+directly, so nothing bypasses autograd or program tracing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .core import dtypes as D
+from .core.errors import ArgumentError, GradientError, describe
+
+
+class Node:
+    """One recorded op call: what its gradient rule needs, and where each input's gradient goes.
+
+    ``edges[i]`` is ``(node, output_index)`` for an input made by a recorded op, ``(leaf_tensor, -1)``
+    for a leaf that requires grad, and ``None`` for an input that gets no gradient. Saved outputs are
+    kept as bare arrays (a Tensor would point back at this node and make a reference cycle).
+    """
+
+    __slots__ = ("attrs", "edges", "in_layout", "in_meta", "op", "out_layout", "out_meta", "saved",
+                 "saved_out")
+
+    def __init__(self, op, attrs, edges, in_layout, in_meta, out_layout, out_meta, saved, saved_out):
+        self.op = op
+        self.attrs = attrs
+        self.edges = edges
+        self.in_layout = in_layout  # per schema input: -1 a Tensor (or None), k a list of k tensors
+        self.in_meta = in_meta  # per flattened input: (shape, dtype)
+        self.out_layout = out_layout
+        self.out_meta = out_meta  # per flattened output: (shape, dtype)
+        self.saved = saved  # name -> Tensor (or list) of inputs the rule names; None once freed
+        self.saved_out = saved_out  # name -> (output position, array)
+
+    def __repr__(self) -> str:
+        return f"<{self.op.name} node>"
+
+
+def _new(data, requires_grad=False, node=None, index=0, device="cpu") -> Tensor:
+    t = object.__new__(Tensor)
+    t._data = data
+    t._requires_grad = requires_grad
+    t._node = node
+    t._index = index
+    t._device = device
+    t.grad = None
+    return t
+
+
+class Tensor:
+    """An n-dimensional array that records the ops applied to it when it requires grad."""
+
+    __slots__ = ("__weakref__", "_data", "_device", "_index", "_node", "_requires_grad", "grad")
+    __array_priority__ = 1000  # so ndarray + Tensor calls Tensor.__radd__
+
+    def __init__(self, data, dtype=None, requires_grad=False, device="cpu"):
+        from .core.devices import check_device
+        from .creation import as_array
+
+        self._data = as_array(data, dtype)
+        self._device = check_device(device, "Tensor()")
+        self._node = None
+        self._index = 0
+        self.grad = None
+        self._requires_grad = False
+        if requires_grad:
+            self.requires_grad_(True)
+
+    # -- what it is --------------------------------------------------------------------------------------
+
+    @property
+    def shape(self) -> tuple:
+        return self._data.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._data.dtype
+
+    @property
+    def ndim(self) -> int:
+        return self._data.ndim
+
+    @property
+    def size(self) -> int:
+        return self._data.size
+
+    @property
+    def device(self) -> str:
+        return self._device
+
+    @property
+    def requires_grad(self) -> bool:
+        return self._requires_grad
+
+    @requires_grad.setter
+    def requires_grad(self, value: bool) -> None:
+        self.requires_grad_(value)
+
+    @property
+    def is_leaf(self) -> bool:
+        return self._node is None
+
+    @property
+    def grad_fn(self) -> Node | None:
+        return self._node
+
+    def numpy(self) -> np.ndarray:
+        """The underlying array, without a copy (writing to it changes this tensor)."""
+        return self._data
+
+    def item(self):
+        if self._data.size != 1:
+            raise ArgumentError(f"item(): only a tensor with one element converts, this one has shape {self.shape}")
+        return self._data.item()
+
+    def tolist(self):
+        return self._data.tolist()
+
+    def __array__(self, dtype=None, copy=None):
+        if copy:
+            return np.array(self._data, dtype=dtype, copy=True)
+        return self._data if dtype is None else self._data.astype(dtype, copy=False)
+
+    def __dlpack__(self, *args, **kwargs):
+        return self._data.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return self._data.__dlpack_device__()
+
+    def __len__(self) -> int:
+        if self._data.ndim == 0:
+            raise TypeError("len() of a 0-d tensor")
+        return len(self._data)
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def __bool__(self) -> bool:
+        return bool(self.item())
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __repr__(self) -> str:
+        body = np.array2string(self._data, separator=", ", prefix="tensor(")
+        extra = [f"dtype={self.dtype}"] if self.dtype not in (D.float32, D.int64, D.bool_) else []
+        if self._node is not None:
+            extra.append(f"grad_fn={self._node.op.name}")
+        elif self._requires_grad:
+            extra.append("requires_grad=True")
+        if self._device != "cpu":
+            extra.append(f"device='{self._device}'")
+        return f"tensor({body}{', ' if extra else ''}{', '.join(extra)})"
+
+    __hash__ = object.__hash__  # == is elementwise, so hash by identity (as PyTorch does)
+
+    # -- autograd ----------------------------------------------------------------------------------------
+
+    def requires_grad_(self, requires_grad: bool = True) -> Tensor:
+        if not isinstance(requires_grad, bool):
+            raise ArgumentError(f"requires_grad_(): expected a bool, got {describe(requires_grad)}")
+        if self._node is not None and not requires_grad:
+            raise GradientError(
+                "requires_grad_(False) on a tensor computed by a recorded op; use .detach() instead"
+            )
+        if requires_grad and not D.is_floating(self.dtype):
+            raise GradientError(f"only floating-point tensors can require grad, this one is {self.dtype}")
+        self._requires_grad = requires_grad
+        return self
+
+    def detach(self) -> Tensor:
+        """The same data, cut from the graph (no copy)."""
+        return _new(self._data, device=self._device)
+
+    def backward(self, gradient=None, retain_graph=None, create_graph=False) -> None:
+        from .autodiff import backward
+
+        backward([self], None if gradient is None else [gradient],
+                 retain_graph=retain_graph, create_graph=create_graph)
+
+    # -- operators: each one is a registered op ------------------------------------------------------------
+
+    def __add__(self, other):
+        return F.add(self, other)
+
+    def __radd__(self, other):
+        return F.add(other, self)
+
+    def __sub__(self, other):
+        return F.sub(self, other)
+
+    def __rsub__(self, other):
+        return F.sub(other, self)
+
+    def __mul__(self, other):
+        return F.mul(self, other)
+
+    def __rmul__(self, other):
+        return F.mul(other, self)
+
+    def __truediv__(self, other):
+        return F.div(self, other)
+
+    def __rtruediv__(self, other):
+        return F.div(other, self)
+
+    def __pow__(self, other):
+        return F.pow(self, other)
+
+    def __rpow__(self, other):
+        return F.pow(other, self)
+
+    def __matmul__(self, other):
+        return F.matmul(self, other)
+
+    def __rmatmul__(self, other):
+        return F.matmul(other, self)
+
+    def __neg__(self):
+        return F.neg(self)
+
+    def __pos__(self):
+        return self
+
+    def __abs__(self):
+        return F.abs(self)
+
+    def __lt__(self, other):
+        return F.less(self, other)
+
+    def __le__(self, other):
+        return F.less_equal(self, other)
+
+    def __gt__(self, other):
+        return F.greater(self, other)
+
+    def __ge__(self, other):
+        return F.greater_equal(self, other)
+
+    def __eq__(self, other):
+        return F.equal(self, other)
+
+    def __ne__(self, other):
+        return F.not_equal(self, other)
+
+    def __getitem__(self, index):
+        return _basic_index(self, index)
+
+    def __setitem__(self, index, value):
+        raise ArgumentError(
+            "Tensor does not support item assignment: it would change a value autograd may need; "
+            "build a new tensor with F.where or F.concat instead"
+        )
+
+    # -- methods: each one is a registered op --------------------------------------------------------------
+
+    def sum(self, axis=None, keepdim=False):
+        return F.sum(self, axis=axis, keepdim=keepdim)
+
+    def mean(self, axis=None, keepdim=False):
+        return F.mean(self, axis=axis, keepdim=keepdim)
+
+    def reshape(self, *shape):
+        return F.reshape(self, shape=shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape)
+
+    def transpose(self, *perm):
+        perm = perm[0] if len(perm) == 1 and not isinstance(perm[0], int) else perm
+        return F.transpose(self, perm=perm or None)
+
+    @property
+    def T(self):
+        return F.transpose(self)
+
+    def broadcast_to(self, shape):
+        return F.broadcast_to(self, shape=shape)
+
+    def astype(self, dtype):
+        return F.cast(self, dtype=dtype)
+
+    def float(self):
+        return F.cast(self, dtype=D.float32)
+
+    def double(self):
+        return F.cast(self, dtype=D.float64)
+
+    def matmul(self, other):
+        return F.matmul(self, other)
+
+    def pow(self, exponent):
+        return F.pow(self, exponent)
+
+    def maximum(self, other):
+        return F.maximum(self, other)
+
+    def exp(self):
+        return F.exp(self)
+
+    def log(self):
+        return F.log(self)
+
+    def sqrt(self):
+        return F.sqrt(self)
+
+    def square(self):
+        return F.square(self)
+
+    def abs(self):
+        return F.abs(self)
+
+    def tanh(self):
+        return F.tanh(self)
+
+    def sigmoid(self):
+        return F.sigmoid(self)
+
+    def relu(self):
+        return F.relu(self)
+
+
+def _basic_index(x: Tensor, index) -> Tensor:
+    """``x[index]`` for ints, slices, None and Ellipsis: one ``slice`` op, then a ``reshape`` if dims go or come."""
+    items = index if isinstance(index, tuple) else (index,)
+    for item in items:
+        if isinstance(item, (bool, np.bool_)) or not (
+            item is None or item is Ellipsis or isinstance(item, (slice, int, np.integer))
+        ):
+            raise ArgumentError(
+                f"Tensor indexing: only ints, slices, None and ... are supported here, got {describe(item)}"
+            )
+    if sum(item is Ellipsis for item in items) > 1:
+        raise ArgumentError("Tensor indexing: an index can hold only one '...'")
+    used = sum(1 for item in items if item is not None and item is not Ellipsis)
+    if used > x.ndim:
+        raise ArgumentError(f"Tensor indexing: too many indices ({used}) for a tensor of shape {x.shape}")
+    if Ellipsis in items:
+        at = items.index(Ellipsis)
+        items = items[:at] + (slice(None),) * (x.ndim - used) + items[at + 1:]
+    else:
+        items = items + (slice(None),) * (x.ndim - used)
+    axes, starts, ends, steps, shape = [], [], [], [], []
+    dim = 0
+    for item in items:
+        if item is None:
+            shape.append(1)
+            continue
+        size = x.shape[dim]
+        if isinstance(item, slice):
+            start, stop, step = item.indices(size)
+            if (start, stop, step) != (0, size, 1):
+                axes.append(dim), starts.append(start), ends.append(stop), steps.append(step)
+            shape.append(len(range(start, stop, step)))
+        else:
+            i = int(item)
+            if not -size <= i < size:
+                raise ArgumentError(f"Tensor indexing: index {i} is out of range for dim {dim} of size {size}")
+            i %= size
+            axes.append(dim), starts.append(i), ends.append(i + 1), steps.append(1)
+        dim += 1
+    y = F.slice(x, axes=axes, starts=starts, ends=ends, steps=steps) if axes else x
+    if tuple(shape) != y.shape:
+        return F.reshape(y, shape=shape)
+    return y if y is not x else F.identity(x)  # x[...] is a new tensor, as every index result
+
+
+from . import ops as F  # noqa: E402  (the ops need Tensor defined first; methods look them up at call time)

@@ -1,0 +1,7 @@
+"""Checks for ops: numeric gradient checks and the per-op conformance suite."""
+
+from .conformance import ConformanceError, OpReport, check_op, default_samples
+from .gradcheck import GradcheckError, GradcheckResult, gradcheck, gradgradcheck
+
+__all__ = ["ConformanceError", "GradcheckError", "GradcheckResult", "OpReport", "check_op", "default_samples",
+           "gradcheck", "gradgradcheck"]
