@@ -97,7 +97,7 @@ def _generate_api(opdef: OpDef):
     env = {
         "_of_op": opdef, "_of_T": Tensor, "_of_nd": np.ndarray, "_of_asarray": np.asarray,
         "_of_new": _new, "_of_gs": _grad_state, "_of_general": _general, "_of_find": _find_kernel,
-        "_of_fail": _kernel_failed, "_of_record": _record, "_of_rng": _generator,
+        "_of_fail": _kernel_failed, "_of_rng": _generator,
         "_of_check": check_attr, "_of_bad_dtype": _bad_dtype, "_of_wrap": _wrap_outputs,
     }
     for p in schema.params:
@@ -118,7 +118,8 @@ def _generate_api(opdef: OpDef):
     tuple_src = "(" + "".join(f"{p.name}, " for p in inputs) + ")"
 
     plain = inputs and all(not p.is_list and not p.optional for p in inputs)
-    if plain and opdef.outputs and not any(o.is_list for o in opdef.outputs):
+    opdef.fast_path = bool(plain and not any(o.is_list for o in opdef.outputs))
+    if opdef.fast_path:
         first = inputs[0].name
         cond = " and ".join(f"type({p.name}) is _of_T" for p in inputs)
         cond += "".join(f" and {p.name}._device is {first}._device" for p in inputs[1:])
@@ -142,7 +143,7 @@ def _generate_api(opdef: OpDef):
             needs = " or ".join(f"{p.name}._requires_grad" for p in inputs if p.differentiable)
             if needs:
                 lines.append(f"        if _of_gs.enabled and ({needs}):")
-                lines.append(f"            return _of_record(_of_op, {tuple_src}, {attrs}, _of_out)")
+                lines.append(f"            return _of_op.record({tuple_src}, {attrs}, _of_out)")
         if len(opdef.outputs) == 1:
             lines.append("        if type(_of_out) is not _of_nd:")
             lines.append("            _of_out = _of_asarray(_of_out)")
@@ -162,6 +163,8 @@ def _generate_api(opdef: OpDef):
     fn.__signature__ = _python_signature(opdef)
     fn.opdef = opdef
     fn.source = source
+    _set_record(opdef)
+    opdef.rule_listeners.append(_set_record)
     if len(opdef.outputs) > 1:
         opdef.result_type = namedtuple(f"{opdef.name}_result", opdef.output_names)
     return fn
@@ -258,17 +261,14 @@ def _record(opdef: OpDef, inputs: tuple, attrs: dict, out):
         else:
             edges.append((t, -1))
     device = next(t for t, _ in flat if t is not None)._device
-    if len(opdef.outputs) == 1 and not opdef.outputs[0].is_list:
-        outs, out_layout = [out if type(out) is np.ndarray else np.asarray(out)], (-1,)
-    else:
-        outs, out_layout = _flatten_outputs(opdef, out)
+    outs, out_layout = _flatten_outputs(opdef, out)
     rule = opdef.grad_rule
     saved, saved_out = {}, {}
     if rule is not None:
         for name, i in rule.saved_inputs:
             saved[name] = inputs[i]
         for name, i in rule.saved_outputs:
-            saved_out[name] = (i, out if out_layout == (-1,) else out[i])
+            saved_out[name] = (i, outs[i])
     node = Node(
         opdef, attrs, tuple(edges), tuple(in_layout),
         tuple(None if t is None else (t._data.shape, t._data.dtype) for t, _ in flat),
@@ -277,6 +277,39 @@ def _record(opdef: OpDef, inputs: tuple, attrs: dict, out):
     tensors = [_new(a, True, node, i, device) if a.dtype.kind == "f" else _new(a, False, None, 0, device)
                for i, a in enumerate(outs)]
     return _restructure(opdef, tensors, out_layout)
+
+
+def _set_record(opdef: OpDef) -> None:
+    """Give the op its ``record(inputs, attrs, out)``: generated straight-line code when every input is a
+    differentiable Tensor and there is one output (most ops), else the general ``_record``."""
+    inputs = opdef.inputs
+    plain = (inputs and all(not p.is_list and not p.optional and p.differentiable for p in inputs)
+             and len(opdef.outputs) == 1 and not opdef.outputs[0].is_list)
+    if not plain:
+        opdef.record = lambda inputs, attrs, out: _record(opdef, inputs, attrs, out)
+        return
+    rule = opdef.grad_rule
+    names = [p.name for p in inputs]
+    edge = "(None if not {0}._requires_grad else ({0}._node, {0}._index) if {0}._node is not None else ({0}, -1))"
+    saved = "{" + ", ".join(f"{n!r}: {names[i]}" for n, i in (rule.saved_inputs if rule else ())) + "}"
+    saved_out = "{" + ", ".join(f"{n!r}: (0, out)" for n, _ in (rule.saved_outputs if rule else ())) + "}"
+    source = "\n".join([
+        "def record(inputs, attrs, out):",
+        f"    {', '.join(names)}, = inputs",
+        "    if type(out) is not _of_nd:",
+        "        out = _of_asarray(out)",
+        "    if out.dtype.kind != 'f':",
+        f"        return _of_new(out, False, None, 0, {names[0]}._device)",
+        "    node = _of_Node(_of_op, attrs, (" + "".join(edge.format(n) + ", " for n in names) + "), _of_layout,",
+        "                    (" + "".join(f"({n}._data.shape, {n}._data.dtype), " for n in names) + "),",
+        f"                    (-1,), ((out.shape, out.dtype),), {saved}, {saved_out})",
+        f"    return _of_new(out, True, node, 0, {names[0]}._device)",
+    ]) + "\n"
+    env = {"_of_op": opdef, "_of_nd": np.ndarray, "_of_asarray": np.asarray, "_of_new": _new, "_of_Node": Node,
+           "_of_layout": (-1,) * len(inputs)}
+    exec(compile(source, f"<opforge.record.{opdef.name}>", "exec"), env)
+    opdef.record = env["record"]
+    opdef.record_source = source
 
 
 def _flatten_outputs(opdef: OpDef, out):
@@ -314,12 +347,15 @@ def _restructure(opdef: OpDef, flat: list, layout: tuple):
 
 def _general(opdef: OpDef, inputs: tuple, attrs: dict):
     """The slow path: symbolic inputs, Python scalars and arrays, lists of tensors, devices, no inputs."""
-    for v in inputs:
-        for item in v if isinstance(v, (list, tuple)) else (v,):
-            handler = _symbolic_handlers.get(type(item))
-            if handler is not None:
-                return handler(opdef, inputs, attrs)
+    if _symbolic_handlers:
+        for v in inputs:
+            for item in v if isinstance(v, (list, tuple)) else (v,):
+                handler = _symbolic_handlers.get(type(item))
+                if handler is not None:
+                    return handler(opdef, inputs, attrs)
     inputs = _coerce_inputs(opdef, inputs)
+    if opdef.fast_path and all(t._device is inputs[0]._device for t in inputs):
+        return opdef.fn(**dict(zip(opdef.input_names, inputs)), **attrs)  # now all Tensors: the fast path
     tensors = [t for v in inputs for t in (v if isinstance(v, list) else (v,)) if t is not None]
     if tensors:
         device, dtype = tensors[0]._device, tensors[0]._data.dtype
@@ -348,15 +384,15 @@ def _general(opdef: OpDef, inputs: tuple, attrs: dict):
         and any(p.differentiable and t is not None and t._requires_grad
                 for p, v in zip(opdef.inputs, inputs) for t in (v if isinstance(v, list) else (v,)))
     ):
-        return _record(opdef, inputs, attrs, out)
+        return opdef.record(inputs, attrs, out)
     flat, layout = _flatten_outputs(opdef, out)
     return _restructure(opdef, [_new(a, False, None, 0, device) for a in flat], layout)
 
 
 def _coerce_inputs(opdef: OpDef, inputs: tuple) -> tuple:
     """Python scalars, arrays and lists in tensor slots become Tensors; anything else is refused here."""
-    peers = [v._data.dtype for v in inputs if type(v) is Tensor]
-    peer = D.promote(*peers) if peers else None
+    peers = {v._data.dtype for v in inputs if type(v) is Tensor}
+    peer = (peers.pop() if len(peers) == 1 else D.promote(*peers)) if peers else None
     out = []
     for p, v in zip(opdef.inputs, inputs):
         if p.is_list:

@@ -186,34 +186,34 @@ class Tensor:
     # -- operators: each one is a registered op ------------------------------------------------------------
 
     def __add__(self, other):
-        return F.add(self, other)
+        return F.add(self, other if type(other) is Tensor else _lift(other, self))
 
     def __radd__(self, other):
-        return F.add(other, self)
+        return F.add(_lift(other, self), self)
 
     def __sub__(self, other):
-        return F.sub(self, other)
+        return F.sub(self, other if type(other) is Tensor else _lift(other, self))
 
     def __rsub__(self, other):
-        return F.sub(other, self)
+        return F.sub(_lift(other, self), self)
 
     def __mul__(self, other):
-        return F.mul(self, other)
+        return F.mul(self, other if type(other) is Tensor else _lift(other, self))
 
     def __rmul__(self, other):
-        return F.mul(other, self)
+        return F.mul(_lift(other, self), self)
 
     def __truediv__(self, other):
-        return F.div(self, other)
+        return F.div(self, other if type(other) is Tensor else _lift(other, self))
 
     def __rtruediv__(self, other):
-        return F.div(other, self)
+        return F.div(_lift(other, self), self)
 
     def __pow__(self, other):
-        return F.pow(self, other)
+        return F.pow(self, other if type(other) is Tensor else _lift(other, self))
 
     def __rpow__(self, other):
-        return F.pow(other, self)
+        return F.pow(_lift(other, self), self)
 
     def __matmul__(self, other):
         return F.matmul(self, other)
@@ -231,22 +231,22 @@ class Tensor:
         return F.abs(self)
 
     def __lt__(self, other):
-        return F.less(self, other)
+        return F.less(self, other if type(other) is Tensor else _lift(other, self))
 
     def __le__(self, other):
-        return F.less_equal(self, other)
+        return F.less_equal(self, other if type(other) is Tensor else _lift(other, self))
 
     def __gt__(self, other):
-        return F.greater(self, other)
+        return F.greater(self, other if type(other) is Tensor else _lift(other, self))
 
     def __ge__(self, other):
-        return F.greater_equal(self, other)
+        return F.greater_equal(self, other if type(other) is Tensor else _lift(other, self))
 
     def __eq__(self, other):
-        return F.equal(self, other)
+        return F.equal(self, other if type(other) is Tensor else _lift(other, self))
 
     def __ne__(self, other):
-        return F.not_equal(self, other)
+        return F.not_equal(self, other if type(other) is Tensor else _lift(other, self))
 
     def __getitem__(self, index):
         return _basic_index(self, index)
@@ -320,6 +320,26 @@ class Tensor:
 
     def relu(self):
         return F.relu(self)
+
+
+_SCALARS: dict = {}  # (type, value, dtype) -> read-only 0-d array: Python constants in rules cost nothing
+
+
+def _lift(value, like: Tensor):
+    """A Python number meeting ``like`` as a Tensor of the dtype it takes there (weak typing, see
+    core.dtypes); anything else is returned as it is, for the op to convert or refuse."""
+    kind = type(value)
+    if kind is not float and kind is not int and kind is not bool:
+        return value
+    dtype = D.scalar_dtype(value, like._data.dtype)
+    key = (kind, value, dtype)
+    array = _SCALARS.get(key)
+    if array is None:
+        if len(_SCALARS) > 4096:
+            _SCALARS.clear()
+        array = _SCALARS[key] = np.array(value, dtype)
+        array.flags.writeable = False
+    return _new(array, False, None, 0, like._device)
 
 
 def _basic_index(x: Tensor, index) -> Tensor:

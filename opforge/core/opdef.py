@@ -101,6 +101,8 @@ class OpDef:
         self.fn = None  # the generated functional API, set by opforge.dispatch
         self.validate = None
         self._refresh_validate()
+        self.record = None  # records a call for autograd; set by opforge.dispatch
+        self.rule_listeners: list = []
 
     # -- decorator methods --------------------------------------------------------------------------------
 
@@ -166,6 +168,8 @@ class OpDef:
     def grad(self, fn):
         """Register the gradient rule. Its parameter names say what it needs (see GradRule)."""
         self.grad_rule = self._parse_rule(fn)
+        for listener in self.rule_listeners:  # dispatch regenerates the recording code for this rule
+            listener(self)
         return fn
 
     def _parse_rule(self, fn) -> GradRule:
