@@ -412,10 +412,9 @@ def _coerce_inputs(opdef: OpDef, inputs: tuple) -> tuple:
 def _as_tensor(opdef: OpDef, name: str, value, peer) -> Tensor:
     if type(value) is Tensor or isinstance(value, Tensor):
         return value
-    if isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating)) and not isinstance(value, np.ndarray):
-        dtype = D.scalar_dtype(value.item() if isinstance(value, np.generic) else value, peer)
-        return _new(np.asarray(value, dtype=dtype))
-    if isinstance(value, (np.ndarray, list, tuple)):
+    if type(value) in (bool, int, float):  # a Python number is weak: it takes its peer's dtype
+        return _new(np.asarray(value, dtype=D.scalar_dtype(value, peer)))
+    if isinstance(value, (np.ndarray, np.generic, list, tuple)):  # NumPy values keep their dtype
         from .creation import as_array
 
         try:

@@ -20,7 +20,7 @@ class Node:
     kept as bare arrays (a Tensor would point back at this node and make a reference cycle).
     """
 
-    __slots__ = ("attrs", "edges", "in_layout", "in_meta", "op", "out_layout", "out_meta", "saved",
+    __slots__ = ("__weakref__", "attrs", "edges", "in_layout", "in_meta", "op", "out_layout", "out_meta", "saved",
                  "saved_out")
 
     def __init__(self, op, attrs, edges, in_layout, in_meta, out_layout, out_meta, saved, saved_out):

@@ -30,8 +30,8 @@ def flatten_input_grads(op, result, in_layout: tuple) -> list:
                 f"which are not inputs of the op {list(names)}"
             )
         per_input = [result.get(n) for n in names]
-    elif len(names) == 1 and not (isinstance(result, tuple) and len(result) == 1 and in_layout[0] < 0):
-        per_input = [result]
+    elif len(names) == 1 and (in_layout[0] >= 0 or not isinstance(result, (tuple, list))):
+        per_input = [result]  # one input: the value itself (a list of gradients for a Tensor[] input)
     elif isinstance(result, (tuple, list)) and len(result) == len(names):
         per_input = list(result)
     else:

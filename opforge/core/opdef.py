@@ -301,6 +301,13 @@ class Registry:
         for listener in self.listeners:
             listener(op)
 
+    def remove(self, name: str) -> None:
+        """Forget an op (a test's scratch op, say); ``opforge.ops`` forgets it too."""
+        op = self.get(name)
+        del self.ops[name]
+        for listener in self.listeners:
+            listener(op, removed=True)
+
     def get(self, name: str) -> OpDef:
         try:
             return self.ops[name]

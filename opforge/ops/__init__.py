@@ -12,8 +12,11 @@ modules of this package, each op's signature, kernel, shape rule, gradient rule 
 from ..core.opdef import registry as _registry
 
 
-def _publish(opdef) -> None:
-    globals()[opdef.name] = opdef.fn
+def _publish(opdef, removed: bool = False) -> None:
+    if removed:
+        globals().pop(opdef.name, None)
+    else:
+        globals()[opdef.name] = opdef.fn
 
 
 _registry.listeners.append(_publish)

@@ -12,15 +12,18 @@ __all__ = ["D", "Sample", "ShapeError", "Spec", "broadcast_shapes", "normalize_a
 
 
 def normalize_axes(op_name: str, axes, ndim: int) -> tuple:
-    """Axes (None = all) -> sorted non-negative tuple; an axis out of range is a ShapeError naming the op."""
+    """Axes (None = all) -> sorted non-negative tuple; an axis out of range is a ShapeError naming the op.
+
+    A 0-d tensor accepts axis 0 and -1 (as PyTorch does) and has no axes to reduce: the result is ().
+    """
     if axes is None:
         return tuple(range(ndim))
     out = []
     for a in axes:
-        if not -ndim <= a < max(ndim, 1) or (ndim == 0 and a not in (0, -1)):
+        if not -max(ndim, 1) <= a < max(ndim, 1):
             raise ShapeError(f"{op_name}(): axis {a} is out of range for a tensor of rank {ndim}")
-        a = a % ndim if ndim else 0
+        a = a % ndim if ndim else None
         if a in out:
             raise ShapeError(f"{op_name}(): axis {a} is given twice in {tuple(axes)}")
         out.append(a)
-    return tuple(sorted(out))
+    return tuple(sorted(a for a in out if a is not None))

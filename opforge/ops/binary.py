@@ -82,7 +82,8 @@ def pow(x, y):
 
 @pow.grad
 def _(x, y, out, dout, needs_input_grad):
-    dx = dout * y * F.pow(x, y - 1) if needs_input_grad[0] else None
+    # d/dx xʸ = y·xʸ⁻¹; 0 where y = 0 (xʸ is constant there, even at x = 0 where xʸ⁻¹ is inf), as PyTorch.
+    dx = F.where(y == 0, 0, dout * y * F.pow(x, y - 1)) if needs_input_grad[0] else None
     dy = None
     if needs_input_grad[1]:
         # d/dy xʸ = xʸ·ln x; 0 where x = 0 (as PyTorch), NaN where x < 0.

@@ -80,12 +80,12 @@ def _(rng):
     yield Sample.of(rng.uniform(0.5, 2.0, (2, 3)), rng.standard_normal((2, 3)))
 
 
-@op("leaky_relu(Tensor x, *, float alpha=0.01) -> Tensor y", traits=["elementwise"])
+@op("leaky_relu(Tensor<floating> x, *, float alpha=0.01) -> Tensor y", traits=["elementwise"])
 def leaky_relu(x, *, alpha):
     """y = x where x > 0, else alpha · x."""
     # max(x, αx) is x for x > 0 and αx for x < 0 whenever α ≤ 1 (min when α > 1): two ufuncs, no np.where,
     # which costs more than the arithmetic on small tensors.
-    scaled = x * x.dtype.type(alpha) if x.dtype.kind == "f" else x * alpha
+    scaled = x * x.dtype.type(alpha)
     return np.maximum(x, scaled) if alpha <= 1 else np.minimum(x, scaled)
 
 
@@ -101,7 +101,7 @@ def _(rng):
     yield Sample.of(rng.standard_normal(()), alpha=1.5)
 
 
-@op("leaky_relu_grad(Tensor x, Tensor dy, *, float alpha) -> Tensor dx", traits=["elementwise"])
+@op("leaky_relu_grad(Tensor<floating> x, Tensor<floating> dy, *, float alpha) -> Tensor dx", traits=["elementwise"])
 def leaky_relu_grad(x, dy, *, alpha):
     """Gradient of leaky_relu: dx = dy where x > 0, else alpha · dy."""
     return np.where(x > 0, dy, dy * dy.dtype.type(alpha))

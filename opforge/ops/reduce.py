@@ -29,7 +29,8 @@ def _reduce_samples(rng):
 @op("sum(Tensor x, *, int[] axis=None, bool keepdim=False) -> Tensor y")
 def sum(x, *, axis, keepdim):
     """Sum over ``axis`` (all axes when None). Integer and bool tensors sum to int64."""
-    return np.sum(x, axis=axis, keepdims=keepdim, dtype=None if x.dtype.kind == "f" else np.int64)
+    axes = normalize_axes("sum", axis, x.ndim)
+    return np.sum(x, axis=axes, keepdims=keepdim, dtype=None if x.dtype.kind == "f" else np.int64)
 
 
 @sum.infer
@@ -51,7 +52,7 @@ sum.samples(_reduce_samples)
 @op("mean(Tensor<floating> x, *, int[] axis=None, bool keepdim=False) -> Tensor y")
 def mean(x, *, axis, keepdim):
     """Mean over ``axis`` (all axes when None)."""
-    return np.mean(x, axis=axis, keepdims=keepdim)
+    return np.mean(x, axis=normalize_axes("mean", axis, x.ndim), keepdims=keepdim)
 
 
 @mean.infer
