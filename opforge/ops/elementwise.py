@@ -18,10 +18,10 @@ def _(dy):
     return F.identity(dy)
 
 
-@op("scale(Tensor x, *, float scale) -> Tensor y", traits=["elementwise"])
+@op("scale(Tensor<floating> x, *, float scale) -> Tensor y", traits=["elementwise"])
 def scale(x, *, scale):
     """Multiplies by a constant: y = scale · x."""
-    return x * x.dtype.type(scale) if x.dtype.kind == "f" else x * scale
+    return x * scale  # a Python float keeps the array's dtype (NumPy 2 promotion)
 
 
 @scale.grad
@@ -66,7 +66,7 @@ def _(rng):
 @op("sqrt_grad(Tensor<floating> y, Tensor dy) -> Tensor dx", traits=["elementwise"])
 def sqrt_grad(y, dy):
     """Gradient of sqrt from its output: dx = dy / (2·y)."""
-    return dy * y.dtype.type(0.5) / y
+    return dy * 0.5 / y
 
 
 @sqrt_grad.grad
@@ -85,7 +85,7 @@ def leaky_relu(x, *, alpha):
     """y = x where x > 0, else alpha · x."""
     # max(x, αx) is x for x > 0 and αx for x < 0 whenever α ≤ 1 (min when α > 1): two ufuncs, no np.where,
     # which costs more than the arithmetic on small tensors.
-    scaled = x * x.dtype.type(alpha)
+    scaled = x * alpha
     return np.maximum(x, scaled) if alpha <= 1 else np.minimum(x, scaled)
 
 
@@ -104,7 +104,7 @@ def _(rng):
 @op("leaky_relu_grad(Tensor<floating> x, Tensor<floating> dy, *, float alpha) -> Tensor dx", traits=["elementwise"])
 def leaky_relu_grad(x, dy, *, alpha):
     """Gradient of leaky_relu: dx = dy where x > 0, else alpha · dy."""
-    return np.where(x > 0, dy, dy * dy.dtype.type(alpha))
+    return np.where(x > 0, dy, dy * alpha)
 
 
 @leaky_relu_grad.grad
