@@ -27,13 +27,15 @@ from .core import (
 from .core.dtypes import bool_, float32, float64, int32, int64
 from .creation import arange, full, ones, rand, randn, tensor, zeros
 from .dispatch import op
+from .program import Executor, Program, Variable, append_backward, compile, trace
 from .tensor import Tensor
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ArgumentError", "DispatchError", "GradientError", "OpforgeError", "Sample", "SchemaError", "ShapeError",
-    "Spec", "Tensor", "arange", "backward", "bool_", "enable_grad", "float32", "float64", "full", "grad",
-    "int32", "int64", "is_grad_enabled", "manual_seed", "no_grad", "ones", "op", "ops", "rand", "randn",
-    "register_device", "registry", "set_grad_enabled", "tensor", "testing", "zeros",
+    "ArgumentError", "DispatchError", "Executor", "GradientError", "OpforgeError", "Program", "Sample",
+    "SchemaError", "ShapeError", "Spec", "Tensor", "Variable", "append_backward", "arange", "backward", "bool_", "compile",
+    "enable_grad", "float32", "float64", "full", "grad", "int32", "int64", "is_grad_enabled", "manual_seed",
+    "no_grad", "ones", "op", "ops", "rand", "randn", "register_device", "registry", "set_grad_enabled", "tensor",
+    "testing", "trace", "zeros",
 ]

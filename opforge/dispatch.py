@@ -30,6 +30,18 @@ from .tensor import Node, Tensor, _new
 _symbolic_handlers: dict = {}
 
 
+class _Tracing:
+    """How many traces are running (in any thread). While one is, every call takes the general path, which
+    asks ``current_program`` whether this thread is tracing: then even ops on eager Tensors (parameters) or
+    with no inputs at all (random ops) are recorded, not computed once and frozen into the program."""
+
+    active = 0
+    current_program = None  # set by the program layer: () -> the program this thread is building, or None
+
+
+tracing = _Tracing()
+
+
 def register_symbolic(value_type: type, handler) -> None:
     """``handler(op, inputs, attrs)`` runs instead of a kernel when any input is a ``value_type``."""
     _symbolic_handlers[value_type] = handler
@@ -97,7 +109,7 @@ def _generate_api(opdef: OpDef):
     env = {
         "_of_op": opdef, "_of_T": Tensor, "_of_nd": np.ndarray, "_of_asarray": np.asarray,
         "_of_new": _new, "_of_gs": _grad_state, "_of_general": _general, "_of_find": _find_kernel,
-        "_of_fail": _kernel_failed, "_of_rng": _generator,
+        "_of_fail": _kernel_failed, "_of_rng": _generator, "_of_tracing": tracing,
         "_of_check": check_attr, "_of_bad_dtype": _bad_dtype, "_of_wrap": _wrap_outputs,
     }
     for p in schema.params:
@@ -112,6 +124,9 @@ def _generate_api(opdef: OpDef):
         lines.append(f"    if {cond}:")
         lines.append(f"        {p.name} = _of_check(_of_p_{p.name}, {p.name}, {opdef.name!r})")
     attrs = "{" + ", ".join(f"{p.name!r}: {p.name}" for p in schema.attrs) + "}"
+    inputs_src = "(" + "".join(f"{p.name}, " for p in schema.inputs) + ")"
+    lines.append("    if _of_tracing.active:")
+    lines.append(f"        return _of_general(_of_op, {inputs_src}, {attrs})")
     lines.append("    if _of_op.validate is not None:")
     lines.append(f"        _of_op.validate({attrs})")
     inputs = schema.inputs
@@ -353,6 +368,8 @@ def _general(opdef: OpDef, inputs: tuple, attrs: dict):
                 handler = _symbolic_handlers.get(type(item))
                 if handler is not None:
                     return handler(opdef, inputs, attrs)
+        if tracing.active and tracing.current_program() is not None:
+            return next(iter(_symbolic_handlers.values()))(opdef, inputs, attrs)
     inputs = _coerce_inputs(opdef, inputs)
     if opdef.fast_path and all(t._device is inputs[0]._device for t in inputs):
         return opdef.fn(**dict(zip(opdef.input_names, inputs)), **attrs)  # now all Tensors: the fast path

@@ -49,141 +49,13 @@ def _new(data, requires_grad=False, node=None, index=0, device="cpu") -> Tensor:
     return t
 
 
-class Tensor:
-    """An n-dimensional array that records the ops applied to it when it requires grad."""
+class TensorOps:
+    """Operators and methods shared by eager Tensors and program Variables: each one calls a registered op,
+    so nothing bypasses autograd or tracing. Subclasses provide ``dtype`` and ``device``."""
 
-    __slots__ = ("__weakref__", "_data", "_device", "_index", "_node", "_requires_grad", "grad")
+    __slots__ = ()
     __array_priority__ = 1000  # so ndarray + Tensor calls Tensor.__radd__
-
-    def __init__(self, data, dtype=None, requires_grad=False, device="cpu"):
-        from .core.devices import check_device
-        from .creation import as_array
-
-        self._data = as_array(data, dtype)
-        self._device = check_device(device, "Tensor()")
-        self._node = None
-        self._index = 0
-        self.grad = None
-        self._requires_grad = False
-        if requires_grad:
-            self.requires_grad_(True)
-
-    # -- what it is --------------------------------------------------------------------------------------
-
-    @property
-    def shape(self) -> tuple:
-        return self._data.shape
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self._data.dtype
-
-    @property
-    def ndim(self) -> int:
-        return self._data.ndim
-
-    @property
-    def size(self) -> int:
-        return self._data.size
-
-    @property
-    def device(self) -> str:
-        return self._device
-
-    @property
-    def requires_grad(self) -> bool:
-        return self._requires_grad
-
-    @requires_grad.setter
-    def requires_grad(self, value: bool) -> None:
-        self.requires_grad_(value)
-
-    @property
-    def is_leaf(self) -> bool:
-        return self._node is None
-
-    @property
-    def grad_fn(self) -> Node | None:
-        return self._node
-
-    def numpy(self) -> np.ndarray:
-        """The underlying array, without a copy (writing to it changes this tensor)."""
-        return self._data
-
-    def item(self):
-        if self._data.size != 1:
-            raise ArgumentError(f"item(): only a tensor with one element converts, this one has shape {self.shape}")
-        return self._data.item()
-
-    def tolist(self):
-        return self._data.tolist()
-
-    def __array__(self, dtype=None, copy=None):
-        if copy:
-            return np.array(self._data, dtype=dtype, copy=True)
-        return self._data if dtype is None else self._data.astype(dtype, copy=False)
-
-    def __dlpack__(self, *args, **kwargs):
-        return self._data.__dlpack__(*args, **kwargs)
-
-    def __dlpack_device__(self):
-        return self._data.__dlpack_device__()
-
-    def __len__(self) -> int:
-        if self._data.ndim == 0:
-            raise TypeError("len() of a 0-d tensor")
-        return len(self._data)
-
-    def __iter__(self):
-        return (self[i] for i in range(len(self)))
-
-    def __bool__(self) -> bool:
-        return bool(self.item())
-
-    def __float__(self) -> float:
-        return float(self.item())
-
-    def __int__(self) -> int:
-        return int(self.item())
-
-    def __repr__(self) -> str:
-        body = np.array2string(self._data, separator=", ", prefix="tensor(")
-        extra = [f"dtype={self.dtype}"] if self.dtype not in (D.float32, D.int64, D.bool_) else []
-        if self._node is not None:
-            extra.append(f"grad_fn={self._node.op.name}")
-        elif self._requires_grad:
-            extra.append("requires_grad=True")
-        if self._device != "cpu":
-            extra.append(f"device='{self._device}'")
-        return f"tensor({body}{', ' if extra else ''}{', '.join(extra)})"
-
     __hash__ = object.__hash__  # == is elementwise, so hash by identity (as PyTorch does)
-
-    # -- autograd ----------------------------------------------------------------------------------------
-
-    def requires_grad_(self, requires_grad: bool = True) -> Tensor:
-        if not isinstance(requires_grad, bool):
-            raise ArgumentError(f"requires_grad_(): expected a bool, got {describe(requires_grad)}")
-        if self._node is not None and not requires_grad:
-            raise GradientError(
-                "requires_grad_(False) on a tensor computed by a recorded op; use .detach() instead"
-            )
-        if requires_grad and not D.is_floating(self.dtype):
-            raise GradientError(f"only floating-point tensors can require grad, this one is {self.dtype}")
-        self._requires_grad = requires_grad
-        return self
-
-    def detach(self) -> Tensor:
-        """The same data, cut from the graph (no copy)."""
-        return _new(self._data, device=self._device)
-
-    def backward(self, gradient=None, retain_graph=None, create_graph=False) -> None:
-        from .autodiff import backward
-
-        backward([self], None if gradient is None else [gradient],
-                 retain_graph=retain_graph, create_graph=create_graph)
-
-    # -- operators: each one is a registered op ------------------------------------------------------------
 
     def __add__(self, other):
         return F.add(self, other if type(other) is Tensor else _lift(other, self))
@@ -322,16 +194,148 @@ class Tensor:
         return F.relu(self)
 
 
+
+class Tensor(TensorOps):
+    """An n-dimensional array that records the ops applied to it when it requires grad."""
+
+    __slots__ = ("__weakref__", "_data", "_device", "_index", "_node", "_requires_grad", "grad")
+
+    def __init__(self, data, dtype=None, requires_grad=False, device="cpu"):
+        from .core.devices import check_device
+        from .creation import as_array
+
+        self._data = as_array(data, dtype)
+        self._device = check_device(device, "Tensor()")
+        self._node = None
+        self._index = 0
+        self.grad = None
+        self._requires_grad = False
+        if requires_grad:
+            self.requires_grad_(True)
+
+    # -- what it is --------------------------------------------------------------------------------------
+
+    @property
+    def shape(self) -> tuple:
+        return self._data.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._data.dtype
+
+    @property
+    def ndim(self) -> int:
+        return self._data.ndim
+
+    @property
+    def size(self) -> int:
+        return self._data.size
+
+    @property
+    def device(self) -> str:
+        return self._device
+
+    @property
+    def requires_grad(self) -> bool:
+        return self._requires_grad
+
+    @requires_grad.setter
+    def requires_grad(self, value: bool) -> None:
+        self.requires_grad_(value)
+
+    @property
+    def is_leaf(self) -> bool:
+        return self._node is None
+
+    @property
+    def grad_fn(self) -> Node | None:
+        return self._node
+
+    def numpy(self) -> np.ndarray:
+        """The underlying array, without a copy (writing to it changes this tensor)."""
+        return self._data
+
+    def item(self):
+        if self._data.size != 1:
+            raise ArgumentError(f"item(): only a tensor with one element converts, this one has shape {self.shape}")
+        return self._data.item()
+
+    def tolist(self):
+        return self._data.tolist()
+
+    def __array__(self, dtype=None, copy=None):
+        if copy:
+            return np.array(self._data, dtype=dtype, copy=True)
+        return self._data if dtype is None else self._data.astype(dtype, copy=False)
+
+    def __dlpack__(self, *args, **kwargs):
+        return self._data.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return self._data.__dlpack_device__()
+
+    def __len__(self) -> int:
+        if self._data.ndim == 0:
+            raise TypeError("len() of a 0-d tensor")
+        return len(self._data)
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def __bool__(self) -> bool:
+        return bool(self.item())
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __repr__(self) -> str:
+        body = np.array2string(self._data, separator=", ", prefix="tensor(")
+        extra = [f"dtype={self.dtype}"] if self.dtype not in (D.float32, D.int64, D.bool_) else []
+        if self._node is not None:
+            extra.append(f"grad_fn={self._node.op.name}")
+        elif self._requires_grad:
+            extra.append("requires_grad=True")
+        if self._device != "cpu":
+            extra.append(f"device='{self._device}'")
+        return f"tensor({body}{', ' if extra else ''}{', '.join(extra)})"
+
+    # -- autograd ----------------------------------------------------------------------------------------
+
+    def requires_grad_(self, requires_grad: bool = True) -> Tensor:
+        if not isinstance(requires_grad, bool):
+            raise ArgumentError(f"requires_grad_(): expected a bool, got {describe(requires_grad)}")
+        if self._node is not None and not requires_grad:
+            raise GradientError(
+                "requires_grad_(False) on a tensor computed by a recorded op; use .detach() instead"
+            )
+        if requires_grad and not D.is_floating(self.dtype):
+            raise GradientError(f"only floating-point tensors can require grad, this one is {self.dtype}")
+        self._requires_grad = requires_grad
+        return self
+
+    def detach(self) -> Tensor:
+        """The same data, cut from the graph (no copy)."""
+        return _new(self._data, device=self._device)
+
+    def backward(self, gradient=None, retain_graph=None, create_graph=False) -> None:
+        from .autodiff import backward
+
+        backward([self], None if gradient is None else [gradient],
+                 retain_graph=retain_graph, create_graph=create_graph)
+
 _SCALARS: dict = {}  # (type, value, dtype) -> read-only 0-d array: Python constants in rules cost nothing
 
 
-def _lift(value, like: Tensor):
+def _lift(value, like):
     """A Python number meeting ``like`` as a Tensor of the dtype it takes there (weak typing, see
     core.dtypes); anything else is returned as it is, for the op to convert or refuse."""
     kind = type(value)
     if kind is not float and kind is not int and kind is not bool:
         return value
-    dtype = D.scalar_dtype(value, like._data.dtype)
+    dtype = D.scalar_dtype(value, like.dtype)
     key = (kind, value, dtype)
     array = _SCALARS.get(key)
     if array is None:
@@ -339,7 +343,7 @@ def _lift(value, like: Tensor):
             _SCALARS.clear()
         array = _SCALARS[key] = np.array(value, dtype)
         array.flags.writeable = False
-    return _new(array, False, None, 0, like._device)
+    return _new(array, False, None, 0, like.device)
 
 
 def _basic_index(x: Tensor, index) -> Tensor:
@@ -369,6 +373,10 @@ def _basic_index(x: Tensor, index) -> Tensor:
             shape.append(1)
             continue
         size = x.shape[dim]
+        if isinstance(item, slice) and item == slice(None):  # the whole dim (its size may be a run-time Dim)
+            shape.append(size)
+            dim += 1
+            continue
         if isinstance(item, slice):
             start, stop, step = item.indices(size)
             if (start, stop, step) != (0, size, 1):

@@ -13,6 +13,9 @@ from ..core.spec import Spec
 from ..tensor import Node, Tensor, _new
 from .rules import flatten_input_grads, input_label, reduce_to, split_by_layout
 
+# Set by the program layer: computes gradients of program Variables by appending backward ops.
+symbolic_grad = None
+
 
 def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False) -> None:
     """Accumulate d(tensors)/d(leaf) into ``leaf.grad`` for every leaf that requires grad."""
@@ -22,7 +25,14 @@ def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False) 
 
 
 def grad(outputs, inputs, grad_outputs=None, create_graph=False, retain_graph=None, allow_unused=False):
-    """The gradients of ``outputs`` with respect to ``inputs``, as a tuple (``.grad`` is left alone)."""
+    """The gradients of ``outputs`` with respect to ``inputs``, as a tuple (``.grad`` is left alone).
+
+    Inside a traced function (outputs are program Variables) this appends the backward ops to the program
+    instead: ``of.grad`` reads the same in eager and compiled code.
+    """
+    if symbolic_grad is not None and not isinstance(outputs, Tensor) and any(
+            not isinstance(o, Tensor) for o in (outputs if isinstance(outputs, (list, tuple)) else [outputs])):
+        return symbolic_grad(outputs, inputs, grad_outputs, allow_unused)
     outputs = _as_list(outputs, "grad", "outputs")
     inputs = _as_list(inputs, "grad", "inputs")
     for i, t in enumerate(inputs):

@@ -46,6 +46,8 @@ def flatten_input_grads(op, result, in_layout: tuple) -> list:
             flat.append(g)
         elif g is None:
             flat.extend([None] * n)
+        elif not isinstance(g, (list, tuple)):
+            flat.extend([g] * n)  # one gradient for a Tensor[] input: the same for each of its tensors
         elif isinstance(g, (list, tuple)) and len(g) == n:
             flat.extend(g)
         else:

@@ -25,6 +25,7 @@ import numpy as np
 
 from . import dtypes as D
 from .errors import ArgumentError, SchemaError, describe
+from .spec import Dim
 
 ATTR_TYPES = ("int", "float", "bool", "str", "dtype")
 _RESERVED = ("out", "rng", "needs_input_grad")  # names a kernel or rule gets from the framework
@@ -316,6 +317,8 @@ def _where(op: str, p: Param) -> str:
 
 def _scalar(op: str, p: Param, value, kind: str):
     if kind == "int":
+        if isinstance(value, Dim):  # a run-time size inside a program (see Spec.Dim)
+            return value
         if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
             return int(value)
     elif kind == "float":

@@ -60,3 +60,45 @@ def broadcast_shapes(*shapes, op: str = "") -> tuple:
         else:
             out.append(1)
     return tuple(out)
+
+
+class Dim:
+    """A dim whose size is known only at run time: the size of axis ``axis`` of program variable ``var``.
+
+    Program variables report unknown dims as ``Dim``s (``x.shape[0]`` of a batch of unknown size), so that an
+    attr computed from a shape (``reshape(dy, shape=x.shape)``) can be resolved by the executor once the feed
+    shapes are known. Shape rules never see a Dim: it reaches them as None (unknown).
+    """
+
+    __slots__ = ("axis", "var")
+
+    def __init__(self, var: str, axis: int):
+        self.var = var
+        self.axis = axis
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Dim) and (self.var, self.axis) == (other.var, other.axis)
+
+    def __hash__(self) -> int:
+        return hash((self.var, self.axis))
+
+    def __repr__(self) -> str:
+        return f"{self.var}.shape[{self.axis}]"
+
+    def _refuse(self, *_):
+        raise ShapeError(
+            f"{self!r} is only known at run time: arithmetic on it cannot be recorded in a program; "
+            "use -1 in reshape, or an op that takes the shape from a tensor"
+        )
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __floordiv__ = __truediv__ = _refuse
+    __index__ = __int__ = __lt__ = __le__ = __gt__ = __ge__ = _refuse
+
+
+def undim(value):
+    """``value`` with every Dim (also inside a tuple) replaced by None, for shape rules."""
+    if isinstance(value, Dim):
+        return None
+    if isinstance(value, tuple) and any(isinstance(v, Dim) for v in value):
+        return tuple(None if isinstance(v, Dim) else v for v in value)
+    return value

@@ -1,0 +1,10 @@
+"""Program mode: trace to a program of op descriptions, append the backward pass, compile and run it."""
+
+from .backward import append_backward
+from .compile import CompiledFunction, compile
+from .desc import Block, OpDesc, Program, VarDesc
+from .executor import Executor, Plan
+from .trace import Variable, trace
+
+__all__ = ["Block", "CompiledFunction", "Executor", "OpDesc", "Plan", "Program", "VarDesc", "Variable",
+           "append_backward", "compile", "trace"]

@@ -1,0 +1,98 @@
+"""``of.compile``: trace a function once per input signature and run it with the Executor from then on."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import numpy as np
+
+from ..autodiff import engine
+from ..core.errors import ArgumentError, GradientError, describe
+from ..core.spec import Spec
+from ..tensor import Tensor, _new
+from .backward import append_backward
+from .executor import Executor
+from .trace import Variable, constant_var, trace
+
+
+def _symbolic_grad(outputs, inputs, grad_outputs, allow_unused):
+    """``of.grad`` on program Variables: append_backward on their program."""
+    outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+    if len(outputs) != 1 or grad_outputs is not None:
+        raise GradientError("grad() inside a traced function takes one scalar output and no grad_outputs")
+    (loss,) = outputs
+    program = loss.program
+    inputs = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+    names = [constant_var(program, t) if isinstance(t, Tensor) else t.name for t in inputs]
+    grads = append_backward(program, loss, wrt=names)
+    result = []
+    for t, n in zip(inputs, names):
+        if n not in grads and not allow_unused:
+            raise GradientError(f"grad(): {describe(t)} was not used to compute the output; pass allow_unused=True")
+        result.append(grads.get(n))
+    return tuple(result)
+
+
+engine.symbolic_grad = _symbolic_grad
+
+
+class CompiledFunction:
+    """A function traced into a program per input signature (shapes and dtypes) and run by an Executor."""
+
+    def __init__(self, fn, optimize: bool = True):
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.optimize = optimize
+        self.params = list(inspect.signature(fn).parameters)
+        self.cache: dict = {}  # signature -> (program, executor)
+
+    def __call__(self, *args, **kwargs):
+        bound = dict(zip(self.params, args)) | kwargs
+        arrays = {}
+        for name, value in bound.items():
+            if isinstance(value, Tensor):
+                arrays[name] = value.numpy()
+            elif isinstance(value, np.ndarray):
+                arrays[name] = value
+            else:
+                raise ArgumentError(f"{self.fn.__name__}() compiled: argument '{name}' expected a Tensor or "
+                                    f"array, got {describe(value)}")
+        key = tuple((n, a.shape, a.dtype.str) for n, a in arrays.items())
+        entry = self.cache.get(key)
+        if entry is None:
+            program = trace(self.fn, **{n: Spec(a.shape, a.dtype) for n, a in arrays.items()})
+            entry = self.cache[key] = (program, Executor(program, optimize=self.optimize))
+        program, exe = entry
+        out = exe.run(arrays)
+        tensors = {k: _new(v) for k, v in out.items()}
+        keys = list(program.outputs)
+        if keys == ["out"]:
+            return tensors["out"]
+        if keys and all(k == f"out{i}" for i, k in enumerate(keys)):
+            return tuple(tensors[k] for k in keys)
+        return {k: tensors[k] for k in keys}
+
+    def program(self, *args, **kwargs):
+        """The program traced for arguments like these (traced now if needed)."""
+        self(*args, **kwargs)
+        bound = dict(zip(self.params, args)) | kwargs
+        key = tuple((n, np.asarray(v).shape, np.asarray(v).dtype.str) for n, v in bound.items())
+        return self.cache[key][0]
+
+
+def compile(fn=None, *, optimize: bool = True):
+    """Decorator: trace ``fn`` per input signature and run it as a compiled program.
+
+        @of.compile
+        def step(x, y):
+            loss = F.mean(F.square(model(x) - y))
+            (gw,) = of.grad(loss, [w])
+            return loss, gw
+    """
+    if fn is None:
+        return lambda f: CompiledFunction(f, optimize)
+    return CompiledFunction(fn, optimize)
+
+
+__all__ = ["CompiledFunction", "Variable", "compile"]

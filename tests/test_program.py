@@ -1,0 +1,277 @@
+"""Program mode: tracing, append_backward, the executor's passes, save/load, compile — against eager mode."""
+
+import itertools
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import opforge as of
+from opforge import ops as F
+from opforge.program.serialize import ProgramFormatError
+
+
+def params(seed=0, sizes=(3, 5, 4)):
+    rng = np.random.default_rng(seed)
+    out = []
+    for a, b in itertools.pairwise(sizes):
+        out += [of.tensor(rng.standard_normal((a, b)) * 0.5, requires_grad=True),
+                of.tensor(rng.standard_normal(b) * 0.1, requires_grad=True)]
+    return out
+
+
+def mlp_loss(ps):
+    w1, b1, w2, b2 = ps
+
+    def f(x):
+        h = F.tanh(x @ w1 + b1)  # broadcasting: b1 is added to every row
+        y = h @ w2 + b2 + h[:, :1] * 0.5  # fan-out: h is read twice
+        return {"loss": F.sum(y * y) * 0.1, "y": y}
+
+    return f
+
+
+def eager_grads(f, x, ps):
+    out = f(of.tensor(x))
+    return out, of.grad(out["loss"], ps)
+
+
+def build(f, spec=None):
+    prog = of.trace(f, x=spec or of.Spec((None, 3), "float64"))
+    of.append_backward(prog, prog.outputs["loss"])
+    return prog
+
+
+def test_mlp_forward_and_gradients_equal_eager_for_two_batch_sizes():
+    ps = params()
+    f = mlp_loss(ps)
+    prog = build(f)
+    exe = of.Executor(prog)
+    names = prog.parameters()
+    assert len(names) == 4
+    for batch in (5, 11):
+        x = np.random.default_rng(batch).standard_normal((batch, 3))
+        out = exe.run(x=x)
+        eager, grads = eager_grads(f, x, ps)
+        np.testing.assert_allclose(out["loss"], eager["loss"].numpy(), rtol=1e-12)
+        np.testing.assert_allclose(out["y"], eager["y"].numpy(), rtol=1e-12)
+        for name, g in zip(names, grads):
+            np.testing.assert_allclose(out[f"{name}@GRAD"], g.numpy(), rtol=1e-12, atol=1e-14)
+    assert len(exe._plans) == 2  # one prepared plan per feed shape
+
+
+def test_program_text_is_one_op_per_line_with_shapes_and_dtypes():
+    prog = build(mlp_loss(params()))
+    text = str(prog)
+    lines = text.splitlines()
+    assert lines[0].startswith(f"program (format 1): {len(prog.block.ops)} ops")
+    assert "feeds:  x: float64[?, 3]" in text
+    op_lines = [ln for ln in lines if " = " in ln]
+    assert len(op_lines) == len(prog.block.ops)
+    assert any("= matmul(x=x: float64[?, 3], y=param." in ln for ln in op_lines)
+    assert any(ln.endswith("# backward") for ln in op_lines)
+
+
+def test_user_defined_op_and_multi_output_op_in_a_program(scratch_ops):
+    scratch_ops += ["cubic", "halves"]
+
+    @of.op("cubic(Tensor x) -> Tensor y", traits=["elementwise"])
+    def cubic(x):
+        return x ** 3
+
+    @cubic.grad
+    def _(x, dy):
+        return dy * 3 * x * x
+
+    @of.op("halves(Tensor x) -> (Tensor lo, Tensor hi)")
+    def halves(x):
+        n = x.shape[-1] // 2
+        return x[..., :n].copy(), x[..., n:].copy()
+
+    @halves.infer
+    def _(x):
+        n = x.shape[-1] // 2
+        return of.Spec((*x.shape[:-1], n), x.dtype), of.Spec((*x.shape[:-1], x.shape[-1] - n), x.dtype)
+
+    @halves.grad
+    def _(x_spec, dlo, dhi):
+        n = x_spec.shape[-1]
+        return (F.slice_grad(dlo, shape=x_spec.shape, axes=[1], starts=[0], ends=[n // 2], steps=[1])
+                + F.slice_grad(dhi, shape=x_spec.shape, axes=[1], starts=[n // 2], ends=[n], steps=[1]))
+
+    w = of.tensor(np.random.default_rng(1).standard_normal((3, 4)), requires_grad=True)
+
+    def f(x):
+        lo, _ = F.halves(F.cubic(x @ w))  # `hi` gets no gradient
+        return {"loss": F.sum(lo)}
+
+    prog = build(f)
+    x = np.random.default_rng(2).standard_normal((6, 3))
+    out = of.Executor(prog).run(x=x)
+    loss = f(of.tensor(x))["loss"]
+    (gw,) = of.grad(loss, [w])
+    np.testing.assert_allclose(out["loss"], loss.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(out[f"{prog.parameters()[0]}@GRAD"], gw.numpy(), rtol=1e-12)
+
+
+def test_no_grad_branches_stop_gradient_and_the_no_grad_set():
+    w = of.tensor(np.array([[1.0, -2.0], [0.5, 3.0]]), requires_grad=True)
+    v = of.tensor(np.array([0.3, 0.7]), requires_grad=True)
+
+    def f(x):
+        h = x @ w
+        mask = h > 0  # a no_grad op: no gradient flows through the comparison
+        return {"loss": F.sum(F.where(mask, h, h * 0.1) * v)}
+
+    prog = of.trace(f, x=of.Spec((None, 2), "float64"))
+    w_name, v_name = prog.parameters()
+    grads = of.append_backward(prog, prog.outputs["loss"], no_grad=[v_name])
+    assert set(grads) == {w_name}
+    x = np.array([[1.0, 2.0], [-1.0, 0.5]])
+    out = of.Executor(prog).run(x=x)
+    eager = f(of.tensor(x))["loss"]
+    (gw,) = of.grad(eager, [w])
+    np.testing.assert_allclose(out[f"{w_name}@GRAD"], gw.numpy(), rtol=1e-12)
+    assert f"{v_name}@GRAD" not in out
+
+
+def test_missing_gradient_rule_names_the_op_and_the_path(scratch_ops):
+    scratch_ops.append("opaque2")
+
+    @of.op("opaque2(Tensor x) -> Tensor y", traits=["elementwise"])
+    def opaque2(x):
+        return x * 2
+
+    w = of.tensor(np.ones((2, 2)), requires_grad=True)
+    prog = of.trace(lambda x: {"loss": F.sum(F.exp(F.opaque2(x @ w)))}, x=of.Spec((2, 2), "float64"))
+    with pytest.raises(of.GradientError) as info:
+        of.append_backward(prog, prog.outputs["loss"])
+    assert "op 'opaque2' has no gradient rule" in str(info.value)
+    assert "opaque2 -> exp -> sum -> sum." in str(info.value)
+
+
+def test_second_order_gradients_equal_eager_create_graph():
+    w = of.tensor(np.random.default_rng(3).standard_normal((3, 2)), requires_grad=True)
+    v = np.random.default_rng(4).standard_normal((3, 2))
+
+    def loss_of(x, w_):
+        return F.sum(F.tanh(x @ w_) ** 3)
+
+    x = np.random.default_rng(5).standard_normal((4, 3))
+    prog = of.trace(lambda x: {"loss": loss_of(x, w)}, x=of.Spec((None, 3), "float64"))
+    (w_name,) = prog.parameters()
+    grads = of.append_backward(prog, prog.outputs["loss"])
+    gv = F.sum(grads[w_name] * of.tensor(v))  # the directional derivative, recorded into the program
+    hv = of.append_backward(prog, gv, wrt=[w_name])  # second order: Hessian-vector product
+    exe = of.Executor(prog, fetch={"hv": hv[w_name], "g": grads[w_name]})
+    out = exe.run(x=x)
+    (g,) = of.grad(loss_of(of.tensor(x), w), [w], create_graph=True)
+    (h,) = of.grad(F.sum(g * of.tensor(v)), [w])
+    np.testing.assert_allclose(out["g"], g.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(out["hv"], h.numpy(), rtol=1e-10)
+
+
+def test_feed_mismatches_are_reported_with_names():
+    prog = build(mlp_loss(params()))
+    exe = of.Executor(prog)
+    with pytest.raises(of.ShapeError, match=r"feed 'x' has Spec\(\(4, 2\), float64\), the program declares"):
+        exe.run(x=np.zeros((4, 2)))
+    with pytest.raises(of.ArgumentError, match="missing feed 'x'"):
+        exe.run()
+    with pytest.raises(of.ArgumentError, match=r"\['z'\] are not feeds"):
+        exe.run(x=np.zeros((4, 3)), z=1)
+
+
+def test_shape_errors_at_trace_time_name_the_op():
+    with pytest.raises(of.ShapeError, match=r"matmul\(\): shapes \(\?, 3\)|matmul\(\): shapes \(None, 3\)"):
+        of.trace(lambda x: x @ of.tensor(np.ones((4, 2))), x=of.Spec((None, 3), "float64"))
+
+
+def test_dead_code_and_duplicates_are_removed_but_random_ops_are_not_merged():
+    w = of.tensor(np.ones((3, 3)), requires_grad=True)
+
+    def f(x):
+        F.exp(x) * 3  # dead: nothing fetched reads it
+        a = F.tanh(x @ w)
+        b = F.tanh(x @ w)  # identical to a: merged
+        n1 = F.normal(shape=[3], std=1e-3)
+        n2 = F.normal(shape=[3], std=1e-3)  # identical call, but random: never merged
+        return {"loss": F.sum(a + b + n1 + n2), "unused_free": F.sum(x) * 0 + 1}
+
+    prog = of.trace(f, x=of.Spec((2, 3), "float64"))
+    exe = of.Executor(prog, fetch={"loss": prog.outputs["loss"]})
+    plan = exe.plan(x=np.ones((2, 3)))
+    assert plan.removed["merged"] == 2  # the matmul and the tanh
+    assert plan.removed["dead"] >= 2  # exp and the mul after it (and the unfetched output)
+    assert plan.source.count("rng=_rng()") == 2
+
+
+def test_intermediates_are_freed_after_their_last_reader():
+    prog = build(mlp_loss(params(sizes=(3, 64, 64))))
+    plan = of.Executor(prog).plan(x=np.zeros((256, 3)))
+    total = sum(int(np.prod(s.shape)) * s.dtype.itemsize for n, s in plan.specs.items()
+                if n not in prog.feeds and n not in prog.values)
+    assert plan.source.count("del ") > 10
+    assert plan.peak_live_bytes < total / 2
+
+
+def test_save_load_run_gives_identical_results(tmp_path):
+    ps = params()
+    prog = build(mlp_loss(ps))
+    prog.save(tmp_path / "mlp.json")
+    loaded = of.Program.load(tmp_path / "mlp.json")
+    assert str(loaded) == str(prog)
+    x = np.random.default_rng(7).standard_normal((6, 3))
+    a, b = of.Executor(prog).run(x=x), of.Executor(loaded).run(x=x)
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    assert not list(tmp_path.glob("*.tmp"))  # atomic writes leave no temporary files
+
+
+def _tamper(tmp_path, change):
+    prog = build(mlp_loss(params()))
+    prog.save(tmp_path / "p.json")
+    doc = json.loads((tmp_path / "p.json").read_text())
+    change(doc)
+    (tmp_path / "q.json").write_text(json.dumps(doc))
+    shutil.copy(tmp_path / "p.npz", tmp_path / "q.npz")
+    doc["values"] = "p.npz"
+    return tmp_path / "q.json"
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d["ops"][0].update(type="no_such_op"), "op #0 has unknown type 'no_such_op'"),
+    (lambda d: d["ops"][1]["attrs"].update(bogus=1), "unknown attrs \\['bogus'\\]"),
+    (lambda d: next(op for op in d["ops"] if op["type"] == "transpose")["attrs"].update(perm="x"),
+     "argument 'perm' expected int\\[\\]\\?, got str"),
+    (lambda d: d["ops"][0]["inputs"].update(x=["ghost"]), "refers to undeclared variable 'ghost'"),
+    (lambda d: d.update(version=99), "format version 99 is newer"),
+    (lambda d: d.update(format="pickle"), "not an opforge program"),
+])
+def test_loading_a_tampered_program_fails_clearly(tmp_path, change, message):
+    path = _tamper(tmp_path, change)
+    with pytest.raises(ProgramFormatError, match=message):
+        of.Program.load(path)
+
+
+def test_compile_caches_per_signature_and_matches_eager():
+    ps = params()
+    f = mlp_loss(ps)
+    calls = []
+
+    @of.compile
+    def step(x):
+        calls.append(1)
+        out = f(x)
+        grads = of.grad(out["loss"], ps)
+        return (out["loss"], *grads)
+
+    for batch in (4, 4, 9):
+        x = of.tensor(np.random.default_rng(batch).standard_normal((batch, 3)))
+        loss, *grads = step(x)
+        eager, eager_grads_ = eager_grads(f, x.numpy(), ps)
+        assert isinstance(loss, of.Tensor)
+        np.testing.assert_allclose(loss.numpy(), eager["loss"].numpy(), rtol=1e-12)
+        for g, e in zip(grads, eager_grads_):
+            np.testing.assert_allclose(g.numpy(), e.numpy(), rtol=1e-12, atol=1e-14)
+    assert len(calls) == 2  # traced once per input signature
