@@ -19,7 +19,7 @@ import numpy as np
 from .core import dtypes as D
 from .core.errors import ArgumentError, OpforgeError, SchemaError, describe
 from .core.grad_mode import state as _grad_state
-from .core.opdef import OpDef, registry
+from .core.opdef import OpDef, flat_ranges, registry
 from .core.random import generator as _generator
 from .core.schema import check_attr, parse_signature
 from .core.spec import Spec
@@ -283,7 +283,8 @@ def _record(opdef: OpDef, inputs: tuple, attrs: dict, out):
         for name, i in rule.saved_inputs:
             saved[name] = inputs[i]
         for name, i in rule.saved_outputs:
-            saved_out[name] = (i, outs[i])
+            start, count, _ = flat_ranges(out_layout)[i]
+            saved_out[name] = [(k, outs[k]) for k in range(start, start + count)]
     node = Node(
         opdef, attrs, tuple(edges), tuple(in_layout),
         tuple(None if t is None else (t._data.shape, t._data.dtype) for t, _ in flat),
@@ -307,7 +308,7 @@ def _set_record(opdef: OpDef) -> None:
     names = [p.name for p in inputs]
     edge = "(None if not {0}._requires_grad else ({0}._node, {0}._index) if {0}._node is not None else ({0}, -1))"
     saved = "{" + ", ".join(f"{n!r}: {names[i]}" for n, i in (rule.saved_inputs if rule else ())) + "}"
-    saved_out = "{" + ", ".join(f"{n!r}: (0, out)" for n, _ in (rule.saved_outputs if rule else ())) + "}"
+    saved_out = "{" + ", ".join(f"{n!r}: [(0, out)]" for n, _ in (rule.saved_outputs if rule else ())) + "}"
     source = "\n".join([
         "def record(inputs, attrs, out):",
         f"    {', '.join(names)}, = inputs",

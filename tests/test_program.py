@@ -275,3 +275,31 @@ def test_compile_caches_per_signature_and_matches_eager():
         for g, e in zip(grads, eager_grads_):
             np.testing.assert_allclose(g.numpy(), e.numpy(), rtol=1e-12, atol=1e-14)
     assert len(calls) == 2  # traced once per input signature
+
+
+def test_updates_of_persistable_variables_happen_in_place_and_match_eager(tmp_path):
+    from opforge.program import assign
+
+    x = of.tensor(np.random.default_rng(8).standard_normal((4, 3)))
+    start = np.random.default_rng(9).standard_normal((3, 2))
+
+    def step(w):
+        def fn(x):
+            loss = F.sum(F.square(x @ w))
+            (g,) = of.grad(loss, [w])
+            with of.no_grad():
+                assign(w, w - 0.01 * g)
+            return loss
+        return fn
+
+    w_eager, w_comp = of.tensor(start, requires_grad=True), of.tensor(start, requires_grad=True)
+    eager, compiled = step(w_eager), of.compile(step(w_comp))
+    buffer = w_comp.numpy()
+    for _ in range(3):
+        assert eager(x).item() == pytest.approx(compiled(x).item(), rel=1e-12)
+    assert w_comp.numpy() is buffer  # the parameter's own array was updated
+    np.testing.assert_allclose(w_comp.numpy(), w_eager.numpy(), rtol=1e-12)
+    prog = compiled.program(x)
+    assert "updates: param." in str(prog)
+    prog.save(tmp_path / "step.json")
+    assert of.Program.load(tmp_path / "step.json").updates == prog.updates

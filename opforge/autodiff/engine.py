@@ -9,6 +9,7 @@ from __future__ import annotations
 from ..core import dtypes as D
 from ..core.errors import ArgumentError, GradientError, describe
 from ..core.grad_mode import set_grad_enabled
+from ..core.opdef import flat_ranges
 from ..core.spec import Spec
 from ..tensor import Node, Tensor, _new
 from .rules import flatten_input_grads, input_label, reduce_to, split_by_layout
@@ -207,20 +208,27 @@ def _call_rule(node: Node, grads: list, create_graph: bool, consumer: dict) -> l
             f"differentiated ({_path(node, consumer)}); give it one with @{op.name}.grad, mark it "
             f"traits=['no_grad'], or detach its input"
         )
-    kwargs = {}
-    for name, value in node.saved.items():
-        kwargs[name] = value
-    for name, (i, array) in node.saved_out.items():
-        kwargs[name] = _new(array, create_graph, node if create_graph else None, i)
+    kwargs = dict(node.saved)
+    plain_out = node.out_layout == (-1,)
+    outs = None if plain_out else flat_ranges(node.out_layout)
+    for name, entries in node.saved_out.items():
+        tensors = [_new(array, create_graph, node if create_graph else None, k) for k, array in entries]
+        kwargs[name] = tensors if len(entries) != 1 or (not plain_out and outs[entries[0][0]][2]) else tensors[0]
     for name, i in rule.output_grads:
-        g = grads[i]
-        if g is None:  # a multi-output op where only some outputs got gradients
-            shape, dtype = node.out_meta[i]
-            g = F.zeros(shape=shape, dtype=dtype)
-        kwargs[name] = g
+        start, count, is_list = (0, 1, False) if plain_out else outs[i]
+        gs = []
+        for k in range(start, start + count):
+            g = grads[k]
+            if g is None:  # a multi-output op where only some outputs got gradients
+                shape, dtype = node.out_meta[k]
+                g = F.zeros(shape=shape, dtype=dtype)
+            gs.append(g)
+        kwargs[name] = gs if is_list else gs[0]
     for name, where, i in rule.spec_params:
-        shape, dtype = (node.in_meta if where == "in" else node.out_meta)[i]
-        kwargs[name] = Spec(shape, dtype)
+        meta, layout = (node.in_meta, node.in_layout) if where == "in" else (node.out_meta, node.out_layout)
+        start, count, is_list = flat_ranges(layout)[i]
+        specs = [None if meta[k] is None else Spec(*meta[k]) for k in range(start, start + count)]
+        kwargs[name] = specs if is_list else specs[0]
     for name in rule.attrs:
         kwargs[name] = node.attrs[name]
     if rule.wants_needs:

@@ -283,6 +283,15 @@ def spec_of_array(array: np.ndarray) -> Spec:
     return Spec(array.shape, array.dtype)
 
 
+def flat_ranges(layout: tuple) -> list:
+    """Per schema slot: (first flat index, count, is a list) — a layout holds -1 for a Tensor, k for a list of k."""
+    ranges, start = [], 0
+    for n in layout:
+        ranges.append((start, max(n, 1) if n < 0 else n, n >= 0))
+        start += 1 if n < 0 else n
+    return ranges
+
+
 class Registry:
     """Op name -> OpDef. Listeners (the ``opforge.ops`` namespace) hear of every new or replaced op."""
 

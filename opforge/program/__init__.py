@@ -4,7 +4,8 @@ from .backward import append_backward
 from .compile import CompiledFunction, compile
 from .desc import Block, OpDesc, Program, VarDesc
 from .executor import Executor, Plan
-from .trace import Variable, trace
+from .trace import Variable, assign, state, trace, tracing_program
 
 __all__ = ["Block", "CompiledFunction", "Executor", "OpDesc", "Plan", "Program", "VarDesc", "Variable",
-           "append_backward", "compile", "trace"]
+           "append_backward", "assign", "compile", "state", "trace",
+           "tracing_program"]

@@ -36,7 +36,8 @@ def append_backward(program: Program, loss, wrt=None, no_grad=()) -> dict:
     loss_name = _name(program, loss, "loss")
     block = program.block
     if wrt is None:
-        wrt_names = [v.name for v in block.vars.values() if v.persistable and v.spec.dtype.kind == "f"]
+        wrt_names = [v.name for v in block.vars.values()
+                     if v.persistable and not v.stop_gradient and v.spec.dtype.kind == "f"]
     else:
         wrt_names = [_name(program, v, "wrt") for v in (wrt if isinstance(wrt, (list, tuple)) else [wrt])]
     for n in wrt_names:
@@ -143,18 +144,27 @@ def _call_rule(program: Program, op, opdef, out_grads: dict, wanted: list) -> li
             kwargs[name] = [Variable(program, n) for n in slot]
         else:
             kwargs[name] = Variable(program, slot[0]) if slot else None
-    out_names = op.output_names()
+    def one_or_list(names, is_list, make):
+        values = [make(n) for n in names]
+        return values if is_list else (values[0] if values else None)
+
+    def grad_of(n):
+        g = out_grads[n]
+        return Variable(program, g) if g is not None else F.zeros_like(Variable(program, n))
+
+    def spec_of(n):
+        return Spec(Variable(program, n).shape, block.vars[n].spec.dtype)
+
     for name, i in rule.saved_outputs:
-        kwargs[name] = Variable(program, out_names[i])
+        o = opdef.outputs[i]
+        kwargs[name] = one_or_list(op.outputs[o.name], o.is_list, lambda n: Variable(program, n))
     for name, i in rule.output_grads:
-        g = out_grads[out_names[i]]
-        kwargs[name] = Variable(program, g) if g is not None else F.zeros_like(Variable(program, out_names[i]))
+        o = opdef.outputs[i]
+        kwargs[name] = one_or_list(op.outputs[o.name], o.is_list, grad_of)
     for name, where, i in rule.spec_params:
-        if where == "in":
-            var = op.inputs[opdef.inputs[i].name][0]
-        else:
-            var = out_names[i]
-        kwargs[name] = Spec(Variable(program, var).shape, block.vars[var].spec.dtype)
+        p = (opdef.inputs if where == "in" else opdef.outputs)[i]
+        names = (op.inputs if where == "in" else op.outputs)[p.name]
+        kwargs[name] = one_or_list(names, p.is_list, spec_of)
     for name in rule.attrs:
         kwargs[name] = op.attrs[name]
     layout = tuple(len(op.inputs[p.name]) if p.is_list else -1 for p in opdef.inputs)

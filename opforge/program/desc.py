@@ -87,6 +87,7 @@ class Program:
         self.values: dict = {}  # persistable or constant variable name -> initial array
         self.backward_requests: list = []  # (loss, wrt, no_grad) of each append_backward, replayed per shape
         self.grad_names: dict = {}  # variable name -> its gradient's variable name
+        self.updates: dict = {}  # persistable variable name -> variable holding its new value after a run
         self._counter = 0
         self._tensor_vars: dict = {}  # id(eager Tensor) -> (the Tensor, its variable name)
 
@@ -117,6 +118,8 @@ class Program:
             lines.append("  " + block.format_op(op))
         if self.outputs:
             lines.append("  outputs: " + ", ".join(f"{k}={v}" for k, v in self.outputs.items()))
+        if self.updates:
+            lines.append("  updates: " + ", ".join(f"{k} <- {v}" for k, v in self.updates.items()))
         return "\n".join(lines)
 
     __repr__ = __str__

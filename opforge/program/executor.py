@@ -140,7 +140,7 @@ class Executor:
             for n, s in zip(op.output_names(), flat):
                 specs[n] = s
         # 2. dead code and duplicates
-        fetched = set(self.fetch.values())
+        fetched = set(self.fetch.values()) | set(program.updates.values())  # updates are roots too
         removed = {"dead": 0, "merged": 0}
         folded = {}
         if self.optimize:
@@ -206,11 +206,12 @@ class Executor:
         program, block = self.program, self.program.block
         owned = set(program.feeds) | set(program.values) | set(folded)  # buffers never freed nor overwritten
         fetched = {key: alias.get(n, n) for key, n in self.fetch.items()}
+        updates = {target: alias.get(n, n) for target, n in program.updates.items()}
         last_use = {}
         for i, (op, _) in enumerate(ops):
             for n in op.input_names():
                 last_use[n] = i
-        for n in fetched.values():
+        for n in [*fetched.values(), *updates.values()]:
             last_use[n] = len(ops)
         kernels = []
         for op, attrs in ops:
@@ -218,6 +219,16 @@ class Executor:
             dtype = first.dtype if first is not None else (attrs.get("dtype") or np.dtype("float32"))
             kernels.append(registry.get(op.type).find_kernel("cpu", dtype))
         reuse = self._plan_buffers(ops, kernels, specs, last_use, owned)
+        # A persistable variable's new value is written straight into its buffer (no copy per run) when the
+        # op producing it takes out= and runs after the last reader of the old value; otherwise it is copied.
+        in_place = {}
+        producer = {n: i for i, (op, _) in enumerate(ops) for n in op.output_names()}
+        for target, n in updates.items():
+            i = producer.get(n)
+            if (i is not None and i not in reuse and kernels[i].takes_out and len(ops[i][0].output_names()) == 1
+                    and last_use.get(target, -1) <= i and specs[n] == specs[target]):
+                reuse[i] = target
+                in_place[target] = n
 
         slot = {}
 
@@ -270,7 +281,7 @@ class Executor:
             if buffer is None:
                 live_bytes += sum(nbytes(n) for n in outs)  # a new allocation
             peak = max(peak, live_bytes)
-            if buffer is not None and buffer not in op.input_names():
+            if buffer is not None and buffer not in op.input_names() and buffer not in owned:
                 lines.append(f"    del {var(buffer)}")  # a held dead buffer, now the output's
             for n in dict.fromkeys(op.input_names()):
                 if last_use.get(n) == i and n not in owned:
@@ -284,6 +295,10 @@ class Executor:
                 if n not in last_use and n not in held:  # an output nobody reads (of a multi-output op)
                     live_bytes -= nbytes(n)
                     lines.append(f"    del {var(n)}")
+        for target, n in updates.items():
+            if target not in in_place:
+                env["_copyto"] = np.copyto
+                lines.append(f"    _copyto({var(target)}, {var(n)})  # the new value of a persistable variable")
         result = ", ".join(f"{key!r}: {var(n)}" for key, n in fetched.items())
         lines.append(f"    return {{{result}}}")
         source = "\n".join(lines) + "\n"
@@ -299,9 +314,13 @@ class Executor:
         shape and dtype. A dead buffer is held only when a later op takes it, so nothing waits in a pool.
         """
         reuse, pool = {}, {}  # pool: (shape, dtype) -> dead variables whose buffers are free
+        fresh = set()  # variables written by out= kernels: their own writable memory, never a view of another
         for i, ((op, _), kernel) in enumerate(zip(ops, kernels)):
             outs = op.output_names()
-            dying = [n for n in dict.fromkeys(op.input_names()) if last_use.get(n) == i and n not in owned]
+            if kernel.takes_out:
+                fresh.update(outs)
+            dying = [n for n in dict.fromkeys(op.input_names())
+                     if last_use.get(n) == i and n not in owned and n in fresh]
             if kernel.takes_out and len(outs) == 1:
                 want = specs[outs[0]]
                 opdef = registry.get(op.type)

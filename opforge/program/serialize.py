@@ -76,6 +76,7 @@ def save(program: Program, path) -> None:
         "feeds": program.feeds,
         "outputs": program.outputs,
         "grad_names": program.grad_names,
+        "updates": program.updates,
         "backward_requests": [[loss, list(wrt), list(blocked)] for loss, wrt, blocked in program.backward_requests],
         "vars": [{"name": v.name, "shape": list(v.spec.shape), "dtype": str(v.spec.dtype),
                   "persistable": v.persistable, "stop_gradient": v.stop_gradient} for v in block.vars.values()],
@@ -109,8 +110,10 @@ def load(path) -> Program:
         program.feeds = [str(n) for n in doc["feeds"]]
         program.outputs = {str(k): str(n) for k, n in doc["outputs"].items()}
         program.grad_names = {str(k): str(n) for k, n in doc.get("grad_names", {}).items()}
+        program.updates = {str(k): str(n) for k, n in doc.get("updates", {}).items()}
         program.backward_requests = [(r[0], tuple(r[1]), tuple(r[2])) for r in doc.get("backward_requests", [])]
-        for n in [*program.feeds, *program.outputs.values(), *program.grad_names, *program.grad_names.values()]:
+        for n in [*program.feeds, *program.outputs.values(), *program.grad_names, *program.grad_names.values(),
+                  *program.updates, *program.updates.values()]:
             if n not in block.vars:
                 raise ProgramFormatError(f"{where}: variable {n!r} is named but never declared")
         for i, raw in enumerate(doc["ops"]):

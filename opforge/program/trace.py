@@ -65,6 +65,12 @@ class Variable(TensorOps):
             "Python control flow on it cannot be traced (use F.where)"
         )
 
+    def backward(self) -> None:
+        """Append the backward pass for this (scalar) loss to its program: gradients of every parameter."""
+        from .backward import append_backward
+
+        append_backward(self.program, self)
+
     def numpy(self):
         raise ArgumentError(f"program variable '{self.name}' has no value while tracing; run the program "
                             "with of.Executor to get one")
@@ -88,18 +94,52 @@ def _program_of(opdef: OpDef, inputs: tuple) -> Program:
     return next(iter(programs.values()))
 
 
-def constant_var(program: Program, tensor: Tensor) -> str:
-    """The variable of an eager Tensor used inside a program: a parameter if it requires grad, else a constant."""
+def constant_var(program: Program, tensor: Tensor, state: bool = False) -> str:
+    """The variable of an eager Tensor used inside a program: a parameter if it requires grad, persistable state
+    (optimizer moments, a learning rate: updated by the program, never differentiated) if ``state``, else a
+    constant."""
     known = program._tensor_vars
     entry = known.get(id(tensor))
     if entry is not None and entry[0] is tensor:
+        if state:
+            program.block.vars[entry[1]].persistable = True
         return entry[1]
-    persistable = tensor.requires_grad
-    name = program.fresh_name("param" if persistable else "const")
-    program.add_var(name, Spec(tensor.shape, tensor.dtype), persistable=persistable, stop_gradient=not persistable)
-    program.values[name] = tensor.numpy()  # no copy: the executor updates parameters in place
+    persistable = tensor.requires_grad or state
+    name = program.fresh_name("param" if tensor.requires_grad else "state" if state else "const")
+    program.add_var(name, Spec(tensor.shape, tensor.dtype), persistable=persistable,
+                    stop_gradient=not tensor.requires_grad)
+    program.values[name] = tensor.numpy()  # no copy: the executor updates persistable arrays in place
     known[id(tensor)] = (tensor, name)  # keeps the tensor alive, so its id stays its own
     return name
+
+
+def tracing_program() -> Program | None:
+    """The program this thread is tracing into, or None (eager mode)."""
+    return building.program
+
+
+def state(tensor: Tensor) -> Variable:
+    """``tensor`` as persistable state of the program being traced (see ``constant_var``)."""
+    program = building.program
+    return Variable(program, constant_var(program, tensor, state=True))
+
+
+def assign(target: Tensor, value) -> None:
+    """Make ``value`` the new content of ``target`` after each run: in place in eager mode, recorded as an
+    update of the persistable variable while tracing (the executor writes it into the same buffer)."""
+    program = building.program
+    if program is None:
+        data = value.numpy() if hasattr(value, "numpy") else np.asarray(value)
+        if data.shape != target.shape:
+            raise ArgumentError(f"assign(): value of shape {data.shape} for a tensor of shape {target.shape}")
+        np.copyto(target.numpy(), data, casting="same_kind")
+        return
+    name = constant_var(program, target, state=not target.requires_grad)
+    if not isinstance(value, Variable):
+        raise ArgumentError(f"assign(): while tracing, the value must be a program variable, got {describe(value)}")
+    if value.spec.shape != program.block.vars[name].spec.shape:
+        raise ArgumentError(f"assign(): value {value.spec} does not fit {program.block.vars[name]}")
+    program.updates[name] = value.name
 
 
 def _input_name(program: Program, opdef: OpDef, arg: str, value, peer) -> str:
