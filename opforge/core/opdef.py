@@ -56,7 +56,8 @@ class Sample(NamedTuple):
 
     @classmethod
     def of(cls, *args, **kwargs) -> Sample:
-        return cls(args, kwargs)
+        # A NumPy scalar (rng.uniform(a, b, ()) gives one) is a 0-d array here, so it becomes a tensor input.
+        return cls(tuple(np.asarray(a) if isinstance(a, np.generic) else a for a in args), kwargs)
 
 
 class OpDef:

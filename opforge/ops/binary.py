@@ -104,14 +104,31 @@ def maximum(x, y):
     return np.maximum(x, y)
 
 
+def _winner_grads(x, y, dout, x_loses, y_loses):
+    """Gradients of maximum/minimum: dout goes to the winner, ties share it equally (as in PyTorch, which
+    also gives all of it to both sides where a NaN makes neither lose)."""
+    shared = F.where(x == y, dout * 0.5, dout)
+    return F.where(x_loses, 0, shared), F.where(y_loses, 0, shared)
+
+
 @maximum.grad
 def _(x, y, dout):
-    half = dout * 0.5  # ties share the gradient equally, as in PyTorch
-    return (F.where(x > y, dout, F.where(x == y, half, 0)),
-            F.where(y > x, dout, F.where(x == y, half, 0)))
+    return _winner_grads(x, y, dout, x < y, y < x)
+
+
+@op("minimum(Tensor x, Tensor y) -> Tensor out", traits=["broadcast"])
+def minimum(x, y):
+    """The smaller of x and y, elementwise."""
+    return np.minimum(x, y)
+
+
+@minimum.grad
+def _(x, y, dout):
+    return _winner_grads(x, y, dout, x > y, y > x)
 
 
 @maximum.samples
+@minimum.samples
 def _(rng):
     yield Sample.of(rng.standard_normal((2, 3)), rng.standard_normal((2, 3)))
     yield Sample.of(rng.standard_normal((2, 3)), rng.standard_normal(3))
@@ -191,3 +208,27 @@ def not_equal(x, y):
 
 for _compare in (less, less_equal, greater, greater_equal, equal, not_equal):
     _compare.samples(_compare_samples)
+
+
+# -- logical ops: bool results, no gradient -------------------------------------------------------------------
+
+
+@op("logical_and(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec)
+def logical_and(x, y):
+    """True where both x and y are nonzero (True)."""
+    return np.logical_and(x, y)
+
+
+@op("logical_or(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec)
+def logical_or(x, y):
+    """True where x or y is nonzero (True)."""
+    return np.logical_or(x, y)
+
+
+@logical_and.samples
+@logical_or.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((2, 3)) > 0, rng.standard_normal((2, 3)) > 0)
+    yield Sample.of(rng.standard_normal((2, 3)) > 0, rng.standard_normal(3) > 0)
+    yield Sample.of(rng.integers(-1, 2, (4, 1)), rng.standard_normal((1, 3)).round())  # numbers: nonzero is True
+    yield Sample.of(np.array(True), rng.standard_normal((2, 1)) > 0)

@@ -1,8 +1,10 @@
 """Elementwise ops of one tensor. Each gradient rule is written with ops, so it can be differentiated again."""
 
+import math
+
 from opforge import ops as F
 
-from ._common import Sample, Spec, np, op
+from ._common import D, Sample, Spec, np, op
 
 # -- the seed designs' examples --------------------------------------------------------------------------------
 
@@ -170,11 +172,15 @@ def _(y, dy):
     return dy * (1 - y * y)
 
 
+def _sigmoid(x):
+    z = np.exp(-np.abs(x))  # ≤ 1: no overflow for large |x|
+    return np.where(x >= 0, 1 / (1 + z), z / (1 + z))
+
+
 @op("sigmoid(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
 def sigmoid(x):
     """y = 1 / (1 + e⁻ˣ), computed without overflow for large |x|."""
-    z = np.exp(-np.abs(x))
-    return np.where(x >= 0, 1 / (1 + z), z / (1 + z))
+    return _sigmoid(x)
 
 
 @sigmoid.grad
@@ -248,3 +254,393 @@ def ones_like(x, *, dtype):
 def _(rng):
     yield Sample.of(rng.standard_normal((2, 3)))
     yield Sample.of(rng.standard_normal(()), dtype="int32")
+
+
+# -- more elementwise maths ------------------------------------------------------------------------------------
+
+
+def _zero_grad(dy):
+    """The gradient of a piecewise-constant op: 0 wherever it exists, and 0 at the jumps too (as PyTorch)."""
+    return F.zeros_like(dy)
+
+
+def _away_from_integers(rng, shape):
+    """Values whose distance to the nearest multiple of ½ is at least 0.1: floor, ceil and round are flat there."""
+    x = np.floor(rng.uniform(-6, 6, shape)) * 0.5 + rng.uniform(0.1, 0.4, shape) * rng.choice([-1, 1], shape)
+    return np.asarray(x)
+
+
+def _number_samples(rng):
+    yield Sample.of(_away_from_integers(rng, (2, 3)))
+    yield Sample.of(_away_from_integers(rng, ()))
+    yield Sample.of(rng.integers(-5, 5, (4,)))
+
+
+@op("sign(Tensor<number> x) -> Tensor y", traits=["elementwise"])
+def sign(x):
+    """−1, 0 or 1 as x is negative, zero or positive (0 for NaN, as PyTorch)."""
+    return np.greater(x, 0).astype(x.dtype) - np.less(x, 0).astype(x.dtype)
+
+
+@op("floor(Tensor<number> x) -> Tensor y", traits=["elementwise"])
+def floor(x):
+    """The largest integer ≤ x (integer tensors are returned unchanged)."""
+    return np.floor(x) if x.dtype.kind == "f" else x.copy()
+
+
+@op("ceil(Tensor<number> x) -> Tensor y", traits=["elementwise"])
+def ceil(x):
+    """The smallest integer ≥ x (integer tensors are returned unchanged)."""
+    return np.ceil(x) if x.dtype.kind == "f" else x.copy()
+
+
+@op("round(Tensor<number> x) -> Tensor y", traits=["elementwise"])
+def round(x):
+    """The nearest integer, halves to the even one (round(2.5) = 2), as PyTorch."""
+    return np.round(x) if x.dtype.kind == "f" else x.copy()
+
+
+for _step in (sign, floor, ceil, round):
+    _step.grad(_zero_grad)
+    _step.samples(_number_samples)
+
+
+@op("expm1(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
+def expm1(x):
+    """y = eˣ − 1, exact for small x."""
+    return np.expm1(x)
+
+
+@expm1.grad
+def _(y, dy):
+    return dy * (y + 1)  # d/dx (eˣ − 1) = eˣ = y + 1
+
+
+@op("log1p(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
+def log1p(x):
+    """y = ln(1 + x), exact for small x."""
+    return np.log1p(x)
+
+
+@log1p.grad
+def _(x, dy):
+    return dy / (x + 1)
+
+
+@log1p.samples
+def _(rng):
+    yield Sample.of(rng.uniform(-0.5, 2.0, (2, 3)))
+    yield Sample.of(rng.uniform(-0.5, 2.0, ()))
+
+
+@op("rsqrt(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
+def rsqrt(x):
+    """y = 1/√x."""
+    return 1 / np.sqrt(x)
+
+
+@rsqrt.grad
+def _(y, dy):
+    return dy * (-0.5) * y * y * y  # d/dx x^(−½) = −½·x^(−3/2) = −½·y³
+
+
+@op("reciprocal(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
+def reciprocal(x):
+    """y = 1/x."""
+    return np.reciprocal(x)
+
+
+@reciprocal.grad
+def _(y, dy):
+    return -dy * y * y  # d/dx x⁻¹ = −x⁻² = −y²
+
+
+def _positive_samples(rng):
+    yield Sample.of(rng.uniform(0.5, 3.0, (2, 3)))
+    yield Sample.of(rng.uniform(0.5, 3.0, ()))
+
+
+rsqrt.samples(_positive_samples)
+
+
+@reciprocal.samples
+def _(rng):
+    yield Sample.of(rng.uniform(0.5, 3.0, (2, 3)) * rng.choice([-1, 1], (2, 3)))
+    yield Sample.of(rng.uniform(0.5, 3.0, ()))
+
+
+@op("sin(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
+def sin(x):
+    """Sine."""
+    return np.sin(x)
+
+
+@sin.grad
+def _(x, dy):
+    return dy * F.cos(x)
+
+
+@op("cos(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
+def cos(x):
+    """Cosine."""
+    return np.cos(x)
+
+
+@cos.grad
+def _(x, dy):
+    return -dy * F.sin(x)
+
+
+def _erf(x):
+    from scipy.special import erf  # imported on first use: SciPy takes a noticeable time to import
+
+    return erf(x)
+
+
+@op("erf(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
+def erf(x):
+    """The error function, erf(x) = 2/√π ∫₀ˣ e^(−t²) dt."""
+    return _erf(x)
+
+
+@erf.grad
+def _(x, dy):
+    return dy * (2 / math.sqrt(math.pi)) * F.exp(-F.square(x))  # a Python float keeps float32 float32
+
+
+# -- activations ----------------------------------------------------------------------------------------------------
+
+
+@op("softplus(Tensor<floating> x, *, float beta=1.0, float threshold=20.0) -> Tensor y", traits=["elementwise"])
+def softplus(x, *, beta, threshold):
+    """y = ln(1 + e^(βx))/β, and y = x where βx > threshold (as PyTorch, where the two agree to float precision)."""
+    z = x * beta
+    return np.where(z > threshold, x, np.logaddexp(0, z) / beta)  # logaddexp: no overflow, exact for z ≪ 0
+
+
+@softplus.check
+def _(*, beta, threshold):
+    if beta == 0:
+        raise ValueError("argument 'beta' must not be 0")
+
+
+@softplus.grad
+def _(x, dy, *, beta, threshold):
+    # d/dx ln(1 + e^(βx))/β = σ(βx), and 1 where βx > threshold. At βx = threshold PyTorch takes σ(βx) for the
+    # first derivative and 0 for the second: σ of βx taken only where βx < threshold does both.
+    z = x * beta
+    return F.where(z > threshold, dy, dy * F.sigmoid(F.where(z < threshold, z, threshold)))
+
+
+@softplus.samples
+def _(rng):
+    yield Sample.of(rng.uniform(-4, 4, (2, 3)))
+    yield Sample.of(rng.uniform(-4, 4, 5), beta=2.0, threshold=5.0)  # some βx above the threshold
+    yield Sample.of(rng.uniform(-4, 4, ()), beta=0.5)
+
+
+_SELU_ALPHA = 1.6732632423543772848170429916717
+_SELU_SCALE = 1.0507009873554804934193349852946
+
+
+def _elu(x, alpha, scale):
+    # scale·x for x > 0, scale·α·(eˣ − 1) otherwise; expm1 of min(x, 0) cannot overflow.
+    return np.where(x > 0, x * scale, np.expm1(np.minimum(x, 0)) * (alpha * scale))
+
+
+def _elu_grad(x, dy, alpha, scale):
+    # scale for x > 0, scale·α·eˣ for x ≤ 0. At 0 PyTorch takes the second for the first derivative but gives 0 as
+    # the second derivative; the exponent min(x, 0), taken from x only where x < 0, does both. It also keeps eˣ
+    # finite where x > 0: an infinite one would turn the 0 that branch gets in double backward into NaN (0·∞).
+    exponent = F.where(x < 0, x, 0)
+    return F.where(x > 0, dy if scale == 1 else dy * scale, dy * (alpha * scale) * F.exp(exponent))
+
+
+@op("elu(Tensor<floating> x, *, float alpha=1.0) -> Tensor y", traits=["elementwise"])
+def elu(x, *, alpha):
+    """y = x for x > 0, α·(eˣ − 1) otherwise."""
+    return _elu(x, alpha, 1.0)
+
+
+@elu.grad
+def _(x, dy, *, alpha):
+    return _elu_grad(x, dy, alpha, 1.0)
+
+
+@elu.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((2, 3)))
+    yield Sample.of(rng.standard_normal(5), alpha=0.5)
+    yield Sample.of(rng.standard_normal(()), alpha=2.0)
+
+
+@op("selu(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
+def selu(x):
+    """y = λ·elu(x, α) with PyTorch's constants λ ≈ 1.0507, α ≈ 1.6733 (self-normalising)."""
+    return _elu(x, _SELU_ALPHA, _SELU_SCALE)
+
+
+@selu.grad
+def _(x, dy):
+    return _elu_grad(x, dy, _SELU_ALPHA, _SELU_SCALE)
+
+
+# GELU: x·Φ(x), Φ the standard normal CDF; "tanh" approximates it as ½x·(1 + tanh(u)), u = √(2/π)·(x + 0.044715x³).
+_SQRT_HALF = math.sqrt(0.5)
+_INV_SQRT_2PI = 1 / math.sqrt(2 * math.pi)
+_TANH_K = math.sqrt(2 / math.pi)
+_TANH_C = 0.044715
+
+
+def _check_approximate(*, approximate):
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"argument 'approximate' must be \"none\" or \"tanh\", got {approximate!r}")
+
+
+@op('gelu(Tensor<floating> x, *, str approximate="none") -> Tensor y', traits=["elementwise"])
+def gelu(x, *, approximate):
+    """y = x·Φ(x) with Φ the standard normal CDF; approximate="tanh": ½x·(1 + tanh(√(2/π)·(x + 0.044715x³)))."""
+    if approximate == "tanh":
+        return 0.5 * x * (1 + np.tanh(_TANH_K * (x + _TANH_C * x * x * x)))
+    return 0.5 * x * (1 + _erf(x * _SQRT_HALF))
+
+
+@gelu.grad
+def _(x, dy, *, approximate):
+    return F.gelu_grad(x, dy, approximate=approximate)  # one kernel instead of a dozen ops (erf, exp, ...)
+
+
+@op('gelu_grad(Tensor<floating> x, Tensor<floating> dy, *, str approximate="none") -> Tensor dx',
+    traits=["broadcast"])
+def gelu_grad(x, dy, *, approximate):
+    """Gradient of gelu: dx = dy·gelu′(x); gelu′ = Φ + x·φ exactly, φ the standard normal density."""
+    if approximate == "tanh":
+        t = np.tanh(_TANH_K * (x + _TANH_C * x * x * x))
+        du = _TANH_K * (1 + 3 * _TANH_C * x * x)  # u′
+        return dy * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * du)
+    return dy * (0.5 * (1 + _erf(x * _SQRT_HALF)) + x * _INV_SQRT_2PI * np.exp(-0.5 * x * x))
+
+
+@gelu_grad.grad
+def _(x, dy, ddx, *, approximate):
+    # dx is linear in dy; in x, its derivative is dy·gelu″(x):
+    #   exact:  gelu″ = φ·(2 − x²)
+    #   "tanh": gelu″ = (1 − t²)·(u′ − x·t·u′² + ½x·u″), t = tanh(u), u′ = k(1 + 3cx²), u″ = 6kcx
+    if approximate == "tanh":
+        t = F.tanh((x + x * x * x * _TANH_C) * _TANH_K)
+        du = (x * x * (3 * _TANH_C) + 1) * _TANH_K
+        second = (1 - t * t) * (du - x * t * du * du + x * x * (3 * _TANH_K * _TANH_C))
+    else:
+        second = F.exp(x * x * -0.5) * _INV_SQRT_2PI * (2 - x * x)
+    return ddx * dy * second, F.gelu_grad(x, ddx, approximate=approximate)
+
+
+gelu.check(_check_approximate)
+gelu_grad.check(_check_approximate)
+
+
+@gelu.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((2, 3)) * 2)
+    yield Sample.of(rng.standard_normal(5) * 2, approximate="tanh")
+    yield Sample.of(rng.standard_normal(()), approximate="tanh")
+
+
+@gelu_grad.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((2, 3)) * 2, rng.standard_normal((2, 3)))
+    yield Sample.of(rng.standard_normal(5) * 2, rng.standard_normal(5), approximate="tanh")
+
+
+@op("silu(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
+def silu(x):
+    """y = x·σ(x), σ the logistic sigmoid (also called swish)."""
+    return x * _sigmoid(x)
+
+
+@silu.grad
+def _(x, dy):
+    s = F.sigmoid(x)
+    return dy * s * (1 + x * (1 - s))  # d/dx x·σ(x) = σ + x·σ·(1 − σ)
+
+
+# -- clip -----------------------------------------------------------------------------------------------------------
+
+
+def _clip_dtype(dtype, lo, hi):
+    """An integer tensor clipped at a fractional bound becomes the default float, as PyTorch promotes it."""
+    fractional = any(b is not None and not float(b).is_integer() for b in (lo, hi))
+    return D.DEFAULT_FLOAT if dtype.kind != "f" and fractional else dtype
+
+
+@op("clip(Tensor<number> x, *, float? min=None, float? max=None) -> Tensor y")
+def clip(x, *, min, max):
+    """x limited to [min, max] (either bound may be None; min > max gives max everywhere, as PyTorch's clamp)."""
+    return np.clip(x, min, max).astype(_clip_dtype(x.dtype, min, max), copy=False)
+
+
+@clip.check
+def _(*, min, max):
+    if min is None and max is None:
+        raise ValueError("arguments 'min' and 'max' are both None: give at least one bound")
+
+
+@clip.infer
+def _(x, *, min, max):
+    return Spec(x.shape, _clip_dtype(x.dtype, min, max))
+
+
+@clip.grad
+def _(x, dy, *, min, max):
+    # The gradient passes where min ≤ x ≤ max, bounds included (as torch.clamp), and is 0 outside.
+    if min is None:
+        inside = x <= max
+    elif max is None:
+        inside = x >= min
+    else:
+        inside = F.logical_and(x >= min, x <= max)
+    return F.where(inside, dy, 0)
+
+
+@clip.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((3, 4)), min=-0.5, max=0.5)
+    yield Sample.of(rng.standard_normal(6), min=0.1)
+    yield Sample.of(rng.standard_normal(()), max=-0.2)
+    yield Sample.of(rng.integers(-5, 5, (4,)), min=-2.0, max=2.5)
+
+
+# -- tests of values: bool results, no gradient ---------------------------------------------------------------------
+
+
+def _bool_spec(x):
+    return Spec(x.shape, D.bool_)
+
+
+@op("isnan(Tensor x) -> Tensor<bool> y", traits=["no_grad"], infer=_bool_spec)
+def isnan(x):
+    """True where x is NaN."""
+    return np.isnan(x)
+
+
+@op("isfinite(Tensor x) -> Tensor<bool> y", traits=["no_grad"], infer=_bool_spec)
+def isfinite(x):
+    """True where x is neither infinite nor NaN (always, for integers and bools)."""
+    return np.isfinite(x)
+
+
+@op("logical_not(Tensor x) -> Tensor<bool> y", traits=["no_grad"], infer=_bool_spec)
+def logical_not(x):
+    """True where x is 0 (or False)."""
+    return np.logical_not(x)
+
+
+def _special_value_samples(rng):
+    yield Sample.of(np.array([[0.0, -1.5, np.nan], [np.inf, -np.inf, 2.0]]))
+    yield Sample.of(np.array(np.nan))
+    yield Sample.of(rng.integers(-2, 2, (4,)))
+    yield Sample.of(rng.standard_normal(3) > 0)
+
+
+for _test in (isnan, isfinite, logical_not):
+    _test.samples(_special_value_samples)

@@ -1,4 +1,7 @@
-"""Reductions over axes (an int, a list, or None for all), with ``keepdim``."""
+"""Reductions over axes (an int, a list, or None for all), with ``keepdim``, and cumulative sums."""
+
+import builtins
+import math
 
 from opforge import ops as F
 
@@ -62,11 +65,42 @@ def _(x, *, axis, keepdim):
 
 @mean.grad
 def _(dy, x_spec, *, axis, keepdim):
-    axes = normalize_axes("mean", axis, len(x_spec.shape))
-    count = int(np.prod([x_spec.shape[a] for a in axes]))
-    if not keepdim:
-        dy = F.reshape(dy, shape=_kept_shape(x_spec.shape, axis))
-    return F.broadcast_to(dy * (1.0 / max(count, 1)), shape=x_spec.shape)
+    return F.mean_grad(dy, shape=x_spec.shape, axis=axis, keepdim=keepdim)
+
+
+@op("mean_grad(Tensor<floating> dy, *, int[] shape, int[] axis=None, bool keepdim=False) -> Tensor dx")
+def mean_grad(dy, *, shape, axis, keepdim):
+    """Gradient of mean: dy spread evenly over the reduced elements of an input of ``shape``.
+
+    A dedicated op because the count of reduced elements may be known only at run time (a batch dim in a
+    program): the kernel computes it from the concrete ``shape``.
+    """
+    axes = normalize_axes("mean_grad", axis, len(shape))
+    count = int(np.prod([shape[a] for a in axes], dtype=np.int64))
+    kept = _kept_shape(tuple(shape), axis)
+    return np.broadcast_to(dy.reshape(kept) * (1.0 / builtins.max(count, 1)), tuple(shape)).astype(dy.dtype)
+
+
+@mean_grad.infer
+def _(dy, *, shape, axis, keepdim):
+    expected = _reduced_shape("mean_grad", tuple(shape), axis, keepdim)
+    if len(expected) != len(dy.shape) or any(a is not None and b is not None and a != b
+                                             for a, b in zip(expected, dy.shape)):
+        raise ShapeError(f"mean_grad(): dy has shape {dy.shape}; the mean of shape {list(shape)} over axis "
+                         f"{axis} has shape {expected}")
+    return Spec(tuple(shape), dy.dtype)
+
+
+@mean_grad.grad
+def _(ddx, *, axis, keepdim):
+    return F.mean(ddx, axis=axis, keepdim=keepdim)  # mean_grad is the adjoint of mean, and vice versa
+
+
+@mean_grad.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((2, 4)), shape=[2, 3, 4], axis=1)
+    yield Sample.of(rng.standard_normal(()), shape=[2, 3])
+    yield Sample.of(rng.standard_normal((2, 1)), shape=[2, 3], axis=-1, keepdim=True)
 
 
 mean.samples(_reduce_samples)
@@ -103,3 +137,378 @@ def _(rng):
     yield Sample.of(rng.standard_normal((2, 3, 4)), shape=[3, 1])
     yield Sample.of(rng.standard_normal((2, 3)), shape=[])
     yield Sample.of(rng.standard_normal((2, 3)), shape=[2, 3])
+
+
+# -- more reductions ------------------------------------------------------------------------------------------------
+
+
+def _group_size(shape, axis) -> int:
+    """How many elements each reduction group holds."""
+    return math.prod(shape[a] for a in normalize_axes("", axis, len(shape)))
+
+
+def _expand(t, shape, axis, keepdim):
+    """A reduction's result (or its gradient) with the reduced dims put back as size 1, to broadcast against x."""
+    return t if keepdim else F.reshape(t, shape=_kept_shape(shape, axis))
+
+
+def _refuse_empty(op_name, shape, axis):
+    for a in normalize_axes(op_name, axis, len(shape)):
+        if shape[a] == 0:
+            raise ShapeError(f"{op_name}(): cannot reduce over axis {a} of size 0 (input shape {tuple(shape)}): "
+                             "an empty group has no value")
+
+
+@op("prod(Tensor x, *, int[] axis=None, bool keepdim=False) -> Tensor y")
+def prod(x, *, axis, keepdim):
+    """Product over ``axis`` (all axes when None). Integer and bool tensors multiply in int64."""
+    axes = normalize_axes("prod", axis, x.ndim)
+    return np.prod(x, axis=axes, keepdims=keepdim, dtype=None if x.dtype.kind == "f" else np.int64)
+
+
+@prod.infer
+def _(x, *, axis, keepdim):
+    return Spec(_reduced_shape("prod", x.shape, axis, keepdim), x.dtype if x.dtype.kind == "f" else D.int64)
+
+
+@prod.grad
+def _(x, dy, *, axis, keepdim):
+    # ∂y/∂xᵢ is the product of the other elements of xᵢ's group: y/xᵢ when there is no zero. With zeros (the rule
+    # cannot look at the data to pick a formula, as PyTorch does) it is split into
+    #   (product of the other nonzero elements) · (product of the other zeros),
+    # the first Q/x̃ᵢ, with x̃ = x with its zeros set to 1 and Q = prod(x̃); the second 1 when no other element is
+    # 0, that other element itself when one is (0, with derivative 1: this keeps second derivatives right), and
+    # 0 when two or more are.
+    is_zero = x == 0
+    nonzero = F.where(is_zero, 1, x)
+    zero_count = F.cast(is_zero, dtype=x.dtype)
+    others_zero = F.sum(zero_count, axis=axis, keepdim=True) - zero_count
+    zeros = F.where(is_zero, x, 0)
+    other_zero = F.sum(zeros, axis=axis, keepdim=True) - zeros
+    zero_part = F.where(others_zero == 0, 1, F.where(others_zero == 1, other_zero, 0))
+    nonzero_part = F.prod(nonzero, axis=axis, keepdim=True) / nonzero
+    return _expand(dy, x.shape, axis, keepdim) * nonzero_part * zero_part
+
+
+@prod.samples
+def _(rng):
+    def signed(*shape):  # magnitudes near 1 keep products moderate
+        return np.asarray(rng.uniform(0.5, 1.5, shape) * rng.choice([-1, 1], shape))
+
+    yield Sample.of(signed(2, 3, 4))
+    yield Sample.of(signed(2, 3, 4), axis=1)
+    yield Sample.of(signed(2, 3, 4), axis=[0, -1], keepdim=True)
+    yield Sample.of(signed())
+    # Zeros: one in some groups, two in others. The product is a polynomial, smooth there too.
+    yield Sample.of(np.array([[0.0, 1.2, -0.7], [0.0, 0.0, 1.3], [0.9, -1.1, 0.6]]), axis=1)
+    yield Sample.of(np.array([[0.0, 1.2, -0.7], [0.8, 0.0, 1.3]]))
+    yield Sample.of(rng.integers(-3, 4, (2, 3)), axis=0)
+
+
+# max/min and amax/amin: the same reductions under NumPy's and PyTorch's names, so two ops share these parts.
+# The gradient goes to the elements equal to the result, shared equally among ties (as torch.amax/amin).
+
+
+def _extreme_spec(op_name):
+    def infer(x, *, axis, keepdim):
+        _refuse_empty(op_name, x.shape, axis)
+        return Spec(_reduced_shape(op_name, x.shape, axis, keepdim), x.dtype)
+
+    return infer
+
+
+def _extreme_grad(x, y, dy, *, axis, keepdim):
+    hit = F.cast(x == _expand(y, x.shape, axis, keepdim), dtype=dy.dtype)
+    return hit * (_expand(dy, x.shape, axis, keepdim) / F.sum(hit, axis=axis, keepdim=True))
+
+
+def _extreme_samples(rng):
+    yield from _reduce_samples(rng)  # distinct values: the ties, where the derivative jumps, are tested in tests/
+    yield Sample.of(rng.integers(-3, 4, (3, 4)), axis=0)
+
+
+@op("max(Tensor x, *, int[] axis=None, bool keepdim=False) -> Tensor y")
+def max(x, *, axis, keepdim):
+    """Largest element over ``axis`` (all axes when None); NaN if the group holds one. The values only, unlike
+    PyTorch's ``max(x, dim)``: ``argmax`` gives the indices."""
+    return np.max(x, axis=normalize_axes("max", axis, x.ndim), keepdims=keepdim)
+
+
+@op("min(Tensor x, *, int[] axis=None, bool keepdim=False) -> Tensor y")
+def min(x, *, axis, keepdim):
+    """Smallest element over ``axis`` (all axes when None); NaN if the group holds one. The values only, unlike
+    PyTorch's ``min(x, dim)``: ``argmin`` gives the indices."""
+    return np.min(x, axis=normalize_axes("min", axis, x.ndim), keepdims=keepdim)
+
+
+@op("amax(Tensor x, *, int[] axis=None, bool keepdim=False) -> Tensor y")
+def amax(x, *, axis, keepdim):
+    """Largest element over ``axis``, as ``torch.amax`` (the same op as ``max``, under PyTorch's name)."""
+    return np.max(x, axis=normalize_axes("amax", axis, x.ndim), keepdims=keepdim)
+
+
+@op("amin(Tensor x, *, int[] axis=None, bool keepdim=False) -> Tensor y")
+def amin(x, *, axis, keepdim):
+    """Smallest element over ``axis``, as ``torch.amin`` (the same op as ``min``, under PyTorch's name)."""
+    return np.min(x, axis=normalize_axes("amin", axis, x.ndim), keepdims=keepdim)
+
+
+for _extreme in (max, min, amax, amin):
+    _extreme.infer(_extreme_spec(_extreme.name))
+    _extreme.grad(_extreme_grad)
+    _extreme.samples(_extreme_samples)
+
+
+def _arg_extreme(op_name, find, x, axis, keepdim):
+    """Index of the first largest (smallest) element along ``axis``; over the flattened tensor when None."""
+    if axis is None:
+        return np.asarray(find(x), np.int64).reshape((1,) * x.ndim if keepdim else ())
+    if x.ndim == 0:
+        normalize_axes(op_name, (axis,), 0)  # 0 and -1 are the only axes of a 0-d tensor
+        return np.zeros((), np.int64)
+    return find(x, axis=axis, keepdims=keepdim).astype(np.int64, copy=False)
+
+
+def _arg_extreme_spec(op_name):
+    def infer(x, *, axis, keepdim):
+        axes = None if axis is None else (axis,)
+        _refuse_empty(op_name, x.shape, axes)
+        if axis is None:
+            return Spec((1,) * len(x.shape) if keepdim else (), D.int64)
+        return Spec(_reduced_shape(op_name, x.shape, axes, keepdim), D.int64)
+
+    return infer
+
+
+@op("argmax(Tensor x, *, int? axis=None, bool keepdim=False) -> Tensor<int64> y", traits=["no_grad"])
+def argmax(x, *, axis, keepdim):
+    """Index of the largest element along ``axis`` (of the flattened tensor when None); the first one on ties."""
+    return _arg_extreme("argmax", np.argmax, x, axis, keepdim)
+
+
+@op("argmin(Tensor x, *, int? axis=None, bool keepdim=False) -> Tensor<int64> y", traits=["no_grad"])
+def argmin(x, *, axis, keepdim):
+    """Index of the smallest element along ``axis`` (of the flattened tensor when None); the first one on ties."""
+    return _arg_extreme("argmin", np.argmin, x, axis, keepdim)
+
+
+@argmax.samples
+@argmin.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((3, 4)))
+    yield Sample.of(rng.standard_normal((3, 4)), axis=1)
+    yield Sample.of(rng.standard_normal((2, 3, 4)), axis=-3, keepdim=True)
+    yield Sample.of(rng.standard_normal((2, 3)), keepdim=True)
+    yield Sample.of(rng.standard_normal(()), axis=0)
+    yield Sample.of(rng.integers(0, 3, (4, 3)), axis=0)  # ties: the first index
+
+
+argmax.infer(_arg_extreme_spec("argmax"))
+argmin.infer(_arg_extreme_spec("argmin"))
+
+
+# -- statistics ----------------------------------------------------------------------------------------------------
+
+
+def _var(op_name, x, axis, correction, keepdim):
+    """Σ(x − mean)² / (N − correction) per group; N − correction ≤ 0 gives inf (or NaN), as PyTorch."""
+    axes = normalize_axes(op_name, axis, x.ndim)
+    n = _group_size(x.shape, axes)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d = x - np.sum(x, axis=axes, keepdims=True) / n
+        return np.sum(d * d, axis=axes, keepdims=keepdim) / builtins.max(n - correction, 0)
+
+
+def _var_grad(x, dvar, axis, correction, keepdim):
+    # ∂var/∂xᵢ = 2·(xᵢ − mean)/(N − correction); the mean's own dependence on x sums to zero. As PyTorch, N − c
+    # here is not clamped at 0 as in the forward pass.
+    dims = [x.shape[a] for a in normalize_axes("", axis, x.ndim)]
+    if all(isinstance(d, int) for d in dims):
+        dof = math.prod(dims) - correction
+        factor = 2.0 / dof if dof else math.inf
+    else:  # in a program, a dim known only at run time: count the group there
+        factor = 2.0 / (F.sum(F.ones_like(x), axis=axis, keepdim=True) - correction)
+    return _expand(dvar, x.shape, axis, keepdim) * (x - F.mean(x, axis=axis, keepdim=True)) * factor
+
+
+def _stat_spec(op_name):
+    def infer(x, *, axis, correction, keepdim):
+        return Spec(_reduced_shape(op_name, x.shape, axis, keepdim), x.dtype)
+
+    return infer
+
+
+def _stat_samples(rng):
+    yield Sample.of(rng.standard_normal((3, 4)))
+    yield Sample.of(rng.standard_normal((2, 3, 4)), axis=1, keepdim=True)
+    yield Sample.of(rng.standard_normal((2, 3, 4)), axis=[0, -1], correction=0)
+    yield Sample.of(rng.standard_normal(5), axis=0, correction=2)
+    yield Sample.of(rng.standard_normal(()), correction=0)
+
+
+@op("var(Tensor<floating> x, *, int[] axis=None, int correction=1, bool keepdim=False) -> Tensor y")
+def var(x, *, axis, correction, keepdim):
+    """Variance over ``axis``: Σ(x − mean)²/(N − correction); correction=1 is the unbiased estimate."""
+    return _var("var", x, axis, correction, keepdim)
+
+
+@var.grad
+def _(x, dy, *, axis, correction, keepdim):
+    return _var_grad(x, dy, axis, correction, keepdim)
+
+
+@op("std(Tensor<floating> x, *, int[] axis=None, int correction=1, bool keepdim=False) -> Tensor y")
+def std(x, *, axis, correction, keepdim):
+    """Standard deviation over ``axis``: the square root of ``var``."""
+    return np.sqrt(_var("std", x, axis, correction, keepdim))
+
+
+@std.grad
+def _(x, y, dy, *, axis, correction, keepdim):
+    # ∂std = ∂var/(2·std), and 0 where std = 0 (PyTorch's choice there: the derivative is infinite). The divisor
+    # is made safe first, so that double backward does not meet 0·∞ either.
+    zero = y == 0
+    dvar = F.where(zero, 0, dy / (F.where(zero, 1, y) * 2))
+    return _var_grad(x, dvar, axis, correction, keepdim)
+
+
+for _stat in (var, std):
+    _stat.infer(_stat_spec(_stat.name))
+    _stat.samples(_stat_samples)
+
+
+@op("logsumexp(Tensor<floating> x, *, int[] axis=None, bool keepdim=False) -> Tensor y")
+def logsumexp(x, *, axis, keepdim):
+    """ln Σ eˣ over ``axis``, computed as m + ln Σ e^(x − m) with m the group's largest element (no overflow)."""
+    axes = normalize_axes("logsumexp", axis, x.ndim)
+    m = np.max(x, axis=axes, keepdims=True, initial=-np.inf)
+    m = np.where(np.isfinite(m), m, 0)  # a group of −inf (or holding ±inf, NaN): shifting would make NaN
+    with np.errstate(divide="ignore"):  # ln 0 = −inf, for an empty or all-(−inf) group
+        y = np.log(np.sum(np.exp(x - m), axis=axes, keepdims=True)) + m
+    return y if keepdim else y.reshape(_reduced_shape("logsumexp", x.shape, axis, False))
+
+
+@logsumexp.infer
+def _(x, *, axis, keepdim):
+    return Spec(_reduced_shape("logsumexp", x.shape, axis, keepdim), x.dtype)
+
+
+@logsumexp.grad
+def _(x, y, dy, *, axis, keepdim):
+    # ∂y/∂xᵢ = e^(xᵢ − y): the softmax of the group.
+    return _expand(dy, x.shape, axis, keepdim) * F.exp(x - _expand(y, x.shape, axis, keepdim))
+
+
+@logsumexp.samples
+def _(rng):
+    yield from _reduce_samples(rng)
+    yield Sample.of(rng.standard_normal((2, 3)) + np.array([[1000.0], [-1000.0]]), axis=1)  # no overflow
+
+
+@op("norm(Tensor<floating> x, *, float p=2.0, int[] axis=None, bool keepdim=False) -> Tensor y")
+def norm(x, *, p, axis, keepdim):
+    """Vector p-norm over ``axis`` (all axes when None), as ``torch.linalg.vector_norm``: (Σ|x|ᵖ)^(1/p);
+    p = inf gives max |x|, p = −inf min |x|, p = 0 the number of nonzero elements."""
+    axes = normalize_axes("norm", axis, x.ndim)
+    if p == 2:
+        return np.sqrt(np.sum(x * x, axis=axes, keepdims=keepdim))
+    if p == 0:
+        return np.sum(x != 0, axis=axes, keepdims=keepdim, dtype=x.dtype)
+    a = np.abs(x)
+    if p == 1:
+        return np.sum(a, axis=axes, keepdims=keepdim)
+    if math.isinf(p):
+        return (np.max if p > 0 else np.min)(a, axis=axes, keepdims=keepdim)
+    with np.errstate(divide="ignore"):  # 0 to a negative power: inf, and the norm 0, as PyTorch
+        return np.sum(a ** p, axis=axes, keepdims=keepdim) ** (1 / p)
+
+
+@norm.check
+def _(*, p, axis, keepdim):
+    if math.isnan(p):
+        raise ValueError("argument 'p' must not be NaN")
+
+
+@norm.infer
+def _(x, *, p, axis, keepdim):
+    if math.isinf(p):
+        _refuse_empty("norm", x.shape, axis)
+    return Spec(_reduced_shape("norm", x.shape, axis, keepdim), x.dtype)
+
+
+@norm.grad
+def _(x, y, dy, *, p, axis, keepdim):
+    # PyTorch's rules, each giving 0 where the norm or |xᵢ| is 0 and the derivative is not defined.
+    if p == 0:
+        return F.zeros_like(x)  # a count: piecewise constant
+    if math.isinf(p):
+        return F.sign(x) * _extreme_grad(F.abs(x), y, dy, axis=axis, keepdim=keepdim)  # as max |x| (min |x|)
+    dy = _expand(dy, x.shape, axis, keepdim)
+    if p == 1:
+        return F.sign(x) * dy
+    y = _expand(y, x.shape, axis, keepdim)
+    y_zero = y == 0
+    y_safe = F.where(y_zero, 1, y)  # keeps the divisions finite where they are masked, also in double backward
+    if p == 2:
+        return x * F.where(y_zero, 0, dy / y_safe)  # ∂‖x‖/∂xᵢ = xᵢ/‖x‖
+    # ∂‖x‖ₚ/∂xᵢ = sign(xᵢ)·|xᵢ|^(p−1)·‖x‖^(1−p)
+    x_zero = x == 0
+    x_part = F.where(x_zero, 0, F.sign(x) * F.pow(F.where(x_zero, 1, F.abs(x)), p - 1))
+    return x_part * F.where(y_zero, 0, dy * F.pow(y_safe, 1 - p))
+
+
+@norm.samples
+def _(rng):
+    def away_from_zero(*shape):  # |x| is not differentiable at 0
+        return np.asarray(rng.uniform(0.3, 2.0, shape) * rng.choice([-1, 1], shape))
+
+    yield Sample.of(rng.standard_normal((2, 3, 4)))
+    yield Sample.of(rng.standard_normal((2, 3, 4)), axis=1, keepdim=True)
+    yield Sample.of(away_from_zero(3, 4), p=1.0, axis=[0, 1])
+    yield Sample.of(away_from_zero(3, 4), p=3.0, axis=0)
+    yield Sample.of(away_from_zero(3, 4), p=0.5, axis=-1)
+    yield Sample.of(away_from_zero(3, 4), p=-1.5, axis=1)
+    yield Sample.of(away_from_zero(3, 4), p=math.inf, axis=1)  # distinct values: no ties for the largest
+    yield Sample.of(away_from_zero(3, 4), p=-math.inf)
+    yield Sample.of(np.array([[0.0, 1.5, -2.0], [0.3, 0.0, 0.0]]), p=0.0, axis=1)
+    yield Sample.of(away_from_zero())
+
+
+# -- cumulative ----------------------------------------------------------------------------------------------------
+
+
+def _cumsum_dtype(dtype):
+    return dtype if dtype.kind == "f" else D.int64
+
+
+@op("cumsum(Tensor x, *, int axis) -> Tensor y")
+def cumsum(x, *, axis):
+    """Running sums along ``axis``: yᵢ = x₀ + … + xᵢ. Integer and bool tensors sum in int64."""
+    dtype = _cumsum_dtype(x.dtype)
+    if x.ndim == 0:
+        normalize_axes("cumsum", (axis,), 0)
+        return x.astype(dtype)
+    return np.cumsum(x, axis=axis, dtype=dtype)
+
+
+@cumsum.infer
+def _(x, *, axis):
+    normalize_axes("cumsum", (axis,), len(x.shape))
+    return Spec(x.shape, _cumsum_dtype(x.dtype))
+
+
+@cumsum.grad
+def _(dy, *, axis):
+    # xᵢ enters every yⱼ with j ≥ i, so dxᵢ = Σⱼ≥ᵢ dyⱼ: a cumulative sum from the other end.
+    if dy.ndim == 0:
+        return dy
+    return F.flip(F.cumsum(F.flip(dy, axis=[axis]), axis=axis), axis=[axis])
+
+
+@cumsum.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((2, 3, 4)), axis=1)
+    yield Sample.of(rng.standard_normal((2, 3)), axis=-1)
+    yield Sample.of(rng.standard_normal(5), axis=0)
+    yield Sample.of(rng.standard_normal(()), axis=0)
+    yield Sample.of(rng.integers(-3, 4, (2, 3)), axis=0)

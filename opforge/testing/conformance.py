@@ -3,19 +3,25 @@
 For each sample call the op declares (``@op.samples``, or defaults from its traits) it checks that
   * the inferred output Specs equal the kernel's real outputs (and stay consistent when the leading
     dim is unknown),
+  * the float32 forward agrees with the float64 one, to float32's precision,
   * analytic gradients match numeric ones (``gradcheck``), and second derivatives too where the op
     is twice differentiable (``gradgradcheck``),
-and it makes wrong calls that must fail with errors naming the op and the argument.
+and it makes wrong calls that must fail with errors naming the op and the argument: a missing argument,
+a string for a tensor, a disallowed dtype, an attr of the wrong type, an unknown keyword, an input of
+the wrong rank (where the op refuses it), and attr values the op's own ``@op.check`` refuses.
+``check_all`` runs it on many ops and returns every report without raising.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..core import dtypes as D
-from ..core.errors import GradientError, OpforgeError
+from ..core import random as _random
+from ..core.errors import ArgumentError, GradientError, OpforgeError, ShapeError
 from ..core.opdef import OpDef, Sample, registry
 from ..core.spec import Spec
 from ..tensor import Tensor, _new
@@ -26,18 +32,28 @@ class ConformanceError(AssertionError):
     """An op failed a conformance check; the message lists every failure."""
 
 
+# float32 vs float64 forward: |y32 − y64| ≤ FLOAT32_ATOL·scale + FLOAT32_RTOL·|y64|, where scale is the largest
+# magnitude among the float64 inputs and outputs (at least 1), so rounding the inputs to float32 (relative
+# error 6e-8) may move an output by a few hundred ulps of the largest value involved, no more.
+FLOAT32_RTOL = 1e-4
+FLOAT32_ATOL = 1e-5
+
+
 @dataclass
 class OpReport:
     op: str
     samples: int = 0
     checked: list = field(default_factory=list)  # lines saying what was verified
     failures: list = field(default_factory=list)
+    warnings: list = field(default_factory=list)  # eager/infer disagreements outside the samples (see strict=)
     order: int = 0  # highest derivative order verified
+    float32_error: float = 0.0  # worst |y32 − y64| / tolerance over float outputs (≤ 1 passes; see FLOAT32_RTOL)
 
     def __str__(self) -> str:
         head = f"{self.op}: {self.samples} sample(s), " + (
             "not differentiable" if self.order == 0 else f"gradients checked to order {self.order}")
-        body = [f"  ok   {c}" for c in self.checked] + [f"  FAIL {f}" for f in self.failures]
+        body = ([f"  ok   {c}" for c in self.checked] + [f"  warn {w}" for w in self.warnings]
+                + [f"  FAIL {f}" for f in self.failures])
         return "\n".join([head, *body])
 
 
@@ -112,35 +128,91 @@ def _flat(result) -> list:
     return [t for item in items for t in (item if isinstance(item, list) else [item])]
 
 
-def _check_inference(opdef: OpDef, args, kwargs, report: OpReport, tag: str) -> None:
-    specs, attrs = _specs(opdef, args, kwargs)
-    inferred = opdef.infer_specs(specs, attrs)
-    actual = _flat(opdef.fn(*args, **kwargs))
-    inferred_flat = [s for item in inferred for s in (item if isinstance(item, (list, tuple))
-                                                       and not isinstance(item, Spec) else [item])]
+def _flat_specs(inferred) -> list:
+    return [s for item in inferred for s in (item if isinstance(item, (list, tuple))
+                                             and not isinstance(item, Spec) else [item])]
+
+
+def _compare_specs(opdef: OpDef, inferred, actual: list, report: OpReport, tag: str) -> bool:
+    """Inferred Specs against the kernel's real outputs; one failure line for the first mismatch."""
+    inferred_flat = _flat_specs(inferred)
     if len(inferred_flat) != len(actual):
         report.failures.append(f"{tag}: infer gives {len(inferred_flat)} outputs, the kernel {len(actual)}")
-        return
+        return False
     for name, s, t in zip(opdef.output_names * len(actual), inferred_flat, actual):
         if tuple(s.shape) != t.shape or s.dtype != t.dtype:
             report.failures.append(f"{tag}: output '{name}' inferred {s}, kernel gave {Spec(t.shape, t.dtype)}")
-            return
+            return False
+    return True
+
+
+@contextmanager
+def _seeded(opdef: OpDef, seed: int):
+    """For a ``random`` op: the same draws in every call made inside (the caller's generator is put back)."""
+    if "random" not in opdef.traits:
+        yield
+        return
+    saved = _random.state.generator
+    _random.state.generator = np.random.default_rng(seed)
+    try:
+        yield
+    finally:
+        _random.state.generator = saved
+
+
+def _check_inference(opdef: OpDef, args, kwargs, report: OpReport, tag: str) -> list:
+    """Check inferred Specs against one call's outputs, and return those outputs (flat)."""
+    specs, attrs = _specs(opdef, args, kwargs)
+    inferred = opdef.infer_specs(specs, attrs)
+    actual = _flat(opdef.fn(*args, **kwargs))
+    if not _compare_specs(opdef, inferred, actual, report, tag):
+        return actual
     # The same call with the leading dim of each input unknown must infer something compatible.
-    unknown = [[Spec((None, *x.shape[1:]), x.dtype) for x in s] if isinstance(s, list) else
+    unknown = [[Spec((None, *x.shape[1:]), x.dtype) if x.shape else x for x in s] if isinstance(s, list) else
                (Spec((None, *s.shape[1:]), s.dtype) if s is not None and s.shape else s) for s in specs]
     try:
         partial = opdef.infer_specs(unknown, attrs)
     except OpforgeError:
-        return  # some ops need every dim to infer (reshape to a fixed shape, say): that is allowed
-    partial_flat = [s for item in partial for s in (item if isinstance(item, (list, tuple))
-                                                     and not isinstance(item, Spec) else [item])]
-    for s, t in zip(partial_flat, actual):
+        return actual  # some ops need every dim to infer (reshape to a fixed shape, say): that is allowed
+    for s, t in zip(_flat_specs(partial), actual):
         if not Spec(t.shape, t.dtype).matches(s) and s.shape is not None:
             report.failures.append(f"{tag}: with the leading dim unknown, infer gives {s}, "
                                    f"which the real output {Spec(t.shape, t.dtype)} does not fit")
+    return actual
 
 
-def _check_gradients(opdef: OpDef, sample: Sample, report: OpReport, tag: str) -> None:
+def _float_arrays(sample: Sample) -> list:
+    values = [*sample.args, *sample.kwargs.values()]
+    flat = [v for value in values for v in (value if isinstance(value, list) else [value])]
+    return [v for v in flat if isinstance(v, np.ndarray) and v.dtype.kind == "f"]
+
+
+def _check_float32(opdef: OpDef, sample: Sample, out64: list, out32: list, report: OpReport, tag: str) -> None:
+    """The float32 call's float outputs must agree with the float64 call's to float32's precision."""
+    magnitudes = [np.abs(a[np.isfinite(a)]).max(initial=0.0) for a in _float_arrays(sample)]
+    magnitudes += [np.abs(y.numpy()[np.isfinite(y.numpy())]).max(initial=0.0) for y in out64 if y.dtype.kind == "f"]
+    scale = max([1.0, *map(float, magnitudes)])
+    for k, (a, b) in enumerate(zip(out64, out32)):
+        if a.dtype.kind != "f" or b.dtype.kind != "f" or a.shape != b.shape:
+            continue  # exact dtypes and shapes are the inference check's business
+        y64, y32 = a.numpy(), b.numpy().astype(np.float64)
+        same = (y64 == y32) | (np.isnan(y64) & np.isnan(y32))  # equal infinities and NaNs agree
+        err = np.where(same, 0.0, np.abs(y64 - y32))
+        err = np.where(np.isnan(err), np.inf, err)
+        tol = FLOAT32_ATOL * scale + FLOAT32_RTOL * np.abs(np.nan_to_num(y64, posinf=0.0, neginf=0.0))
+        ratio = err / tol
+        worst = float(ratio.max(initial=0.0))
+        report.float32_error = max(report.float32_error, worst)
+        if worst > 1:
+            i = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
+            name = opdef.output_names[k] if k < len(opdef.output_names) else f"#{k}"
+            report.failures.append(
+                f"{tag}: output '{name}' in float32 differs from float64 at index {tuple(map(int, i))}: "
+                f"{y32[i]:.8g} vs {y64[i]:.8g} (tolerance {tol[i]:.3g} = {FLOAT32_ATOL:g}·{scale:.3g} + "
+                f"{FLOAT32_RTOL:g}·|y|); does the kernel compute in a narrower type, or promote?")
+
+
+def _check_gradients(opdef: OpDef, sample: Sample, report: OpReport, tag: str, seed: int = 0) -> None:
     args, kwargs = _materialize(opdef, sample, np.float64, requires_grad=True)
     names = list(opdef.input_names[:len(args)])
     flat_inputs, labels = [], []
@@ -152,10 +224,11 @@ def _check_gradients(opdef: OpDef, sample: Sample, report: OpReport, tag: str) -
             flat_inputs.append(a)
             labels.append(name)
 
-    def call(*flat):
+    def call(*flat):  # a random op draws the same numbers at every point the numeric check evaluates
         it = iter(flat)
         rebuilt = [[next(it) for _ in a] if isinstance(a, list) else next(it) for a in args]
-        return opdef.fn(*rebuilt, **kwargs)
+        with _seeded(opdef, seed):
+            return opdef.fn(*rebuilt, **kwargs)
 
     if not any(isinstance(t, Tensor) and t.requires_grad for t in flat_inputs):
         return
@@ -196,13 +269,17 @@ def _expect_error(report: OpReport, what: str, call, *must_mention: str) -> None
     report.failures.append(f"wrong call ({what}) did not raise")
 
 
-def _check_wrong_calls(opdef: OpDef, sample: Sample, report: OpReport) -> None:
+def _check_wrong_calls(opdef: OpDef, sample: Sample, report: OpReport, strict: bool = False) -> None:
     args, kwargs = _materialize(opdef, sample)
     fn = opdef.fn
     name = opdef.name
+    required = [p.name for p in opdef.inputs if not p.has_default]
+    if required and len(args) <= len(opdef.inputs):
+        given = dict(zip(opdef.input_names, args))
+        left_out = required[-1]  # every other argument by keyword, the last required input missing
+        _expect_error(report, "missing argument",
+                      lambda: fn(**{k: v for k, v in given.items() if k != left_out}, **kwargs), name, left_out)
     if opdef.inputs and len(args) == len(opdef.inputs):
-        _expect_error(report, "missing argument", lambda: fn(*args[:-1], **kwargs), name,
-                      opdef.input_names[len(args) - 1])
         first = opdef.inputs[0]
         _expect_error(report, "a string for a tensor", lambda: fn("text", *args[1:], **kwargs), name, first.name)
         for p in opdef.inputs:
@@ -222,10 +299,124 @@ def _check_wrong_calls(opdef: OpDef, sample: Sample, report: OpReport) -> None:
                       lambda p=p, v=bad_value: fn(*args, **{**kwargs, p.name: v}), name, p.name)
     _expect_error(report, "unknown keyword", lambda: fn(*args, **kwargs, no_such_argument=1), name,
                   "no_such_argument")
+    _check_wrong_rank(opdef, args, kwargs, report, strict)
+    _check_attr_values(opdef, args, kwargs, report)
 
 
-def check_op(op, *, seed: int = 0, samples=None, raise_on_failure: bool = True) -> OpReport:
-    """Run the conformance checks on one op (an OpDef, its name, or its ``opforge.ops`` function)."""
+def _kernel_failure(error: Exception) -> bool:
+    """True for dispatch's fallback error: the kernel raised and no infer rule or check explained why."""
+    return isinstance(error, ShapeError) and error.__cause__ is not None \
+        and not isinstance(error.__cause__, OpforgeError)
+
+
+def _check_wrong_rank(opdef: OpDef, args: tuple, kwargs: dict, report: OpReport, strict: bool = False) -> None:
+    """Call the op with its first tensor input one dim longer and one dim shorter.
+
+    An op may accept any rank. Where the kernel refuses the call, the infer rule must refuse it first, with
+    a ShapeError/ArgumentError naming the op (errors never come from deep inside NumPy), and an infer rule
+    must never crash. Where the eager call succeeds, the infer rule should agree with it: refuse it too
+    (NumPy broadcasting often lets a kernel accept more than its rule), or infer the Specs the kernel gave.
+    Eager calls run the kernel without the infer rule, so such a disagreement is a *warning* (a failure
+    with ``strict=True``): eager and program mode would treat the call differently.
+    """
+    disagreements = report.failures if strict else report.warnings
+    i = next((k for k, (p, a) in enumerate(zip(opdef.inputs, args)) if not p.is_list and isinstance(a, Tensor)),
+             None)
+    if i is None:
+        return
+    p, x = opdef.inputs[i], args[i].numpy()
+    variants = [("one more leading dim", np.stack([x, x]))]
+    if x.ndim:
+        variants.append(("its leading dim dropped", x[0].copy()))
+    for what, array in variants:
+        wrong = (*args[:i], _new(array), *args[i + 1:])
+        tag = f"wrong rank ('{p.name}' of shape {array.shape} instead of {x.shape}, {what})"
+        specs, attrs = _specs(opdef, wrong, kwargs)
+        try:
+            inferred, refused = opdef.infer_specs(specs, attrs), None
+        except (ShapeError, ArgumentError) as e:
+            inferred, refused = None, e
+        except Exception as e:
+            report.failures.append(f"{tag}: the infer rule crashed with {type(e).__name__}: {e}; it should raise "
+                                   f"ShapeError naming the op")
+            continue
+        try:
+            actual, failed = _flat(opdef.fn(*wrong, **kwargs)), None
+        except Exception as e:
+            actual, failed = None, e
+        if refused is None and failed is None:
+            probe = OpReport(opdef.name)
+            if not _compare_specs(opdef, inferred, actual, probe, tag):
+                disagreements.extend(probe.failures)
+        elif refused is None:
+            report.failures.append(f"{tag}: the kernel fails but the infer rule accepts the shapes; it should raise "
+                                   f"ShapeError naming the op. The call raised {type(failed).__name__}: {failed}")
+        elif failed is None:
+            disagreements.append(f"{tag}: the infer rule refuses it ({refused}) but the eager call runs the kernel "
+                                 f"and returns {[t.shape for t in actual]}; the kernel should refuse it too")
+        elif not isinstance(failed, (ShapeError, ArgumentError)) or opdef.name not in str(failed):
+            report.failures.append(f"{tag}: raised {type(failed).__name__} without naming the op: {failed}")
+
+
+_NONSENSE = "__no_such_value__"
+
+
+def _check_attr_values(opdef: OpDef, args: tuple, kwargs: dict, report: OpReport) -> None:
+    """Attr values of the right type that the op refuses must be refused by ``@op.check`` or the infer rule.
+
+    Which values are wrong cannot be known in general. Two cases can: a value the op's own check function
+    refuses (tried: -1 and 0 for ints; -1, 0, nan and inf for floats) must fail the call with an error naming
+    the op and the argument; and a nonsense string for a str attr, where the op refuses it at all, must be
+    refused with an error naming the argument or the value — not by a kernel failing on it.
+    """
+    _, attrs = _specs(opdef, args, kwargs)
+    for p in opdef.attrs:
+        if p.is_list:
+            continue
+        if p.type == "str":
+            values = [_NONSENSE]
+        elif opdef.check_fn is not None and p.type in _CHECK_CANDIDATES:
+            values = [v for v in _CHECK_CANDIDATES[p.type] if _refused_by_check(opdef, attrs, p.name, v, report)]
+        else:
+            continue
+        for value in values:
+            what = f"attr {p.name}={value!r}"
+            try:
+                opdef.fn(*args, **{**kwargs, p.name: value})
+            except Exception as e:
+                text = str(e)
+                if _kernel_failure(e):
+                    report.failures.append(f"{what}: only the kernel refused it ({text}); refuse it in @"
+                                           f"{opdef.name}.check (a ValueError naming the argument) or the infer rule")
+                elif not isinstance(e, OpforgeError) or opdef.name not in text or (
+                        p.name not in text and str(value) not in text):
+                    report.failures.append(f"{what}: raised {type(e).__name__} without naming the op and the "
+                                           f"argument: {text}")
+                continue
+            if p.type != "str":  # a str attr may take any string (a free-form label, say)
+                report.failures.append(f"{what}: the op's check refuses it, but the call did not raise")
+
+
+_CHECK_CANDIDATES = {"int": [-1, 0], "float": [-1.0, 0.0, float("nan"), float("inf")]}
+
+
+def _refused_by_check(opdef: OpDef, attrs: dict, name: str, value, report: OpReport) -> bool:
+    try:
+        opdef.check_fn(**{**attrs, name: value})
+    except (ValueError, TypeError):
+        return True
+    except Exception as e:
+        report.failures.append(f"attr {name}={value!r}: the check function raised {type(e).__name__} ({e}); "
+                               f"it should raise ValueError naming the argument")
+    return False
+
+
+def check_op(op, *, seed: int = 0, samples=None, raise_on_failure: bool = True, strict: bool = False) -> OpReport:
+    """Run the conformance checks on one op (an OpDef, its name, or its ``opforge.ops`` function).
+
+    ``strict=True`` makes the report's warnings (eager calls that the infer rule would refuse or type
+    differently, found by the wrong-rank probe) failures too.
+    """
     opdef = _resolve(op)
     report = OpReport(opdef.name)
     rng = np.random.default_rng(seed)
@@ -237,27 +428,53 @@ def check_op(op, *, seed: int = 0, samples=None, raise_on_failure: bool = True) 
     differentiable = "no_grad" not in opdef.traits
     if differentiable and opdef.grad_rule is None:
         report.failures.append("the op has no gradient rule and no 'no_grad' trait")
-    inference_failures = 0
+    inference_failures = float32_failures = float32_samples = 0
     for k, sample in enumerate(samples):
         tag = f"sample {k}"
+        outputs = {}
         for dtype in (np.float64, np.float32):
             args, kwargs = _materialize(opdef, sample, dtype)
             before = len(report.failures)
             try:
-                _check_inference(opdef, args, kwargs, report, f"{tag} ({np.dtype(dtype)})")
+                with _seeded(opdef, seed + k):
+                    outputs[dtype] = _check_inference(opdef, args, kwargs, report, f"{tag} ({np.dtype(dtype)})")
             except OpforgeError as e:
                 report.failures.append(f"{tag} ({np.dtype(dtype)}): {type(e).__name__}: {e}")
             inference_failures += len(report.failures) - before
+        if len(outputs) == 2 and _float_arrays(sample):
+            before = len(report.failures)
+            _check_float32(opdef, sample, outputs[np.float64], outputs[np.float32], report, tag)
+            float32_failures += len(report.failures) - before
+            float32_samples += 1
         if differentiable and opdef.grad_rule is not None:
-            _check_gradients(opdef, sample, report, tag)
+            _check_gradients(opdef, sample, report, tag, seed + k)
     if not inference_failures:
         report.checked.append("inferred Specs equal the kernel's outputs (float samples in float64 and float32)")
+    if float32_samples and not float32_failures:
+        report.checked.append(f"float32 outputs agree with float64 ones (worst error {report.float32_error:.2g} "
+                              f"of the tolerance, rtol {FLOAT32_RTOL:g} and atol {FLOAT32_ATOL:g} × magnitude)")
     if report.order and not any("derivatives" in f for f in report.failures):
         report.checked.append(f"gradients match central differences to order {report.order}")
     before = len(report.failures)
-    _check_wrong_calls(opdef, samples[0], report)
+    _check_wrong_calls(opdef, samples[0], report, strict)
     if len(report.failures) == before:
         report.checked.append("wrong calls raise errors naming the op and the argument")
     if report.failures and raise_on_failure:
         raise ConformanceError(str(report))
     return report
+
+
+def check_all(names=None, *, seed: int = 0, strict: bool = False) -> list[OpReport]:
+    """``check_op`` on each named op (every registered op when None), in order, raising nothing.
+
+    An op whose checks cannot even start (no samples, a samples function that crashes) gets a report
+    with that failure. An unknown name is a KeyError, before anything runs.
+    """
+    opdefs = list(registry) if names is None else [_resolve(n) for n in names]
+    reports = []
+    for opdef in opdefs:
+        try:
+            reports.append(check_op(opdef, seed=seed, raise_on_failure=False, strict=strict))
+        except Exception as e:
+            reports.append(OpReport(opdef.name, failures=[f"the checks could not run: {type(e).__name__}: {e}"]))
+    return reports

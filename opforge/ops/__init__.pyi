@@ -1,0 +1,695 @@
+"""Typed stubs for ``opforge.ops``, generated from the op registry; do not edit.
+
+Regenerate with `python -m opforge.cli docs`.
+"""
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple, TypeAlias
+
+import numpy as np
+
+from opforge.tensor import Tensor
+
+_TensorLike: TypeAlias = Tensor | np.ndarray | float  # dispatch turns arrays and Python numbers into Tensors
+_DTypeLike: TypeAlias = str | np.dtype | type
+
+def __getattr__(name: str) -> Any: ...  # ops defined at run time (yours) are attributes too
+
+# -- opforge.ops.accumulate
+
+def add_n(xs: Sequence[_TensorLike]) -> Tensor:
+    """x₀ + x₁ + … in one op (all of one shape, or broadcasting together)."""
+
+# -- opforge.ops.binary
+
+def add(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """x + y."""
+
+def sub(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """x − y."""
+
+def minus(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """x − y, with the gradient of PaddlePaddle's design example: identity and scale(−1)."""
+
+def mul(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """x · y."""
+
+def div(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """x / y (true division: integers give float64, as in NumPy)."""
+
+def pow(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """xʸ."""
+
+def maximum(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """The larger of x and y, elementwise."""
+
+def minimum(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """The smaller of x and y, elementwise."""
+
+def where(condition: _TensorLike, x: _TensorLike, y: _TensorLike) -> Tensor:
+    """x where condition holds, else y."""
+
+def less(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """x < y."""
+
+def less_equal(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """x ≤ y."""
+
+def greater(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """x > y."""
+
+def greater_equal(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """x ≥ y."""
+
+def equal(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """x == y."""
+
+def not_equal(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """x ≠ y."""
+
+def logical_and(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """True where both x and y are nonzero (True)."""
+
+def logical_or(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """True where x or y is nonzero (True)."""
+
+# -- opforge.ops.conv
+
+def conv2d(
+    x: _TensorLike,
+    weight: _TensorLike,
+    bias: _TensorLike | None = None,
+    *,
+    stride: Sequence[int] | int = [1, 1],
+    padding: Sequence[int] | int = [0, 0],
+    dilation: Sequence[int] | int = [1, 1],
+    groups: int = 1,
+) -> Tensor:
+    """2-D convolution (cross-correlation, as PyTorch): x (N, C, H, W), weight (O, C/groups, kH, kW), bias (O,)
+    give y (N, O, OH, OW) with y[n, o, p, q] = bias[o] + Σ_{c, i, j} weight[o, c, i, j] · x_pad[n, g·C/groups +
+    c, p·sH + i·dH, q·sW + j·dW], g being the group of output channel o.
+    """
+
+def conv2d_grad_input(
+    dy: _TensorLike,
+    weight: _TensorLike,
+    *,
+    input_size: Sequence[int] | int,
+    stride: Sequence[int] | int = [1, 1],
+    padding: Sequence[int] | int = [0, 0],
+    dilation: Sequence[int] | int = [1, 1],
+    groups: int = 1,
+) -> Tensor:
+    """Gradient of conv2d with respect to its input of spatial size ``input_size`` (H, W): the transposed
+    convolution of dy with the weight. Input rows and columns no output read (the floor) get 0.
+    """
+
+def conv2d_grad_weight(
+    x: _TensorLike,
+    dy: _TensorLike,
+    *,
+    kernel_size: Sequence[int] | int,
+    stride: Sequence[int] | int = [1, 1],
+    padding: Sequence[int] | int = [0, 0],
+    dilation: Sequence[int] | int = [1, 1],
+    groups: int = 1,
+) -> Tensor:
+    """Gradient of conv2d with respect to its weight of spatial size ``kernel_size`` (kH, kW): dweight[o, c, i,
+    j] = Σ_{n, p, q} dy[n, o, p, q] · x_pad[n, g·C/groups + c, p·sH + i·dH, q·sW + j·dW].
+    """
+
+def conv1d(
+    x: _TensorLike,
+    weight: _TensorLike,
+    bias: _TensorLike | None = None,
+    *,
+    stride: Sequence[int] | int = [1],
+    padding: Sequence[int] | int = [0],
+    dilation: Sequence[int] | int = [1],
+    groups: int = 1,
+) -> Tensor:
+    """1-D convolution (cross-correlation, as PyTorch): x (N, C, L), weight (O, C/groups, kL), bias (O,) give y
+    (N, O, OL) with y[n, o, p] = bias[o] + Σ_{c, i} weight[o, c, i] · x_pad[n, g·C/groups + c, p·s + i·d].
+    """
+
+def max_pool2d(
+    x: _TensorLike,
+    *,
+    kernel_size: Sequence[int] | int,
+    stride: Sequence[int] | int | None = None,
+    padding: Sequence[int] | int = [0, 0],
+) -> Tensor:
+    """The maximum of each kH×kW window of x (N, C, H, W), windows ``stride`` apart (default: the kernel size),
+    over x padded with -inf.
+    """
+
+def max_pool2d_grad(
+    x: _TensorLike,
+    dy: _TensorLike,
+    *,
+    kernel_size: Sequence[int] | int,
+    stride: Sequence[int] | int | None = None,
+    padding: Sequence[int] | int = [0, 0],
+) -> Tensor:
+    """Gradient of max_pool2d: each window's dy goes to the window's maximum of x (the first one on ties, as
+    PyTorch); overlapping windows add up.
+    """
+
+def max_pool2d_grad_grad(
+    x: _TensorLike,
+    ddx: _TensorLike,
+    *,
+    kernel_size: Sequence[int] | int,
+    stride: Sequence[int] | int | None = None,
+    padding: Sequence[int] | int = [0, 0],
+) -> Tensor:
+    """Gradient of max_pool2d_grad with respect to dy (TensorFlow's MaxPoolGradGrad): ddx, an input-shaped
+    tensor, read at each window's maximum of x (the first one on ties).
+    """
+
+def avg_pool2d(
+    x: _TensorLike,
+    *,
+    kernel_size: Sequence[int] | int,
+    stride: Sequence[int] | int | None = None,
+    padding: Sequence[int] | int = [0, 0],
+) -> Tensor:
+    """The mean of each kH×kW window of x (N, C, H, W), windows ``stride`` apart (default: the kernel size),
+    over x padded with zeros that count in the mean (PyTorch's count_include_pad=True).
+    """
+
+def avg_pool2d_grad(
+    dy: _TensorLike,
+    *,
+    input_size: Sequence[int] | int,
+    kernel_size: Sequence[int] | int,
+    stride: Sequence[int] | int | None = None,
+    padding: Sequence[int] | int = [0, 0],
+) -> Tensor:
+    """Gradient of avg_pool2d for an input of spatial size ``input_size`` (H, W): each window's dy spread evenly
+    over its kH·kW pixels; overlapping windows add up.
+    """
+
+# -- opforge.ops.creation
+
+def zeros(*, shape: Sequence[int] | int, dtype: _DTypeLike | None = None) -> Tensor:
+    """A tensor of zeros (float32 unless ``dtype`` says otherwise)."""
+
+def ones(*, shape: Sequence[int] | int, dtype: _DTypeLike | None = None) -> Tensor:
+    """A tensor of ones (float32 unless ``dtype`` says otherwise)."""
+
+def full(*, shape: Sequence[int] | int, fill_value: float, dtype: _DTypeLike | None = None) -> Tensor:
+    """A tensor filled with ``fill_value``."""
+
+def normal(
+    *,
+    shape: Sequence[int] | int,
+    mean: float = 0.0,
+    std: float = 1.0,
+    dtype: _DTypeLike | None = None,
+) -> Tensor:
+    """Samples of N(mean, std²)."""
+
+def uniform(
+    *,
+    shape: Sequence[int] | int,
+    low: float = 0.0,
+    high: float = 1.0,
+    dtype: _DTypeLike | None = None,
+) -> Tensor:
+    """Samples of U[low, high)."""
+
+def arange(*, start: float, stop: float, step: float = 1.0, dtype: _DTypeLike | None = None) -> Tensor:
+    """Evenly spaced values in [start, stop)."""
+
+# -- opforge.ops.elementwise
+
+def identity(x: _TensorLike) -> Tensor:
+    """Returns its input unchanged (a new tensor sharing the data)."""
+
+def scale(x: _TensorLike, *, scale: float) -> Tensor:
+    """Multiplies by a constant: y = scale · x."""
+
+def square(x: _TensorLike) -> Tensor:
+    """y = x²."""
+
+def sqrt(x: _TensorLike) -> Tensor:
+    """y = √x."""
+
+def sqrt_grad(y: _TensorLike, dy: _TensorLike) -> Tensor:
+    """Gradient of sqrt from its output: dx = dy / (2·y)."""
+
+def leaky_relu(x: _TensorLike, *, alpha: float = 0.01) -> Tensor:
+    """y = x where x > 0, else alpha · x."""
+
+def leaky_relu_grad(x: _TensorLike, dy: _TensorLike, *, alpha: float) -> Tensor:
+    """Gradient of leaky_relu: dx = dy where x > 0, else alpha · dy."""
+
+def neg(x: _TensorLike) -> Tensor:
+    """y = −x."""
+
+def exp(x: _TensorLike) -> Tensor:
+    """y = eˣ."""
+
+def log(x: _TensorLike) -> Tensor:
+    """Natural logarithm."""
+
+def tanh(x: _TensorLike) -> Tensor:
+    """Hyperbolic tangent."""
+
+def sigmoid(x: _TensorLike) -> Tensor:
+    """y = 1 / (1 + e⁻ˣ), computed without overflow for large |x|."""
+
+def relu(x: _TensorLike) -> Tensor:
+    """y = max(x, 0)."""
+
+def abs(x: _TensorLike) -> Tensor:
+    """|x|."""
+
+def cast(x: _TensorLike, *, dtype: _DTypeLike) -> Tensor:
+    """Converts to ``dtype`` (a copy, even when the dtype is unchanged)."""
+
+def zeros_like(x: _TensorLike, *, dtype: _DTypeLike | None = None) -> Tensor:
+    """Zeros of the shape (and, unless ``dtype`` is given, the dtype) of ``x``."""
+
+def ones_like(x: _TensorLike, *, dtype: _DTypeLike | None = None) -> Tensor:
+    """Ones of the shape (and, unless ``dtype`` is given, the dtype) of ``x``."""
+
+def sign(x: _TensorLike) -> Tensor:
+    """−1, 0 or 1 as x is negative, zero or positive (0 for NaN, as PyTorch)."""
+
+def floor(x: _TensorLike) -> Tensor:
+    """The largest integer ≤ x (integer tensors are returned unchanged)."""
+
+def ceil(x: _TensorLike) -> Tensor:
+    """The smallest integer ≥ x (integer tensors are returned unchanged)."""
+
+def round(x: _TensorLike) -> Tensor:
+    """The nearest integer, halves to the even one (round(2.5) = 2), as PyTorch."""
+
+def expm1(x: _TensorLike) -> Tensor:
+    """y = eˣ − 1, exact for small x."""
+
+def log1p(x: _TensorLike) -> Tensor:
+    """y = ln(1 + x), exact for small x."""
+
+def rsqrt(x: _TensorLike) -> Tensor:
+    """y = 1/√x."""
+
+def reciprocal(x: _TensorLike) -> Tensor:
+    """y = 1/x."""
+
+def sin(x: _TensorLike) -> Tensor:
+    """Sine."""
+
+def cos(x: _TensorLike) -> Tensor:
+    """Cosine."""
+
+def erf(x: _TensorLike) -> Tensor:
+    """The error function, erf(x) = 2/√π ∫₀ˣ e^(−t²) dt."""
+
+def softplus(x: _TensorLike, *, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+    """y = ln(1 + e^(βx))/β, and y = x where βx > threshold (as PyTorch, where the two agree to float
+    precision).
+    """
+
+def elu(x: _TensorLike, *, alpha: float = 1.0) -> Tensor:
+    """y = x for x > 0, α·(eˣ − 1) otherwise."""
+
+def selu(x: _TensorLike) -> Tensor:
+    """y = λ·elu(x, α) with PyTorch's constants λ ≈ 1.0507, α ≈ 1.6733 (self-normalising)."""
+
+def gelu(x: _TensorLike, *, approximate: str = 'none') -> Tensor:
+    """y = x·Φ(x) with Φ the standard normal CDF; approximate="tanh": ½x·(1 + tanh(√(2/π)·(x + 0.044715x³)))."""
+
+def gelu_grad(x: _TensorLike, dy: _TensorLike, *, approximate: str = 'none') -> Tensor:
+    """Gradient of gelu: dx = dy·gelu′(x); gelu′ = Φ + x·φ exactly, φ the standard normal density."""
+
+def silu(x: _TensorLike) -> Tensor:
+    """y = x·σ(x), σ the logistic sigmoid (also called swish)."""
+
+def clip(x: _TensorLike, *, min: float | None = None, max: float | None = None) -> Tensor:
+    """x limited to [min, max] (either bound may be None; min > max gives max everywhere, as PyTorch's clamp)."""
+
+def isnan(x: _TensorLike) -> Tensor:
+    """True where x is NaN."""
+
+def isfinite(x: _TensorLike) -> Tensor:
+    """True where x is neither infinite nor NaN (always, for integers and bools)."""
+
+def logical_not(x: _TensorLike) -> Tensor:
+    """True where x is 0 (or False)."""
+
+# -- opforge.ops.linalg
+
+def matmul(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """Matrix product with NumPy's rules: 1-D operands are vectors, leading dims broadcast (batches)."""
+
+def outer(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """The outer product of two vectors: ``out[i, j] = x[i]·y[j]``."""
+
+def linear(x: _TensorLike, weight: _TensorLike, bias: _TensorLike | None = None) -> Tensor:
+    """``torch.nn.functional.linear``: ``y = x @ weightᵀ + bias``, weight of shape (out_features, in_features),
+    over the last dim of ``x`` (any leading dims are a batch).
+    """
+
+def einsum(operands: Sequence[_TensorLike], *, equation: str) -> Tensor:
+    """Einstein summation, as ``torch.einsum(equation, *operands)`` (note the order of the arguments):
+    ``"ij,jk->ik"`` multiplies matrices; a letter left out of the output is summed over; without ``->`` the
+    output is the letters used once, in alphabetical order. ``...`` stands for the broadcast leading dims, a
+    size-1 dim broadcasts, and a letter repeated in one operand takes its diagonal (``"ii->i"``, ``"ii->"`` is
+    the trace).
+    """
+
+# -- opforge.ops.loss
+
+def smooth_l1(x: _TensorLike, *, sigma: float = 1.0) -> Tensor:
+    """MXNet's smooth L1: 0.5·(σx)² where |x| < 1/σ², else |x| − 0.5/σ²."""
+
+def smooth_l1_grad(x: _TensorLike, dy: _TensorLike, *, sigma: float) -> Tensor:
+    """Gradient of smooth_l1: dx = dy·σ²x where |x| < 1/σ², else dy·sign(x)."""
+
+# -- opforge.ops.nn
+
+def softmax(x: _TensorLike, *, axis: int = -1) -> Tensor:
+    """exp(x) / Σ exp(x) along ``axis``, computed as exp(x − max x) / Σ exp(x − max x) so nothing overflows."""
+
+def softmax_grad(y: _TensorLike, dy: _TensorLike, *, axis: int = -1) -> Tensor:
+    """Gradient of softmax from its output y: dx = y·(dy − Σ dy·y) along ``axis``."""
+
+def log_softmax(x: _TensorLike, *, axis: int = -1) -> Tensor:
+    """log(softmax(x)) along ``axis``, computed as (x − max x) − log Σ exp(x − max x)."""
+
+def log_softmax_grad(y: _TensorLike, dy: _TensorLike, *, axis: int = -1) -> Tensor:
+    """Gradient of log_softmax from its output y: dx = dy − exp(y)·Σ dy along ``axis``."""
+
+def nll_loss(
+    log_probs: _TensorLike,
+    target: _TensorLike,
+    *,
+    ignore_index: int = -100,
+    reduction: str = 'mean',
+) -> Tensor:
+    """Negative log-likelihood of class-index targets: −log_probs[n, target[n]], reduced by ``reduction``."""
+
+def nll_loss_grad(
+    dloss: _TensorLike,
+    target: _TensorLike,
+    *,
+    num_classes: int,
+    ignore_index: int = -100,
+    reduction: str = 'mean',
+) -> Tensor:
+    """Gradient of nll_loss: −dloss (÷ the count of valid targets for "mean") at each target class, 0 elsewhere."""
+
+def cross_entropy(
+    logits: _TensorLike,
+    target: _TensorLike,
+    *,
+    ignore_index: int = -100,
+    reduction: str = 'mean',
+    label_smoothing: float = 0.0,
+) -> Tensor:
+    """nll_loss(log_softmax(logits)) with class-index targets; with label smoothing ε the target distribution is
+    (1 − ε)·onehot + ε/C, so each valid term is (1 − ε)·(−log p[target]) + ε·mean_c(−log p[c]).
+    """
+
+def mse_loss(x: _TensorLike, target: _TensorLike, *, reduction: str = 'mean') -> Tensor:
+    """(x − target)², elementwise (shapes broadcast), then the mean, the sum, or nothing ("none")."""
+
+def binary_cross_entropy_with_logits(
+    logits: _TensorLike,
+    target: _TensorLike,
+    pos_weight: _TensorLike | None = None,
+    *,
+    reduction: str = 'mean',
+) -> Tensor:
+    """−[w·y·log σ(x) + (1 − y)·log(1 − σ(x))] with w = pos_weight (1 if absent), computed without overflow as
+    (1 − y)·x + (1 + (w − 1)·y)·softplus(−x), softplus(z) = log(1 + eᶻ); then reduced.
+    """
+
+def layer_norm(
+    x: _TensorLike,
+    weight: _TensorLike | None = None,
+    bias: _TensorLike | None = None,
+    *,
+    normalized_shape: Sequence[int] | int,
+    eps: float = 1e-05,
+) -> Tensor:
+    """Normalises over the last len(normalized_shape) dims to mean 0 and variance 1 (biased, plus eps), then y =
+    x̂·weight + bias (each of shape normalized_shape, optional).
+    """
+
+class _batch_norm_result(NamedTuple):
+    y: Tensor
+    new_running_mean: Tensor
+    new_running_var: Tensor
+
+def batch_norm(
+    x: _TensorLike,
+    running_mean: _TensorLike | None,
+    running_var: _TensorLike | None,
+    weight: _TensorLike | None = None,
+    bias: _TensorLike | None = None,
+    *,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-05,
+) -> _batch_norm_result:
+    """Batch normalisation of an (N, C, ...) input per channel C, then y = x̂·weight + bias (each (C,),
+    optional).
+    """
+
+class _dropout_result(NamedTuple):
+    y: Tensor
+    mask: Tensor
+
+def dropout(x: _TensorLike, *, p: float = 0.5, training: bool = True) -> _dropout_result:
+    """Zeroes each element with probability ``p`` and scales the kept ones by 1/(1 − p) (identity when not
+    ``training``). Also returns the boolean ``mask`` of kept elements.
+    """
+
+def embedding(index: _TensorLike, weight: _TensorLike, *, padding_idx: int | None = None) -> Tensor:
+    """Rows of ``weight`` (num_embeddings, D) picked by ``index``: y[..., :] = weight[index[...]]. The row
+    ``padding_idx`` (if given) is looked up as any other but gets no gradient.
+    """
+
+def embedding_grad(
+    dy: _TensorLike,
+    index: _TensorLike,
+    *,
+    num_embeddings: int,
+    padding_idx: int | None = None,
+) -> Tensor:
+    """Gradient of embedding with respect to the weight: each dy[...] is added to row index[...] (rows picked
+    several times add up); the padding row stays 0.
+    """
+
+def scaled_dot_product_attention(
+    q: _TensorLike,
+    k: _TensorLike,
+    v: _TensorLike,
+    attn_mask: _TensorLike | None = None,
+    *,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Tensor:
+    """softmax(q·kᵀ·scale + mask)·v for q (..., L, E), k (..., S, E), v (..., S, Ev) -> (..., L, Ev); batch dims
+    broadcast. ``scale`` defaults to 1/√E. ``attn_mask`` (broadcast to (..., L, S)) is boolean (True: may
+    attend) or added to the scores; ``is_causal`` lets query i attend to keys j <= i. A query that may attend to
+    nothing gets zeros, as in torch.
+    """
+
+# -- opforge.ops.reduce
+
+def sum(x: _TensorLike, *, axis: Sequence[int] | int | None = None, keepdim: bool = False) -> Tensor:
+    """Sum over ``axis`` (all axes when None). Integer and bool tensors sum to int64."""
+
+def mean(x: _TensorLike, *, axis: Sequence[int] | int | None = None, keepdim: bool = False) -> Tensor:
+    """Mean over ``axis`` (all axes when None)."""
+
+def mean_grad(
+    dy: _TensorLike,
+    *,
+    shape: Sequence[int] | int,
+    axis: Sequence[int] | int | None = None,
+    keepdim: bool = False,
+) -> Tensor:
+    """Gradient of mean: dy spread evenly over the reduced elements of an input of ``shape``."""
+
+def sum_to(x: _TensorLike, *, shape: Sequence[int] | int) -> Tensor:
+    """Sums ``x`` down to ``shape``, the inverse of broadcasting ``shape`` up to ``x.shape``."""
+
+def prod(x: _TensorLike, *, axis: Sequence[int] | int | None = None, keepdim: bool = False) -> Tensor:
+    """Product over ``axis`` (all axes when None). Integer and bool tensors multiply in int64."""
+
+def max(x: _TensorLike, *, axis: Sequence[int] | int | None = None, keepdim: bool = False) -> Tensor:
+    """Largest element over ``axis`` (all axes when None); NaN if the group holds one. The values only, unlike
+    PyTorch's ``max(x, dim)``: ``argmax`` gives the indices.
+    """
+
+def min(x: _TensorLike, *, axis: Sequence[int] | int | None = None, keepdim: bool = False) -> Tensor:
+    """Smallest element over ``axis`` (all axes when None); NaN if the group holds one. The values only, unlike
+    PyTorch's ``min(x, dim)``: ``argmin`` gives the indices.
+    """
+
+def amax(x: _TensorLike, *, axis: Sequence[int] | int | None = None, keepdim: bool = False) -> Tensor:
+    """Largest element over ``axis``, as ``torch.amax`` (the same op as ``max``, under PyTorch's name)."""
+
+def amin(x: _TensorLike, *, axis: Sequence[int] | int | None = None, keepdim: bool = False) -> Tensor:
+    """Smallest element over ``axis``, as ``torch.amin`` (the same op as ``min``, under PyTorch's name)."""
+
+def argmax(x: _TensorLike, *, axis: int | None = None, keepdim: bool = False) -> Tensor:
+    """Index of the largest element along ``axis`` (of the flattened tensor when None); the first one on ties."""
+
+def argmin(x: _TensorLike, *, axis: int | None = None, keepdim: bool = False) -> Tensor:
+    """Index of the smallest element along ``axis`` (of the flattened tensor when None); the first one on ties."""
+
+def var(
+    x: _TensorLike,
+    *,
+    axis: Sequence[int] | int | None = None,
+    correction: int = 1,
+    keepdim: bool = False,
+) -> Tensor:
+    """Variance over ``axis``: Σ(x − mean)²/(N − correction); correction=1 is the unbiased estimate."""
+
+def std(
+    x: _TensorLike,
+    *,
+    axis: Sequence[int] | int | None = None,
+    correction: int = 1,
+    keepdim: bool = False,
+) -> Tensor:
+    """Standard deviation over ``axis``: the square root of ``var``."""
+
+def logsumexp(x: _TensorLike, *, axis: Sequence[int] | int | None = None, keepdim: bool = False) -> Tensor:
+    """ln Σ eˣ over ``axis``, computed as m + ln Σ e^(x − m) with m the group's largest element (no overflow)."""
+
+def norm(x: _TensorLike, *, p: float = 2.0, axis: Sequence[int] | int | None = None, keepdim: bool = False) -> Tensor:
+    """Vector p-norm over ``axis`` (all axes when None), as ``torch.linalg.vector_norm``: (Σ|x|ᵖ)^(1/p); p = inf
+    gives max |x|, p = −inf min |x|, p = 0 the number of nonzero elements.
+    """
+
+def cumsum(x: _TensorLike, *, axis: int) -> Tensor:
+    """Running sums along ``axis``: yᵢ = x₀ + … + xᵢ. Integer and bool tensors sum in int64."""
+
+# -- opforge.ops.shape
+
+def reshape(x: _TensorLike, *, shape: Sequence[int] | int) -> Tensor:
+    """The same elements in a new shape; one dim may be -1 (inferred)."""
+
+def transpose(x: _TensorLike, *, perm: Sequence[int] | int | None = None) -> Tensor:
+    """Permutes the dims (reverses them when ``perm`` is None)."""
+
+def broadcast_to(x: _TensorLike, *, shape: Sequence[int] | int) -> Tensor:
+    """``x`` repeated along dims of size 1 (and new leading dims) to ``shape``."""
+
+def slice(
+    x: _TensorLike,
+    *,
+    axes: Sequence[int] | int,
+    starts: Sequence[int] | int,
+    ends: Sequence[int] | int,
+    steps: Sequence[int] | int,
+) -> Tensor:
+    """Basic slicing, ``x[starts:ends:steps]`` along ``axes`` (indices already normalised by the caller)."""
+
+def slice_grad(
+    dy: _TensorLike,
+    *,
+    shape: Sequence[int] | int,
+    axes: Sequence[int] | int,
+    starts: Sequence[int] | int,
+    ends: Sequence[int] | int,
+    steps: Sequence[int] | int,
+) -> Tensor:
+    """Gradient of slice: zeros of ``shape`` with ``dy`` written where the slice took its elements."""
+
+def squeeze(x: _TensorLike, *, axis: Sequence[int] | int | None = None) -> Tensor:
+    """Removes dims of size 1: every one when ``axis`` is None, else those listed (a listed dim whose size is
+    not 1 is left alone, as in PyTorch).
+    """
+
+def unsqueeze(x: _TensorLike, *, axis: int) -> Tensor:
+    """Inserts a dim of size 1 at ``axis`` (in [-ndim-1, ndim], counted in the result)."""
+
+def permute(x: _TensorLike, *, dims: Sequence[int] | int) -> Tensor:
+    """Reorders the dims: dim i of the result is dim ``dims[i]`` of ``x`` (``torch.permute``)."""
+
+def flip(x: _TensorLike, *, axis: Sequence[int] | int) -> Tensor:
+    """Reverses the order of the elements along each dim in ``axis``."""
+
+def concat(xs: Sequence[_TensorLike], *, axis: int = 0) -> Tensor:
+    """Joins tensors along an existing dim ``axis``; the other dims must agree (``torch.cat``)."""
+
+def stack(xs: Sequence[_TensorLike], *, axis: int = 0) -> Tensor:
+    """Joins tensors of one shape along a new dim ``axis`` (in [-ndim-1, ndim], counted in the result)."""
+
+def split(x: _TensorLike, *, sections: Sequence[int] | int, axis: int = 0) -> list[Tensor]:
+    """Cuts ``x`` along ``axis`` into pieces of the sizes in ``sections`` (which must add up to the dim), or,
+    when ``sections`` is one number n (``split(x, sections=n)``), into pieces of n, the last one smaller: both
+    as ``torch.split``. The pieces are views of ``x``.
+    """
+
+def tile(x: _TensorLike, *, reps: Sequence[int] | int) -> Tensor:
+    """``x`` repeated ``reps[i]`` times along dim i (``torch.tile``, ``np.tile``): the shorter of ``x.shape``
+    and ``reps`` is padded with leading 1s.
+    """
+
+def tril(x: _TensorLike, *, diagonal: int = 0) -> Tensor:
+    """The lower triangle of each matrix (last two dims): elements (i, j) with j - i <= ``diagonal``, others 0."""
+
+def triu(x: _TensorLike, *, diagonal: int = 0) -> Tensor:
+    """The upper triangle of each matrix (last two dims): elements (i, j) with j - i >= ``diagonal``, others 0."""
+
+def pad(x: _TensorLike, *, pad: Sequence[int] | int, mode: str = 'constant', value: float = 0.0) -> Tensor:
+    """Pads ``x`` as ``torch.nn.functional.pad``: ``pad`` lists (before, after) pairs from the last dim
+    backwards. Modes: "constant" (fill with ``value``; negative pads crop), "reflect" (mirror without repeating
+    the edge), "replicate" (repeat the edge), "circular" (wrap around).
+    """
+
+def pad_grad(dy: _TensorLike, *, shape: Sequence[int] | int, pad: Sequence[int] | int, mode: str) -> Tensor:
+    """Gradient of ``pad`` in modes "reflect", "replicate" and "circular": each element of ``dy`` is added to
+    the element of an input of ``shape`` that the padded position copied.
+    """
+
+def take(x: _TensorLike, index: _TensorLike, *, axis: int | None = None) -> Tensor:
+    """The elements of ``x`` at ``index`` along ``axis``, as ``np.take``: the result's shape is ``x.shape`` with
+    dim ``axis`` replaced by ``index.shape``. With ``axis=None`` it indexes the flattened ``x``
+    (``torch.take``). Negative indices count from the end. ``x[index_tensor]`` is this op.
+    """
+
+def take_grad(dy: _TensorLike, index: _TensorLike, *, shape: Sequence[int] | int, axis: int | None = None) -> Tensor:
+    """Gradient of ``take``: zeros of ``shape`` with each element of ``dy`` added at the position ``take`` read
+    it from (an index that repeats collects the sum).
+    """
+
+def gather(x: _TensorLike, index: _TensorLike, *, axis: int) -> Tensor:
+    """``torch.gather``: ``y[i][j][k] = x[index[i][j][k]][j][k]`` for ``axis=0`` (and so on for other axes);
+    ``y`` has the shape of ``index``, which has the rank of ``x`` and may be smaller in the other dims. NumPy's
+    ``take_along_axis`` is the same op where ``index`` matches ``x`` in the other dims. Negative indices count
+    from the end.
+    """
+
+def gather_grad(dy: _TensorLike, index: _TensorLike, *, shape: Sequence[int] | int, axis: int) -> Tensor:
+    """Gradient of ``gather``: zeros of ``shape`` with each element of ``dy`` added where ``gather`` read it
+    from (``scatter_add`` into zeros, without making the zeros first).
+    """
+
+def scatter_add(x: _TensorLike, index: _TensorLike, src: _TensorLike, *, axis: int) -> Tensor:
+    """``torch.scatter_add``: a copy of ``x`` to which ``src[i][j][k]`` is added at ``[index[i][j][k]][j][k]``
+    for ``axis=0`` (and so on); elements of ``src`` outside ``index.shape`` are not used. Positions that
+    ``index`` names more than once get every contribution. The adjoint of ``gather``.
+    """
+
+def index_select(x: _TensorLike, index: _TensorLike, *, axis: int) -> Tensor:
+    """``torch.index_select``: the slices of ``x`` at the positions ``index`` (1-D; a 0-d index counts as one
+    position) lists along ``axis``, which keeps its place with size ``len(index)``. Negative indices count from
+    the end.
+    """
+
+def one_hot(index: _TensorLike, *, num_classes: int) -> Tensor:
+    """``torch.nn.functional.one_hot``: int64 of shape ``(*index.shape, num_classes)``, 1 at the class ``index``
+    names and 0 elsewhere. Indices must lie in [0, num_classes).
+    """

@@ -1,0 +1,472 @@
+"""PyTorch as the oracle for the nn ops (opforge/ops/nn.py): values, first and second derivatives, in float64.
+
+``ORACLE`` maps each op to its ``torch.nn.functional`` counterpart (or, for a dedicated grad op, torch's own
+backward of the forward op, taken with create_graph=True so that it can be differentiated again). Every case — the
+op's declared samples plus the ``extra`` ones — runs through the runners of tests/test_torch_oracle.py: forward,
+VJP and HVP (double backward). The adapter here binds what those runners cannot pass: absent optional inputs
+(``None``), integer targets and indices (they get no gradient), and ops with several outputs (compared one output
+at a time).
+
+Where torch has no derivative (``pos_weight`` of binary_cross_entropy_with_logits, running statistics of
+batch_norm in eval mode, the running-statistics update itself) the oracle is the same formula written with torch
+ops, and a dedicated test checks its values against the real torch function. Dedicated tests follow the table:
+dropout with p > 0 (backward uses the forward's mask; ``of.manual_seed`` reproduces it), batch_norm's running
+statistics against torch's in-place update, third derivatives of softmax and log_softmax, and wrong calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+from test_torch_oracle import (
+    OPFORGE,
+    TORCH,
+    assert_same,
+    check_forward,
+    check_hvp,
+    check_vjp,
+    directional_derivative,
+    randn,
+    uniform,
+)
+
+import opforge as of
+from opforge import Sample
+from opforge import ops as F
+
+TF = torch.nn.functional
+
+# -- torch counterparts --------------------------------------------------------------------------------------------
+
+
+def _long(target):
+    return target.long()  # torch's class-index losses take int64 targets only
+
+
+def torch_nll_loss_grad(dloss, target, num_classes, ignore_index, reduction):
+    """torch's VJP of nll_loss (linear in its input, so taken at zeros of the input's shape)."""
+    axis = 1 if target.dim() >= 1 else 0
+    shape = (*target.shape[:axis], num_classes, *target.shape[axis:])
+    x = torch.zeros(shape, dtype=dloss.dtype, requires_grad=True)
+    loss = TF.nll_loss(x, _long(target), ignore_index=ignore_index, reduction=reduction)
+    (dx,) = torch.autograd.grad(loss, x, dloss, create_graph=True)
+    return dx
+
+
+def torch_mse_loss(x, target, reduction):
+    return TF.mse_loss(*torch.broadcast_tensors(x, target), reduction=reduction)  # torch warns when it broadcasts
+
+
+def torch_bce_with_logits(logits, target, pos_weight, reduction):
+    """torch's function without pos_weight; with it, torch's formula written out (torch does not differentiate
+    with respect to pos_weight). test_bce_pos_weight_formula_is_torchs checks the two agree on values."""
+    if pos_weight is None:
+        return TF.binary_cross_entropy_with_logits(logits, target, reduction=reduction)
+    losses = (1 - target) * logits + (1 + (pos_weight - 1) * target) * TF.softplus(-logits)
+    return {"none": losses, "sum": losses.sum(), "mean": losses.mean()}[reduction]
+
+
+def _ones_for_missing_weight(weight, bias, shape, like):
+    """torch's double backward of layer_norm and batch_norm fails with a bias but no weight ("Expected a proper
+    Tensor but got None"): a weight of ones is the same function."""
+    return torch.ones(shape, dtype=like.dtype) if weight is None and bias is not None else weight
+
+
+def torch_layer_norm(x, weight, bias, normalized_shape, eps):
+    weight = _ones_for_missing_weight(weight, bias, normalized_shape, x)
+    return TF.layer_norm(x, normalized_shape, weight, bias, eps)
+
+
+def _bn_axes(x):
+    return [0, *range(2, x.dim())]
+
+
+def _bn_channel(t, x):
+    return t.reshape(1, -1, *[1] * (x.dim() - 2))
+
+
+def torch_batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps):
+    """(y, new_running_mean, new_running_var). y: torch's batch_norm in training mode; in eval mode its formula
+    (x − rm)/√(rv + ε)·w + b, which torch does not differentiate in rm and rv. The running statistics: torch's update
+    (1 − m)·running + m·batch statistic (variance unbiased) as a formula, since torch updates buffers in place.
+    test_batch_norm_matches_torch_functional checks all three against torch's own call."""
+    if training:
+        weight = _ones_for_missing_weight(weight, bias, x.shape[1], x)
+        y = TF.batch_norm(x, None, None, weight, bias, training=True, eps=eps)
+        mean, var = x.mean(_bn_axes(x)), x.var(_bn_axes(x), unbiased=True)
+        if running_mean is None:
+            return y, mean, var
+        return y, running_mean * (1 - momentum) + mean * momentum, running_var * (1 - momentum) + var * momentum
+    y = (x - _bn_channel(running_mean, x)) / torch.sqrt(_bn_channel(running_var, x) + eps)
+    if weight is not None:
+        y = y * _bn_channel(weight, x)
+    if bias is not None:
+        y = y + _bn_channel(bias, x)
+    return y, running_mean.clone(), running_var.clone()
+
+
+def torch_embedding_grad(dy, index, num_embeddings, padding_idx):
+    """torch's VJP of embedding with respect to the weight (linear: taken at zeros of the weight's shape)."""
+    w = torch.zeros((num_embeddings, dy.shape[-1]), dtype=dy.dtype, requires_grad=True)
+    (dw,) = torch.autograd.grad(TF.embedding(index, w, padding_idx=padding_idx), w, dy, create_graph=True)
+    return dw
+
+
+# -- the table -----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Oracle:
+    torch_fn: Callable  # (*torch tensors or None, **attrs) -> a torch tensor, or a tuple for several outputs
+    extra: tuple = ()  # Samples added to the op's declared samples
+    outputs: int = 1  # how many outputs to compare (each is a case of its own)
+
+
+def _mask(shape, p_keep, seed):
+    return np.random.default_rng(seed).uniform(size=shape) < p_keep
+
+
+_NEG_INF_MASK = np.where(np.arange(12).reshape(3, 4) % 5 == 1, -np.inf, 0.0)
+_NEG_INF_MASK[2] = -np.inf  # the third query attends to nothing: zeros, as torch
+
+ORACLE: dict[str, Oracle] = {
+    # -- softmax family --------------------------------------------------------------------------------------------
+    "softmax": Oracle(lambda x, axis: TF.softmax(x, dim=axis), extra=(
+        Sample.of(randn(3, 4) * 500, axis=1),  # exp would overflow without the max shift
+        Sample.of(randn(2, 3, 4), axis=0),
+        Sample.of(randn(1, 4), axis=0),
+    )),
+    "log_softmax": Oracle(lambda x, axis: TF.log_softmax(x, dim=axis), extra=(
+        Sample.of(randn(3, 4) * 500, axis=1),
+        Sample.of(randn(2, 3, 4), axis=-3),
+        Sample.of(randn(1, 4), axis=0),
+    )),
+    "softmax_grad": Oracle(lambda y, dy, axis: torch._softmax_backward_data(dy, y, axis, y.dtype), extra=(
+        Sample.of(uniform(0.1, 1.0, 2, 3, 4), randn(2, 3, 4), axis=0),  # any y: the formula, off the simplex too
+        Sample.of(uniform(0.1, 1.0), randn()),
+    )),
+    "log_softmax_grad": Oracle(lambda y, dy, axis: torch._log_softmax_backward_data(dy, y, axis, y.dtype), extra=(
+        Sample.of(randn(2, 3, 4), randn(2, 3, 4), axis=0),
+        Sample.of(randn(), randn()),
+    )),
+    # -- losses ----------------------------------------------------------------------------------------------------
+    "nll_loss": Oracle(lambda lp, t, **attrs: TF.nll_loss(lp, _long(t), **attrs), extra=(
+        Sample.of(randn(4, 5), np.array([0, 4, 2, 4], np.int32)),
+        Sample.of(randn(3, 4), np.array([1, -100, 3]), reduction="none"),
+        Sample.of(randn(3, 4), np.array([1, 2, 3]), ignore_index=2, reduction="sum"),
+    )),
+    "nll_loss_grad": Oracle(torch_nll_loss_grad, extra=(
+        Sample.of(randn(), np.array([1, -100, 3]), num_classes=4),
+        Sample.of(randn(3), np.array([1, 2, 3], np.int32), num_classes=5, ignore_index=2, reduction="none"),
+        Sample.of(randn(2, 2, 3), np.array([[[0, 1, 1], [2, 0, -100]], [[1, 1, 0], [2, 2, 2]]]), num_classes=3,
+                  reduction="none"),
+    )),
+    "cross_entropy": Oracle(lambda x, t, **attrs: TF.cross_entropy(x, _long(t), **attrs), extra=(
+        Sample.of(randn(4, 5) * 100, np.array([0, 4, 2, 4])),  # far from 0: the log-sum-exp must be shifted
+        Sample.of(randn(4, 5), np.array([0, -100, 2, 4], np.int32), label_smoothing=1.0),
+        Sample.of(randn(3, 4), np.array([1, -100, 3]), reduction="none", label_smoothing=0.25),
+        Sample.of(randn(3, 4), np.array([1, 2, 3]), ignore_index=2, reduction="sum", label_smoothing=0.5),
+        Sample.of(randn(2, 3, 2, 2), np.array([[[0, 1], [2, -100]], [[1, 1], [0, 2]]]), reduction="none"),
+    )),
+    "mse_loss": Oracle(torch_mse_loss, extra=(
+        Sample.of(randn(3, 1), randn(1, 4)),
+        Sample.of(randn(), randn(2, 3), reduction="none"),
+        Sample.of(randn(2, 3), randn(), reduction="sum"),
+    )),
+    "binary_cross_entropy_with_logits": Oracle(torch_bce_with_logits, extra=(
+        Sample.of(np.array([-60.0, -20.0, -1.0, 0.0, 1.0, 20.0, 60.0]), uniform(0, 1, 7), reduction="none"),
+        Sample.of(randn(2, 3), uniform(0, 1, 2, 3), uniform(0.5, 2.0, 3), reduction="none"),
+        Sample.of(randn(4), np.array([0.0, 1.0, 1.0, 0.0]), uniform(0.5, 2.0, 4)),
+        Sample.of(randn(3, 2), uniform(0, 1, 3, 2), uniform(0.5, 2.0, 3, 1), reduction="sum"),
+    )),
+    # -- normalisation -----------------------------------------------------------------------------------------------
+    "layer_norm": Oracle(torch_layer_norm, extra=(
+        Sample.of(randn(2, 2, 2, 3), randn(2, 3), None, normalized_shape=[2, 3]),
+        Sample.of(randn(3, 5) * 10 + 4, randn(5), randn(5), normalized_shape=[5], eps=1e-3),
+        Sample.of(randn(2, 3), None, None, normalized_shape=[2, 3]),
+    )),
+    "batch_norm": Oracle(torch_batch_norm, outputs=3, extra=(
+        Sample.of(randn(3, 2, 4), randn(2), uniform(0.5, 2, 2), randn(2), randn(2), training=True, momentum=0.0),
+        Sample.of(randn(3, 2, 4), randn(2), uniform(0.5, 2, 2), None, randn(2), training=True, momentum=1.0),
+        Sample.of(randn(2, 3, 2, 2), None, None, None, None, training=True, eps=0.01),
+        Sample.of(randn(2, 3, 2, 2), randn(3), uniform(0.5, 2, 3), randn(3), None),
+    )),
+    "dropout": Oracle(lambda x, p, training: TF.dropout(x, p=p, training=training), extra=(
+        Sample.of(randn(2, 3), p=0.9, training=False),
+    )),
+    "embedding": Oracle(lambda i, w, padding_idx: TF.embedding(i, w, padding_idx=padding_idx), extra=(
+        Sample.of(np.array([[1, 3], [1, 0]]), randn(4, 3), padding_idx=1),  # the padding row gets no gradient
+        Sample.of(np.array([2, 0, 2], np.int32), randn(3, 2), padding_idx=-1),
+        Sample.of(np.array([[0, 0, 0]]), randn(2, 2)),  # one row picked thrice: gradients add up
+    )),
+    "embedding_grad": Oracle(torch_embedding_grad, extra=(
+        Sample.of(randn(2, 2, 3), np.array([[1, 3], [1, 0]]), num_embeddings=4, padding_idx=-3),
+        Sample.of(randn(3, 2), np.array([2, 0, 2], np.int32), num_embeddings=3),
+    )),
+    # -- attention ---------------------------------------------------------------------------------------------------
+    "scaled_dot_product_attention": Oracle(
+        lambda q, k, v, m, is_causal, scale: TF.scaled_dot_product_attention(q, k, v, attn_mask=m,
+                                                                             is_causal=is_causal, scale=scale),
+        extra=(
+            Sample.of(randn(2, 2, 3, 4), randn(2, 2, 5, 4), randn(2, 2, 5, 3), _mask((3, 5), 0.6, 1)),
+            Sample.of(randn(3, 2), randn(4, 2), randn(4, 2), _NEG_INF_MASK),
+            Sample.of(randn(2, 1, 4, 3), randn(1, 3, 2, 3), randn(1, 3, 2, 2), is_causal=True),  # L > S
+            Sample.of(randn(2, 2, 3), randn(5, 3), randn(5, 2), randn(2, 1, 5), scale=2.0),
+        )),
+}
+
+
+def test_table_covers_every_nn_op():
+    nn_ops = {op.name for op in of.registry if op.defined_at.replace("\\", "/").split(":")[0].endswith("ops/nn.py")}
+    assert len(nn_ops) >= 15
+    assert nn_ops <= set(ORACLE), f"no oracle for {sorted(nn_ops - set(ORACLE))}"
+
+
+# -- cases ---------------------------------------------------------------------------------------------------------
+
+
+def _declared_samples(name: str) -> list:
+    opdef = of.registry.get(name)
+    return list(opdef.samples_fn(np.random.default_rng(0)))
+
+
+def _bind(name: str, sample: Sample, output: int) -> tuple[Callable, Callable, list]:
+    """(opforge fn, torch fn, arrays): the fns take the sample's present tensors positionally, put back the absent
+    ones (None), add the attrs (torch gets the signature's defaults too) and return the one output compared."""
+    opdef = of.registry.get(name)
+    attrs = {**{p.name: p.default for p in opdef.attrs if p.has_default}, **sample.kwargs}
+    given = [*sample.args, *[None] * (len(opdef.inputs) - len(sample.args))]  # omitted trailing inputs: None
+    present = [i for i, a in enumerate(given) if a is not None]
+
+    def call(fn, kwargs, several):
+        def bound(*xs):
+            args = list(given)
+            for i, x in zip(present, xs):
+                args[i] = x
+            out = fn(*args, **kwargs)
+            return out[output] if several else out
+
+        return bound
+
+    of_fn = call(getattr(F, name), sample.kwargs, len(opdef.outputs) > 1)  # dropout's mask: a dedicated test
+    torch_fn = call(ORACLE[name].torch_fn, attrs, ORACLE[name].outputs > 1)
+    return of_fn, torch_fn, [given[i] for i in present]
+
+
+def _case_id(name: str, i: int, output: int, sample: Sample) -> str:
+    shapes = "x".join("-" if a is None else str(a.shape).replace(" ", "") for a in sample.args)
+    attrs = "".join(f",{k}={v}" for k, v in sample.kwargs.items()).replace(" ", "")
+    return f"{name}-{i}{f'.out{output}' if ORACLE[name].outputs > 1 else ''}[{shapes}{attrs}]"
+
+
+def _params() -> list:
+    params = []
+    for name, oracle in ORACLE.items():
+        for i, case in enumerate([*_declared_samples(name), *oracle.extra]):
+            floats = [a for a in case.args if a is not None and a.dtype.kind == "f"]
+            assert floats and all(a.dtype == np.float64 for a in floats), f"{name}: cases are float64"
+            for output in range(oracle.outputs):
+                params.append(pytest.param(name, case, output, id=_case_id(name, i, output, case)))
+    return params
+
+
+CASES = _params()
+
+
+@pytest.mark.parametrize(("name", "sample", "output"), CASES)
+def test_forward(name, sample, output):
+    check_forward(*_bind(name, sample, output))
+
+
+@pytest.mark.parametrize(("name", "sample", "output"), CASES)
+def test_vjp(name, sample, output):
+    check_vjp(*_bind(name, sample, output))
+
+
+@pytest.mark.parametrize(("name", "sample", "output"), CASES)
+def test_hvp(name, sample, output):
+    check_hvp(*_bind(name, sample, output))
+
+
+# -- where the oracle is a formula: the formula against torch's own function ---------------------------------------
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_bce_pos_weight_formula_is_torchs(reduction):
+    x, y, w = randn(3, 4) * 5, uniform(0, 1, 3, 4), uniform(0.2, 3.0, 4)
+    want = TF.binary_cross_entropy_with_logits(torch.tensor(x), torch.tensor(y), pos_weight=torch.tensor(w),
+                                               reduction=reduction)
+    formula = torch_bce_with_logits(torch.tensor(x), torch.tensor(y), torch.tensor(w), reduction)
+    got = F.binary_cross_entropy_with_logits(of.tensor(x), of.tensor(y), of.tensor(w), reduction=reduction)
+    assert_same(TORCH.numpy(formula), TORCH.numpy(want), "the formula")
+    assert_same(got.numpy(), TORCH.numpy(want), "opforge")
+
+
+def _batch_norm_cases():
+    return [c for c in [*_declared_samples("batch_norm"), *ORACLE["batch_norm"].extra]]
+
+
+@pytest.mark.parametrize("sample", _batch_norm_cases())
+def test_batch_norm_matches_torch_functional(sample):
+    # torch.nn.functional.batch_norm itself: y, and the running statistics it updates in place (training), which
+    # opforge returns as new_running_mean / new_running_var instead. Without running statistics opforge returns
+    # the batch mean and unbiased variance (the update with momentum 1).
+    args = [*sample.args, *[None] * (5 - len(sample.args))]
+    x, rm, rv, w, b = (None if a is None else torch.tensor(a) for a in args)
+    attrs = {"training": False, "momentum": 0.1, "eps": 1e-5, **sample.kwargs}
+    rm_t, rv_t = (None, None) if rm is None else (rm.clone(), rv.clone())
+    y = TF.batch_norm(x, rm_t, rv_t, w, b, **attrs)
+    got = F.batch_norm(*(None if a is None else of.tensor(a) for a in args), **sample.kwargs)
+    assert_same(got.y.numpy(), y.numpy(), "y")
+    if rm is None:
+        rm_t, rv_t = x.mean(_bn_axes(x)), x.var(_bn_axes(x), unbiased=True)
+    assert_same(got.new_running_mean.numpy(), rm_t.numpy(), "new_running_mean")
+    assert_same(got.new_running_var.numpy(), rv_t.numpy(), "new_running_var")
+    if rm is not None:
+        np.testing.assert_array_equal(sample.args[1], rm.numpy())  # opforge's inputs are left alone
+
+
+# -- dropout with p > 0 --------------------------------------------------------------------------------------------
+
+
+def test_dropout_backward_uses_the_forward_mask():
+    x = of.tensor(randn(40, 50), requires_grad=True)
+    of.manual_seed(7)
+    y, mask = F.dropout(x, p=0.3)
+    m = mask.numpy()
+    assert m.dtype == np.bool_ and 0.6 < m.mean() < 0.8  # about 70% kept
+    np.testing.assert_allclose(y.numpy(), np.where(m, x.numpy() / 0.7, 0.0), rtol=1e-15)
+    of.randn(100)  # draws between forward and backward change nothing
+    u = randn(40, 50)
+    (g,) = of.grad([y], [x], grad_outputs=[of.tensor(u)], create_graph=True)
+    np.testing.assert_allclose(g.numpy(), np.where(m, u / 0.7, 0.0), rtol=1e-15)
+    # Double backward: the gradient is linear in the cotangent, through the same mask.
+    ut = of.tensor(u, requires_grad=True)
+    (g,) = of.grad([y], [x], grad_outputs=[ut], create_graph=True)
+    w = randn(40, 50)
+    (gu,) = of.grad([(g * of.tensor(w)).sum()], [ut])
+    np.testing.assert_allclose(gu.numpy(), np.where(m, w / 0.7, 0.0), rtol=1e-15)
+
+
+def test_dropout_is_reproduced_by_manual_seed():
+    x = of.tensor(randn(8, 9))
+    of.manual_seed(3)
+    first = F.dropout(x, p=0.5)
+    again = F.dropout(x, p=0.5)
+    of.manual_seed(3)
+    replay = F.dropout(x, p=0.5)
+    np.testing.assert_array_equal(first.mask.numpy(), replay.mask.numpy())
+    np.testing.assert_array_equal(first.y.numpy(), replay.y.numpy())
+    assert not np.array_equal(first.mask.numpy(), again.mask.numpy())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_dropout_edge_probabilities(dtype):
+    x = of.tensor(randn(5, 6).astype(dtype), requires_grad=True)
+    y, mask = F.dropout(x, p=1.0)  # torch gives zeros (not 0·inf), and a zero gradient
+    assert y.dtype == dtype and not mask.numpy().any() and not y.numpy().any()
+    (g,) = of.grad([y.sum()], [x])
+    assert not g.numpy().any()
+    for kwargs in ({"p": 0.0}, {"p": 0.7, "training": False}):  # the identity: nothing dropped, nothing scaled
+        y, mask = F.dropout(x, **kwargs)
+        assert mask.numpy().all()
+        np.testing.assert_array_equal(y.numpy(), x.numpy())
+        np.testing.assert_array_equal(of.grad([y.sum()], [x])[0].numpy(), np.ones((5, 6), dtype))
+
+
+# -- higher orders and special values -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("of_fn", "torch_fn"), [
+    pytest.param(lambda x: F.softmax(x, axis=1), lambda x: TF.softmax(x, dim=1), id="softmax"),
+    pytest.param(lambda x: F.log_softmax(x, axis=1), lambda x: TF.log_softmax(x, dim=1), id="log_softmax"),
+])
+def test_softmax_third_derivative(of_fn, torch_fn):
+    # softmax -> softmax_grad -> its own gradient (softmax_grad again and a product) -> differentiated once more.
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 4))
+    cotangents = [rng.standard_normal((2, 4)) for _ in range(3)]
+    for order in (1, 2, 3):
+        got = directional_derivative(OPFORGE, of_fn, x, cotangents[:order])
+        want = directional_derivative(TORCH, torch_fn, x, cotangents[:order])
+        assert_same(got, want, f"derivative of order {order}")
+
+
+def test_losses_with_every_target_ignored_are_nan_as_torch():
+    x, t = randn(3, 4), np.full(3, -100)
+    for of_fn, torch_fn in ((F.cross_entropy, TF.cross_entropy), (F.nll_loss, TF.nll_loss)):
+        got = of_fn(of.tensor(x), of.tensor(t)).numpy()
+        want = torch_fn(torch.tensor(x), torch.tensor(t)).numpy()
+        assert np.isnan(got) and np.isnan(want)
+        assert_same(of_fn(of.tensor(x), of.tensor(t), reduction="sum").numpy(),
+                    torch_fn(torch.tensor(x), torch.tensor(t), reduction="sum").numpy(), "sum")
+
+
+def test_float32_stays_float32():
+    x32 = randn(4, 5).astype(np.float32)
+    t = np.array([0, 4, 1, 2])
+    assert F.cross_entropy(of.tensor(x32), of.tensor(t), label_smoothing=0.1).dtype == np.float32
+    assert F.softmax(of.tensor(x32)).dtype == np.float32
+    assert F.layer_norm(of.tensor(x32), normalized_shape=[5]).dtype == np.float32
+    y, rm, rv = F.batch_norm(of.tensor(x32), None, None, training=True)
+    assert y.dtype == rm.dtype == rv.dtype == np.float32
+    want = TF.cross_entropy(torch.tensor(x32), torch.tensor(t), label_smoothing=0.1)
+    np.testing.assert_allclose(F.cross_entropy(of.tensor(x32), of.tensor(t), label_smoothing=0.1).numpy(),
+                               want.numpy(), rtol=1e-6)
+
+
+# -- wrong calls: errors name the op, and come before any kernel work -----------------------------------------------
+
+
+def _t(*shape, dtype=np.float64):
+    return of.tensor(np.zeros(shape, dtype))
+
+
+_IDX = of.tensor(np.array([0, 1, 2]))
+
+WRONG_CALLS = [
+    (lambda: F.softmax(_t(2, 3), axis=2), "softmax(): axis 2 is out of range"),
+    (lambda: F.softmax_grad(_t(2, 3), _t(3), axis=-1), "softmax_grad(): y has shape (2, 3) but dy has shape (3,)"),
+    (lambda: F.cross_entropy(_t(3, 4), of.tensor(np.array([0, 4, 1]))), "cross_entropy(): target holds class 4"),
+    (lambda: F.cross_entropy(_t(3, 4), _IDX, reduction="avg"), "cross_entropy(): argument 'reduction' must be"),
+    (lambda: F.cross_entropy(_t(3, 4), _IDX, label_smoothing=1.5), "argument 'label_smoothing' must be in [0, 1]"),
+    (lambda: F.cross_entropy(_t(3, 4), of.tensor(np.array([0]))), "cross_entropy(): scores of shape (3, 4) need"),
+    (lambda: F.nll_loss(_t(3, 4), of.tensor(np.array([0, -1, 1]))), "nll_loss(): target holds class -1"),
+    (lambda: F.nll_loss(_t(2, 3, 4), _IDX), "need a target of shape (2, 4)"),
+    (lambda: F.mse_loss(_t(3), _t(4)), "mse_loss(): shapes (3,) and (4,) do not broadcast"),
+    (lambda: F.binary_cross_entropy_with_logits(_t(3, 4), _t(4)), "target must have the shape of logits"),
+    (lambda: F.binary_cross_entropy_with_logits(_t(3, 4), _t(3, 4), _t(3)), "pos_weight of shape (3,)"),
+    (lambda: F.layer_norm(_t(3, 4), normalized_shape=[3]), "normalized_shape [3] must be the last dims"),
+    (lambda: F.layer_norm(_t(3, 4), _t(1), normalized_shape=[4]), "weight must have shape normalized_shape (4,)"),
+    (lambda: F.layer_norm(_t(3, 4), normalized_shape=[4], eps=-1.0), "argument 'eps' must be >= 0"),
+    (lambda: F.batch_norm(_t(4, 3), None, None), "running_mean and running_var are needed when training=False"),
+    (lambda: F.batch_norm(_t(4, 3), _t(3), None, training=True), "give both running_mean and running_var"),
+    (lambda: F.batch_norm(_t(4, 3), _t(1), _t(1)), "running_mean must have shape (3,)"),
+    (lambda: F.batch_norm(_t(1, 3), None, None, training=True), "more than one value per channel"),
+    (lambda: F.batch_norm(_t(4), None, None, training=True), "the input must be (N, C, ...)"),
+    (lambda: F.batch_norm(_t(4, 3), _t(3), _t(3), momentum=2.0), "argument 'momentum' must be in [0, 1]"),
+    (lambda: F.dropout(_t(3), p=1.5), "dropout(): argument 'p' must be a probability"),
+    (lambda: F.embedding(of.tensor(np.array([0, 5])), _t(5, 2)), "embedding(): index holds 5, outside [0, 5)"),
+    (lambda: F.embedding(_IDX, _t(5, 2, 2)), "embedding(): weight must be 2-D"),
+    (lambda: F.embedding(_IDX, _t(5, 2), padding_idx=5), "padding_idx 5 is out of range for 5 embeddings"),
+    (lambda: F.embedding(_t(3), _t(5, 2)), "embedding(): argument 'index' expected dtype int32 or int64"),
+    (lambda: F.scaled_dot_product_attention(_t(3, 4), _t(5, 3), _t(5, 2)), "do not fit"),
+    (lambda: F.scaled_dot_product_attention(_t(3, 4), _t(5, 4), _t(5, 2), _t(3, 5), is_causal=True),
+     "give attn_mask or is_causal=True, not both"),
+    (lambda: F.scaled_dot_product_attention(_t(3, 4), _t(5, 4), _t(5, 2), _t(3, 4)),
+     "attn_mask of shape (3, 4) must broadcast to the scores' shape (3, 5)"),
+    (lambda: F.scaled_dot_product_attention(_t(3, 4), _t(5, 4), _t(5, 2), _t(3, 5, dtype=np.int64)),
+     "argument 'attn_mask' must be bool or floating"),
+]
+
+
+@pytest.mark.parametrize(("call", "message"), WRONG_CALLS, ids=[m[:40] for _, m in WRONG_CALLS])
+def test_wrong_calls_name_the_op(call, message):
+    with pytest.raises(of.OpforgeError) as info:
+        call()
+    assert message in str(info.value)
+
