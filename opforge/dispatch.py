@@ -144,6 +144,10 @@ def _generate_api(opdef: OpDef):
                 env[f"_of_dt_{p.name}"] = p.dtypes
                 lines.append(f"        if {p.name}._data.dtype not in _of_dt_{p.name}:")
                 lines.append(f"            _of_bad_dtype(_of_op, {p.name!r}, {p.name})")
+        if "elementwise" in opdef.traits and len(inputs) > 1:  # NumPy would broadcast: the trait says same shape
+            same = " or ".join(f"{p.name}._data.shape != {first}._data.shape" for p in inputs[1:])
+            lines.append(f"        if {same}:")
+            lines.append(f"            _of_fail(_of_op, {tuple_src}, {attrs}, None)")
         lines.append("        try:")
         lines.append(f"            _of_k = _of_op.kernel_table[{first}._device][{first}._data.dtype]")
         lines.append("        except KeyError:")
@@ -229,7 +233,8 @@ def _bad_dtype(opdef: OpDef, name: str, value) -> None:
     )
 
 
-def _kernel_failed(opdef: OpDef, inputs: tuple, attrs: dict, error: Exception):
+def _kernel_failed(opdef: OpDef, inputs: tuple, attrs: dict, error: Exception | None):
+    """Explain a call the kernel failed on (or, with ``error`` None, one the shape rule must refuse)."""
     if isinstance(error, OpforgeError):
         raise error
     specs = [[Spec(t.shape, t.dtype) for t in v] if isinstance(v, list) else

@@ -32,7 +32,7 @@ class Node:
         self.out_layout = out_layout
         self.out_meta = out_meta  # per flattened output: (shape, dtype)
         self.saved = saved  # name -> Tensor (or list) of inputs the rule names; None once freed
-        self.saved_out = saved_out  # name -> (output position, array)
+        self.saved_out = saved_out  # name -> [(flat output index, array), ...] (one pair unless a Tensor[])
 
     def __repr__(self) -> str:
         return f"<{self.op.name} node>"
@@ -121,7 +121,7 @@ class TensorOps:
         return F.not_equal(self, other if type(other) is Tensor else _lift(other, self))
 
     def __getitem__(self, index):
-        return _basic_index(self, index)
+        return _index(self, index)
 
     def __setitem__(self, index, value):
         raise ArgumentError(
@@ -354,7 +354,8 @@ def _basic_index(x: Tensor, index) -> Tensor:
             item is None or item is Ellipsis or isinstance(item, (slice, int, np.integer))
         ):
             raise ArgumentError(
-                f"Tensor indexing: only ints, slices, None and ... are supported here, got {describe(item)}"
+                f"Tensor indexing: only ints, slices, None and ... (and arrays of ints or bools) are supported, "
+                f"got {describe(item)}"
             )
     if sum(item is Ellipsis for item in items) > 1:
         raise ArgumentError("Tensor indexing: an index can hold only one '...'")
@@ -393,6 +394,105 @@ def _basic_index(x: Tensor, index) -> Tensor:
     if tuple(shape) != y.shape:
         return F.reshape(y, shape=shape)
     return y if y is not x else F.identity(x)  # x[...] is a new tensor, as every index result
+
+
+def _index(x, index):
+    """``x[index]``: basic indexing (ints, slices, None, ...) when the index holds no array, else advanced."""
+    items = index if isinstance(index, tuple) else (index,)
+    if any(isinstance(item, (list, tuple, np.ndarray, TensorOps)) for item in items):
+        return _advanced_index(x, items)
+    return _basic_index(x, index)
+
+
+class _Array:
+    """An array item of an index: integer positions along one dim, or a bool mask over ``dims`` dims. ``value`` is
+    a NumPy array, or the Tensor (or program variable) that was given, so that ``take`` can read it directly."""
+
+    __slots__ = ("mask", "value")
+
+    def __init__(self, item):
+        value = item if isinstance(item, TensorOps) else np.asarray(item)
+        if isinstance(value, np.ndarray) and value.size == 0 and value.dtype.kind == "f":  # x[[]]: no positions
+            value = value.astype(np.int64)
+        kind = np.dtype(value.dtype).kind
+        if kind not in "iub":
+            raise ArgumentError(f"Tensor indexing: an index array must hold integers or bools, got {describe(item)}")
+        self.mask = kind == "b"
+        if self.mask:
+            value = value._data if isinstance(value, Tensor) else value
+            if not isinstance(value, np.ndarray) or value.ndim == 0:
+                raise ArgumentError("Tensor indexing: a bool mask must be an eager array of at least one dim")
+        self.value = value.astype(np.int64) if kind == "u" else value
+
+    @property
+    def dims(self) -> int:
+        return self.value.ndim if self.mask else 1
+
+
+def _advanced_index(x, items):
+    """``x[index]`` with integer arrays, lists, Tensors or bool masks among the items, as PyTorch does it.
+
+    Ints, slices and None are applied first (one ``slice`` op, as basic indexing); a bool mask stands for the
+    integer arrays of its true positions. One array then picks along its dim with ``take``: the dim is replaced by
+    the array's shape. Several arrays broadcast together and pick points: their dims are merged into one (moved
+    to the front first if other dims separate them, as NumPy does) and ``take`` reads the flat positions.
+    Unlike NumPy, an int between arrays does not count as an array (``x[0, :, [1, 2]]`` has shape (n, 2)).
+    The gradient of ``take`` scatter-adds, so a position picked twice gets both gradients.
+    """
+    items = [_Array(item) if isinstance(item, (list, tuple, np.ndarray, TensorOps)) else item for item in items]
+    if sum(item is Ellipsis for item in items) > 1:
+        raise ArgumentError("Tensor indexing: an index can hold only one '...'")
+    used = sum(item.dims if isinstance(item, _Array) else 1 for item in items
+               if item is not None and item is not Ellipsis)
+    if used > x.ndim:
+        raise ArgumentError(f"Tensor indexing: too many indices ({used}) for a tensor of shape {x.shape}")
+    fill = [slice(None)] * (x.ndim - used)
+    at = items.index(Ellipsis) if Ellipsis in items else len(items)
+    items = items[:at] + fill + items[at + 1:]
+    basic, where, arrays = [], [], []  # the index without arrays; the result dim and the positions of each array
+    dim_x = dim_y = 0
+    for item in items:
+        if isinstance(item, _Array) and item.mask:
+            if item.value.shape != tuple(x.shape[dim_x:dim_x + item.dims]):
+                raise ArgumentError(f"Tensor indexing: a bool mask of shape {item.value.shape} does not match "
+                                    f"dims {dim_x}..{dim_x + item.dims - 1} of a tensor of shape {x.shape}")
+            for positions in item.value.nonzero():
+                basic.append(slice(None)), where.append(dim_y), arrays.append(positions)
+                dim_x, dim_y = dim_x + 1, dim_y + 1
+        elif isinstance(item, _Array):
+            basic.append(slice(None)), where.append(dim_y), arrays.append(item.value)
+            dim_x, dim_y = dim_x + 1, dim_y + 1
+        else:
+            basic.append(item)
+            dim_x += item is not None
+            dim_y += not isinstance(item, (int, np.integer))
+    if any(not (isinstance(b, slice) and b == slice(None)) for b in basic):
+        x = _basic_index(x, tuple(basic))
+    if len(arrays) == 1:
+        index = arrays[0]
+        return F.take(x, index if isinstance(index, TensorOps) else _new(index, device=x.device), axis=where[0])
+    arrays = [a._data if isinstance(a, Tensor) else a for a in arrays]
+    if any(isinstance(a, TensorOps) for a in arrays):
+        raise ArgumentError("Tensor indexing: several index arrays need eager (concrete) values")
+    sizes = [x.shape[w] for w in where]
+    for a, n in zip(arrays, sizes):
+        if a.size and not -n <= a.min() <= a.max() < n:
+            bad = a.min() if a.min() < -n else a.max()
+            raise ArgumentError(f"Tensor indexing: index {bad} is out of range for a dim of size {n}")
+    try:
+        arrays = np.broadcast_arrays(*arrays)
+    except ValueError:
+        raise ArgumentError(f"Tensor indexing: index arrays of shapes {[a.shape for a in arrays]} do not broadcast "
+                            "together") from None
+    flat = np.ravel_multi_index([np.where(a < 0, a + n, a) for a, n in zip(arrays, sizes)], sizes)
+    k = len(where)
+    first = where[0] if where == list(range(where[0], where[0] + k)) else 0  # where the picked points go
+    rest = [d for d in range(x.ndim) if d not in where]
+    perm = rest[:first] + where + rest[first:]
+    if perm != list(range(x.ndim)):
+        x = F.permute(x, dims=perm)
+    x = F.reshape(x, shape=[*x.shape[:first], int(np.prod(sizes)), *x.shape[first + k:]])
+    return F.take(x, _new(flat.astype(np.int64), device=x.device), axis=first)
 
 
 from . import ops as F  # noqa: E402  (the ops need Tensor defined first; methods look them up at call time)

@@ -245,8 +245,9 @@ def test_wrong_rank_the_kernel_refuses_must_be_refused_by_the_infer_rule(scratch
 
 def test_any_rank_ops_pass_and_eager_infer_disagreements_are_warnings(scratch_ops):
     assert not check_op("tanh").warnings and not check_op("sum").warnings  # accept any rank, infer agrees
-    # Like the trait 'elementwise' with two inputs: y is broadcast by the kernel, but infer copies x's Spec.
-    loose = _define(scratch_ops, "loose_mul(Tensor x, Tensor y) -> Tensor z", np.multiply, traits=["elementwise"],
+    # y is broadcast by the kernel, but the shape rule copies x's Spec (eager mode runs the kernel alone).
+    loose = _define(scratch_ops, "loose_mul(Tensor x, Tensor y) -> Tensor z", np.multiply, traits=[],
+                    infer=lambda x, y: x,
                     rule=lambda x, y, dz: (dz * y, dz * x),
                     samples=lambda rng: [of.Sample.of(rng.standard_normal((2, 3)), rng.standard_normal((2, 3)))])
     report = check_op(loose)

@@ -236,6 +236,11 @@ class OpDef:
             result = self.infer_fn(*inputs, **attrs)
         elif "elementwise" in self.traits:
             result = inputs[0]
+            for p, s in zip(self.inputs[1:], inputs[1:]):
+                if s is not None and not p.is_list and (len(s.shape) != len(result.shape) or any(
+                        a is not None and b is not None and a != b for a, b in zip(s.shape, result.shape))):
+                    raise ShapeError(f"{self.name}(): argument '{p.name}' has shape {s.shape}, but an elementwise "
+                                     f"op needs the shape of '{self.inputs[0].name}', {result.shape}")
         elif "broadcast" in self.traits:
             specs = [s for s in inputs if s is not None]
             shape = broadcast_shapes(*(s.shape for s in specs), op=self.name)

@@ -13,6 +13,7 @@ from ..autodiff.rules import flatten_input_grads
 from ..core.errors import ArgumentError, GradientError
 from ..core.opdef import registry
 from ..core.spec import Spec, broadcast_shapes
+from ..dispatch import tracing
 from .desc import Program
 from .trace import Variable, building
 
@@ -50,9 +51,11 @@ def append_backward(program: Program, loss, wrt=None, no_grad=()) -> dict:
     program.backward_requests.append((loss_name, tuple(wrt_names), tuple(sorted(blocked))))
     previous_role, previous_program = building.role, building.program
     building.role, building.program = "backward", program
+    tracing.active += 1  # rules' ops on constants or with no inputs (zeros of a run-time shape) are recorded too
     try:
         grads = _emit(program, loss_name, wrt_names, blocked)
     finally:
+        tracing.active -= 1
         building.role, building.program = previous_role, previous_program
     result = {}
     for n in wrt_names:
