@@ -29,3 +29,9 @@ def test_eager_overhead_bench_quick():
     done = run("bench/eager_overhead.py", "--quick")
     assert done.returncode == 0, done.stderr
     assert "| leaky_relu (requires_grad) |" in done.stdout
+
+
+def test_program_vs_eager_bench_quick():
+    done = run("bench/program_vs_eager.py", "--quick")
+    assert done.returncode == 0, done.stderr
+    assert "peak bytes of live intermediates" in done.stdout and "µs per op" in done.stdout
