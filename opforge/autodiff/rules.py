@@ -22,6 +22,8 @@ def split_by_layout(flat: list, layout: tuple) -> list:
 def flatten_input_grads(op, result, in_layout: tuple) -> list:
     """A rule's result (one value, a tuple in input order, or a dict by name) -> one gradient per flat input."""
     names = op.input_names
+    if type(result) is tuple and len(result) == len(in_layout) and all(n < 0 for n in in_layout):
+        return list(result)  # the common case: one gradient per plain input
     if isinstance(result, dict):
         unknown = set(result) - set(names)
         if unknown:

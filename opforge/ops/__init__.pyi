@@ -257,8 +257,14 @@ def log(x: _TensorLike) -> Tensor:
 def tanh(x: _TensorLike) -> Tensor:
     """Hyperbolic tangent."""
 
+def tanh_grad(y: _TensorLike, dy: _TensorLike) -> Tensor:
+    """Gradient of tanh from its output: dx = dy·(1 − y²)."""
+
 def sigmoid(x: _TensorLike) -> Tensor:
     """y = 1 / (1 + e⁻ˣ), computed without overflow for large |x|."""
+
+def sigmoid_grad(y: _TensorLike, dy: _TensorLike) -> Tensor:
+    """Gradient of sigmoid from its output: dx = dy·y·(1 − y)."""
 
 def relu(x: _TensorLike) -> Tensor:
     """y = max(x, 0)."""

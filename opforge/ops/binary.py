@@ -46,8 +46,9 @@ def mul(x, y):
 
 
 @mul.grad
-def _(x, y, dout):
-    return dout * y, dout * x
+def _(x, y, dout, needs_input_grad):
+    # Skipping the unneeded product matters for x * constant, the commonest use.
+    return dout * y if needs_input_grad[0] else None, dout * x if needs_input_grad[1] else None
 
 
 @op("div(Tensor x, Tensor y) -> Tensor out", traits=["broadcast"])
