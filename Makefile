@@ -30,6 +30,8 @@ lint: $(VENV)/.installed-test
 
 bench: $(VENV)/.installed-test
 	$(PY) bench/eager_overhead.py
+	$(PY) bench/program_vs_eager.py
+	$(PY) bench/conv_softmax.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -17,7 +17,7 @@ from . import dtypes as D
 from .devices import check_device
 from .errors import ArgumentError, DispatchError, OpforgeError, SchemaError, ShapeError, describe
 from .schema import Schema
-from .spec import Spec, broadcast_shapes
+from .spec import Dim, Spec, broadcast_shapes
 
 TRAITS = {
     "elementwise": "output has the shape and dtype of the first input",
@@ -152,6 +152,8 @@ class OpDef:
         def validate(attrs: dict) -> None:
             if missing_infer:
                 raise SchemaError(self.missing_infer_message())
+            if check is None or any(has_dim(v) for v in attrs.values()):
+                return  # a size known only at run time: the executor runs the check with real sizes
             try:
                 check(**attrs)
             except (ValueError, TypeError) as e:
@@ -296,6 +298,11 @@ def flat_ranges(layout: tuple) -> list:
         ranges.append((start, max(n, 1) if n < 0 else n, n >= 0))
         start += 1 if n < 0 else n
     return ranges
+
+
+def has_dim(value) -> bool:
+    """Whether an attr value holds a run-time size (a Dim, alone or in a list)."""
+    return isinstance(value, Dim) or (isinstance(value, tuple) and any(isinstance(v, Dim) for v in value))
 
 
 class Registry:

@@ -128,6 +128,8 @@ class Executor:
             attrs = {k: _resolve(v, specs) for k, v in op.attrs.items()}  # its Dims refer to earlier variables
             ops.append((op, attrs))
             opdef = registry.get(op.type)
+            if opdef.validate is not None and attrs != op.attrs:
+                opdef.validate(attrs)  # the attr check skipped at trace time, now with the real sizes
             ins = [[specs[n] for n in op.inputs[p.name]] if p.is_list else
                    (specs[op.inputs[p.name][0]] if op.inputs[p.name] else None) for p in opdef.inputs]
             try:
