@@ -5,7 +5,7 @@ argument checking, dispatch, eager autograd to any order and gradient checks fro
     from opforge import ops as F
 """
 
-from . import ops, testing
+from . import data, nn, ops, testing
 from .autodiff import backward, grad
 from .core import (
     ArgumentError,
@@ -35,7 +35,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ArgumentError", "DispatchError", "Executor", "GradientError", "OpforgeError", "Program", "Sample",
     "SchemaError", "ShapeError", "Spec", "Tensor", "Variable", "append_backward", "arange", "backward", "bool_",
-    "compile", "enable_grad", "float32", "float64", "full", "grad", "int32", "int64", "is_grad_enabled",
-    "manual_seed", "no_grad", "ones", "op", "ops", "rand", "randn", "register_device", "registry",
+    "compile", "data", "enable_grad", "float32", "float64", "full", "grad", "int32", "int64", "is_grad_enabled",
+    "manual_seed", "nn", "no_grad", "ones", "op", "ops", "rand", "randn", "register_device", "registry",
     "set_grad_enabled", "tensor", "testing", "trace", "zeros",
 ]

@@ -303,3 +303,34 @@ def test_updates_of_persistable_variables_happen_in_place_and_match_eager(tmp_pa
     assert "updates: param." in str(prog)
     prog.save(tmp_path / "step.json")
     assert of.Program.load(tmp_path / "step.json").updates == prog.updates
+
+
+def test_closed_over_arrays_are_read_at_each_run_and_literals_are_folded():
+    w = of.ones(2, 2)  # no grad: a buffer or frozen weight, which the caller may change between runs
+    f = of.compile(lambda x: x @ (w * 2))
+    x = of.ones(1, 2)
+    assert f(x).numpy().tolist() == [[4.0, 4.0]]
+    w.numpy()[:] = 5
+    assert f(x).numpy().tolist() == [[20.0, 20.0]]
+    plan = next(iter(f.cache.values()))[1].plan(x=x.numpy())
+    assert "scope[" in plan.source  # w is state, read at each run
+
+
+def test_compile_cache_key_adds_python_state():
+    mode = {"scale": 2.0}
+    f = of.compile(lambda x: x * mode["scale"], cache_key=lambda: mode["scale"])
+    x = of.ones(2)
+    assert f(x).numpy().tolist() == [2.0, 2.0]
+    mode["scale"] = 3.0
+    assert f(x).numpy().tolist() == [3.0, 3.0]
+    assert len(f.cache) == 2
+
+
+def test_kernels_write_into_dying_buffers_and_results_do_not_change():
+    prog = build(mlp_loss(params(sizes=(3, 16, 16))))
+    x = np.random.default_rng(11).standard_normal((8, 3))
+    lean, plain = of.Executor(prog), of.Executor(prog, optimize=False)
+    assert "out=" in lean.plan(x=x).source  # in-place and add-to requests are planned
+    a, b = lean.run(x=x), plain.run(x=x)
+    for k in a:
+        np.testing.assert_allclose(a[k], b[k], rtol=1e-12, atol=1e-15)

@@ -5,13 +5,27 @@ from opforge import ops as F  # noqa: F401
 from ._common import D, Sample, ShapeError, Spec, broadcast_shapes, np, op
 
 
-@op("add_n(Tensor[] xs) -> Tensor y")
-def add_n(xs):
-    """x₀ + x₁ + … in one op (all of one shape, or broadcasting together)."""
-    total = np.add(xs[0], xs[1]) if len(xs) > 1 else xs[0].copy()
-    for x in xs[2:]:
+@op("add_n(Tensor[] xs) -> Tensor y", inplace={"y": "xs"})
+def add_n(xs, out=None):
+    """x₀ + x₁ + … in one op (all of one shape, or broadcasting together).
+
+    Given ``out`` (a dead buffer, possibly one of the summands: MXNet's add-to request), the sum accumulates
+    into it instead of allocating.
+    """
+    if out is None:
+        total = np.add(xs[0], xs[1]) if len(xs) > 1 else xs[0].copy()
+        rest = xs[2:]
+    else:
+        into = next((i for i, x in enumerate(xs) if x is out), None)
+        if into is None:
+            np.add(xs[0], xs[1], out=out) if len(xs) > 1 else np.copyto(out, xs[0])
+            rest = xs[2:]
+        else:
+            rest = xs[:into] + xs[into + 1:]
+        total = out
+    for x in rest:
         if np.result_type(total, x) == total.dtype and np.broadcast_shapes(total.shape, x.shape) == total.shape:
-            np.add(total, x, out=total)  # total is our own fresh array: accumulate into it
+            np.add(total, x, out=total)  # total is our own array: accumulate into it
         else:
             total = total + x
     return total

@@ -6,10 +6,10 @@ from opforge import ops as F
 from ._common import D, Sample, Spec, broadcast_shapes, np, op
 
 
-@op("add(Tensor x, Tensor y) -> Tensor out", traits=["broadcast"])
-def add(x, y):
+@op("add(Tensor x, Tensor y) -> Tensor out", traits=["broadcast"], inplace={"out": "x"})
+def add(x, y, out=None):
     """x + y."""
-    return np.add(x, y)
+    return np.add(x, y, out=out)
 
 
 @add.grad
@@ -17,10 +17,10 @@ def _(dout):
     return dout, dout
 
 
-@op("sub(Tensor x, Tensor y) -> Tensor out", traits=["broadcast"])
-def sub(x, y):
+@op("sub(Tensor x, Tensor y) -> Tensor out", traits=["broadcast"], inplace={"out": "x"})
+def sub(x, y, out=None):
     """x − y."""
-    return np.subtract(x, y)
+    return np.subtract(x, y, out=out)
 
 
 @sub.grad
@@ -39,10 +39,10 @@ def _(dout):
     return F.identity(dout), F.scale(dout, scale=-1.0)
 
 
-@op("mul(Tensor x, Tensor y) -> Tensor out", traits=["broadcast"])
-def mul(x, y):
+@op("mul(Tensor x, Tensor y) -> Tensor out", traits=["broadcast"], inplace={"out": "x"})
+def mul(x, y, out=None):
     """x · y."""
-    return np.multiply(x, y)
+    return np.multiply(x, y, out=out)
 
 
 @mul.grad
@@ -51,10 +51,10 @@ def _(x, y, dout, needs_input_grad):
     return dout * y if needs_input_grad[0] else None, dout * x if needs_input_grad[1] else None
 
 
-@op("div(Tensor x, Tensor y) -> Tensor out", traits=["broadcast"])
-def div(x, y):
+@op("div(Tensor x, Tensor y) -> Tensor out", traits=["broadcast"], inplace={"out": "x"})
+def div(x, y, out=None):
     """x / y (true division: integers give float64, as in NumPy)."""
-    return np.true_divide(x, y)
+    return np.true_divide(x, y, out=out)
 
 
 @div.infer

@@ -37,10 +37,10 @@ def _(rng):
     yield Sample.of(rng.standard_normal(()), scale=2.0)
 
 
-@op("square(Tensor x) -> Tensor y", traits=["elementwise"])
-def square(x):
+@op("square(Tensor x) -> Tensor y", traits=["elementwise"], inplace={"y": "x"})
+def square(x, out=None):
     """y = x²."""
-    return np.square(x)
+    return np.square(x, out=out)
 
 
 @square.grad
@@ -122,10 +122,10 @@ def _(rng):
 # -- the base set --------------------------------------------------------------------------------------------
 
 
-@op("neg(Tensor x) -> Tensor y", traits=["elementwise"])
-def neg(x):
+@op("neg(Tensor x) -> Tensor y", traits=["elementwise"], inplace={"y": "x"})
+def neg(x, out=None):
     """y = −x."""
-    return np.negative(x)
+    return np.negative(x, out=out)
 
 
 @neg.grad
@@ -133,10 +133,10 @@ def _(dy):
     return F.neg(dy)
 
 
-@op("exp(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
-def exp(x):
+@op("exp(Tensor<floating> x) -> Tensor y", traits=["elementwise"], inplace={"y": "x"})
+def exp(x, out=None):
     """y = eˣ."""
-    return np.exp(x)
+    return np.exp(x, out=out)
 
 
 @exp.grad
@@ -161,10 +161,10 @@ def _(rng):
     yield Sample.of(rng.uniform(0.5, 3.0, ()))
 
 
-@op("tanh(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
-def tanh(x):
+@op("tanh(Tensor<floating> x) -> Tensor y", traits=["elementwise"], inplace={"y": "x"})
+def tanh(x, out=None):
     """Hyperbolic tangent."""
-    return np.tanh(x)
+    return np.tanh(x, out=out)
 
 
 @tanh.grad
@@ -172,10 +172,11 @@ def _(y, dy):
     return F.tanh_grad(y, dy)  # one kernel instead of three ops: the backward of a tanh chain is this op
 
 
-@op("tanh_grad(Tensor<floating> y, Tensor<floating> dy) -> Tensor dx", traits=["elementwise"])
-def tanh_grad(y, dy):
+@op("tanh_grad(Tensor<floating> y, Tensor<floating> dy) -> Tensor dx", traits=["elementwise"],
+    inplace={"dx": "dy"})
+def tanh_grad(y, dy, out=None):
     """Gradient of tanh from its output: dx = dy·(1 − y²)."""
-    return dy * (1 - y * y)
+    return np.multiply(dy, 1 - y * y, out=out)
 
 
 @tanh_grad.grad
@@ -222,10 +223,10 @@ def _(rng):
     yield Sample.of(np.array(0.3), np.array(-1.2))
 
 
-@op("relu(Tensor x) -> Tensor y", traits=["elementwise"])
-def relu(x):
+@op("relu(Tensor x) -> Tensor y", traits=["elementwise"], inplace={"y": "x"})
+def relu(x, out=None):
     """y = max(x, 0)."""
-    return np.maximum(x, 0)
+    return np.maximum(x, 0, out=out)
 
 
 @relu.grad

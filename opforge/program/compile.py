@@ -40,10 +40,11 @@ engine.symbolic_grad = _symbolic_grad
 class CompiledFunction:
     """A function traced into a program per input signature (shapes and dtypes) and run by an Executor."""
 
-    def __init__(self, fn, optimize: bool = True):
+    def __init__(self, fn, optimize: bool = True, cache_key=None):
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.optimize = optimize
+        self.cache_key = cache_key  # () -> hashable: Python state the trace depends on (model.training, say)
         self.params = list(inspect.signature(fn).parameters)
         self.cache: dict = {}  # signature -> (program, executor)
 
@@ -58,7 +59,7 @@ class CompiledFunction:
             else:
                 raise ArgumentError(f"{self.fn.__name__}() compiled: argument '{name}' expected a Tensor or "
                                     f"array, got {describe(value)}")
-        key = tuple((n, a.shape, a.dtype.str) for n, a in arrays.items())
+        key = self._key(arrays)
         entry = self.cache.get(key)
         if entry is None:
             program = trace(self.fn, **{n: Spec(a.shape, a.dtype) for n, a in arrays.items()})
@@ -73,15 +74,18 @@ class CompiledFunction:
             return tuple(tensors[k] for k in keys)
         return {k: tensors[k] for k in keys}
 
+    def _key(self, arrays: dict) -> tuple:
+        key = tuple((n, a.shape, a.dtype.str) for n, a in arrays.items())
+        return key if self.cache_key is None else (key, self.cache_key())
+
     def program(self, *args, **kwargs):
         """The program traced for arguments like these (traced now if needed)."""
         self(*args, **kwargs)
         bound = dict(zip(self.params, args)) | kwargs
-        key = tuple((n, np.asarray(v).shape, np.asarray(v).dtype.str) for n, v in bound.items())
-        return self.cache[key][0]
+        return self.cache[self._key({n: np.asarray(v) for n, v in bound.items()})][0]
 
 
-def compile(fn=None, *, optimize: bool = True):
+def compile(fn=None, *, optimize: bool = True, cache_key=None):
     """Decorator: trace ``fn`` per input signature and run it as a compiled program.
 
         @of.compile
@@ -89,10 +93,13 @@ def compile(fn=None, *, optimize: bool = True):
             loss = F.mean(F.square(model(x) - y))
             (gw,) = of.grad(loss, [w])
             return loss, gw
+
+    ``cache_key``, a function of no arguments, adds Python state the trace depends on to the cache key:
+    ``of.compile(step, cache_key=lambda: model.training)`` traces once for training and once for evaluation.
     """
     if fn is None:
-        return lambda f: CompiledFunction(f, optimize)
-    return CompiledFunction(fn, optimize)
+        return lambda f: CompiledFunction(f, optimize, cache_key)
+    return CompiledFunction(fn, optimize, cache_key)
 
 
 __all__ = ["CompiledFunction", "Variable", "compile"]

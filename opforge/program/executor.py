@@ -255,7 +255,6 @@ class Executor:
         for n in folded:
             if n in used:
                 lines.append(f"    {var(n)} = _folded[{n!r}]")
-        held = set(reuse.values())  # dead buffers kept (not deleted) until the op that writes into them
         live_bytes = peak = 0
         for i, ((op, attrs), kernel) in enumerate(zip(ops, kernels)):
             opdef = registry.get(op.type)
@@ -283,18 +282,14 @@ class Executor:
             if buffer is None:
                 live_bytes += sum(nbytes(n) for n in outs)  # a new allocation
             peak = max(peak, live_bytes)
-            if buffer is not None and buffer not in op.input_names() and buffer not in owned:
-                lines.append(f"    del {var(buffer)}")  # a held dead buffer, now the output's
             for n in dict.fromkeys(op.input_names()):
                 if last_use.get(n) == i and n not in owned:
                     if n == buffer:
                         continue  # written in place: the output carries on with this memory
-                    if n in held:
-                        continue  # kept for a later op to write into
                     live_bytes -= nbytes(n)
                     lines.append(f"    del {var(n)}")  # its last reader ran: drop it now
             for n in outs:
-                if n not in last_use and n not in held:  # an output nobody reads (of a multi-output op)
+                if n not in last_use:  # an output nobody reads (another output of a multi-output op)
                     live_bytes -= nbytes(n)
                     lines.append(f"    del {var(n)}")
         for target, n in updates.items():
@@ -308,35 +303,31 @@ class Executor:
         return Plan(env["run"], source, specs, len(ops), peak, removed)
 
     @staticmethod
+    @staticmethod
     def _plan_buffers(ops, kernels, specs, last_use, owned) -> dict:
-        """Op index -> the dead variable whose buffer that op writes its output into (``out=``).
+        """Op index -> the dying input whose buffer that op writes its output into (``out=``).
 
         An op whose kernel takes ``out=`` writes into its declared ``inplace`` input when that input dies at
-        this op (MXNet's kWriteInplace), else into the buffer of a variable that died earlier with the same
-        shape and dtype. A dead buffer is held only when a later op takes it, so nothing waits in a pool.
+        this op (MXNet's kWriteInplace; for ``add_n`` it is the add-to request: the sum accumulates into one
+        summand). Only buffers dying at the op itself are reused, so no dead buffer is ever held back and the
+        peak stays what liveness alone gives.
         """
-        reuse, pool = {}, {}  # pool: (shape, dtype) -> dead variables whose buffers are free
+        reuse = {}
         fresh = set()  # variables written by out= kernels: their own writable memory, never a view of another
         for i, ((op, _), kernel) in enumerate(zip(ops, kernels)):
             outs = op.output_names()
-            if kernel.takes_out:
-                fresh.update(outs)
-            dying = [n for n in dict.fromkeys(op.input_names())
-                     if last_use.get(n) == i and n not in owned and n in fresh]
             if kernel.takes_out and len(outs) == 1:
                 want = specs[outs[0]]
                 opdef = registry.get(op.type)
-                inplace = [n for _, inp in opdef.inplace.items() for n in op.inputs.get(inp, [])
-                           if n in dying and specs[n] == want]
-                pooled = pool.get((want.shape, want.dtype))
-                if inplace:
-                    reuse[i] = inplace[0]
-                    dying.remove(inplace[0])
-                elif pooled:
-                    reuse[i] = pooled.pop()
-            for n in dying:
-                s = specs[n]
-                pool.setdefault((s.shape, s.dtype), []).append(n)
+                for inp in opdef.inplace.values():
+                    reads = op.input_names()
+                    dying = [n for n in op.inputs.get(inp, [])  # read once here: writing it cannot clobber a read
+                             if last_use.get(n) == i and n not in owned and n in fresh and specs[n] == want
+                             and reads.count(n) == 1]
+                    if dying:
+                        reuse[i] = dying[0]
+                        break
+                fresh.update(outs)
         return reuse
 
     # -- introspection ------------------------------------------------------------------------------------------

@@ -104,6 +104,10 @@ def constant_var(program: Program, tensor: Tensor, state: bool = False) -> str:
         if state:
             program.block.vars[entry[1]].persistable = True
         return entry[1]
+    # A writable array the function closed over (a buffer, a frozen weight) may change between runs: it is
+    # state, read at each run. Only read-only arrays (Python numbers lifted while tracing) are constants,
+    # which the executor may fold.
+    state = state or (not tensor.requires_grad and tensor.numpy().flags.writeable)
     persistable = tensor.requires_grad or state
     name = program.fresh_name("param" if tensor.requires_grad else "state" if state else "const")
     program.add_var(name, Spec(tensor.shape, tensor.dtype), persistable=persistable,
@@ -156,7 +160,9 @@ def _input_name(program: Program, opdef: OpDef, arg: str, value, peer) -> str:
         raise ArgumentError(f"{opdef.name}(): argument '{arg}' expected Tensor, got {describe(value)}")
     from ..creation import tensor
 
-    return constant_var(program, tensor(array))
+    constant = tensor(array)
+    constant.numpy().flags.writeable = False  # a literal of the traced code: a true constant
+    return constant_var(program, constant)
 
 
 def record_op(opdef: OpDef, inputs: tuple, attrs: dict):
