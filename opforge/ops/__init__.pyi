@@ -506,6 +506,79 @@ def scaled_dot_product_attention(
     nothing gets zeros, as in torch.
     """
 
+# -- opforge.ops.optim
+
+def sgd_momentum_buffer(
+    buf: _TensorLike,
+    grad: _TensorLike,
+    param: _TensorLike,
+    step: _TensorLike,
+    *,
+    momentum: float,
+    dampening: float = 0.0,
+    weight_decay: float = 0.0,
+) -> Tensor:
+    """SGD's new momentum buffer: d = grad + weight_decay·param; d itself on the first step (``step`` = 0, the
+    number of steps taken so far), else momentum·buf + (1 − dampening)·d — as ``torch.optim.SGD``.
+    """
+
+def sgd_update(
+    param: _TensorLike,
+    grad: _TensorLike,
+    lr: _TensorLike,
+    momentum_buffer: _TensorLike | None = None,
+    *,
+    momentum: float = 0.0,
+    weight_decay: float = 0.0,
+    nesterov: bool = False,
+) -> Tensor:
+    """SGD's new parameter: param − lr·d, with d = grad + weight_decay·param, then, given the step's new
+    ``momentum_buffer`` b (from sgd_momentum_buffer), d + momentum·b (``nesterov``) or b — as
+    ``torch.optim.SGD``. ``momentum`` is used by Nesterov's look-ahead only.
+    """
+
+def adam_exp_avg(
+    exp_avg: _TensorLike,
+    grad: _TensorLike,
+    param: _TensorLike,
+    *,
+    beta1: float,
+    weight_decay: float = 0.0,
+) -> Tensor:
+    """Adam's new first moment: exp_avg + (1 − beta1)·(g − exp_avg) with g = grad + weight_decay·param (Adam's
+    L2 decay; pass 0 for AdamW) — ``exp_avg.lerp_(g, 1 − beta1)`` in ``torch.optim.Adam``.
+    """
+
+def adam_exp_avg_sq(
+    exp_avg_sq: _TensorLike,
+    grad: _TensorLike,
+    param: _TensorLike,
+    *,
+    beta2: float,
+    weight_decay: float = 0.0,
+) -> Tensor:
+    """Adam's new second moment: beta2·exp_avg_sq + (1 − beta2)·g² with g = grad + weight_decay·param (Adam's L2
+    decay; pass 0 for AdamW) — ``exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 − beta2)`` in torch.
+    """
+
+def adam_update(
+    param: _TensorLike,
+    exp_avg: _TensorLike,
+    exp_avg_sq: _TensorLike,
+    step: _TensorLike,
+    lr: _TensorLike,
+    *,
+    beta1: float,
+    beta2: float,
+    eps: float = 1e-08,
+    weight_decay: float = 0.0,
+    decoupled: bool = False,
+) -> Tensor:
+    """Adam's new parameter from the step's new moments and step count t ≥ 1: p − lr/(1 − beta1ᵗ) · exp_avg /
+    (√exp_avg_sq / √(1 − beta2ᵗ) + eps), where p is param, or param·(1 − lr·weight_decay) when ``decoupled``
+    (AdamW; Adam's L2 decay is in the moments) — as ``torch.optim.Adam``/``AdamW``.
+    """
+
 # -- opforge.ops.reduce
 
 def sum(x: _TensorLike, *, axis: Sequence[int] | int | None = None, keepdim: bool = False) -> Tensor:

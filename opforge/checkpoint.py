@@ -1,0 +1,246 @@
+"""Checkpoints: ``save(obj, path)`` and ``load(path, like=None)`` for (nested) state dicts.
+
+What can be saved: dicts (str or int keys), lists and tuples of Tensors, NumPy arrays and scalars, Python numbers,
+bools, strings and None — a model's ``state_dict()``, an optimizer's, or a dict holding both and an epoch count.
+
+The format is an ordinary ``.npz`` (a zip of ``.npy`` files, NumPy's own format): one member per array, plus a
+JSON manifest (stored as a uint8 array, member ``__opforge_manifest__``) that holds the nesting and the non-array
+values. Nothing is pickled: saving an object array is refused, and loading reads with ``allow_pickle=False``, so a
+checkpoint from elsewhere cannot run code. ``np.load(path)`` reads the arrays without opforge.
+
+A save is atomic: the file is written under a temporary name in the same directory, flushed and fsync'ed, then
+renamed over ``path`` (``os.replace``, atomic on POSIX and Windows), and the directory is fsync'ed so the rename
+itself survives a power cut. A save that dies half-way (an exception, a kill, a crash) leaves the previous
+checkpoint at ``path`` as it was; at worst a ``.<name>.*.tmp`` file remains beside it.
+
+``load(path, like=expected)`` checks the saved structure against an expected one (say ``model.state_dict()``) and
+raises ``StateDictError`` listing every missing, unexpected and mis-shaped or mis-typed entry by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import zipfile
+
+import numpy as np
+
+from .core import dtypes as D
+from .core.errors import ArgumentError, OpforgeError, describe
+from .tensor import Tensor, _new
+
+FORMAT = "opforge.checkpoint"
+VERSION = 1
+MANIFEST = "__opforge_manifest__"
+
+
+class CheckpointError(OpforgeError, ValueError):
+    """A file that is not a readable opforge checkpoint (missing, truncated, foreign, or holding pickled data)."""
+
+
+class StateDictError(OpforgeError, ValueError):
+    """A state dict that does not fit what it is loaded into; the message lists each entry that does not."""
+
+
+# -- save -------------------------------------------------------------------------------------------------------------
+
+def save(obj, path) -> None:
+    """Write ``obj`` (a nested state dict) to ``path`` atomically; see the module docstring for the format."""
+    path = os.fspath(path)
+    arrays: dict = {}
+    tree = _encode(obj, "", arrays)
+    manifest = json.dumps({"format": FORMAT, "version": VERSION, "tree": tree}).encode()
+    arrays[MANIFEST] = np.frombuffer(manifest, dtype=np.uint8)
+    atomic_write(path, lambda f: _write_npz(f, arrays))
+
+
+def _join(path: str, key) -> str:
+    return f"{path}/{key}" if path else str(key)
+
+
+def _encode(obj, path: str, arrays: dict):
+    """The JSON form of ``obj``: containers become one-key dicts ({"dict": ...}, {"list": ...}, ...), arrays become
+    references to npz members, and numbers, bools, strings and None stay as they are."""
+    if isinstance(obj, (Tensor, np.ndarray, np.generic)):
+        array = obj.numpy() if isinstance(obj, Tensor) else np.asarray(obj)
+        if array.dtype.hasobject:
+            raise ArgumentError(f"save(): the array at {path or 'the top'!r} holds Python objects (dtype object); "
+                                "only numeric, bool and string arrays can be saved without pickle")
+        key = f"a{len(arrays)}"
+        arrays[key] = array
+        kind = "tensor" if isinstance(obj, Tensor) else "array" if isinstance(obj, np.ndarray) else "scalar"
+        return {kind: key}
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, dict):
+        items = []
+        for k, v in obj.items():
+            if isinstance(k, bool) or not isinstance(k, (str, int)):
+                raise ArgumentError(f"save(): dict keys must be str or int, got {describe(k)} at {path or 'the top'!r}")
+            items.append([k, _encode(v, _join(path, k), arrays)])
+        return {"dict": items}
+    if isinstance(obj, (list, tuple)):
+        kind = "list" if isinstance(obj, list) else "tuple"
+        return {kind: [_encode(v, _join(path, i), arrays) for i, v in enumerate(obj)]}
+    raise ArgumentError(f"save(): cannot save {describe(obj)} at {path or 'the top'!r}: a checkpoint holds dicts, "
+                        "lists, tuples, Tensors, arrays, numbers, bools, strings and None")
+
+
+def _write_npz(f, arrays: dict) -> None:
+    """What ``np.savez`` writes (uncompressed .npy members in a zip), with pickling refused for every member."""
+    with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for name, array in arrays.items():
+            with archive.open(name + ".npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, array, allow_pickle=False)
+
+
+def atomic_write(path: str, write) -> None:
+    """Call ``write(file)`` on a temporary file beside ``path``, fsync it, rename it to ``path`` and fsync the
+    directory: ``path`` holds either its old content or the complete new one, never a part."""
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(tmp, "xb") as f:  # created with the usual permissions (umask), unlike tempfile's 0600
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_directory(directory)
+
+
+def _fsync_directory(directory: str) -> None:
+    """Make the rename durable. Not every platform can open a directory (Windows cannot): there it is skipped."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(OSError):  # some file systems refuse fsync on a directory
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# -- load -------------------------------------------------------------------------------------------------------------
+
+def load(path, like=None):
+    """Read a checkpoint written by ``save``. Arrays come back as they went in (Tensors as Tensors, arrays as
+    arrays), as do tuples, int keys and non-array values.
+
+    With ``like`` (an expected structure, e.g. ``model.state_dict()``), every name, shape and dtype is checked
+    first, and a ``StateDictError`` lists each entry that is missing, unexpected or different.
+    """
+    path = os.fspath(path)
+    try:
+        archive = np.load(path, allow_pickle=False)
+        if not isinstance(archive, np.lib.npyio.NpzFile):
+            raise CheckpointError(f"load(): {path!r} is a single .npy array, not an opforge checkpoint")
+        with archive:
+            if MANIFEST not in archive.files:
+                raise CheckpointError(f"load(): {path!r} is not an opforge checkpoint (it has no manifest)")
+            doc = json.loads(archive[MANIFEST].tobytes().decode())
+            if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+                raise CheckpointError(f"load(): {path!r} is not an opforge checkpoint (format tag "
+                                      f"{doc.get('format') if isinstance(doc, dict) else doc!r})")
+            if not isinstance(doc.get("version"), int) or doc["version"] > VERSION:
+                raise CheckpointError(f"load(): {path!r} has format version {doc.get('version')!r}; this opforge "
+                                      f"reads versions up to {VERSION}")
+            obj = _decode(doc.get("tree"), archive, path)
+    except FileNotFoundError:
+        raise CheckpointError(f"load(): no checkpoint at {path!r}") from None
+    except OpforgeError:
+        raise
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, UnicodeDecodeError) as e:
+        # a truncated or corrupt file, or a member that would need pickle (ValueError from allow_pickle=False)
+        raise CheckpointError(f"load(): {path!r} is not a readable checkpoint: {type(e).__name__}: {e}") from None
+    if like is not None:
+        problems = diff_structure(like, obj)
+        if problems:
+            raise StateDictError(f"load(): the checkpoint {path!r} does not match the expected structure:\n  "
+                                 + "\n  ".join(problems))
+    return obj
+
+
+def _decode(node, archive, path: str):
+    if node is None or isinstance(node, (bool, int, float, str)):
+        return node
+    if not isinstance(node, dict) or len(node) != 1:
+        raise CheckpointError(f"load(): {path!r} has a malformed manifest entry {node!r}")
+    ((kind, payload),) = node.items()
+    if kind in ("tensor", "array", "scalar"):
+        array = archive[payload]
+        if kind == "array":
+            return array
+        if kind == "scalar":
+            return array[()]
+        D.as_dtype(array.dtype, op="load", arg=payload)  # a dtype Tensors support
+        return _new(array)
+    if kind == "dict":
+        return {k: _decode(v, archive, path) for k, v in payload}
+    if kind in ("list", "tuple"):
+        items = [_decode(v, archive, path) for v in payload]
+        return items if kind == "list" else tuple(items)
+    raise CheckpointError(f"load(): {path!r} has a manifest entry of unknown kind {kind!r}")
+
+
+# -- comparing structures ---------------------------------------------------------------------------------------------
+
+def _kind(value) -> str:
+    if isinstance(value, (Tensor, np.ndarray, np.generic)):
+        return "array"
+    if isinstance(value, dict):
+        return "dict"
+    if isinstance(value, (list, tuple)):
+        return "sequence"
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return type(value).__name__
+    if isinstance(value, (int, float)):
+        return "number"
+    return type(value).__name__
+
+
+def _describe_leaf(value) -> str:
+    if _kind(value) == "array":
+        return f"shape {tuple(np.shape(value))} and dtype {value.dtype}"
+    return _kind(value)
+
+
+def diff_structure(expected, actual, path: str = "") -> list[str]:
+    """Every difference between two nested state dicts, one line each, by name: entries ``expected`` has and
+    ``actual`` lacks (missing), the reverse (unexpected), and arrays of another shape or dtype, or values of
+    another kind. Values themselves are not compared. An empty list means ``actual`` fits."""
+    where = path or "the top level"
+    ke, ka = _kind(expected), _kind(actual)
+    if ke != ka:
+        return [f"{where}: expected {_describe_leaf(expected)}, got {_describe_leaf(actual)}"]
+    if ke == "array":
+        se, sa = tuple(np.shape(expected)), tuple(np.shape(actual))
+        problems = []
+        if se != sa:
+            problems.append(f"{where}: expected shape {se}, got {sa}")
+        if expected.dtype != actual.dtype:
+            problems.append(f"{where}: expected dtype {expected.dtype}, got {actual.dtype}")
+        return problems
+    if ke == "dict":
+        problems = [f"missing: {_join(path, k)}" for k in expected if k not in actual]
+        problems += [f"unexpected: {_join(path, k)}" for k in actual if k not in expected]
+        for k in expected:
+            if k in actual:
+                problems += diff_structure(expected[k], actual[k], _join(path, k))
+        return problems
+    if ke == "sequence":
+        problems = [f"missing: {_join(path, i)}" for i in range(len(actual), len(expected))]
+        problems += [f"unexpected: {_join(path, i)}" for i in range(len(expected), len(actual))]
+        for i, (e, a) in enumerate(zip(expected, actual)):
+            problems += diff_structure(e, a, _join(path, i))
+        return problems
+    return []
+
+
+__all__ = ["CheckpointError", "StateDictError", "atomic_write", "diff_structure", "load", "save"]

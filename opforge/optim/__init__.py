@@ -1,0 +1,31 @@
+"""``opforge.optim``: optimizers, learning-rate schedules and gradient clipping that run eagerly and inside a
+compiled training step alike.
+
+    opt = of.optim.AdamW(params, lr=1e-3)
+    sched = of.optim.CosineAnnealingLR(opt, T_max=epochs)
+
+    def train_step(x, y):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()            # eager: p.grad; traced: backward ops appended to the program
+        of.optim.clip_grad_norm_(params, 1.0)
+        opt.step()                 # eager: update ops run, results written in place; traced: recorded
+        opt.zero_grad()
+        return loss
+
+    step = of.compile(train_step)  # parameters and optimizer state are updated in place by each call
+    ...
+    sched.step()                   # writes the learning-rate tensor the compiled step reads
+
+The updates are the ops of ``opforge.ops.optim`` (``sgd_momentum_buffer``, ``sgd_update``, ``adam_exp_avg``,
+``adam_exp_avg_sq``, ``adam_update``), with PyTorch's formulas.
+"""
+
+from ..ops import optim as _update_ops  # noqa: F401  (registers the update ops)
+from .adam import Adam, AdamW
+from .clip import clip_grad_norm_
+from .lr_scheduler import CosineAnnealingLR, LRScheduler, StepLR
+from .optimizer import Optimizer, ParamGroup, grad_of, live, set_grad
+from .sgd import SGD
+
+__all__ = ["SGD", "Adam", "AdamW", "CosineAnnealingLR", "LRScheduler", "Optimizer", "ParamGroup", "StepLR",
+           "clip_grad_norm_", "grad_of", "live", "set_grad"]

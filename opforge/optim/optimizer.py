@@ -1,0 +1,234 @@
+"""The ``Optimizer`` base class: parameter groups, state, ``zero_grad``, ``step``, state dicts.
+
+One ``step()`` serves eager and compiled training. It reads each parameter's gradient with ``grad_of`` (``p.grad``
+eagerly; the gradient variable ``loss.backward()`` appended, while tracing), computes the new parameter and state
+values with the update ops of ``opforge.ops.optim`` under ``no_grad``, and hands them to ``assign``: eagerly that
+copies them into the parameter's and the state's own arrays; while tracing it records them as the program's updates,
+which the executor writes into the same arrays (in place, through the update ops' ``out=``). So eager and compiled
+steps can alternate on the same model and optimizer.
+
+State tensors (momentum buffers, moments, step counts) are made when a parameter joins the optimizer, so they exist
+before any tracing and become persistable program state. Each group's learning rate is a 0-d float64 tensor, also
+program state: schedules write it in place, so a compiled step reads the current value. The other hyper-parameters
+(momentum, betas, weight decay, ...) are attrs of the recorded update ops, fixed when a step is traced: change them
+and compile the step again.
+
+Within one traced function, call ``step()`` once and read no parameter after it: a program's ops read the values
+persistable variables had when the run began (updates land at the end), whereas eagerly they read the new ones.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..checkpoint import StateDictError, diff_structure
+from ..core.errors import ArgumentError, describe
+from ..core.grad_mode import enable_grad, no_grad
+from ..creation import tensor
+from ..program import Variable, state, tracing_program
+from ..program.trace import constant_var
+from ..tensor import Tensor
+
+
+def grad_of(p: Tensor):
+    """The gradient of parameter ``p``: ``p.grad`` eagerly; while tracing, the gradient variable the program's
+    backward pass made for it (``program.grad_names``); None when ``p`` got none."""
+    program = tracing_program()
+    if program is None:
+        return p.grad
+    name = program.grad_names.get(constant_var(program, p))
+    return None if name is None else Variable(program, name)
+
+
+def set_grad(p: Tensor, g) -> None:
+    """Make ``g`` the gradient of ``p`` from here on: ``p.grad`` eagerly, the program's gradient while tracing
+    (so an optimizer step recorded later reads ``g``)."""
+    program = tracing_program()
+    if program is None:
+        p.grad = g
+    else:
+        program.grad_names[constant_var(program, p)] = g.name
+
+
+def live(t: Tensor):
+    """An optimizer state tensor as ops should see it: itself eagerly, its persistable variable while tracing
+    (without this, a tensor that is read but never assigned, like the learning rate, would be a constant)."""
+    return t if tracing_program() is None else state(t)
+
+
+class ParamGroup(dict):
+    """One group of parameters and its hyper-parameters, a dict as in ``torch.optim`` (``group["momentum"]``).
+
+    The learning rate lives in ``lr_tensor`` (0-d float64), which compiled steps read: ``group["lr"]`` gives it as
+    a float and ``group["lr"] = value`` writes it in place. Other keys are plain entries.
+    """
+
+    def __init__(self, params: list, lr: float, **hyper):
+        super().__init__(params=params, **hyper)
+        self.lr_tensor = tensor(np.array(float(lr)))
+
+    def __getitem__(self, key):
+        if key == "lr":
+            return float(self.lr_tensor.item())
+        return super().__getitem__(key)
+
+    def __setitem__(self, key, value):
+        if key == "lr":
+            np.copyto(self.lr_tensor.numpy(), float(value))
+        else:
+            super().__setitem__(key, value)
+
+    def __contains__(self, key) -> bool:
+        return key == "lr" or super().__contains__(key)
+
+    def get(self, key, default=None):
+        return self["lr"] if key == "lr" else super().get(key, default)
+
+    def hyper(self) -> dict:
+        """The hyper-parameters, lr included (everything but the parameters)."""
+        return {"lr": self["lr"], **{k: v for k, v in dict.items(self) if k != "params"}}
+
+    def __repr__(self) -> str:
+        return f"ParamGroup({len(super().__getitem__('params'))} params, {self.hyper()})"
+
+
+class Optimizer:
+    """Base class. A subclass sets ``defaults`` (hyper-parameters, lr included), and implements ``_check`` (refuse
+    bad hyper-parameters), ``_new_state`` (the state tensors of one parameter) and ``_update`` (one parameter's step,
+    with ops, ending in ``assign``s).
+
+    ``params`` is an iterable of Tensors that require grad, or of dicts ``{"params": [...], **overrides}``, one per
+    parameter group.
+    """
+
+    def __init__(self, params, defaults: dict):
+        self.defaults = dict(defaults)
+        self.param_groups: list[ParamGroup] = []
+        self.state: dict = {}  # parameter -> {name: state Tensor}
+        if isinstance(params, Tensor):
+            params = [params]
+        groups = list(params)
+        if not groups:
+            raise ArgumentError(f"{type(self).__name__}(): got an empty parameter list")
+        if not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        for group in groups:
+            self.add_param_group(group)
+
+    def add_param_group(self, group: dict) -> None:
+        """Add a group of parameters (with hyper-parameters overriding the defaults) and make their state."""
+        name = type(self).__name__
+        if not isinstance(group, dict) or "params" not in group:
+            raise ArgumentError(f"{name}(): a parameter group is a dict with a 'params' entry, got {describe(group)}")
+        params = group["params"]
+        params = [params] if isinstance(params, Tensor) else list(params)
+        seen = {id(p) for g in self.param_groups for p in g["params"]}
+        for i, p in enumerate(params):
+            if not isinstance(p, Tensor) or not p.requires_grad or not p.is_leaf:
+                raise ArgumentError(f"{name}(): parameter {i} must be a leaf Tensor that requires grad, "
+                                    f"got {describe(p)}")
+            if id(p) in seen:
+                raise ArgumentError(f"{name}(): parameter {i} (shape {p.shape}) appears in more than one place")
+            seen.add(id(p))
+        hyper = {**self.defaults, **{k: v for k, v in group.items() if k != "params"}}
+        self._check(hyper)
+        new = ParamGroup(params, **hyper)
+        self.param_groups.append(new)
+        for p in params:
+            self.state[p] = self._new_state(p, new)
+
+    # -- what subclasses provide -------------------------------------------------------------------------------
+
+    def _check(self, hyper: dict) -> None:
+        if not hyper["lr"] >= 0:
+            raise ArgumentError(f"{type(self).__name__}(): lr must be >= 0, got {hyper['lr']}")
+
+    def _new_state(self, p: Tensor, group: ParamGroup) -> dict:
+        return {}
+
+    def _update(self, p: Tensor, g, lr, group: ParamGroup, state: dict) -> None:
+        """One parameter's step: read ``state``'s tensors through ``live(...)``, compute with ops, and end with
+        ``assign(p, ...)`` and ``assign(state[name], ...)``. ``g`` and ``lr`` are ready to use."""
+        raise NotImplementedError
+
+    # -- training -----------------------------------------------------------------------------------------------
+
+    def step(self, closure=None):
+        """Update every parameter that has a gradient (eagerly, or recorded into the program being traced).
+        ``closure`` (optional) recomputes the loss with gradients and returns it, as in ``torch.optim``."""
+        loss = None
+        if closure is not None:
+            with enable_grad():
+                loss = closure()
+        with no_grad():
+            for group in self.param_groups:
+                lr = live(group.lr_tensor)
+                for p in group["params"]:
+                    g = grad_of(p)
+                    if g is not None:
+                        self._update(p, g, lr, group, self.state[p])
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Forget the gradients: ``p.grad = None`` (or zeros) eagerly; while tracing, the program's gradients are
+        dropped from its outputs (``program.grad_names``), so a compiled step need not return them."""
+        program = tracing_program()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if program is not None:
+                    program.grad_names.pop(constant_var(program, p), None)
+                elif set_to_none or p.grad is None:
+                    p.grad = None
+                else:
+                    p.grad = tensor(np.zeros_like(p.grad.numpy()))
+
+    # -- state dicts ----------------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """``{"state": {index: {name: Tensor}}, "param_groups": [{hyper-parameters..., "params": [index, ...]}]}``,
+        parameters numbered in group order as in ``torch.optim``. The Tensors are copies."""
+        state, groups, index = {}, [], 0
+        for group in self.param_groups:
+            ids = []
+            for p in group["params"]:
+                if self.state[p]:
+                    state[index] = {k: tensor(v.numpy()) for k, v in self.state[p].items()}
+                ids.append(index)
+                index += 1
+            groups.append({**group.hyper(), "params": ids})
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Load what ``state_dict`` returned (here or from a checkpoint). Names, counts, shapes and dtypes must fit
+        this optimizer: a ``StateDictError`` lists every entry that does not. Values are copied into the existing
+        state arrays and learning-rate tensors, so compiled steps carry on with them."""
+        name = type(self).__name__
+        mine = self.state_dict()
+        if not isinstance(state_dict, dict):
+            raise StateDictError(f"{name}.load_state_dict(): expected a dict, got {describe(state_dict)}")
+        problems = diff_structure(mine, state_dict)
+        if problems:
+            raise StateDictError(f"{name}.load_state_dict(): the state dict does not fit this optimizer:\n  "
+                                 + "\n  ".join(problems))
+        for g_mine, g_new in zip(mine["param_groups"], state_dict["param_groups"]):
+            if list(g_new["params"]) != g_mine["params"]:
+                raise StateDictError(f"{name}.load_state_dict(): a group holds parameters {list(g_new['params'])}, "
+                                     f"this optimizer's holds {g_mine['params']}")
+        hypers = [{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items() if k != "params"}
+                  for saved in state_dict["param_groups"]]
+        for hyper in hypers:
+            self._check(hyper)
+        params = [p for group in self.param_groups for p in group["params"]]
+        for i, entries in state_dict["state"].items():
+            for key, value in entries.items():
+                np.copyto(self.state[params[i]][key].numpy(), np.asarray(value))
+        for group, hyper in zip(self.param_groups, hypers):
+            for key, value in hyper.items():
+                group[key] = value
+
+    def __repr__(self) -> str:
+        lines = [f"{type(self).__name__} ("]
+        for i, group in enumerate(self.param_groups):
+            lines.append(f"  group {i}: {len(group['params'])} params, " +
+                         ", ".join(f"{k}={v}" for k, v in group.hyper().items()))
+        return "\n".join([*lines, ")"])

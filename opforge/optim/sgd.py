@@ -1,0 +1,54 @@
+"""``SGD``: stochastic gradient descent with momentum, dampening, Nesterov momentum and L2 weight decay."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import ops as F
+from ..core.errors import ArgumentError
+from ..creation import tensor
+from ..program import assign
+from .optimizer import Optimizer, live
+
+
+class SGD(Optimizer):
+    """``torch.optim.SGD``, step for step: with d = grad + weight_decay·p,
+
+        b ← d on a parameter's first step, else momentum·b + (1 − dampening)·d      (when momentum ≠ 0)
+        d ← d + momentum·b (nesterov) or b
+        p ← p − lr·d
+
+    State per parameter when momentum ≠ 0: ``momentum_buffer`` and ``step`` (the steps taken, int64: it tells the
+    first step, whose buffer is d itself, from the others inside a compiled program).
+    """
+
+    def __init__(self, params, lr: float, momentum: float = 0.0, dampening: float = 0.0,
+                 weight_decay: float = 0.0, nesterov: bool = False):
+        super().__init__(params, {"lr": lr, "momentum": momentum, "dampening": dampening,
+                                  "weight_decay": weight_decay, "nesterov": nesterov})
+
+    def _check(self, hyper: dict) -> None:
+        super()._check(hyper)
+        for key in ("momentum", "weight_decay"):
+            if not hyper[key] >= 0:
+                raise ArgumentError(f"SGD(): {key} must be >= 0, got {hyper[key]}")
+        if hyper["nesterov"] and (hyper["momentum"] <= 0 or hyper["dampening"] != 0):
+            raise ArgumentError("SGD(): nesterov=True needs momentum > 0 and dampening = 0, got "
+                                f"momentum={hyper['momentum']}, dampening={hyper['dampening']}")
+
+    def _new_state(self, p, group) -> dict:
+        if group["momentum"] == 0:
+            return {}
+        return {"momentum_buffer": tensor(np.zeros_like(p.numpy())), "step": tensor(np.array(0, dtype=np.int64))}
+
+    def _update(self, p, g, lr, group, state) -> None:
+        momentum, weight_decay = group["momentum"], group["weight_decay"]
+        buf = None
+        if momentum != 0:
+            step = live(state["step"])
+            buf = F.sgd_momentum_buffer(live(state["momentum_buffer"]), g, p, step, momentum=momentum,
+                                        dampening=group["dampening"], weight_decay=weight_decay)
+            assign(state["momentum_buffer"], buf)
+            assign(state["step"], step + 1)
+        assign(p, F.sgd_update(p, g, lr, buf, momentum=momentum, weight_decay=weight_decay,
+                               nesterov=group["nesterov"]))
