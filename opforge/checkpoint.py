@@ -19,16 +19,15 @@ raises ``StateDictError`` listing every missing, unexpected and mis-shaped or mi
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import secrets
 import zipfile
 
 import numpy as np
 
 from .core import dtypes as D
 from .core.errors import ArgumentError, OpforgeError, describe
+from .core.files import atomic_write
 from .tensor import Tensor, _new
 
 FORMAT = "opforge.checkpoint"
@@ -94,37 +93,6 @@ def _write_npz(f, arrays: dict) -> None:
         for name, array in arrays.items():
             with archive.open(name + ".npy", "w", force_zip64=True) as member:
                 np.lib.format.write_array(member, array, allow_pickle=False)
-
-
-def atomic_write(path: str, write) -> None:
-    """Call ``write(file)`` on a temporary file beside ``path``, fsync it, rename it to ``path`` and fsync the
-    directory: ``path`` holds either its old content or the complete new one, never a part."""
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
-    try:
-        with open(tmp, "xb") as f:  # created with the usual permissions (umask), unlike tempfile's 0600
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_directory(directory)
-
-
-def _fsync_directory(directory: str) -> None:
-    """Make the rename durable. Not every platform can open a directory (Windows cannot): there it is skipped."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        with contextlib.suppress(OSError):  # some file systems refuse fsync on a directory
-            os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # -- load -------------------------------------------------------------------------------------------------------------

@@ -306,3 +306,11 @@ def test_autograd_in_threads_is_independent():
     for t in threads:
         t.join()
     assert results == {0: False, 1: True, 2: True, 3: True}
+
+
+def test_each_grad_owns_its_memory():
+    x, y = t64([1.0, 2.0]), t64([3.0, 4.0])
+    F.sum(x + y).backward()  # add's rule hands the same tensor to both inputs; sum's is a broadcast view
+    assert x.grad is not y.grad and not np.shares_memory(x.grad.numpy(), y.grad.numpy())
+    x.grad.numpy()[0] = 100.0  # writable, and private
+    assert y.grad.numpy().tolist() == [1.0, 1.0]

@@ -144,10 +144,11 @@ def _run(outputs: list, seeds: list, capture: list | None, create_graph: bool, r
     pending: dict = {}  # node -> list of gradients of its outputs, summed as they arrive
     found: dict = {}  # capture key -> gradient
     consumer: dict = {}  # node -> the node its gradient came from (to name the path in errors)
+    given: set = set()  # gradients already stored as some leaf's .grad (each .grad owns its memory)
 
     with set_grad_enabled(create_graph):
         for t, g in zip(outputs, seeds):
-            _accumulate(t, g, pending, found, capture_keys, capture is None)
+            _accumulate(t, g, pending, found, capture_keys, capture is None, given)
         for node in order:
             grads = pending.pop(node, None)
             if grads is None:
@@ -171,7 +172,7 @@ def _run(outputs: list, seeds: list, capture: list | None, create_graph: bool, r
                 target, index = edge
                 if index < 0:
                     if capture is None or target in capture_keys:
-                        _accumulate(target, g, pending, found, capture_keys, capture is None)
+                        _accumulate(target, g, pending, found, capture_keys, capture is None, given)
                 elif target in runs or (capture is not None and target in reach) or capture is None:
                     consumer.setdefault(target, node)
                     slots = pending.get(target)
@@ -184,13 +185,20 @@ def _run(outputs: list, seeds: list, capture: list | None, create_graph: bool, r
     return found
 
 
-def _accumulate(t: Tensor, g: Tensor, pending: dict, found: dict, capture_keys: set, into_grad: bool) -> None:
+def _accumulate(t: Tensor, g: Tensor, pending: dict, found: dict, capture_keys: set, into_grad: bool,
+                given: set) -> None:
     """Add the gradient ``g`` of tensor ``t``: into ``t.grad`` for a leaf in backward(), else where it collects."""
     if g.dtype != t.dtype:
         g = F.cast(g, dtype=t.dtype)
     if t._node is None:
         if into_grad:
-            t.grad = g if t.grad is None else t.grad + g
+            if t.grad is not None:
+                t.grad = t.grad + g
+            elif g.requires_grad or (g._data.base is None and g not in given):
+                given.add(g)
+                t.grad = g
+            else:  # shared with another leaf's .grad or a view of a live array: .grad must own its memory
+                t.grad = _new(g._data.copy(), False, None, 0, g._device)
         elif t in capture_keys:
             found[t] = g if t not in found else found[t] + g
         return

@@ -8,14 +8,13 @@ Files are written atomically (temporary file, fsync, rename), so a crash mid-sav
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from ..core import dtypes as D
 from ..core.errors import ArgumentError, OpforgeError
+from ..core.files import atomic_write
 from ..core.opdef import registry
 from ..core.schema import check_attr
 from ..core.spec import Dim, Spec
@@ -50,20 +49,6 @@ def _decode(value):
     return value
 
 
-def _atomic_write(path: Path, write) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def save(program: Program, path) -> None:
     """Write ``path`` (JSON) and ``path`` with suffix ``.npz`` (parameter and constant values)."""
     path = Path(path)
@@ -83,8 +68,9 @@ def save(program: Program, path) -> None:
         "ops": [{"type": op.type, "inputs": op.inputs, "outputs": op.outputs, "role": op.role,
                  "attrs": {k: _encode(v) for k, v in op.attrs.items()}} for op in block.ops],
     }
-    _atomic_write(values_path, lambda f: np.savez(f, **program.values))
-    _atomic_write(path, lambda f: f.write(json.dumps(doc, indent=1).encode()))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(str(values_path), lambda f: np.savez(f, **program.values))
+    atomic_write(str(path), lambda f: f.write(json.dumps(doc, indent=1).encode()))
 
 
 def load(path) -> Program:
