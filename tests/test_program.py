@@ -334,3 +334,15 @@ def test_kernels_write_into_dying_buffers_and_results_do_not_change():
     a, b = lean.run(x=x), plain.run(x=x)
     for k in a:
         np.testing.assert_allclose(a[k], b[k], rtol=1e-12, atol=1e-15)
+
+
+def test_no_intermediate_outlives_its_last_reader():
+    import re
+
+    prog = build(mlp_loss(params(sizes=(3, 16, 16))))
+    plan = of.Executor(prog).plan(x=np.zeros((8, 3)))
+    assigned = set(re.findall(r"^\s+(v\d+)(?:, v\d+)*,? = ", plan.source, re.M))
+    deleted = set(re.findall(r"del (v\d+)", plan.source))
+    returned = set(re.findall(r"(v\d+)", plan.source.strip().splitlines()[-1]))
+    given = set(re.findall(r"^\s+(v\d+) = (?:feed|scope|consts|_folded)\[", plan.source, re.M))
+    assert assigned - deleted - returned - given == set()  # in-place writes included

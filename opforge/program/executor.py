@@ -284,9 +284,8 @@ class Executor:
             peak = max(peak, live_bytes)
             for n in dict.fromkeys(op.input_names()):
                 if last_use.get(n) == i and n not in owned:
-                    if n == buffer:
-                        continue  # written in place: the output carries on with this memory
-                    live_bytes -= nbytes(n)
+                    if n != buffer:  # (a buffer written in place lives on as the output: only its name goes)
+                        live_bytes -= nbytes(n)
                     lines.append(f"    del {var(n)}")  # its last reader ran: drop it now
             for n in outs:
                 if n not in last_use:  # an output nobody reads (another output of a multi-output op)
