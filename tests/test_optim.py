@@ -312,7 +312,7 @@ def test_compiled_step_updates_parameters_and_moments_in_place_without_copies():
     compiled = of.compile(_train_step(params, opt, clip=1.0))
     x, y = _batches(1)[0]
     compiled(of.tensor(x), of.tensor(y))
-    ((program, exe),) = compiled.cache.values()
+    ((program, exe, _),) = compiled.cache.values()
     source = exe.plan(x=x, y=y).source
     slot = dict(re.findall(r"(v\d+) = scope\['([^']+)'\]", source))
     slot = {name: v for v, name in slot.items()}

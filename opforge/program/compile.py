@@ -49,13 +49,14 @@ class CompiledFunction:
         self.cache: dict = {}  # signature -> (program, executor)
 
     def __call__(self, *args, **kwargs):
-        bound = dict(zip(self.params, args)) | kwargs
+        bound = dict(zip(self.params, args)) | kwargs if kwargs or len(args) != len(self.params) else \
+            dict(zip(self.params, args))
         arrays = {}
         for name, value in bound.items():
-            if isinstance(value, Tensor):
-                arrays[name] = value.numpy()
-            elif isinstance(value, np.ndarray):
-                arrays[name] = value
+            if type(value) is Tensor:
+                arrays[name] = value._data
+            elif isinstance(value, (Tensor, np.ndarray)):
+                arrays[name] = value if isinstance(value, np.ndarray) else value.numpy()
             else:
                 raise ArgumentError(f"{self.fn.__name__}() compiled: argument '{name}' expected a Tensor or "
                                     f"array, got {describe(value)}")
@@ -63,19 +64,22 @@ class CompiledFunction:
         entry = self.cache.get(key)
         if entry is None:
             program = trace(self.fn, **{n: Spec(a.shape, a.dtype) for n, a in arrays.items()})
-            entry = self.cache[key] = (program, Executor(program, optimize=self.optimize))
-        program, exe = entry
-        out = exe.run(arrays)
-        tensors = {k: _new(v) for k, v in out.items()}
-        keys = list(program.outputs)
-        if keys == ["out"]:
-            return tensors["out"]
-        if keys and all(k == f"out{i}" for i, k in enumerate(keys)):
-            return tuple(tensors[k] for k in keys)
-        return {k: tensors[k] for k in keys}
+            # Fetch what fn returns, nothing more: gradients the updates consume need not outlive them.
+            exe = Executor(program, fetch=dict(program.outputs), optimize=self.optimize)
+            keys = list(program.outputs)
+            shape = "one" if keys == ["out"] else "tuple" if all(k == f"out{i}" for i, k in enumerate(keys)) \
+                else "dict"
+            entry = self.cache[key] = (program, exe, shape)
+        program, exe, shape = entry
+        out = exe.run_arrays(arrays)
+        if shape == "one":
+            return _new(out["out"])
+        if shape == "tuple":
+            return tuple([_new(v) for v in out.values()])
+        return {k: _new(v) for k, v in out.items()}
 
     def _key(self, arrays: dict) -> tuple:
-        key = tuple((n, a.shape, a.dtype.str) for n, a in arrays.items())
+        key = tuple([(n, a.shape, a.dtype) for n, a in arrays.items()])
         return key if self.cache_key is None else (key, self.cache_key())
 
     def program(self, *args, **kwargs):

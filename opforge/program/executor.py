@@ -104,7 +104,11 @@ class Executor:
         if unknown:
             raise ArgumentError(f"Executor.run(): {sorted(unknown)} are not feeds of the program "
                                 f"(feeds: {self.program.feeds})")
-        key = tuple((n, a.shape, a.dtype.str) for n, a in arrays.items())
+        return self.run_arrays(arrays)
+
+    def run_arrays(self, arrays: dict) -> dict:
+        """``run`` for callers that already hold exactly the feeds, as NumPy arrays (``of.compile``)."""
+        key = tuple([(a.shape, a.dtype) for a in arrays.values()])
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plans[key] = self.prepare(arrays)
@@ -335,7 +339,7 @@ class Executor:
         """The prepared plan for feeds like these (prepared now if it was not yet)."""
         feed = {**(feed or {}), **feeds}
         arrays = {n: np.asarray(feed[n]) for n in self.program.feeds}
-        key = tuple((n, a.shape, a.dtype.str) for n, a in arrays.items())
+        key = tuple([(a.shape, a.dtype) for a in arrays.values()])
         if key not in self._plans:
             self._plans[key] = self.prepare(arrays)
         return self._plans[key]
