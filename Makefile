@@ -11,7 +11,7 @@ $(PY):
 	$(PY) -m pip install --quiet --upgrade "pip>=24,<27"
 
 $(VENV)/.installed: pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet -e .
+	$(PY) -m pip install --quiet -e ".[demo]"
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
@@ -28,10 +28,15 @@ test: $(VENV)/.installed-test
 lint: $(VENV)/.installed-test
 	$(PY) -m ruff check .
 
-bench: $(VENV)/.installed-test
-	$(PY) bench/eager_overhead.py
+$(VENV)/.installed-bench: pyproject.toml $(VENV)/.installed
+	$(PY) -m pip install --quiet -e ".[bench]"
+	touch $@
+
+# The suite (bench/run.py: every case in a fresh process per framework, vs PyTorch, JAX and NumPy) writes
+# bench/results/latest.{json,md,png}; program_vs_eager.py adds the executor's memory-plan diagnostics.
+bench: $(VENV)/.installed-bench
 	$(PY) bench/program_vs_eager.py
-	$(PY) bench/conv_softmax.py
+	$(PY) bench/run.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

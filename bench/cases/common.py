@@ -1,0 +1,81 @@
+"""What the case modules share: the Variant record, loading each framework with the thread count the runner chose,
+moving the same NumPy inputs into each framework, and the check values that show every framework computed the same
+numbers."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Variant:
+    """One timed thing: ``fn()`` does the work once (and waits for it: JAX dispatches asynchronously)."""
+
+    name: str
+    fn: Callable[[], object]
+    per: int = 1  # the time of one call is divided by this (e.g. ops in a chain)
+    check: Callable[[], dict] | None = None  # run once before timing, on fresh state: {label: float}
+
+
+def threads() -> int:
+    return int(os.environ.get("BENCH_THREADS", "1"))
+
+
+def load_torch():
+    import torch
+
+    torch.set_num_threads(threads())
+    with contextlib.suppress(RuntimeError):  # set already: possible only once per process
+        torch.set_num_interop_threads(1)
+    return torch
+
+
+def load_jax():
+    import jax
+
+    jax.config.update("jax_platforms", "cpu")
+    return jax
+
+
+def to_numpy(value) -> np.ndarray:
+    """A framework's array (opforge Tensor, torch tensor, JAX array, NumPy) as a NumPy array."""
+    if hasattr(value, "detach"):  # torch
+        return value.detach().numpy()
+    if hasattr(value, "numpy") and not isinstance(value, np.ndarray):  # opforge Tensor
+        return value.numpy()
+    return np.asarray(value)
+
+
+def scalar(value) -> float:
+    return float(to_numpy(value))
+
+
+def sq(values) -> float:
+    """The sum of squares of one array or a list of arrays, in float64: a check value with no cancellation."""
+    values = values if isinstance(values, (list, tuple)) else [values]
+    return float(sum(np.square(to_numpy(v).astype(np.float64)).sum() for v in values))
+
+
+def opforge_tensors(arrays, requires_grad: bool = False) -> list:
+    import opforge as of
+
+    return [of.tensor(a.copy(), requires_grad=requires_grad) for a in arrays]
+
+
+def torch_tensors(arrays, requires_grad: bool = False) -> list:
+    torch = load_torch()
+    return [torch.from_numpy(a.copy()).requires_grad_(requires_grad) for a in arrays]
+
+
+def jax_arrays(arrays) -> list:
+    jnp = load_jax().numpy
+    return [jnp.asarray(a) for a in arrays]
+
+
+def unknown(framework: str, group: str):
+    return ValueError(f"{group}: no variant for framework '{framework}'")
