@@ -269,6 +269,9 @@ def sigmoid_grad(y: _TensorLike, dy: _TensorLike) -> Tensor:
 def relu(x: _TensorLike) -> Tensor:
     """y = max(x, 0)."""
 
+def relu_grad(y: _TensorLike, dy: _TensorLike) -> Tensor:
+    """Gradient of relu from its output: dx = dy where y > 0, else 0."""
+
 def abs(x: _TensorLike) -> Tensor:
     """|x|."""
 

@@ -231,7 +231,28 @@ def relu(x, out=None):
 
 @relu.grad
 def _(y, dy):
-    return F.where(y > 0, dy, 0)
+    return F.relu_grad(y, dy)
+
+
+@op("relu_grad(Tensor y, Tensor dy) -> Tensor dx", traits=["elementwise"], inplace={"dx": "dy"})
+def relu_grad(y, dy, out=None):
+    """Gradient of relu from its output: dx = dy where y > 0, else 0.
+
+    A dedicated op for speed: ``np.where`` on a random mask is branchy and several times slower than a
+    multiply by the mask, which is the backward of every ReLU network. (A NaN in ``dy`` where y ≤ 0 stays NaN.)
+    """
+    return np.multiply(dy, y > 0, out=out)
+
+
+@relu_grad.grad
+def _(y, ddx):
+    return {"y": None, "dy": F.relu_grad(y, ddx)}  # piecewise constant in y
+
+
+@relu_grad.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((2, 3)), rng.standard_normal((2, 3)))
+    yield Sample.of(np.array(0.5), np.array(-1.5))
 
 
 @op("abs(Tensor x) -> Tensor y", traits=["elementwise"])
