@@ -134,3 +134,16 @@ def test_indexing_errors():
         x["a"]
     with pytest.raises(of.ArgumentError, match="does not support item assignment"):
         x[0] = 1.0
+
+
+def test_eye_and_bernoulli():
+    assert np.array_equal(F.eye(n=3).numpy(), np.eye(3, dtype=np.float32))
+    assert F.eye(n=2, m=4, dtype="int64").numpy().tolist() == np.eye(2, 4, dtype=np.int64).tolist()
+    with pytest.raises(of.ArgumentError, match="eye\\(\\): arguments 'n' and 'm' must be >= 0"):
+        F.eye(n=-1)
+    p = of.full((20000,), 0.3)
+    of.manual_seed(1)
+    a = F.bernoulli(p).numpy()
+    of.manual_seed(1)
+    assert np.array_equal(a, F.bernoulli(p).numpy())  # seeded
+    assert set(np.unique(a)) <= {0.0, 1.0} and abs(a.mean() - 0.3) < 0.02 and a.dtype == np.float32

@@ -222,6 +222,12 @@ def uniform(
 def arange(*, start: float, stop: float, step: float = 1.0, dtype: _DTypeLike | None = None) -> Tensor:
     """Evenly spaced values in [start, stop)."""
 
+def eye(*, n: int, m: int | None = None, dtype: _DTypeLike | None = None) -> Tensor:
+    """The n×m identity matrix (m defaults to n)."""
+
+def bernoulli(p: _TensorLike) -> Tensor:
+    """Draws 1 with probability ``p`` (elementwise), else 0, in ``p``'s dtype, from the seeded generator."""
+
 # -- opforge.ops.elementwise
 
 def identity(x: _TensorLike) -> Tensor:

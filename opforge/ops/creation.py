@@ -80,3 +80,38 @@ def _(rng):
     yield Sample.of(start=0, stop=5)
     yield Sample.of(start=1, stop=2, step=0.25, dtype="float64")
     yield Sample.of(start=5, stop=0, step=-1, dtype="int64")
+
+
+@op("eye(*, int n, int m=None, dtype dtype=None) -> Tensor y", traits=["no_grad"])
+def eye(*, n, m, dtype):
+    """The n×m identity matrix (m defaults to n)."""
+    return np.eye(n, m, dtype=dtype or D.DEFAULT_FLOAT)
+
+
+@eye.check
+def _(*, n, m, dtype):
+    if n < 0 or (m is not None and m < 0):
+        raise ValueError(f"arguments 'n' and 'm' must be >= 0, got n={n}, m={m}")
+
+
+@eye.infer
+def _(*, n, m, dtype):
+    return Spec((n, n if m is None else m), dtype or D.DEFAULT_FLOAT)
+
+
+@eye.samples
+def _(rng):
+    yield Sample.of(n=3)
+    yield Sample.of(n=2, m=4, dtype="int64")
+
+
+@op("bernoulli(Tensor<floating> p) -> Tensor y", traits=["no_grad", "random", "elementwise"])
+def bernoulli(p, *, rng):
+    """Draws 1 with probability ``p`` (elementwise), else 0, in ``p``'s dtype, from the seeded generator."""
+    return (rng.random(p.shape) < p).astype(p.dtype)
+
+
+@bernoulli.samples
+def _(rng):
+    yield Sample.of(rng.uniform(0, 1, (3, 4)))
+    yield Sample.of(np.array(0.5))

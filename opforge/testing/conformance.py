@@ -153,7 +153,8 @@ def _seeded(opdef: OpDef, seed: int):
         yield
         return
     saved = _random.state.generator
-    _random.state.generator = np.random.default_rng(seed)
+    # A stream of its own: seeded like the samples, the draws would equal the sample values themselves.
+    _random.state.generator = np.random.default_rng([seed, 0x5EED])
     try:
         yield
     finally:
