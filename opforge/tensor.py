@@ -326,7 +326,7 @@ class Tensor(TensorOps):
         backward([self], None if gradient is None else [gradient],
                  retain_graph=retain_graph, create_graph=create_graph)
 
-_SCALARS: dict = {}  # (type, value, dtype) -> read-only 0-d array: Python constants in rules cost nothing
+_SCALARS: dict = {}  # (type, value, peer dtype, device) -> Tensor of a read-only 0-d array: constants cost nothing
 
 
 def _lift(value, like):
@@ -335,15 +335,15 @@ def _lift(value, like):
     kind = type(value)
     if kind is not float and kind is not int and kind is not bool:
         return value
-    dtype = D.scalar_dtype(value, like.dtype)
-    key = (kind, value, dtype)
-    array = _SCALARS.get(key)
-    if array is None:
+    key = (kind, value, like.dtype, like.device)
+    constant = _SCALARS.get(key)
+    if constant is None:
         if len(_SCALARS) > 4096:
             _SCALARS.clear()
-        array = _SCALARS[key] = np.array(value, dtype)
+        array = np.array(value, D.scalar_dtype(value, like.dtype))
         array.flags.writeable = False
-    return _new(array, False, None, 0, like.device)
+        constant = _SCALARS[key] = _new(array, False, None, 0, like.device)
+    return constant
 
 
 def _basic_index(x: Tensor, index) -> Tensor:
