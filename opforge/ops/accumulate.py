@@ -13,7 +13,7 @@ def add_n(xs, out=None):
     into it instead of allocating.
     """
     if out is None:
-        total = np.add(xs[0], xs[1]) if len(xs) > 1 else xs[0].copy()
+        total = np.asarray(np.add(xs[0], xs[1])) if len(xs) > 1 else xs[0].copy()  # 0-d: an array, not a scalar
         rest = xs[2:]
     else:
         into = next((i for i, x in enumerate(xs) if x is out), None)

@@ -26,13 +26,15 @@ from .trace import Variable
 class Plan:
     """One compiled specialisation of a program: its generated function and what it needs."""
 
-    def __init__(self, fn, source: str, specs: dict, steps: int, peak_live_bytes: int, removed: dict):
+    def __init__(self, fn, source: str, specs: dict, steps: int, peak_live_bytes: int, removed: dict,
+                 line_ops: dict | None = None):
         self.fn = fn
         self.source = source
         self.specs = specs  # variable name -> concrete Spec
         self.steps = steps
         self.peak_live_bytes = peak_live_bytes
         self.removed = removed  # {"dead": n, "merged": n}
+        self.line_ops = line_ops or {}  # line of the generated source -> "op #i <type> -> <outputs>"
 
 
 def _resolve(value, specs: dict):
@@ -112,7 +114,12 @@ class Executor:
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plans[key] = self.prepare(arrays)
-        return plan.fn(arrays, self.scope, self.constants)
+        try:
+            return plan.fn(arrays, self.scope, self.constants)
+        except Exception as e:
+            if isinstance(e, OpforgeError):
+                raise
+            raise _name_failed_op(plan, e) from e
 
     def prepare(self, feed_arrays: dict) -> Plan:
         """Build (and cache nothing: ``run`` caches) the plan for feeds of these shapes and dtypes."""
@@ -248,6 +255,7 @@ class Executor:
             return int(np.prod(s.shape, dtype=np.int64)) * s.dtype.itemsize
 
         env = {"_asarray": np.asarray, "_rng": generator, "_folded": folded}
+        line_ops = {}
         lines = ["def run(feed, scope, consts):"]
         for n in program.feeds:
             lines.append(f"    {var(n)} = feed[{n!r}]")
@@ -278,6 +286,7 @@ class Executor:
             if buffer is not None:
                 args.append(f"out={var(buffer)}")
             call = f"k{i}({', '.join(args)})"
+            line_ops[len(lines) + 1] = f"op #{i} {op.type} -> {', '.join(outs)}"
             if len(outs) == 1 and not opdef.outputs[0].is_list:
                 lines.append(f"    {var(outs[0])} = {'_asarray(' + call + ')' if specs[outs[0]].shape == () else call}")
             else:
@@ -303,7 +312,7 @@ class Executor:
         lines.append(f"    return {{{result}}}")
         source = "\n".join(lines) + "\n"
         exec(compile(source, "<opforge.program>", "exec"), env)
-        return Plan(env["run"], source, specs, len(ops), peak, removed)
+        return Plan(env["run"], source, specs, len(ops), peak, removed, line_ops)
 
     @staticmethod
     @staticmethod
@@ -343,6 +352,18 @@ class Executor:
         if key not in self._plans:
             self._plans[key] = self.prepare(arrays)
         return self._plans[key]
+
+
+def _name_failed_op(plan: Plan, error: Exception) -> OpforgeError:
+    """A kernel raised inside the generated code: say which op of the program it was."""
+    tb, line = error.__traceback__, None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "<opforge.program>":
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    text = plan.source.splitlines()[line - 1].strip() if line else "?"
+    op = plan.line_ops.get(line, "an op")
+    return OpforgeError(f"Executor.run(): {op} failed ({text}): {type(error).__name__}: {error}")
 
 
 def _flattener(opdef):

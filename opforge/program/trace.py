@@ -65,6 +65,14 @@ class Variable(TensorOps):
             "Python control flow on it cannot be traced (use F.where)"
         )
 
+    def detach(self) -> Variable:
+        """The same value, cut from differentiation: an identity whose output is marked stop_gradient."""
+        from .. import ops as F
+
+        out = F.identity(self)
+        self.program.block.vars[out.name].stop_gradient = True
+        return out
+
     def backward(self) -> None:
         """Append the backward pass for this (scalar) loss to its program: gradients of every parameter."""
         from .backward import append_backward

@@ -213,6 +213,71 @@ def _check_float32(opdef: OpDef, sample: Sample, out64: list, out32: list, repor
                 f"{FLOAT32_RTOL:g}·|y|); does the kernel compute in a narrower type, or promote?")
 
 
+def _check_program(opdef: OpDef, sample: Sample, report: OpReport, tag: str) -> None:
+    """The op traced into a program (its gradient appended) gives what eager mode gives, in float64."""
+    from ..autodiff import grad
+    from ..program import Executor, append_backward, trace
+
+    args, kwargs = _materialize(opdef, sample, np.float64)
+    slots = [[f"a{i}_{j}" for j in range(len(a))] if isinstance(a, list) else
+             (f"a{i}" if isinstance(a, Tensor) else None) for i, a in enumerate(args)]
+    feeds = {}
+    for a, slot in zip(args, slots):
+        for t, name in zip(a if isinstance(a, list) else [a], slot if isinstance(slot, list) else [slot]):
+            if name is not None:
+                feeds[name] = t
+    rng = np.random.default_rng(3)
+    eager_out = [t for t in _flat(opdef.fn(*args, **kwargs))]
+    cotangents = [rng.standard_normal(t.shape) if t.dtype == np.float64 else None for t in eager_out]
+    wrt = [n for n, t in feeds.items() if t.dtype == np.float64 and _differentiable_slot(opdef, n)]
+    want_grads = "no_grad" not in opdef.traits and opdef.grad_rule is not None and wrt and \
+        any(c is not None for c in cotangents)
+
+    def rebuild(values):
+        return [[values[n] for n in slot] if isinstance(slot, list) else (values[slot] if slot else a)
+                for a, slot in zip(args, slots)]
+
+    def fn(**variables):
+        outs = _flat(opdef.fn(*rebuild(variables), **kwargs))
+        result = {f"out{k}": o for k, o in enumerate(outs)}
+        if want_grads:
+            terms = [F.sum(o * _new(c)) for o, c in zip(outs, cotangents) if c is not None]
+            result["loss"] = terms[0] if len(terms) == 1 else F.add_n(terms)
+        return result
+
+    from .. import ops as F
+
+    program = trace(fn, **{n: Spec(t.shape, t.dtype) for n, t in feeds.items()})
+    fetch = {k: v for k, v in program.outputs.items()}
+    if want_grads:
+        grads = append_backward(program, program.outputs["loss"], wrt=wrt)
+        fetch.update({f"d{n}": g for n, g in grads.items()})
+    got = Executor(program, fetch=fetch).run({n: t.numpy() for n, t in feeds.items()})
+    for k, t in enumerate(eager_out):
+        if not np.allclose(got[f"out{k}"], t.numpy(), rtol=1e-10, atol=1e-12, equal_nan=True):
+            report.failures.append(f"{tag}: program output {k} differs from eager")
+            return
+    if want_grads:
+        leaves = {n: _new(t.numpy(), True) for n, t in feeds.items() if n in wrt}
+        values = {n: leaves.get(n, t) for n, t in feeds.items()}
+        outs = _flat(opdef.fn(*rebuild(values), **kwargs))
+        pairs = [(o, _new(c)) for o, c in zip(outs, cotangents) if c is not None and o.requires_grad]
+        if not pairs:
+            return
+        eager_grads = grad([o for o, _ in pairs], list(leaves.values()), grad_outputs=[c for _, c in pairs],
+                           allow_unused=True)
+        for n, g in zip(leaves, eager_grads):
+            expected = np.zeros(feeds[n].shape) if g is None else g.numpy()
+            if f"d{n}" in got and not np.allclose(got[f"d{n}"], expected, rtol=1e-9, atol=1e-12, equal_nan=True):
+                report.failures.append(f"{tag}: program gradient of input {n} differs from eager")
+                return
+
+
+def _differentiable_slot(opdef: OpDef, name: str) -> bool:
+    index = int(name[1:].split("_")[0])
+    return index >= len(opdef.inputs) or opdef.inputs[index].differentiable
+
+
 def _check_gradients(opdef: OpDef, sample: Sample, report: OpReport, tag: str, seed: int = 0) -> None:
     args, kwargs = _materialize(opdef, sample, np.float64, requires_grad=True)
     names = list(opdef.input_names[:len(args)])
@@ -429,7 +494,7 @@ def check_op(op, *, seed: int = 0, samples=None, raise_on_failure: bool = True, 
     differentiable = "no_grad" not in opdef.traits
     if differentiable and opdef.grad_rule is None:
         report.failures.append("the op has no gradient rule and no 'no_grad' trait")
-    inference_failures = float32_failures = float32_samples = 0
+    inference_failures = float32_failures = float32_samples = program_failures = 0
     for k, sample in enumerate(samples):
         tag = f"sample {k}"
         outputs = {}
@@ -449,8 +514,17 @@ def check_op(op, *, seed: int = 0, samples=None, raise_on_failure: bool = True, 
             float32_samples += 1
         if differentiable and opdef.grad_rule is not None:
             _check_gradients(opdef, sample, report, tag, seed + k)
+        if "random" not in opdef.traits:
+            before = len(report.failures)
+            try:
+                _check_program(opdef, sample, report, tag)
+            except OpforgeError as e:
+                report.failures.append(f"{tag}: in a program: {type(e).__name__}: {e}")
+            program_failures += len(report.failures) - before
     if not inference_failures:
         report.checked.append("inferred Specs equal the kernel's outputs (float samples in float64 and float32)")
+    if not program_failures and "random" not in opdef.traits:
+        report.checked.append("traced into a program, outputs and gradients equal eager mode's")
     if float32_samples and not float32_failures:
         report.checked.append(f"float32 outputs agree with float64 ones (worst error {report.float32_error:.2g} "
                               f"of the tolerance, rtol {FLOAT32_RTOL:g} and atol {FLOAT32_ATOL:g} × magnitude)")
