@@ -19,7 +19,7 @@ import numpy as np
 from .core import dtypes as D
 from .core.errors import ArgumentError, OpforgeError, SchemaError, describe
 from .core.grad_mode import state as _grad_state
-from .core.opdef import OpDef, flat_ranges, registry
+from .core.opdef import OpDef, flat_ranges, registry, split_by_layout
 from .core.random import generator as _generator
 from .core.schema import check_attr, parse_signature
 from .core.spec import Spec
@@ -353,14 +353,7 @@ def _flatten_outputs(opdef: OpDef, out):
 
 def _restructure(opdef: OpDef, flat: list, layout: tuple):
     """Flat list of per-output values -> the op's result shape (a value, a list, or a named tuple)."""
-    result, i = [], 0
-    for n in layout:
-        if n < 0:
-            result.append(flat[i])
-            i += 1
-        else:
-            result.append(list(flat[i:i + n]))
-            i += n
+    result = split_by_layout(flat, layout)
     if len(result) == 1:
         return result[0]
     return opdef.result_type(*result)

@@ -40,6 +40,7 @@ from test_torch_oracle import (
     torch_vjp,
     vjp,
 )
+from test_torch_oracle import _op_pair as torch_oracle_op_pair
 
 import opforge as of
 from opforge import Sample
@@ -233,11 +234,7 @@ def _params(order: int) -> list:
 
 
 def _op_pair(name: str, sample: Sample) -> tuple[Callable, Callable]:
-    """The op applied to tensors in opforge and in torch, attrs bound (torch gets the signature's defaults too)."""
-    opdef = of.registry.get(name)
-    attrs = {**{p.name: p.default for p in opdef.attrs if p.has_default}, **sample.kwargs}
-    op_fn, torch_fn = getattr(F, name), ORACLE[name].torch_fn
-    return (lambda *xs: op_fn(*xs, **sample.kwargs)), (lambda *xs: torch_fn(*xs, **attrs))
+    return torch_oracle_op_pair(name, sample, ORACLE)
 
 
 def _quiet_if_nan(sample: Sample):

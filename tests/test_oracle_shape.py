@@ -36,6 +36,7 @@ from test_torch_oracle import (
 import opforge as of
 from opforge import Sample
 from opforge import ops as F
+from opforge.core.opdef import split_by_layout
 
 TF = torch.nn.functional
 
@@ -215,18 +216,6 @@ def _flatten(args) -> tuple[list, list]:
     return flat, layout
 
 
-def _rebuild(xs, layout) -> list:
-    out, i = [], 0
-    for n in layout:
-        if n < 0:
-            out.append(xs[i])
-            i += 1
-        else:
-            out.append(list(xs[i:i + n]))
-            i += n
-    return out
-
-
 def _joined(result, cat, flat):
     """A list output as one tensor: every piece flattened, then concatenated (in the same way on both sides)."""
     if isinstance(result, (list, tuple)):
@@ -242,11 +231,11 @@ def _pair(name: str, sample: Sample):
     op_fn, torch_fn = getattr(F, name), SHAPE_ORACLE[name].torch_fn
 
     def of_fn(*xs):
-        return _joined(op_fn(*_rebuild(xs, layout), **sample.kwargs), lambda ps: F.concat(ps),
+        return _joined(op_fn(*split_by_layout(xs, layout), **sample.kwargs), lambda ps: F.concat(ps),
                        lambda p: F.reshape(p, shape=[-1]))
 
     def t_fn(*xs):
-        return _joined(torch_fn(*_rebuild(xs, layout), **attrs), torch.cat, lambda p: p.reshape(-1))
+        return _joined(torch_fn(*split_by_layout(xs, layout), **attrs), torch.cat, lambda p: p.reshape(-1))
 
     return of_fn, t_fn, arrays
 

@@ -272,11 +272,12 @@ def _params(gradients: bool) -> list:
     return params
 
 
-def _op_pair(name: str, sample: Sample) -> tuple[Callable, Callable]:
-    """The op applied to tensors in opforge and in torch, attrs bound (torch gets the signature's defaults too)."""
+def _op_pair(name: str, sample: Sample, table: dict | None = None) -> tuple[Callable, Callable]:
+    """The op applied to tensors in opforge and in torch, attrs bound (torch gets the signature's defaults too).
+    ``table`` is the oracle table to read (this file's by default; the family files pass theirs)."""
     opdef = of.registry.get(name)
     attrs = {**{p.name: p.default for p in opdef.attrs if p.has_default}, **sample.kwargs}
-    op_fn, torch_fn = getattr(F, name), ORACLE[name].torch_fn
+    op_fn, torch_fn = getattr(F, name), (table or ORACLE)[name].torch_fn
     return (lambda *xs: op_fn(*xs, **sample.kwargs)), (lambda *xs: torch_fn(*xs, **attrs))
 
 

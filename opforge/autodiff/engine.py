@@ -9,10 +9,10 @@ from __future__ import annotations
 from ..core import dtypes as D
 from ..core.errors import ArgumentError, GradientError, describe
 from ..core.grad_mode import set_grad_enabled
-from ..core.opdef import flat_ranges
+from ..core.opdef import flat_ranges, split_by_layout
 from ..core.spec import Spec
 from ..tensor import Node, Tensor, _new
-from .rules import flatten_input_grads, input_label, reduce_to, split_by_layout
+from .rules import flatten_input_grads, input_label, reduce_to
 
 # Set by the program layer: computes gradients of program Variables by appending backward ops.
 symbolic_grad = None
@@ -227,12 +227,7 @@ def _call_rule(node: Node, grads: list, create_graph: bool, consumer: dict) -> l
         for name in rule.attrs:
             kwargs[name] = node.attrs[name]
         if rule.wants_needs:
-            if all(n < 0 for n in node.in_layout):
-                kwargs["needs_input_grad"] = tuple([e is not None for e in node.edges])
-            else:
-                per_flat = [e is not None for e in node.edges]
-                kwargs["needs_input_grad"] = tuple(
-                    any(v) if isinstance(v, list) else v for v in split_by_layout(per_flat, node.in_layout))
+            kwargs["needs_input_grad"] = _needs_input_grad(node)
         return flatten_input_grads(op, rule.fn(**kwargs), node.in_layout)
     outs = None if plain_out else flat_ranges(node.out_layout)
     for name, entries in node.saved_out.items():
@@ -256,12 +251,16 @@ def _call_rule(node: Node, grads: list, create_graph: bool, consumer: dict) -> l
     for name in rule.attrs:
         kwargs[name] = node.attrs[name]
     if rule.wants_needs:
-        per_flat = [e is not None for e in node.edges]
-        kwargs["needs_input_grad"] = tuple(
-            any(v) if isinstance(v, list) else v for v in split_by_layout(per_flat, node.in_layout)
-        )
-    result = rule.fn(**kwargs)
-    return flatten_input_grads(op, result, node.in_layout)
+        kwargs["needs_input_grad"] = _needs_input_grad(node)
+    return flatten_input_grads(op, rule.fn(**kwargs), node.in_layout)
+
+
+def _needs_input_grad(node: Node) -> tuple:
+    """Per schema input: whether any of its tensors gets a gradient (a rule may skip the others)."""
+    per_flat = [e is not None for e in node.edges]
+    if all(n < 0 for n in node.in_layout):
+        return tuple(per_flat)
+    return tuple(any(v) if isinstance(v, list) else v for v in split_by_layout(per_flat, node.in_layout))
 
 
 def _fit(node: Node, i: int, g) -> Tensor:

@@ -6,19 +6,6 @@ from ..core.errors import GradientError, describe
 from ..core.spec import broadcast_shapes
 
 
-def split_by_layout(flat: list, layout: tuple) -> list:
-    """Flat per-tensor values -> one value per schema slot (a list for a ``Tensor[]`` slot)."""
-    out, i = [], 0
-    for n in layout:
-        if n < 0:
-            out.append(flat[i])
-            i += 1
-        else:
-            out.append(list(flat[i:i + n]))
-            i += n
-    return out
-
-
 def flatten_input_grads(op, result, in_layout: tuple) -> list:
     """A rule's result (one value, a tuple in input order, or a dict by name) -> one gradient per flat input."""
     names = op.input_names

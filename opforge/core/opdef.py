@@ -305,6 +305,19 @@ def has_dim(value) -> bool:
     return isinstance(value, Dim) or (isinstance(value, tuple) and any(isinstance(v, Dim) for v in value))
 
 
+def split_by_layout(flat: list, layout: tuple) -> list:
+    """Flat per-tensor values -> one value per schema slot (a list for a ``Tensor[]`` slot)."""
+    out, i = [], 0
+    for n in layout:
+        if n < 0:
+            out.append(flat[i])
+            i += 1
+        else:
+            out.append(list(flat[i:i + n]))
+            i += n
+    return out
+
+
 class Registry:
     """Op name -> OpDef. Listeners (the ``opforge.ops`` namespace) hear of every new or replaced op."""
 
