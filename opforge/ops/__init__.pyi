@@ -75,119 +75,151 @@ def logical_or(x: _TensorLike, y: _TensorLike) -> Tensor:
 
 # -- opforge.ops.conv
 
-def conv2d(
-    x: _TensorLike,
-    weight: _TensorLike,
-    bias: _TensorLike | None = None,
-    *,
-    stride: Sequence[int] | int = [1, 1],
-    padding: Sequence[int] | int = [0, 0],
-    dilation: Sequence[int] | int = [1, 1],
-    groups: int = 1,
-) -> Tensor:
-    """2-D convolution (cross-correlation, as PyTorch): x (N, C, H, W), weight (O, C/groups, kH, kW), bias (O,)
-    give y (N, O, OH, OW) with y[n, o, p, q] = bias[o] + Σ_{c, i, j} weight[o, c, i, j] · x_pad[n, g·C/groups +
-    c, p·sH + i·dH, q·sW + j·dW], g being the group of output channel o.
-    """
-
-def conv2d_grad_input(
-    dy: _TensorLike,
-    weight: _TensorLike,
-    *,
-    input_size: Sequence[int] | int,
-    stride: Sequence[int] | int = [1, 1],
-    padding: Sequence[int] | int = [0, 0],
-    dilation: Sequence[int] | int = [1, 1],
-    groups: int = 1,
-) -> Tensor:
-    """Gradient of conv2d with respect to its input of spatial size ``input_size`` (H, W): the transposed
-    convolution of dy with the weight. Input rows and columns no output read (the floor) get 0.
-    """
-
-def conv2d_grad_weight(
-    x: _TensorLike,
-    dy: _TensorLike,
-    *,
-    kernel_size: Sequence[int] | int,
-    stride: Sequence[int] | int = [1, 1],
-    padding: Sequence[int] | int = [0, 0],
-    dilation: Sequence[int] | int = [1, 1],
-    groups: int = 1,
-) -> Tensor:
-    """Gradient of conv2d with respect to its weight of spatial size ``kernel_size`` (kH, kW): dweight[o, c, i,
-    j] = Σ_{n, p, q} dy[n, o, p, q] · x_pad[n, g·C/groups + c, p·sH + i·dH, q·sW + j·dW].
-    """
-
 def conv1d(
     x: _TensorLike,
     weight: _TensorLike,
     bias: _TensorLike | None = None,
     *,
     stride: Sequence[int] | int = [1],
-    padding: Sequence[int] | int = [0],
+    padding: Sequence[int] | int | str = [0],
     dilation: Sequence[int] | int = [1],
     groups: int = 1,
 ) -> Tensor:
     """1-D convolution (cross-correlation, as PyTorch): x (N, C, L), weight (O, C/groups, kL), bias (O,) give y
-    (N, O, OL) with y[n, o, p] = bias[o] + Σ_{c, i} weight[o, c, i] · x_pad[n, g·C/groups + c, p·s + i·d].
+    (N, O, OL) with y[n, o, p] = bias[o] + Σ_{c, i} weight[o, c, i] · x_pad[n, g·C/groups + c, p·s + i·d], g
+    being the group of output channel o. ``padding`` is ints, "valid" (none) or "same" (stride 1).
     """
 
-def max_pool2d(
+def conv2d(
     x: _TensorLike,
+    weight: _TensorLike,
+    bias: _TensorLike | None = None,
     *,
-    kernel_size: Sequence[int] | int,
-    stride: Sequence[int] | int | None = None,
-    padding: Sequence[int] | int = [0, 0],
+    stride: Sequence[int] | int = [1, 1],
+    padding: Sequence[int] | int | str = [0, 0],
+    dilation: Sequence[int] | int = [1, 1],
+    groups: int = 1,
 ) -> Tensor:
-    """The maximum of each kH×kW window of x (N, C, H, W), windows ``stride`` apart (default: the kernel size),
-    over x padded with -inf.
+    """2-D convolution (cross-correlation, as PyTorch): x (N, C, H, W), weight (O, C/groups, kH, kW), bias (O,)
+    give y (N, O, OH, OW) with y[n, o, p, q] = bias[o] + Σ_{c, i, j} weight[o, c, i, j] · x_pad[n, g·C/groups +
+    c, p·sH + i·dH, q·sW + j·dW], g being the group of output channel o. ``padding`` is ints, "valid" (none) or
+    "same" (stride 1).
     """
 
-def max_pool2d_grad(
+def conv3d(
     x: _TensorLike,
+    weight: _TensorLike,
+    bias: _TensorLike | None = None,
+    *,
+    stride: Sequence[int] | int = [1, 1, 1],
+    padding: Sequence[int] | int | str = [0, 0, 0],
+    dilation: Sequence[int] | int = [1, 1, 1],
+    groups: int = 1,
+) -> Tensor:
+    """3-D convolution (cross-correlation, as PyTorch): x (N, C, D, H, W), weight (O, C/groups, kD, kH, kW),
+    bias (O,) give y (N, O, OD, OH, OW), each output the weighted sum of a dilated, strided window of the padded
+    input over the channels of its group. ``padding`` is ints, "valid" (none) or "same" (stride 1).
+    """
+
+def conv_grad_input(
     dy: _TensorLike,
-    *,
-    kernel_size: Sequence[int] | int,
-    stride: Sequence[int] | int | None = None,
-    padding: Sequence[int] | int = [0, 0],
-) -> Tensor:
-    """Gradient of max_pool2d: each window's dy goes to the window's maximum of x (the first one on ties, as
-    PyTorch); overlapping windows add up.
-    """
-
-def max_pool2d_grad_grad(
-    x: _TensorLike,
-    ddx: _TensorLike,
-    *,
-    kernel_size: Sequence[int] | int,
-    stride: Sequence[int] | int | None = None,
-    padding: Sequence[int] | int = [0, 0],
-) -> Tensor:
-    """Gradient of max_pool2d_grad with respect to dy (TensorFlow's MaxPoolGradGrad): ddx, an input-shaped
-    tensor, read at each window's maximum of x (the first one on ties).
-    """
-
-def avg_pool2d(
-    x: _TensorLike,
-    *,
-    kernel_size: Sequence[int] | int,
-    stride: Sequence[int] | int | None = None,
-    padding: Sequence[int] | int = [0, 0],
-) -> Tensor:
-    """The mean of each kH×kW window of x (N, C, H, W), windows ``stride`` apart (default: the kernel size),
-    over x padded with zeros that count in the mean (PyTorch's count_include_pad=True).
-    """
-
-def avg_pool2d_grad(
-    dy: _TensorLike,
+    weight: _TensorLike,
     *,
     input_size: Sequence[int] | int,
-    kernel_size: Sequence[int] | int,
-    stride: Sequence[int] | int | None = None,
-    padding: Sequence[int] | int = [0, 0],
+    stride: Sequence[int] | int = [1],
+    padding: Sequence[int] | int | str = [0],
+    dilation: Sequence[int] | int = [1],
+    groups: int = 1,
 ) -> Tensor:
-    """Gradient of avg_pool2d for an input of spatial size ``input_size`` (H, W): each window's dy spread evenly
-    over its kH·kW pixels; overlapping windows add up.
+    """Gradient of a convolution (1-, 2- or 3-D, by the weight's rank) with respect to its input of spatial size
+    ``input_size``: the transposed convolution of dy with the weight. Input positions no output read get 0.
+    """
+
+def conv_grad_weight(
+    x: _TensorLike,
+    dy: _TensorLike,
+    *,
+    kernel_size: Sequence[int] | int,
+    stride: Sequence[int] | int = [1],
+    padding: Sequence[int] | int | str = [0],
+    dilation: Sequence[int] | int = [1],
+    groups: int = 1,
+) -> Tensor:
+    """Gradient of a convolution (1-, 2- or 3-D, by the input's rank) with respect to its weight of spatial size
+    ``kernel_size``: dweight[o, c, *i] = Σ_{n, *p} dy[n, o, *p] · x_pad[n, g·C/groups + c, *(p·s + i·d)].
+    """
+
+def conv_transpose1d(
+    x: _TensorLike,
+    weight: _TensorLike,
+    bias: _TensorLike | None = None,
+    *,
+    stride: Sequence[int] | int = [1],
+    padding: Sequence[int] | int = [0],
+    output_padding: Sequence[int] | int = [0],
+    groups: int = 1,
+    dilation: Sequence[int] | int = [1],
+) -> Tensor:
+    """1-D transposed convolution (PyTorch's): x (N, C, L), weight (C, O/groups, kL), bias (O,) give y (N, O, (L
+    − 1)·s − 2·p + d·(kL − 1) + output_padding + 1), the gradient of conv1d with respect to its input, plus the
+    bias. ``output_padding`` (less than the stride) adds positions behind.
+    """
+
+def conv_transpose2d(
+    x: _TensorLike,
+    weight: _TensorLike,
+    bias: _TensorLike | None = None,
+    *,
+    stride: Sequence[int] | int = [1, 1],
+    padding: Sequence[int] | int = [0, 0],
+    output_padding: Sequence[int] | int = [0, 0],
+    groups: int = 1,
+    dilation: Sequence[int] | int = [1, 1],
+) -> Tensor:
+    """2-D transposed convolution (PyTorch's): x (N, C, H, W), weight (C, O/groups, kH, kW), bias (O,) give y
+    (N, O, OH, OW) with OH = (H − 1)·sH − 2·pH + dH·(kH − 1) + output_padding + 1 (and so for OW), the gradient
+    of conv2d with respect to its input, plus the bias.
+    """
+
+def conv_transpose3d(
+    x: _TensorLike,
+    weight: _TensorLike,
+    bias: _TensorLike | None = None,
+    *,
+    stride: Sequence[int] | int = [1, 1, 1],
+    padding: Sequence[int] | int = [0, 0, 0],
+    output_padding: Sequence[int] | int = [0, 0, 0],
+    groups: int = 1,
+    dilation: Sequence[int] | int = [1, 1, 1],
+) -> Tensor:
+    """3-D transposed convolution (PyTorch's): x (N, C, D, H, W), weight (C, O/groups, kD, kH, kW), bias (O,):
+    the gradient of conv3d with respect to its input, plus the bias; each output size is (n − 1)·s − 2·p + d·(k
+    − 1) + output_padding + 1.
+    """
+
+def unfold(
+    x: _TensorLike,
+    *,
+    kernel_size: Sequence[int] | int,
+    dilation: Sequence[int] | int = [1, 1],
+    padding: Sequence[int] | int = [0, 0],
+    stride: Sequence[int] | int = [1, 1],
+) -> Tensor:
+    """im2col (PyTorch's ``F.unfold``): the sliding kH×kW windows of x (N, C, H, W) — or (C, H, W) — as columns,
+    y (N, C·kH·kW, L), L the number of windows; rows run over (channel, kernel row, kernel column).
+    """
+
+def fold(
+    x: _TensorLike,
+    *,
+    output_size: Sequence[int] | int,
+    kernel_size: Sequence[int] | int,
+    dilation: Sequence[int] | int = [1, 1],
+    padding: Sequence[int] | int = [0, 0],
+    stride: Sequence[int] | int = [1, 1],
+) -> Tensor:
+    """col2im (PyTorch's ``F.fold``), the transpose of unfold: the columns of x (N, C·kH·kW, L) — or (C·kH·kW,
+    L) — added back into an image y (N, C, *output_size) where their windows lie; overlaps add up.
     """
 
 # -- opforge.ops.creation
@@ -588,6 +620,234 @@ def adam_update(
     (AdamW; Adam's L2 decay is in the moments) — as ``torch.optim.Adam``/``AdamW``.
     """
 
+# -- opforge.ops.pool
+
+def max_pool1d(
+    x: _TensorLike,
+    *,
+    kernel_size: Sequence[int] | int,
+    stride: Sequence[int] | int | None = None,
+    padding: Sequence[int] | int = [0],
+    dilation: Sequence[int] | int = [1],
+    ceil_mode: bool = False,
+) -> Tensor:
+    """The maximum of each window of x (N, C, L) — or (C, L) — windows ``stride`` apart (default: the kernel
+    size), over x padded with -inf.
+    """
+
+def max_pool2d(
+    x: _TensorLike,
+    *,
+    kernel_size: Sequence[int] | int,
+    stride: Sequence[int] | int | None = None,
+    padding: Sequence[int] | int = [0, 0],
+    dilation: Sequence[int] | int = [1, 1],
+    ceil_mode: bool = False,
+) -> Tensor:
+    """The maximum of each kH×kW window of x (N, C, H, W) — or (C, H, W) — windows ``stride`` apart (default:
+    the kernel size), over x padded with -inf.
+    """
+
+def max_pool3d(
+    x: _TensorLike,
+    *,
+    kernel_size: Sequence[int] | int,
+    stride: Sequence[int] | int | None = None,
+    padding: Sequence[int] | int = [0, 0, 0],
+    dilation: Sequence[int] | int = [1, 1, 1],
+    ceil_mode: bool = False,
+) -> Tensor:
+    """The maximum of each kD×kH×kW window of x (N, C, D, H, W) — or (C, D, H, W) — windows ``stride`` apart
+    (default: the kernel size), over x padded with -inf.
+    """
+
+class _max_pool1d_with_indices_result(NamedTuple):
+    y: Tensor
+    indices: Tensor
+
+def max_pool1d_with_indices(
+    x: _TensorLike,
+    *,
+    kernel_size: Sequence[int] | int,
+    stride: Sequence[int] | int | None = None,
+    padding: Sequence[int] | int = [0],
+    dilation: Sequence[int] | int = [1],
+    ceil_mode: bool = False,
+) -> _max_pool1d_with_indices_result:
+    """max_pool1d, and the index (int64, along L) of each window's first maximum: PyTorch's ``max_pool1d(...,
+    return_indices=True)``.
+    """
+
+class _max_pool2d_with_indices_result(NamedTuple):
+    y: Tensor
+    indices: Tensor
+
+def max_pool2d_with_indices(
+    x: _TensorLike,
+    *,
+    kernel_size: Sequence[int] | int,
+    stride: Sequence[int] | int | None = None,
+    padding: Sequence[int] | int = [0, 0],
+    dilation: Sequence[int] | int = [1, 1],
+    ceil_mode: bool = False,
+) -> _max_pool2d_with_indices_result:
+    """max_pool2d, and the flat index h·W + w (int64) of each window's first maximum: PyTorch's
+    ``max_pool2d(..., return_indices=True)``.
+    """
+
+class _max_pool3d_with_indices_result(NamedTuple):
+    y: Tensor
+    indices: Tensor
+
+def max_pool3d_with_indices(
+    x: _TensorLike,
+    *,
+    kernel_size: Sequence[int] | int,
+    stride: Sequence[int] | int | None = None,
+    padding: Sequence[int] | int = [0, 0, 0],
+    dilation: Sequence[int] | int = [1, 1, 1],
+    ceil_mode: bool = False,
+) -> _max_pool3d_with_indices_result:
+    """max_pool3d, and the flat index (d·H + h)·W + w (int64) of each window's first maximum: PyTorch's
+    ``max_pool3d(..., return_indices=True)``.
+    """
+
+def max_pool_grad(
+    x: _TensorLike,
+    dy: _TensorLike,
+    *,
+    kernel_size: Sequence[int] | int,
+    stride: Sequence[int] | int | None = None,
+    padding: Sequence[int] | int = [0],
+    dilation: Sequence[int] | int = [1],
+    ceil_mode: bool = False,
+) -> Tensor:
+    """Gradient of max pooling (1-, 2- or 3-D, by x's rank): each window's dy goes to the window's first maximum
+    of x; overlapping windows add up.
+    """
+
+def max_pool_grad_grad(
+    x: _TensorLike,
+    ddx: _TensorLike,
+    *,
+    kernel_size: Sequence[int] | int,
+    stride: Sequence[int] | int | None = None,
+    padding: Sequence[int] | int = [0],
+    dilation: Sequence[int] | int = [1],
+    ceil_mode: bool = False,
+) -> Tensor:
+    """Gradient of max_pool_grad with respect to dy (TensorFlow's MaxPoolGradGrad): ddx, an input-shaped tensor,
+    read at each window's first maximum of x.
+    """
+
+def pool_scatter(dy: _TensorLike, indices: _TensorLike, *, input_size: Sequence[int] | int) -> Tensor:
+    """Zeros (N, C, *input_size) to which each dy value is added at the flat spatial index ``indices`` holds for
+    it (as ``max_pool*_with_indices`` return them): the gradient of pooling with indices. Repeats add up.
+    """
+
+def pool_gather(x: _TensorLike, indices: _TensorLike) -> Tensor:
+    """x (N, C, *spatial) read at the flat spatial indices ``indices`` (N, C, *out) holds: the transpose of
+    pool_scatter.
+    """
+
+def avg_pool1d(
+    x: _TensorLike,
+    *,
+    kernel_size: Sequence[int] | int,
+    stride: Sequence[int] | int | None = None,
+    padding: Sequence[int] | int = [0],
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+) -> Tensor:
+    """The mean of each window of x (N, C, L) — or (C, L) — windows ``stride`` apart (default: the kernel size),
+    over x padded with zeros that count in the mean unless ``count_include_pad`` is False; ``divisor_override``
+    replaces the window size.
+    """
+
+def avg_pool2d(
+    x: _TensorLike,
+    *,
+    kernel_size: Sequence[int] | int,
+    stride: Sequence[int] | int | None = None,
+    padding: Sequence[int] | int = [0, 0],
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+) -> Tensor:
+    """The mean of each kH×kW window of x (N, C, H, W) — or (C, H, W) — windows ``stride`` apart (default: the
+    kernel size), over x padded with zeros that count in the mean unless ``count_include_pad`` is False;
+    ``divisor_override`` replaces the window size.
+    """
+
+def avg_pool3d(
+    x: _TensorLike,
+    *,
+    kernel_size: Sequence[int] | int,
+    stride: Sequence[int] | int | None = None,
+    padding: Sequence[int] | int = [0, 0, 0],
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+) -> Tensor:
+    """The mean of each kD×kH×kW window of x (N, C, D, H, W) — or (C, D, H, W) — windows ``stride`` apart
+    (default: the kernel size), over x padded with zeros that count in the mean unless ``count_include_pad`` is
+    False; ``divisor_override`` replaces the window size.
+    """
+
+def avg_pool_grad(
+    dy: _TensorLike,
+    *,
+    input_size: Sequence[int] | int,
+    kernel_size: Sequence[int] | int,
+    stride: Sequence[int] | int | None = None,
+    padding: Sequence[int] | int = [0],
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+) -> Tensor:
+    """Gradient of average pooling (1-, 2- or 3-D, by dy's rank) for an input of spatial size ``input_size``:
+    each window's dy divided as its sum was and spread over the window; overlapping windows add up.
+    """
+
+def adaptive_avg_pool1d(x: _TensorLike, *, output_size: Sequence[int] | int) -> Tensor:
+    """x (N, C, L) — or (C, L) — averaged down (or up) to ``output_size``: output i is the mean of inputs
+    ⌊i·L/o⌋ … ⌈(i+1)·L/o⌉ − 1 (PyTorch's adaptive windows).
+    """
+
+def adaptive_avg_pool2d(x: _TensorLike, *, output_size: Sequence[int] | int) -> Tensor:
+    """x (N, C, H, W) — or (C, H, W) — averaged to ``output_size`` (OH, OW) over PyTorch's adaptive windows
+    (rows ⌊i·H/OH⌋ … ⌈(i+1)·H/OH⌉ − 1, and so for columns); output_size 1 is global average pooling.
+    """
+
+def adaptive_avg_pool_grad(dy: _TensorLike, *, input_size: Sequence[int] | int) -> Tensor:
+    """Gradient of adaptive average pooling (1-, 2- or 3-D, by dy's rank) for an input of spatial size
+    ``input_size``: each output's dy spread evenly over its window; overlapping windows add up.
+    """
+
+def adaptive_avg_pool3d(x: _TensorLike, *, output_size: Sequence[int] | int) -> Tensor:
+    """x (N, C, D, H, W) — or (C, D, H, W) — averaged to ``output_size`` (OD, OH, OW) over PyTorch's adaptive
+    windows.
+    """
+
+def adaptive_max_pool2d(x: _TensorLike, *, output_size: Sequence[int] | int) -> Tensor:
+    """The maximum of each of PyTorch's adaptive windows of x (N, C, H, W) — or (C, H, W) — for ``output_size``
+    (OH, OW): rows ⌊i·H/OH⌋ … ⌈(i+1)·H/OH⌉ − 1, and so for columns.
+    """
+
+class _adaptive_max_pool2d_with_indices_result(NamedTuple):
+    y: Tensor
+    indices: Tensor
+
+def adaptive_max_pool2d_with_indices(
+    x: _TensorLike,
+    *,
+    output_size: Sequence[int] | int,
+) -> _adaptive_max_pool2d_with_indices_result:
+    """adaptive_max_pool2d, and the flat index h·W + w (int64) of each window's first maximum: PyTorch's
+    ``adaptive_max_pool2d(..., return_indices=True)``.
+    """
+
 # -- opforge.ops.reduce
 
 def sum(x: _TensorLike, *, axis: Sequence[int] | int | None = None, keepdim: bool = False) -> Tensor:
@@ -661,6 +921,46 @@ def norm(x: _TensorLike, *, p: float = 2.0, axis: Sequence[int] | int | None = N
 
 def cumsum(x: _TensorLike, *, axis: int) -> Tensor:
     """Running sums along ``axis``: yᵢ = x₀ + … + xᵢ. Integer and bool tensors sum in int64."""
+
+# -- opforge.ops.resize
+
+def interpolate(
+    x: _TensorLike,
+    *,
+    size: Sequence[int] | int | None = None,
+    scale_factor: Sequence[float] | float | None = None,
+    mode: str = 'nearest',
+    align_corners: bool | None = None,
+    recompute_scale_factor: bool | None = None,
+) -> Tensor:
+    """Resize x (N, C, *spatial) to ``size``, or by ``scale_factor`` (the output ⌊n·s⌋), as PyTorch's
+    ``F.interpolate``: mode "nearest" (output i reads input ⌊i·n/o⌋), "nearest-exact" (⌊(i + ½)·n/o⌋), or
+    "linear"/"bilinear"/"trilinear" for 1/2/3 spatial dims (a blend of the two nearest inputs; ``align_corners``
+    maps the corner pixels' centres onto each other). With a scale factor the positions use it unless
+    ``recompute_scale_factor``.
+    """
+
+def interpolate_grad(
+    dy: _TensorLike,
+    *,
+    input_size: Sequence[int] | int,
+    size: Sequence[int] | int | None = None,
+    scale_factor: Sequence[float] | float | None = None,
+    mode: str = 'nearest',
+    align_corners: bool | None = None,
+    recompute_scale_factor: bool | None = None,
+) -> Tensor:
+    """Gradient of interpolate for an input of spatial size ``input_size``: each output's dy added back to the
+    inputs it read, times the weights it read them with.
+    """
+
+def pixel_shuffle(x: _TensorLike, *, upscale_factor: int) -> Tensor:
+    """x (*, C·r², H, W) rearranged to (*, C, H·r, W·r), r = upscale_factor: y[..., c, h·r + i, w·r + j] =
+    x[..., c·r² + i·r + j, h, w] (sub-pixel convolution's upsampling, as PyTorch).
+    """
+
+def pixel_unshuffle(x: _TensorLike, *, downscale_factor: int) -> Tensor:
+    """The inverse of pixel_shuffle: x (*, C, H·r, W·r) rearranged to (*, C·r², H, W), r = downscale_factor."""
 
 # -- opforge.ops.shape
 
