@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -69,8 +70,10 @@ def n_list(value, n: int):
 
 def torch_conv(nd):
     def conv(x, weight, bias=None, *, stride, padding, dilation, groups):
-        return getattr(TF, f"conv{nd}d")(x, weight, bias, stride=n_list(stride, nd), padding=n_list(padding, nd),
-                                         dilation=n_list(dilation, nd), groups=groups)
+        with warnings.catch_warnings():  # "padding='same' with even kernel lengths ... may require a copy"
+            warnings.simplefilter("ignore", UserWarning)
+            return getattr(TF, f"conv{nd}d")(x, weight, bias, stride=n_list(stride, nd), padding=n_list(padding, nd),
+                                             dilation=n_list(dilation, nd), groups=groups)
     return conv
 
 
