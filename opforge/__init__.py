@@ -25,7 +25,7 @@ from .core import (
     registry,
     set_grad_enabled,
 )
-from .core.dtypes import bool_, float32, float64, int32, int64
+from .core.dtypes import bfloat16, bool_, float16, float32, float64, int32, int64
 from .creation import arange, full, ones, rand, randn, tensor, zeros
 from .dispatch import op
 from .program import Executor, Program, Variable, append_backward, compile, trace
@@ -35,8 +35,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ArgumentError", "DispatchError", "Executor", "GradientError", "OpforgeError", "Program", "Sample",
-    "SchemaError", "ShapeError", "Spec", "Tensor", "Variable", "append_backward", "arange", "backward", "bool_",
-    "compile", "data", "enable_grad", "float32", "float64", "full", "grad", "int32", "int64", "is_grad_enabled",
-    "load", "manual_seed", "nn", "no_grad", "ones", "op", "ops", "optim", "rand", "randn", "register_device",
-    "registry", "save", "set_grad_enabled", "tensor", "testing", "trace", "zeros",
+    "SchemaError", "ShapeError", "Spec", "Tensor", "Variable", "append_backward", "arange", "backward", "bfloat16",
+    "bool_", "compile", "data", "enable_grad", "float16", "float32", "float64", "full", "grad", "int32", "int64",
+    "is_grad_enabled", "load", "manual_seed", "nn", "no_grad", "ones", "op", "ops", "optim", "rand", "randn",
+    "register_device", "registry", "save", "set_grad_enabled", "tensor", "testing", "trace", "zeros",
 ]

@@ -279,7 +279,7 @@ def _(x, *, dtype):
 
 @cast.grad
 def _(dy, x_spec):
-    return F.cast(dy, dtype=x_spec.dtype) if x_spec.dtype.kind == "f" else None
+    return F.cast(dy, dtype=x_spec.dtype) if D.is_floating(x_spec.dtype) else None
 
 
 @cast.samples
@@ -341,19 +341,19 @@ def sign(x):
 @op("floor(Tensor<number> x) -> Tensor y", traits=["elementwise"])
 def floor(x):
     """The largest integer ≤ x (integer tensors are returned unchanged)."""
-    return np.floor(x) if x.dtype.kind == "f" else x.copy()
+    return np.floor(x) if D.is_floating(x.dtype) else x.copy()
 
 
 @op("ceil(Tensor<number> x) -> Tensor y", traits=["elementwise"])
 def ceil(x):
     """The smallest integer ≥ x (integer tensors are returned unchanged)."""
-    return np.ceil(x) if x.dtype.kind == "f" else x.copy()
+    return np.ceil(x) if D.is_floating(x.dtype) else x.copy()
 
 
 @op("round(Tensor<number> x) -> Tensor y", traits=["elementwise"])
 def round(x):
     """The nearest integer, halves to the even one (round(2.5) = 2), as PyTorch."""
-    return np.round(x) if x.dtype.kind == "f" else x.copy()
+    return np.round(x) if D.is_floating(x.dtype) else x.copy()
 
 
 for _step in (sign, floor, ceil, round):
@@ -626,7 +626,7 @@ def _(x, dy):
 def _clip_dtype(dtype, lo, hi):
     """An integer tensor clipped at a fractional bound becomes the default float, as PyTorch promotes it."""
     fractional = any(b is not None and not float(b).is_integer() for b in (lo, hi))
-    return D.DEFAULT_FLOAT if dtype.kind != "f" and fractional else dtype
+    return D.DEFAULT_FLOAT if not D.is_floating(dtype) and fractional else dtype
 
 
 @op("clip(Tensor<number> x, *, float? min=None, float? max=None) -> Tensor y")

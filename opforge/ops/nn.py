@@ -849,7 +849,7 @@ def _(q, k, v, attn_mask, *, is_causal, scale):
     if attn_mask is not None:
         if is_causal:
             raise ArgumentError(f"{name}: give attn_mask or is_causal=True, not both")
-        if attn_mask.dtype != D.bool_ and attn_mask.dtype.kind != "f":
+        if attn_mask.dtype != D.bool_ and not D.is_floating(attn_mask.dtype):
             raise ArgumentError(f"{name}: argument 'attn_mask' must be bool or floating, got {attn_mask.dtype}")
         if not _broadcasts_to(attn_mask.shape, scores):
             raise ShapeError(f"{name}: attn_mask of shape {attn_mask.shape} must broadcast to the scores' shape "
