@@ -295,7 +295,7 @@ def _record(opdef: OpDef, inputs: tuple, attrs: dict, out):
         tuple(None if t is None else (t._data.shape, t._data.dtype) for t, _ in flat),
         out_layout, tuple((a.shape, a.dtype) for a in outs), saved, saved_out,
     )
-    tensors = [_new(a, True, node, i, device) if a.dtype.kind == "f" else _new(a, False, None, 0, device)
+    tensors = [_new(a, True, node, i, device) if D.is_floating(a.dtype) else _new(a, False, None, 0, device)
                for i, a in enumerate(outs)]
     return _restructure(opdef, tensors, out_layout)
 
@@ -319,7 +319,7 @@ def _set_record(opdef: OpDef) -> None:
         f"    {', '.join(names)}, = inputs",
         "    if type(out) is not _of_nd:",
         "        out = _of_asarray(out)",
-        "    if out.dtype.kind != 'f':",
+        "    if out.dtype.kind != 'f' and out.dtype is not _of_bf16:",  # D.is_floating, inlined
         f"        return _of_new(out, False, None, 0, {names[0]}._device)",
         "    node = _of_Node(_of_op, attrs, (" + "".join(edge.format(n) + ", " for n in names) + "), _of_layout,",
         "                    (" + "".join(f"({n}._data.shape, {n}._data.dtype), " for n in names) + "),",
@@ -327,7 +327,7 @@ def _set_record(opdef: OpDef) -> None:
         f"    return _of_new(out, True, node, 0, {names[0]}._device)",
     ]) + "\n"
     env = {"_of_op": opdef, "_of_nd": np.ndarray, "_of_asarray": np.asarray, "_of_new": _new, "_of_Node": Node,
-           "_of_layout": (-1,) * len(inputs)}
+           "_of_layout": (-1,) * len(inputs), "_of_bf16": D.bfloat16}
     exec(compile(source, f"<opforge.record.{opdef.name}>", "exec"), env)
     opdef.record = env["record"]
     opdef.record_source = source
