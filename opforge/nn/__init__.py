@@ -7,8 +7,10 @@ and PyTorch-style layers built on registered ops, so that a model runs eagerly a
 
 from . import init
 from .layers import (
+    CELU,
     ELU,
     GELU,
+    GLU,
     SELU,
     AdaptiveAvgPool2d,
     AvgPool2d,
@@ -20,28 +22,37 @@ from .layers import (
     Dropout,
     Embedding,
     Flatten,
+    Hardsigmoid,
+    Hardswish,
+    Hardtanh,
     Identity,
     LayerNorm,
     LeakyReLU,
     Linear,
+    LogSigmoid,
     LogSoftmax,
     MaxPool2d,
+    Mish,
     MSELoss,
     MultiheadAttention,
     NLLLoss,
+    PReLU,
     ReLU,
+    ReLU6,
     Sigmoid,
     SiLU,
     Softmax,
+    Softmin,
     Softplus,
     Tanh,
 )
 from .module import IncompatibleKeys, Module, ModuleList, Parameter, Sequential, StateDictError
 
 __all__ = [
-    "ELU", "GELU", "SELU", "AdaptiveAvgPool2d", "AvgPool2d", "BCEWithLogitsLoss", "BatchNorm1d", "BatchNorm2d",
-    "Conv2d", "CrossEntropyLoss", "Dropout", "Embedding", "Flatten", "Identity", "IncompatibleKeys", "LayerNorm",
-    "LeakyReLU", "Linear", "LogSoftmax", "MSELoss", "MaxPool2d", "Module", "ModuleList", "MultiheadAttention",
-    "NLLLoss", "Parameter", "ReLU", "Sequential", "SiLU", "Sigmoid", "Softmax", "Softplus", "StateDictError",
-    "Tanh", "init",
+    "CELU", "ELU", "GELU", "GLU", "SELU", "AdaptiveAvgPool2d", "AvgPool2d", "BCEWithLogitsLoss", "BatchNorm1d",
+    "BatchNorm2d", "Conv2d", "CrossEntropyLoss", "Dropout", "Embedding", "Flatten", "Hardsigmoid", "Hardswish",
+    "Hardtanh", "Identity", "IncompatibleKeys", "LayerNorm", "LeakyReLU", "Linear", "LogSigmoid", "LogSoftmax",
+    "MSELoss", "MaxPool2d", "Mish", "Module", "ModuleList", "MultiheadAttention", "NLLLoss", "PReLU", "Parameter",
+    "ReLU", "ReLU6", "Sequential", "SiLU", "Sigmoid", "Softmax", "Softmin", "Softplus", "StateDictError", "Tanh",
+    "init",
 ]

@@ -542,6 +542,67 @@ class LogSoftmax(Softmax):
     _op = F.log_softmax
 
 
+class Softmin(Softmax):
+    _op = F.softmin
+
+
+class GLU(Softmax):
+    _op = F.glu
+
+
+class Hardtanh(_Activation):
+    _op, _attrs = F.hardtanh, ("min_val", "max_val")
+
+    def __init__(self, min_val: float = -1.0, max_val: float = 1.0):
+        super().__init__()
+        self.min_val, self.max_val = float(min_val), float(max_val)
+
+
+class ReLU6(_Activation):
+    _op = F.relu6
+
+
+class Hardsigmoid(_Activation):
+    _op = F.hardsigmoid
+
+
+class Hardswish(_Activation):
+    _op = F.hardswish
+
+
+class Mish(_Activation):
+    _op = F.mish
+
+
+class LogSigmoid(_Activation):
+    _op = F.logsigmoid
+
+
+class CELU(_Activation):
+    _op, _attrs = F.celu, ("alpha",)
+
+    def __init__(self, alpha: float = 1.0):
+        super().__init__()
+        self.alpha = float(alpha)
+
+
+class PReLU(Module):
+    """y = x where x > 0, else weight·x, with a learnable ``weight`` of ``num_parameters`` (1, or the channels of
+    dim 1), each starting at ``init``."""
+
+    def __init__(self, num_parameters: int = 1, init: float = 0.25, dtype=None):
+        super().__init__()
+        self.num_parameters = _count(num_parameters, "num_parameters", "PReLU")
+        self.init = float(init)
+        self.weight = Tensor(np.full(self.num_parameters, self.init, _dtype(dtype)), requires_grad=True)
+
+    def forward(self, x):
+        return F.prelu(x, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"num_parameters={self.num_parameters}"
+
+
 # -- losses ----------------------------------------------------------------------------------------------------
 
 
