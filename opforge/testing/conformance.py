@@ -553,8 +553,8 @@ def check_op(op, *, seed: int = 0, samples=None, raise_on_failure: bool = True, 
         report.checked.append("traced into a program, outputs and gradients equal eager mode's")
     if precision_samples and not precision_failures:
         worst = ", ".join(f"{name} {e:.2g}" for name, e in report.errors.items())
-        report.checked.append(f"float32, float16 and bfloat16 outputs agree with float64 ones (worst error, as a "
-                              f"share of the tolerance: {worst})")
+        report.checked.append(f"float32 outputs agree with float64 ones, and float16 and bfloat16 ones too (worst "
+                              f"error, as a share of the tolerance: {worst})")
     if report.order and not any("derivatives" in f for f in report.failures):
         report.checked.append(f"gradients match central differences to order {report.order}")
     before = len(report.failures)
