@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..core import dtypes as D
-from ..core import random as _random
+from ..core.devices import CPU
 from ..core.errors import ArgumentError, GradientError, OpforgeError, ShapeError
 from ..core.opdef import OpDef, Sample, registry
 from ..core.spec import Spec
-from ..tensor import Tensor, _new
+from ..tensor import Tensor, wrap
 from .gradcheck import gradcheck, gradgradcheck
 
 
@@ -90,7 +90,7 @@ def default_samples(opdef: OpDef, rng: np.random.Generator):
 def _to_tensor(value, dtype=None, requires_grad=False):
     if isinstance(value, np.ndarray):
         array = value.astype(dtype) if (dtype is not None and value.dtype.kind == "f") else value
-        return _new(array, requires_grad and array.dtype.kind == "f")
+        return wrap(array, requires_grad=requires_grad and array.dtype.kind == "f")
     return value
 
 
@@ -152,13 +152,9 @@ def _seeded(opdef: OpDef, seed: int):
     if "random" not in opdef.traits:
         yield
         return
-    saved = _random.state.generator
     # A stream of its own: seeded like the samples, the draws would equal the sample values themselves.
-    _random.state.generator = np.random.default_rng([seed, 0x5EED])
-    try:
+    with CPU.drawing_from(np.random.default_rng([seed, 0x5EED])):
         yield
-    finally:
-        _random.state.generator = saved
 
 
 def _check_inference(opdef: OpDef, args, kwargs, report: OpReport, tag: str) -> list:
@@ -241,7 +237,7 @@ def _check_program(opdef: OpDef, sample: Sample, report: OpReport, tag: str) -> 
         outs = _flat(opdef.fn(*rebuild(variables), **kwargs))
         result = {f"out{k}": o for k, o in enumerate(outs)}
         if want_grads:
-            terms = [F.sum(o * _new(c)) for o, c in zip(outs, cotangents) if c is not None]
+            terms = [F.sum(o * wrap(c)) for o, c in zip(outs, cotangents) if c is not None]
             result["loss"] = terms[0] if len(terms) == 1 else F.add_n(terms)
         return result
 
@@ -258,10 +254,10 @@ def _check_program(opdef: OpDef, sample: Sample, report: OpReport, tag: str) -> 
             report.failures.append(f"{tag}: program output {k} differs from eager")
             return
     if want_grads:
-        leaves = {n: _new(t.numpy(), True) for n, t in feeds.items() if n in wrt}
+        leaves = {n: wrap(t.numpy(), requires_grad=True) for n, t in feeds.items() if n in wrt}
         values = {n: leaves.get(n, t) for n, t in feeds.items()}
         outs = _flat(opdef.fn(*rebuild(values), **kwargs))
-        pairs = [(o, _new(c)) for o, c in zip(outs, cotangents) if c is not None and o.requires_grad]
+        pairs = [(o, wrap(c)) for o, c in zip(outs, cotangents) if c is not None and o.requires_grad]
         if not pairs:
             return
         eager_grads = grad([o for o, _ in pairs], list(leaves.values()), grad_outputs=[c for _, c in pairs],
@@ -354,7 +350,7 @@ def _check_wrong_calls(opdef: OpDef, sample: Sample, report: OpReport, strict: b
                 bad = next((d for d in D.SUPPORTED if d not in p.dtypes), None)
                 if bad is not None:
                     wrong = list(args)
-                    wrong[i] = _new(np.zeros(args[i].shape, bad))
+                    wrong[i] = wrap(np.zeros(args[i].shape, bad))
                     _expect_error(report, f"dtype {bad} for '{p.name}'", lambda w=wrong: fn(*w, **kwargs),
                                   name, p.name)
     for p in opdef.attrs:
@@ -395,7 +391,7 @@ def _check_wrong_rank(opdef: OpDef, args: tuple, kwargs: dict, report: OpReport,
     if x.ndim:
         variants.append(("its leading dim dropped", x[0].copy()))
     for what, array in variants:
-        wrong = (*args[:i], _new(array), *args[i + 1:])
+        wrong = (*args[:i], wrap(array), *args[i + 1:])
         tag = f"wrong rank ('{p.name}' of shape {array.shape} instead of {x.shape}, {what})"
         specs, attrs = _specs(opdef, wrong, kwargs)
         try:

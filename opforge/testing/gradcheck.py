@@ -15,7 +15,7 @@ import numpy as np
 from ..autodiff import grad
 from ..core.errors import ArgumentError, describe
 from ..core.grad_mode import enable_grad, no_grad
-from ..tensor import Tensor, _new
+from ..tensor import Tensor, wrap
 
 
 class GradcheckError(AssertionError):
@@ -95,7 +95,7 @@ def gradcheck(fn, inputs, *, eps: float = 1e-6, atol: float = 1e-5, rtol: float 
     if not outs or not wrt:
         return result
     rng = np.random.default_rng(seed)
-    cotangents = [_new(rng.standard_normal(o.shape).astype(o.dtype)) for o in outs]
+    cotangents = [wrap(rng.standard_normal(o.shape).astype(o.dtype)) for o in outs]
     linked = [(o, u) for o, u in zip(outs, cotangents) if o.requires_grad]  # others do not depend on inputs
     if linked:
         analytic = grad([o for o, _ in linked], [inputs[i] for i in wrt], grad_outputs=[u for _, u in linked],
@@ -118,7 +118,7 @@ def gradcheck(fn, inputs, *, eps: float = 1e-6, atol: float = 1e-5, rtol: float 
                 shifted = base.copy()
                 shifted[index] += step
                 args = list(inputs)
-                args[i] = _new(shifted)
+                args[i] = wrap(shifted)
                 values.append(projected(args))
             numeric[index] = (values[0] - values[1]) / (2 * eps)
         both_nan = np.isnan(a) & np.isnan(numeric)
@@ -147,14 +147,14 @@ def gradgradcheck(fn, inputs, *, eps: float = 1e-6, atol: float = 1e-5, rtol: fl
     wrt = [i for i, t in enumerate(inputs) if isinstance(t, Tensor) and t.requires_grad]
     outs = _outputs(fn(*inputs))
     rng = np.random.default_rng(seed + 1)
-    cotangents = [_new(rng.standard_normal(o.shape).astype(o.dtype), True) for o in outs]
+    cotangents = [wrap(rng.standard_normal(o.shape).astype(o.dtype), requires_grad=True) for o in outs]
 
     def first_derivative(*args):
         xs, us = list(args[:len(inputs)]), list(args[len(inputs):])
         with enable_grad():  # also when gradcheck evaluates it at shifted points under no_grad
             for i in wrt:
                 if not xs[i].requires_grad:
-                    xs[i] = _new(xs[i].numpy(), True)
+                    xs[i] = wrap(xs[i].numpy(), requires_grad=True)
             ys = _outputs(fn(*xs))
             pairs = [(y, u) for y, u in zip(ys, us) if y.requires_grad]
             if not pairs:
