@@ -26,8 +26,8 @@ class Node:
     program's ``OpDesc``): ``saved_inputs``, ``saved_output``, ``zeros``, ``spec`` and ``needs_input_grad``.
     """
 
-    __slots__ = ("__weakref__", "attrs", "device", "edges", "in_layout", "in_meta", "op", "out_layout", "out_meta",
-                 "saved", "saved_out")
+    __slots__ = ("__weakref__", "attrs", "device", "edges", "in_layout", "in_meta", "op", "origin", "out_layout",
+                 "out_meta", "saved", "saved_out")  # origin: the user's call site, kept under of.detect_anomaly()
 
     def __init__(self, op, attrs, edges, in_layout, in_meta, out_layout, out_meta, saved, saved_out, device):
         self.op = op
@@ -304,7 +304,7 @@ class Tensor(TensorOps):
     def numpy(self) -> np.ndarray:
         """The underlying array, without a copy (writing to it changes this tensor). Only for tensors whose data is
         host memory; copy others to the host first."""
-        if self._device.xp is not np:
+        if not self._device.host:
             raise ArgumentError(f"numpy(): the tensor is on device '{self._device}', not in host memory; "
                                 "copy it to the host first")
         return self._data

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from ..core.errors import ArgumentError, GradientError, describe
 from ..core.grad_mode import set_grad_enabled
-from ..dispatch import EAGER, owner_of
+from ..dispatch import EAGER, current_interpreter, owner_of
 from ..tensor import Node, Tensor, wrap
+from .anomaly import AnomalyDetection
 from .rules import call_rule, fit, input_label, missing_rule
 
 
@@ -154,6 +155,8 @@ def _backprop(outputs: list, seeds: list, targets: set | None, create_graph: boo
     found: dict = {}  # target key (or, in backward(), leaf) -> its summed gradient
     consumer: dict = {}  # node -> the node its gradient came from (to name the path in errors)
     given: set = set()  # gradients already stored as some leaf's .grad (each .grad owns its memory)
+    anomaly = current_interpreter()
+    anomaly = anomaly if type(anomaly) is AnomalyDetection else None  # of.detect_anomaly(): check every gradient
 
     with set_grad_enabled(create_graph):
         for t, g in zip(outputs, seeds):
@@ -172,7 +175,8 @@ def _backprop(outputs: list, seeds: list, targets: set | None, create_graph: boo
                         if g is not None and (node, i) in targets:
                             found[(node, i)] = g
                 if node in runs:
-                    _run_rule(node, grads, create_graph, retain_graph, consumer, runs, targets, pending, found)
+                    _run_rule(node, grads, create_graph, retain_graph, consumer, runs, targets, pending, found,
+                              anomaly)
             for leaf in finals.get(node, ()):
                 g = found.pop(leaf, None)
                 if g is not None:
@@ -181,7 +185,7 @@ def _backprop(outputs: list, seeds: list, targets: set | None, create_graph: boo
 
 
 def _run_rule(node: Node, grads: list, create_graph: bool, retain_graph: bool, consumer: dict, runs: set,
-              targets: set | None, pending: dict, found: dict) -> None:
+              targets: set | None, pending: dict, found: dict, anomaly: AnomalyDetection | None) -> None:
     """Call ``node``'s rule on its outputs' gradients and hand each input's gradient on to where it collects."""
     op = node.op
     if op.grad_rule is None:
@@ -191,13 +195,22 @@ def _run_rule(node: Node, grads: list, create_graph: bool, retain_graph: bool, c
             f"backward through op '{op.name}' a second time: its saved values were freed "
             "after the first backward; pass retain_graph=True to the first call"
         )
-    input_grads = call_rule(node, grads, create_graph)
+    if anomaly is None:
+        input_grads = call_rule(node, grads, create_graph)
+    else:
+        anomaly.backward_of = (node, getattr(node, "origin", None) or "an unknown place")
+        try:
+            input_grads = call_rule(node, grads, create_graph)
+        finally:
+            anomaly.backward_of = None
     for i, (edge, g) in enumerate(zip(node.edges, input_grads)):
         if edge is None or g is None:
             continue
         if type(g) is not Tensor or node.in_meta[i] != (g._data.shape, g._data.dtype):
             shape, dtype = node.in_meta[i]
             g = fit(op, input_label(op, i, node.in_layout), g, shape, dtype, Tensor)
+        if anomaly is not None:
+            anomaly.check_gradient(node, input_label(op, i, node.in_layout), g)
         target, index = edge
         if index < 0:
             if targets is None or target in targets:

@@ -41,17 +41,22 @@ class Device:
         becomes an array."""
         return value if type(value) is self.array_type else self.xp.asarray(value)
 
+    @property
+    def host(self) -> bool:
+        """Whether this device's arrays are NumPy arrays in host memory."""
+        return self.array_type is np.ndarray
+
     def from_host(self, array: np.ndarray, copy: bool = False):
         """A host (NumPy) array on this device: shared where the device holds host arrays, unless ``copy``."""
-        if self.xp is np:
+        if self.host:
             return np.array(array, copy=True) if copy else array
         return self.xp.asarray(array)
 
     def to_host(self, array) -> np.ndarray:
         """An array of this device as a NumPy array (no copy where it already is one)."""
-        if self.xp is np:
+        if self.host:
             return array
-        return self.xp.asnumpy(array) if hasattr(self.xp, "asnumpy") else np.asarray(array)
+        return self.xp.asnumpy(array)
 
     def copy_into(self, target, value) -> None:
         """Write ``value`` into the array ``target`` of this device, in place (casting within a kind)."""
@@ -74,9 +79,7 @@ class Device:
             self._streams.generator = saved
 
     def new_generator(self, seed: int):
-        if self.xp is np:
-            return np.random.default_rng(seed)
-        return self.xp.random.default_rng(seed)
+        return (np if self.host else self.xp).random.default_rng(seed)
 
     # -- identity -----------------------------------------------------------------------------------------------
 

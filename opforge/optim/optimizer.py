@@ -57,7 +57,7 @@ class ParamGroup(dict):
 
     def __init__(self, params: list, lr: float, **hyper):
         super().__init__(params=params, **hyper)
-        self.lr_tensor = tensor(np.array(float(lr)))
+        self.lr_tensor = tensor(np.array(float(lr)), device=params[0].device if params else None)
 
     def __getitem__(self, key):
         if key == "lr":
@@ -66,7 +66,8 @@ class ParamGroup(dict):
 
     def __setitem__(self, key, value):
         if key == "lr":
-            np.copyto(self.lr_tensor.numpy(), float(value))
+            lr = self.lr_tensor
+            lr.device.copy_into(lr._data, lr.device.from_host(np.array(float(value))))
         else:
             super().__setitem__(key, value)
 
@@ -180,7 +181,7 @@ class Optimizer:
             ids = []
             for p in group["params"]:
                 if self.state[p]:
-                    state[index] = {k: tensor(v.numpy()) for k, v in self.state[p].items()}
+                    state[index] = {k: tensor(v, device=v.device) for k, v in self.state[p].items()}
                 ids.append(index)
                 index += 1
             groups.append({**group.hyper(), "params": ids})
