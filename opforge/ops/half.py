@@ -46,7 +46,10 @@ def _half_kernel(opdef, *, only_if_half: bool):
     """The op's generic CPU kernel on float32 copies of the half inputs, its outputs rounded as inferred."""
 
     def run(inputs, attrs, extra):
-        base = opdef.kernels[("cpu", None)].fn  # looked up per call: a kernel replaced later is followed
+        base = _generic(opdef)  # looked up per call: a kernel replaced later is followed
+        if base.takes_xp:
+            extra = {**extra, "xp": np}
+        base = base.fn
         if only_if_half and not any(isinstance(a, np.ndarray) and a.dtype in D.HALF for a in inputs):
             return base(*inputs, **attrs, **extra)
         out = base(*(_widened(a) for a in inputs), **attrs, **extra)
@@ -63,9 +66,14 @@ def _half_kernel(opdef, *, only_if_half: bool):
     return kernel
 
 
+def _generic(opdef):
+    """The op's kernel for every dtype on the CPU: a CPU one, or one for every device (which takes ``xp``)."""
+    return opdef.kernels.get(("cpu", None)) or opdef.kernels.get((None, None))
+
+
 def add_half_kernels(opdef, removed: bool = False) -> None:
-    """Give ``opdef`` its half-precision kernels (a registry listener: every op, the library's and yours)."""
-    if removed or ("cpu", None) not in opdef.kernels or not opdef.inputs:
+    """Give ``opdef`` its half-precision CPU kernels (a registry listener: every op, the library's and yours)."""
+    if removed or _generic(opdef) is None or not opdef.inputs:
         return
     first = opdef.inputs[0]
     if first.dtypes is None or any(d in D.HALF for d in first.dtypes):
