@@ -39,11 +39,18 @@ def normalize_grad(x, g, *, axes, eps, center):
     and no mean(g) term."""
     _validate(normalize_grad, x, g, axes=axes, eps=eps, center=center)
     axes = normalize_axes("normalize_grad", axes, x.ndim)
-    xc = x - np.mean(x, axis=axes, keepdims=True) if center else x
-    r = 1 / np.sqrt(np.mean(xc * xc, axis=axes, keepdims=True) + eps)
-    xhat = xc * r
-    gc = g - np.mean(g, axis=axes, keepdims=True) if center else g
-    dx = (gc - xhat * np.mean(g * xhat, axis=axes, keepdims=True)) * r
+    inv_n = 1.0 / max(int(np.prod([x.shape[a] for a in axes])), 1)
+
+    def mean(a):  # np.add.reduce: np.mean's own overhead is most of the cost on small inputs
+        return np.add.reduce(a, axis=axes, keepdims=True) * inv_n
+
+    xc = x - mean(x) if center else x
+    r = 1 / np.sqrt(mean(np.square(xc)) + eps)
+    xhat = np.multiply(xc, r, out=xc if center else None)
+    dx = g * xhat
+    np.multiply(xhat, mean(dx), out=dx)  # x̂·mean(g·x̂)
+    np.subtract(g - mean(g) if center else g, dx, out=dx)
+    dx *= r
     return dx.astype(x.dtype, copy=False), xhat.astype(x.dtype, copy=False)
 
 
