@@ -299,8 +299,12 @@ def floor(x: _TensorLike) -> Tensor:
 def ceil(x: _TensorLike) -> Tensor:
     """The smallest integer ≥ x (integer tensors are returned unchanged)."""
 
-def round(x: _TensorLike) -> Tensor:
-    """The nearest integer, halves to the even one (round(2.5) = 2), as PyTorch."""
+def round(x: _TensorLike, *, decimals: int = 0) -> Tensor:
+    """The nearest integer, halves to the even one (round(2.5) = 2), as PyTorch; with ``decimals`` the nearest
+    multiple of 10^−decimals, computed as PyTorch does: rint(x·10^d)/10^d, or rint(x/10^−d)·10^−d for d < 0 (so
+    10^|d| is exact). Integer tensors: unchanged, or rounded to tens, hundreds, ... for decimals < 0 (PyTorch
+    refuses integers with decimals).
+    """
 
 def expm1(x: _TensorLike) -> Tensor:
     """y = eˣ − 1, exact for small x."""
@@ -343,8 +347,12 @@ def gelu_grad(x: _TensorLike, dy: _TensorLike, *, approximate: str = 'none') -> 
 def silu(x: _TensorLike) -> Tensor:
     """y = x·σ(x), σ the logistic sigmoid (also called swish)."""
 
-def clip(x: _TensorLike, *, min: float | None = None, max: float | None = None) -> Tensor:
-    """x limited to [min, max] (either bound may be None; min > max gives max everywhere, as PyTorch's clamp)."""
+def clip(x: _TensorLike, min: _TensorLike | None = None, max: _TensorLike | None = None) -> Tensor:
+    """x limited to [min, max], as ``torch.clamp``: either bound may be None, and each is a number or a tensor
+    that broadcasts with ``x`` (min > max gives max). The dtype follows torch too: a number, or a 0-d tensor,
+    changes it only where it is of a higher kind (an integer tensor clipped at 2.5 becomes float32, at 2 stays
+    integer).
+    """
 
 def isnan(x: _TensorLike) -> Tensor:
     """True where x is NaN."""
@@ -354,6 +362,63 @@ def isfinite(x: _TensorLike) -> Tensor:
 
 def logical_not(x: _TensorLike) -> Tensor:
     """True where x is 0 (or False)."""
+
+# -- opforge.ops.indexing
+
+def take(x: _TensorLike, index: _TensorLike, *, axis: int | None = None) -> Tensor:
+    """The elements of ``x`` at ``index`` along ``axis``, as ``np.take``: the result's shape is ``x.shape`` with
+    dim ``axis`` replaced by ``index.shape``. With ``axis=None`` it indexes the flattened ``x``
+    (``torch.take``). Negative indices count from the end. ``x[index_tensor]`` is this op.
+    """
+
+def take_grad(dy: _TensorLike, index: _TensorLike, *, shape: Sequence[int] | int, axis: int | None = None) -> Tensor:
+    """Gradient of ``take``: zeros of ``shape`` with each element of ``dy`` added at the position ``take`` read
+    it from (an index that repeats collects the sum).
+    """
+
+def gather(x: _TensorLike, index: _TensorLike, *, axis: int) -> Tensor:
+    """``torch.gather``: ``y[i][j][k] = x[index[i][j][k]][j][k]`` for ``axis=0`` (and so on for other axes);
+    ``y`` has the shape of ``index``, which has the rank of ``x`` and may be smaller in the other dims. NumPy's
+    ``take_along_axis`` is the same op where ``index`` matches ``x`` in the other dims. Negative indices count
+    from the end.
+    """
+
+def gather_grad(dy: _TensorLike, index: _TensorLike, *, shape: Sequence[int] | int, axis: int) -> Tensor:
+    """Gradient of ``gather``: zeros of ``shape`` with each element of ``dy`` added where ``gather`` read it
+    from (``scatter_add`` into zeros, without making the zeros first).
+    """
+
+def scatter_add(x: _TensorLike, index: _TensorLike, src: _TensorLike, *, axis: int) -> Tensor:
+    """``torch.scatter_add``: a copy of ``x`` to which ``src[i][j][k]`` is added at ``[index[i][j][k]][j][k]``
+    for ``axis=0`` (and so on); elements of ``src`` outside ``index.shape`` are not used. Positions that
+    ``index`` names more than once get every contribution. The adjoint of ``gather``.
+    """
+
+def index_select(x: _TensorLike, index: _TensorLike, *, axis: int) -> Tensor:
+    """``torch.index_select``: the slices of ``x`` at the positions ``index`` (1-D; a 0-d index counts as one
+    position) lists along ``axis``, which keeps its place with size ``len(index)``. Negative indices count from
+    the end.
+    """
+
+def one_hot(index: _TensorLike, *, num_classes: int = -1) -> Tensor:
+    """``torch.nn.functional.one_hot``: int64 of shape ``(*index.shape, num_classes)``, 1 at the class ``index``
+    names and 0 elsewhere. Indices must lie in [0, num_classes). ``num_classes=-1`` takes one more than the
+    largest index, as PyTorch: a size only the data knows, so only eager calls can use it (a program needs the
+    number).
+    """
+
+def index_add(x: _TensorLike, index: _TensorLike, source: _TensorLike, *, axis: int, alpha: float = 1.0) -> Tensor:
+    """``torch.index_add``: a copy of ``x`` to which ``alpha·source`` is added slice by slice: the slice ``i``
+    of ``source`` along ``axis`` goes to the slice ``index[i]`` of ``x`` (indices that repeat collect every
+    contribution). ``source`` has the shape of ``x`` with dim ``axis`` of size ``len(index)``. The adjoint of
+    ``index_select``.
+    """
+
+def masked_fill(x: _TensorLike, mask: _TensorLike, value: _TensorLike) -> Tensor:
+    """``torch.masked_fill``: ``value`` where ``mask`` is True, ``x`` elsewhere (``x`` and ``mask`` broadcast).
+    The result keeps ``x``'s dtype; ``value`` is a number or a 0-d tensor, and gets the gradient of the
+    positions it fills.
+    """
 
 # -- opforge.ops.linalg
 
@@ -637,16 +702,18 @@ def var(
     x: _TensorLike,
     *,
     axis: Sequence[int] | int | None = None,
-    correction: int = 1,
+    correction: float = 1.0,
     keepdim: bool = False,
 ) -> Tensor:
-    """Variance over ``axis``: Σ(x − mean)²/(N − correction); correction=1 is the unbiased estimate."""
+    """Variance over ``axis``: Σ(x − mean)²/(N − correction); correction=1 is the unbiased estimate, and any
+    real correction works (as PyTorch's; N − correction ≤ 0 gives inf).
+    """
 
 def std(
     x: _TensorLike,
     *,
     axis: Sequence[int] | int | None = None,
-    correction: int = 1,
+    correction: float = 1.0,
     keepdim: bool = False,
 ) -> Tensor:
     """Standard deviation over ``axis``: the square root of ``var``."""
@@ -662,6 +729,9 @@ def norm(x: _TensorLike, *, p: float = 2.0, axis: Sequence[int] | int | None = N
 def cumsum(x: _TensorLike, *, axis: int) -> Tensor:
     """Running sums along ``axis``: yᵢ = x₀ + … + xᵢ. Integer and bool tensors sum in int64."""
 
+def cumprod(x: _TensorLike, *, axis: int) -> Tensor:
+    """Running products along ``axis``: yᵢ = x₀·x₁·…·xᵢ. Integer and bool tensors multiply in int64."""
+
 # -- opforge.ops.shape
 
 def reshape(x: _TensorLike, *, shape: Sequence[int] | int) -> Tensor:
@@ -671,7 +741,9 @@ def transpose(x: _TensorLike, *, perm: Sequence[int] | int | None = None) -> Ten
     """Permutes the dims (reverses them when ``perm`` is None)."""
 
 def broadcast_to(x: _TensorLike, *, shape: Sequence[int] | int) -> Tensor:
-    """``x`` repeated along dims of size 1 (and new leading dims) to ``shape``."""
+    """``x`` repeated along dims of size 1 (and new leading dims) to ``shape``. A -1 keeps the size of the dim
+    of ``x`` it lines up with, as ``Tensor.expand`` (not allowed for a new leading dim).
+    """
 
 def slice(
     x: _TensorLike,
@@ -731,53 +803,57 @@ def tril(x: _TensorLike, *, diagonal: int = 0) -> Tensor:
 def triu(x: _TensorLike, *, diagonal: int = 0) -> Tensor:
     """The upper triangle of each matrix (last two dims): elements (i, j) with j - i >= ``diagonal``, others 0."""
 
+def roll(x: _TensorLike, *, shifts: Sequence[int] | int, axis: Sequence[int] | int | None = None) -> Tensor:
+    """``torch.roll``: the elements shifted by ``shifts[i]`` along ``axis[i]``, those pushed off one end coming
+    back at the other. With ``axis=None``, the flattened tensor is rolled by the one shift and reshaped back. An
+    axis may repeat (its shifts add up).
+    """
+
+def repeat_interleave(x: _TensorLike, *, repeats: Sequence[int] | int, axis: int | None = None) -> Tensor:
+    """``torch.repeat_interleave``: each element (each slice along ``axis``) repeated ``repeats[i]`` times in
+    place: [a, b] with repeats [2] gives [a, a, b, b], with [1, 3] gives [a, b, b, b]. With ``axis=None`` the
+    flattened tensor is repeated. ``repeats`` is a list (one count for all, or one per element), not a tensor,
+    so that the result's shape is known without the data: for counts in a tensor ``r``, pass
+    ``repeats=r.tolist()``.
+    """
+
+def repeat_interleave_grad(
+    dy: _TensorLike,
+    *,
+    shape: Sequence[int] | int,
+    repeats: Sequence[int] | int,
+    axis: int | None = None,
+) -> Tensor:
+    """Gradient of ``repeat_interleave``: the copies of each element of an input of ``shape`` summed back into
+    it.
+    """
+
+def diagonal(x: _TensorLike, *, offset: int = 0, axis1: int = 0, axis2: int = 1) -> Tensor:
+    """``torch.diagonal`` (``np.diagonal``): the elements (i, i + offset) of the matrices spanned by ``axis1``
+    and ``axis2``, in a new last dim; the other dims stay in order. ``offset`` > 0 is above the main diagonal.
+    """
+
+def diagonal_grad(
+    dy: _TensorLike,
+    *,
+    shape: Sequence[int] | int,
+    offset: int = 0,
+    axis1: int = 0,
+    axis2: int = 1,
+) -> Tensor:
+    """Gradient of ``diagonal``: zeros of ``shape`` with ``dy`` written on the diagonal ``diagonal`` reads (with
+    ``axis1``, ``axis2`` = -2, -1, ``torch.diag_embed``).
+    """
+
 def pad(x: _TensorLike, *, pad: Sequence[int] | int, mode: str = 'constant', value: float = 0.0) -> Tensor:
     """Pads ``x`` as ``torch.nn.functional.pad``: ``pad`` lists (before, after) pairs from the last dim
-    backwards. Modes: "constant" (fill with ``value``; negative pads crop), "reflect" (mirror without repeating
-    the edge), "replicate" (repeat the edge), "circular" (wrap around).
+    backwards. Modes: "constant" (fill with ``value``), "reflect" (mirror without repeating the edge: pads < the
+    dim's size), "replicate" (repeat the edge), "circular" (wrap around, once at most). A negative pad crops, in
+    every mode, as in PyTorch. Any dims can be padded (PyTorch pads only the last 1-3 dims in the modes other
+    than constant).
     """
 
 def pad_grad(dy: _TensorLike, *, shape: Sequence[int] | int, pad: Sequence[int] | int, mode: str) -> Tensor:
     """Gradient of ``pad`` in modes "reflect", "replicate" and "circular": each element of ``dy`` is added to
     the element of an input of ``shape`` that the padded position copied.
-    """
-
-def take(x: _TensorLike, index: _TensorLike, *, axis: int | None = None) -> Tensor:
-    """The elements of ``x`` at ``index`` along ``axis``, as ``np.take``: the result's shape is ``x.shape`` with
-    dim ``axis`` replaced by ``index.shape``. With ``axis=None`` it indexes the flattened ``x``
-    (``torch.take``). Negative indices count from the end. ``x[index_tensor]`` is this op.
-    """
-
-def take_grad(dy: _TensorLike, index: _TensorLike, *, shape: Sequence[int] | int, axis: int | None = None) -> Tensor:
-    """Gradient of ``take``: zeros of ``shape`` with each element of ``dy`` added at the position ``take`` read
-    it from (an index that repeats collects the sum).
-    """
-
-def gather(x: _TensorLike, index: _TensorLike, *, axis: int) -> Tensor:
-    """``torch.gather``: ``y[i][j][k] = x[index[i][j][k]][j][k]`` for ``axis=0`` (and so on for other axes);
-    ``y`` has the shape of ``index``, which has the rank of ``x`` and may be smaller in the other dims. NumPy's
-    ``take_along_axis`` is the same op where ``index`` matches ``x`` in the other dims. Negative indices count
-    from the end.
-    """
-
-def gather_grad(dy: _TensorLike, index: _TensorLike, *, shape: Sequence[int] | int, axis: int) -> Tensor:
-    """Gradient of ``gather``: zeros of ``shape`` with each element of ``dy`` added where ``gather`` read it
-    from (``scatter_add`` into zeros, without making the zeros first).
-    """
-
-def scatter_add(x: _TensorLike, index: _TensorLike, src: _TensorLike, *, axis: int) -> Tensor:
-    """``torch.scatter_add``: a copy of ``x`` to which ``src[i][j][k]`` is added at ``[index[i][j][k]][j][k]``
-    for ``axis=0`` (and so on); elements of ``src`` outside ``index.shape`` are not used. Positions that
-    ``index`` names more than once get every contribution. The adjoint of ``gather``.
-    """
-
-def index_select(x: _TensorLike, index: _TensorLike, *, axis: int) -> Tensor:
-    """``torch.index_select``: the slices of ``x`` at the positions ``index`` (1-D; a 0-d index counts as one
-    position) lists along ``axis``, which keeps its place with size ``len(index)``. Negative indices count from
-    the end.
-    """
-
-def one_hot(index: _TensorLike, *, num_classes: int) -> Tensor:
-    """``torch.nn.functional.one_hot``: int64 of shape ``(*index.shape, num_classes)``, 1 at the class ``index``
-    names and 0 elsewhere. Indices must lie in [0, num_classes).
     """
