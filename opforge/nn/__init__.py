@@ -16,9 +16,14 @@ from .layers import (
     BatchNorm2d,
     BCEWithLogitsLoss,
     Conv2d,
+    CosineSimilarity,
     CrossEntropyLoss,
     Dropout,
+    Dropout1d,
+    Dropout2d,
+    Dropout3d,
     Embedding,
+    EmbeddingBag,
     Flatten,
     Identity,
     LayerNorm,
@@ -29,6 +34,7 @@ from .layers import (
     MSELoss,
     MultiheadAttention,
     NLLLoss,
+    PairwiseDistance,
     ReLU,
     Sigmoid,
     SiLU,
@@ -45,3 +51,4 @@ __all__ = [
     "NLLLoss", "Parameter", "ReLU", "Sequential", "SiLU", "Sigmoid", "Softmax", "Softplus", "StateDictError",
     "Tanh", "init",
 ]
+__all__ += ["CosineSimilarity", "Dropout1d", "Dropout2d", "Dropout3d", "EmbeddingBag", "PairwiseDistance"]

@@ -411,7 +411,11 @@ def _(rng):
 def norm(x, *, p, axis, keepdim):
     """Vector p-norm over ``axis`` (all axes when None), as ``torch.linalg.vector_norm``: (Σ|x|ᵖ)^(1/p);
     p = inf gives max |x|, p = −inf min |x|, p = 0 the number of nonzero elements."""
-    axes = normalize_axes("norm", axis, x.ndim)
+    return vector_norm(x, p, normalize_axes("norm", axis, x.ndim), keepdim)
+
+
+def vector_norm(x, p, axes, keepdim):
+    """The kernel of ``norm`` over ``axes`` (a tuple), for the kernels of other ops too."""
     if p == 2:
         return np.sqrt(np.sum(x * x, axis=axes, keepdims=keepdim))
     if p == 0:
@@ -439,7 +443,8 @@ def _(x, *, p, axis, keepdim):
 
 
 @norm.grad
-def _(x, y, dy, *, p, axis, keepdim):
+def norm_grad_rule(x, y, dy, *, p, axis, keepdim):
+    """The gradient rule of ``norm``, for the rules of ops built on a norm (normalize, pairwise_distance, ...)."""
     # PyTorch's rules, each giving 0 where the norm or |xᵢ| is 0 and the derivative is not defined.
     if p == 0:
         return F.zeros_like(x)  # a count: piecewise constant
