@@ -363,6 +363,57 @@ def isfinite(x: _TensorLike) -> Tensor:
 def logical_not(x: _TensorLike) -> Tensor:
     """True where x is 0 (or False)."""
 
+# -- opforge.ops.embedding_bags
+
+def embedding_bag(
+    index: _TensorLike,
+    weight: _TensorLike,
+    offsets: _TensorLike | None = None,
+    per_sample_weights: _TensorLike | None = None,
+    *,
+    mode: str = 'mean',
+    include_last_offset: bool = False,
+    padding_idx: int | None = None,
+) -> Tensor:
+    """``torch.nn.functional.embedding_bag``: for each bag of indices, the sum, mean or max (per feature,
+    ``mode``) of the rows of ``weight`` they pick, (bags, embedding_dim). A 2-D index holds one bag per row; a
+    1-D index is cut into bags at ``offsets`` (which starts at 0; with ``include_last_offset`` its last entry,
+    len(index), closes the last bag). ``per_sample_weights`` (mode "sum") scales each row first. Entries equal
+    to ``padding_idx`` are left out (a mean divides by the others' count); an empty bag gives zeros. A max's
+    gradient goes to the first entry of the bag that holds it. Not offered: max_norm (it rewrites the weight),
+    scale_grad_by_freq, sparse.
+    """
+
+# -- opforge.ops.feature_dropout
+
+class _dropout1d_result(NamedTuple):
+    y: Tensor
+    mask: Tensor
+
+def dropout1d(x: _TensorLike, *, p: float = 0.5, training: bool = True) -> _dropout1d_result:
+    """Zeroes each channel of x (N, C, L) or (C, L) with probability ``p`` and scales the kept ones by 1/(1 − p)
+    (the identity when not ``training``); also returns the mask of kept channels.
+    """
+
+class _dropout2d_result(NamedTuple):
+    y: Tensor
+    mask: Tensor
+
+def dropout2d(x: _TensorLike, *, p: float = 0.5, training: bool = True) -> _dropout2d_result:
+    """Zeroes each channel of x (N, C, H, W) with probability ``p`` and scales the kept ones by 1/(1 − p) (the
+    identity when not ``training``); also returns the mask of kept channels. A 3-D input is read as (N, C, L),
+    as PyTorch reads it now (it warns that it will read (C, H, W) in a future release).
+    """
+
+class _dropout3d_result(NamedTuple):
+    y: Tensor
+    mask: Tensor
+
+def dropout3d(x: _TensorLike, *, p: float = 0.5, training: bool = True) -> _dropout3d_result:
+    """Zeroes each channel of x (N, C, D, H, W) or (C, D, H, W) with probability ``p`` and scales the kept ones
+    by 1/(1 − p) (the identity when not ``training``); also returns the mask of kept channels.
+    """
+
 # -- opforge.ops.indexing
 
 def take(x: _TensorLike, index: _TensorLike, *, axis: int | None = None) -> Tensor:
@@ -439,6 +490,51 @@ def einsum(operands: Sequence[_TensorLike], *, equation: str) -> Tensor:
     output is the letters used once, in alphabetical order. ``...`` stands for the broadcast leading dims, a
     size-1 dim broadcasts, and a letter repeated in one operand takes its diagonal (``"ii->i"``, ``"ii->"`` is
     the trace).
+    """
+
+def linalg_inv(a: _TensorLike) -> Tensor:
+    """``torch.linalg.inv``: the inverse of each square matrix of ``a`` (..., n, n). A singular matrix is an
+    error.
+    """
+
+def linalg_det(a: _TensorLike) -> Tensor:
+    """``torch.linalg.det``: the determinant of each square matrix of ``a`` (..., n, n) -> (...)."""
+
+def linalg_solve(a: _TensorLike, b: _TensorLike, *, left: bool = True) -> Tensor:
+    """``torch.linalg.solve``: x with a·x = b (``left=False``: x·a = b) for square a (..., n, n) and b a batch
+    of vectors (..., n), when it is 1-D or has a's shape without the last dim, else of matrices (..., n, k)
+    (``left=False``: matrices (..., k, n) only); batch dims broadcast. A singular a is an error.
+    """
+
+def linalg_cholesky(a: _TensorLike, *, upper: bool = False) -> Tensor:
+    """``torch.linalg.cholesky``: the lower triangular l with l·lᵀ = a (``upper``: the upper u = lᵀ, a = uᵀ·u),
+    for a symmetric positive-definite (..., n, n). a is read through its symmetric part (a + aᵀ)/2, as
+    ``jax.numpy.linalg.cholesky`` does (PyTorch reads the lower triangle): the same for a symmetric a, values
+    and gradients, and the gradient is then the derivative for any a. Not positive-definite is an error.
+    """
+
+class _linalg_qr_result(NamedTuple):
+    q: Tensor
+    r: Tensor
+
+def linalg_qr(a: _TensorLike, *, mode: str = 'reduced') -> _linalg_qr_result:
+    """``torch.linalg.qr``: a = q·r for a (..., m, n), q with orthonormal columns and r upper triangular; q is
+    (m, k) and r (k, n) with k = min(m, n) in mode "reduced", q (m, m) and r (m, n) in "complete". As LAPACK
+    (and PyTorch) compute it, r's diagonal may be negative. Differentiable where a has full rank (mode
+    "complete" only when m <= n, where it equals "reduced"). Mode "r" is not offered: take ``linalg_qr(a).r``.
+    """
+
+class _linalg_svd_result(NamedTuple):
+    u: Tensor
+    s: Tensor
+    vh: Tensor
+
+def linalg_svd(a: _TensorLike, *, full_matrices: bool = True) -> _linalg_svd_result:
+    """``torch.linalg.svd``: a = u·diag(s)·vh for a (..., m, n), s (..., k) descending with k = min(m, n); u is
+    (m, m) and vh (n, n) with ``full_matrices``, else (m, k) and (k, n). Each singular vector's sign is LAPACK's
+    choice. Differentiable where the singular values are distinct and nonzero (where m != n; at k for square
+    matrices); the columns beyond k of full matrices are not determined by a, and their gradient is ignored, as
+    in PyTorch.
     """
 
 # -- opforge.ops.loss
@@ -856,4 +952,54 @@ def pad(x: _TensorLike, *, pad: Sequence[int] | int, mode: str = 'constant', val
 def pad_grad(dy: _TensorLike, *, shape: Sequence[int] | int, pad: Sequence[int] | int, mode: str) -> Tensor:
     """Gradient of ``pad`` in modes "reflect", "replicate" and "circular": each element of ``dy`` is added to
     the element of an input of ``shape`` that the padded position copied.
+    """
+
+# -- opforge.ops.similarity
+
+def normalize(x: _TensorLike, *, p: float = 2.0, axis: int = 1, eps: float = 1e-12) -> Tensor:
+    """``torch.nn.functional.normalize``: ``x`` divided by its p-norm along ``axis``, or by ``eps`` where the
+    norm is smaller: y = x / max(‖x‖ₚ, eps).
+    """
+
+def cosine_similarity(x1: _TensorLike, x2: _TensorLike, *, axis: int = 1, eps: float = 1e-08) -> Tensor:
+    """``torch.nn.functional.cosine_similarity``: ⟨x1, x2⟩/(‖x1‖·‖x2‖) along ``axis`` (x1 and x2 broadcast),
+    each norm at least ``eps``, computed as PyTorch does: ⟨x1/max(‖x1‖, eps), x2/max(‖x2‖, eps)⟩, which stays in
+    [−1, 1]. Where a norm is below eps, the gradient is the derivative (PyTorch's treats the clamped norm as if
+    it were the norm).
+    """
+
+def pairwise_distance(
+    x1: _TensorLike,
+    x2: _TensorLike,
+    *,
+    p: float = 2.0,
+    eps: float = 1e-06,
+    keepdim: bool = False,
+) -> Tensor:
+    """``torch.nn.functional.pairwise_distance``: the p-norm of x1 − x2 + eps over the last dim (x1 and x2
+    broadcast); ``eps`` keeps the norm differentiable where x1 = x2.
+    """
+
+# -- opforge.ops.sorting
+
+class _sort_result(NamedTuple):
+    values: Tensor
+    indices: Tensor
+
+def sort(x: _TensorLike, *, axis: int = -1, descending: bool = False, stable: bool = False) -> _sort_result:
+    """``torch.sort``: the elements along ``axis`` in ascending (``descending``: descending) order, and where
+    each came from. Always stable; ``stable`` is accepted for PyTorch's signature.
+    """
+
+def argsort(x: _TensorLike, *, axis: int = -1, descending: bool = False, stable: bool = False) -> Tensor:
+    """``torch.argsort``: the indices that sort ``x`` along ``axis`` (``sort``'s second output)."""
+
+class _topk_result(NamedTuple):
+    values: Tensor
+    indices: Tensor
+
+def topk(x: _TensorLike, *, k: int, axis: int = -1, largest: bool = True, sorted: bool = True) -> _topk_result:
+    """``torch.topk``: the ``k`` largest (``largest=False``: smallest) elements along ``axis``, largest first
+    (smallest first), and where they came from. Equal elements come in their original order; the result is
+    sorted also with ``sorted=False`` (PyTorch leaves the order unspecified then).
     """
