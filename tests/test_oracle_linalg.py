@@ -204,6 +204,42 @@ def test_third_derivative_of_the_inverse():
     assert_same(got, directional_derivative(TORCH, torch.linalg.inv, a, ws), "third derivative")
 
 
+# -- programs --------------------------------------------------------------------------------------------------------
+
+_EYE = np.eye(3) * 3
+
+PROGRAM_CASES = {
+    "linalg_inv": lambda x: F.linalg_inv(x + of.tensor(_EYE)),
+    "linalg_det": lambda x: F.linalg_det(x),
+    "linalg_solve": lambda x: F.linalg_solve(x + of.tensor(_EYE), F.sum(x, axis=2)),  # a batch of vectors
+    "linalg_solve-left=False": lambda x: F.linalg_solve(x + of.tensor(_EYE), x * x, left=False),
+    "linalg_cholesky": lambda x: F.linalg_cholesky(F.matmul(x, F.transpose(x, perm=[0, 2, 1])) + of.tensor(_EYE)),
+    "linalg_qr": lambda x: F.linalg_qr(x).q,
+    "linalg_svd": lambda x: F.linalg_svd(x, full_matrices=False).s,
+}
+
+
+@pytest.mark.parametrize("name", PROGRAM_CASES)
+def test_rules_build_programs_with_unknown_batch_dims(name):
+    rng = np.random.default_rng(7)
+    _program_matches_eager(PROGRAM_CASES[name], rng.standard_normal((2, 3, 3)), rng.standard_normal((2, 3, 3)),
+                           (None, 3, 3))
+
+
+def _program_matches_eager(fn, x, v, spec_shape):
+    """First and second order gradients of sum(fn(x)²) from a program whose leading dim is known only at run time,
+    against eager ones."""
+    prog = of.trace(lambda x: {"loss": F.sum(fn(x) * fn(x))}, x=of.Spec(spec_shape, "float64"))
+    (g_var,) = of.append_backward(prog, prog.outputs["loss"], wrt=["x"]).values()
+    (hv_var,) = of.append_backward(prog, F.sum(g_var * of.tensor(v)), wrt=["x"]).values()
+    out = of.Executor(prog, fetch={"g": g_var, "hv": hv_var}).run(x=x)
+    t = of.tensor(x, requires_grad=True)
+    (g,) = of.grad(F.sum(fn(t) * fn(t)), [t], create_graph=True)
+    (hv,) = of.grad(F.sum(g * of.tensor(v)), [t])
+    np.testing.assert_allclose(out["g"], g.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(out["hv"], hv.numpy(), rtol=1e-8, atol=1e-10)
+
+
 # -- wrong calls -----------------------------------------------------------------------------------------------------
 
 

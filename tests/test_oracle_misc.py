@@ -344,6 +344,43 @@ def test_embedding_bag_in_a_compiled_step():
     np.testing.assert_allclose(g.numpy(), want.numpy(), rtol=1e-12)
 
 
+# -- programs --------------------------------------------------------------------------------------------------------
+
+PROGRAM_CASES = {
+    "normalize": lambda x: F.normalize(x, axis=1),
+    "cosine_similarity": lambda x: F.cosine_similarity(x, x * x + 1.0, axis=2),
+    "cosine_similarity-broadcast": lambda x: F.cosine_similarity(x, F.sum(x, axis=0), axis=1),
+    "pairwise_distance": lambda x: F.pairwise_distance(x, x * 2.0 + 1.0, p=3.0),
+    "sort": lambda x: F.sort(x, axis=1, descending=True).values,
+    "topk": lambda x: F.topk(x, k=2, axis=0).values,  # along the dim of unknown size
+    "embedding_bag": lambda x: F.embedding_bag(of.tensor(np.array([0, 1, 1, 2])), F.sum(x, axis=0),
+                                               of.tensor(np.array([0, 1, 1])), mode="mean"),
+    "embedding_bag-max": lambda x: F.embedding_bag(of.tensor(np.array([[0, 1], [2, 2]])), F.sum(x, axis=0),
+                                                   mode="max"),
+}
+
+
+@pytest.mark.parametrize("name", PROGRAM_CASES)
+def test_rules_build_programs_with_unknown_dims(name):
+    rng = np.random.default_rng(7)
+    _program_matches_eager(PROGRAM_CASES[name], rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 3, 4)),
+                           (None, 3, 4))
+
+
+def _program_matches_eager(fn, x, v, spec_shape):
+    """First and second order gradients of sum(fn(x)²) from a program whose leading dim is known only at run time,
+    against eager ones."""
+    prog = of.trace(lambda x: {"loss": F.sum(fn(x) * fn(x))}, x=of.Spec(spec_shape, "float64"))
+    (g_var,) = of.append_backward(prog, prog.outputs["loss"], wrt=["x"]).values()
+    (hv_var,) = of.append_backward(prog, F.sum(g_var * of.tensor(v)), wrt=["x"]).values()
+    out = of.Executor(prog, fetch={"g": g_var, "hv": hv_var}).run(x=x)
+    t = of.tensor(x, requires_grad=True)
+    (g,) = of.grad(F.sum(fn(t) * fn(t)), [t], create_graph=True)
+    (hv,) = of.grad(F.sum(g * of.tensor(v)), [t])
+    np.testing.assert_allclose(out["g"], g.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(out["hv"], hv.numpy(), rtol=1e-8, atol=1e-10)
+
+
 # -- wrong calls -----------------------------------------------------------------------------------------------------
 
 

@@ -605,3 +605,33 @@ def test_pad_with_negative_pads_is_crop_then_pad():
 def test_broadcast_to_keeps_dims_given_as_minus_one_in_programs():
     prog = of.trace(lambda x: {"y": F.broadcast_to(x, shape=[2, -1, 4])}, x=of.Spec((None, 1), "float64"))
     assert of.Executor(prog).run(x=np.ones((3, 1)))["y"].shape == (2, 3, 4)
+
+
+PROGRAM_CASES = {
+    "roll": lambda x: F.roll(x, shifts=[1, -1], axis=[0, 2]),
+    "repeat_interleave": lambda x: F.repeat_interleave(x, repeats=[2], axis=0),
+    "repeat_interleave-counts": lambda x: F.repeat_interleave(x, repeats=[1, 0, 2], axis=1),
+    "diagonal": lambda x: F.diagonal(x, offset=1, axis1=1, axis2=2),
+    "masked_fill": lambda x: F.masked_fill(x, x > 0.5, 0.25),
+    "index_add": lambda x: F.index_add(x, of.tensor([0, 2, 0]), x[:, :, :3] * x[:, :, :3], axis=2, alpha=0.5),
+    "pad-reflect": lambda x: F.pad(x, pad=[-1, 2], mode="reflect"),
+    "broadcast_to": lambda x: F.broadcast_to(F.sum(x, axis=2, keepdim=True), shape=[2, -1, -1, 4]),
+}
+
+
+@pytest.mark.parametrize("name", PROGRAM_CASES)
+def test_rules_build_programs_with_unknown_dims(name):
+    # The rules emit the backward ops of a program whose leading dim is known only at run time: first and second
+    # order gradients equal eager ones.
+    rng = np.random.default_rng(7)
+    x, v = rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 3, 4))
+    fn = PROGRAM_CASES[name]
+    prog = of.trace(lambda x: {"loss": F.sum(fn(x) * fn(x))}, x=of.Spec((None, 3, 4), "float64"))
+    (g_var,) = of.append_backward(prog, prog.outputs["loss"], wrt=["x"]).values()
+    (hv_var,) = of.append_backward(prog, F.sum(g_var * of.tensor(v)), wrt=["x"]).values()
+    out = of.Executor(prog, fetch={"g": g_var, "hv": hv_var}).run(x=x)
+    t = of.tensor(x, requires_grad=True)
+    (g,) = of.grad(F.sum(fn(t) * fn(t)), [t], create_graph=True)
+    (hv,) = of.grad(F.sum(g * of.tensor(v)), [t])
+    np.testing.assert_allclose(out["g"], g.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(out["hv"], hv.numpy(), rtol=1e-8, atol=1e-10)

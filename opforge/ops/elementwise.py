@@ -365,8 +365,9 @@ def round(x, *, decimals):
         return (np.rint(x / scale) * scale).astype(x.dtype)
     if decimals == 0:
         return np.round(x)
-    scale = x.dtype.type(10.0 ** builtins.abs(decimals))
-    return np.rint(x * scale) / scale if decimals > 0 else np.rint(x / scale) * scale
+    with np.errstate(over="ignore", invalid="ignore"):  # 10^|d| beyond the dtype: inf, and NaN, as PyTorch
+        scale = np.power(x.dtype.type(10.0), builtins.abs(decimals))
+        return np.rint(x * scale) / scale if decimals > 0 else np.rint(x / scale) * scale
 
 
 for _step in (sign, floor, ceil, round):

@@ -108,28 +108,24 @@ def _(index, weight, offsets, per_sample_weights, *, mode, include_last_offset, 
     return _bag_spec(index, weight, offsets, per_sample_weights, mode, include_last_offset, padding_idx)
 
 
-def _bags(index, offsets, include_last_offset):
-    """(the flat index, the bag of each entry as an int64 tensor) with ops: the bag of entry i is the number of
-    offsets at or before i, less one."""
+def _bags(index, offsets):
+    """(the flat index, the bag of each entry as an int64 tensor) with ops, whatever sizes are known only at run
+    time: the bag of entry i is the number of offsets at or before i, less one (a closing offset is never)."""
     if index.ndim == 2:
-        rows = F.arange(start=0, stop=index.shape[0], dtype="int64")
-        bag = F.broadcast_to(F.reshape(rows, shape=[-1, 1]), shape=[-1, index.shape[1]])
-        return F.reshape(index, shape=[-1]), F.reshape(bag, shape=[-1])
-    if include_last_offset:
-        offsets = F.slice(offsets, axes=[0], starts=[0], ends=[offsets.shape[0] - 1], steps=[1])
-    starts = F.scatter_add(F.pad(F.zeros_like(index, dtype="int64"), pad=[0, 1]), offsets,
-                           F.ones_like(offsets, dtype="int64"), axis=0)
-    bag = F.cumsum(F.slice(starts, axes=[0], starts=[0], ends=[index.shape[0]], steps=[1]), axis=0) - 1
-    return index, bag
+        row = F.cumsum(F.ones_like(index, dtype="int64"), axis=0) - 1
+        return F.reshape(index, shape=[-1]), F.reshape(row, shape=[-1])
+    position = F.cumsum(F.ones_like(index, dtype="int64"), axis=0) - 1
+    starting = F.scatter_add(F.pad(F.zeros_like(index, dtype="int64"), pad=[0, 1]), offsets,
+                             F.ones_like(offsets, dtype="int64"), axis=0)  # how many bags start at each position
+    return index, F.take(F.cumsum(starting, axis=0), position, axis=0) - 1
 
 
 @embedding_bag.grad
-def _(index, weight, offsets, per_sample_weights, y, dy, *, mode, include_last_offset, padding_idx,
-      needs_input_grad):
+def _(index, weight, offsets, per_sample_weights, y, dy, *, mode, padding_idx, needs_input_grad):
     # Each entry i adds (a multiple of) row index[i] to its bag's result: its row gets back dy of its bag times
     # that multiple; per_sample_weights get the dot product of dy with the row. For max, the entry that is the
     # maximum of its bag (per feature) gets the bag's dy.
-    flat, bag = _bags(index, offsets, include_last_offset)
+    flat, bag = _bags(index, offsets)
     used = F.ones_like(flat, dtype=dy.dtype)
     if padding_idx is not None:
         used = F.cast(flat != padding_idx % weight.shape[0], dtype=dy.dtype)

@@ -438,10 +438,10 @@ def _(a, b, *, left):
 
 
 @linalg_solve.grad
-def _(a, b_spec, x, dx, *, left, needs_input_grad):
+def _(a, x, dx, *, left, needs_input_grad):
     # a·x = b: db = a⁻ᵀ·dx (solve with aᵀ), da = −db·xᵀ; for x·a = b: db = dx·a⁻ᵀ, da = −xᵀ·db. Vectors are taken
     # as one-column matrices, so that each solve is a matrix solve; the engine sums broadcast dims back down.
-    vector = _solve_kind(a.shape, b_spec.shape)
+    vector = x.ndim < a.ndim  # (x has a's rank less one for vectors: decided by ranks, as sizes may be unknown)
     if vector:
         x, dx = F.unsqueeze(x, axis=-1), F.unsqueeze(dx, axis=-1)
     db = F.linalg_solve(_swap_last(a), dx, left=left)

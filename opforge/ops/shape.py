@@ -914,7 +914,8 @@ def _(*, shape, pad, mode):
 
 def _pad_grad_spec(dy_shape, shape, pad, mode):
     expected = _padded_shape("pad_grad", tuple(shape), pad, mode)
-    if len(dy_shape) != len(expected) or any(a is not None and a != b for a, b in zip(dy_shape, expected)):
+    if len(dy_shape) != len(expected) or any(a is not None and b is not None and a != b
+                                             for a, b in zip(dy_shape, expected)):
         raise ShapeError(f"pad_grad(): dy has shape {dy_shape}, padding {list(shape)} by {list(pad)} "
                          f"gives {expected}")
 
