@@ -6,11 +6,13 @@ by comparing (relu, clip, the hard activations) would give a finite value there:
 ``_nan_at_nan`` in rules and ``_carry_nan`` in kernels.
 """
 
+import builtins
 import math
 
 from opforge import ops as F
 
-from ._common import D, Sample, ShapeError, Spec, normalize_axes, np, op
+from ..core.errors import ArgumentError
+from ._common import D, Sample, ShapeError, Spec, broadcast_shapes, normalize_axes, np, op
 
 
 def _carry_nan(x, dx):
@@ -370,15 +372,35 @@ def ceil(x):
     return np.ceil(x) if D.is_floating(x.dtype) else x.copy()
 
 
-@op("round(Tensor<number> x) -> Tensor y", traits=["elementwise"])
-def round(x):
-    """The nearest integer, halves to the even one (round(2.5) = 2), as PyTorch."""
-    return np.round(x) if D.is_floating(x.dtype) else x.copy()
+@op("round(Tensor<number> x, *, int decimals=0) -> Tensor y", traits=["elementwise"])
+def round(x, *, decimals):
+    """The nearest integer, halves to the even one (round(2.5) = 2), as PyTorch; with ``decimals`` the nearest
+    multiple of 10^−decimals, computed as PyTorch does: rint(x·10^d)/10^d, or rint(x/10^−d)·10^−d for d < 0
+    (so 10^|d| is exact). Integer tensors: unchanged, or rounded to tens, hundreds, ... for decimals < 0 (PyTorch
+    refuses integers with decimals)."""
+    if not D.is_floating(x.dtype):
+        if decimals >= 0:
+            return x.copy()
+        scale = 10 ** -decimals
+        return (np.rint(x / scale) * scale).astype(x.dtype)
+    if decimals == 0:
+        return np.round(x)
+    with np.errstate(over="ignore", invalid="ignore"):  # 10^|d| beyond the dtype: inf, and NaN, as PyTorch
+        scale = np.power(x.dtype.type(10.0), builtins.abs(decimals))
+        return np.rint(x * scale) / scale if decimals > 0 else np.rint(x / scale) * scale
 
 
 for _step in (sign, floor, ceil, round):
     _step.grad(_zero_grad)
     _step.samples(_number_samples)
+
+
+@round.samples
+def _(rng):
+    yield from _number_samples(rng)
+    yield Sample.of(_away_from_integers(rng, (2, 3)) / 100, decimals=2)
+    yield Sample.of(_away_from_integers(rng, (4,)) * 100, decimals=-2)
+    yield Sample.of(rng.integers(-500, 500, (4,)), decimals=-2)
 
 
 @op("expm1(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
@@ -645,47 +667,64 @@ def _(x, dy):
 # -- clip -----------------------------------------------------------------------------------------------------------
 
 
-def _clip_dtype(dtype, lo, hi):
-    """An integer tensor clipped at a fractional bound becomes the default float, as PyTorch promotes it."""
-    fractional = any(b is not None and not float(b).is_integer() for b in (lo, hi))
-    return D.DEFAULT_FLOAT if not D.is_floating(dtype) and fractional else dtype
-
-
-@op("clip(Tensor<number> x, *, float? min=None, float? max=None) -> Tensor y")
-def clip(x, *, min, max):
-    """x limited to [min, max] (either bound may be None; min > max gives max everywhere, as PyTorch's clamp)."""
-    return np.clip(x, min, max).astype(_clip_dtype(x.dtype, min, max), copy=False)
-
-
-@clip.check
-def _(*, min, max):
+def _clip_spec(x, min, max):
     if min is None and max is None:
-        raise ValueError("arguments 'min' and 'max' are both None: give at least one bound")
+        raise ArgumentError("clip(): arguments 'min' and 'max' are both None: give at least one bound")
+    bounds = [b for b in (min, max) if b is not None]
+    return Spec(broadcast_shapes(x.shape, *(b.shape for b in bounds), op="clip"), _clip_dtype(x, bounds))
 
 
-@clip.infer
-def _(x, *, min, max):
-    return Spec(x.shape, _clip_dtype(x.dtype, min, max))
+def _kind(dtype) -> int:
+    return {"b": 0, "i": 1, "u": 1}.get(dtype.kind, 2)
+
+
+def _clip_dtype(x, bounds):
+    """``torch.clamp``'s result type: ``x`` and the bounds that have dims promote together; a 0-d bound (a Python
+    number becomes one) counts only where it is of a higher kind (bool < integer < floating), as in PyTorch."""
+    if not len(x.shape):
+        return D.promote(x.dtype, *(b.dtype for b in bounds))
+    dtype = D.promote(x.dtype, *(b.dtype for b in bounds if len(b.shape)))
+    higher = [b.dtype for b in bounds if not len(b.shape) and _kind(b.dtype) > _kind(dtype)]
+    return D.promote(*higher) if higher else dtype
+
+
+@op("clip(Tensor<number> x, Tensor<number>? min=None, Tensor<number>? max=None) -> Tensor y", infer=_clip_spec)
+def clip(x, min, max):
+    """x limited to [min, max], as ``torch.clamp``: either bound may be None, and each is a number or a tensor that
+    broadcasts with ``x`` (min > max gives max). The dtype follows torch too: a number, or a 0-d tensor, changes
+    it only where it is of a higher kind (an integer tensor clipped at 2.5 becomes float32, at 2 stays integer)."""
+    dtype = _clip_spec(x, min, max).dtype
+    y = x if min is None else np.maximum(x, min)
+    return np.asarray(y if max is None else np.minimum(y, max)).astype(dtype, copy=False)
 
 
 @clip.grad
-def _(x, dy, *, min, max):
-    # The gradient passes where min ≤ x ≤ max, bounds included (as torch.clamp), and is 0 outside.
-    if min is None:
-        inside = x <= max
-    elif max is None:
-        inside = x >= min
-    else:
-        inside = F.logical_and(x >= min, x <= max)
-    return _nan_at_nan(x, F.where(inside, dy, 0))
+def _(x, min, max, dy, needs_input_grad):
+    # torch.clamp's rule: x gets the gradient where min ≤ x ≤ max (bounds included), min where x < min, max where
+    # x > max; with min > max (y = max everywhere) min gets none and max gets it all.
+    above_min = None if min is None else x >= min
+    below_max = None if max is None else x <= max
+    inside = F.logical_and(above_min, below_max) if min is not None and max is not None else \
+        (above_min if max is None else below_max)
+    dx = _nan_at_nan(x, F.where(inside, dy, 0)) if needs_input_grad[0] else None
+    dmin = dmax = None
+    if min is not None and needs_input_grad[1]:
+        dmin = F.where(F.logical_not(above_min) if max is None else F.logical_and(x < min, min < max), dy, 0)
+    if max is not None and needs_input_grad[2]:
+        dmax = F.where(F.logical_not(below_max) if min is None else F.logical_or(x > max, max < min), dy, 0)
+    return dx, dmin, dmax
 
 
 @clip.samples
 def _(rng):
-    yield Sample.of(rng.standard_normal((3, 4)), min=-0.5, max=0.5)
-    yield Sample.of(rng.standard_normal(6), min=0.1)
-    yield Sample.of(rng.standard_normal(()), max=-0.2)
-    yield Sample.of(rng.integers(-5, 5, (4,)), min=-2.0, max=2.5)
+    yield Sample.of(rng.standard_normal((3, 4)), min=np.array(-0.5), max=np.array(0.5))
+    yield Sample.of(rng.standard_normal(6), min=np.array(0.1))
+    yield Sample.of(rng.standard_normal(()), max=np.array(-0.2))
+    yield Sample.of(rng.integers(-5, 5, (4,)), min=np.array(-2), max=np.array(2.5))  # promotes to floating
+    yield Sample.of(rng.integers(-5, 5, (4,)), min=np.array(-2, np.int32), max=np.array(3))  # stays int64
+    yield Sample.of(rng.standard_normal((3, 4)), rng.standard_normal(4) - 0.5, rng.standard_normal((3, 1)) + 0.5)
+    yield Sample.of(rng.standard_normal(5), max=rng.standard_normal((2, 5)))  # a bound that broadcasts x
+    yield Sample.of(rng.standard_normal(4), np.array([0.5, 0.5, -2.0, -2.0]), np.array([-0.5, 2.0, 2.0, -2.5]))
 
 
 # -- tests of values: bool results, no gradient ---------------------------------------------------------------------
