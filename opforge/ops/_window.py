@@ -171,7 +171,7 @@ def batch_first(a):
 # thread and reused from call to call: allocated afresh, each call would map new pages from the OS and fault them
 # in, which measured as much as the GEMM itself in a training step (glibc hands blocks this size back to the OS).
 # Only temporaries use them — nothing a kernel returns — and only up to SCRATCH_LIMIT bytes each.
-SCRATCH_LIMIT = 1 << 26
+SCRATCH_LIMIT = 1 << 24  # 16 MB: beyond that the GEMM work dwarfs the page faults
 _scratch = threading.local()
 
 
