@@ -442,18 +442,27 @@ def test_adaptive_max_pool_ties_follow_torch():
               [x])
 
 
-def test_max_pooling_takes_nan_as_the_maximum_as_torch():
+@pytest.mark.parametrize(("ours", "theirs"), [
+    (lambda t: F.max_pool2d_with_indices(t, kernel_size=2), lambda t: TF.max_pool2d(t, 2, return_indices=True)),
+    (lambda t: F.max_pool2d_with_indices(t, kernel_size=3, stride=1, padding=1),
+     lambda t: TF.max_pool2d(t, 3, 1, 1, return_indices=True)),
+    (lambda t: F.adaptive_max_pool2d_with_indices(t, output_size=[3, 4]),
+     lambda t: TF.adaptive_max_pool2d(t, [3, 4], return_indices=True)),
+], ids=["disjoint", "overlapping", "adaptive"])
+def test_max_pooling_takes_the_last_nan_as_the_maximum_as_torch(ours, theirs):
     x = distinct(1, 2, 4, 6)
-    x[0, 0, 1, 2] = x[0, 1, 3, 5] = np.nan
-    ours, theirs = of.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
-    y, i = F.max_pool2d_with_indices(ours, kernel_size=2)
-    ty, ti = TF.max_pool2d(theirs, 2, return_indices=True)
+    x[0, 0, 1, 2] = x[0, 0, 1, 3] = x[0, 1, 3, 5] = np.nan  # two NaNs in a window: the last one wins
+    ox, tx = of.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+    (y, i), (ty, ti) = ours(ox), theirs(tx)
     np.testing.assert_array_equal(y.numpy(), ty.detach().numpy())  # NaN where torch has NaN
     np.testing.assert_array_equal(i.numpy(), ti.numpy())
     dy = randn(*ty.shape)
-    (g,) = of.grad(F.max_pool2d(ours, kernel_size=2), [ours], grad_outputs=of.tensor(dy))
-    (tg,) = torch.autograd.grad(TF.max_pool2d(theirs, 2), theirs, torch.from_numpy(dy))
+    (g,) = of.grad(y, [ox], grad_outputs=of.tensor(dy))
+    (tg,) = torch.autograd.grad(ty, tx, torch.from_numpy(dy))
     np.testing.assert_array_equal(g.numpy(), tg.numpy())
+    dy = randn(1, 2, 2, 3)  # and max_pool_grad, which finds the maxima again
+    (g,) = of.grad(F.max_pool2d(ox, kernel_size=2), [ox], grad_outputs=of.tensor(dy))
+    np.testing.assert_array_equal(g.numpy(), torch.autograd.grad(TF.max_pool2d(tx, 2), tx, torch.from_numpy(dy))[0])
 
 
 # -- higher orders: every grad op's gradient is an op with a gradient ------------------------------------------------

@@ -6,12 +6,12 @@ size —, padding, dilation, ``ceil_mode``) is PyTorch's and lives in ``_window.
 layout the kernels compute in. Each kernel is a loop over the window's taps, each tap one vectorized operation on
 a strided view of the padded input: no window is ever copied out.
 
-Max pooling: a window's gradient goes to its first maximum (row-major over the taps; a NaN counts as the maximum),
-as in PyTorch. max_pool → max_pool_grad (scatter dy to each window's first maximum, found again from x: the tap
-loop that finds it costs about what the forward costs) → max_pool_grad_grad (gather at the first maximum), the
-two being each other's transposes. The ``*_with_indices`` ops return the flat spatial index of each maximum too
-(PyTorch's ``return_indices=True``); their gradient scatters dy at those indices (pool_scatter, whose transpose is
-pool_gather), and so does adaptive max pooling's.
+Max pooling: a window's gradient goes to its first maximum (row-major over the taps), or to its last NaN if it
+holds any, as in PyTorch ("the maximum" below). max_pool → max_pool_grad (scatter dy to each window's maximum,
+found again from x: the tap loop that finds it costs about what the forward costs) → max_pool_grad_grad (gather
+at the maximum), the two being each other's transposes. The ``*_with_indices`` ops return the flat spatial index
+of each maximum too (PyTorch's ``return_indices=True``); their gradient scatters dy at those indices
+(pool_scatter, whose transpose is pool_gather), and so does adaptive max pooling's.
 
 Average pooling: the window sum divided by the window size (``count_include_pad``: padding counts; positions past
 the padding, which ``ceil_mode`` windows may reach, never count) or by ``divisor_override``; avg_pool and
@@ -68,29 +68,36 @@ def _flat_positions(w: win.Windows, tap) -> np.ndarray:
 # -- max pooling: NumPy on batch-last arrays (C, *spatial, N) -------------------------------------------------------
 
 
-def _window_max(views):
-    if len(views) == 1:
-        return views[0].copy()  # a batch-last view copies to a batch-last array
-    y = np.maximum(views[0], views[1])  # so does a ufunc on them
-    for v in views[2:]:
-        np.maximum(y, v, out=y)
-    return y
+def _window_max(views, out=None):
+    """The maximum of each window (a NaN wins, as NumPy's maximum keeps it), in ``out`` or a fresh batch-last
+    array."""
+    if out is None:
+        out = views[0].copy()  # a batch-last view copies to a batch-last array
+    else:
+        np.copyto(out, views[0])
+    for v in views[1:]:
+        np.maximum(out, v, out=out)
+    return out
 
 
-def _first_maxima(views):
-    """The windows' maxima, and for each tap the mask of the outputs whose first maximum it holds."""
-    y = _window_max(views)
-    nan = np.isnan(y).any()  # NumPy's maximum keeps a NaN: the (first) NaN is then the maximum, as in PyTorch
+def _first_maxima(views, y=None):
+    """For each tap, the mask of the windows whose maximum it holds, as PyTorch assigns them: the first tap with
+    the maximum value, or in a window holding a NaN the last NaN. ``y``: the maxima, if computed already."""
+    if y is None:
+        y = _window_max(views, win.scratch("max", views[0].shape, views[0].dtype))
+    hits = [v == y for v in views]
+    if sum(np.count_nonzero(h) for h in hits) == y.size and not np.isnan(y).any():
+        return hits  # one tap per window holds its maximum: no tie to break (the common case)
+    nan = np.isnan(y)  # such a window's hits are all False so far (NaN equals nothing)
+    for v, hit in zip(reversed(views), reversed(hits)):
+        last_nan = np.isnan(v) & nan
+        hit |= last_nan
+        nan ^= last_nan
     free = np.ones(y.shape, bool)
-    hits = []
-    for v in views:
-        hit = v == y
-        if nan:
-            hit |= np.isnan(v)
+    for hit in hits:
         hit &= free
         free ^= hit
-        hits.append(hit)
-    return y, hits
+    return hits
 
 
 def _padded_views(x, w: win.Windows, value, name="pad"):
@@ -105,9 +112,9 @@ def _max_pool(x, w):
 
 def _max_pool_indices(x, w):
     _, views = _padded_views(x, w, -np.inf)
-    y, hits = _first_maxima(views)
+    y = _window_max(views)
     indices = np.zeros(y.shape, np.int64)
-    for tap, hit in zip(np.ndindex(*w.kernel), hits):
+    for tap, hit in zip(np.ndindex(*w.kernel), _first_maxima(views, y)):
         indices += hit * _flat_positions(w, tap)
     return win.batch_first(y), win.batch_first(indices)
 
@@ -225,7 +232,7 @@ _define_max_pool(max_pool3d, 3, _max_pool3d_samples)
 @op("max_pool1d_with_indices(Tensor<floating> x, *, int[] kernel_size, " + _MAX_POOL_ATTRS.format("[0]", "[1]")
     + ") -> (Tensor y, Tensor indices)")
 def max_pool1d_with_indices(x, *, kernel_size, stride, padding, dilation, ceil_mode):
-    """max_pool1d, and the index (int64, along L) of each window's first maximum: PyTorch's
+    """max_pool1d, and the index (int64, along L) of each window's maximum: PyTorch's
     ``max_pool1d(..., return_indices=True)``."""
     return _max_pool_kernel("max_pool1d_with_indices", 1, x, kernel_size, stride, padding, dilation, ceil_mode, True)
 
@@ -236,7 +243,7 @@ _define_max_pool(max_pool1d_with_indices, 1, _max_pool1d_samples, indices=True)
 @op("max_pool2d_with_indices(Tensor<floating> x, *, int[] kernel_size, "
     + _MAX_POOL_ATTRS.format("[0, 0]", "[1, 1]") + ") -> (Tensor y, Tensor indices)")
 def max_pool2d_with_indices(x, *, kernel_size, stride, padding, dilation, ceil_mode):
-    """max_pool2d, and the flat index h·W + w (int64) of each window's first maximum: PyTorch's
+    """max_pool2d, and the flat index h·W + w (int64) of each window's maximum: PyTorch's
     ``max_pool2d(..., return_indices=True)``."""
     return _max_pool_kernel("max_pool2d_with_indices", 2, x, kernel_size, stride, padding, dilation, ceil_mode, True)
 
@@ -247,7 +254,7 @@ _define_max_pool(max_pool2d_with_indices, 2, _max_pool2d_samples, indices=True)
 @op("max_pool3d_with_indices(Tensor<floating> x, *, int[] kernel_size, "
     + _MAX_POOL_ATTRS.format("[0, 0, 0]", "[1, 1, 1]") + ") -> (Tensor y, Tensor indices)")
 def max_pool3d_with_indices(x, *, kernel_size, stride, padding, dilation, ceil_mode):
-    """max_pool3d, and the flat index (d·H + h)·W + w (int64) of each window's first maximum: PyTorch's
+    """max_pool3d, and the flat index (d·H + h)·W + w (int64) of each window's maximum: PyTorch's
     ``max_pool3d(..., return_indices=True)``."""
     return _max_pool_kernel("max_pool3d_with_indices", 3, x, kernel_size, stride, padding, dilation, ceil_mode, True)
 
@@ -272,11 +279,11 @@ def _grad_geometry(op_name, x, other, kernel_size, stride, padding, dilation, ce
 @op("max_pool_grad(Tensor<floating> x, Tensor<floating> dy, *, int[] kernel_size, int[] stride=None, "
     "int[] padding=[0], int[] dilation=[1], bool ceil_mode=False) -> Tensor dx")
 def max_pool_grad(x, dy, *, kernel_size, stride, padding, dilation, ceil_mode):
-    """Gradient of max pooling (1-, 2- or 3-D, by x's rank): each window's dy goes to the window's first maximum
+    """Gradient of max pooling (1-, 2- or 3-D, by x's rank): each window's dy goes to the window's maximum
     of x; overlapping windows add up."""
     w = _grad_geometry("max_pool_grad", x.shape, dy.shape, kernel_size, stride, padding, dilation, ceil_mode, True)
     ap, views = _padded_views(x, w, -np.inf)
-    _, hits = _first_maxima(views)
+    hits = _first_maxima(views)
     dy = win.batch_last(dy).astype(np.result_type(x, dy), copy=False)
     dxp = np.zeros(ap.shape, dy.dtype)
     for index, hit in zip(win.tap_slices(w), hits):
@@ -299,7 +306,7 @@ def _(x, dy, *, kernel_size, stride, padding, dilation, ceil_mode):
 @max_pool_grad.grad
 def _(x, ddx, *, kernel_size, stride, padding, dilation, ceil_mode):
     # dx is piecewise constant in x (the argmax only moves at ties) and linear in dy; its transpose in dy gathers
-    # ddx at each window's first maximum.
+    # ddx at each window's maximum.
     return None, F.max_pool_grad_grad(x, ddx, kernel_size=kernel_size, stride=stride, padding=padding,
                                       dilation=dilation, ceil_mode=ceil_mode)
 
@@ -316,11 +323,11 @@ def _(rng):
     "int[] padding=[0], int[] dilation=[1], bool ceil_mode=False) -> Tensor ddy")
 def max_pool_grad_grad(x, ddx, *, kernel_size, stride, padding, dilation, ceil_mode):
     """Gradient of max_pool_grad with respect to dy (TensorFlow's MaxPoolGradGrad): ddx, an input-shaped tensor,
-    read at each window's first maximum of x."""
+    read at each window's maximum of x."""
     w = _grad_geometry("max_pool_grad_grad", x.shape, ddx.shape, kernel_size, stride, padding, dilation, ceil_mode,
                        False)
     _, views = _padded_views(x, w, -np.inf)
-    _, hits = _first_maxima(views)
+    hits = _first_maxima(views)
     _, dd_views = _padded_views(ddx.astype(np.result_type(x, ddx), copy=False), w, 0.0, "pad2")
     ddy = np.zeros(hits[0].shape, dd_views[0].dtype)
     for v, hit in zip(dd_views, hits):
@@ -340,7 +347,7 @@ def _(x, ddx, *, kernel_size, stride, padding, dilation, ceil_mode):
 
 @max_pool_grad_grad.grad
 def _(x, dddy, *, kernel_size, stride, padding, dilation, ceil_mode):
-    # gathering at the first maximum is the transpose of scattering there; constant in x away from ties
+    # gathering at the maximum is the transpose of scattering there; constant in x away from ties
     return None, F.max_pool_grad(x, dddy, kernel_size=kernel_size, stride=stride, padding=padding,
                                  dilation=dilation, ceil_mode=ceil_mode)
 
@@ -731,7 +738,7 @@ _define_adaptive_avg(adaptive_avg_pool3d, 3, lambda rng: [
 
 
 def _adaptive_max(x, out):
-    """Adaptive max pooling of a batched x: (y, flat indices), each window's first maximum."""
+    """Adaptive max pooling of a batched x: (y, the flat index of each window's maximum)."""
     a = win.batch_last(x)
     tables = []  # per dim: (o, k) input positions of each window's taps, the short windows repeating their last
     for n, o in zip(x.shape[2:], out):
@@ -745,7 +752,8 @@ def _adaptive_max(x, out):
         for p, n in zip(positions, x.shape[2:]):
             flat = flat * n + p
         flats.append(flat[..., None])
-    y, hits = _first_maxima(views)  # a repeated position equals an earlier tap: never the first maximum again
+    y = _window_max(views)
+    hits = _first_maxima(views, y)  # a repeated position equals an earlier tap, so never takes a window's max
     indices = np.zeros(y.shape, np.int64)
     for flat, hit in zip(flats, hits):
         indices += hit * flat
@@ -781,7 +789,7 @@ adaptive_max_pool2d.samples(_adaptive_max_samples)
 
 @op("adaptive_max_pool2d_with_indices(Tensor<floating> x, *, int[] output_size) -> (Tensor y, Tensor indices)")
 def adaptive_max_pool2d_with_indices(x, *, output_size):
-    """adaptive_max_pool2d, and the flat index h·W + w (int64) of each window's first maximum: PyTorch's
+    """adaptive_max_pool2d, and the flat index h·W + w (int64) of each window's maximum: PyTorch's
     ``adaptive_max_pool2d(..., return_indices=True)``."""
     batched, out = _adaptive_geometry("adaptive_max_pool2d_with_indices", 2, x.shape, output_size)
     return tuple(_unbatched(a, batched) for a in _adaptive_max(_batched(x, batched), out))
