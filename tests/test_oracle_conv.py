@@ -526,10 +526,11 @@ def _conv_calls(x, w, dy):
             F.avg_pool2d(t(x), kernel_size=3, padding=1, ceil_mode=True)]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_results_do_not_depend_on_memory_layout_or_scratch_buffers(dtype, monkeypatch):
+@pytest.mark.parametrize(("dtype", "x_shape"), [("float32", (3, 4, 6, 7)), ("float64", (3, 4, 6, 7)),
+                                                ("float32", (17, 4, 8, 9))])  # copied to batch-last in 8s
+def test_results_do_not_depend_on_memory_layout_or_scratch_buffers(dtype, x_shape, monkeypatch):
     rng = np.random.default_rng(11)
-    x, w = rng.standard_normal((3, 4, 6, 7)).astype(dtype), rng.standard_normal((6, 2, 3, 2)).astype(dtype)
+    x, w = rng.standard_normal(x_shape).astype(dtype), rng.standard_normal((6, 2, 3, 2)).astype(dtype)
     dy = rng.standard_normal(F.conv2d(of.tensor(x), of.tensor(w), stride=[2, 1], padding=[1, 2], dilation=[1, 2],
                                       groups=2).shape).astype(dtype)
     want = [y.numpy() for y in _conv_calls(x, w, dy)]

@@ -117,7 +117,7 @@ def _forward(x, weight, bias, w: win.Windows, groups: int):
 def _input_grad(dy, weight, w: win.Windows, groups: int):
     """The transposed convolution: dy (N, O, *out) back to the input (N, C, *size)."""
     n, out_c = dy.shape[:2]
-    dy2 = win.batch_last(dy).reshape(groups, out_c // groups, -1)  # no copy when dy is batch-innermost
+    dy2 = win.batch_last_array(dy, "dy").reshape(groups, out_c // groups, -1)  # no copy when dy is batch-last
     wt = weight.reshape(groups, out_c // groups, -1).transpose(0, 2, 1)
     cols = np.matmul(wt, dy2, out=win.scratch("cols", (groups, wt.shape[1], dy2.shape[2]), dy.dtype))
     cols = cols.reshape(-1, *w.kernel, *w.out, n)  # (C, *kernel, *out, N)
@@ -126,7 +126,7 @@ def _input_grad(dy, weight, w: win.Windows, groups: int):
 
 def _weight_grad(x, dy, w: win.Windows, groups: int):
     out_c = dy.shape[1]
-    dy2 = win.batch_last(dy).reshape(groups, out_c // groups, -1)
+    dy2 = win.batch_last_array(dy, "dy").reshape(groups, out_c // groups, -1)
     dw = np.matmul(dy2, _columns(x, w, groups).transpose(0, 2, 1))  # BLAS reads the transpose in place
     return dw.reshape(out_c, -1, *w.kernel)
 

@@ -284,7 +284,7 @@ def max_pool_grad(x, dy, *, kernel_size, stride, padding, dilation, ceil_mode):
     w = _grad_geometry("max_pool_grad", x.shape, dy.shape, kernel_size, stride, padding, dilation, ceil_mode, True)
     ap, views = _padded_views(x, w, -np.inf)
     hits = _first_maxima(views)
-    dy = win.batch_last(dy).astype(np.result_type(x, dy), copy=False)
+    dy = win.batch_last_array(dy, "dy").astype(np.result_type(x, dy), copy=False)
     dxp = np.zeros(ap.shape, dy.dtype)
     for index, hit in zip(win.tap_slices(w), hits):
         if w.disjoint:  # every position lies in one window at most: write, do not add
