@@ -5,7 +5,7 @@ argument checking, dispatch, eager autograd to any order and gradient checks fro
     from opforge import ops as F
 """
 
-from . import data, nn, ops, optim, testing
+from . import data, nn, onnx, ops, optim, testing  # onnx: the packages onnx and onnxruntime load on first use
 from .autodiff import backward, grad
 from .checkpoint import load, save
 from .core import (
@@ -37,6 +37,6 @@ __all__ = [
     "ArgumentError", "DispatchError", "Executor", "GradientError", "OpforgeError", "Program", "Sample",
     "SchemaError", "ShapeError", "Spec", "Tensor", "Variable", "append_backward", "arange", "backward", "bool_",
     "compile", "data", "enable_grad", "float32", "float64", "full", "grad", "int32", "int64", "is_grad_enabled",
-    "load", "manual_seed", "nn", "no_grad", "ones", "op", "ops", "optim", "rand", "randn", "register_device",
+    "load", "manual_seed", "nn", "no_grad", "ones", "onnx", "op", "ops", "optim", "rand", "randn", "register_device",
     "registry", "save", "set_grad_enabled", "tensor", "testing", "trace", "zeros",
 ]

@@ -15,6 +15,9 @@ def identity(x):
     return x
 
 
+identity.onnx(lambda g, x: g.op("Identity", x))
+
+
 @identity.grad
 def _(dy):
     return F.identity(dy)
@@ -24,6 +27,9 @@ def _(dy):
 def scale(x, *, scale):
     """Multiplies by a constant: y = scale · x."""
     return x * scale  # a Python float keeps the array's dtype (NumPy 2 promotion)
+
+
+scale.onnx(lambda g, x, *, scale: g.op("Mul", x, g.scalar(scale, x)))
 
 
 @scale.grad
@@ -43,6 +49,9 @@ def square(x, out=None):
     return np.square(x, out=out)
 
 
+square.onnx(lambda g, x: g.op("Mul", x, x))
+
+
 @square.grad
 def _(x, dy):
     return dy * 2 * x  # a composition: no dedicated grad op needed
@@ -52,6 +61,9 @@ def _(x, dy):
 def sqrt(x):
     """y = √x."""
     return np.sqrt(x)
+
+
+sqrt.onnx(lambda g, x: g.op("Sqrt", x))
 
 
 @sqrt.grad
@@ -91,6 +103,13 @@ def leaky_relu(x, *, alpha):
     return np.maximum(x, scaled) if alpha <= 1 else np.minimum(x, scaled)
 
 
+@leaky_relu.onnx
+def _(g, x, *, alpha):
+    if x.dtype == D.float32:
+        return g.op("LeakyRelu", x, alpha=alpha)
+    return g.op("Max" if alpha <= 1 else "Min", x, g.op("Mul", x, g.scalar(alpha, x)))  # α exact in float64
+
+
 @leaky_relu.grad
 def _(x, dy, *, alpha):
     return F.leaky_relu_grad(x, dy, alpha=alpha)  # names x and dy only: y is not kept for backward
@@ -128,6 +147,9 @@ def neg(x, out=None):
     return np.negative(x, out=out)
 
 
+neg.onnx(lambda g, x: g.op("Neg", x))
+
+
 @neg.grad
 def _(dy):
     return F.neg(dy)
@@ -139,6 +161,9 @@ def exp(x, out=None):
     return np.exp(x, out=out)
 
 
+exp.onnx(lambda g, x: g.op("Exp", x))
+
+
 @exp.grad
 def _(y, dy):
     return dy * y
@@ -148,6 +173,9 @@ def _(y, dy):
 def log(x):
     """Natural logarithm."""
     return np.log(x)
+
+
+log.onnx(lambda g, x: g.op("Log", x))
 
 
 @log.grad
@@ -165,6 +193,9 @@ def _(rng):
 def tanh(x, out=None):
     """Hyperbolic tangent."""
     return np.tanh(x, out=out)
+
+
+tanh.onnx(lambda g, x: g.op("Tanh", x))
 
 
 @tanh.grad
@@ -201,6 +232,9 @@ def sigmoid(x):
     return _sigmoid(x)
 
 
+sigmoid.onnx(lambda g, x: g.op("Sigmoid", x))
+
+
 @sigmoid.grad
 def _(y, dy):
     return F.sigmoid_grad(y, dy)
@@ -227,6 +261,9 @@ def _(rng):
 def relu(x, out=None):
     """y = max(x, 0)."""
     return np.maximum(x, 0, out=out)
+
+
+relu.onnx(lambda g, x: g.op("Relu", x))
 
 
 @relu.grad
@@ -261,6 +298,9 @@ def abs(x):
     return np.abs(x)
 
 
+abs.onnx(lambda g, x: g.op("Abs", x))
+
+
 @abs.grad
 def _(x, dy):
     return F.where(x > 0, dy, F.where(x < 0, -dy, 0))  # 0 at x = 0, as PyTorch
@@ -270,6 +310,11 @@ def _(x, dy):
 def cast(x, *, dtype):
     """Converts to ``dtype`` (a copy, even when the dtype is unchanged)."""
     return x.astype(dtype)
+
+
+@cast.onnx
+def _(g, x, *, dtype):
+    return g.op("Identity", x) if x.dtype == dtype else g.cast(x, dtype)
 
 
 @cast.infer
@@ -299,10 +344,16 @@ def zeros_like(x, *, dtype):
     return np.zeros(x.shape, dtype or x.dtype)
 
 
+zeros_like.onnx(lambda g, x, *, dtype: g.filled(g.op("Shape", x), 0, dtype or x.dtype))
+
+
 @op("ones_like(Tensor x, *, dtype dtype=None) -> Tensor y", traits=["no_grad"], infer=_like_spec)
 def ones_like(x, *, dtype):
     """Ones of the shape (and, unless ``dtype`` is given, the dtype) of ``x``."""
     return np.ones(x.shape, dtype or x.dtype)
+
+
+ones_like.onnx(lambda g, x, *, dtype: g.filled(g.op("Shape", x), 1, dtype or x.dtype))
 
 
 @zeros_like.samples
@@ -338,10 +389,16 @@ def sign(x):
     return np.greater(x, 0).astype(x.dtype) - np.less(x, 0).astype(x.dtype)
 
 
+sign.onnx(lambda g, x: g.op("Sign", x))
+
+
 @op("floor(Tensor<number> x) -> Tensor y", traits=["elementwise"])
 def floor(x):
     """The largest integer ≤ x (integer tensors are returned unchanged)."""
     return np.floor(x) if x.dtype.kind == "f" else x.copy()
+
+
+floor.onnx(lambda g, x: g.op("Floor" if x.dtype.kind == "f" else "Identity", x))
 
 
 @op("ceil(Tensor<number> x) -> Tensor y", traits=["elementwise"])
@@ -350,10 +407,16 @@ def ceil(x):
     return np.ceil(x) if x.dtype.kind == "f" else x.copy()
 
 
+ceil.onnx(lambda g, x: g.op("Ceil" if x.dtype.kind == "f" else "Identity", x))
+
+
 @op("round(Tensor<number> x) -> Tensor y", traits=["elementwise"])
 def round(x):
     """The nearest integer, halves to the even one (round(2.5) = 2), as PyTorch."""
     return np.round(x) if x.dtype.kind == "f" else x.copy()
+
+
+round.onnx(lambda g, x: g.op("Round" if x.dtype.kind == "f" else "Identity", x))  # ONNX rounds halves to even too
 
 
 for _step in (sign, floor, ceil, round):
@@ -367,6 +430,15 @@ def expm1(x):
     return np.expm1(x)
 
 
+@expm1.onnx
+def _(g, x):
+    # eˣ − 1 loses every digit for small x; there eˣ − 1 = 2t/(1 − t), t = tanh(x/2), is exact (and |t| < ¼).
+    t = g.op("Tanh", g.op("Mul", x, g.scalar(0.5, x)))
+    small = g.op("Div", g.op("Add", t, t), g.op("Sub", g.scalar(1, x), t))
+    near_zero = g.op("Less", g.op("Abs", x), g.scalar(0.5, x), spec=Spec(x.shape, D.bool_))
+    return g.op("Where", near_zero, small, g.op("Sub", g.op("Exp", x), g.scalar(1, x)))
+
+
 @expm1.grad
 def _(y, dy):
     return dy * (y + 1)  # d/dx (eˣ − 1) = eˣ = y + 1
@@ -376,6 +448,15 @@ def _(y, dy):
 def log1p(x):
     """y = ln(1 + x), exact for small x."""
     return np.log1p(x)
+
+
+@log1p.onnx
+def _(g, x):
+    # ln(1 + x) loses the digits of x that 1 + x rounds away; u = 1 + x, ln(u)·x/(u − 1) restores them (Goldberg).
+    u = g.op("Add", x, g.scalar(1, x))
+    du = g.op("Sub", u, g.scalar(1, x))
+    exact = g.op("Div", g.op("Mul", g.op("Log", u), x), du)
+    return g.op("Where", g.op("Equal", du, g.scalar(0, x), spec=Spec(x.shape, D.bool_)), x, exact)
 
 
 @log1p.grad
@@ -395,6 +476,9 @@ def rsqrt(x):
     return 1 / np.sqrt(x)
 
 
+rsqrt.onnx(lambda g, x: g.op("Reciprocal", g.op("Sqrt", x)))
+
+
 @rsqrt.grad
 def _(y, dy):
     return dy * (-0.5) * y * y * y  # d/dx x^(−½) = −½·x^(−3/2) = −½·y³
@@ -404,6 +488,9 @@ def _(y, dy):
 def reciprocal(x):
     """y = 1/x."""
     return np.reciprocal(x)
+
+
+reciprocal.onnx(lambda g, x: g.op("Reciprocal", x))
 
 
 @reciprocal.grad
@@ -431,6 +518,9 @@ def sin(x):
     return np.sin(x)
 
 
+sin.onnx(lambda g, x: g.op("Sin", x))
+
+
 @sin.grad
 def _(x, dy):
     return dy * F.cos(x)
@@ -440,6 +530,9 @@ def _(x, dy):
 def cos(x):
     """Cosine."""
     return np.cos(x)
+
+
+cos.onnx(lambda g, x: g.op("Cos", x))
 
 
 @cos.grad
@@ -459,6 +552,9 @@ def erf(x):
     return _erf(x)
 
 
+erf.onnx(lambda g, x: g.op("Erf", x))
+
+
 @erf.grad
 def _(x, dy):
     return dy * (2 / math.sqrt(math.pi)) * F.exp(-F.square(x))  # a Python float keeps float32 float32
@@ -472,6 +568,15 @@ def softplus(x, *, beta, threshold):
     """y = ln(1 + e^(βx))/β, and y = x where βx > threshold (as PyTorch, where the two agree to float precision)."""
     z = x * beta
     return np.where(z > threshold, x, np.logaddexp(0, z) / beta)  # logaddexp: no overflow, exact for z ≪ 0
+
+
+@softplus.onnx
+def _(g, x, *, beta, threshold):
+    z = g.op("Mul", x, g.scalar(beta, x))
+    # ln(1 + eᶻ) = max(z, 0) + ln(1 + e^−|z|): no overflow, and exact for z ≪ 0 (ONNX's Softplus is neither)
+    soft = g.op("Add", g.op("Relu", z), g.call("log1p", g.op("Exp", g.op("Neg", g.op("Abs", z)))))
+    soft = g.op("Div", soft, g.scalar(beta, x))
+    return g.op("Where", g.op("Greater", z, g.scalar(threshold, x), spec=Spec(x.shape, D.bool_)), x, soft)
 
 
 @softplus.check
@@ -518,6 +623,19 @@ def elu(x, *, alpha):
     return _elu(x, alpha, 1.0)
 
 
+@elu.onnx
+def _(g, x, *, alpha):
+    if x.dtype == D.float32:
+        return g.op("Elu", x, alpha=alpha)
+    return _elu_onnx(g, x, alpha, 1.0)  # α exact in float64, where an attribute would round it to float32
+
+
+def _elu_onnx(g, x, alpha, scale):
+    negative = g.op("Mul", g.call("expm1", g.op("Min", x, g.scalar(0, x))), g.scalar(alpha * scale, x))
+    positive = g.op("Mul", x, g.scalar(scale, x)) if scale != 1 else x
+    return g.op("Where", g.op("Greater", x, g.scalar(0, x), spec=Spec(x.shape, D.bool_)), positive, negative)
+
+
 @elu.grad
 def _(x, dy, *, alpha):
     return _elu_grad(x, dy, alpha, 1.0)
@@ -534,6 +652,13 @@ def _(rng):
 def selu(x):
     """y = λ·elu(x, α) with PyTorch's constants λ ≈ 1.0507, α ≈ 1.6733 (self-normalising)."""
     return _elu(x, _SELU_ALPHA, _SELU_SCALE)
+
+
+@selu.onnx
+def _(g, x):
+    if x.dtype == D.float32:
+        return g.op("Selu", x, alpha=_SELU_ALPHA, gamma=_SELU_SCALE)
+    return _elu_onnx(g, x, _SELU_ALPHA, _SELU_SCALE)
 
 
 @selu.grad
@@ -559,6 +684,18 @@ def gelu(x, *, approximate):
     if approximate == "tanh":
         return 0.5 * x * (1 + np.tanh(_TANH_K * (x + _TANH_C * x * x * x)))
     return 0.5 * x * (1 + _erf(x * _SQRT_HALF))
+
+
+@gelu.onnx
+def _(g, x, *, approximate):
+    if g.opset >= 20 and x.dtype == D.float32:
+        return g.op("Gelu", x, approximate=approximate)
+    if approximate == "tanh":
+        u = g.op("Add", x, g.op("Mul", g.op("Mul", g.op("Mul", x, x), x), g.scalar(_TANH_C, x)))
+        phi = g.op("Tanh", g.op("Mul", u, g.scalar(_TANH_K, x)))
+    else:
+        phi = g.op("Erf", g.op("Mul", x, g.scalar(_SQRT_HALF, x)))
+    return g.op("Mul", g.op("Mul", x, g.scalar(0.5, x)), g.op("Add", phi, g.scalar(1, x)))
 
 
 @gelu.grad
@@ -614,6 +751,9 @@ def silu(x):
     return x * _sigmoid(x)
 
 
+silu.onnx(lambda g, x: g.op("Mul", x, g.op("Sigmoid", x)))
+
+
 @silu.grad
 def _(x, dy):
     s = F.sigmoid(x)
@@ -633,6 +773,12 @@ def _clip_dtype(dtype, lo, hi):
 def clip(x, *, min, max):
     """x limited to [min, max] (either bound may be None; min > max gives max everywhere, as PyTorch's clamp)."""
     return np.clip(x, min, max).astype(_clip_dtype(x.dtype, min, max), copy=False)
+
+
+@clip.onnx
+def _(g, x, *, min, max):
+    x = g.cast(x, g.outputs[0].dtype)
+    return g.op("Clip", x, None if min is None else g.scalar(min, x), None if max is None else g.scalar(max, x))
 
 
 @clip.check
@@ -679,16 +825,33 @@ def isnan(x):
     return np.isnan(x)
 
 
+@isnan.onnx
+def _(g, x):
+    if x.dtype.kind != "f":
+        return g.filled(g.op("Shape", x), False, D.bool_)
+    return g.op("IsNaN", x, spec=Spec(x.shape, D.bool_))
+
+
 @op("isfinite(Tensor x) -> Tensor<bool> y", traits=["no_grad"], infer=_bool_spec)
 def isfinite(x):
     """True where x is neither infinite nor NaN (always, for integers and bools)."""
     return np.isfinite(x)
 
 
+@isfinite.onnx
+def _(g, x):
+    if x.dtype.kind != "f":
+        return g.filled(g.op("Shape", x), True, D.bool_)
+    return g.op("Not", g.op("Or", g.op("IsNaN", x), g.op("IsInf", x)))
+
+
 @op("logical_not(Tensor x) -> Tensor<bool> y", traits=["no_grad"], infer=_bool_spec)
 def logical_not(x):
     """True where x is 0 (or False)."""
     return np.logical_not(x)
+
+
+logical_not.onnx(lambda g, x: g.op("Not", g.cast(x, D.bool_)))
 
 
 def _special_value_samples(rng):
