@@ -36,6 +36,12 @@ def elem_type(dtype: np.dtype) -> int:
     return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
 
 
+# Nodes whose result dtype is not their first input's (what Graph.op gives an output by default).
+_RESULT_DTYPE = {t: D.int64 for t in ("Shape", "Size", "ArgMax", "ArgMin", "NonZero")} | {
+    t: D.bool_ for t in ("Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Not", "And", "Or", "Xor",
+                         "IsNaN", "IsInf")}
+
+
 class Value:
     """An ONNX value while exporting: its name in the graph and, where known, its Spec (None dims: run time)."""
 
@@ -120,6 +126,8 @@ class Graph:
         self.nodes.append(self._helper.make_node(op_type, names, outs, name=self.fresh(f"n_{op_type}"), **clean))
         if spec is None and outputs == 1:
             spec = next((v.spec for v in inputs if isinstance(v, Value)), None)
+            if spec is not None and op_type in _RESULT_DTYPE:
+                spec = Spec((spec.ndim,) if op_type == "Shape" else spec.shape, _RESULT_DTYPE[op_type])
         values = [Value(n, spec if outputs == 1 else None) for n in outs]
         return values[0] if outputs == 1 else tuple(values)
 
@@ -173,6 +181,14 @@ class Graph:
             return x
         shape = x.spec.shape if x.spec is not None else None
         return self.op("Cast", x, to=elem_type(dtype), spec=None if shape is None else Spec(shape, dtype))
+
+    def reduce(self, op_type: str, x: Value, axis, keepdim: bool, spec: Spec | None = None) -> Value:
+        """A Reduce* node over ``axis`` (None: every axis; (): none, as NumPy's ``axis=()``)."""
+        if axis is None:
+            return self.op(op_type, x, keepdims=keepdim, spec=spec)
+        if not axis:
+            return self.op(op_type, x, keepdims=keepdim, noop_with_empty_axes=1, spec=spec)
+        return self.op(op_type, x, self.ints(a % max(x.ndim, 1) for a in axis), keepdims=keepdim, spec=spec)
 
     def exact(self, value: float) -> bool:
         """Whether ``value`` survives as an ONNX float attribute (float32): float64 exports need it exact."""
