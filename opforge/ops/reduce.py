@@ -389,7 +389,7 @@ def _onnx_var(g, x, axis, correction, keepdim):
     d = g.op("Sub", x, mean)
     total = g.reduce("ReduceSum", g.op("Mul", d, d), axis, keepdim)
     # the group size N from the shape (run-time dims included), N − correction clamped at 0 as the kernel does
-    axes = range(x.ndim) if axis is None else [a % max(x.ndim, 1) for a in axis]
+    axes = range(x.ndim) if axis is None else [a % builtins.max(x.ndim, 1) for a in axis]
     n = g.reduce("ReduceProd", g.op("Gather", g.op("Shape", x), g.ints(list(axes)), axis=0), None, False)
     dof = g.op("Max", g.op("Sub", g.cast(n, x.dtype), g.scalar(correction, x)), g.scalar(0, x))
     return g.op("Div", total, dof)
