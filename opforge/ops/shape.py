@@ -16,6 +16,13 @@ def reshape(x, *, shape):
     return np.reshape(x, shape)
 
 
+@reshape.onnx
+def _(g, x, *, shape):
+    # ONNX reads a 0 as "keep this dim" unless allowzero (which refuses -1): a literal 0 asks for allowzero.
+    zero = any(isinstance(d, int) and d == 0 for d in shape)
+    return g.op("Reshape", x, g.ints(shape), allowzero=1 if zero else None)
+
+
 @reshape.infer
 def _(x, *, shape):
     if None in shape:  # a size known at run time (inside a program): checked by the executor then
@@ -56,6 +63,13 @@ def transpose(x, *, perm):
     return np.transpose(x, perm)
 
 
+@transpose.onnx
+def _(g, x, *, perm):
+    if x.ndim == 0:
+        return g.op("Identity", x)
+    return g.op("Transpose", x, perm=[p % x.ndim for p in perm] if perm is not None else range(x.ndim)[::-1])
+
+
 @transpose.infer
 def _(x, *, perm):
     if perm is None:
@@ -82,6 +96,9 @@ def _(rng):
 def broadcast_to(x, *, shape):
     """``x`` repeated along dims of size 1 (and new leading dims) to ``shape``."""
     return np.broadcast_to(x, shape)
+
+
+broadcast_to.onnx(lambda g, x, *, shape: g.op("Expand", x, g.ints(shape)))
 
 
 @broadcast_to.infer
@@ -132,6 +149,15 @@ def _slice_spec(op_name, shape, axes, starts, ends, steps):
 def slice(x, *, axes, starts, ends, steps):
     """Basic slicing, ``x[starts:ends:steps]`` along ``axes`` (indices already normalised by the caller)."""
     return x[_slice_index(x.ndim, axes, starts, ends, steps)]
+
+
+@slice.onnx
+def _(g, x, *, axes, starts, ends, steps):
+    if not axes:
+        return g.op("Identity", x)
+    # here a negative end means "past index 0" (a backward slice to the start); ONNX says so with INT64_MIN
+    ends = [e if not isinstance(e, int) or e >= 0 else -(2**63) for e in ends]
+    return g.op("Slice", x, g.ints(starts), g.ints(ends), g.ints(axes), g.ints(steps))
 
 
 @slice.infer
@@ -203,6 +229,12 @@ def squeeze(x, *, axis):
     return np.squeeze(x, axis=_squeezed_axes("squeeze", x.shape, axis))
 
 
+@squeeze.onnx
+def _(g, x, *, axis):
+    axes = _squeezed_axes("squeeze", x.shape, axis)
+    return g.op("Squeeze", x, g.ints(axes)) if axes else g.op("Identity", x)
+
+
 @squeeze.infer
 def _(x, *, axis):
     drop = _squeezed_axes("squeeze", x.shape, axis)
@@ -226,6 +258,9 @@ def _(rng):
 def unsqueeze(x, *, axis):
     """Inserts a dim of size 1 at ``axis`` (in [-ndim-1, ndim], counted in the result)."""
     return np.expand_dims(x, axis)
+
+
+unsqueeze.onnx(lambda g, x, *, axis: g.op("Unsqueeze", x, g.ints([axis])))
 
 
 @unsqueeze.infer
@@ -261,6 +296,9 @@ def permute(x, *, dims):
     return np.transpose(x, dims)
 
 
+permute.onnx(lambda g, x, *, dims: g.call("transpose", x, perm=dims))
+
+
 @permute.infer
 def _(x, *, dims):
     return Spec(tuple(x.shape[p] for p in _permutation("permute", dims, x.shape)), x.dtype)
@@ -283,6 +321,14 @@ def _(rng):
 def flip(x, *, axis):
     """Reverses the order of the elements along each dim in ``axis``."""
     return np.flip(x, normalize_axes("flip", axis, x.ndim))
+
+
+@flip.onnx
+def _(g, x, *, axis):
+    if not axis or x.ndim == 0:
+        return g.op("Identity", x)
+    n = len(axis)
+    return g.op("Slice", x, g.ints([-1] * n), g.ints([-(2**63)] * n), g.ints(axis), g.ints([-1] * n))
 
 
 @flip.infer
@@ -318,6 +364,12 @@ def _same_dims(op_name, dims):
 def concat(xs, *, axis):
     """Joins tensors along an existing dim ``axis``; the other dims must agree (``torch.cat``)."""
     return np.concatenate(xs, axis=axis)
+
+
+@concat.onnx
+def _(g, xs, *, axis):
+    dtype = g.outputs[0].dtype
+    return g.op("Concat", *(g.cast(x, dtype) for x in xs), axis=axis)
 
 
 @concat.infer
@@ -363,6 +415,13 @@ def stack(xs, *, axis):
     return np.stack(xs, axis=axis)
 
 
+@stack.onnx
+def _(g, xs, *, axis):
+    dtype = g.outputs[0].dtype
+    axis = axis % (xs[0].ndim + 1)
+    return g.op("Concat", *(g.op("Unsqueeze", g.cast(x, dtype), g.ints([axis])) for x in xs), axis=axis)
+
+
 @stack.infer
 def _(xs, *, axis):
     if not xs:
@@ -406,6 +465,14 @@ def split(x, *, sections, axis):
     ``torch.split``. The pieces are views of ``x``."""
     a, sizes = _split_plan(x.shape, sections, axis)
     return np.split(x, np.cumsum(sizes)[:-1], axis=a)
+
+
+@split.onnx
+def _(g, x, *, sections, axis):
+    sizes = [s.shape[axis] for s in g.outputs]
+    if len(sizes) == 1:
+        return [g.op("Identity", x)]
+    return list(g.op("Split", x, g.ints(sizes), axis=axis, outputs=len(sizes)))
 
 
 @split.check
@@ -459,6 +526,14 @@ def tile(x, *, reps):
     """``x`` repeated ``reps[i]`` times along dim i (``torch.tile``, ``np.tile``): the shorter of ``x.shape`` and
     ``reps`` is padded with leading 1s."""
     return np.tile(x, reps)
+
+
+@tile.onnx
+def _(g, x, *, reps):
+    if len(reps) > x.ndim:  # np.tile: the shorter of shape and reps gets leading 1s
+        x = g.op("Unsqueeze", x, g.ints(range(len(reps) - x.ndim)), spec=Spec((1,) * len(reps), x.dtype))
+    reps = [1] * (x.ndim - len(reps)) + list(reps) if x.spec and len(reps) < x.ndim else list(reps)
+    return g.op("Tile", x, g.ints(reps))
 
 
 @tile.check
@@ -520,6 +595,9 @@ def tril(x, *, diagonal):
     return np.tril(x, diagonal)
 
 
+tril.onnx(lambda g, x, *, diagonal: g.op("Trilu", x, g.const(np.array(diagonal, np.int64)), upper=0))
+
+
 @tril.grad
 def _(dy, *, diagonal):
     return F.tril(dy, diagonal=diagonal)
@@ -530,6 +608,9 @@ def triu(x, *, diagonal):
     """The upper triangle of each matrix (last two dims): elements (i, j) with j - i >= ``diagonal``, others 0."""
     _matrices("triu", x.shape)
     return np.triu(x, diagonal)
+
+
+triu.onnx(lambda g, x, *, diagonal: g.op("Trilu", x, g.const(np.array(diagonal, np.int64)), upper=1))
 
 
 @triu.grad
@@ -598,6 +679,18 @@ def pad(x, *, pad, mode, value):
     if mode == "constant":
         return np.pad(x, pairs, constant_values=value)
     return np.pad(x, pairs, mode=_PAD_MODES[mode])
+
+
+@pad.onnx
+def _(g, x, *, pad, mode, value):
+    pairs = _pad_pairs(pad, x.ndim)
+    onnx_mode = {"constant": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}[mode]
+    if onnx_mode == "wrap" and g.opset < 19:
+        raise g.unsupported("mode 'circular' needs opset 19 (Pad's mode 'wrap')")
+    if not pairs:
+        return g.op("Identity", x)
+    pads = g.ints([b for b, _ in pairs] + [a for _, a in pairs])
+    return g.op("Pad", x, pads, g.scalar(value, x) if mode == "constant" else None, mode=onnx_mode)
 
 
 pad.check(_pad_check)
@@ -707,6 +800,13 @@ def take(x, index, *, axis):
     return np.take(x, _checked_index("take", index, x.shape[axis]), axis=axis)
 
 
+@take.onnx
+def _(g, x, index, *, axis):
+    if axis is None:
+        x, axis = g.op("Reshape", x, g.ints([-1])), 0
+    return g.op("Gather", x, index, axis=axis, spec=g.outputs[0])
+
+
 @take.infer
 def _(x, index, *, axis):
     return Spec(_take_shape("take", x.shape, index.shape, axis), x.dtype)
@@ -802,6 +902,17 @@ def gather(x, index, *, axis):
     return x[_grid_index(_checked_index("gather", index, x.shape[a]), a)]
 
 
+@gather.onnx
+def _(g, x, index, *, axis):
+    axis = axis % max(x.ndim, 1)
+    if index.shape != x.shape:  # index may be smaller than x in the other dims: ONNX wants them equal, so crop x
+        if any(d is None for d in index.shape):
+            raise g.unsupported("an index smaller than x in a dim known only at run time")
+        ends = [n if a != axis else 2**62 for a, n in enumerate(index.shape)]
+        x = g.op("Slice", x, g.ints([0] * x.ndim), g.ints(ends), g.ints(range(x.ndim)))
+    return g.op("GatherElements", x, index, axis=axis, spec=g.outputs[0])
+
+
 @gather.infer
 def _(x, index, *, axis):
     _gather_shapes("gather", x.shape, index.shape, axis)
@@ -861,6 +972,14 @@ def scatter_add(x, index, src, *, axis):
     return out
 
 
+@scatter_add.onnx
+def _(g, x, index, src, *, axis):
+    dtype = g.outputs[0].dtype
+    if src.shape != index.shape:  # only the part of src that index covers is used
+        src = g.op("Slice", src, g.ints([0] * src.ndim), g.ints(index.shape), g.ints(range(src.ndim)))
+    return g.op("ScatterElements", g.cast(x, dtype), index, g.cast(src, dtype), axis=axis, reduction="add")
+
+
 @scatter_add.infer
 def _(x, index, src, *, axis):
     _gather_shapes("scatter_add", x.shape, index.shape, axis, src.shape)
@@ -896,6 +1015,11 @@ def index_select(x, index, *, axis):
     return np.take(x, _checked_index("index_select", index.reshape(-1), x.shape[axis]), axis=axis)
 
 
+@index_select.onnx
+def _(g, x, index, *, axis):
+    return g.op("Gather", x, g.op("Reshape", index, g.ints([-1])), axis=axis, spec=g.outputs[0])
+
+
 def _index_select_shape(x_shape, index_shape, axis):
     if len(index_shape) > 1:
         raise ShapeError(f"index_select(): index must be 1-D, got shape {index_shape} (take() accepts any shape)")
@@ -926,6 +1050,17 @@ def one_hot(index, *, num_classes):
     names and 0 elsewhere. Indices must lie in [0, num_classes)."""
     index = _checked_index("one_hot", index, num_classes, negative=False)
     return (index[..., None] == np.arange(num_classes)).astype(np.int64)
+
+
+@one_hot.onnx
+def _(g, index, *, num_classes):
+    # ONNX Runtime's OneHot writes floats (and reads int64 indices): cast around it; ONNX wants indices of rank >= 1
+    flat = g.op("Reshape", g.cast(index, D.int64), g.ints([-1])) if index.ndim == 0 else g.cast(index, D.int64)
+    hot = g.op("OneHot", flat, g.const(np.array(num_classes, np.int64)), g.const(np.array([0, 1], np.float32)),
+               axis=-1, spec=Spec(g.outputs[0].shape, D.float32))
+    if index.ndim == 0:
+        hot = g.op("Reshape", hot, g.ints([num_classes]))
+    return g.cast(hot, D.int64)
 
 
 @one_hot.check
