@@ -315,7 +315,7 @@ def _specs_for(fn, inputs) -> dict:
     params = list(inspect.signature(fn).parameters)
     if isinstance(inputs, dict):
         given = dict(inputs)
-    elif isinstance(inputs, (list, tuple)):
+    elif isinstance(inputs, (list, tuple)) and not isinstance(inputs, Spec):
         if len(inputs) > len(params):
             raise ArgumentError(f"onnx.export(): {len(inputs)} inputs for a function of {len(params)} arguments")
         given = dict(zip(params, inputs))
