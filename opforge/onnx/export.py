@@ -217,8 +217,9 @@ def _value_info(helper, name: str, spec: Spec, dims=None):
     return helper.make_tensor_value_info(name, elem_type(spec.dtype), shape)
 
 
-def program_to_onnx(program: Program, opset: int = DEFAULT_OPSET, name: str = "opforge"):
-    """The ONNX ModelProto of ``program``'s outputs (checked by ``onnx.checker`` with full shape inference)."""
+def program_to_onnx(program: Program, opset: int = DEFAULT_OPSET, name: str = "opforge", rename=None):
+    """The ONNX ModelProto of ``program``'s outputs (checked by ``onnx.checker`` with full shape inference).
+    ``rename`` maps variable names to the names their initializers get (a module's parameter names)."""
     import onnx
     from onnx import helper, numpy_helper
 
@@ -236,10 +237,11 @@ def program_to_onnx(program: Program, opset: int = DEFAULT_OPSET, name: str = "o
         inputs.append(_value_info(helper, n, spec, dims))
     ops = _needed_ops(program)
     used = {n for op in ops for n in op.input_names()} | set(program.outputs.values())
+    rename = {k: v for k, v in (rename or {}).items() if v not in block.vars}
     for n, array in program.values.items():
         if n in used:
-            g.values[n] = Value(n, block.vars[n].spec)
-            g.initializers[n] = array
+            g.values[n] = Value(rename.get(n, n), block.vars[n].spec)
+            g.initializers[rename.get(n, n)] = array
     for i, op in enumerate(ops):
         opdef = registry.get(op.type)
         g.current = f"op #{i} {op.type} -> {', '.join(op.output_names())}"
@@ -361,7 +363,12 @@ def export(model, path=None, inputs=None, *, opset: int = DEFAULT_OPSET, name: s
                 model.train()
     else:
         raise ArgumentError(f"onnx.export(): expected a Program, a function or a module, got {describe(model)}")
-    proto = program_to_onnx(program, opset, name or _graph_name(model))
+    rename = {}
+    if isinstance(model, Module):  # initializers named as the module's parameters and buffers ("0.weight")
+        known = program._tensor_vars
+        named = [*model.named_parameters(), *model.named_buffers()]
+        rename = {known[id(t)][1]: key for key, t in named if id(t) in known and known[id(t)][0] is t}
+    proto = program_to_onnx(program, opset, name or _graph_name(model), rename)
     if path is not None:
         data = proto.SerializeToString()
         atomic_write(str(path), lambda f: f.write(data))
