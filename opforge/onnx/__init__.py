@@ -5,6 +5,7 @@ Needs the ``onnx`` extra (``pip install opforge[onnx]``); ``import opforge`` doe
 """
 
 from .export import DEFAULT_OPSET, Graph, OnnxExportError, Value, export
-from .importer import OnnxImportError, load
+from .importer import OnnxImportError, OnnxModule, load, load_module
 
-__all__ = ["DEFAULT_OPSET", "Graph", "OnnxExportError", "OnnxImportError", "Value", "export", "load"]
+__all__ = ["DEFAULT_OPSET", "Graph", "OnnxExportError", "OnnxImportError", "OnnxModule", "Value", "export", "load",
+           "load_module"]

@@ -132,7 +132,10 @@ class Graph:
         return values[0] if outputs == 1 else tuple(values)
 
     def const(self, value, dtype=None) -> Value:
-        """A constant (an initializer, shared by every use of the same value)."""
+        """A constant: a Constant node, shared by every use of the same value (initializers are parameters, which
+        an importer may train; a constant is not one)."""
+        from onnx import numpy_helper
+
         array = np.asarray(value, dtype=dtype)
         if array.dtype == np.float64 and dtype is None and not isinstance(value, np.ndarray):
             array = array.astype(np.float32)
@@ -140,7 +143,8 @@ class Graph:
         name = self._consts.get(key)
         if name is None:
             name = self._consts[key] = self.fresh("const")
-            self.initializers[name] = array
+            self.nodes.append(self._helper.make_node("Constant", [], [name], name=self.fresh("n_Constant"),
+                                                     value=numpy_helper.from_array(array)))
         return Value(name, Spec(array.shape, array.dtype))
 
     def filled(self, shape: Value, value, dtype) -> Value:
@@ -239,9 +243,11 @@ def program_to_onnx(program: Program, opset: int = DEFAULT_OPSET, name: str = "o
     used = {n for op in ops for n in op.input_names()} | set(program.outputs.values())
     rename = {k: v for k, v in (rename or {}).items() if v not in block.vars}
     for n, array in program.values.items():
-        if n in used:
+        if n in used and block.vars[n].persistable:  # parameters and state: initializers
             g.values[n] = Value(rename.get(n, n), block.vars[n].spec)
             g.initializers[rename.get(n, n)] = array
+        elif n in used:  # a constant of the traced code
+            g.values[n] = g.const(array)
     for i, op in enumerate(ops):
         opdef = registry.get(op.type)
         g.current = f"op #{i} {op.type} -> {', '.join(op.output_names())}"

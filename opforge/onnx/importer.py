@@ -17,6 +17,7 @@ from ..core import dtypes as D
 from ..core.errors import OpforgeError, describe
 from ..core.spec import Dim, Spec
 from ..creation import tensor
+from ..nn.module import Module
 from ..program.desc import Program
 from ..program.trace import Variable, trace, tracing_program
 
@@ -42,6 +43,15 @@ def dtype_of(elem_type: int, what: str) -> np.dtype:
         raise OnnxImportError(f"{what}: element type {_type_name(elem_type)} is not supported "
                               f"(opforge has {', '.join(map(str, _DTYPES.values()))})")
     return _DTYPES[elem_type]
+
+
+class NeedsConstant(OnnxImportError):
+    """An input our ops take as an attribute (axes, a shape, pads) that the model computes or feeds at run time.
+    ``load(model, bind={name: value})`` specialises the model on given values of such graph inputs."""
+
+    def __init__(self, message: str, input_name: str):
+        super().__init__(message)
+        self.input_name = input_name
 
 
 class Node:
@@ -100,6 +110,8 @@ class Node:
         if not self.has(i):
             return None
         value = self.env[self.proto.input[i]]
+        if isinstance(value, np.ndarray) and value.dtype == object:
+            value = tuple(value.reshape(-1).tolist())
         if isinstance(value, tuple):  # a shape known only symbolically
             if any(isinstance(d, Dim) for d in value):
                 raise self.unsupported(f"input {i} ({self.proto.input[i]!r}), a shape holding sizes known only at "
@@ -117,6 +129,8 @@ class Node:
         if not self.has(i):
             return None
         value = self.env[self.proto.input[i]]
+        if isinstance(value, np.ndarray) and value.dtype == object:
+            value = tuple(value.reshape(-1).tolist())
         if isinstance(value, tuple):
             if any(isinstance(d, Dim) for d in value):
                 raise self.unsupported(f"input {what or i} holding sizes known only at run time here")
@@ -126,14 +140,17 @@ class Node:
         initial = self._importer.initial.get(self.proto.input[i])
         if initial is not None:
             return initial
-        raise self.unsupported(f"input {what or i} ({self.proto.input[i]!r}) computed at run time; it must be a "
-                               "constant (an initializer or a Constant node)")
+        raise NeedsConstant(f"{self.where()}: input {what or i} ({self.proto.input[i]!r}) is computed or fed at run "
+                            "time; opforge needs it at load: make it a constant (an initializer or a Constant "
+                            "node), or bind its value with onnx.load(..., bind={name: value})", self.proto.input[i])
 
     def ints(self, i: int, what: str = "") -> tuple | None:
         """Input ``i`` as a tuple of ints, with ``Dim``s for sizes known only at run time (a shape)."""
         if not self.has(i):
             return None
         value = self.env[self.proto.input[i]]
+        if isinstance(value, np.ndarray) and value.dtype == object:
+            return tuple(value.reshape(-1).tolist())
         if isinstance(value, tuple):
             return value
         return tuple(int(v) for v in np.asarray(self.const(i, what)).reshape(-1))
@@ -142,9 +159,9 @@ class Node:
         value = self.env[self.proto.input[i]]
         if isinstance(value, tuple):
             return Spec((len(value),), D.int64)
-        if isinstance(value, np.ndarray):
-            return Spec(value.shape, value.dtype)
-        return value.spec
+        if isinstance(value, Variable):
+            return value.spec  # (its unknown dims None)
+        return Spec(tuple(value.shape), value.dtype)  # an array or a Tensor
 
     def shape(self, i: int) -> tuple:
         """Input ``i``'s shape, a ``Dim`` for each size known only at run time."""
@@ -240,50 +257,53 @@ def _value_spec(vi, what: str) -> Spec:
     return Spec(tuple(dims), dtype)
 
 
-def load(source) -> Program:
-    """An ONNX model (a path, bytes or a ``ModelProto``) as a Program.
+class _Parsed:
+    """A model read and checked: its opset, initializer arrays, feeds (name -> Spec), bound inputs and outputs."""
 
-    Graph inputs become feeds (a dynamic dim becomes ``None``), float initializers trainable parameters (their
-    ONNX names are their variable names), nodes our ops. ``of.Executor(program).run(...)`` runs it;
-    ``of.append_backward`` differentiates it. An op, attribute or type we do not map is an ``OnnxImportError``
-    naming the node, its op type and opset; so is a malformed file. Nothing in the file is executed.
-    """
-    from .importers import IMPORTERS
+    def __init__(self, source, bind=None):
+        self.model = _read(source)
+        self.opset = _opset(self.model)
+        graph = self.graph = self.model.graph
+        self.importer = Importer(self.model)
+        for node in graph.node:
+            if node.domain not in ("", "ai.onnx"):
+                raise OnnxImportError(f"node {node.name or node.output[0]!r} ({node.domain}::{node.op_type}): ops "
+                                      f"of domain {node.domain!r} are not supported (custom or ML ops)")
+        if graph.sparse_initializer:
+            raise OnnxImportError("onnx.load(): sparse initializers are not supported")
+        self.arrays = {t.name: self.importer.array(t, "initializer") for t in graph.initializer}
+        self.bound = {}
+        for vi in graph.input:
+            if bind and vi.name in bind and vi.name not in self.arrays:
+                spec = _value_spec(vi, "graph input")
+                value = np.asarray(bind[vi.name])
+                if not spec.matches(Spec(value.shape, value.dtype)):
+                    raise OnnxImportError(f"onnx.load(): bound value for input {vi.name!r} is {describe(value)}, "
+                                          f"the model declares {spec}")
+                self.bound[vi.name] = value
+        self.feeds = {vi.name: _value_spec(vi, "graph input") for vi in graph.input if vi.name not in self.arrays
+                      and vi.name not in self.bound}
+        self.names = {*self.arrays, *self.feeds, *(o for n in graph.node for o in n.output)}
+        self.outputs = [vi.name for vi in graph.output]
+        for name in self.outputs:
+            if name not in self.names:
+                raise OnnxImportError(f"onnx.load(): graph output {name!r} is produced by no node, input or "
+                                      "initializer")
 
-    model = _read(source)
-    opset = _opset(model)
-    graph = model.graph
-    imp = Importer(model)
-    for node in graph.node:
-        if node.domain not in ("", "ai.onnx"):
-            raise OnnxImportError(f"node {node.name or node.output[0]!r} ({node.domain}::{node.op_type}): ops of "
-                                  f"domain {node.domain!r} are not supported (custom or ML ops)")
-    if graph.sparse_initializer:
-        raise OnnxImportError("onnx.load(): sparse initializers are not supported")
-    arrays = {t.name: imp.array(t, "initializer") for t in graph.initializer}
-    feeds = {vi.name: _value_spec(vi, "graph input") for vi in graph.input if vi.name not in arrays}
-    names = {*arrays, *feeds, *(o for n in graph.node for o in n.output)}
-    outputs = [vi.name for vi in graph.output]
-    for name in outputs:
-        if name not in names:
-            raise OnnxImportError(f"onnx.load(): graph output {name!r} is produced by no node, input or initializer")
+    def run(self, inputs: dict, params: dict) -> dict:
+        """The graph applied to ``inputs`` (by name) with float initializers ``params`` (by name): our ops are
+        called on them, so this runs eagerly on Tensors and records a program on Variables."""
+        from .importers import IMPORTERS  # (they import this module's helpers)
 
-    def build(**variables):
-        program = tracing_program()
-        # Our fresh names are "<op>.<n>": start n past any such number in the model's names, so none collides.
-        numbers = [int(m.group(1)) for n in names if (m := re.search(r"\.(\d+)$", n))]
-        program._counter = max([program._counter, *numbers]) + 1
-        env: dict = dict(variables)
-        for name, array in arrays.items():
+        imp = self.importer
+        env: dict = dict(inputs) | self.bound | dict(params)
+        for name, array in self.arrays.items():
             if array.dtype.kind == "f":
-                program.add_var(name, Spec(array.shape, array.dtype), persistable=True)
-                program.values[name] = array
-                env[name] = Variable(program, name)
                 imp.initial[name] = array
             else:
                 env[name] = array
-        for proto in graph.node:
-            n = Node(proto, opset, env, imp)
+        for proto in self.graph.node:
+            n = Node(proto, self.opset, env, imp)
             for i in proto.input:
                 if i and i not in env:
                     raise OnnxImportError(f"{n.where()}: input {i!r} is neither a graph input, an initializer nor "
@@ -309,35 +329,102 @@ def load(source) -> Program:
             if unread:
                 raise n.unsupported(f"attribute(s) {unread}")
             results = result if isinstance(result, list) else [result]  # (a tuple is a shape: one output)
-            wanted = [o for o in proto.output]
+            wanted = list(proto.output)
             if len(results) < len([o for o in wanted if o]):
                 raise n.unsupported(f"output(s) {wanted[len(results):]}")
             for name, value in zip(wanted, results):
                 if name:
                     env[name] = value
         result = {}
-        for name in outputs:
+        for name in self.outputs:
             value = env[name]
+            if isinstance(value, np.ndarray) and value.dtype == object:
+                value = tuple(value.reshape(-1).tolist())
             if isinstance(value, tuple):
-                value = np.array(value, np.int64) if not any(isinstance(d, Dim) for d in value) else value
+                if any(isinstance(d, Dim) for d in value):
+                    raise OnnxImportError(f"onnx.load(): graph output {name!r} is a shape known only at run time")
+                value = np.array(value, np.int64)
             if isinstance(value, np.ndarray):
                 value = imp.constant(name, value)
-            if isinstance(value, tuple):
-                raise OnnxImportError(f"onnx.load(): graph output {name!r} is a shape known only at run time")
             result[name] = value
         return result
 
+
+def load(source, bind: dict | None = None) -> Program:
+    """An ONNX model (a path, bytes or a ``ModelProto``) as a Program.
+
+    Graph inputs become feeds (a dynamic dim becomes ``None``), float initializers trainable parameters (their
+    ONNX names are their variable names), nodes our ops. ``of.Executor(program).run(...)`` runs it;
+    ``of.append_backward`` differentiates it. An op, attribute or type we do not map is an ``OnnxImportError``
+    naming the node, its op type and opset; so is a malformed file. Nothing in the file is executed.
+
+    ``bind`` gives values for graph inputs that our ops need at load (a shape, axes, pads fed at run time): those
+    inputs become constants and the program is specialised on them.
+    """
+    parsed = _Parsed(source, bind)
+
+    def build(**variables):
+        program = tracing_program()
+        # Our fresh names are "<op>.<n>": start n past any such number in the model's names, so none collides.
+        numbers = [int(m.group(1)) for n in parsed.names if (m := re.search(r"\.(\d+)$", n))]
+        program._counter = max([program._counter, *numbers]) + 1
+        params = {}
+        for name, array in parsed.arrays.items():
+            if array.dtype.kind == "f":
+                program.add_var(name, Spec(array.shape, array.dtype), persistable=True)
+                program.values[name] = array
+                params[name] = Variable(program, name)
+        return parsed.run(variables, params)
+
     try:
-        program = trace(build, **feeds)
+        return trace(build, **parsed.feeds)
     except OnnxImportError:
         raise
     except OpforgeError as e:
         raise OnnxImportError(f"onnx.load(): {e}") from None
-    return program
+
+
+def load_module(source, bind: dict | None = None) -> OnnxModule:
+    """An ONNX model as an ``nn.Module``: its float initializers are the module's parameters (named as in the model),
+    and calling it runs the graph's nodes as our ops, eagerly or inside ``of.compile``/``of.trace``. This is how an
+    imported model is fine-tuned with an optimizer, as any module (examples/onnx_finetune.py)."""
+    return OnnxModule(_Parsed(source, bind))
+
+
+class OnnxModule(Module):
+    """An imported ONNX graph: ``module(x, ...)`` takes the graph's inputs in order (or by name) and returns its
+    output (a dict by ONNX name when there are several)."""
+
+    def __init__(self, parsed: _Parsed):
+        super().__init__()
+        self._parsed = parsed
+        self._onnx_names = {}  # ONNX initializer name -> our attribute (ONNX names may hold dots)
+        for name, array in parsed.arrays.items():
+            if array.dtype.kind == "f":
+                attr = f"p{len(self._onnx_names)}"
+                setattr(self, attr, tensor(array, requires_grad=True))
+                self._onnx_names[name] = attr
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        for name, attr in self._onnx_names.items():
+            yield prefix + name, getattr(self, attr)
+
+    def forward(self, *args, **kwargs):
+        inputs = dict(zip(self._parsed.feeds, args)) | kwargs
+        missing = set(self._parsed.feeds) - set(inputs)
+        if missing:
+            raise OnnxImportError(f"OnnxModule(): missing input(s) {sorted(missing)}")
+        try:
+            out = self._parsed.run(inputs, {n: getattr(self, a) for n, a in self._onnx_names.items()})
+        except OnnxImportError:
+            raise
+        except OpforgeError as e:
+            raise OnnxImportError(f"OnnxModule(): {e}") from None
+        return next(iter(out.values())) if len(out) == 1 else out
 
 
 _FOLDABLE = {"Identity", "Concat", "Gather", "Unsqueeze", "Squeeze", "Slice", "Cast", "Reshape", "Add", "Sub", "Mul",
-             "Div"}
+             "Div", "Neg", "Size"}
 
 
 def _fold(n: Node):
@@ -347,16 +434,22 @@ def _fold(n: Node):
             isinstance(n.env.get(i), (tuple, np.ndarray)) for i in n.proto.input if i):
         return None
     raw = [n.env[i] if i else None for i in n.proto.input]
-    if not any(isinstance(v, tuple) for v in raw) and not all(
+    raw = [tuple(v.reshape(-1).tolist()) if isinstance(v, np.ndarray) and v.dtype == object and v.ndim == 1 else v
+           for v in raw]
+    if not any(_symbolic(v) for v in raw) and not all(
             v is None or (v.dtype.kind in "iub" and v.ndim <= 1) for v in raw):
         return None  # constant data (not a shape): the executor folds it
     values = [None if v is None else np.array(v, dtype=object) if isinstance(v, tuple) else v for v in raw]
-    symbolic = any(isinstance(v, tuple) for v in raw)
+    symbolic = any(_symbolic(v) for v in raw)
     x = values[0]
     t = n.op_type
     try:
         if t == "Identity":
             y = x
+        elif t == "Size":
+            y = np.array(x.size, np.int64)
+        elif t == "Neg" and not symbolic:
+            y = -x
         elif t == "Concat":
             y = np.concatenate(values, axis=n.attr("axis", 0))
         elif t == "Gather":
@@ -388,6 +481,13 @@ def _fold(n: Node):
     except (ValueError, IndexError, TypeError, OpforgeError):
         return None
     n.read.update(a.name for a in n.proto.attribute)
+    y = y if isinstance(y, np.ndarray) else np.array(y, dtype=object)
     if y.dtype == object:
-        return tuple(y.tolist()) if y.ndim == 1 else None
+        if not any(isinstance(d, Dim) for d in y.reshape(-1).tolist()):
+            return y.astype(np.int64)
+        return tuple(y.tolist()) if y.ndim == 1 else y  # a 0-d run-time size stays a 0-d object array
     return y
+
+
+def _symbolic(v) -> bool:
+    return isinstance(v, tuple) or (isinstance(v, np.ndarray) and v.dtype == object)

@@ -382,23 +382,29 @@ def _(n):
 
 @onnx_op("LayerNormalization")
 def _(n):
-    if n.outputs > 1:
-        raise n.unsupported("the Mean and InvStdDev outputs")
     n.attr("stash_type")
     x = n.input(0)
     shape = n.shape(0)
     axis = n.attr("axis", -1) % len(shape)
     normalized = shape[axis:]
+    eps = n.attr("epsilon", 1e-5)
     if any(isinstance(d, Dim) for d in normalized):
         raise n.unsupported("normalising over dims known only at run time")
-    return F.layer_norm(x, n.input(1), n.input(2), normalized_shape=list(normalized), eps=n.attr("epsilon", 1e-5))
+    y = F.layer_norm(x, n.input(1), n.input(2), normalized_shape=list(normalized), eps=eps)
+    if n.outputs == 1:
+        return y
+    axes = list(range(axis, len(shape)))  # the statistics outputs, computed as the kernel does
+    mean = F.mean(x, axis=axes, keepdim=True)
+    xc = x - mean
+    return [y, mean, F.rsqrt(F.mean(xc * xc, axis=axes, keepdim=True) + eps)]
 
 
 @onnx_op("LpNormalization")
 def _(n):
     x = n.input(0)
-    p = n.attr("p", 2)
-    return x / F.norm(x, p=float(p), axis=[n.attr("axis", -1)], keepdim=True)
+    norm = F.norm(x, p=float(n.attr("p", 2)), axis=[n.attr("axis", -1)], keepdim=True)
+    zero = norm == 0
+    return F.where(zero, 0, x / F.where(zero, 1, norm))  # a zero vector stays zero
 
 
 @onnx_op("MeanVarianceNormalization")
@@ -409,22 +415,35 @@ def _(n):
     return xc / (F.sqrt(F.mean(xc * xc, axis=axes, keepdim=True)) + 1e-9)
 
 
+def _nll(n, log_probs, target, weight):
+    ignore, reduction = n.attr("ignore_index", -100), n.attr("reduction", "mean")
+    if weight is None:
+        return F.nll_loss(log_probs, target, ignore_index=ignore, reduction=reduction)
+    # class weights: each term weighed by its target's weight; "mean" divides by the weights of the valid terms
+    picked = F.nll_loss(log_probs, target, ignore_index=ignore, reduction="none")
+    valid = F.not_equal(target, ignore)
+    w = F.where(valid, F.take(weight, F.where(valid, target, 0)), 0)
+    losses = picked * w
+    if reduction == "none":
+        return losses
+    return F.sum(losses) if reduction == "sum" else F.sum(losses) / F.sum(w)
+
+
 @onnx_op("NegativeLogLikelihoodLoss")
 def _(n):
-    if n.has(2):
-        raise n.unsupported("class weights (input 'weight')")
-    return F.nll_loss(n.input(0), n.input(1), ignore_index=n.attr("ignore_index", -100),
-                      reduction=n.attr("reduction", "mean"))
+    return _nll(n, n.input(0), n.input(1), n.input(2))
 
 
 @onnx_op("SoftmaxCrossEntropyLoss")
 def _(n):
-    if n.has(2):
-        raise n.unsupported("class weights (input 'weights')")
-    scores, target = n.input(0), n.input(1)
-    loss = F.cross_entropy(scores, target, ignore_index=n.attr("ignore_index", -100),
-                           reduction=n.attr("reduction", "mean"))
-    return [loss, F.log_softmax(scores, axis=1)] if n.outputs > 1 else loss
+    scores, target, weight = n.input(0), n.input(1), n.input(2)
+    if weight is None:
+        loss = F.cross_entropy(scores, target, ignore_index=n.attr("ignore_index", -100),
+                               reduction=n.attr("reduction", "mean"))
+        return [loss, F.log_softmax(scores, axis=1)] if n.outputs > 1 else loss
+    log_probs = F.log_softmax(scores, axis=1)
+    loss = _nll(n, log_probs, target, weight)
+    return [loss, log_probs] if n.outputs > 1 else loss
 
 
 # -- convolution and pooling ----------------------------------------------------------------------------------------
@@ -491,8 +510,6 @@ def _as_2d(n, x):
 def _(n):
     if n.outputs > 1:
         raise n.unsupported("the Indices output")
-    if n.attr("ceil_mode", 0):
-        raise n.unsupported("ceil_mode=1")
     if n.attr("storage_order", 0):
         raise n.unsupported("storage_order=1")
     kernel = tuple(n.attr("kernel_shape"))
@@ -500,21 +517,44 @@ def _(n):
     strides, dilations, pairs = _window(n, spatial, kernel)
     if any(d != 1 for d in dilations):
         raise n.unsupported("dilations other than 1")
+    sizes = n.shape(0)[2:]
+    if n.attr("ceil_mode", 0):  # more padding at the end, so that the floor of our ops gives ONNX's ceil
+        if any(isinstance(d, Dim) for d in sizes):
+            raise n.unsupported("ceil_mode=1 over dims known only at run time")
+        extra = []
+        for size, k, s, (b, e) in zip(sizes, kernel, strides, pairs):
+            out = -(-(size + b + e - k) // s) + 1
+            if (out - 1) * s >= size + b:  # a last window starting in the end padding is dropped
+                out -= 1
+            extra.append(max((out - 1) * s + k - (size + b + e), 0))
+    else:
+        extra = [0] * spatial
     x, back = _as_2d(n, n.input(0))
     if spatial == 1:
-        kernel, strides, pairs = (1, *kernel), (1, *strides), [(0, 0), *pairs]
+        kernel, strides, pairs, extra = (1, *kernel), (1, *strides), [(0, 0), *pairs], [0, *extra]
+    pool = {"kernel_size": list(kernel), "stride": list(strides)}
+    padded = [(0, 0), (0, 0), *((b, e + x_) for (b, e), x_ in zip(pairs, extra))]
+    fits = all(b == e + x_ and b <= k // 2 for (b, e), x_, k in zip(pairs, extra, kernel))
     if n.op_type == "MaxPool":
-        x, padding = _symmetric(x, [(0, 0), (0, 0), *pairs], value=-math.inf)
-        return back(F.max_pool2d(x, kernel_size=list(kernel), stride=list(strides), padding=padding[2:]))
-    if n.attr("count_include_pad", 0) or all(b == 0 and e == 0 for b, e in pairs):
-        x, padding = _symmetric(x, [(0, 0), (0, 0), *pairs])
-        return back(F.avg_pool2d(x, kernel_size=list(kernel), stride=list(strides), padding=padding[2:]))
-    # pads excluded from the count: window sums over window counts of real pixels
+        if fits:
+            return back(F.max_pool2d(x, padding=[b for b, _ in pairs], **pool))
+        return back(F.max_pool2d(_pad(x, padded, -math.inf), padding=[0, 0], **pool))
+    include = bool(n.attr("count_include_pad", 0))
+    if fits and (include or not any(pairs)) and not any(extra):
+        return back(F.avg_pool2d(x, padding=[b for b, _ in pairs], **pool))
+    # window sums over the count of what each window covers: the input, and the pads when they count (never the
+    # ceil-mode extra)
     ones = F.ones_like(x)
-    x, padding = _symmetric(x, [(0, 0), (0, 0), *pairs])
-    ones, _ = _symmetric(ones, [(0, 0), (0, 0), *pairs])
-    pool = {"kernel_size": list(kernel), "stride": list(strides), "padding": padding[2:]}
-    return back(F.avg_pool2d(x, **pool) / F.avg_pool2d(ones, **pool))
+    counted = _pad(ones, [(0, 0), (0, 0), *pairs], 1.0 if include else 0.0)
+    counted = _pad(counted, [(0, 0), (0, 0), *((0, x_) for x_ in extra)], 0.0)
+    total = F.avg_pool2d(_pad(x, padded, 0.0), padding=[0, 0], **pool)
+    return back(total / F.avg_pool2d(counted, padding=[0, 0], **pool))
+
+
+def _pad(x, pairs, value):
+    if not any(b or e for b, e in pairs):
+        return x
+    return F.pad(x, pad=[p for b, e in reversed(pairs) for p in (b, e)], value=value)
 
 
 @onnx_op("GlobalAveragePool", "GlobalMaxPool")
@@ -569,7 +609,8 @@ def _(n):
 @onnx_op("Flatten")
 def _(n):
     shape = n.shape(0)
-    axis = n.attr("axis", 1) % (len(shape) + 1)
+    axis = n.attr("axis", 1)
+    axis = axis + len(shape) if axis < 0 else axis
     outer, inner = shape[:axis], shape[axis:]
     known = [all(isinstance(d, int) for d in part) for part in (outer, inner)]
     if not any(known):
@@ -654,9 +695,15 @@ def _(n):
 
 @onnx_op("ScatterElements")
 def _(n):
-    if n.attr("reduction", "none") != "add":
-        raise n.unsupported(f"reduction={n.attr('reduction', 'none')!r} (only 'add' maps, onto scatter_add)")
-    return F.scatter_add(n.input(0), n.input(1), n.input(2), axis=n.attr("axis", 0))
+    x, index, src, axis = n.input(0), n.input(1), n.input(2), n.attr("axis", 0)
+    reduction = n.attr("reduction", "none")
+    if reduction == "add":
+        return F.scatter_add(x, index, src, axis=axis)
+    if reduction != "none":
+        raise n.unsupported(f"reduction={reduction!r} (add and none map, onto scatter_add)")
+    # the written positions (indices are distinct, as ONNX requires) take src, the others keep x
+    written = F.scatter_add(F.zeros_like(x), index, F.ones_like(src), axis=axis) > 0
+    return F.where(written, F.scatter_add(F.zeros_like(x), index, src, axis=axis), x)
 
 
 @onnx_op("Expand")
@@ -738,7 +785,9 @@ def _(n):
     if index.dtype.kind == "f":
         index = F.cast(index, dtype=D.int64)
     index = F.where(index < 0, index + depth, index)  # ONNX counts negative indices from the end
-    hot = F.one_hot(index, num_classes=depth)
+    inside = F.logical_and(index >= 0, index < depth)  # and gives a row of "off" to one out of range
+    hot = F.one_hot(F.where(inside, index, 0), num_classes=depth) * F.cast(F.unsqueeze(inside, axis=-1),
+                                                                          dtype=D.int64)
     axis = n.attr("axis", -1)
     rank = len(n.shape(0)) + 1
     if axis % rank != rank - 1:
