@@ -190,3 +190,13 @@ def test_import_opforge_does_not_import_onnx():
     code = "import sys, opforge; print('onnx' in sys.modules, 'onnxruntime' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.split() == ["False", "False"], done.stderr
+
+
+def test_finetune_example_runs():
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "examples/onnx_finetune.py"], cwd=root, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "fine-tuned on all ten digits" in done.stdout

@@ -359,6 +359,11 @@ def export(model, path=None, inputs=None, *, opset: int = DEFAULT_OPSET, name: s
         fn = model.forward if isinstance(model, Module) else model
         if inputs is None:
             raise ArgumentError("onnx.export(): give the inputs' Specs (or example tensors) to trace the function")
+        names = getattr(model, "input_names", None)  # a module taking *inputs by name (an imported OnnxModule)
+        if names is not None and not isinstance(inputs, dict):
+            inputs = dict(zip(names, inputs if isinstance(inputs, (list, tuple)) and not isinstance(inputs, Spec)
+                              else [inputs]))
+            fn = model.forward
         was_training = isinstance(model, Module) and model.training
         if was_training:
             model.eval()

@@ -405,6 +405,10 @@ class OnnxModule(Module):
                 setattr(self, attr, tensor(array, requires_grad=True))
                 self._onnx_names[name] = attr
 
+    @property
+    def input_names(self) -> list:
+        return list(self._parsed.feeds)
+
     def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
         for name, attr in self._onnx_names.items():
             yield prefix + name, getattr(self, attr)
