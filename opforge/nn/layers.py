@@ -1,8 +1,8 @@
 """Layers: PyTorch's layouts, parameter names and default initialisations, each a thin Module over registered ops.
 
 The same layer runs eagerly and inside ``of.trace``/``of.compile``: forward only calls ops. State a layer updates
-(BatchNorm's running statistics) goes through ``opforge.program.assign``, which writes in place eagerly and
-records the update while tracing.
+(BatchNorm's running statistics) goes through ``opforge.program.assign``, which the innermost interpreter answers:
+eagerly it writes in place, while tracing it records the update.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from .. import ops as F
 from ..core import dtypes as D
 from ..core.errors import ArgumentError, ShapeError, describe
 from ..core.grad_mode import no_grad
-from ..program import assign, state, tracing_program
+from ..program import assign, live
 from ..tensor import Tensor
 from . import init
 from .module import Module
@@ -50,9 +50,8 @@ def _pair(value, name: str, layer: str, minimum: int = 0) -> tuple[int, int]:
 
 
 def _live(t: Tensor | None):
-    """A buffer as the op should read it: itself eagerly; while tracing, the program's persistable variable for
-    it, so that each run reads its current value (a plain constant could be folded into the program once)."""
-    return state(t) if t is not None and tracing_program() is not None else t
+    """A buffer as the op should read it (see ``opforge.program.live``); None stays None."""
+    return None if t is None else live(t)
 
 
 # -- linear and convolution ------------------------------------------------------------------------------------

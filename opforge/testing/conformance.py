@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..core import dtypes as D
-from ..core import random as _random
+from ..core.devices import default_device, get_device, using_device
 from ..core.errors import ArgumentError, GradientError, OpforgeError, ShapeError
 from ..core.opdef import OpDef, Sample, registry
 from ..core.spec import Spec
-from ..tensor import Tensor, _new
-from .gradcheck import gradcheck, gradgradcheck
+from ..tensor import Tensor, wrap
+from .gradcheck import _host, gradcheck, gradgradcheck
 
 
 class ConformanceError(AssertionError):
@@ -88,10 +88,16 @@ def default_samples(opdef: OpDef, rng: np.random.Generator):
 
 
 def _to_tensor(value, dtype=None, requires_grad=False):
+    """A sample's array as a tensor on the device being checked (the default device: see ``check_op``)."""
     if isinstance(value, np.ndarray):
         array = value.astype(dtype) if (dtype is not None and value.dtype.kind == "f") else value
-        return _new(array, requires_grad and array.dtype.kind == "f")
+        return _on_device(array, requires_grad and array.dtype.kind == "f")
     return value
+
+
+def _on_device(array: np.ndarray, requires_grad: bool = False) -> Tensor:
+    device = default_device()
+    return wrap(device.from_host(array), device, requires_grad=requires_grad)
 
 
 def _materialize(opdef: OpDef, sample: Sample, dtype=None, requires_grad=False) -> tuple:
@@ -152,13 +158,10 @@ def _seeded(opdef: OpDef, seed: int):
     if "random" not in opdef.traits:
         yield
         return
-    saved = _random.state.generator
     # A stream of its own: seeded like the samples, the draws would equal the sample values themselves.
-    _random.state.generator = np.random.default_rng([seed, 0x5EED])
-    try:
+    device = default_device()
+    with device.drawing_from(device.new_generator([seed, 0x5EED])):
         yield
-    finally:
-        _random.state.generator = saved
 
 
 def _check_inference(opdef: OpDef, args, kwargs, report: OpReport, tag: str) -> list:
@@ -191,12 +194,12 @@ def _float_arrays(sample: Sample) -> list:
 def _check_float32(opdef: OpDef, sample: Sample, out64: list, out32: list, report: OpReport, tag: str) -> None:
     """The float32 call's float outputs must agree with the float64 call's to float32's precision."""
     magnitudes = [np.abs(a[np.isfinite(a)]).max(initial=0.0) for a in _float_arrays(sample)]
-    magnitudes += [np.abs(y.numpy()[np.isfinite(y.numpy())]).max(initial=0.0) for y in out64 if y.dtype.kind == "f"]
+    magnitudes += [np.abs(_host(y)[np.isfinite(_host(y))]).max(initial=0.0) for y in out64 if y.dtype.kind == "f"]
     scale = max([1.0, *map(float, magnitudes)])
     for k, (a, b) in enumerate(zip(out64, out32)):
         if a.dtype.kind != "f" or b.dtype.kind != "f" or a.shape != b.shape:
             continue  # exact dtypes and shapes are the inference check's business
-        y64, y32 = a.numpy(), b.numpy().astype(np.float64)
+        y64, y32 = _host(a), _host(b).astype(np.float64)
         same = (y64 == y32) | (np.isnan(y64) & np.isnan(y32))  # equal infinities and NaNs agree
         err = np.where(same, 0.0, np.abs(y64 - y32))
         err = np.where(np.isnan(err), np.inf, err)
@@ -241,7 +244,7 @@ def _check_program(opdef: OpDef, sample: Sample, report: OpReport, tag: str) -> 
         outs = _flat(opdef.fn(*rebuild(variables), **kwargs))
         result = {f"out{k}": o for k, o in enumerate(outs)}
         if want_grads:
-            terms = [F.sum(o * _new(c)) for o, c in zip(outs, cotangents) if c is not None]
+            terms = [F.sum(o * _on_device(c)) for o, c in zip(outs, cotangents) if c is not None]
             result["loss"] = terms[0] if len(terms) == 1 else F.add_n(terms)
         return result
 
@@ -252,22 +255,23 @@ def _check_program(opdef: OpDef, sample: Sample, report: OpReport, tag: str) -> 
     if want_grads:
         grads = append_backward(program, program.outputs["loss"], wrt=wrt)
         fetch.update({f"d{n}": g for n, g in grads.items()})
-    got = Executor(program, fetch=fetch).run({n: t.numpy() for n, t in feeds.items()})
+    got = Executor(program, fetch=fetch).run(feeds)
+    got = {k: program.device.to_host(v) for k, v in got.items()}
     for k, t in enumerate(eager_out):
-        if not np.allclose(got[f"out{k}"], t.numpy(), rtol=1e-10, atol=1e-12, equal_nan=True):
+        if not np.allclose(got[f"out{k}"], _host(t), rtol=1e-10, atol=1e-12, equal_nan=True):
             report.failures.append(f"{tag}: program output {k} differs from eager")
             return
     if want_grads:
-        leaves = {n: _new(t.numpy(), True) for n, t in feeds.items() if n in wrt}
+        leaves = {n: wrap(t._data, t.device, requires_grad=True) for n, t in feeds.items() if n in wrt}
         values = {n: leaves.get(n, t) for n, t in feeds.items()}
         outs = _flat(opdef.fn(*rebuild(values), **kwargs))
-        pairs = [(o, _new(c)) for o, c in zip(outs, cotangents) if c is not None and o.requires_grad]
+        pairs = [(o, _on_device(c)) for o, c in zip(outs, cotangents) if c is not None and o.requires_grad]
         if not pairs:
             return
         eager_grads = grad([o for o, _ in pairs], list(leaves.values()), grad_outputs=[c for _, c in pairs],
                            allow_unused=True)
         for n, g in zip(leaves, eager_grads):
-            expected = np.zeros(feeds[n].shape) if g is None else g.numpy()
+            expected = np.zeros(feeds[n].shape) if g is None else _host(g)
             if f"d{n}" in got and not np.allclose(got[f"d{n}"], expected, rtol=1e-9, atol=1e-12, equal_nan=True):
                 report.failures.append(f"{tag}: program gradient of input {n} differs from eager")
                 return
@@ -354,7 +358,7 @@ def _check_wrong_calls(opdef: OpDef, sample: Sample, report: OpReport, strict: b
                 bad = next((d for d in D.SUPPORTED if d not in p.dtypes), None)
                 if bad is not None:
                     wrong = list(args)
-                    wrong[i] = _new(np.zeros(args[i].shape, bad))
+                    wrong[i] = _on_device(np.zeros(args[i].shape, bad))
                     _expect_error(report, f"dtype {bad} for '{p.name}'", lambda w=wrong: fn(*w, **kwargs),
                                   name, p.name)
     for p in opdef.attrs:
@@ -390,12 +394,12 @@ def _check_wrong_rank(opdef: OpDef, args: tuple, kwargs: dict, report: OpReport,
              None)
     if i is None:
         return
-    p, x = opdef.inputs[i], args[i].numpy()
+    p, x = opdef.inputs[i], _host(args[i])
     variants = [("one more leading dim", np.stack([x, x]))]
     if x.ndim:
         variants.append(("its leading dim dropped", x[0].copy()))
     for what, array in variants:
-        wrong = (*args[:i], _new(array), *args[i + 1:])
+        wrong = (*args[:i], _on_device(array), *args[i + 1:])
         tag = f"wrong rank ('{p.name}' of shape {array.shape} instead of {x.shape}, {what})"
         specs, attrs = _specs(opdef, wrong, kwargs)
         try:
@@ -477,12 +481,17 @@ def _refused_by_check(opdef: OpDef, attrs: dict, name: str, value, report: OpRep
     return False
 
 
-def check_op(op, *, seed: int = 0, samples=None, raise_on_failure: bool = True, strict: bool = False) -> OpReport:
+def check_op(op, *, seed: int = 0, samples=None, raise_on_failure: bool = True, strict: bool = False,
+             device=None) -> OpReport:
     """Run the conformance checks on one op (an OpDef, its name, or its ``opforge.ops`` function).
 
     ``strict=True`` makes the report's warnings (eager calls that the infer rule would refuse or type
-    differently, found by the wrong-rank probe) failures too.
+    differently, found by the wrong-rank probe) failures too. ``device`` (default: the default device) is where
+    the sample tensors are made, the kernels run and the programs execute.
     """
+    if device is not None:
+        with using_device(get_device(device, "check_op()")):
+            return check_op(op, seed=seed, samples=samples, raise_on_failure=raise_on_failure, strict=strict)
     opdef = _resolve(op)
     report = OpReport(opdef.name)
     rng = np.random.default_rng(seed)
@@ -539,7 +548,7 @@ def check_op(op, *, seed: int = 0, samples=None, raise_on_failure: bool = True, 
     return report
 
 
-def check_all(names=None, *, seed: int = 0, strict: bool = False) -> list[OpReport]:
+def check_all(names=None, *, seed: int = 0, strict: bool = False, device=None) -> list[OpReport]:
     """``check_op`` on each named op (every registered op when None), in order, raising nothing.
 
     An op whose checks cannot even start (no samples, a samples function that crashes) gets a report
@@ -549,7 +558,7 @@ def check_all(names=None, *, seed: int = 0, strict: bool = False) -> list[OpRepo
     reports = []
     for opdef in opdefs:
         try:
-            reports.append(check_op(opdef, seed=seed, raise_on_failure=False, strict=strict))
+            reports.append(check_op(opdef, seed=seed, raise_on_failure=False, strict=strict, device=device))
         except Exception as e:
             reports.append(OpReport(opdef.name, failures=[f"the checks could not run: {type(e).__name__}: {e}"]))
     return reports
