@@ -1,6 +1,7 @@
 """ONNX's own conformance harness (``onnx.backend.test``) over our importer and Executor: every node test of the ONNX
-ops we import, whose types we have, must pass, but for the few that ``conformance.KNOWN_FAILING`` lists with their
-reason; docs/onnx.md's table of pass counts must be what a fresh run gives."""
+ops we import, whose types we have, and the model tests in the onnx wheel, must pass, but for the few that
+``conformance.KNOWN_FAILING`` and ``KNOWN_FAILING_MODELS`` list with their reason; docs/onnx.md's table of pass
+counts must be what a fresh run gives."""
 
 from pathlib import Path
 
@@ -18,7 +19,8 @@ _cases = conformance.node_cases()
 _run = [c.name for c in conformance.selected(_cases) if c.name not in conformance.KNOWN_FAILING]
 
 backend_test = onnx_backend_test.BackendTest(OpforgeBackend, __name__)
-_wanted = {f"{name}_cpu" for name in _run}
+_models = [name for _, name, _ in conformance.model_cases() if conformance.model_failure(name) is None]
+_wanted = {f"{name}_cpu" for name in [*_run, *_models]}
 _test_cases = backend_test.test_cases
 for _case in _test_cases.values():  # keep only our node tests: no thousands of skipped ones in the report
     for _name in [n for n in vars(_case) if n.startswith("test_") and n not in _wanted]:
@@ -33,6 +35,14 @@ def test_known_failures_still_fail_with_clear_errors():
         status, message = conformance.run_case(selected[name])
         assert status == "fail", f"{name} passes now: take it out of KNOWN_FAILING"
         assert not message.startswith("raw"), f"{name}: {message}"
+
+
+def test_known_model_failures_still_fail_with_clear_errors():
+    for kind, name, directory in conformance.model_cases():
+        if conformance.model_failure(name) is not None:
+            status, message = conformance.run_model_case(directory)
+            assert status == "fail", f"{kind}/{name} passes now: take it out of KNOWN_FAILING_MODELS"
+            assert not message.startswith("raw"), f"{name}: {message}"
 
 
 def test_docs_conformance_table_is_fresh():

@@ -38,6 +38,64 @@ KNOWN_FAILING = {
 }
 
 
+# The model tests shipped in the onnx wheel (PyTorch-exported models and small "simple" graphs): the ones that fail,
+# by a pattern of their names, and why.
+MODEL_KINDS = ("pytorch-converted", "pytorch-operator", "simple")
+KNOWN_FAILING_MODELS = {
+    r"(Pool|Conv)3d": "3-d convolution and pooling",
+    r"(?i)convtranspose": "ConvTranspose",
+    r"MaxPool[12]d_stride_padding_dilation": "pooling with dilations",
+    r"sequence_model": "sequences (SequenceConstruct, SplitToSequence, ...)",
+    r"strnorm": "strings",
+    r"gradient_of": "the preview training domain's Gradient op",
+    r"test_shrink": "Shrink",
+}
+
+
+def model_cases() -> list:
+    """(kind, test name, directory) of every model test on disk in the onnx wheel."""
+    import os
+
+    import onnx.backend.test
+
+    root = os.path.join(os.path.dirname(onnx.backend.test.__file__), "data")
+    return [(kind, name, os.path.join(root, kind, name)) for kind in MODEL_KINDS
+            for name in sorted(os.listdir(os.path.join(root, kind)))
+            if os.path.exists(os.path.join(root, kind, name, "model.onnx"))]
+
+
+def model_failure(name: str) -> str | None:
+    return next((why for pattern, why in KNOWN_FAILING_MODELS.items() if re.search(pattern, name)), None)
+
+
+def run_model_case(directory: str) -> tuple[str, str]:
+    """("pass" | "fail", message) for one model test, compared as ONNX's harness compares."""
+    import glob
+    import os
+
+    import onnx
+    from onnx import numpy_helper
+
+    from .backend import OpforgeBackend
+
+    try:
+        rep = OpforgeBackend.prepare(onnx.load(os.path.join(directory, "model.onnx")))
+        for data in sorted(glob.glob(os.path.join(directory, "test_data_set_*"))):
+            def read(kind, data=data):
+                return [numpy_helper.to_array(onnx.load_tensor(f))
+                        for f in sorted(glob.glob(os.path.join(data, f"{kind}_*.pb")))]
+
+            got, expected = rep.run(read("input")), read("output")
+            for g, e in zip(got, expected):
+                if g.shape != e.shape or not np.allclose(g, e, rtol=1e-3, atol=1e-7, equal_nan=True):
+                    return "fail", "values differ"
+    except OpforgeError as e:
+        return "fail", f"{type(e).__name__}: {e}"
+    except Exception as e:
+        return "fail", f"raw {type(e).__name__}: {e}"
+    return "pass", ""
+
+
 def node_cases() -> list:
     import warnings
 
@@ -153,6 +211,13 @@ def render(cases=None) -> str:
         total = len(e["passed"]) + len(e["failed"])
         failing = "; ".join(f"`{n[5:]}` ({KNOWN_FAILING.get(n, 'unexpected')})" for n in sorted(e["failed"]))
         lines.append(f"| {op} | {len(e['passed'])} / {total} | {skipped.get(op, 0) or ''} | {failing} |")
+    models = [(kind, name, run_model_case(d)[0]) for kind, name, d in model_cases()]
+    lines += ["", "| model tests in the onnx wheel | passed / run | failing |", "|---|---|---|"]
+    for kind in MODEL_KINDS:
+        mine = [(name, status) for k, name, status in models if k == kind]
+        failing = "; ".join(f"`{name[5:]}` ({model_failure(name) or 'unexpected'})" for name, status in mine
+                            if status != "pass")
+        lines.append(f"| {kind} | {sum(s == 'pass' for _, s in mine)} / {len(mine)} | {failing} |")
     names = sorted({o for o in ops.values()} - set(IMPORTERS))
     lines += ["", f"ONNX ops with node tests that opforge does not import ({len(names)}):", "",
               ", ".join(names) + "."]

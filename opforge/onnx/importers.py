@@ -121,6 +121,9 @@ def _(n):
 @onnx_op("PRelu")
 def _(n):
     x, slope = n.input(0), n.input(1)
+    shape, channels = n.shape(0), n.shape(1)
+    if n.opset < 7 and len(channels) == 1 and len(shape) > 2 and channels[0] == shape[1] != shape[-1]:
+        slope = F.reshape(slope, shape=[-1, *[1] * (len(shape) - 2)])  # one slope per channel, as opset 6 meant
     return F.where(x < 0, x * slope, x)
 
 
@@ -176,22 +179,27 @@ _BINARY = {"Add": F.add, "Sub": F.sub, "Mul": F.mul, "Less": F.less, "LessOrEqua
            "Or": F.logical_or, "Xor": F.not_equal}
 
 
-def _broadcast_attrs(n):
-    # Opsets before 7 broadcast only when told, along an axis: refused, unless the shapes are equal anyway.
-    if n.attr("broadcast", 0) or n.attr("axis") is not None:
-        raise n.unsupported("the legacy 'broadcast'/'axis' attributes (opset < 7)")
+def _operands(n):
+    """Both operands; before opset 7, B broadcasts only when told, and its dims line up with A's from ``axis`` on
+    (not from the right, as NumPy's): trailing 1s put them there."""
+    a, b = n.input(0), n.input(1)
+    axis = n.attr("axis")
+    if n.attr("broadcast", 0) and axis is not None:
+        rank_a, rank_b = len(n.shape(0)), len(n.shape(1))
+        trailing = rank_a - (axis % rank_a) - rank_b
+        if trailing > 0:
+            b = F.reshape(b, shape=[*n.shape(1), *[1] * trailing])
+    return a, b
 
 
 @onnx_op(*_BINARY)
 def _(n):
-    _broadcast_attrs(n)
-    return _BINARY[n.op_type](n.input(0), n.input(1))
+    return _BINARY[n.op_type](*_operands(n))
 
 
 @onnx_op("Div")
 def _(n):
-    _broadcast_attrs(n)
-    x, y = n.input(0), n.input(1)
+    x, y = _operands(n)
     q = F.div(x, y)
     dtype = n.spec(0).dtype
     if dtype.kind != "f":  # integer division truncates toward zero in ONNX
@@ -201,7 +209,7 @@ def _(n):
 
 @onnx_op("Pow")
 def _(n):
-    y = F.pow(n.input(0), n.input(1))
+    y = F.pow(*_operands(n))
     dtype = n.spec(0).dtype
     return y if y.dtype == dtype else F.cast(y, dtype=dtype)  # ONNX's result has the base's type
 
@@ -360,6 +368,9 @@ def _(n):
 @onnx_op("BatchNormalization")
 def _(n):
     n.attr("momentum")
+    n.attr("consumed_inputs")
+    if n.opset < 7 and not n.attr("is_test", 0):
+        raise n.unsupported("training mode (is_test=0)")
     if n.attr("spatial", 1) != 1:
         raise n.unsupported("spatial=0")
     if n.attr("training_mode", 0) or n.outputs > 1:
