@@ -122,9 +122,9 @@ def test_malformed_files_give_clear_errors(tmp_path):
     message = _error(m)
     assert "'w'" in message and "Add" in message and "missing initializer" in message
     # a type opforge lacks
-    m = model_of([helper.make_node("Relu", ["x"], ["y"])], [tensor_info("x", [2], TensorProto.FLOAT16)],
-                 [tensor_info("y", [2], TensorProto.FLOAT16)])
-    assert "float16" in _error(m)
+    m = model_of([helper.make_node("Relu", ["x"], ["y"])], [tensor_info("x", [2], TensorProto.UINT8)],
+                 [tensor_info("y", [2], TensorProto.UINT8)])
+    assert "uint8" in _error(m)
     # an initializer whose data does not fit its dims
     bad = numpy_helper.from_array(np.ones(4, np.float32), "w")
     bad.dims[:] = [5]

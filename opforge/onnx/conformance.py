@@ -29,8 +29,11 @@ KNOWN_FAILING = {
     "test_batchnorm_example_training_mode": "BatchNormalization in training mode",
     **{f"test_training_dropout{k}": "random draws: opforge's generator draws other numbers than the reference's"
        for k in ("", "_default", "_default_mask", "_mask")},
-    "test_range_float_type_positive_delta_expanded": "the expansion uses Loop (control flow)",
-    "test_range_int32_type_negative_delta_expanded": "the expansion uses Loop (control flow)",
+    **{f"test_range_{k}_expanded": "the expansion uses Loop (control flow)" for k in (
+        "float_type_positive_delta", "int32_type_negative_delta", "float16_type_positive_delta",
+        "bfloat16_type_positive_delta")},
+    "test_celu_bfloat16_expanded": "values differ beyond the tolerance (bfloat16 rounding in the expansion's steps; "
+                                   "not investigated further)",
     "test_reduce_max_empty_set": "reducing an empty group (amax refuses: no value)",
     "test_reduce_max_empty_set_bool": "reducing an empty group (amax refuses: no value)",
     "test_reduce_min_empty_set": "reducing an empty group (amin refuses: no value)",
@@ -204,7 +207,7 @@ def render(cases=None) -> str:
                 skipped[ops[c.name]] = skipped.get(ops[c.name], 0) + 1
     lines = [f"ONNX {onnx.__version__} node tests of the {len(IMPORTERS)} ONNX ops opforge imports: **{passed} of "
              f"{run} pass**. Not run: the tests of those ops whose inputs or outputs have an element type opforge "
-             f"lacks (float16, uint8, strings, ...): {sum(skipped.values())}.", "",
+             f"lacks (uint8, int8, float8, strings, ...): {sum(skipped.values())}.", "",
              "| ONNX op | passed / run | not run (types) | failing |", "|---|---|---|---|"]
     for op in sorted(IMPORTERS):
         e = table.get(op, {"passed": [], "failed": {}})

@@ -27,7 +27,7 @@ class OnnxImportError(OpforgeError, ValueError):
 
 
 # ONNX TensorProto element types opforge has (the others are named in the error).
-_DTYPES = {1: D.float32, 11: D.float64, 6: D.int32, 7: D.int64, 9: D.bool_}
+_DTYPES = {1: D.float32, 11: D.float64, 10: D.float16, 16: D.bfloat16, 6: D.int32, 7: D.int64, 9: D.bool_}
 OPSETS = (7, 23)  # the ai.onnx opset versions the importers are written for
 
 

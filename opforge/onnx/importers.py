@@ -84,8 +84,7 @@ def _(n):
 
 @onnx_op("Celu")
 def _(n):
-    x, alpha = n.input(0), n.attr("alpha", 1.0)
-    return F.relu(x) + F.minimum(F.expm1(x * (1 / alpha)) * alpha, 0)
+    return F.celu(n.input(0), alpha=n.attr("alpha", 1.0))
 
 
 @onnx_op("Softplus")
@@ -104,18 +103,19 @@ def _(n):
     return F.gelu(n.input(0), approximate=n.attr("approximate", "none"))
 
 
-@onnx_op("HardSigmoid", "HardSwish")
+@onnx_op("HardSigmoid")
 def _(n):
-    x = n.input(0)
-    alpha, beta = (n.attr("alpha", 0.2), n.attr("beta", 0.5)) if n.op_type == "HardSigmoid" else (1 / 6, 0.5)
-    y = F.clip(x * alpha + beta, min=0.0, max=1.0)
-    return y if n.op_type == "HardSigmoid" else x * y
+    return F.clip(n.input(0) * n.attr("alpha", 0.2) + n.attr("beta", 0.5), min=0.0, max=1.0)
+
+
+@onnx_op("HardSwish")
+def _(n):
+    return F.hardswish(n.input(0))
 
 
 @onnx_op("Mish")
 def _(n):
-    x = n.input(0)
-    return x * F.tanh(F.softplus(x))
+    return F.mish(n.input(0))
 
 
 @onnx_op("PRelu")
@@ -382,13 +382,35 @@ def _(n):
 
 @onnx_op("InstanceNormalization")
 def _(n):
-    x, scale, bias = n.input(0), n.input(1), n.input(2)
-    rank = len(n.shape(0))
-    axes = list(range(2, rank))
-    xc = x - F.mean(x, axis=axes, keepdim=True)
-    y = xc * F.rsqrt(F.mean(xc * xc, axis=axes, keepdim=True) + n.attr("epsilon", 1e-5))
-    per_channel = [-1] + [1] * (rank - 2)
-    return y * F.reshape(scale, shape=per_channel) + F.reshape(bias, shape=per_channel)
+    return F.instance_norm(n.input(0), n.input(1), n.input(2), eps=n.attr("epsilon", 1e-5))
+
+
+@onnx_op("GroupNormalization")
+def _(n):
+    n.attr("stash_type")
+    x, scale, bias, groups = n.input(0), n.input(1), n.input(2), n.attr("num_groups")
+    channels = n.shape(0)[1]
+    if n.opset < 21:  # one scale and bias per group then: repeated over the group's channels
+        if isinstance(channels, Dim):
+            raise n.unsupported("per-group scale over a channel dim known only at run time")
+
+        def per_channel(t):
+            t = F.broadcast_to(F.reshape(t, shape=[groups, 1]), shape=[groups, channels // groups])
+            return F.reshape(t, shape=[channels])
+
+        scale, bias = per_channel(scale), per_channel(bias)
+    return F.group_norm(x, scale, bias, num_groups=groups, eps=n.attr("epsilon", 1e-5))
+
+
+@onnx_op("RMSNormalization")
+def _(n):
+    n.attr("stash_type")
+    shape = n.shape(0)
+    axis = n.attr("axis", -1) % len(shape)
+    if any(isinstance(d, Dim) for d in shape[axis:]):
+        raise n.unsupported("normalising over dims known only at run time")
+    return F.rms_norm(n.input(0), None, normalized_shape=list(shape[axis:]), eps=n.attr("epsilon", 1e-5)) * \
+        n.input(1)
 
 
 @onnx_op("LayerNormalization")

@@ -86,7 +86,7 @@ div.onnx(_onnx_binary("Div"))
 @div.infer
 def _(x, y):
     dtype = D.promote(x.dtype, y.dtype)
-    return Spec(broadcast_shapes(x.shape, y.shape, op="div"), dtype if dtype.kind == "f" else D.float64)
+    return Spec(broadcast_shapes(x.shape, y.shape, op="div"), dtype if D.is_floating(dtype) else D.float64)
 
 
 @div.grad
