@@ -19,6 +19,12 @@ def matmul(x, y):
     return np.matmul(x, y)
 
 
+@matmul.onnx
+def _(g, x, y):
+    dtype = g.outputs[0].dtype
+    return g.op("MatMul", g.cast(x, dtype), g.cast(y, dtype), spec=g.outputs[0])
+
+
 @matmul.infer
 def _(x, y):
     if not x.shape or not y.shape:
@@ -83,6 +89,13 @@ def outer(x, y):
     return np.multiply.outer(x, y)
 
 
+@outer.onnx
+def _(g, x, y):
+    dtype = g.outputs[0].dtype
+    column = g.op("Unsqueeze", g.cast(x, dtype), g.ints([1]))
+    return g.op("Mul", column, g.op("Unsqueeze", g.cast(y, dtype), g.ints([0])))
+
+
 def _outer_check(xs, ys):
     if len(xs) != 1 or len(ys) != 1:
         raise ShapeError(f"outer(): needs two vectors (1-D), got shapes {xs} and {ys}")
@@ -136,6 +149,17 @@ def linear(x, weight, bias):
     _linear_spec(x, weight, bias)
     y = np.matmul(x, weight.T)
     return y if bias is None else y + bias
+
+
+@linear.onnx
+def _(g, x, weight, bias):
+    dtype = g.outputs[0].dtype
+    x, weight = g.cast(x, dtype), g.cast(weight, dtype)
+    bias = None if bias is None else g.cast(bias, dtype)
+    if x.ndim == 2 and weight.ndim == 2 and dtype.kind == "f":
+        return g.op("Gemm", x, weight, bias, transB=1, spec=g.outputs[0])
+    y = g.op("MatMul", x, g.op("Transpose", weight) if weight.ndim == 2 else weight, spec=g.outputs[0])
+    return y if bias is None else g.op("Add", y, bias)
 
 
 @linear.infer
@@ -244,6 +268,14 @@ def einsum(operands, *, equation):
     letter repeated in one operand takes its diagonal (``"ii->i"``, ``"ii->"`` is the trace)."""
     terms, out, _ = _einsum_explicit(equation, [a.shape for a in operands])
     return np.einsum(f"{','.join(terms)}->{out}", *operands, optimize=len(operands) > 2)
+
+
+@einsum.onnx
+def _(g, operands, *, equation):
+    terms, out, _ = _einsum_explicit(equation, [a.shape for a in operands])
+    dtype = g.outputs[0].dtype
+    return g.op("Einsum", *(g.cast(a, dtype) for a in operands), equation=f"{','.join(terms)}->{out}",
+                spec=g.outputs[0])
 
 
 @einsum.check
