@@ -488,6 +488,110 @@ def test_dropout_edge_probabilities(dtype):
         np.testing.assert_array_equal(of.grad([y.sum()], [x])[0].numpy(), np.ones((5, 6), dtype))
 
 
+# -- the fused and in-place kernels equal the plain computation -----------------------------------------------------
+
+
+def _plain_softmax(x, axis):
+    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def _plain_log_softmax(x, axis):
+    z = x - np.max(x, axis=axis, keepdims=True)
+    return z - np.log(np.sum(np.exp(z), axis=axis, keepdims=True))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("shape", "axis"), [((64, 100), -1), ((3, 5, 4), 1), ((6,), 0)])
+def test_softmax_kernels_equal_the_plain_formulas_bit_for_bit(shape, axis, dtype):
+    # The kernels work in place in one buffer; the arithmetic is the textbook one's, so the bits are too.
+    rng = np.random.default_rng(8)
+    x, dy = (rng.standard_normal(shape).astype(dtype) for _ in range(2))
+    y, logp = _plain_softmax(x, axis), _plain_log_softmax(x, axis)
+    np.testing.assert_array_equal(F.softmax(of.tensor(x), axis=axis).numpy(), y)
+    np.testing.assert_array_equal(F.log_softmax(of.tensor(x), axis=axis).numpy(), logp)
+    np.testing.assert_array_equal(F.softmax_grad(of.tensor(y), of.tensor(dy), axis=axis).numpy(),
+                                  y * (dy - np.sum(dy * y, axis=axis, keepdims=True)))
+    np.testing.assert_array_equal(F.log_softmax_grad(of.tensor(logp), of.tensor(dy), axis=axis).numpy(),
+                                  dy - np.exp(logp) * np.sum(dy, axis=axis, keepdims=True))
+
+
+def _composite_cross_entropy(x, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+    """cross_entropy from log_softmax and nll_loss, as torch composes it: the unfused path, in ops."""
+    logp = F.log_softmax(x, axis=1 if x.ndim > 1 else 0)
+    nll = F.nll_loss(logp, target, weight, ignore_index=ignore_index, reduction=reduction)
+    if not label_smoothing:
+        return nll
+    w = 1.0 if weight is None else F.reshape(weight, shape=[-1, *[1] * (x.ndim - 2)])
+    counted = F.cast(target != ignore_index, dtype=x.dtype)
+    smooth = -F.sum(logp * w, axis=[1 if x.ndim > 1 else 0]) * counted
+    if reduction == "sum":
+        smooth = F.sum(smooth)
+    elif reduction == "mean":
+        hot = F.nll_loss(F.ones_like(x), target, weight, ignore_index=ignore_index, reduction="sum")
+        smooth = F.sum(smooth) / -hot
+    return nll * (1 - label_smoothing) + smooth * (label_smoothing / x.shape[1 if x.ndim > 1 else 0])
+
+
+_CE_CASES = [
+    ({}, (64, 10)),
+    ({}, (7, 1000)),
+    ({"reduction": "sum"}, (5, 4, 3)),
+    ({"reduction": "none", "ignore_index": 2}, (6, 5)),
+    ({"label_smoothing": 0.2}, (6, 5)),
+    ({"weighted": True, "label_smoothing": 0.1, "ignore": 2}, (6, 5)),
+    ({"weighted": True, "reduction": "none"}, (3, 5, 2)),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("attrs", "shape"), _CE_CASES, ids=[str(c) for c in _CE_CASES])
+def test_fused_cross_entropy_equals_log_softmax_then_nll_loss(attrs, shape, dtype):
+    rng = np.random.default_rng(9)
+    attrs = dict(attrs)
+    weight = of.tensor(rng.uniform(0.5, 2, shape[1]).astype(dtype)) if attrs.pop("weighted", False) else None
+    target = rng.integers(0, shape[1], (shape[0], *shape[2:]))
+    target.reshape(-1)[:attrs.pop("ignore", 0)] = -100
+    x = of.tensor(rng.standard_normal(shape).astype(dtype) * 3, requires_grad=True)
+    fused = F.cross_entropy(x, of.tensor(target), weight, **attrs)
+    plain = _composite_cross_entropy(x, of.tensor(target), weight, **attrs)
+    u = of.tensor(rng.standard_normal(fused.shape).astype(dtype))
+    (g_fused,), (g_plain,) = of.grad(fused, [x], grad_outputs=u), of.grad(plain, [x], grad_outputs=u)
+    if not attrs.get("label_smoothing") and weight is None:  # the same arithmetic: the same bits
+        np.testing.assert_array_equal(fused.numpy(), plain.numpy())
+    rtol = 1e-5 if dtype == np.float32 else 1e-13
+    np.testing.assert_allclose(fused.numpy(), plain.numpy(), rtol=rtol, atol=rtol)
+    # The gradient is s·(softmax − target) in one pass: the same value, computed in another order.
+    np.testing.assert_allclose(g_fused.numpy(), g_plain.numpy(), rtol=rtol, atol=rtol * 1e-2)
+
+
+def test_in_place_kernels_in_a_program_give_eager_bits():
+    # Compiled, softmax writes into its dying input's buffer and cross_entropy_grad into the logits': the out= path
+    # must give what the eager, allocating path gives, bit for bit.
+    from opforge.program import Executor, append_backward, trace
+
+    rng = np.random.default_rng(10)
+    x, target = rng.standard_normal((16, 7)).astype(np.float32), rng.integers(0, 7, 16)
+
+    def fn(x, t):
+        logits = x * 2.0
+        return {"loss": F.cross_entropy(logits, t), "probs": F.softmax(x * 3.0)}
+
+    prog = trace(fn, x=of.Spec((16, 7), "float32"), t=of.Spec((16,), "int64"))
+    grads = append_backward(prog, prog.outputs["loss"], wrt=["x"])
+    exe = Executor(prog, fetch={**prog.outputs, "dx": grads["x"]})
+    got = exe.run(x=x, t=target)
+    plan = exe.plan(x=x, t=target)
+    lines = plan.source.splitlines()
+    in_place = {plan.line_ops[i].split()[2] for i in plan.line_ops if "out=" in lines[i - 1]}
+    assert {"softmax", "cross_entropy_grad"} <= in_place, plan.source
+    ox = of.tensor(x, requires_grad=True)
+    loss = F.cross_entropy(ox * 2.0, of.tensor(target))
+    np.testing.assert_array_equal(got["loss"], loss.numpy())
+    np.testing.assert_array_equal(got["probs"], F.softmax(of.tensor(x) * 3.0).numpy())
+    np.testing.assert_array_equal(got["dx"], of.grad(loss, [ox])[0].numpy())
+
+
 # -- higher orders and special values -------------------------------------------------------------------------------
 
 

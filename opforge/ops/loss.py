@@ -31,11 +31,18 @@ def _reduce(losses, reduction: str):
     """A kernel's unreduced losses, reduced. The mean of no losses is nan, as in torch."""
     if reduction == "none":
         return losses
-    total = np.sum(losses)
+    total = np.add.reduce(losses, axis=None)
     if reduction == "sum":
         return np.asarray(total)
-    with np.errstate(invalid="ignore"):
-        return np.asarray(total / losses.size)
+    return _divide(total, losses.size)
+
+
+def _divide(total, count):
+    """total / count as an array; 0/0 is nan (as in torch), without NumPy's warning."""
+    if count:
+        return np.asarray(total / count)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.asarray(total / count)
 
 
 def _spread(dloss, reduction: str, shape: tuple, batch: tuple | None = None):
@@ -118,7 +125,8 @@ def _targets(op_name: str, target, num_classes: int, ignore_index: int):
     """Flat class indices and the mask of those that count (None when all do; the others then read class 0). An
     index out of range that is not ignore_index is an error naming the op, as in torch."""
     t = target.reshape(-1)
-    if not t.size or (t.min() >= 0 and t.max() < num_classes and not 0 <= ignore_index < num_classes):
+    if not t.size or (np.minimum.reduce(t) >= 0 and np.maximum.reduce(t) < num_classes
+                      and not 0 <= ignore_index < num_classes):
         return t, None
     valid = t != ignore_index
     bad = valid & ((t < 0) | (t >= num_classes))
@@ -144,19 +152,17 @@ def _row_scale(dloss, rows: int, row_weights, valid, reduction: str):
     elif reduction == "sum":
         s = dloss
     else:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            s = dloss / (rows if row_weights is None else row_weights.sum())
+        s = _divide(dloss, rows if row_weights is None else np.add.reduce(row_weights))
     return s if valid is None else np.where(valid, s, 0)
 
 
 def _reduce_rows(losses, row_weights, rows: int, reduction: str):
     if reduction == "none":
         return losses
-    total = np.sum(losses)
+    total = np.add.reduce(losses, axis=None)
     if reduction == "sum":
         return np.asarray(total)
-    with np.errstate(invalid="ignore", divide="ignore"):  # every target ignored: 0/0 = nan, as torch
-        return np.asarray(total / (rows if row_weights is None else row_weights.sum()))
+    return _divide(total, rows if row_weights is None else np.add.reduce(row_weights))
 
 
 def _class_loss_spec(op_name: str):
@@ -288,12 +294,12 @@ def cross_entropy(logits, target, weight, *, ignore_index, reduction, label_smoo
     rw = _row_weights(t, valid, w, x.dtype)
     # −log p[t] = lse − z[t] with z = x − max x and lse = log Σ exp z: nothing overflows, and no log-probabilities
     # are made (z is exponentiated in place).
-    z = x - np.max(x, axis=1, keepdims=True)
+    z = x - np.maximum.reduce(x, axis=1, keepdims=True, initial=-np.inf)
     losses = -z[np.arange(rows), t]
     if eps:
-        smooth = z.sum(axis=1) if w is None else z @ w
+        smooth = np.add.reduce(z, axis=1) if w is None else z @ w
     np.exp(z, out=z)
-    lse = np.log(np.sum(z, axis=1))
+    lse = np.log(np.add.reduce(z, axis=1))
     losses += lse
     if w is not None:
         losses *= rw
@@ -371,9 +377,10 @@ def cross_entropy_grad(logits, target, dloss, weight, *, ignore_index, reduction
         sq = hot + spread * (classes if w is None else w.sum())
     else:
         sq = hot
-    p = np.subtract(x, np.max(x, axis=1, keepdims=True), out=out if out is not None and x is logits else None)
+    p = np.subtract(x, np.maximum.reduce(x, axis=1, keepdims=True, initial=-np.inf),
+                    out=out if out is not None and x is logits else None)
     np.exp(p, out=p)
-    sq = sq / np.sum(p, axis=1)
+    sq = sq / np.add.reduce(p, axis=1)
     p *= sq.reshape(-1, 1) if sq.ndim else sq
     p[np.arange(rows), t] -= hot
     if eps:

@@ -47,16 +47,30 @@ def _swap_last(t):
 # A 0-d tensor accepts axis 0 or -1 and is its own (one-element) group: softmax gives 1, log_softmax 0.
 
 
-def _softmax_np(x, axes):
+def _axes(op_name: str, axis: int, ndim: int) -> tuple:
+    """The one axis of a softmax as NumPy's axis tuple (() for a 0-d tensor); the usual last axis skips the checks."""
+    return (ndim - 1,) if axis == -1 and ndim else normalize_axes(op_name, [axis], ndim)
+
+
+# The kernels work in one buffer each (``out``, when the executor hands one), and take the reductions from the ufuncs
+# themselves: np.sum and np.max would only wrap np.add.reduce and np.maximum.reduce, at a cost on small tensors.
+
+
+def _softmax_np(x, axes, out=None):
     # exp(x − m) / Σ exp(x − m) with m = max x: no exp overflows.
-    e = np.exp(x - np.max(x, axis=axes, keepdims=True, initial=-np.inf))
-    return e / np.sum(e, axis=axes, keepdims=True)
+    if not x.ndim:  # NumPy gives scalars, not arrays, for 0-d results: one element, then back to 0-d
+        return _softmax_np(x.reshape(1), (0,)).reshape(())
+    y = np.subtract(x, np.maximum.reduce(x, axis=axes, keepdims=True, initial=-np.inf), out=out)
+    np.exp(y, out=y)
+    return np.divide(y, np.add.reduce(y, axis=axes, keepdims=True), out=y)
 
 
-def _log_softmax_np(x, axes):
+def _log_softmax_np(x, axes, out=None):
     # log softmax(x) = (x − m) − log Σ exp(x − m) with m = max x: no exp overflows, the largest term is exp(0).
-    z = x - np.max(x, axis=axes, keepdims=True, initial=-np.inf)
-    return z - np.log(np.sum(np.exp(z), axis=axes, keepdims=True))
+    if not x.ndim:
+        return _log_softmax_np(x.reshape(1), (0,)).reshape(())
+    z = np.subtract(x, np.maximum.reduce(x, axis=axes, keepdims=True, initial=-np.inf), out=out)
+    return np.subtract(z, np.log(np.add.reduce(np.exp(z), axis=axes, keepdims=True)), out=z)
 
 
 def _softmax_spec(op_name):
@@ -77,10 +91,10 @@ def _softmax_grad_spec(op_name):
     return infer
 
 
-@op("softmax(Tensor<floating> x, *, int axis=-1) -> Tensor y", infer=_softmax_spec("softmax"))
-def softmax(x, *, axis):
+@op("softmax(Tensor<floating> x, *, int axis=-1) -> Tensor y", infer=_softmax_spec("softmax"), inplace={"y": "x"})
+def softmax(x, *, axis, out=None):
     """exp(x) / Σ exp(x) along ``axis``, computed as exp(x − max x) / Σ exp(x − max x) so nothing overflows."""
-    return _softmax_np(x, normalize_axes("softmax", [axis], x.ndim))
+    return _softmax_np(x, _axes("softmax", axis, x.ndim), out)
 
 
 @softmax.grad
@@ -89,12 +103,17 @@ def _(y, dy, *, axis):
 
 
 @op("softmax_grad(Tensor<floating> y, Tensor<floating> dy, *, int axis=-1) -> Tensor dx",
-    infer=_softmax_grad_spec("softmax_grad"))
-def softmax_grad(y, dy, *, axis):
+    infer=_softmax_grad_spec("softmax_grad"), inplace={"dx": "dy"})
+def softmax_grad(y, dy, *, axis, out=None):
     """Gradient of softmax from its output y: dx = y·(dy − Σ dy·y) along ``axis``."""
-    _validate(softmax_grad, y, dy, axis=axis)
-    axes = normalize_axes("softmax_grad", [axis], y.ndim)
-    return y * (dy - np.sum(dy * y, axis=axes, keepdims=True))
+    if y.shape != dy.shape:
+        _validate(softmax_grad, y, dy, axis=axis)
+    if not y.ndim:  # one element: y·(dy − dy·y)
+        return np.asarray(y * (dy - dy * y))
+    t = np.multiply(dy, y)
+    dx = np.subtract(dy, np.add.reduce(t, axis=_axes("softmax_grad", axis, y.ndim), keepdims=True),
+                     out=t if out is None else out)
+    return np.multiply(dx, y, out=dx)
 
 
 @softmax_grad.grad
@@ -106,10 +125,11 @@ def _(y, dy, ddx, *, axis):
     return ddx * (dy - s) - t * dy, F.softmax_grad(y, ddx, axis=axis)
 
 
-@op("log_softmax(Tensor<floating> x, *, int axis=-1) -> Tensor y", infer=_softmax_spec("log_softmax"))
-def log_softmax(x, *, axis):
+@op("log_softmax(Tensor<floating> x, *, int axis=-1) -> Tensor y", infer=_softmax_spec("log_softmax"),
+    inplace={"y": "x"})
+def log_softmax(x, *, axis, out=None):
     """log(softmax(x)) along ``axis``, computed as (x − max x) − log Σ exp(x − max x)."""
-    return _log_softmax_np(x, normalize_axes("log_softmax", [axis], x.ndim))
+    return _log_softmax_np(x, _axes("log_softmax", axis, x.ndim), out)
 
 
 @log_softmax.grad
@@ -118,12 +138,17 @@ def _(y, dy, *, axis):
 
 
 @op("log_softmax_grad(Tensor<floating> y, Tensor<floating> dy, *, int axis=-1) -> Tensor dx",
-    infer=_softmax_grad_spec("log_softmax_grad"))
-def log_softmax_grad(y, dy, *, axis):
+    infer=_softmax_grad_spec("log_softmax_grad"), inplace={"dx": "y"})
+def log_softmax_grad(y, dy, *, axis, out=None):
     """Gradient of log_softmax from its output y: dx = dy − exp(y)·Σ dy along ``axis``."""
-    _validate(log_softmax_grad, y, dy, axis=axis)
-    axes = normalize_axes("log_softmax_grad", [axis], y.ndim)
-    return dy - np.exp(y) * np.sum(dy, axis=axes, keepdims=True)
+    if y.shape != dy.shape:
+        _validate(log_softmax_grad, y, dy, axis=axis)
+    if not y.ndim:  # one element: dy − exp(y)·dy
+        return np.asarray(dy - np.exp(y) * dy)
+    s = np.add.reduce(dy, axis=_axes("log_softmax_grad", axis, y.ndim), keepdims=True)
+    e = np.exp(y, out=out)  # y's own buffer, when it dies here: read before it is written, element by element
+    e *= s
+    return np.subtract(dy, e, out=e)
 
 
 @log_softmax_grad.grad
