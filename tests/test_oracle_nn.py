@@ -503,17 +503,22 @@ def _plain_log_softmax(x, axis):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize(("shape", "axis"), [((64, 100), -1), ((3, 5, 4), 1), ((6,), 0)])
-def test_softmax_kernels_equal_the_plain_formulas_bit_for_bit(shape, axis, dtype):
-    # The kernels work in place in one buffer; the arithmetic is the textbook one's, so the bits are too.
+def test_softmax_kernels_equal_the_plain_formulas(shape, axis, dtype):
+    # The kernels work in place in one buffer and sum rows with einsum: the textbook formulas' values, summed in
+    # another order (bit for bit where the axis is not the last, and np.add.reduce sums as np.sum).
     rng = np.random.default_rng(8)
     x, dy = (rng.standard_normal(shape).astype(dtype) for _ in range(2))
     y, logp = _plain_softmax(x, axis), _plain_log_softmax(x, axis)
-    np.testing.assert_array_equal(F.softmax(of.tensor(x), axis=axis).numpy(), y)
-    np.testing.assert_array_equal(F.log_softmax(of.tensor(x), axis=axis).numpy(), logp)
-    np.testing.assert_array_equal(F.softmax_grad(of.tensor(y), of.tensor(dy), axis=axis).numpy(),
-                                  y * (dy - np.sum(dy * y, axis=axis, keepdims=True)))
-    np.testing.assert_array_equal(F.log_softmax_grad(of.tensor(logp), of.tensor(dy), axis=axis).numpy(),
-                                  dy - np.exp(logp) * np.sum(dy, axis=axis, keepdims=True))
+    got = [F.softmax(of.tensor(x), axis=axis), F.log_softmax(of.tensor(x), axis=axis),
+           F.softmax_grad(of.tensor(y), of.tensor(dy), axis=axis),
+           F.log_softmax_grad(of.tensor(logp), of.tensor(dy), axis=axis)]
+    want = [y, logp, y * (dy - np.sum(dy * y, axis=axis, keepdims=True)),
+            dy - np.exp(logp) * np.sum(dy, axis=axis, keepdims=True)]
+    for g, w in zip(got, want):
+        assert g.dtype == dtype
+        if axis % len(shape) != len(shape) - 1:
+            np.testing.assert_array_equal(g.numpy(), w)
+        np.testing.assert_allclose(g.numpy(), w, rtol=2e-6 if dtype == np.float32 else 1e-14, atol=1e-7)
 
 
 def _composite_cross_entropy(x, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
@@ -590,6 +595,42 @@ def test_in_place_kernels_in_a_program_give_eager_bits():
     np.testing.assert_array_equal(got["loss"], loss.numpy())
     np.testing.assert_array_equal(got["probs"], F.softmax(of.tensor(x) * 3.0).numpy())
     np.testing.assert_array_equal(got["dx"], of.grad(loss, [ox])[0].numpy())
+
+
+_ROWS_OF_3 = {  # name -> (loss of (x, second input), the second input for a batch of n rows of 3)
+    "mse_loss": (F.mse_loss, lambda rng, n: rng.standard_normal((n, 3))),
+    "l1_loss": (F.l1_loss, lambda rng, n: rng.standard_normal((n, 3))),
+    "huber_loss": (lambda x, y: F.huber_loss(x, y, delta=0.5), lambda rng, n: rng.standard_normal((n, 3))),
+    "kl_div": (lambda x, y: F.kl_div(x, y, reduction="batchmean"), lambda rng, n: rng.uniform(0.1, 1, (n, 3))),
+    "binary_cross_entropy_with_logits": (F.binary_cross_entropy_with_logits, lambda rng, n: rng.uniform(0, 1, (n, 3))),
+    "cross_entropy (classes)": (F.cross_entropy, lambda rng, n: rng.integers(0, 3, n)),
+    "cross_entropy (probabilities)": (lambda x, y: F.cross_entropy(x, y, label_smoothing=0.1),
+                                      lambda rng, n: rng.uniform(0, 1, (n, 3))),
+    "triplet_margin_loss": (lambda x, y: F.triplet_margin_loss(x, y, x * 0.5),
+                            lambda rng, n: rng.standard_normal((n, 3))),
+    "cosine_embedding_loss": (lambda x, y: F.cosine_embedding_loss(x, x * 2.0 + 1.0, y),
+                              lambda rng, n: rng.choice([-1, 1], n)),
+}
+
+
+@pytest.mark.parametrize("name", list(_ROWS_OF_3))
+def test_mean_losses_compile_with_the_batch_size_unknown(name):
+    # "mean" divides by a count that a program traced for (None, 3) learns only when it runs: the gradients must
+    # still be eager mode's, for every batch size fed.
+    loss_fn, second = _ROWS_OF_3[name]
+    rng = np.random.default_rng(11)
+    y0 = second(rng, 2)
+    prog = of.trace(lambda x, y: {"loss": loss_fn(x, y)}, x=of.Spec((None, 3), "float64"),
+                    y=of.Spec((None, *y0.shape[1:]), y0.dtype))
+    grads = of.append_backward(prog, prog.outputs["loss"], wrt=["x"])
+    exe = of.Executor(prog, fetch={"loss": prog.outputs["loss"], "dx": grads["x"]})
+    for n in (2, 5):
+        x, y = rng.standard_normal((n, 3)), second(rng, n)
+        got = exe.run(x=x, y=y)
+        ox = of.tensor(x, requires_grad=True)
+        loss = loss_fn(ox, of.tensor(y))
+        np.testing.assert_allclose(got["loss"], loss.numpy(), rtol=1e-12)
+        np.testing.assert_allclose(got["dx"], of.grad(loss, [ox])[0].numpy(), rtol=1e-12, atol=1e-15)
 
 
 # -- higher orders and special values -------------------------------------------------------------------------------

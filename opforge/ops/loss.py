@@ -13,8 +13,9 @@ import math
 from opforge import ops as F
 
 from ..core.errors import ArgumentError
+from ..core.spec import Dim
 from ._common import D, Sample, ShapeError, Spec, broadcast_shapes, np, op
-from .nn import _broadcasts_to, _log_softmax_np, _same_dims, _validate
+from .nn import _broadcasts_to, _log_softmax_np, _same_dims, _sum, _validate
 
 # -- reductions ------------------------------------------------------------------------------------------------
 
@@ -59,8 +60,19 @@ def _spread(dloss, reduction: str, shape: tuple, batch: tuple | None = None):
 
 
 def _loss_shape(*tensors) -> tuple:
+    """The shape the tensors broadcast to. In a program a dim may be known only at run time (a Dim): per axis, a
+    known size other than 1 wins, else the first run-time dim (run-time dims that broadcast are taken as equal)."""
     shapes = [tuple(t.shape) for t in tensors if t is not None]
-    return shapes[0] if all(s == shapes[0] for s in shapes) else broadcast_shapes(*shapes)
+    if all(s == shapes[0] for s in shapes):
+        return shapes[0]
+    if not any(isinstance(d, Dim) for s in shapes for d in s):
+        return broadcast_shapes(*shapes)
+    out = []
+    for i in range(-max(map(len, shapes)), 0):
+        dims = [s[i] for s in shapes if len(s) >= -i]
+        known = [d for d in dims if isinstance(d, int) and d != 1]
+        out.append(known[0] if known else next((d for d in dims if isinstance(d, Dim)), 1))
+    return tuple(out)
 
 
 def _into(out, result):
@@ -299,7 +311,7 @@ def cross_entropy(logits, target, weight, *, ignore_index, reduction, label_smoo
     if eps:
         smooth = np.add.reduce(z, axis=1) if w is None else z @ w
     np.exp(z, out=z)
-    lse = np.log(np.add.reduce(z, axis=1))
+    lse = np.log(_sum(z, (1,))[:, 0])
     losses += lse
     if w is not None:
         losses *= rw
@@ -313,7 +325,7 @@ def cross_entropy(logits, target, weight, *, ignore_index, reduction, label_smoo
 def _soft_cross_entropy(x, probs, w, eps, reduction, target_shape):
     classes = x.shape[1]
     z = x - np.max(x, axis=1, keepdims=True)
-    logp = z - np.log(np.sum(np.exp(z), axis=1, keepdims=True))
+    logp = z - np.log(_sum(np.exp(z), (1,)))
     q = probs * (1 - eps) + eps / classes if eps else probs
     losses = -np.sum(q * logp if w is None else q * logp * w, axis=1)
     return _reduce(losses.reshape(target_shape[:1] + target_shape[2:] if len(target_shape) > 1 else ()), reduction)
@@ -380,7 +392,7 @@ def cross_entropy_grad(logits, target, dloss, weight, *, ignore_index, reduction
     p = np.subtract(x, np.maximum.reduce(x, axis=1, keepdims=True, initial=-np.inf),
                     out=out if out is not None and x is logits else None)
     np.exp(p, out=p)
-    sq = sq / np.add.reduce(p, axis=1)
+    sq = sq / _sum(p, (1,))[:, 0]
     p *= sq.reshape(-1, 1) if sq.ndim else sq
     p[np.arange(rows), t] -= hot
     if eps:

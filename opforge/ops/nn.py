@@ -53,7 +53,15 @@ def _axes(op_name: str, axis: int, ndim: int) -> tuple:
 
 
 # The kernels work in one buffer each (``out``, when the executor hands one), and take the reductions from the ufuncs
-# themselves: np.sum and np.max would only wrap np.add.reduce and np.maximum.reduce, at a cost on small tensors.
+# themselves: np.max would only wrap np.maximum.reduce, at a cost on small tensors.
+
+
+def _sum(a, axes: tuple, b=None):
+    """Σ a, or Σ a·b without making the product, over ``axes``, kept as size-1 dims. Over the last axis (the usual
+    case) einsum's loops sum several times faster than np.add.reduce, which sums each contiguous row pairwise."""
+    if axes == (a.ndim - 1,):
+        return (np.einsum("...i->...", a) if b is None else np.einsum("...i,...i->...", a, b))[..., None]
+    return np.add.reduce(a if b is None else a * b, axis=axes, keepdims=True)
 
 
 def _softmax_np(x, axes, out=None):
@@ -62,7 +70,7 @@ def _softmax_np(x, axes, out=None):
         return _softmax_np(x.reshape(1), (0,)).reshape(())
     y = np.subtract(x, np.maximum.reduce(x, axis=axes, keepdims=True, initial=-np.inf), out=out)
     np.exp(y, out=y)
-    return np.divide(y, np.add.reduce(y, axis=axes, keepdims=True), out=y)
+    return np.divide(y, _sum(y, axes), out=y)
 
 
 def _log_softmax_np(x, axes, out=None):
@@ -70,7 +78,7 @@ def _log_softmax_np(x, axes, out=None):
     if not x.ndim:
         return _log_softmax_np(x.reshape(1), (0,)).reshape(())
     z = np.subtract(x, np.maximum.reduce(x, axis=axes, keepdims=True, initial=-np.inf), out=out)
-    return np.subtract(z, np.log(np.add.reduce(np.exp(z), axis=axes, keepdims=True)), out=z)
+    return np.subtract(z, np.log(_sum(np.exp(z), axes)), out=z)
 
 
 def _softmax_spec(op_name):
@@ -110,9 +118,7 @@ def softmax_grad(y, dy, *, axis, out=None):
         _validate(softmax_grad, y, dy, axis=axis)
     if not y.ndim:  # one element: y·(dy − dy·y)
         return np.asarray(y * (dy - dy * y))
-    t = np.multiply(dy, y)
-    dx = np.subtract(dy, np.add.reduce(t, axis=_axes("softmax_grad", axis, y.ndim), keepdims=True),
-                     out=t if out is None else out)
+    dx = np.subtract(dy, _sum(dy, _axes("softmax_grad", axis, y.ndim), y), out=out)
     return np.multiply(dx, y, out=dx)
 
 
@@ -145,7 +151,7 @@ def log_softmax_grad(y, dy, *, axis, out=None):
         _validate(log_softmax_grad, y, dy, axis=axis)
     if not y.ndim:  # one element: dy − exp(y)·dy
         return np.asarray(dy - np.exp(y) * dy)
-    s = np.add.reduce(dy, axis=_axes("log_softmax_grad", axis, y.ndim), keepdims=True)
+    s = _sum(dy, _axes("log_softmax_grad", axis, y.ndim))
     e = np.exp(y, out=out)  # y's own buffer, when it dies here: read before it is written, element by element
     e *= s
     return np.subtract(dy, e, out=e)
