@@ -28,7 +28,7 @@ import numpy as np
 from .core import dtypes as D
 from .core.errors import ArgumentError, OpforgeError, describe
 from .core.files import atomic_write
-from .tensor import Tensor, _new
+from .tensor import Tensor, wrap
 
 FORMAT = "opforge.checkpoint"
 VERSION = 1
@@ -148,7 +148,7 @@ def _decode(node, archive, path: str):
         if kind == "scalar":
             return array[()]
         D.as_dtype(array.dtype, op="load", arg=payload)  # a dtype Tensors support
-        return _new(array)
+        return wrap(array)
     if kind == "dict":
         return {k: _decode(v, archive, path) for k, v in payload}
     if kind in ("list", "tuple"):

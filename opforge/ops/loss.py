@@ -16,6 +16,7 @@ from ..core.errors import ArgumentError
 from ..core.spec import Dim
 from ._common import D, Sample, ShapeError, Spec, broadcast_shapes, np, op
 from .nn import _broadcasts_to, _log_softmax_np, _same_dims, _sum, _validate
+from .reduce import norm_grad_rule, vector_norm
 
 # -- reductions ------------------------------------------------------------------------------------------------
 
@@ -293,7 +294,7 @@ def cross_entropy(logits, target, weight, *, ignore_index, reduction, label_smoo
     others; with probabilities, "mean" divides by the number of samples and the targets get a gradient too.
     ``weight`` gets none, as in torch.
     """
-    soft = target.dtype.kind == "f"
+    soft = D.is_floating(target.dtype)
     _check_class_call(cross_entropy, logits, target, weight, {"reduction": reduction, "ignore_index": ignore_index},
                       soft)
     x = _rows(logits)
@@ -633,7 +634,8 @@ def smooth_l1_grad(x, dy, *, sigma):
 def _(x, dy, ddx, *, sigma):
     s2 = sigma * sigma
     inside = F.abs(x) < 1 / s2
-    return F.where(inside, ddx * dy * s2, 0), F.smooth_l1_grad(x, ddx, sigma=sigma)
+    second = F.where(inside, ddx * dy * s2, 0)
+    return F.where(F.isnan(x), x, second), F.smooth_l1_grad(x, ddx, sigma=sigma)  # NaN at a NaN x
 
 
 @smooth_l1_grad.samples
@@ -908,22 +910,22 @@ def _(rng):
 
 
 def _pairwise_distance(u, v, p, eps):
-    """torch's pairwise_distance: the p-norm of u − v + eps over the last axis (and the difference itself)."""
-    w = u - v + eps
-    return w, F.norm(w, p=p, axis=[-1])
+    """pairwise_distance(u, v) and the difference u − v + eps whose norm it is."""
+    return u - v + eps, F.pairwise_distance(u, v, p=p, eps=eps)
 
 
 @op("triplet_margin_loss(Tensor<floating> anchor, Tensor<floating> positive, Tensor<floating> negative, *, "
     "float margin=1.0, float p=2.0, float eps=1e-6, bool swap=False, str reduction=\"mean\") -> Tensor loss")
 def triplet_margin_loss(anchor, positive, negative, *, margin, p, eps, swap, reduction):
     """max(0, margin + d(anchor, positive) − d(anchor, negative)) per sample, with d(u, v) = ‖u − v + eps‖_p over
-    the last axis (torch's pairwise_distance); ``swap`` uses min(d(a, n), d(p, n)) for the negative distance. The
+    the last axis (pairwise_distance); ``swap`` uses min(d(a, n), d(p, n)) for the negative distance. The
     three inputs have the same number of dims and broadcast. Then reduced."""
     _validate(triplet_margin_loss, anchor, positive, negative, margin=margin, p=p, eps=eps, swap=swap,
               reduction=reduction)
 
-    def distance(u, v):
-        return np.linalg.vector_norm(u - v + eps, ord=p, axis=-1)
+    def distance(u, v):  # pairwise_distance's: the norm op's kernel over the last axis
+        w = u - v + eps
+        return vector_norm(w, p, (w.ndim - 1,), False)
 
     d_neg = distance(anchor, negative)
     if swap:
@@ -953,7 +955,7 @@ def _(anchor, positive, negative, *, reduction, **_):
 @triplet_margin_loss.grad
 def _(anchor, positive, negative, dloss, *, margin, p, eps, swap, reduction):
     # Through the hinge, then each distance by the norm op's own gradient rule (and minimum's, for swap).
-    norm_vjp, min_vjp = F.norm.opdef.grad_rule.fn, F.minimum.opdef.grad_rule.fn
+    norm_vjp, min_vjp = norm_grad_rule, F.minimum.opdef.grad_rule.fn
     w_ap, d_ap = _pairwise_distance(anchor, positive, p, eps)
     w_an, d_an = _pairwise_distance(anchor, negative, p, eps)
     d_neg = d_an
