@@ -100,7 +100,7 @@ class OpDef:
         self.defined_at = defined_at
         self.kernels: dict = {}  # (device, dtype or None) -> Kernel
         self._kernel_cache: dict = {}  # (device, dtype) -> Kernel, filled on use
-        self.kernel_table: dict = {}  # device -> dtype -> kernel function: the dispatch fast path's cache
+        self.kernel_table: dict = {}  # device name -> dtype -> kernel function: the dispatch fast path's cache
         self.infer_fn = None
         self.grad_rule: GradRule | None = None
         self.check_fn = None
