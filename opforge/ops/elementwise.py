@@ -4,7 +4,7 @@ import math
 
 from opforge import ops as F
 
-from ._common import D, Sample, Spec, np, op
+from ._common import D, P, Sample, Spec, np, op
 
 # -- the seed designs' examples --------------------------------------------------------------------------------
 
@@ -13,6 +13,15 @@ from ._common import D, Sample, Spec, np, op
 def identity(x):
     """Returns its input unchanged (a new tensor sharing the data)."""
     return x
+
+
+def _linear_sbp(*inputs, **_):
+    """A linear map of partial values is the partial values of the map."""
+    yield tuple(P for _ in inputs), P
+    yield tuple(P("mean") for _ in inputs), P("mean")
+
+
+identity.sbp(_linear_sbp)
 
 
 @identity.grad
@@ -29,6 +38,9 @@ def scale(x, *, scale):
 @scale.grad
 def _(dy, *, scale):
     return F.scale(dy, scale=scale)
+
+
+scale.sbp(_linear_sbp)
 
 
 @scale.samples
@@ -126,6 +138,9 @@ def _(rng):
 def neg(x, out=None):
     """y = −x."""
     return np.negative(x, out=out)
+
+
+neg.sbp(_linear_sbp)
 
 
 @neg.grad

@@ -11,7 +11,7 @@ import math
 from opforge import ops as F
 
 from ..core.errors import ArgumentError
-from ._common import D, Sample, ShapeError, Spec, broadcast_shapes, normalize_axes, np, op
+from ._common import D, P, S, Sample, ShapeError, Spec, broadcast_shapes, normalize_axes, np, op
 
 _REDUCTIONS = ("mean", "sum", "none")
 
@@ -342,6 +342,12 @@ def _(rng):
     yield Sample.of(rng.standard_normal(()), _class_target(rng, (), 5), num_classes=5, reduction="sum")
 
 
+@cross_entropy.sbp
+def _(logits, target, *, reduction, **_):
+    if len(logits.shape) >= 2:  # rows split: P("mean") holds when ranks have as many rows, none ignored
+        yield (S(0), S(0)), {"mean": P("mean"), "sum": P, "none": S(0)}[reduction]
+
+
 @cross_entropy.samples
 def _(rng):
     yield Sample.of(rng.standard_normal((4, 5)), _class_target(rng, 4, 5))
@@ -380,6 +386,13 @@ def _(x, target, dloss, *, reduction):
     shape = broadcast_shapes(x.shape, target.shape)
     g = (x - target) * dloss * (2.0 / max(_numel(shape), 1) if reduction == "mean" else 2.0)
     return g, -g  # the engine sums each down to its input's shape
+
+
+@mse_loss.sbp
+def _(x, target, *, reduction):
+    if x.shape == target.shape:
+        for k in range(len(x.shape)):
+            yield (S(k), S(k)), {"mean": P("mean"), "sum": P, "none": S(k)}[reduction]
 
 
 @mse_loss.samples
