@@ -36,7 +36,7 @@ from .sbp import B, P, S
 # (collective kernels ask for the current communicator): loaded on first use.
 _LAZY = {
     "init": "launch", "is_initialized": "launch", "get_rank": "launch", "get_world_size": "launch",
-    "Mesh": "shard", "shard": "shard", "ShardedProgram": "shard",
+    "Mesh": "sharding", "shard": "sharding", "ShardingTracer": "sharding",
     "DistributedDataParallel": "data_parallel", "DistributedSampler": "data_parallel",
     "save": "data_parallel", "load": "data_parallel",
 }
@@ -53,7 +53,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "INSTALL", "SELF", "B", "CollectiveMismatchError", "Communicator", "DistributedDataParallel",
-    "DistributedSampler", "MPICommunicator", "Mesh", "P", "S", "SelfCommunicator", "ShardedProgram", "Stats",
+    "DistributedSampler", "MPICommunicator", "Mesh", "P", "S", "SelfCommunicator", "Stats",
     "current_communicator", "get_rank", "get_world_size", "init", "is_initialized", "load", "save", "shard",
     "using_communicator",
 ]
