@@ -62,11 +62,14 @@ class Request:
     def __init__(self, comm: Communicator, buffer, finish=None, handle=None):
         self.comm, self.buffer, self.finish, self.handle = comm, buffer, finish, handle
 
+    def poke(self) -> None:
+        """Let the engine move the collective on (MPI progresses a started collective only inside MPI calls)."""
+        if self.handle is not None:
+            self.handle.Test()
+
     def wait(self):
         if self.handle is not None:
-            began = time.perf_counter()
-            self.handle.Wait()
-            self.comm.stats.wait_s += time.perf_counter() - began
+            self.comm._run(self.handle)
             self.handle = None
             if self.finish is not None:
                 self.finish(self.buffer)
@@ -297,45 +300,39 @@ class MPICommunicator(Communicator):
             out /= self.size
         return out
 
+    def _run(self, request) -> None:
+        """Wait for a started collective (non-blocking calls waited on by ``_wait``: blocking ones spin)."""
+        began = time.perf_counter()
+        self._wait(request)
+        self.stats.wait_s += time.perf_counter() - began
+
     def _all_reduce(self, x, op):
         out = np.empty_like(self._host(x))
-        began = time.perf_counter()
-        self.comm.Allreduce(x, out, op=self._ops[op])
-        self.stats.wait_s += time.perf_counter() - began
+        self._run(self.comm.Iallreduce(x, out, op=self._ops[op]))
         return self._finish(out, op)
 
     def _all_gather(self, x):
         out = np.empty((self.size, *x.shape), dtype=self._host(x).dtype)
-        began = time.perf_counter()
-        self.comm.Allgather(x, out)
-        self.stats.wait_s += time.perf_counter() - began
+        self._run(self.comm.Iallgather(x, out))
         return out
 
     def _reduce_scatter(self, blocks, op):
         out = np.empty(blocks.shape[1:], dtype=self._host(blocks).dtype)
-        began = time.perf_counter()
-        self.comm.Reduce_scatter_block(blocks, out, op=self._ops[op])
-        self.stats.wait_s += time.perf_counter() - began
+        self._run(self.comm.Ireduce_scatter_block(blocks, out, op=self._ops[op]))
         return self._finish(out, op)
 
     def _broadcast(self, x, root):
-        began = time.perf_counter()
-        self.comm.Bcast(self._host(x), root=root)
-        self.stats.wait_s += time.perf_counter() - began
+        self._run(self.comm.Ibcast(self._host(x), root=root))
         return x
 
     def _reduce(self, x, root, op):
         out = np.zeros_like(self._host(x))
-        began = time.perf_counter()
-        self.comm.Reduce(x, out if self.rank == root else None, op=self._ops[op], root=root)
-        self.stats.wait_s += time.perf_counter() - began
+        self._run(self.comm.Ireduce(x, out if self.rank == root else None, op=self._ops[op], root=root))
         return self._finish(out, op) if self.rank == root else out
 
     def _all_to_all(self, blocks):
         out = np.empty_like(self._host(blocks))
-        began = time.perf_counter()
-        self.comm.Alltoall(blocks, out)
-        self.stats.wait_s += time.perf_counter() - began
+        self._run(self.comm.Ialltoall(blocks, out))
         return out
 
     def _start_all_reduce(self, buffer, op) -> Request:

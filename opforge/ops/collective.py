@@ -3,7 +3,8 @@
 Each is an ordinary op — signature, kernel, shape rule, gradient rule, samples — so programs and eager code that
 call them differentiate with the same machinery. The kernel asks ``opforge.distributed.current_communicator()``
 (the world after ``of.distributed.init()``, one rank on its own before; the shape rules ask it for the group's
-size), and serves every device whose communicator takes its arrays (MPI: host arrays; NCCL: CuPy arrays).
+size) and hands it the arrays: the kernels are the CPU's (MPI takes host arrays); a GPU device registers the same
+body for its arrays with a NCCL communicator (docs/distributed.md).
 
 Gradients are those of the SPMD program as a whole: with every rank r holding its input x_r, output y_r and
 output gradient dy_r, the gradient of x_s is that of Σ_r <dy_r, y_r>. So the gradient of a collective is its dual
@@ -60,7 +61,7 @@ def _float_samples(rng, shapes):
 
 
 @op("all_reduce(Tensor<number> x, *, str op=\"sum\") -> Tensor y", traits=["elementwise"])
-def all_reduce(x, *, op, xp):
+def all_reduce(x, *, op):
     """Every rank gets the elementwise sum, mean or max of ``x`` over the ranks."""
     return current_communicator().all_reduce(x, op)
 
@@ -88,7 +89,7 @@ def _(rng):
 
 
 @op("all_gather(Tensor<number> x, *, int axis=0) -> Tensor y")
-def all_gather(x, *, axis, xp):
+def all_gather(x, *, axis):
     """Every rank gets the ranks' ``x`` concatenated along ``axis``, in rank order."""
     return current_communicator().all_gather(x, axis)
 
@@ -109,7 +110,7 @@ def _(rng):
 
 
 @op("reduce_scatter(Tensor<number> x, *, int axis=0, str op=\"sum\") -> Tensor y")
-def reduce_scatter(x, *, axis, op, xp):
+def reduce_scatter(x, *, axis, op):
     """Rank r gets block r, along ``axis``, of the elementwise sum (or mean) of ``x`` over the ranks."""
     return current_communicator().reduce_scatter(x, axis, op)
 
@@ -140,7 +141,7 @@ def _(rng):
 
 
 @op("broadcast(Tensor<number> x, *, int root=0) -> Tensor y", traits=["elementwise"])
-def broadcast(x, *, root, xp):
+def broadcast(x, *, root):
     """Every rank gets rank ``root``'s ``x``."""
     return current_communicator().broadcast(x, root)
 
@@ -161,7 +162,7 @@ def _(rng):
 
 
 @op("reduce(Tensor<number> x, *, int root=0, str op=\"sum\") -> Tensor y", traits=["elementwise"])
-def reduce(x, *, root, op, xp):
+def reduce(x, *, root, op):
     """Rank ``root`` gets the elementwise sum (or mean) of ``x`` over the ranks; the other ranks get zeros."""
     return current_communicator().reduce(x, root, op)
 
@@ -187,7 +188,7 @@ def _(rng):
 
 
 @op("all_to_all(Tensor<number> x, *, int split_axis=0, int concat_axis=0) -> Tensor y")
-def all_to_all(x, *, split_axis, concat_axis, xp):
+def all_to_all(x, *, split_axis, concat_axis):
     """``x`` is cut into one block per rank along ``split_axis``; block j goes to rank j, which concatenates the
     blocks it receives in rank order along ``concat_axis`` (resharding S(split) to S(concat))."""
     return current_communicator().all_to_all(x, split_axis, concat_axis)
