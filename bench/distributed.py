@@ -21,6 +21,7 @@ bench/results/distributed.{json,md}.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import socket
@@ -104,7 +105,7 @@ def worker(args) -> None:
     def mlp():
         of.manual_seed(0)
         layers = []
-        for a, b in zip(SIZES[:-1], SIZES[1:]):
+        for a, b in itertools.pairwise(SIZES):
             layers += [nn.Linear(a, b), nn.ReLU()]
         return nn.Sequential(*layers[:-1])
 
@@ -130,19 +131,21 @@ def worker(args) -> None:
                     "wait_s": float(world.all_reduce(np.array(statistics.median(waited)), "max"))}
         return out
 
-    variants = {}
-    for name, overlap in (("opforge eager, bucketed overlap", True), ("opforge eager, no overlap", False)):
+    def eager_step(overlap):
         model = of.distributed.DistributedDataParallel(mlp(), overlap=overlap)
         opt = of.optim.SGD(model.parameters(), lr=0.01)
         xt, yt = of.tensor(x), of.tensor(y)
 
-        def eager_step():
+        def step():
             F.cross_entropy(model(xt), yt).backward()
             opt.step()
             opt.zero_grad()
 
-        variants[name] = measure(eager_step, stats=world.stats)
-        grad_bytes = sum(p.numpy().nbytes for p in model.parameters())
+        return step
+
+    variants = {name: measure(eager_step(overlap), stats=world.stats)
+                for name, overlap in (("opforge eager, bucketed overlap", True), ("opforge eager, no overlap", False))}
+    grad_bytes = sum(p.numpy().nbytes for p in mlp().parameters())
 
     model = mlp()
     opt = of.optim.SGD(model.parameters(), lr=0.01)
@@ -183,7 +186,7 @@ def torch_ddp(args, world, x, y, measure) -> dict:
         return {"error": f"gloo unavailable ({type(e).__name__})"}
     torch.manual_seed(0)
     layers = []
-    for a, b in zip(SIZES[:-1], SIZES[1:]):
+    for a, b in itertools.pairwise(SIZES):
         layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(*layers[:-1]), bucket_cap_mb=1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
