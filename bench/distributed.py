@@ -10,7 +10,9 @@ rank's, and the tables give medians over rounds (this shared machine drifts). Va
 * opforge eager, ``DistributedDataParallel`` with bucketed all-reduces started during backward (overlap);
 * opforge eager, the same buckets all-reduced after backward (no overlap);
 * opforge compiled under a ``Mesh`` (the program's all_reduce ops, one per gradient, after backward);
-* PyTorch ``DistributedDataParallel`` over gloo (loopback TCP), 1 MiB buckets, for comparison.
+* PyTorch ``DistributedDataParallel`` over gloo (loopback TCP), 1 MiB buckets, for comparison;
+* the ceiling: each rank trains on its own, no communication — how much the machine itself lets 2 ranks scale
+  (on a 2-core machine shared with other work, less than 2x).
 
 Scaling is (samples/s on 2 ranks) / (samples/s on 1 rank) — 2.0 is perfect. "Sent" is what each rank hands the
 engine to send, by the algorithms' usual counts (ring all-reduce: 2(n−1)/n of the buffer, which is the buffer
@@ -145,6 +147,16 @@ def worker(args) -> None:
 
     variants = {name: measure(eager_step(overlap), stats=world.stats)
                 for name, overlap in (("opforge eager, bucketed overlap", True), ("opforge eager, no overlap", False))}
+    alone = mlp()
+    opt_alone = of.optim.SGD(alone.parameters(), lr=0.01)
+    xt, yt = of.tensor(x), of.tensor(y)
+
+    def alone_step():
+        F.cross_entropy(alone(xt), yt).backward()
+        opt_alone.step()
+        opt_alone.zero_grad()
+
+    variants["opforge eager, no communication (the ceiling)"] = measure(alone_step, stats=world.stats)
     grad_bytes = sum(p.numpy().nbytes for p in mlp().parameters())
 
     model = mlp()

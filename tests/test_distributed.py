@@ -168,3 +168,17 @@ def test_layouts_and_their_errors():
         of.distributed.Mesh(feeds={"x": "split"})
     with pytest.raises(of.ArgumentError, match="only P takes an argument"):
         S(0)("sum")
+
+
+def test_the_docs_name_every_op_that_declares_a_signature():
+    text = (ROOT / "docs" / "distributed.md").read_text()
+    declared = text.split("* declared (`@op.sbp`):", 1)[1].split("* from traits:", 1)[0]
+    named = {op.name for op in of.registry if f"`{op.name}`" in declared}
+    assert named == {op.name for op in of.registry if op.sbp_fn is not None}
+
+
+@pytest.mark.skipif(not os.environ.get("OPFORGE_LONG_TESTS"), reason="about a minute: OPFORGE_LONG_TESTS=1")
+def test_the_data_parallel_example_trains_the_digits_cnn_on_two_ranks():
+    done = two_ranks("examples/data_parallel.py", timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ranks hold identical parameters: True" in done.stdout

@@ -172,7 +172,7 @@ def save(obj, path, comm: Communicator | None = None) -> None:
         raise OpforgeError(f"distributed.save(): rank 0 could not write {path}")
 
 
-def load(path, like=None, comm: Communicator | None = None):
+def load(path, like=None):
     """``of.load`` on every rank (after the ``save`` that wrote the file, which every rank waited for)."""
     return checkpoint.load(path, like=like)
 

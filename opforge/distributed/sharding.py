@@ -31,6 +31,7 @@ import math
 import numpy as np
 
 from .. import ops as F
+from ..core import dtypes as D
 from ..core.errors import ArgumentError, OpforgeError, ShapeError, describe
 from ..core.opdef import registry
 from ..core.spec import Dim, Spec, undim
@@ -41,7 +42,7 @@ from ..program.desc import Program
 from ..program.trace import Tracer, Variable, _input_name, tracing_program, var_for_tensor
 from ..tensor import Tensor
 from .comm import Communicator, current_communicator, using_communicator
-from .sbp import B, Layout, as_layout, normalized, signatures
+from .sbp import B, Layout, S, as_layout, normalized, signatures
 
 COLLECTIVES = frozenset({"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all"})
 UNKNOWN_DIM = 1024  # an unknown dim (a batch of any size) counts as this many when comparing costs
@@ -67,13 +68,14 @@ class Mesh:
         return self.comm.rank
 
     def __enter__(self) -> Mesh:
-        self._tokens = (_mesh.set(self), using_communicator(self.comm))
-        self._tokens[1].__enter__()
+        self._using = using_communicator(self.comm)
+        self._using.__enter__()
+        self._token = _mesh.set(self)
         return self
 
     def __exit__(self, *exc) -> None:
-        self._tokens[1].__exit__(*exc)
-        _mesh.reset(self._tokens[0])
+        _mesh.reset(self._token)
+        self._using.__exit__(*exc)
 
     def __repr__(self) -> str:
         return f"Mesh({self.size} ranks, this is rank {self.rank})"
@@ -170,8 +172,6 @@ class ShardingTracer(Tracer):
         Python numbers and arrays constants (broadcast)."""
         peers = [v.dtype for slot in inputs for v in (slot if isinstance(slot, (list, tuple)) else (slot,))
                  if isinstance(v, (Variable, Tensor))]
-        from ..core import dtypes as D
-
         peer = D.promote(*peers) if peers else None
 
         def name(arg, value):
@@ -363,8 +363,6 @@ def _traced_under_mesh(fn):
 
 
 def _default_feed(program: Program, name: str) -> Layout:
-    from .sbp import S
-
     return S(0) if program.block.vars[name].spec.shape else B
 
 
