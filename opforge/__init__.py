@@ -30,7 +30,7 @@ from .core import (
     set_grad_enabled,
     using_device,
 )
-from .core.dtypes import bool_, float32, float64, int32, int64
+from .core.dtypes import bfloat16, bool_, float16, float32, float64, int32, int64
 from .creation import arange, full, ones, rand, randn, tensor, zeros
 from .dispatch import op
 from .program import Executor, Program, Variable, append_backward, compile, trace
@@ -41,8 +41,8 @@ __version__ = "0.1.0"
 __all__ = [
     "AnomalyError", "ArgumentError", "Device", "DispatchError", "Executor", "GradientError", "OpforgeError",
     "Program", "Sample", "SchemaError", "ShapeError", "Spec", "Tensor", "Variable", "append_backward", "arange",
-    "backward", "bool_", "compile", "data", "default_device", "detect_anomaly", "distributed", "enable_grad", "float32",
-    "float64", "full", "get_device", "grad", "int32", "int64", "is_grad_enabled", "load", "manual_seed", "nn",
-    "no_grad", "ones", "op", "ops", "optim", "rand", "randn", "register_device", "registry", "save",
-    "set_grad_enabled", "tensor", "testing", "trace", "using_device", "zeros",
+    "backward", "bfloat16", "bool_", "compile", "data", "default_device", "detect_anomaly", "distributed",
+    "enable_grad", "float16", "float32", "float64", "full", "get_device", "grad", "int32", "int64",
+    "is_grad_enabled", "load", "manual_seed", "nn", "no_grad", "ones", "op", "ops", "optim", "rand", "randn",
+    "register_device", "registry", "save", "set_grad_enabled", "tensor", "testing", "trace", "using_device", "zeros",
 ]

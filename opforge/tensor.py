@@ -212,6 +212,12 @@ class TensorOps:
     def double(self):
         return F.cast(self, dtype=D.float64)
 
+    def half(self):
+        return F.cast(self, dtype=D.float16)
+
+    def bfloat16(self):
+        return F.cast(self, dtype=D.bfloat16)
+
     def matmul(self, other):
         return F.matmul(self, other)
 
