@@ -9,7 +9,7 @@ rank's, and the tables give medians over rounds (this shared machine drifts). Va
 
 * opforge eager, ``DistributedDataParallel`` with bucketed all-reduces started during backward (overlap);
 * opforge eager, the same buckets all-reduced after backward (no overlap);
-* opforge compiled under a ``Mesh`` (the program's all_reduce ops, one per gradient, after backward);
+* opforge compiled under a ``Mesh`` (the program's bucketed all_reduce, after backward);
 * PyTorch ``DistributedDataParallel`` over gloo (loopback TCP), 1 MiB buckets, for comparison;
 * the ceiling: each rank trains on its own, no communication — how much the machine itself lets 2 ranks scale
   (on a 2-core machine shared with other work, less than 2x).

@@ -4,7 +4,7 @@
 
 Each rank holds a copy of the model and trains on its half of every batch of 64 (``DistributedSampler``): the first
 epoch eagerly, with ``DistributedDataParallel`` averaging the gradients in buckets while backward runs; the rest
-compiled under a ``Mesh``, whose program is the one-process step with an all_reduce inserted per gradient (printed
+compiled under a ``Mesh``, whose program is the one-process step with the gradients' all-reduces inserted (printed
 below). Rank 0 writes the checkpoint; every rank reloads it. Exits non-zero below 97% held-out accuracy.
 """
 
@@ -88,7 +88,7 @@ def main() -> int:
             (program, _, _), = compiled_step.cache.values()
             kinds = [op.type for op in program.block.ops]
             say(f"   the compiled step: {len(kinds)} ops, {kinds.count('all_reduce')} of them all_reduce "
-                f"(one per gradient, {len(list(model.parameters()))} parameters)")
+                f"(the gradients of {len(list(model.parameters()))} parameters, flattened into one buffer)")
     final = accuracy(model, images[test], labels[test])
 
     OUT.mkdir(exist_ok=True)

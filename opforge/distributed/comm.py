@@ -276,16 +276,17 @@ class MPICommunicator(Communicator):
         """Wait for a non-blocking call, giving the CPU back while it is not done (the ranks may share cores),
         and give up after ``timeout`` seconds: a rank that never arrives must not hang the others for ever."""
         began = time.perf_counter()
-        delay = 0.0
-        while not request.Test():
+        while not request.Test():  # MPI moves a collective on inside calls like this one: poll closely at first
             waited = time.perf_counter() - began
             if waited > self.timeout:
                 raise CollectiveMismatchError(
                     f"rank {self.rank} waited {waited:.0f} s for the other ranks at collective #{self.sequence}: "
                     "one of them never called it (it stopped, or its program took another path); "
                     "OPFORGE_COLLECTIVE_TIMEOUT sets the limit")
-            time.sleep(delay)
-            delay = min(1e-3, delay + 2e-5)
+            if waited < 0.1:
+                os.sched_yield()  # let a rank sharing this core run, and come straight back
+            else:
+                time.sleep(1e-3)  # a long wait (another rank is far behind, or gone): stop spinning
 
     def _exchange(self, mine, described):
         everyone = np.empty((self.size, mine.size), dtype=mine.dtype)

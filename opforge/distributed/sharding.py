@@ -12,7 +12,8 @@ ranks' losses with respect to what it holds. What an optimizer reads (``grad_of`
 the logical loss: a broadcast parameter's gradient is all-reduced (its ranks' copies are one value), and the
 ranks' count is divided out when the loss is itself broadcast or a mean over ranks (``P("mean")``): data
 parallelism's all_reduce(mean) of gradients, and tensor parallelism's gradients of sharded weights, come out of
-one rule.
+one rule. Broadcast parameters' gradients are all-reduced a few at a time, flattened into one buffer per group
+(DistributedDataParallel's buckets, in the program).
 
 Two ways in:
 * ``shard(program, mesh, feeds, params)``: a pass over a traced program for one process (whole shapes): feeds
@@ -144,7 +145,12 @@ class ShardingTracer(Tracer):
 
     def grad_of(self, param: Tensor):
         g = super().grad_of(param)
-        return None if g is None else Variable(self.program, self.logical_grad(self._var_of(param), g.name))
+        if g is None:
+            return None
+        wrt = self._var_of(param)
+        if g.name not in self._final and g.name not in self._reduced and self.layouts.get(wrt, B) == B:
+            self._reduce_together()
+        return Variable(self.program, self.logical_grad(wrt, g.name))
 
     def set_grad(self, param: Tensor, grad) -> None:
         if grad is not None:
@@ -314,6 +320,39 @@ class ShardingTracer(Tracer):
         self._converted[key] = out_name
         return out_name
 
+    def _reduce_together(self, bucket_bytes: int = 1 << 22) -> None:
+        """All-reduce the pending gradients of broadcast parameters a few at a time, each group flattened into one
+        buffer (as DistributedDataParallel's buckets): fewer, larger collectives. The sums are the same, bit for
+        bit, as one all-reduce per gradient."""
+        block = self.program.block
+        pending = [(w, g) for w, g in self.program.grad_names.items()
+                   if g not in self._final and g not in self._reduced and self.layouts.get(w, B) == B
+                   and None not in block.vars[g].spec.shape]
+        groups: dict = {}
+        for w, g in pending:
+            spec = block.vars[g].spec
+            bucket = groups.setdefault(spec.dtype, [[]])
+            size = sum(math.prod(block.vars[n].spec.shape) for _, n in bucket[-1]) * spec.dtype.itemsize
+            if bucket[-1] and size + math.prod(spec.shape) * spec.dtype.itemsize > bucket_bytes:
+                bucket.append([])
+            bucket[-1].append((w, g))
+        op = "mean" if self._loss_counted_by_every_rank() else "sum"
+        for bucket in (b for buckets in groups.values() for b in buckets if len(b) > 1):
+            specs = [block.vars[g].spec for _, g in bucket]
+            with interpreting(Tracer(self.program)):
+                flat = F.concat([F.reshape(Variable(self.program, g), shape=[-1]) for _, g in bucket], axis=0)
+                parts = F.split(F.all_reduce(flat, op=op), sections=[math.prod(s.shape) for s in specs], axis=0)
+                for (_, g), part, spec in zip(bucket, parts, specs):
+                    out = F.reshape(part, shape=list(spec.shape))
+                    self.layouts[out.name] = B
+                    self._reduced[g] = out.name
+                    self._final.add(out.name)
+
+    def _loss_counted_by_every_rank(self) -> bool:
+        """Whether the last loss differentiated was counted by every rank: broadcast, or a mean over ranks."""
+        counted = self.layouts.get(self.program.backward_requests[-1][0], B)
+        return counted == B or (counted.partial and counted.reduce == "mean")
+
     def logical_grad(self, wrt: str, local: str) -> str:
         """The gradient of the logical loss w.r.t. variable ``wrt``, from its gradient ``local`` on this rank's
         program (that of the sum of every rank's loss)."""
@@ -321,9 +360,7 @@ class ShardingTracer(Tracer):
             return local
         if local in self._reduced:
             return self._reduced[local]
-        loss = self.program.backward_requests[-1][0]
-        counted = self.layouts.get(loss, B)  # a broadcast loss or a mean over ranks: every rank counted it
-        mean = counted == B or (counted.partial and counted.reduce == "mean")
+        mean = self._loss_counted_by_every_rank()
         layout = self.layouts.get(wrt, B)
         if layout.partial:
             raise ArgumentError(f"gradient of {wrt!r}: a partial value ({layout}) has no gradient of its own")
@@ -497,6 +534,7 @@ class _Replay:
         wanted = [self._new(n) for n in wrt]
         grads = append_backward(self.new, self._new(loss), wrt=wanted, no_grad=[self._new(n) for n in blocked])
         by_wrt = {w: g for w, g in self.old.grad_names.items()}
+        self.tracer._reduce_together()
         for w_old, w in zip(wrt, wanted):
             g = grads.get(w)
             if g is None:

@@ -60,7 +60,7 @@ def _float_samples(rng, shapes):
 # -- all_reduce -------------------------------------------------------------------------------------------------
 
 
-@op("all_reduce(Tensor<number> x, *, str op=\"sum\") -> Tensor y", traits=["elementwise"])
+@op("all_reduce(Tensor<number> x, *, str op=\"sum\") -> Tensor y")
 def all_reduce(x, *, op):
     """Every rank gets the elementwise sum, mean or max of ``x`` over the ranks."""
     return current_communicator().all_reduce(x, op)
@@ -69,6 +69,14 @@ def all_reduce(x, *, op):
 @all_reduce.check
 def _(*, op):
     _check_op(op)
+
+
+def _like_x(x, **_):
+    """Not the elementwise trait: a collective is no elementwise op for the SBP pass, nor for NaN checks."""
+    return x
+
+
+all_reduce.infer(_like_x)
 
 
 @all_reduce.grad
@@ -140,7 +148,7 @@ def _(rng):
 # -- broadcast and reduce ---------------------------------------------------------------------------------------
 
 
-@op("broadcast(Tensor<number> x, *, int root=0) -> Tensor y", traits=["elementwise"])
+@op("broadcast(Tensor<number> x, *, int root=0) -> Tensor y")
 def broadcast(x, *, root):
     """Every rank gets rank ``root``'s ``x``."""
     return current_communicator().broadcast(x, root)
@@ -149,6 +157,9 @@ def broadcast(x, *, root):
 @broadcast.check
 def _(*, root):
     _check_root(root)
+
+
+broadcast.infer(_like_x)
 
 
 @broadcast.grad
@@ -161,7 +172,7 @@ def _(rng):
     yield from _float_samples(rng, [((2, 3), {}), ((), {})])
 
 
-@op("reduce(Tensor<number> x, *, int root=0, str op=\"sum\") -> Tensor y", traits=["elementwise"])
+@op("reduce(Tensor<number> x, *, int root=0, str op=\"sum\") -> Tensor y")
 def reduce(x, *, root, op):
     """Rank ``root`` gets the elementwise sum (or mean) of ``x`` over the ranks; the other ranks get zeros."""
     return current_communicator().reduce(x, root, op)
@@ -171,6 +182,9 @@ def reduce(x, *, root, op):
 def _(*, root, op):
     _check_root(root)
     _check_op(op, ("sum", "mean"))
+
+
+reduce.infer(_like_x)
 
 
 @reduce.grad

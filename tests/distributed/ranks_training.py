@@ -81,7 +81,7 @@ for kind in ("sgd", "adam"):
         step = train(model, optimizer(kind, model.parameters()), X[ROWS], Y[ROWS], compiled=True)
     (program, _, _), = step.cache.values()  # (step.program() would run a step more)
     text = str(program)
-    assert text.count("= all_reduce(") == len(want), text
+    assert text.count("= all_reduce(") == 1 and "concat(" in text, text  # every gradient, in one bucket
     compiled = params(model)
     assert_close(compiled, want, f"compiled {kind}")
     for c, e in zip(compiled, eager):
