@@ -10,6 +10,8 @@ round's time is the slower rank's, and the table gives medians over rounds. Vari
 
 * opforge eager, ``DistributedDataParallel`` with bucketed all-reduces started during backward (overlap);
 * opforge eager, the same buckets all-reduced after backward (no overlap);
+* opforge eager with overlap, without the call-order check (``init(verify=False)``), whose fingerprint exchange
+  before each bucket's all-reduce is a rendezvous with the other rank in the middle of backward;
 * opforge compiled under a ``Mesh`` (the program's bucketed all_reduce, after backward);
 * PyTorch ``DistributedDataParallel`` over gloo (loopback TCP), 1 MiB buckets, for comparison;
 * the ceiling: each rank trains on its own, no communication — how much the machine itself lets 2 ranks scale
@@ -194,6 +196,11 @@ def worker(args) -> None:
     variants = {
         "opforge eager, bucketed overlap": measure(eager(True)),
         "opforge eager, no overlap": measure(eager(False)),
+    }
+    world.verify = False  # no fingerprint exchange before each collective: no rendezvous in mid-backward
+    variants["opforge eager, bucketed overlap, unchecked order"] = measure(eager(True))
+    world.verify = True
+    variants |= {
         "opforge compiled under a Mesh": measure(compiled),
         "opforge eager, no communication (the ceiling)": measure(no_communication),
         "PyTorch DDP (gloo)": torch_ddp(args, world, x, y, measure),
