@@ -5,7 +5,7 @@ argument checking, dispatch, eager autograd to any order and gradient checks fro
     from opforge import ops as F
 """
 
-from . import data, distributed, nn, ops, optim, testing
+from . import data, distributed, linalg, nn, onnx, ops, optim, testing  # onnx: onnx, onnxruntime load on use
 from .autodiff import backward, detect_anomaly, grad
 from .checkpoint import load, save
 from .core import (
@@ -43,6 +43,7 @@ __all__ = [
     "Program", "Sample", "SchemaError", "ShapeError", "Spec", "Tensor", "Variable", "append_backward", "arange",
     "backward", "bfloat16", "bool_", "compile", "data", "default_device", "detect_anomaly", "distributed",
     "enable_grad", "float16", "float32", "float64", "full", "get_device", "grad", "int32", "int64",
-    "is_grad_enabled", "load", "manual_seed", "nn", "no_grad", "ones", "op", "ops", "optim", "rand", "randn",
-    "register_device", "registry", "save", "set_grad_enabled", "tensor", "testing", "trace", "using_device", "zeros",
+    "is_grad_enabled", "linalg", "load", "manual_seed", "nn", "no_grad", "ones", "onnx", "op", "ops", "optim",
+    "rand", "randn", "register_device", "registry", "save", "set_grad_enabled", "tensor", "testing", "trace",
+    "using_device", "zeros",
 ]
