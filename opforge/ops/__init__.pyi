@@ -73,6 +73,28 @@ def logical_and(x: _TensorLike, y: _TensorLike) -> Tensor:
 def logical_or(x: _TensorLike, y: _TensorLike) -> Tensor:
     """True where x or y is nonzero (True)."""
 
+# -- opforge.ops.collective
+
+def all_reduce(x: _TensorLike, *, op: str = 'sum') -> Tensor:
+    """Every rank gets the elementwise sum, mean or max of ``x`` over the ranks."""
+
+def all_gather(x: _TensorLike, *, axis: int = 0) -> Tensor:
+    """Every rank gets the ranks' ``x`` concatenated along ``axis``, in rank order."""
+
+def reduce_scatter(x: _TensorLike, *, axis: int = 0, op: str = 'sum') -> Tensor:
+    """Rank r gets block r, along ``axis``, of the elementwise sum (or mean) of ``x`` over the ranks."""
+
+def broadcast(x: _TensorLike, *, root: int = 0) -> Tensor:
+    """Every rank gets rank ``root``'s ``x``."""
+
+def reduce(x: _TensorLike, *, root: int = 0, op: str = 'sum') -> Tensor:
+    """Rank ``root`` gets the elementwise sum (or mean) of ``x`` over the ranks; the other ranks get zeros."""
+
+def all_to_all(x: _TensorLike, *, split_axis: int = 0, concat_axis: int = 0) -> Tensor:
+    """``x`` is cut into one block per rank along ``split_axis``; block j goes to rank j, which concatenates the
+    blocks it receives in rank order along ``concat_axis`` (resharding S(split) to S(concat)).
+    """
+
 # -- opforge.ops.conv
 
 def conv2d(

@@ -14,7 +14,7 @@ from opforge import ops as F
 
 from ..core.errors import ArgumentError
 from ..core.spec import Dim
-from ._common import D, Sample, ShapeError, Spec, broadcast_shapes, np, op
+from ._common import B, D, P, S, Sample, ShapeError, Spec, broadcast_shapes, np, op
 from .nn import _broadcasts_to, _log_softmax_np, _same_dims, _sum, _validate
 from .reduce import norm_grad_rule, vector_norm
 
@@ -339,6 +339,13 @@ def cross_entropy(logits, target, weight, *, ignore_index, reduction, label_smoo
     return _reduce_rows(losses.reshape(target.shape), rw, rows, reduction)
 
 
+@cross_entropy.sbp
+def _(logits, target, weight, *, reduction, **_):
+    # rows split: P("mean") holds when ranks have as many rows, none ignored, no class weights
+    if len(logits.shape) >= 2 and (weight is None or reduction != "mean"):
+        yield (S(0), S(0), None if weight is None else B), {"mean": P("mean"), "sum": P, "none": S(0)}[reduction]
+
+
 @cross_entropy.onnx
 def _(g, logits, target, weight, *, ignore_index, reduction, label_smoothing):
     axis = _class_axis(logits.ndim)
@@ -587,6 +594,13 @@ def mse_loss(x, target, *, reduction):
     """(x − target)², elementwise (shapes broadcast), then reduced."""
     d = x - target
     return _reduce(d * d, reduction)
+
+
+@mse_loss.sbp
+def _(x, target, *, reduction):
+    if x.shape == target.shape:
+        for k in range(len(x.shape)):
+            yield (S(k), S(k)), {"mean": P("mean"), "sum": P, "none": S(k)}[reduction]
 
 
 @mse_loss.onnx
