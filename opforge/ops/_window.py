@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 from numpy.lib.stride_tricks import as_strided
 
-from ._common import ShapeError, np
+from ._common import ShapeError, Spec, np
 
 # -- attrs -----------------------------------------------------------------------------------------------------------
 
@@ -150,6 +150,29 @@ def check_dy(op_name: str, dy, expected) -> None:
     """The incoming gradient must have the shape of the forward op's output."""
     if len(dy) != len(expected) or any(a is not None and b is not None and a != b for a, b in zip(dy, expected)):
         raise ShapeError(f"{op_name}(): dy has shape {tuple(dy)}, the forward op's output has {tuple(expected)}")
+
+
+# -- ONNX export (opforge.onnx calls the mappings; nothing here imports onnx) -------------------------------------
+
+
+def onnx_batched(g, x, nd: int, build):
+    """ONNX's convolution and pooling nodes take batches: ``build(x, spec)`` writes the node for a batched x of the
+    given output Spec; an unbatched x gets a batch of one around it."""
+    out = g.outputs[0]
+    if x.ndim == nd + 2:
+        return build(x, out)
+    x = g.op("Unsqueeze", x, g.ints([0]), spec=Spec((1, *x.shape), x.dtype))
+    y = build(x, Spec((1, *out.shape), out.dtype))
+    return g.op("Squeeze", y, g.ints([0]), spec=out)
+
+
+def onnx_pad(g, x, w: Windows, value, spec=None):
+    """x padded as ``pad`` pads it (w.lo in front, w.hi behind the spatial dims), as an ONNX Pad node."""
+    if not any(w.lo) and not any(w.hi):
+        return x
+    lead = x.ndim - len(w.lo)
+    pads = [0] * lead + list(w.lo) + [0] * lead + list(w.hi)
+    return g.op("Pad", x, g.ints(pads), g.const(np.asarray(value, x.dtype)), mode="constant", spec=spec)
 
 
 # -- layout ----------------------------------------------------------------------------------------------------------

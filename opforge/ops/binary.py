@@ -3,13 +3,27 @@ so rules here are written as if nothing were broadcast."""
 
 from opforge import ops as F
 
-from ._common import D, Sample, Spec, broadcast_shapes, np, op
+from ._common import D, P, Sample, Spec, broadcast_shapes, np, op
 
 
 @op("add(Tensor x, Tensor y) -> Tensor out", traits=["broadcast"], inplace={"out": "x"})
 def add(x, y, out=None):
     """x + y."""
     return np.add(x, y, out=out)
+
+
+def _onnx_binary(onnx_type):
+    """The mapping of an arithmetic op: both inputs in the result's dtype (ONNX does not promote), then the node."""
+
+    def mapping(g, x, y):
+        dtype = g.outputs[0].dtype
+        work = D.int32 if dtype == D.bool_ else dtype  # bool + bool is "or", bool · bool "and": as int, then bool
+        return g.cast(g.op(onnx_type, g.cast(x, work), g.cast(y, work), spec=Spec(g.outputs[0].shape, work)), dtype)
+
+    return mapping
+
+
+add.onnx(_onnx_binary("Add"))
 
 
 @add.grad
@@ -23,15 +37,31 @@ def sub(x, y, out=None):
     return np.subtract(x, y, out=out)
 
 
+sub.onnx(_onnx_binary("Sub"))
+
+
 @sub.grad
 def _(dout):
     return dout, F.neg(dout)
+
+
+def _partial_sbp(x, y):
+    """Sums of partial values are partial values of the sum."""
+    yield (P, P), P
+    yield (P("mean"), P("mean")), P("mean")
+
+
+add.sbp(_partial_sbp)
+sub.sbp(_partial_sbp)
 
 
 @op("minus(Tensor x, Tensor y) -> Tensor out", traits=["broadcast"])
 def minus(x, y):
     """x − y, with the gradient of PaddlePaddle's design example: identity and scale(−1)."""
     return np.subtract(x, y)
+
+
+minus.onnx(_onnx_binary("Sub"))
 
 
 @minus.grad
@@ -45,6 +75,9 @@ def mul(x, y, out=None):
     return np.multiply(x, y, out=out)
 
 
+mul.onnx(_onnx_binary("Mul"))
+
+
 @mul.grad
 def _(x, y, dout, needs_input_grad):
     # Skipping the unneeded product matters for x * constant, the commonest use.
@@ -55,6 +88,9 @@ def _(x, y, dout, needs_input_grad):
 def div(x, y, out=None):
     """x / y (true division: integers give float64, as in NumPy)."""
     return np.true_divide(x, y, out=out)
+
+
+div.onnx(_onnx_binary("Div"))
 
 
 @div.infer
@@ -81,6 +117,9 @@ def pow(x, y):
     return np.power(x, y)
 
 
+pow.onnx(_onnx_binary("Pow"))
+
+
 @pow.grad
 def _(x, y, out, dout, needs_input_grad):
     # d/dx xʸ = y·xʸ⁻¹; 0 where y = 0 (xʸ is constant there, even at x = 0 where xʸ⁻¹ is inf), as PyTorch.
@@ -105,6 +144,9 @@ def maximum(x, y):
     return np.maximum(x, y)
 
 
+maximum.onnx(_onnx_binary("Max"))
+
+
 def _winner_grads(x, y, dout, x_loses, y_loses):
     """Gradients of maximum/minimum: dout goes to the winner, ties share it equally (as in PyTorch, which
     also gives all of it to both sides where a NaN makes neither lose)."""
@@ -121,6 +163,9 @@ def _(x, y, dout):
 def minimum(x, y):
     """The smaller of x and y, elementwise."""
     return np.minimum(x, y)
+
+
+minimum.onnx(_onnx_binary("Min"))
 
 
 @minimum.grad
@@ -145,6 +190,12 @@ def _where_spec(condition, x, y):
 def where(condition, x, y):
     """x where condition holds, else y."""
     return np.where(condition, x, y)
+
+
+@where.onnx
+def _(g, condition, x, y):
+    dtype = g.outputs[0].dtype
+    return g.op("Where", condition, g.cast(x, dtype), g.cast(y, dtype), spec=g.outputs[0])
 
 
 @where.grad
@@ -207,6 +258,23 @@ def not_equal(x, y):
     return np.not_equal(x, y)
 
 
+def _onnx_compare(onnx_type, negate=False):
+    def mapping(g, x, y):
+        dtype = D.promote(x.dtype, y.dtype)
+        if dtype == D.bool_ and onnx_type != "Equal":
+            dtype = D.int32  # ONNX orders numbers only
+        out = g.op(onnx_type, g.cast(x, dtype), g.cast(y, dtype), spec=g.outputs[0])
+        return g.op("Not", out) if negate else out
+
+    return mapping
+
+
+for _compare, _onnx_type in ((less, "Less"), (less_equal, "LessOrEqual"), (greater, "Greater"),
+                             (greater_equal, "GreaterOrEqual"), (equal, "Equal")):
+    _compare.onnx(_onnx_compare(_onnx_type))
+not_equal.onnx(_onnx_compare("Equal", negate=True))
+
+
 for _compare in (less, less_equal, greater, greater_equal, equal, not_equal):
     _compare.samples(_compare_samples)
 
@@ -224,6 +292,10 @@ def logical_and(x, y):
 def logical_or(x, y):
     """True where x or y is nonzero (True)."""
     return np.logical_or(x, y)
+
+
+logical_and.onnx(lambda g, x, y: g.op("And", g.cast(x, D.bool_), g.cast(y, D.bool_), spec=g.outputs[0]))
+logical_or.onnx(lambda g, x, y: g.op("Or", g.cast(x, D.bool_), g.cast(y, D.bool_), spec=g.outputs[0]))
 
 
 @logical_and.samples

@@ -29,7 +29,7 @@ import math
 from opforge import ops as F
 
 from . import _window as win
-from ._common import D, Sample, ShapeError, Spec, np, op
+from ._common import B, D, P, S, Sample, ShapeError, Spec, np, op
 
 # -- geometry (shared by infer rules and kernels, so that kernels fail early with the same message) -----------------
 
@@ -170,10 +170,25 @@ def _conv_grad(x, weight, dy, needs_input_grad, *, stride, padding, dilation, gr
     return dx, dw, db
 
 
+def _conv_onnx(g, x, weight, bias, *, stride, padding, dilation, groups):
+    nd = weight.ndim - 2
+    front, back = _padding(nd, padding, weight.shape[2:], win.expand(dilation, nd))
+    return win.onnx_batched(g, x, nd, lambda x, spec: g.op(
+        "Conv", x, weight, bias, strides=win.expand(stride, nd), pads=[*front, *back],
+        dilations=win.expand(dilation, nd), group=groups, spec=spec))
+
+
+def _sbp(x, weight, bias=None, **_):
+    if len(x.shape) == len(weight.shape):  # a batch: split the images (data parallel)
+        yield (S(0), B, None if bias is None else B), S(0)
+
+
 def _define_conv(opdef, nd: int, samples) -> None:
     opdef.check(functools.partial(_check, nd))
     opdef.infer(functools.partial(_conv_spec, opdef.name, nd))
     opdef.grad(_conv_grad)
+    opdef.onnx(_conv_onnx)
+    opdef.sbp(_sbp)
     opdef.samples(samples)
 
 
@@ -263,6 +278,7 @@ def conv_grad_input(dy, weight, *, input_size, stride, padding, dilation, groups
 
 
 conv_grad_input.check(functools.partial(_check, None))
+conv_grad_input.sbp(lambda dy, weight, **_: [((S(0), B), S(0))])  # images split, as in the forward
 
 
 @conv_grad_input.infer
@@ -316,6 +332,7 @@ def conv_grad_weight(x, dy, *, kernel_size, stride, padding, dilation, groups):
 
 
 conv_grad_weight.check(functools.partial(_check, None))
+conv_grad_weight.sbp(lambda x, dy, **_: [((S(0), S(0)), P)])  # each rank's images add their part
 
 
 @conv_grad_weight.infer
@@ -423,6 +440,8 @@ def _define_conv_transpose(opdef, nd: int, samples) -> None:
     opdef.check(functools.partial(_check_transpose, nd))
     opdef.infer(functools.partial(_conv_transpose_spec, opdef.name, nd))
     opdef.grad(_conv_transpose_grad)
+    opdef.sbp(_sbp)  # no ONNX mapping: ONNX's reference evaluator, which runs float64 ConvTranspose, mishandles
+    # groups
     opdef.samples(samples)
 
 

@@ -42,6 +42,13 @@ def take(x, index, *, axis):
     return np.take(x, _checked_index("take", index, x.shape[axis]), axis=axis)
 
 
+@take.onnx
+def _(g, x, index, *, axis):
+    if axis is None:
+        x, axis = g.op("Reshape", x, g.ints([-1])), 0
+    return g.op("Gather", x, index, axis=axis, spec=g.outputs[0])
+
+
 @take.infer
 def _(x, index, *, axis):
     return Spec(_take_shape("take", x.shape, index.shape, axis), x.dtype)
@@ -137,6 +144,17 @@ def gather(x, index, *, axis):
     return x[_grid_index(_checked_index("gather", index, x.shape[a]), a)]
 
 
+@gather.onnx
+def _(g, x, index, *, axis):
+    axis = axis % max(x.ndim, 1)
+    if index.shape != x.shape:  # index may be smaller than x in the other dims: ONNX wants them equal, so crop x
+        if any(d is None for d in index.shape):
+            raise g.unsupported("an index smaller than x in a dim known only at run time")
+        ends = [n if a != axis else 2**62 for a, n in enumerate(index.shape)]
+        x = g.op("Slice", x, g.ints([0] * x.ndim), g.ints(ends), g.ints(range(x.ndim)))
+    return g.op("GatherElements", x, index, axis=axis, spec=g.outputs[0])
+
+
 @gather.infer
 def _(x, index, *, axis):
     _gather_shapes("gather", x.shape, index.shape, axis)
@@ -196,6 +214,14 @@ def scatter_add(x, index, src, *, axis):
     return out
 
 
+@scatter_add.onnx
+def _(g, x, index, src, *, axis):
+    dtype = g.outputs[0].dtype
+    if src.shape != index.shape:  # only the part of src that index covers is used
+        src = g.op("Slice", src, g.ints([0] * src.ndim), g.ints(index.shape), g.ints(range(src.ndim)))
+    return g.op("ScatterElements", g.cast(x, dtype), index, g.cast(src, dtype), axis=axis, reduction="add")
+
+
 @scatter_add.infer
 def _(x, index, src, *, axis):
     _gather_shapes("scatter_add", x.shape, index.shape, axis, src.shape)
@@ -229,6 +255,11 @@ def index_select(x, index, *, axis):
     the end."""
     _index_select_shape(x.shape, index.shape, axis)
     return np.take(x, _checked_index("index_select", index.reshape(-1), x.shape[axis]), axis=axis)
+
+
+@index_select.onnx
+def _(g, x, index, *, axis):
+    return g.op("Gather", x, g.op("Reshape", index, g.ints([-1])), axis=axis, spec=g.outputs[0])
 
 
 def _index_select_shape(x_shape, index_shape, axis):
@@ -267,6 +298,17 @@ def one_hot(index, *, num_classes):
         num_classes = builtins.max(int(index.max()) + 1, 1)
     index = _checked_index("one_hot", index, num_classes, negative=False)
     return (index[..., None] == np.arange(num_classes)).astype(np.int64)
+
+
+@one_hot.onnx
+def _(g, index, *, num_classes):
+    # ONNX Runtime's OneHot writes floats (and reads int64 indices): cast around it; ONNX wants indices of rank >= 1
+    flat = g.op("Reshape", g.cast(index, D.int64), g.ints([-1])) if index.ndim == 0 else g.cast(index, D.int64)
+    hot = g.op("OneHot", flat, g.const(np.array(num_classes, np.int64)), g.const(np.array([0, 1], np.float32)),
+               axis=-1, spec=Spec(g.outputs[0].shape, D.float32))
+    if index.ndim == 0:
+        hot = g.op("Reshape", hot, g.ints([num_classes]))
+    return g.cast(hot, D.int64)
 
 
 @one_hot.check

@@ -8,7 +8,7 @@ import string
 from opforge import ops as F
 
 from ..core.errors import ArgumentError
-from ._common import D, Sample, ShapeError, Spec, broadcast_shapes, np, op
+from ._common import B, D, P, S, Sample, ShapeError, Spec, broadcast_shapes, np, op
 
 
 @op("matmul(Tensor<number> x, Tensor<number> y) -> Tensor out")
@@ -17,6 +17,12 @@ def matmul(x, y):
     import numpy as np
 
     return np.matmul(x, y)
+
+
+@matmul.onnx
+def _(g, x, y):
+    dtype = g.outputs[0].dtype
+    return g.op("MatMul", g.cast(x, dtype), g.cast(y, dtype), spec=g.outputs[0])
 
 
 @matmul.infer
@@ -65,6 +71,17 @@ def _(x, y, dout):
     return dx, dy
 
 
+@matmul.sbp
+def _(x, y):
+    if len(x.shape) < 2 or len(y.shape) != 2:
+        return
+    last = len(x.shape) - 1
+    for a in range(last):
+        yield (S(a), B), S(a)  # rows (and batches) of x
+    yield (B, S(1)), S(last)  # columns of y
+    yield (S(last), S(0)), P  # the contracted dim: each rank's product is a partial sum
+
+
 @matmul.samples
 def _(rng):
     yield Sample.of(rng.standard_normal((2, 3)), rng.standard_normal((3, 4)))
@@ -81,6 +98,13 @@ def outer(x, y):
     """The outer product of two vectors: ``out[i, j] = x[i]·y[j]``."""
     _outer_check(x.shape, y.shape)
     return np.multiply.outer(x, y)
+
+
+@outer.onnx
+def _(g, x, y):
+    dtype = g.outputs[0].dtype
+    column = g.op("Unsqueeze", g.cast(x, dtype), g.ints([1]))
+    return g.op("Mul", column, g.op("Unsqueeze", g.cast(y, dtype), g.ints([0])))
 
 
 def _outer_check(xs, ys):
@@ -138,6 +162,17 @@ def linear(x, weight, bias):
     return y if bias is None else y + bias
 
 
+@linear.onnx
+def _(g, x, weight, bias):
+    dtype = g.outputs[0].dtype
+    x, weight = g.cast(x, dtype), g.cast(weight, dtype)
+    bias = None if bias is None else g.cast(bias, dtype)
+    if x.ndim == 2 and weight.ndim == 2 and dtype.kind == "f":
+        return g.op("Gemm", x, weight, bias, transB=1, spec=g.outputs[0])
+    y = g.op("MatMul", x, g.op("Transpose", weight) if weight.ndim == 2 else weight, spec=g.outputs[0])
+    return y if bias is None else g.op("Add", y, bias)
+
+
 @linear.infer
 def _(x, weight, bias):
     return _linear_spec(x, weight, bias)
@@ -153,6 +188,18 @@ def _(x, weight, dy, needs_input_grad):
         rows_x = F.reshape(x, shape=[-1, weight.shape[1]])
         dw = F.matmul(F.transpose(rows_dy), rows_x)
     return dx, dw, dy if needs_input_grad[2] else None
+
+
+@linear.sbp
+def _(x, weight, bias):
+    if not x.shape or len(weight.shape) != 2:
+        return
+    last = len(x.shape) - 1
+    b = (lambda layout: None) if bias is None else (lambda layout: layout)
+    for a in range(last):
+        yield (S(a), B, b(B)), S(a)  # data parallel: rows of x
+    yield (B, S(0), b(S(0))), S(last)  # column parallel: rows of the weight, the output's features
+    yield (S(last), S(1), b(P)), P  # row parallel: partial sums, the bias added by one rank only
 
 
 @linear.samples
@@ -244,6 +291,14 @@ def einsum(operands, *, equation):
     letter repeated in one operand takes its diagonal (``"ii->i"``, ``"ii->"`` is the trace)."""
     terms, out, _ = _einsum_explicit(equation, [a.shape for a in operands])
     return np.einsum(f"{','.join(terms)}->{out}", *operands, optimize=len(operands) > 2)
+
+
+@einsum.onnx
+def _(g, operands, *, equation):
+    terms, out, _ = _einsum_explicit(equation, [a.shape for a in operands])
+    dtype = g.outputs[0].dtype
+    return g.op("Einsum", *(g.cast(a, dtype) for a in operands), equation=f"{','.join(terms)}->{out}",
+                spec=g.outputs[0])
 
 
 @einsum.check

@@ -26,7 +26,7 @@ import math
 from opforge import ops as F
 
 from . import _window as win
-from ._common import D, Sample, ShapeError, Spec, np, op
+from ._common import D, S, Sample, ShapeError, Spec, np, op
 
 # -- geometry --------------------------------------------------------------------------------------------------------
 
@@ -157,10 +157,30 @@ def _scatter_rule(nd, indices, dy, x_spec):
     return dx if batched else F.squeeze(dx, axis=[0])
 
 
+def _sbp(nd, x, *_, outputs=1, **__):
+    yield (S(0),), (S(0),) * outputs if outputs > 1 else S(0)  # images (or, unbatched, channels)
+    if len(x.shape) == nd + 2:
+        yield (S(1),), (S(1),) * outputs if outputs > 1 else S(1)  # channels
+
+
+def _max_pool_onnx(nd, g, x, *, kernel_size, stride, padding, dilation, ceil_mode):
+    # the windows padded out with -inf here, as the kernel pads them: no reliance on ONNX's ceil_mode rules
+    _, w = _geometry("", nd, x.shape, kernel_size, stride, padding, dilation, ceil_mode)
+
+    def build(x, spec):
+        return g.op("MaxPool", win.onnx_pad(g, x, w, -np.inf), kernel_shape=w.kernel, strides=w.stride,
+                    dilations=w.dilation, spec=spec)
+
+    return win.onnx_batched(g, x, nd, build)
+
+
 def _define_max_pool(opdef, nd, samples, indices: bool = False) -> None:
     opdef.check(functools.partial(_check, nd))
     opdef.infer(functools.partial(_max_pool_indices_spec if indices else _max_pool_spec, opdef.name, nd))
     opdef.grad(functools.partial(_scatter_rule if indices else _max_pool_rule, nd))
+    opdef.sbp(functools.partial(_sbp, nd, outputs=2 if indices else 1))
+    if not indices:  # ONNX's MaxPool indices are flat over the whole tensor, PyTorch's over each image
+        opdef.onnx(functools.partial(_max_pool_onnx, nd))
     opdef.samples(samples)
 
 
@@ -295,6 +315,7 @@ def max_pool_grad(x, dy, *, kernel_size, stride, padding, dilation, ceil_mode):
 
 
 max_pool_grad.check(functools.partial(_check, None))
+max_pool_grad.sbp(lambda x, dy, **_: [((S(0), S(0)), S(0)), ((S(1), S(1)), S(1))])  # images or channels
 
 
 @max_pool_grad.infer
@@ -336,6 +357,7 @@ def max_pool_grad_grad(x, ddx, *, kernel_size, stride, padding, dilation, ceil_m
 
 
 max_pool_grad_grad.check(functools.partial(_check, None))
+max_pool_grad_grad.sbp(lambda x, ddx, **_: [((S(0), S(0)), S(0)), ((S(1), S(1)), S(1))])
 
 
 @max_pool_grad_grad.infer
@@ -494,10 +516,28 @@ def _avg_pool_rule(nd, dy, x_spec, *, kernel_size, stride, padding, ceil_mode, c
     return dx if batched else F.squeeze(dx, axis=[0])
 
 
+def _avg_pool_onnx(nd, g, x, *, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    # window sums (an AveragePool of the explicitly zero-padded input, times the window size) divided as the kernel
+    # divides them: ONNX's own padding, ceil_mode and count rules are not PyTorch's in every case
+    _, w = _geometry("", nd, x.shape, kernel_size, stride, padding, ceil_mode=ceil_mode)
+    if None in w.size:
+        raise g.unsupported("average pooling of spatial sizes known only at run time")
+    divisor = _divisor(w, count_include_pad, divisor_override, x.dtype)
+    scale = np.asarray(w.taps / (divisor if np.isscalar(divisor) else divisor[..., 0]), x.dtype)
+
+    def build(x, spec):
+        mean = g.op("AveragePool", win.onnx_pad(g, x, w, 0.0), kernel_shape=w.kernel, strides=w.stride, spec=spec)
+        return g.op("Mul", mean, g.const(scale), spec=spec)
+
+    return win.onnx_batched(g, x, nd, build)
+
+
 def _define_avg_pool(opdef, nd, samples) -> None:
     opdef.check(functools.partial(_check, nd))
     opdef.infer(functools.partial(_avg_pool_spec, opdef.name, nd))
     opdef.grad(functools.partial(_avg_pool_rule, nd))
+    opdef.onnx(functools.partial(_avg_pool_onnx, nd))
+    opdef.sbp(functools.partial(_sbp, nd))
     opdef.samples(samples)
 
 
@@ -581,6 +621,7 @@ def avg_pool_grad(dy, *, input_size, kernel_size, stride, padding, ceil_mode, co
 
 
 avg_pool_grad.check(functools.partial(_check, None))
+avg_pool_grad.sbp(lambda dy, **_: [((S(0),), S(0)), ((S(1),), S(1))])
 
 
 @avg_pool_grad.infer
@@ -706,6 +747,7 @@ def adaptive_avg_pool_grad(dy, *, input_size):
 
 
 adaptive_avg_pool_grad.check(functools.partial(_check, None))
+avg_pool_grad.sbp(lambda dy, **_: [((S(0),), S(0)), ((S(1),), S(1))])
 
 
 @adaptive_avg_pool_grad.infer

@@ -5,7 +5,7 @@ import math
 
 from opforge import ops as F
 
-from ._common import D, Sample, ShapeError, Spec, broadcast_shapes, normalize_axes, np, op
+from ._common import D, P, S, Sample, ShapeError, Spec, broadcast_shapes, normalize_axes, np, op
 
 
 def _reduced_shape(op_name, shape, axis, keepdim):
@@ -36,6 +36,12 @@ def sum(x, *, axis, keepdim):
     return np.sum(x, axis=axes, keepdims=keepdim, dtype=None if D.is_floating(x.dtype) else np.int64)
 
 
+@sum.onnx
+def _(g, x, *, axis, keepdim):
+    work = g.outputs[0].dtype  # integers and bools sum in int64
+    return g.reduce("ReduceSum", g.cast(x, work), axis, keepdim)
+
+
 @sum.infer
 def _(x, *, axis, keepdim):
     dtype = x.dtype if D.is_floating(x.dtype) else D.int64
@@ -49,6 +55,18 @@ def _(dy, x_spec, *, axis, keepdim):
     return F.broadcast_to(dy, shape=x_spec.shape)
 
 
+def _reduction_sbp(split_reduced):
+    def sbp(x, *, axis, keepdim, **_):
+        axes = normalize_axes("sbp", axis, len(x.shape))
+        kept = [i for i in range(len(x.shape)) if i not in axes]
+        for k in range(len(x.shape)):
+            yield (S(k),), split_reduced if k in axes else S(k if keepdim else kept.index(k))
+        yield (P,), P  # linear: partial sums stay partial sums
+        yield (P("mean"),), P("mean")
+    return sbp
+
+
+sum.sbp(_reduction_sbp(P))
 sum.samples(_reduce_samples)
 
 
@@ -56,6 +74,9 @@ sum.samples(_reduce_samples)
 def mean(x, *, axis, keepdim):
     """Mean over ``axis`` (all axes when None)."""
     return np.mean(x, axis=normalize_axes("mean", axis, x.ndim), keepdims=keepdim)
+
+
+mean.onnx(lambda g, x, *, axis, keepdim: g.reduce("ReduceMean", x, axis, keepdim))
 
 
 @mean.infer
@@ -103,6 +124,7 @@ def _(rng):
     yield Sample.of(rng.standard_normal((2, 1)), shape=[2, 3], axis=-1, keepdim=True)
 
 
+mean.sbp(_reduction_sbp(P("mean")))  # each rank's mean of its rows
 mean.samples(_reduce_samples)
 
 
@@ -164,6 +186,9 @@ def prod(x, *, axis, keepdim):
     """Product over ``axis`` (all axes when None). Integer and bool tensors multiply in int64."""
     axes = normalize_axes("prod", axis, x.ndim)
     return np.prod(x, axis=axes, keepdims=keepdim, dtype=None if D.is_floating(x.dtype) else np.int64)
+
+
+prod.onnx(lambda g, x, *, axis, keepdim: g.reduce("ReduceProd", g.cast(x, g.outputs[0].dtype), axis, keepdim))
 
 
 @prod.infer
@@ -257,6 +282,8 @@ for _extreme in (max, min, amax, amin):
     _extreme.infer(_extreme_spec(_extreme.name))
     _extreme.grad(_extreme_grad)
     _extreme.samples(_extreme_samples)
+for _extreme, _onnx_type in ((max, "ReduceMax"), (min, "ReduceMin"), (amax, "ReduceMax"), (amin, "ReduceMin")):
+    _extreme.onnx(lambda g, x, *, axis, keepdim, _t=_onnx_type: g.reduce(_t, x, axis, keepdim))
 
 
 def _arg_extreme(op_name, find, x, axis, keepdim):
@@ -290,6 +317,24 @@ def argmax(x, *, axis, keepdim):
 def argmin(x, *, axis, keepdim):
     """Index of the smallest element along ``axis`` (of the flattened tensor when None); the first one on ties."""
     return _arg_extreme("argmin", np.argmin, x, axis, keepdim)
+
+
+def _onnx_arg_extreme(onnx_type):
+    def mapping(g, x, *, axis, keepdim):
+        if x.dtype == D.bool_:
+            x = g.cast(x, D.int32)
+        if axis is None:  # over the flattened tensor, then shaped as the op's result
+            flat = g.op(onnx_type, g.op("Reshape", x, g.ints([-1])), axis=0, keepdims=False)
+            return g.op("Reshape", flat, g.ints(g.outputs[0].shape), spec=g.outputs[0])
+        if x.ndim == 0:
+            return g.const(np.zeros((), np.int64))
+        return g.op(onnx_type, x, axis=axis, keepdims=keepdim, spec=g.outputs[0])
+
+    return mapping
+
+
+argmax.onnx(_onnx_arg_extreme("ArgMax"))
+argmin.onnx(_onnx_arg_extreme("ArgMin"))
 
 
 @argmax.samples
@@ -354,6 +399,20 @@ def var(x, *, axis, correction, keepdim):
     return _var("var", x, axis, correction, keepdim)
 
 
+def _onnx_var(g, x, axis, correction, keepdim):
+    mean = g.reduce("ReduceMean", x, axis, True)
+    d = g.op("Sub", x, mean)
+    total = g.reduce("ReduceSum", g.op("Mul", d, d), axis, keepdim)
+    # the group size N from the shape (run-time dims included), N − correction clamped at 0 as the kernel does
+    axes = range(x.ndim) if axis is None else [a % builtins.max(x.ndim, 1) for a in axis]
+    n = g.reduce("ReduceProd", g.op("Gather", g.op("Shape", x), g.ints(list(axes)), axis=0), None, False)
+    dof = g.op("Max", g.op("Sub", g.cast(n, x.dtype), g.scalar(correction, x)), g.scalar(0, x))
+    return g.op("Div", total, dof)
+
+
+var.onnx(lambda g, x, *, axis, correction, keepdim: _onnx_var(g, x, axis, correction, keepdim))
+
+
 @var.grad
 def _(x, dy, *, axis, correction, keepdim):
     return _var_grad(x, dy, axis, correction, keepdim)
@@ -363,6 +422,9 @@ def _(x, dy, *, axis, correction, keepdim):
 def std(x, *, axis, correction, keepdim):
     """Standard deviation over ``axis``: the square root of ``var``."""
     return np.sqrt(_var("std", x, axis, correction, keepdim))
+
+
+std.onnx(lambda g, x, *, axis, correction, keepdim: g.op("Sqrt", _onnx_var(g, x, axis, correction, keepdim)))
 
 
 @std.grad
@@ -388,6 +450,9 @@ def logsumexp(x, *, axis, keepdim):
     with np.errstate(divide="ignore"):  # ln 0 = −inf, for an empty or all-(−inf) group
         y = np.log(np.sum(np.exp(x - m), axis=axes, keepdims=True)) + m
     return y if keepdim else y.reshape(_reduced_shape("logsumexp", x.shape, axis, False))
+
+
+logsumexp.onnx(lambda g, x, *, axis, keepdim: g.reduce("ReduceLogSumExp", x, axis, keepdim))
 
 
 @logsumexp.infer
@@ -427,6 +492,20 @@ def vector_norm(x, p, axes, keepdim):
         return (np.max if p > 0 else np.min)(a, axis=axes, keepdims=keepdim)
     with np.errstate(divide="ignore"):  # 0 to a negative power: inf, and the norm 0, as PyTorch
         return np.sum(a ** p, axis=axes, keepdims=keepdim) ** (1 / p)
+
+
+@norm.onnx
+def _(g, x, *, p, axis, keepdim):
+    if p == 2:
+        return g.reduce("ReduceL2", x, axis, keepdim)
+    if p == 1:
+        return g.reduce("ReduceL1", x, axis, keepdim)
+    if p == 0:
+        return g.reduce("ReduceSum", g.cast(g.op("Not", g.op("Equal", x, g.scalar(0, x))), x.dtype), axis, keepdim)
+    if math.isinf(p):
+        return g.reduce("ReduceMax" if p > 0 else "ReduceMin", g.op("Abs", x), axis, keepdim)
+    powered = g.reduce("ReduceSum", g.op("Pow", g.op("Abs", x), g.scalar(p, x)), axis, keepdim)
+    return g.op("Pow", powered, g.scalar(1 / p, x))
 
 
 @norm.check
@@ -496,6 +575,14 @@ def cumsum(x, *, axis):
         normalize_axes("cumsum", (axis,), 0)
         return x.astype(dtype)
     return np.cumsum(x, axis=axis, dtype=dtype)
+
+
+@cumsum.onnx
+def _(g, x, *, axis):
+    x = g.cast(x, g.outputs[0].dtype)
+    if x.ndim == 0:
+        return g.op("Identity", x)
+    return g.op("CumSum", x, g.const(np.array(axis, np.int64)))
 
 
 @cumsum.infer

@@ -7,13 +7,20 @@ import math
 
 from opforge import ops as F
 
-from ._common import D, Sample, ShapeError, Spec, broadcast_shapes, normalize_axes, np, op
+from ._common import D, P, S, Sample, ShapeError, Spec, broadcast_shapes, normalize_axes, np, op
 
 
 @op("reshape(Tensor x, *, int[] shape) -> Tensor y")
 def reshape(x, *, shape):
     """The same elements in a new shape; one dim may be -1 (inferred)."""
     return np.reshape(x, shape)
+
+
+@reshape.onnx
+def _(g, x, *, shape):
+    # ONNX reads a 0 as "keep this dim" unless allowzero (which refuses -1): a literal 0 asks for allowzero.
+    zero = any(isinstance(d, int) and d == 0 for d in shape)
+    return g.op("Reshape", x, g.ints(shape), allowzero=1 if zero else None)
 
 
 @reshape.infer
@@ -43,6 +50,13 @@ def _(dy, x_spec):
     return F.reshape(dy, shape=x_spec.shape)
 
 
+@reshape.sbp
+def _(x, *, shape):
+    if x.shape and shape and (shape[0] == x.shape[0] or (shape[0] is None and x.shape[0] is None)):
+        yield (S(0),), S(0)  # the leading dim (a batch) kept as it is
+    yield (P,), P
+
+
 @reshape.samples
 def _(rng):
     yield Sample.of(rng.standard_normal((2, 3)), shape=[3, 2])
@@ -54,6 +68,13 @@ def _(rng):
 def transpose(x, *, perm):
     """Permutes the dims (reverses them when ``perm`` is None)."""
     return np.transpose(x, perm)
+
+
+@transpose.onnx
+def _(g, x, *, perm):
+    if x.ndim == 0:
+        return g.op("Identity", x)
+    return g.op("Transpose", x, perm=[p % x.ndim for p in perm] if perm is not None else range(x.ndim)[::-1])
 
 
 @transpose.infer
@@ -69,6 +90,14 @@ def _(dy, *, perm):
         return F.transpose(dy)
     n = len(perm)
     return F.transpose(dy, perm=[int(i) for i in np.argsort([p % n for p in perm])])
+
+
+@transpose.sbp
+def _(x, *, perm):
+    order = list(reversed(range(len(x.shape)))) if perm is None else [p % len(x.shape) for p in perm]
+    for k in range(len(x.shape)):
+        yield (S(k),), S(order.index(k))
+    yield (P,), P
 
 
 @transpose.samples
@@ -98,6 +127,10 @@ def _expanded_shape(x_shape, shape):
             d = x_shape[i - lead]
         out.append(d)
     return tuple(out)
+
+
+# ONNX's Expand broadcasts both ways, so a -1 ("keep this dim of x") becomes 1.
+broadcast_to.onnx(lambda g, x, *, shape: g.op("Expand", x, g.ints([1 if d == -1 else d for d in shape])))
 
 
 @broadcast_to.infer
@@ -150,6 +183,15 @@ def _slice_spec(op_name, shape, axes, starts, ends, steps):
 def slice(x, *, axes, starts, ends, steps):
     """Basic slicing, ``x[starts:ends:steps]`` along ``axes`` (indices already normalised by the caller)."""
     return x[_slice_index(x.ndim, axes, starts, ends, steps)]
+
+
+@slice.onnx
+def _(g, x, *, axes, starts, ends, steps):
+    if not axes:
+        return g.op("Identity", x)
+    # here a negative end means "past index 0" (a backward slice to the start); ONNX says so with INT64_MIN
+    ends = [e if not isinstance(e, int) or e >= 0 else -(2**63) for e in ends]
+    return g.op("Slice", x, g.ints(starts), g.ints(ends), g.ints(axes), g.ints(steps))
 
 
 @slice.infer
@@ -221,6 +263,12 @@ def squeeze(x, *, axis):
     return np.squeeze(x, axis=_squeezed_axes("squeeze", x.shape, axis))
 
 
+@squeeze.onnx
+def _(g, x, *, axis):
+    axes = _squeezed_axes("squeeze", x.shape, axis)
+    return g.op("Squeeze", x, g.ints(axes)) if axes else g.op("Identity", x)
+
+
 @squeeze.infer
 def _(x, *, axis):
     drop = _squeezed_axes("squeeze", x.shape, axis)
@@ -244,6 +292,9 @@ def _(rng):
 def unsqueeze(x, *, axis):
     """Inserts a dim of size 1 at ``axis`` (in [-ndim-1, ndim], counted in the result)."""
     return np.expand_dims(x, axis)
+
+
+unsqueeze.onnx(lambda g, x, *, axis: g.op("Unsqueeze", x, g.ints([axis])))
 
 
 @unsqueeze.infer
@@ -279,6 +330,9 @@ def permute(x, *, dims):
     return np.transpose(x, dims)
 
 
+permute.onnx(lambda g, x, *, dims: g.call("transpose", x, perm=dims))
+
+
 @permute.infer
 def _(x, *, dims):
     return Spec(tuple(x.shape[p] for p in _permutation("permute", dims, x.shape)), x.dtype)
@@ -301,6 +355,14 @@ def _(rng):
 def flip(x, *, axis):
     """Reverses the order of the elements along each dim in ``axis``."""
     return np.flip(x, normalize_axes("flip", axis, x.ndim))
+
+
+@flip.onnx
+def _(g, x, *, axis):
+    if not axis or x.ndim == 0:
+        return g.op("Identity", x)
+    n = len(axis)
+    return g.op("Slice", x, g.ints([-1] * n), g.ints([-(2**63)] * n), g.ints(axis), g.ints([-1] * n))
 
 
 @flip.infer
@@ -336,6 +398,12 @@ def _same_dims(op_name, dims):
 def concat(xs, *, axis):
     """Joins tensors along an existing dim ``axis``; the other dims must agree (``torch.cat``)."""
     return np.concatenate(xs, axis=axis)
+
+
+@concat.onnx
+def _(g, xs, *, axis):
+    dtype = g.outputs[0].dtype
+    return g.op("Concat", *(g.cast(x, dtype) for x in xs), axis=axis)
 
 
 @concat.infer
@@ -381,6 +449,13 @@ def stack(xs, *, axis):
     return np.stack(xs, axis=axis)
 
 
+@stack.onnx
+def _(g, xs, *, axis):
+    dtype = g.outputs[0].dtype
+    axis = axis % (xs[0].ndim + 1)
+    return g.op("Concat", *(g.op("Unsqueeze", g.cast(x, dtype), g.ints([axis])) for x in xs), axis=axis)
+
+
 @stack.infer
 def _(xs, *, axis):
     if not xs:
@@ -424,6 +499,14 @@ def split(x, *, sections, axis):
     ``torch.split``. The pieces are views of ``x``."""
     a, sizes = _split_plan(x.shape, sections, axis)
     return np.split(x, np.cumsum(sizes)[:-1], axis=a)
+
+
+@split.onnx
+def _(g, x, *, sections, axis):
+    sizes = [s.shape[axis] for s in g.outputs]
+    if len(sizes) == 1:
+        return [g.op("Identity", x)]
+    return list(g.op("Split", x, g.ints(sizes), axis=axis, outputs=len(sizes)))
 
 
 @split.check
@@ -477,6 +560,14 @@ def tile(x, *, reps):
     """``x`` repeated ``reps[i]`` times along dim i (``torch.tile``, ``np.tile``): the shorter of ``x.shape`` and
     ``reps`` is padded with leading 1s."""
     return np.tile(x, reps)
+
+
+@tile.onnx
+def _(g, x, *, reps):
+    if len(reps) > x.ndim:  # np.tile: the shorter of shape and reps gets leading 1s
+        x = g.op("Unsqueeze", x, g.ints(range(len(reps) - x.ndim)), spec=Spec((1,) * len(reps), x.dtype))
+    reps = [1] * (x.ndim - len(reps)) + list(reps) if x.spec and len(reps) < x.ndim else list(reps)
+    return g.op("Tile", x, g.ints(reps))
 
 
 @tile.check
@@ -538,6 +629,9 @@ def tril(x, *, diagonal):
     return np.tril(x, diagonal)
 
 
+tril.onnx(lambda g, x, *, diagonal: g.op("Trilu", x, g.const(np.array(diagonal, np.int64)), upper=0))
+
+
 @tril.grad
 def _(dy, *, diagonal):
     return F.tril(dy, diagonal=diagonal)
@@ -548,6 +642,9 @@ def triu(x, *, diagonal):
     """The upper triangle of each matrix (last two dims): elements (i, j) with j - i >= ``diagonal``, others 0."""
     _matrices("triu", x.shape)
     return np.triu(x, diagonal)
+
+
+triu.onnx(lambda g, x, *, diagonal: g.op("Trilu", x, g.const(np.array(diagonal, np.int64)), upper=1))
 
 
 @triu.grad
@@ -860,6 +957,18 @@ def pad(x, *, pad, mode, value):
         if before or after:
             y = np.take(y, _pad_source(x.shape[d], before, after, mode), axis=d)
     return y if y is not x else x.copy()
+
+
+@pad.onnx
+def _(g, x, *, pad, mode, value):
+    pairs = _pad_pairs(pad, x.ndim)
+    onnx_mode = {"constant": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}[mode]
+    if onnx_mode == "wrap" and g.opset < 19:
+        raise g.unsupported("mode 'circular' needs opset 19 (Pad's mode 'wrap')")
+    if not pairs:
+        return g.op("Identity", x)
+    pads = g.ints([b for b, _ in pairs] + [a for _, a in pairs])
+    return g.op("Pad", x, pads, g.scalar(value, x) if mode == "constant" else None, mode=onnx_mode)
 
 
 pad.check(_pad_check)

@@ -13,6 +13,10 @@ from ..tensor import Tensor, wrap
 from .executor import Executor
 from .trace import trace
 
+# Extension point, kept apart from the rest: each wrapper (fn -> fn) may replace the function about to be traced by
+# one that runs it differently (opforge.distributed runs it under its sharding interpreter inside `with mesh:`).
+traced_function_wrappers: list = []
+
 
 class CompiledFunction:
     """A function traced into a program per input signature (shapes and dtypes) and run by an Executor."""
@@ -41,7 +45,10 @@ class CompiledFunction:
         key = self._key(arrays, device)
         entry = self.cache.get(key)
         if entry is None:
-            program = trace(self.fn, device=device, **{n: Spec(a.shape, a.dtype) for n, a in arrays.items()})
+            fn = self.fn
+            for wrapper in traced_function_wrappers:
+                fn = wrapper(fn)
+            program = trace(fn, device=device, **{n: Spec(a.shape, a.dtype) for n, a in arrays.items()})
             # Fetch what fn returns, nothing more: gradients the updates consume need not outlive them.
             exe = Executor(program, fetch=dict(program.outputs), optimize=self.optimize)
             keys = list(program.outputs)
