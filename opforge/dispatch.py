@@ -195,7 +195,7 @@ def _fast_path(opdef: OpDef, env: dict, inputs_src: str, attrs_src: str) -> list
     lines = [f"    if {cond}:"]
     for p in inputs:
         if p.dtypes is not None:
-            env[f"_of_dt_{p.name}"] = p.dtypes
+            env[f"_of_dt_{p.name}"] = frozenset(p.dtypes)  # hashing beats comparing with each allowed dtype
             test = f"{p.name}._data.dtype not in _of_dt_{p.name}"
             lines += [f"        if {f'{p.name} is not None and ' if p.optional else ''}{test}:",
                       f"            _of_bad_dtype(_of_op, {p.name!r}, {p.name})"]
