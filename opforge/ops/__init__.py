@@ -23,4 +23,4 @@ _registry.listeners.append(_publish)
 for _op in _registry:
     _publish(_op)
 
-from . import creation, elementwise, binary, reduce, shape, linalg, loss, nn, conv, accumulate, optim  # noqa: E402, F401, I001
+from . import creation, elementwise, binary, integer, reduce, shape, linalg, loss, nn, conv, accumulate, optim, device  # noqa: E402, F401, I001
