@@ -124,6 +124,18 @@ def note_write(array, what: str) -> None:
     entry[1], entry[2], entry[3] = _epoch[0], entry[2] + 1, what
 
 
+def write_records(arrays) -> list:
+    """The records ``note_write`` keeps for these arrays' memory, to count writes to all of them at once
+    (``note_writes``): what a compiled run does to the tensors it updates."""
+    return [_entry(_written, _owner(a)) for a in arrays]
+
+
+def note_writes(records: list, what: str) -> None:
+    _epoch[0] += 1
+    for record in records:
+        record[1], record[2], record[3] = _epoch[0], record[2] + 1, what
+
+
 def _note_rebound(t: Tensor, what: str) -> None:
     _epoch[0] += 1
     entry = _entry(_rebound, t)

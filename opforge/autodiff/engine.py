@@ -161,6 +161,7 @@ def _backprop(outputs: list, seeds: list, targets: set | None, create_graph: boo
     given: set = set()  # gradients already stored as some leaf's .grad (each .grad owns its memory)
     anomaly = current_interpreter()
     anomaly = anomaly if type(anomaly) is AnomalyDetection else None  # of.detect_anomaly(): check every gradient
+    hooked = len(_node_hooks) > 0  # register_hook / retain_grad on some non-leaf (looked up per node only then)
 
     with set_grad_enabled(create_graph):
         for t, g in zip(outputs, seeds):
@@ -174,7 +175,7 @@ def _backprop(outputs: list, seeds: list, targets: set | None, create_graph: boo
         for node in order:
             grads = pending.pop(node, None)
             if grads is not None:
-                if _node_hooks and node in _node_hooks:  # register_hook / retain_grad on one of its outputs
+                if hooked and node in _node_hooks:
                     _run_hooks(_node_hooks[node], grads)
                 if targets:
                     for i, g in enumerate(grads):

@@ -32,7 +32,7 @@ from ..core.devices import default_device
 from ..core.errors import ArgumentError, GradientError, describe
 from ..core.spec import Spec
 from ..dispatch import interpreting
-from ..tensor import Tensor, note_write, wrap
+from ..tensor import Tensor, note_writes, wrap, write_records
 from .desc import Program
 from .executor import Executor
 from .trace import Tracer, Variable, python_state, trace_state
@@ -157,6 +157,7 @@ class _Entry:
                     fetch[key] = grad
                 self.grad_out.append((source[name], key))
         self.updated = [t for t, name in program._tensor_vars.values() if name in program.updates]
+        self.writes = write_records([t._data for t in self.updated])  # a run's updates are in-place writes
         self.exe = Executor(program, fetch=fetch, optimize=optimize)
 
     def holds(self, arguments: dict):
@@ -175,6 +176,9 @@ class _Entry:
                     return None
                 self.exe.scope[name] = self.program.values[name] = data  # the same tensor, a new array: read it
                 self.tensors[i] = (t, name, data, requires_grad)
+                self.writes = write_records([t._data for t in self.updated])
+        if not (self.grad_none or self.grad_feeds):
+            return True
         return (all(_tensor(source, arguments)._grad is None for source in self.grad_none)
                 and all(_tensor(source, arguments)._grad is not None for source, _ in self.grad_feeds))
 
@@ -194,8 +198,10 @@ class _Entry:
                     array = array.copy()
                 given.add(id(array))
                 t._grad = wrap(array, device)
-        for t in self.updated:
-            note_write(t._data, "a compiled function's update")
+        if self.writes:
+            note_writes(self.writes, "a compiled function's update")
+        if type(self.result) is _Fetched:  # one tensor, the commonest result
+            return wrap(out[self.result.key], device)
         return _rebuild(self.result, "out", lambda path, fetched: wrap(out[fetched.key], device), _Fetched)
 
 
