@@ -391,7 +391,7 @@ def _generate_attach(opdef: OpDef) -> None:
         f"    {', '.join(names)}, = inputs",
         "    if type(out) is not _of_nd:",
         f"        out = {device}.array(out)",
-        "    if out.dtype.kind != 'f':",
+        "    if out.dtype.kind != 'f' and out.dtype is not _of_bf16:",  # D.is_floating, inlined
         f"        return _of_wrap(out, {device})",
         "    node = _of_Node(_of_op, attrs, (" + "".join(edge(p) + ", " for p in inputs) + "), _of_layout,",
         "                    (" + "".join(meta(p) + ", " for p in inputs) + "),",
@@ -399,7 +399,7 @@ def _generate_attach(opdef: OpDef) -> None:
         f"    return _of_wrap_output(out, node, 0, {device})",
     ]) + "\n"
     env = {"_of_op": opdef, "_of_nd": np.ndarray, "_of_wrap": wrap, "_of_wrap_output": wrap_output,
-           "_of_Node": Node, "_of_layout": (-1,) * len(inputs)}
+           "_of_Node": Node, "_of_layout": (-1,) * len(inputs), "_of_bf16": D.bfloat16}
     opdef.attach = _exec(source, f"<opforge.attach.{opdef.name}>", env, "attach")
     opdef.attach.source = source
 
@@ -438,7 +438,7 @@ def _attach(opdef: OpDef, inputs: tuple, attrs: dict, out):
         tuple(None if t is None else (t._data.shape, t._data.dtype) for t, _ in flat),
         out_layout, tuple((a.shape, a.dtype) for a in outs), saved, saved_out, device,
     )
-    tensors = [wrap_output(a, node, i, device) if a.dtype.kind == "f" else wrap(a, device)
+    tensors = [wrap_output(a, node, i, device) if D.is_floating(a.dtype) else wrap(a, device)
                for i, a in enumerate(outs)]
     return _restructure(opdef, tensors, out_layout)
 

@@ -411,6 +411,12 @@ class TensorOps:
         """This tensor on the host device "cpu" (``self`` if it is there already)."""
         return self.to("cpu")
 
+    def half(self):
+        return F.cast(self, dtype=D.float16)
+
+    def bfloat16(self):
+        return F.cast(self, dtype=D.bfloat16)
+
     def matmul(self, other):
         return F.matmul(self, other)
 

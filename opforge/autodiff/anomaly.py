@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
+from ..core import dtypes as D
 from ..core.errors import AnomalyError
 from ..dispatch import EAGER, Interpreter, interpreting
 from ..tensor import Tensor
@@ -64,7 +65,7 @@ def _first_non_finite(op, outputs: list) -> str | None:
 
 def _non_finite(t: Tensor) -> str | None:
     data = t._data
-    if data.dtype.kind != "f":
+    if not D.is_floating(data.dtype):
         return None
     xp = t._device.xp
     finite = xp.isfinite(data)

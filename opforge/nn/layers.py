@@ -231,6 +231,90 @@ class LayerNorm(Module):
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
 
 
+class RMSNorm(Module):
+    """Normalise over the last dims (``normalized_shape``) by their root mean square, then y = x̂·weight; ``eps``
+    None takes the machine epsilon of the input's dtype, as PyTorch."""
+
+    def __init__(self, normalized_shape, eps: float | None = None, elementwise_affine: bool = True, dtype=None):
+        super().__init__()
+        shape = (normalized_shape,) if isinstance(normalized_shape, (int, np.integer)) else normalized_shape
+        self.normalized_shape = tuple(_count(d, "normalized_shape", "RMSNorm") for d in shape)
+        self.eps = None if eps is None else float(eps)
+        self.elementwise_affine = bool(elementwise_affine)
+        dt = _dtype(dtype)
+        self.weight = Tensor(np.ones(self.normalized_shape, dt), requires_grad=True) if elementwise_affine else None
+
+    def forward(self, x):
+        return F.rms_norm(x, self.weight, normalized_shape=self.normalized_shape, eps=self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
+class GroupNorm(Module):
+    """Normalise each of ``num_groups`` groups of channels of an (N, C, ...) input over the group's channels and
+    the other dims, then y = x̂·weight + bias per channel (when ``affine``)."""
+
+    def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True, dtype=None):
+        super().__init__()
+        self.num_groups = _count(num_groups, "num_groups", "GroupNorm")
+        self.num_channels = _count(num_channels, "num_channels", "GroupNorm")
+        if self.num_channels % self.num_groups:
+            raise ArgumentError(f"GroupNorm(): num_channels ({num_channels}) must be divisible by num_groups "
+                                f"({num_groups})")
+        self.eps, self.affine = float(eps), bool(affine)
+        dt = _dtype(dtype)
+        self.weight = Tensor(np.ones(num_channels, dt), requires_grad=True) if affine else None
+        self.bias = Tensor(np.zeros(num_channels, dt), requires_grad=True) if affine else None
+
+    def forward(self, x):
+        return F.group_norm(x, self.weight, self.bias, num_groups=self.num_groups, eps=self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"
+
+
+class _InstanceNorm(_BatchNorm):
+    """Normalise each channel of each sample over its other dims, then y = x̂·weight + bias (when ``affine``).
+
+    With ``track_running_stats`` training also keeps running averages of the per-sample statistics
+    ((1 − momentum)·running + momentum·the batch's mean of them, the variance unbiased), which eval mode then
+    normalises with, as PyTorch. Defaults as PyTorch's: no affine, no running statistics."""
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = False,
+                 track_running_stats: bool = False, dtype=None):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, dtype)
+
+    def forward(self, x):
+        if len(x.shape) not in self._dims:
+            raise ShapeError(f"{type(self).__name__}: expected a {self._layout} input, got shape {tuple(x.shape)}")
+        if not self.training and self.track_running_stats:  # the running statistics normalise, as batch_norm's
+            return F.batch_norm(x, _live(self.running_mean), _live(self.running_var), self.weight, self.bias,
+                                eps=self.eps).y
+        if self.training and self.track_running_stats:
+            with no_grad():
+                spatial = list(range(2, len(x.shape)))
+                m = self.momentum
+                mean = F.mean(x, axis=[0, *spatial])
+                var = F.mean(F.var(x, axis=spatial, correction=1), axis=[0])
+                assign(self.running_mean, _live(self.running_mean) * (1 - m) + mean * m)
+                assign(self.running_var, _live(self.running_var) * (1 - m) + var * m)
+                assign(self.num_batches_tracked, _live(self.num_batches_tracked) + 1)
+        return F.instance_norm(x, self.weight, self.bias, eps=self.eps)
+
+
+class InstanceNorm1d(_InstanceNorm):
+    __doc__ = _InstanceNorm.__doc__
+    _dims = (3,)
+    _layout = "3-D (N, C, L)"
+
+
+class InstanceNorm2d(_InstanceNorm):
+    __doc__ = _InstanceNorm.__doc__
+    _dims = (4,)
+    _layout = "4-D (N, C, H, W)"
+
+
 # -- dropout and embedding -------------------------------------------------------------------------------------
 
 
@@ -541,6 +625,67 @@ class LogSoftmax(Softmax):
     _op = F.log_softmax
 
 
+class Softmin(Softmax):
+    _op = F.softmin
+
+
+class GLU(Softmax):
+    _op = F.glu
+
+
+class Hardtanh(_Activation):
+    _op, _attrs = F.hardtanh, ("min_val", "max_val")
+
+    def __init__(self, min_val: float = -1.0, max_val: float = 1.0):
+        super().__init__()
+        self.min_val, self.max_val = float(min_val), float(max_val)
+
+
+class ReLU6(_Activation):
+    _op = F.relu6
+
+
+class Hardsigmoid(_Activation):
+    _op = F.hardsigmoid
+
+
+class Hardswish(_Activation):
+    _op = F.hardswish
+
+
+class Mish(_Activation):
+    _op = F.mish
+
+
+class LogSigmoid(_Activation):
+    _op = F.logsigmoid
+
+
+class CELU(_Activation):
+    _op, _attrs = F.celu, ("alpha",)
+
+    def __init__(self, alpha: float = 1.0):
+        super().__init__()
+        self.alpha = float(alpha)
+
+
+class PReLU(Module):
+    """y = x where x > 0, else weight·x, with a learnable ``weight`` of ``num_parameters`` (1, or the channels of
+    dim 1), each starting at ``init``."""
+
+    def __init__(self, num_parameters: int = 1, init: float = 0.25, dtype=None):
+        super().__init__()
+        self.num_parameters = _count(num_parameters, "num_parameters", "PReLU")
+        self.init = float(init)
+        self.weight = Tensor(np.full(self.num_parameters, self.init, _dtype(dtype)), requires_grad=True)
+
+    def forward(self, x):
+        return F.prelu(x, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"num_parameters={self.num_parameters}"
+
+
 # -- losses ----------------------------------------------------------------------------------------------------
 
 
@@ -594,3 +739,100 @@ __all__ = ["ELU", "GELU", "SELU", "AdaptiveAvgPool2d", "AvgPool2d", "BCEWithLogi
            "Conv2d", "CrossEntropyLoss", "Dropout", "Embedding", "Flatten", "Identity", "LayerNorm", "LeakyReLU",
            "Linear", "LogSoftmax", "MSELoss", "MaxPool2d", "MultiheadAttention", "NLLLoss", "ReLU", "SiLU",
            "Sigmoid", "Softmax", "Softplus", "Tanh"]
+
+
+# -- similarity, bags of embeddings, channel-wise dropout ------------------------------------------------------
+
+
+class CosineSimilarity(Module):
+    """Cosine similarity of x1 and x2 along ``dim`` (see ``F.cosine_similarity``)."""
+
+    def __init__(self, dim: int = 1, eps: float = 1e-8):
+        super().__init__()
+        self.dim, self.eps = int(dim), float(eps)
+
+    def forward(self, x1, x2):
+        return F.cosine_similarity(x1, x2, axis=self.dim, eps=self.eps)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, eps={self.eps}"
+
+
+class PairwiseDistance(Module):
+    """The p-norm of x1 − x2 + eps over the last dim (see ``F.pairwise_distance``)."""
+
+    def __init__(self, p: float = 2.0, eps: float = 1e-6, keepdim: bool = False):
+        super().__init__()
+        self.norm, self.eps, self.keepdim = float(p), float(eps), bool(keepdim)
+
+    def forward(self, x1, x2):
+        return F.pairwise_distance(x1, x2, p=self.norm, eps=self.eps, keepdim=self.keepdim)
+
+    def extra_repr(self) -> str:
+        return f"p={self.norm}, eps={self.eps}, keepdim={self.keepdim}"
+
+
+class EmbeddingBag(Module):
+    """Sums, means or maxima of bags of embedding rows (see ``F.embedding_bag``): ``bag(index, offsets=None,
+    per_sample_weights=None)``. ``weight`` (num_embeddings, embedding_dim) is initialised from N(0, 1), its row
+    ``padding_idx`` (if given) at 0."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, mode: str = "mean", include_last_offset: bool = False,
+                 padding_idx: int | None = None, dtype=None):
+        super().__init__()
+        self.num_embeddings = _count(num_embeddings, "num_embeddings", "EmbeddingBag")
+        self.embedding_dim = _count(embedding_dim, "embedding_dim", "EmbeddingBag")
+        if mode not in ("sum", "mean", "max"):
+            raise ArgumentError(f"EmbeddingBag(): mode must be 'sum', 'mean' or 'max', got {mode!r}")
+        if padding_idx is not None:
+            if not -num_embeddings <= padding_idx < num_embeddings:
+                raise ArgumentError(f"EmbeddingBag(): padding_idx {padding_idx} is out of range for {num_embeddings} "
+                                    "embeddings")
+            padding_idx %= num_embeddings
+        self.mode, self.include_last_offset, self.padding_idx = mode, bool(include_last_offset), padding_idx
+        self.weight = _param(num_embeddings, embedding_dim, dtype=dtype)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        init.normal_(self.weight)
+        if self.padding_idx is not None:
+            self.weight.numpy()[self.padding_idx] = 0
+
+    def forward(self, index, offsets=None, per_sample_weights=None):
+        return F.embedding_bag(index, self.weight, offsets, per_sample_weights, mode=self.mode,
+                               include_last_offset=self.include_last_offset, padding_idx=self.padding_idx)
+
+    def extra_repr(self) -> str:
+        pad = "" if self.padding_idx is None else f", padding_idx={self.padding_idx}"
+        return f"{self.num_embeddings}, {self.embedding_dim}, mode={self.mode!r}{pad}"
+
+
+class _ChannelDropout(Dropout):
+    _op = None
+
+    def forward(self, x):
+        if not self.training or self.p == 0.0:
+            return x
+        return type(self)._op(x, p=self.p, training=True)[0]
+
+
+class Dropout1d(_ChannelDropout):
+    """Zero each channel of (N, C, L) or (C, L) inputs with probability p in training (see ``F.dropout1d``)."""
+
+    _op = F.dropout1d
+
+
+class Dropout2d(_ChannelDropout):
+    """Zero each channel of (N, C, H, W) inputs with probability p in training (see ``F.dropout2d``)."""
+
+    _op = F.dropout2d
+
+
+class Dropout3d(_ChannelDropout):
+    """Zero each channel of (N, C, D, H, W) or (C, D, H, W) inputs with probability p in training (see
+    ``F.dropout3d``)."""
+
+    _op = F.dropout3d
+
+
+__all__ += ["CosineSimilarity", "Dropout1d", "Dropout2d", "Dropout3d", "EmbeddingBag", "PairwiseDistance"]

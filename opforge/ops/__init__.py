@@ -23,4 +23,8 @@ _registry.listeners.append(_publish)
 for _op in _registry:
     _publish(_op)
 
-from . import creation, elementwise, binary, integer, reduce, shape, linalg, loss, nn, conv, accumulate, optim, device  # noqa: E402, F401, I001
+# half first: it gives every op defined after it (the library's, then yours) its half-precision kernels.
+from . import half  # noqa: E402, F401, I001
+from . import creation, elementwise, binary, integer, reduce, shape, linalg, loss, nn, normalization, conv, accumulate  # noqa: E402, F401
+from . import optim, device  # noqa: E402, F401
+from . import embedding_bags, feature_dropout, indexing, similarity, sorting  # noqa: E402, F401

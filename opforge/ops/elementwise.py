@@ -1,10 +1,32 @@
-"""Elementwise ops of one tensor. Each gradient rule is written with ops, so it can be differentiated again."""
+"""Elementwise ops of one tensor, and the activations. Each gradient rule is written with ops, so it can be
+differentiated again.
 
+A gradient at a NaN input is NaN. Comparisons with NaN are all false, so a rule or a grad kernel that selects
+by comparing (relu, clip, the hard activations) would give a finite value there: they say so explicitly, with
+``_nan_at_nan`` in rules and ``_carry_nan`` in kernels.
+"""
+
+import builtins
 import math
 
 from opforge import ops as F
 
-from ._common import D, Sample, Spec, np, op
+from ..core.errors import ArgumentError
+from ._common import D, Sample, ShapeError, Spec, broadcast_shapes, normalize_axes, np, op
+
+
+def _carry_nan(x, dx):
+    """``dx`` (a fresh array, changed in place) with NaN wherever ``x`` is NaN. A sum over ``x`` tells cheaply
+    whether it holds a NaN at all (or both infinities, which only costs the exact pass that follows)."""
+    if np.isnan(np.add.reduce(x, axis=None)):
+        np.copyto(dx, np.nan, where=np.isnan(x))
+    return dx
+
+
+def _nan_at_nan(x, g):
+    """The gradient ``g``, NaN where ``x`` is NaN (for a rule that selects its value by comparing x)."""
+    return F.where(F.isnan(x), x, g)
+
 
 # -- the seed designs' examples --------------------------------------------------------------------------------
 
@@ -13,6 +35,9 @@ from ._common import D, Sample, Spec, np, op
 def identity(x):
     """Returns its input unchanged (a new tensor sharing the data)."""
     return x
+
+
+identity.onnx(lambda g, x: g.op("Identity", x))
 
 
 @identity.grad
@@ -24,6 +49,9 @@ def _(dy):
 def scale(x, *, scale):
     """Multiplies by a constant: y = scale · x."""
     return x * scale  # a Python float keeps the array's dtype (NumPy 2 promotion)
+
+
+scale.onnx(lambda g, x, *, scale: g.op("Mul", x, g.scalar(scale, x)))
 
 
 @scale.grad
@@ -43,6 +71,9 @@ def square(x, out=None):
     return np.square(x, out=out)
 
 
+square.onnx(lambda g, x: g.op("Mul", x, x))
+
+
 @square.grad
 def _(x, dy):
     return dy * 2 * x  # a composition: no dedicated grad op needed
@@ -52,6 +83,9 @@ def _(x, dy):
 def sqrt(x):
     """y = √x."""
     return np.sqrt(x)
+
+
+sqrt.onnx(lambda g, x: g.op("Sqrt", x))
 
 
 @sqrt.grad
@@ -91,6 +125,13 @@ def leaky_relu(x, *, alpha):
     return np.maximum(x, scaled) if alpha <= 1 else np.minimum(x, scaled)
 
 
+@leaky_relu.onnx
+def _(g, x, *, alpha):
+    if x.dtype == D.float32:
+        return g.op("LeakyRelu", x, alpha=alpha)
+    return g.op("Max" if alpha <= 1 else "Min", x, g.op("Mul", x, g.scalar(alpha, x)))  # α exact in float64
+
+
 @leaky_relu.grad
 def _(x, dy, *, alpha):
     return F.leaky_relu_grad(x, dy, alpha=alpha)  # names x and dy only: y is not kept for backward
@@ -105,8 +146,8 @@ def _(rng):
 
 @op("leaky_relu_grad(Tensor<floating> x, Tensor<floating> dy, *, float alpha) -> Tensor dx", traits=["elementwise"])
 def leaky_relu_grad(x, dy, *, alpha):
-    """Gradient of leaky_relu: dx = dy where x > 0, else alpha · dy."""
-    return np.where(x > 0, dy, dy * alpha)
+    """Gradient of leaky_relu: dx = dy where x > 0, else alpha · dy (NaN where x is NaN)."""
+    return _carry_nan(x, np.where(x > 0, dy, dy * alpha))
 
 
 @leaky_relu_grad.grad
@@ -128,6 +169,9 @@ def neg(x, out=None):
     return np.negative(x, out=out)
 
 
+neg.onnx(lambda g, x: g.op("Neg", x))
+
+
 @neg.grad
 def _(dy):
     return F.neg(dy)
@@ -139,6 +183,9 @@ def exp(x, out=None):
     return np.exp(x, out=out)
 
 
+exp.onnx(lambda g, x: g.op("Exp", x))
+
+
 @exp.grad
 def _(y, dy):
     return dy * y
@@ -148,6 +195,9 @@ def _(y, dy):
 def log(x):
     """Natural logarithm."""
     return np.log(x)
+
+
+log.onnx(lambda g, x: g.op("Log", x))
 
 
 @log.grad
@@ -165,6 +215,9 @@ def _(rng):
 def tanh(x, out=None):
     """Hyperbolic tangent."""
     return np.tanh(x, out=out)
+
+
+tanh.onnx(lambda g, x: g.op("Tanh", x))
 
 
 @tanh.grad
@@ -201,6 +254,9 @@ def sigmoid(x):
     return _sigmoid(x)
 
 
+sigmoid.onnx(lambda g, x: g.op("Sigmoid", x))
+
+
 @sigmoid.grad
 def _(y, dy):
     return F.sigmoid_grad(y, dy)
@@ -229,6 +285,9 @@ def relu(x, out=None):
     return np.maximum(x, 0, out=out)
 
 
+relu.onnx(lambda g, x: g.op("Relu", x))
+
+
 @relu.grad
 def _(y, dy):
     return F.relu_grad(y, dy)
@@ -236,12 +295,12 @@ def _(y, dy):
 
 @op("relu_grad(Tensor y, Tensor dy) -> Tensor dx", traits=["elementwise"], inplace={"dx": "dy"})
 def relu_grad(y, dy, out=None):
-    """Gradient of relu from its output: dx = dy where y > 0, else 0.
+    """Gradient of relu from its output: dx = dy where y > 0, else 0 (NaN where y is NaN).
 
     A dedicated op for speed: ``np.where`` on a random mask is branchy and several times slower than a
     multiply by the mask, which is the backward of every ReLU network. (A NaN in ``dy`` where y ≤ 0 stays NaN.)
     """
-    return np.multiply(dy, y > 0, out=out)
+    return _carry_nan(y, np.multiply(dy, y > 0, out=out))
 
 
 @relu_grad.grad
@@ -261,15 +320,23 @@ def abs(x):
     return np.abs(x)
 
 
+abs.onnx(lambda g, x: g.op("Abs", x))
+
+
 @abs.grad
 def _(x, dy):
-    return F.where(x > 0, dy, F.where(x < 0, -dy, 0))  # 0 at x = 0, as PyTorch
+    return _nan_at_nan(x, F.where(x > 0, dy, F.where(x < 0, -dy, 0)))  # 0 at x = 0, as PyTorch
 
 
 @op("cast(Tensor x, *, dtype dtype) -> Tensor y")
 def cast(x, *, dtype):
     """Converts to ``dtype`` (a copy, even when the dtype is unchanged)."""
     return x.astype(dtype)
+
+
+@cast.onnx
+def _(g, x, *, dtype):
+    return g.op("Identity", x) if x.dtype == dtype else g.cast(x, dtype)
 
 
 @cast.infer
@@ -279,7 +346,7 @@ def _(x, *, dtype):
 
 @cast.grad
 def _(dy, x_spec):
-    return F.cast(dy, dtype=x_spec.dtype) if x_spec.dtype.kind == "f" else None
+    return F.cast(dy, dtype=x_spec.dtype) if D.is_floating(x_spec.dtype) else None
 
 
 @cast.samples
@@ -299,10 +366,16 @@ def zeros_like(x, *, dtype):
     return np.zeros(x.shape, dtype or x.dtype)
 
 
+zeros_like.onnx(lambda g, x, *, dtype: g.filled(g.op("Shape", x), 0, dtype or x.dtype))
+
+
 @op("ones_like(Tensor x, *, dtype dtype=None) -> Tensor y", traits=["no_grad"], infer=_like_spec)
 def ones_like(x, *, dtype):
     """Ones of the shape (and, unless ``dtype`` is given, the dtype) of ``x``."""
     return np.ones(x.shape, dtype or x.dtype)
+
+
+ones_like.onnx(lambda g, x, *, dtype: g.filled(g.op("Shape", x), 1, dtype or x.dtype))
 
 
 @zeros_like.samples
@@ -338,22 +411,59 @@ def sign(x):
     return np.greater(x, 0).astype(x.dtype) - np.less(x, 0).astype(x.dtype)
 
 
+sign.onnx(lambda g, x: g.op("Sign", x))
+
+
 @op("floor(Tensor<number> x) -> Tensor y", traits=["elementwise"])
 def floor(x):
     """The largest integer ≤ x (integer tensors are returned unchanged)."""
-    return np.floor(x) if x.dtype.kind == "f" else x.copy()
+    return np.floor(x) if D.is_floating(x.dtype) else x.copy()
+
+
+floor.onnx(lambda g, x: g.op("Floor" if x.dtype.kind == "f" else "Identity", x))
 
 
 @op("ceil(Tensor<number> x) -> Tensor y", traits=["elementwise"])
 def ceil(x):
     """The smallest integer ≥ x (integer tensors are returned unchanged)."""
-    return np.ceil(x) if x.dtype.kind == "f" else x.copy()
+    return np.ceil(x) if D.is_floating(x.dtype) else x.copy()
 
 
-@op("round(Tensor<number> x) -> Tensor y", traits=["elementwise"])
-def round(x):
-    """The nearest integer, halves to the even one (round(2.5) = 2), as PyTorch."""
-    return np.round(x) if x.dtype.kind == "f" else x.copy()
+ceil.onnx(lambda g, x: g.op("Ceil" if D.is_floating(x.dtype) else "Identity", x))
+
+
+@op("round(Tensor<number> x, *, int decimals=0) -> Tensor y", traits=["elementwise"])
+def round(x, *, decimals):
+    """The nearest integer, halves to the even one (round(2.5) = 2), as PyTorch; with ``decimals`` the nearest
+    multiple of 10^−decimals, computed as PyTorch does: rint(x·10^d)/10^d, or rint(x/10^−d)·10^−d for d < 0
+    (so 10^|d| is exact). Integer tensors: unchanged, or rounded to tens, hundreds, ... for decimals < 0 (PyTorch
+    refuses integers with decimals)."""
+    if not D.is_floating(x.dtype):
+        if decimals >= 0:
+            return x.copy()
+        scale = 10 ** -decimals
+        return (np.rint(x / scale) * scale).astype(x.dtype)
+    if decimals == 0:
+        return np.round(x)
+    with np.errstate(over="ignore", invalid="ignore"):  # 10^|d| beyond the dtype: inf, and NaN, as PyTorch
+        scale = np.power(x.dtype.type(10.0), builtins.abs(decimals))
+        return np.rint(x * scale) / scale if decimals > 0 else np.rint(x / scale) * scale
+
+
+@round.onnx
+def _(g, x, *, decimals):
+    if not D.is_floating(x.dtype):
+        if decimals >= 0:
+            return g.op("Identity", x)
+        wide = g.cast(x, D.float64)  # to tens, hundreds, ... in float64 (exact for these integers), then back
+        scale = g.scalar(10.0 ** -decimals, wide)
+        return g.cast(g.op("Mul", g.op("Round", g.op("Div", wide, scale)), scale), x.dtype)
+    if decimals == 0:
+        return g.op("Round", x)  # ONNX rounds halves to even too
+    scale = g.scalar(10.0 ** builtins.abs(decimals), x)
+    if decimals > 0:
+        return g.op("Div", g.op("Round", g.op("Mul", x, scale)), scale)
+    return g.op("Mul", g.op("Round", g.op("Div", x, scale)), scale)
 
 
 for _step in (sign, floor, ceil, round):
@@ -361,10 +471,27 @@ for _step in (sign, floor, ceil, round):
     _step.samples(_number_samples)
 
 
+@round.samples
+def _(rng):
+    yield from _number_samples(rng)
+    yield Sample.of(_away_from_integers(rng, (2, 3)) / 100, decimals=2)
+    yield Sample.of(_away_from_integers(rng, (4,)) * 100, decimals=-2)
+    yield Sample.of(rng.integers(-500, 500, (4,)), decimals=-2)
+
+
 @op("expm1(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
 def expm1(x):
     """y = eˣ − 1, exact for small x."""
     return np.expm1(x)
+
+
+@expm1.onnx
+def _(g, x):
+    # eˣ − 1 loses every digit for small x; there eˣ − 1 = 2t/(1 − t), t = tanh(x/2), is exact (and |t| < ¼).
+    t = g.op("Tanh", g.op("Mul", x, g.scalar(0.5, x)))
+    small = g.op("Div", g.op("Add", t, t), g.op("Sub", g.scalar(1, x), t))
+    near_zero = g.op("Less", g.op("Abs", x), g.scalar(0.5, x), spec=Spec(x.shape, D.bool_))
+    return g.op("Where", near_zero, small, g.op("Sub", g.op("Exp", x), g.scalar(1, x)))
 
 
 @expm1.grad
@@ -376,6 +503,15 @@ def _(y, dy):
 def log1p(x):
     """y = ln(1 + x), exact for small x."""
     return np.log1p(x)
+
+
+@log1p.onnx
+def _(g, x):
+    # ln(1 + x) loses the digits of x that 1 + x rounds away; u = 1 + x, ln(u)·x/(u − 1) restores them (Goldberg).
+    u = g.op("Add", x, g.scalar(1, x))
+    du = g.op("Sub", u, g.scalar(1, x))
+    exact = g.op("Div", g.op("Mul", g.op("Log", u), x), du)
+    return g.op("Where", g.op("Equal", du, g.scalar(0, x), spec=Spec(x.shape, D.bool_)), x, exact)
 
 
 @log1p.grad
@@ -395,6 +531,9 @@ def rsqrt(x):
     return 1 / np.sqrt(x)
 
 
+rsqrt.onnx(lambda g, x: g.op("Reciprocal", g.op("Sqrt", x)))
+
+
 @rsqrt.grad
 def _(y, dy):
     return dy * (-0.5) * y * y * y  # d/dx x^(−½) = −½·x^(−3/2) = −½·y³
@@ -404,6 +543,9 @@ def _(y, dy):
 def reciprocal(x):
     """y = 1/x."""
     return np.reciprocal(x)
+
+
+reciprocal.onnx(lambda g, x: g.op("Reciprocal", x))
 
 
 @reciprocal.grad
@@ -431,6 +573,9 @@ def sin(x):
     return np.sin(x)
 
 
+sin.onnx(lambda g, x: g.op("Sin", x))
+
+
 @sin.grad
 def _(x, dy):
     return dy * F.cos(x)
@@ -440,6 +585,9 @@ def _(x, dy):
 def cos(x):
     """Cosine."""
     return np.cos(x)
+
+
+cos.onnx(lambda g, x: g.op("Cos", x))
 
 
 @cos.grad
@@ -459,6 +607,9 @@ def erf(x):
     return _erf(x)
 
 
+erf.onnx(lambda g, x: g.op("Erf", x))
+
+
 @erf.grad
 def _(x, dy):
     return dy * (2 / math.sqrt(math.pi)) * F.exp(-F.square(x))  # a Python float keeps float32 float32
@@ -474,6 +625,15 @@ def softplus(x, *, beta, threshold):
     return np.where(z > threshold, x, np.logaddexp(0, z) / beta)  # logaddexp: no overflow, exact for z ≪ 0
 
 
+@softplus.onnx
+def _(g, x, *, beta, threshold):
+    z = g.op("Mul", x, g.scalar(beta, x))
+    # ln(1 + eᶻ) = max(z, 0) + ln(1 + e^−|z|): no overflow, and exact for z ≪ 0 (ONNX's Softplus is neither)
+    soft = g.op("Add", g.op("Relu", z), g.call("log1p", g.op("Exp", g.op("Neg", g.op("Abs", z)))))
+    soft = g.op("Div", soft, g.scalar(beta, x))
+    return g.op("Where", g.op("Greater", z, g.scalar(threshold, x), spec=Spec(x.shape, D.bool_)), x, soft)
+
+
 @softplus.check
 def _(*, beta, threshold):
     if beta == 0:
@@ -483,9 +643,9 @@ def _(*, beta, threshold):
 @softplus.grad
 def _(x, dy, *, beta, threshold):
     # d/dx ln(1 + e^(βx))/β = σ(βx), and 1 where βx > threshold. At βx = threshold PyTorch takes σ(βx) for the
-    # first derivative and 0 for the second: σ of βx taken only where βx < threshold does both.
+    # first derivative and 0 for the second: σ of βx taken only where βx < threshold does both (and of a NaN z).
     z = x * beta
-    return F.where(z > threshold, dy, dy * F.sigmoid(F.where(z < threshold, z, threshold)))
+    return F.where(z > threshold, dy, dy * F.sigmoid(F.where(z >= threshold, threshold, z)))
 
 
 @softplus.samples
@@ -499,23 +659,38 @@ _SELU_ALPHA = 1.6732632423543772848170429916717
 _SELU_SCALE = 1.0507009873554804934193349852946
 
 
-def _elu(x, alpha, scale):
-    # scale·x for x > 0, scale·α·(eˣ − 1) otherwise; expm1 of min(x, 0) cannot overflow.
-    return np.where(x > 0, x * scale, np.expm1(np.minimum(x, 0)) * (alpha * scale))
+def _elu(x, alpha, scale, beta=1.0):
+    # scale·x for x > 0, scale·α·(e^(βx) − 1) otherwise; expm1 of min(x, 0) cannot overflow.
+    low = np.minimum(x, 0)
+    return np.where(x > 0, x * scale, np.expm1(low if beta == 1 else low * beta) * (alpha * scale))
 
 
-def _elu_grad(x, dy, alpha, scale):
-    # scale for x > 0, scale·α·eˣ for x ≤ 0. At 0 PyTorch takes the second for the first derivative but gives 0 as
-    # the second derivative; the exponent min(x, 0), taken from x only where x < 0, does both. It also keeps eˣ
-    # finite where x > 0: an infinite one would turn the 0 that branch gets in double backward into NaN (0·∞).
-    exponent = F.where(x < 0, x, 0)
-    return F.where(x > 0, dy if scale == 1 else dy * scale, dy * (alpha * scale) * F.exp(exponent))
+def _elu_grad(x, dy, alpha, scale, beta=1.0):
+    # scale for x > 0, scale·α·β·e^(βx) for x ≤ 0. At 0 PyTorch takes the second for the first derivative but gives
+    # 0 as the second derivative; the exponent min(x, 0), taken from x only where x < 0, does both. It also keeps
+    # e^(βx) finite where x > 0: an infinite one would turn the 0 that branch gets in double backward into NaN
+    # (0·∞). A NaN x falls through both comparisons to the exponent, and so to the gradient.
+    exponent = F.where(x >= 0, 0, x if beta == 1 else x * beta)
+    return F.where(x > 0, dy if scale == 1 else dy * scale, dy * (alpha * scale * beta) * F.exp(exponent))
 
 
 @op("elu(Tensor<floating> x, *, float alpha=1.0) -> Tensor y", traits=["elementwise"])
 def elu(x, *, alpha):
     """y = x for x > 0, α·(eˣ − 1) otherwise."""
     return _elu(x, alpha, 1.0)
+
+
+@elu.onnx
+def _(g, x, *, alpha):
+    if x.dtype == D.float32:
+        return g.op("Elu", x, alpha=alpha)
+    return _elu_onnx(g, x, alpha, 1.0)  # α exact in float64, where an attribute would round it to float32
+
+
+def _elu_onnx(g, x, alpha, scale):
+    negative = g.op("Mul", g.call("expm1", g.op("Min", x, g.scalar(0, x))), g.scalar(alpha * scale, x))
+    positive = g.op("Mul", x, g.scalar(scale, x)) if scale != 1 else x
+    return g.op("Where", g.op("Greater", x, g.scalar(0, x), spec=Spec(x.shape, D.bool_)), positive, negative)
 
 
 @elu.grad
@@ -534,6 +709,13 @@ def _(rng):
 def selu(x):
     """y = λ·elu(x, α) with PyTorch's constants λ ≈ 1.0507, α ≈ 1.6733 (self-normalising)."""
     return _elu(x, _SELU_ALPHA, _SELU_SCALE)
+
+
+@selu.onnx
+def _(g, x):
+    if x.dtype == D.float32:
+        return g.op("Selu", x, alpha=_SELU_ALPHA, gamma=_SELU_SCALE)
+    return _elu_onnx(g, x, _SELU_ALPHA, _SELU_SCALE)
 
 
 @selu.grad
@@ -559,6 +741,18 @@ def gelu(x, *, approximate):
     if approximate == "tanh":
         return 0.5 * x * (1 + np.tanh(_TANH_K * (x + _TANH_C * x * x * x)))
     return 0.5 * x * (1 + _erf(x * _SQRT_HALF))
+
+
+@gelu.onnx
+def _(g, x, *, approximate):
+    if g.opset >= 20 and x.dtype == D.float32:
+        return g.op("Gelu", x, approximate=approximate)
+    if approximate == "tanh":
+        u = g.op("Add", x, g.op("Mul", g.op("Mul", g.op("Mul", x, x), x), g.scalar(_TANH_C, x)))
+        phi = g.op("Tanh", g.op("Mul", u, g.scalar(_TANH_K, x)))
+    else:
+        phi = g.op("Erf", g.op("Mul", x, g.scalar(_SQRT_HALF, x)))
+    return g.op("Mul", g.op("Mul", x, g.scalar(0.5, x)), g.op("Add", phi, g.scalar(1, x)))
 
 
 @gelu.grad
@@ -614,6 +808,9 @@ def silu(x):
     return x * _sigmoid(x)
 
 
+silu.onnx(lambda g, x: g.op("Mul", x, g.op("Sigmoid", x)))
+
+
 @silu.grad
 def _(x, dy):
     s = F.sigmoid(x)
@@ -623,47 +820,76 @@ def _(x, dy):
 # -- clip -----------------------------------------------------------------------------------------------------------
 
 
-def _clip_dtype(dtype, lo, hi):
-    """An integer tensor clipped at a fractional bound becomes the default float, as PyTorch promotes it."""
-    fractional = any(b is not None and not float(b).is_integer() for b in (lo, hi))
-    return D.DEFAULT_FLOAT if dtype.kind != "f" and fractional else dtype
-
-
-@op("clip(Tensor<number> x, *, float? min=None, float? max=None) -> Tensor y")
-def clip(x, *, min, max):
-    """x limited to [min, max] (either bound may be None; min > max gives max everywhere, as PyTorch's clamp)."""
-    return np.clip(x, min, max).astype(_clip_dtype(x.dtype, min, max), copy=False)
-
-
-@clip.check
-def _(*, min, max):
+def _clip_spec(x, min, max):
     if min is None and max is None:
-        raise ValueError("arguments 'min' and 'max' are both None: give at least one bound")
+        raise ArgumentError("clip(): arguments 'min' and 'max' are both None: give at least one bound")
+    bounds = [b for b in (min, max) if b is not None]
+    return Spec(broadcast_shapes(x.shape, *(b.shape for b in bounds), op="clip"), _clip_dtype(x, bounds))
 
 
-@clip.infer
-def _(x, *, min, max):
-    return Spec(x.shape, _clip_dtype(x.dtype, min, max))
+def _kind(dtype) -> int:
+    return {"b": 0, "i": 1, "u": 1}.get(dtype.kind, 2)
+
+
+def _clip_dtype(x, bounds):
+    """``torch.clamp``'s result type: ``x`` and the bounds that have dims promote together; a 0-d bound (a Python
+    number becomes one) counts only where it is of a higher kind (bool < integer < floating), as in PyTorch."""
+    if not len(x.shape):
+        return D.promote(x.dtype, *(b.dtype for b in bounds))
+    dtype = D.promote(x.dtype, *(b.dtype for b in bounds if len(b.shape)))
+    higher = [b.dtype for b in bounds if not len(b.shape) and _kind(b.dtype) > _kind(dtype)]
+    return D.promote(*higher) if higher else dtype
+
+
+@op("clip(Tensor<number> x, Tensor<number>? min=None, Tensor<number>? max=None) -> Tensor y", infer=_clip_spec)
+def clip(x, min, max):
+    """x limited to [min, max], as ``torch.clamp``: either bound may be None, and each is a number or a tensor that
+    broadcasts with ``x`` (min > max gives max). The dtype follows torch too: a number, or a 0-d tensor, changes
+    it only where it is of a higher kind (an integer tensor clipped at 2.5 becomes float32, at 2 stays integer)."""
+    dtype = _clip_spec(x, min, max).dtype
+    y = x if min is None else np.maximum(x, min)
+    return np.asarray(y if max is None else np.minimum(y, max)).astype(dtype, copy=False)
+
+
+@clip.onnx
+def _(g, x, min, max):
+    # Max then Min, not Clip: the bounds may be tensors that broadcast (Clip takes scalars); min > max gives max.
+    dtype = g.outputs[0].dtype
+    y = g.cast(x, dtype)
+    if min is not None:
+        y = g.op("Max", y, g.cast(min, dtype))
+    if max is not None:
+        y = g.op("Min", y, g.cast(max, dtype))
+    return y
 
 
 @clip.grad
-def _(x, dy, *, min, max):
-    # The gradient passes where min ≤ x ≤ max, bounds included (as torch.clamp), and is 0 outside.
-    if min is None:
-        inside = x <= max
-    elif max is None:
-        inside = x >= min
-    else:
-        inside = F.logical_and(x >= min, x <= max)
-    return F.where(inside, dy, 0)
+def _(x, min, max, dy, needs_input_grad):
+    # torch.clamp's rule: x gets the gradient where min ≤ x ≤ max (bounds included), min where x < min, max where
+    # x > max; with min > max (y = max everywhere) min gets none and max gets it all.
+    above_min = None if min is None else x >= min
+    below_max = None if max is None else x <= max
+    inside = F.logical_and(above_min, below_max) if min is not None and max is not None else \
+        (above_min if max is None else below_max)
+    dx = _nan_at_nan(x, F.where(inside, dy, 0)) if needs_input_grad[0] else None
+    dmin = dmax = None
+    if min is not None and needs_input_grad[1]:
+        dmin = F.where(F.logical_not(above_min) if max is None else F.logical_and(x < min, min < max), dy, 0)
+    if max is not None and needs_input_grad[2]:
+        dmax = F.where(F.logical_not(below_max) if min is None else F.logical_or(x > max, max < min), dy, 0)
+    return dx, dmin, dmax
 
 
 @clip.samples
 def _(rng):
-    yield Sample.of(rng.standard_normal((3, 4)), min=-0.5, max=0.5)
-    yield Sample.of(rng.standard_normal(6), min=0.1)
-    yield Sample.of(rng.standard_normal(()), max=-0.2)
-    yield Sample.of(rng.integers(-5, 5, (4,)), min=-2.0, max=2.5)
+    yield Sample.of(rng.standard_normal((3, 4)), min=np.array(-0.5), max=np.array(0.5))
+    yield Sample.of(rng.standard_normal(6), min=np.array(0.1))
+    yield Sample.of(rng.standard_normal(()), max=np.array(-0.2))
+    yield Sample.of(rng.integers(-5, 5, (4,)), min=np.array(-2), max=np.array(2.5))  # promotes to floating
+    yield Sample.of(rng.integers(-5, 5, (4,)), min=np.array(-2, np.int32), max=np.array(3))  # stays int64
+    yield Sample.of(rng.standard_normal((3, 4)), rng.standard_normal(4) - 0.5, rng.standard_normal((3, 1)) + 0.5)
+    yield Sample.of(rng.standard_normal(5), max=rng.standard_normal((2, 5)))  # a bound that broadcasts x
+    yield Sample.of(rng.standard_normal(4), np.array([0.5, 0.5, -2.0, -2.0]), np.array([-0.5, 2.0, 2.0, -2.5]))
 
 
 # -- tests of values: bool results, no gradient ---------------------------------------------------------------------
@@ -679,16 +905,33 @@ def isnan(x):
     return np.isnan(x)
 
 
+@isnan.onnx
+def _(g, x):
+    if x.dtype.kind != "f":
+        return g.filled(g.op("Shape", x), False, D.bool_)
+    return g.op("IsNaN", x, spec=Spec(x.shape, D.bool_))
+
+
 @op("isfinite(Tensor x) -> Tensor<bool> y", traits=["no_grad"], infer=_bool_spec)
 def isfinite(x):
     """True where x is neither infinite nor NaN (always, for integers and bools)."""
     return np.isfinite(x)
 
 
+@isfinite.onnx
+def _(g, x):
+    if x.dtype.kind != "f":
+        return g.filled(g.op("Shape", x), True, D.bool_)
+    return g.op("Not", g.op("Or", g.op("IsNaN", x), g.op("IsInf", x)))
+
+
 @op("logical_not(Tensor x) -> Tensor<bool> y", traits=["no_grad"], infer=_bool_spec)
 def logical_not(x):
     """True where x is 0 (or False)."""
     return np.logical_not(x)
+
+
+logical_not.onnx(lambda g, x: g.op("Not", g.cast(x, D.bool_)))
 
 
 def _special_value_samples(rng):
@@ -700,3 +943,351 @@ def _special_value_samples(rng):
 
 for _test in (isnan, isfinite, logical_not):
     _test.samples(_special_value_samples)
+
+
+# -- more activations (torch.nn.functional's) -----------------------------------------------------------------------
+# The piecewise ones follow PyTorch at their kinks: hardtanh (and relu6, hardsigmoid) pass no gradient at the bounds;
+# hardswish's derivative is x/3 + ½ on the open interval (−3, 3), 0 below and 1 above.
+
+
+def _away_from(points, rng, shape, low=-5.0, high=5.0):
+    """Uniform values at least 0.1 from every kink in ``points``: numeric derivatives are exact there."""
+    x = np.asarray(rng.uniform(low, high, shape))
+    for p in points:
+        x = np.where(np.abs(x - p) < 0.1, p + 0.1 * np.sign(x - p + 1e-12) + 0.05, x)
+    return x
+
+
+def _check_bounds(*, min_val, max_val):
+    if not min_val <= max_val:
+        raise ValueError(f"argument 'min_val' must not exceed 'max_val', got {min_val} > {max_val}")
+
+
+@op("hardtanh(Tensor<floating> x, *, float min_val=-1.0, float max_val=1.0) -> Tensor y", traits=["elementwise"])
+def hardtanh(x, *, min_val, max_val):
+    """x limited to [min_val, max_val]; the gradient is 0 at the bounds (as PyTorch), unlike clip's."""
+    return np.clip(x, min_val, max_val)
+
+
+hardtanh.onnx(lambda g, x, *, min_val, max_val: g.op("Clip", x, g.scalar(min_val, x), g.scalar(max_val, x)))
+
+
+@hardtanh.grad
+def _(x, dy, *, min_val, max_val):
+    return F.hardtanh_grad(x, dy, min_val=min_val, max_val=max_val)
+
+
+@op("hardtanh_grad(Tensor<floating> x, Tensor<floating> dy, *, float min_val=-1.0, float max_val=1.0) -> Tensor dx",
+    traits=["elementwise"])
+def hardtanh_grad(x, dy, *, min_val, max_val):
+    """Gradient of hardtanh: dx = dy where min_val < x < max_val (bounds excluded), else 0; NaN where x is NaN."""
+    return _carry_nan(x, np.where((x > min_val) & (x < max_val), dy, 0).astype(dy.dtype, copy=False))
+
+
+@hardtanh_grad.grad
+def _(x, ddx, *, min_val, max_val):
+    return {"x": None, "dy": F.hardtanh_grad(x, ddx, min_val=min_val, max_val=max_val)}  # piecewise constant in x
+
+
+hardtanh.check(_check_bounds)
+hardtanh_grad.check(_check_bounds)
+
+
+@hardtanh.samples
+def _(rng):
+    yield Sample.of(_away_from([-1, 1], rng, (3, 4), -2, 2))
+    yield Sample.of(_away_from([-0.5, 2], rng, 6, -3, 3), min_val=-0.5, max_val=2.0)
+    yield Sample.of(_away_from([-1, 1], rng, (), -2, 2))
+
+
+@hardtanh_grad.samples
+def _(rng):
+    yield Sample.of(_away_from([-1, 1], rng, (3, 4), -2, 2), rng.standard_normal((3, 4)))
+    yield Sample.of(_away_from([0, 6], rng, 5, -2, 8), rng.standard_normal(5), min_val=0.0, max_val=6.0)
+
+
+@op("relu6(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
+def relu6(x):
+    """y = min(max(x, 0), 6): hardtanh on [0, 6], with its zero gradient at 0 and 6."""
+    return np.clip(x, 0, 6)
+
+
+relu6.onnx(lambda g, x: g.op("Clip", x, g.scalar(0, x), g.scalar(6, x)))
+
+
+@relu6.grad
+def _(x, dy):
+    return F.hardtanh_grad(x, dy, min_val=0.0, max_val=6.0)
+
+
+@relu6.samples
+def _(rng):
+    yield Sample.of(_away_from([0, 6], rng, (3, 4), -3, 9))
+    yield Sample.of(_away_from([0, 6], rng, (), -3, 9))
+
+
+@op("hardsigmoid(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
+def hardsigmoid(x):
+    """y = min(max(x/6 + ½, 0), 1): 0 below −3, 1 above 3, linear between (gradient 0 at ±3, as PyTorch)."""
+    return np.clip(x * (1 / 6) + 0.5, 0, 1)
+
+
+@hardsigmoid.onnx
+def _(g, x):
+    if x.dtype == D.float32:
+        return g.op("HardSigmoid", x, alpha=1 / 6, beta=0.5)
+    return g.op("Clip", g.op("Add", g.op("Mul", x, g.scalar(1 / 6, x)), g.scalar(0.5, x)), g.scalar(0, x),
+                g.scalar(1, x))
+
+
+@hardsigmoid.grad
+def _(x, dy):
+    return F.hardtanh_grad(x, dy * (1 / 6), min_val=-3.0, max_val=3.0)
+
+
+@op("hardswish(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
+def hardswish(x):
+    """y = x·hardsigmoid(x) = x·min(max(x + 3, 0), 6)/6."""
+    return x * np.clip(x * (1 / 6) + 0.5, 0, 1)
+
+
+@hardswish.onnx
+def _(g, x):
+    if x.dtype == D.float32:
+        return g.op("HardSwish", x)
+    return g.op("Mul", x, g.call("hardsigmoid", x))
+
+
+@hardswish.grad
+def _(x, dy):
+    return F.hardswish_grad(x, dy)
+
+
+@op("hardswish_grad(Tensor<floating> x, Tensor<floating> dy) -> Tensor dx", traits=["elementwise"])
+def hardswish_grad(x, dy):
+    """Gradient of hardswish: dx = dy·(x/3 + ½) for −3 < x < 3, 0 for x ≤ −3, dy for x ≥ 3 (PyTorch's values)."""
+    slope = np.where(x >= 3, 1, np.where(x > -3, x * (1 / 3) + 0.5, 0)).astype(dy.dtype, copy=False)
+    return _carry_nan(x, dy * slope)
+
+
+@hardswish_grad.grad
+def _(x, dy, ddx):
+    # dx = dy·s(x): ∂/∂dy is hardswish_grad again; ∂/∂x = dy·s′(x) = dy/3 on (−3, 3), 0 outside and at ±3 (PyTorch).
+    return F.hardtanh_grad(x, ddx * dy * (1 / 3), min_val=-3.0, max_val=3.0), F.hardswish_grad(x, ddx)
+
+
+def _hard_samples(rng):
+    yield Sample.of(_away_from([-3, 3], rng, (3, 4), -5, 5))
+    yield Sample.of(_away_from([-3, 3], rng, (), -5, 5))
+
+
+hardsigmoid.samples(_hard_samples)
+hardswish.samples(_hard_samples)
+
+
+@hardswish_grad.samples
+def _(rng):
+    yield Sample.of(_away_from([-3, 3], rng, (3, 4), -5, 5), rng.standard_normal((3, 4)))
+
+
+def _softplus_np(x):
+    return np.logaddexp(0, x)  # log(1 + eˣ) without overflow, exact for x ≪ 0
+
+
+@op("mish(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
+def mish(x):
+    """y = x·tanh(softplus(x)), softplus(x) = log(1 + eˣ)."""
+    return x * np.tanh(_softplus_np(x))
+
+
+mish.onnx(lambda g, x: g.op("Mul", x, g.op("Tanh", g.call("softplus", x, beta=1.0, threshold=math.inf))))
+
+
+@mish.grad
+def _(x, dy):
+    # d/dx x·tanh(sp(x)) = t + x·(1 − t²)·σ(x), t = tanh(sp(x)), sp′ = σ. The exact softplus (no linear piece).
+    t = F.tanh(F.softplus(x, threshold=math.inf))
+    return dy * (t + x * (1 - t * t) * F.sigmoid(x))
+
+
+@op("logsigmoid(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
+def logsigmoid(x):
+    """y = log σ(x) = −softplus(−x), computed as min(x, 0) − log(1 + e^(−|x|)): no overflow, exact for x ≪ 0."""
+    return np.minimum(x, 0) - np.log1p(np.exp(-np.abs(x)))
+
+
+@logsigmoid.onnx
+def _(g, x):
+    tail = g.call("log1p", g.op("Exp", g.op("Neg", g.op("Abs", x))))
+    return g.op("Sub", g.op("Min", x, g.scalar(0, x)), tail)
+
+
+@logsigmoid.grad
+def _(x, dy):
+    return dy * F.sigmoid(-x)  # d/dx log σ(x) = 1 − σ(x) = σ(−x), exact for large x too
+
+
+@op("celu(Tensor<floating> x, *, float alpha=1.0) -> Tensor y", traits=["elementwise"])
+def celu(x, *, alpha):
+    """y = x for x > 0, α·(e^(x/α) − 1) otherwise (continuously differentiable elu)."""
+    return _elu(x, alpha, 1.0, 1 / alpha)
+
+
+@celu.onnx
+def _(g, x, *, alpha):
+    if x.dtype == D.float32:
+        return g.op("Celu", x, alpha=alpha)
+    low = g.op("Mul", g.op("Min", x, g.scalar(0, x)), g.scalar(1 / alpha, x))
+    negative = g.op("Mul", g.call("expm1", low), g.scalar(alpha, x))
+    return g.op("Where", g.op("Greater", x, g.scalar(0, x)), x, negative)
+
+
+@celu.check
+def _(*, alpha):
+    if alpha == 0:
+        raise ValueError("argument 'alpha' must not be 0 (celu divides by it)")
+
+
+@celu.grad
+def _(x, dy, *, alpha):
+    return _elu_grad(x, dy, alpha, 1.0, 1 / alpha)
+
+
+def _smooth_samples(rng):
+    yield Sample.of(rng.uniform(-4, 4, (3, 4)))
+    yield Sample.of(rng.uniform(-4, 4, ()))
+
+
+mish.samples(_smooth_samples)
+logsigmoid.samples(_smooth_samples)
+
+
+@celu.samples
+def _(rng):
+    yield Sample.of(rng.uniform(-4, 4, (3, 4)))
+    yield Sample.of(rng.uniform(-4, 4, 5), alpha=0.5)
+    yield Sample.of(rng.uniform(-4, 4, ()), alpha=2.0)
+
+
+# -- activations along an axis, and with a learnable weight ---------------------------------------------------------
+
+
+@op("softmin(Tensor<floating> x, *, int axis=-1) -> Tensor y")
+def softmin(x, *, axis):
+    """softmax(−x) along ``axis``: exp(−x) / Σ exp(−x), shifted by min x so nothing overflows."""
+    axes = normalize_axes("softmin", [axis], x.ndim)
+    e = np.exp(np.min(x, axis=axes, keepdims=True, initial=np.inf) - x)
+    return e / np.sum(e, axis=axes, keepdims=True)
+
+
+softmin.onnx(lambda g, x, *, axis: g.call("softmax", g.op("Neg", x), axis=axis))
+
+
+@softmin.infer
+def _(x, *, axis):
+    normalize_axes("softmin", [axis], len(x.shape))
+    return Spec(x.shape, x.dtype)
+
+
+@softmin.grad
+def _(y, dy, *, axis):
+    return -F.softmax_grad(y, dy, axis=axis)  # y = softmax(−x)
+
+
+@softmin.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((3, 5)))
+    yield Sample.of(rng.standard_normal((2, 3, 4)), axis=1)
+    yield Sample.of(rng.standard_normal(()))
+
+
+def _glu_halves(op_name, shape, axis):
+    if not shape:
+        raise ShapeError(f"{op_name}(): needs at least 1 dim to halve, got a 0-d tensor")
+    (a,) = normalize_axes(op_name, [axis], len(shape))
+    if shape[a] is not None and shape[a] % 2:
+        raise ShapeError(f"{op_name}(): dim {a} of shape {shape} must have an even size, to split in halves")
+    return a
+
+
+@op("glu(Tensor<floating> x, *, int axis=-1) -> Tensor y")
+def glu(x, *, axis):
+    """Gated linear unit: x split in halves a, b along ``axis``, y = a·σ(b)."""
+    a, b = np.split(x, 2, axis=_glu_halves("glu", x.shape, axis))
+    return a * _sigmoid(b)
+
+
+@glu.onnx
+def _(g, x, *, axis):
+    a, b = g.op("Split", x, axis=axis, num_outputs=2, outputs=2)
+    return g.op("Mul", a, g.op("Sigmoid", b))
+
+
+@glu.infer
+def _(x, *, axis):
+    a = _glu_halves("glu", x.shape, axis)
+    return Spec(tuple(d if i != a or d is None else d // 2 for i, d in enumerate(x.shape)), x.dtype)
+
+
+@glu.grad
+def _(x, dy, *, axis):
+    a, b = F.split(x, sections=[x.shape[axis] // 2], axis=axis)  # two halves
+    s = F.sigmoid(b)
+    return F.concat([dy * s, dy * a * s * (1 - s)], axis=axis)  # ∂/∂a = σ(b), ∂/∂b = a·σ(b)·(1 − σ(b))
+
+
+@glu.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((3, 4)))
+    yield Sample.of(rng.standard_normal((2, 6, 3)), axis=1)
+    yield Sample.of(rng.standard_normal(2), axis=0)
+
+
+def _prelu_weight_shape(x_ndim, c):
+    """The weight, (1,) or (C,), shaped to broadcast against x: C lies on dim 1 (an x of fewer dims has 1)."""
+    return [1, c] + [1] * (x_ndim - 2) if x_ndim >= 2 else [c] * x_ndim
+
+
+@op("prelu(Tensor<floating> x, Tensor<floating> weight) -> Tensor y")
+def prelu(x, weight):
+    """y = x where x > 0, else weight·x; ``weight`` is (1,) or (C,), C the size of dim 1 (1 for an x of fewer
+    dims), as torch's."""
+    w = weight.reshape(_prelu_weight_shape(x.ndim, weight.size))
+    return np.where(x > 0, x, w * x).astype(x.dtype, copy=False)
+
+
+@prelu.onnx
+def _(g, x, weight):
+    w = g.op("Reshape", weight, g.ints(_prelu_weight_shape(x.ndim, -1)))
+    return g.op("Where", g.op("Greater", x, g.scalar(0, x)), x, g.op("Mul", w, x))
+
+
+@prelu.infer
+def _(x, weight):
+    channels = x.shape[1] if len(x.shape) >= 2 else 1
+    if len(weight.shape) != 1 or (weight.shape[0] not in (1, None) and channels is not None
+                                  and weight.shape[0] != channels):
+        raise ShapeError(f"prelu(): weight must have shape (1,) or ({channels},) (the channels of x, shape "
+                         f"{x.shape}), got {weight.shape}")
+    return Spec(x.shape, D.promote(x.dtype, weight.dtype))
+
+
+@prelu.grad
+def _(x, weight, dy, *, needs_input_grad):
+    n = x.ndim
+    w = F.reshape(weight, shape=_prelu_weight_shape(n, weight.shape[0]))
+    dx = _nan_at_nan(x, F.where(x > 0, dy, dy * w)) if needs_input_grad[0] else None
+    dw = None
+    if needs_input_grad[1]:
+        g = F.where(x > 0, 0, dy * x)  # NaN where x is NaN: that branch is taken
+        axes = list(range(n)) if weight.shape[0] == 1 else [i for i in range(n) if i != 1]
+        dw = F.reshape(F.sum(g, axis=axes), shape=[weight.shape[0]])
+    return dx, dw
+
+
+@prelu.samples
+def _(rng):
+    yield Sample.of(_away_from([0], rng, (2, 3, 4), -2, 2), rng.uniform(0.1, 0.5, 3))
+    yield Sample.of(_away_from([0], rng, (4, 3), -2, 2), rng.uniform(0.1, 0.5, 1))
+    yield Sample.of(_away_from([0], rng, 5, -2, 2), rng.uniform(0.1, 0.5, 1))
+    yield Sample.of(_away_from([0], rng, (), -2, 2), rng.uniform(0.1, 0.5, 1))

@@ -1,4 +1,4 @@
-"""Neural-network ops: softmax and log_softmax, losses, normalisation, dropout, embedding, attention.
+"""Neural-network ops: softmax and log_softmax, losses, dropout, embedding, attention (normalisation: norm.py).
 
 Semantics follow ``torch.nn.functional`` (``axis`` for ``dim``). Kernels compute with NumPy; every gradient rule
 is written with ops, so backward passes can be differentiated again. Where a rule needs a scatter or a one-hot
@@ -91,6 +91,9 @@ def softmax(x, *, axis):
     return _softmax_np(x, normalize_axes("softmax", [axis], x.ndim))
 
 
+softmax.onnx(lambda g, x, *, axis: g.op("Softmax", x, axis=axis) if x.ndim else g.filled(g.op("Shape", x), 1, x.dtype))
+
+
 @softmax.grad
 def _(y, dy, *, axis):
     return F.softmax_grad(y, dy, axis=axis)  # from the output alone, as torch's _softmax_backward_data
@@ -118,6 +121,10 @@ def _(y, dy, ddx, *, axis):
 def log_softmax(x, *, axis):
     """log(softmax(x)) along ``axis``, computed as (x − max x) − log Σ exp(x − max x)."""
     return _log_softmax_np(x, normalize_axes("log_softmax", [axis], x.ndim))
+
+
+log_softmax.onnx(lambda g, x, *, axis: g.op("LogSoftmax", x, axis=axis) if x.ndim else
+                 g.filled(g.op("Shape", x), 0, x.dtype))
 
 
 @log_softmax.grad
@@ -228,6 +235,21 @@ def nll_loss(log_probs, target, *, ignore_index, reduction):
     return _reduce_losses(np.where(valid, -_picked(log_probs, target, valid), 0), valid, reduction)
 
 
+def _onnx_nll(g, log_probs, target, ignore_index, reduction):
+    if log_probs.ndim == 1:  # ONNX wants a batch dim: (C,) and a 0-d target become (1, C) and (1,)
+        log_probs = g.op("Unsqueeze", log_probs, g.ints([0]), spec=Spec((1, *log_probs.shape), log_probs.dtype))
+        target = g.op("Unsqueeze", target, g.ints([0]))
+        loss = g.op("NegativeLogLikelihoodLoss", log_probs, g.cast(target, D.int64), reduction=reduction,
+                    ignore_index=ignore_index)
+        return g.op("Squeeze", loss, g.ints([0])) if reduction == "none" else loss
+    return g.op("NegativeLogLikelihoodLoss", log_probs, g.cast(target, D.int64), reduction=reduction,
+                ignore_index=ignore_index)
+
+
+nll_loss.onnx(lambda g, log_probs, target, *, ignore_index, reduction:
+              _onnx_nll(g, log_probs, target, ignore_index, reduction))
+
+
 @nll_loss.check
 def _(*, reduction, **_):
     _check_reduction(reduction)
@@ -292,6 +314,27 @@ def cross_entropy(logits, target, *, ignore_index, reduction, label_smoothing):
     if label_smoothing:
         losses = losses * (1 - label_smoothing) - np.mean(logp, axis=axis) * label_smoothing
     return _reduce_losses(np.where(valid, losses, 0), valid, reduction)
+
+
+@cross_entropy.onnx
+def _(g, logits, target, *, ignore_index, reduction, label_smoothing):
+    axis = _class_axis(logits.ndim)
+    logp = g.op("LogSoftmax", logits, axis=axis)
+    if not label_smoothing:
+        return _onnx_nll(g, logp, target, ignore_index, reduction)
+    # (1 − ε)·(−log p[target]) + ε·mean_c(−log p[c]) for each valid target, then reduced over the valid ones
+    picked = _onnx_nll(g, logp, target, ignore_index, "none")
+    valid = g.op("Not", g.op("Equal", g.cast(target, D.int64), g.const(np.array(ignore_index, np.int64))))
+    smooth = g.op("Neg", g.reduce("ReduceMean", logp, [axis], False))
+    losses = g.op("Add", g.op("Mul", picked, g.scalar(1 - label_smoothing, logits)),
+                  g.op("Mul", smooth, g.scalar(label_smoothing, logits)))
+    losses = g.op("Where", valid, losses, g.scalar(0, logits))
+    if reduction == "none":
+        return losses
+    total = g.reduce("ReduceSum", losses, None, False)
+    if reduction == "sum":
+        return total
+    return g.op("Div", total, g.reduce("ReduceSum", g.cast(valid, logits.dtype), None, False))
 
 
 @cross_entropy.check
@@ -364,6 +407,14 @@ def mse_loss(x, target, *, reduction):
     return d if reduction == "none" else np.asarray(np.mean(d) if reduction == "mean" else np.sum(d))
 
 
+@mse_loss.onnx
+def _(g, x, target, *, reduction):
+    dtype = g.outputs[0].dtype
+    d = g.op("Sub", g.cast(x, dtype), g.cast(target, dtype))
+    d = g.op("Mul", d, d)
+    return d if reduction == "none" else g.reduce("ReduceMean" if reduction == "mean" else "ReduceSum", d, None, False)
+
+
 @mse_loss.check
 def _(*, reduction):
     _check_reduction(reduction)
@@ -402,6 +453,19 @@ def binary_cross_entropy_with_logits(logits, target, pos_weight, *, reduction):
     if reduction == "none":
         return losses
     return np.asarray(np.mean(losses) if reduction == "mean" else np.sum(losses))
+
+
+@binary_cross_entropy_with_logits.onnx
+def _(g, logits, target, pos_weight, *, reduction):
+    x, y = logits, g.cast(target, logits.dtype)
+    # softplus(−x) = max(−x, 0) + ln(1 + e^−|x|): no overflow
+    sp = g.op("Add", g.op("Relu", g.op("Neg", x)), g.call("log1p", g.op("Exp", g.op("Neg", g.op("Abs", x)))))
+    coef = sp if pos_weight is None else g.op("Mul", sp, g.op("Add", g.scalar(1, x), g.op(
+        "Mul", g.op("Sub", g.cast(pos_weight, x.dtype), g.scalar(1, x)), y)))
+    losses = g.op("Add", g.op("Mul", g.op("Sub", g.scalar(1, x), y), x), coef)
+    if reduction == "none":
+        return losses
+    return g.reduce("ReduceMean" if reduction == "mean" else "ReduceSum", losses, None, False)
 
 
 @binary_cross_entropy_with_logits.check
@@ -448,199 +512,6 @@ def _(rng):
     yield Sample.of(rng.standard_normal(()), rng.uniform(0, 1, ()), rng.uniform(0.5, 2, ()))
 
 
-# -- normalisation ---------------------------------------------------------------------------------------------
-# Both normalise x̂ = (x − μ)·r with r = 1/√(σ² + ε) (σ² the biased variance) over some axes, then scale and shift.
-# The gradient of x̂ with respect to x, for an incoming g (= dy·weight), is the classic
-#     dx = r·(g − mean(g) − x̂·mean(g·x̂))        (means over the normalised axes),
-# written with ops on statistics recomputed from x, so that it can be differentiated again.
-
-
-def _normalized(x, axes, eps):
-    """(x̂, x − μ, r) from x with ops, statistics over ``axes``."""
-    xc = x - F.mean(x, axis=axes, keepdim=True)
-    r = 1.0 / F.sqrt(F.mean(xc * xc, axis=axes, keepdim=True) + eps)
-    return xc * r, xc, r
-
-
-def _normalize_grad(g, xhat, r, axes):
-    return r * (g - F.mean(g, axis=axes, keepdim=True) - xhat * F.mean(g * xhat, axis=axes, keepdim=True))
-
-
-def _normalize_np(x, axes, eps):
-    xc = x - np.mean(x, axis=axes, keepdims=True)
-    return xc / np.sqrt(np.mean(xc * xc, axis=axes, keepdims=True) + eps)
-
-
-def _check_eps(*, eps, **_):
-    if not eps >= 0:
-        raise ValueError(f"argument 'eps' must be >= 0, got {eps}")
-
-
-@op("layer_norm(Tensor<floating> x, Tensor<floating>? weight=None, Tensor<floating>? bias=None, *, "
-    "int[] normalized_shape, float eps=1e-5) -> Tensor y")
-def layer_norm(x, weight, bias, *, normalized_shape, eps):
-    """Normalises over the last len(normalized_shape) dims to mean 0 and variance 1 (biased, plus eps), then
-    y = x̂·weight + bias (each of shape normalized_shape, optional)."""
-    _validate(layer_norm, x, weight, bias, normalized_shape=normalized_shape, eps=eps)
-    y = _normalize_np(x, tuple(range(x.ndim - len(normalized_shape), x.ndim)), eps)
-    if weight is not None:
-        y = y * weight
-    if bias is not None:
-        y = y + bias
-    return y.astype(x.dtype, copy=False)
-
-
-layer_norm.check(_check_eps)
-
-
-@layer_norm.infer
-def _(x, weight, bias, *, normalized_shape, eps):
-    k = len(normalized_shape)
-    if k == 0 or k > len(x.shape) or not _same_dims(tuple(x.shape[len(x.shape) - k:]), tuple(normalized_shape)):
-        raise ShapeError(f"layer_norm(): normalized_shape {list(normalized_shape)} must be the last dims of the "
-                         f"input, whose shape is {x.shape}")
-    for name, t in (("weight", weight), ("bias", bias)):
-        if t is not None and not _same_dims(t.shape, tuple(normalized_shape)):
-            raise ShapeError(f"layer_norm(): {name} must have shape normalized_shape {tuple(normalized_shape)}, "
-                             f"got {t.shape}")
-    return Spec(x.shape, x.dtype)
-
-
-@layer_norm.grad
-def _(x, weight, dy, *, normalized_shape, eps, needs_input_grad):
-    axes = list(range(x.ndim - len(normalized_shape), x.ndim))
-    xhat, _, r = _normalized(x, axes, eps)
-    dx = _normalize_grad(dy * weight if weight is not None else dy, xhat, r, axes) if needs_input_grad[0] else None
-    # weight and bias broadcast over the leading dims: the engine sums their gradients down.
-    return dx, dy * xhat if needs_input_grad[1] else None, dy if needs_input_grad[2] else None
-
-
-@layer_norm.samples
-def _(rng):
-    yield Sample.of(rng.standard_normal((3, 4)), normalized_shape=[4])
-    yield Sample.of(rng.standard_normal((2, 3, 4)), rng.standard_normal((3, 4)), rng.standard_normal((3, 4)),
-                    normalized_shape=[3, 4])
-    yield Sample.of(rng.standard_normal((2, 5)), rng.standard_normal(5), None, normalized_shape=[5], eps=0.1)
-    yield Sample.of(rng.standard_normal(6), None, rng.standard_normal(6), normalized_shape=[6])
-
-
-def _channel(t, ndim):
-    """A per-channel (C,) tensor shaped (1, C, 1, ...) to broadcast against an (N, C, ...) input."""
-    return F.reshape(t, shape=[1, t.shape[0], *[1] * (ndim - 2)])
-
-
-@op("batch_norm(Tensor<floating> x, Tensor<floating>? running_mean, Tensor<floating>? running_var, "
-    "Tensor<floating>? weight=None, Tensor<floating>? bias=None, *, bool training=False, float momentum=0.1, "
-    "float eps=1e-5) -> (Tensor y, Tensor new_running_mean, Tensor new_running_var)")
-def batch_norm(x, running_mean, running_var, weight, bias, *, training, momentum, eps):
-    """Batch normalisation of an (N, C, ...) input per channel C, then y = x̂·weight + bias (each (C,), optional).
-
-    Functional: nothing is updated in place. With ``training`` the batch statistics normalise and the outputs
-    ``new_running_mean``/``new_running_var`` are (1 − momentum)·running + momentum·batch statistic, the variance
-    unbiased (as torch); without running statistics they are the batch mean and unbiased variance themselves (as
-    if momentum were 1). Otherwise the running statistics normalise and come back unchanged.
-
-    The statistics outputs are plain functions of x and the running statistics, and their gradients are the exact
-    ones rather than None: a gradient that ignored them would be wrong wherever they are used, and numeric checks
-    (which see every float output) would fail. A training loop that only stores them never backpropagates there.
-    """
-    _validate(batch_norm, x, running_mean, running_var, weight, bias, training=training, momentum=momentum, eps=eps)
-    axes = (0, *range(2, x.ndim))
-    shape = (1, x.shape[1], *[1] * (x.ndim - 2))
-    if training:
-        mean = np.mean(x, axis=axes)
-        var = np.mean(np.square(x - mean.reshape(shape)), axis=axes)
-        n = x.size // x.shape[1]
-        new_mean, new_var = mean, var * (n / (n - 1))
-        if running_mean is not None:
-            new_mean = running_mean * (1 - momentum) + new_mean * momentum
-            new_var = running_var * (1 - momentum) + new_var * momentum
-    else:
-        mean, var, new_mean, new_var = running_mean, running_var, running_mean.copy(), running_var.copy()
-    y = (x - mean.reshape(shape)) / np.sqrt(var.reshape(shape) + eps)
-    if weight is not None:
-        y = y * weight.reshape(shape)
-    if bias is not None:
-        y = y + bias.reshape(shape)
-    return y.astype(x.dtype, copy=False), new_mean.astype(x.dtype, copy=False), new_var.astype(x.dtype, copy=False)
-
-
-@batch_norm.check
-def _(*, eps, momentum, **_):
-    _check_eps(eps=eps)
-    if not 0.0 <= momentum <= 1.0:
-        raise ValueError(f"argument 'momentum' must be in [0, 1], got {momentum}")
-
-
-@batch_norm.infer
-def _(x, running_mean, running_var, weight, bias, *, training, momentum, eps):
-    if len(x.shape) < 2:
-        raise ShapeError(f"batch_norm(): the input must be (N, C, ...), got shape {x.shape}")
-    c = x.shape[1]
-    if (running_mean is None) != (running_var is None):
-        raise ShapeError("batch_norm(): give both running_mean and running_var, or neither")
-    if running_mean is None and not training:
-        raise ShapeError("batch_norm(): running_mean and running_var are needed when training=False")
-    for name, t in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight),
-                    ("bias", bias)):
-        if t is not None and not _same_dims(t.shape, (c,)):
-            raise ShapeError(f"batch_norm(): {name} must have shape ({c},) for an input of shape {x.shape}, "
-                             f"got {t.shape}")
-    if training and None not in x.shape and x.shape[1] and _numel(x.shape) // x.shape[1] <= 1:
-        raise ShapeError(f"batch_norm(): training needs more than one value per channel, got an input of shape "
-                         f"{x.shape}")
-    return Spec(x.shape, x.dtype), Spec((c,), x.dtype), Spec((c,), x.dtype)
-
-
-@batch_norm.grad
-def _(x, running_mean_spec, weight, new_running_mean, new_running_var, dy, dnew_running_mean, dnew_running_var, *,
-      training, momentum, eps, needs_input_grad):
-    # The running statistics are read from the outputs (equal to them without training): the layer updates its
-    # buffers in place after the call, and a training step needs none of their values.
-    nd = x.ndim
-    axes = [0, *range(2, nd)]
-    g = dy * _channel(weight, nd) if weight is not None else dy
-    if training:
-        xhat, xc, r = _normalized(x, axes, eps)
-        dx = None
-        if needs_input_grad[0]:
-            # y through the batch statistics, then the statistics outputs: new_mean = (1 − m)·rm + m·mean(x) and
-            # new_var = (1 − m)·rv + m·Σ(x − μ)²/(n − 1), whose derivative in x is 2m·(x − μ)/(n − 1).
-            m = momentum if running_mean_spec is not None else 1.0
-            n = _numel(x.shape) // x.shape[1]
-            dx = (_normalize_grad(g, xhat, r, axes) + _channel(dnew_running_mean, nd) * (m / n)
-                  + _channel(dnew_running_var, nd) * xc * (2.0 * m / (n - 1)))
-        drm = dnew_running_mean * (1.0 - momentum) if needs_input_grad[1] else None
-        drv = dnew_running_var * (1.0 - momentum) if needs_input_grad[2] else None
-    else:
-        # y = (x − rm)·r·weight + bias with r = 1/√(rv + ε); the running statistics also pass through unchanged.
-        r_c = 1.0 / F.sqrt(new_running_var + eps)
-        r = _channel(r_c, nd)
-        xhat = (x - _channel(new_running_mean, nd)) * r
-        dx = g * r if needs_input_grad[0] else None
-        drm = dnew_running_mean - F.sum(g, axis=axes) * r_c if needs_input_grad[1] else None
-        # ∂x̂/∂rv = −½·x̂·r²
-        drv = dnew_running_var - F.sum(g * xhat, axis=axes) * r_c * r_c * 0.5 if needs_input_grad[2] else None
-    dw = F.sum(dy * xhat, axis=axes) if needs_input_grad[3] else None
-    db = F.sum(dy, axis=axes) if needs_input_grad[4] else None
-    return dx, drm, drv, dw, db
-
-
-@batch_norm.samples
-def _(rng):
-    def stats(c):
-        return rng.standard_normal(c) * 0.5, rng.uniform(0.5, 2.0, c)
-
-    yield Sample.of(rng.standard_normal((4, 3)), *stats(3), training=True)
-    yield Sample.of(rng.standard_normal((4, 3)), *stats(3), rng.standard_normal(3), rng.standard_normal(3),
-                    training=True, momentum=0.3)
-    yield Sample.of(rng.standard_normal((2, 3, 2, 2)), *stats(3), rng.standard_normal(3), rng.standard_normal(3),
-                    training=True)
-    yield Sample.of(rng.standard_normal((3, 2, 2)), None, None, rng.standard_normal(2), None, training=True)
-    yield Sample.of(rng.standard_normal((2, 3, 2, 2)), *stats(3), rng.standard_normal(3), rng.standard_normal(3))
-    yield Sample.of(rng.standard_normal((4, 3)), *stats(3), eps=0.1)
-
-
 # -- dropout ---------------------------------------------------------------------------------------------------
 
 
@@ -665,6 +536,14 @@ def dropout(x, *, p, training, rng):
         return x.copy(), np.ones(x.shape, np.bool_)
     keep = rng.random(x.shape) >= p
     return np.where(keep, x * _dropout_scale(p, training), 0).astype(x.dtype, copy=False), keep
+
+
+@dropout.onnx
+def _(g, x, *, p, training):
+    if not training or p == 0.0:
+        return g.op("Identity", x), g.filled(g.op("Shape", x), True, D.bool_)
+    y, mask = g.op("Dropout", x, g.scalar(p, x), g.const(np.array(True)), outputs=2)
+    return y, mask
 
 
 @dropout.check
@@ -716,6 +595,9 @@ def embedding(index, weight, *, padding_idx):
     _validate(embedding, index, weight, padding_idx=padding_idx)
     _check_indices("embedding", index, weight.shape[0])
     return weight[index]
+
+
+embedding.onnx(lambda g, index, weight, *, padding_idx: g.op("Gather", weight, index, axis=0, spec=g.outputs[0]))
 
 
 @embedding.infer
@@ -837,6 +719,30 @@ def scaled_dot_product_attention(q, k, v, attn_mask, *, is_causal, scale):
     return out.astype(np.result_type(q, k, v), copy=False)
 
 
+@scaled_dot_product_attention.onnx
+def _(g, q, k, v, attn_mask, *, is_causal, scale):
+    dtype = g.outputs[0].dtype
+    q, k, v = (g.cast(t, dtype) for t in (q, k, v))
+    swap = [*range(k.ndim - 2), k.ndim - 1, k.ndim - 2]
+    scores = g.op("Mul", g.op("MatMul", q, g.op("Transpose", k, perm=swap)),
+                  g.scalar(_attention_scale(q.shape[-1], scale), q))
+    minus_inf = g.scalar(-np.inf, q)
+    if attn_mask is not None and attn_mask.dtype == D.bool_:
+        scores = g.op("Where", attn_mask, scores, minus_inf)
+    elif attn_mask is not None:
+        scores = g.op("Add", scores, g.cast(attn_mask, dtype))
+    if is_causal:  # query i sees keys j <= i: rows (L, 1) >= columns (S,), sizes read from the shapes
+        def positions(t):
+            size = g.op("Squeeze", g.op("Shape", t, start=-2, end=-1), g.ints([0]))
+            return g.op("Range", g.const(np.array(0, np.int64)), size, g.const(np.array(1, np.int64)))
+
+        rows = g.op("Unsqueeze", positions(q), g.ints([1]))
+        scores = g.op("Where", g.op("GreaterOrEqual", rows, positions(k)), scores, minus_inf)
+    probs = g.op("Softmax", scores, axis=-1)
+    probs = g.op("Where", g.op("IsNaN", probs), g.scalar(0, q), probs)  # a query that sees nothing gets zeros
+    return g.op("MatMul", probs, v)
+
+
 @scaled_dot_product_attention.infer
 def _(q, k, v, attn_mask, *, is_causal, scale):
     name = "scaled_dot_product_attention()"
@@ -851,7 +757,7 @@ def _(q, k, v, attn_mask, *, is_causal, scale):
     if attn_mask is not None:
         if is_causal:
             raise ArgumentError(f"{name}: give attn_mask or is_causal=True, not both")
-        if attn_mask.dtype != D.bool_ and attn_mask.dtype.kind != "f":
+        if attn_mask.dtype != D.bool_ and not D.is_floating(attn_mask.dtype):
             raise ArgumentError(f"{name}: argument 'attn_mask' must be bool or floating, got {attn_mask.dtype}")
         if not _broadcasts_to(attn_mask.shape, scores):
             raise ShapeError(f"{name}: attn_mask of shape {attn_mask.shape} must broadcast to the scores' shape "

@@ -10,6 +10,7 @@ holds backward ops gives second-order gradients.
 from __future__ import annotations
 
 from ..autodiff.rules import call_rule, fit, missing_rule
+from ..core import dtypes as D
 from ..core.errors import ArgumentError, GradientError
 from ..core.grad_mode import set_grad_enabled
 from ..core.opdef import registry
@@ -48,14 +49,14 @@ def gradients(program: Program, loss, wrt=None, no_grad=()) -> dict:
     block = program.block
     if wrt is None:
         wrt_names = [v.name for v in block.vars.values()
-                     if v.persistable and not v.stop_gradient and v.spec.dtype.kind == "f"]
+                     if v.persistable and not v.stop_gradient and D.is_floating(v.spec.dtype)]
     else:
         wrt_names = [_name(program, v, "wrt") for v in (wrt if isinstance(wrt, (list, tuple)) else [wrt])]
     for n in wrt_names:
-        if block.vars[n].spec.dtype.kind != "f":
+        if not D.is_floating(block.vars[n].spec.dtype):
             raise GradientError(f"append_backward(): cannot differentiate with respect to {n!r}, "
                                 f"a {block.vars[n].spec.dtype} variable")
-    if block.vars[loss_name].spec.dtype.kind != "f":
+    if not D.is_floating(block.vars[loss_name].spec.dtype):
         raise GradientError(f"append_backward(): the loss {loss_name!r} is {block.vars[loss_name].spec.dtype}")
     blocked = {_name(program, v, "no_grad") for v in no_grad}
     program.backward_requests.append((loss_name, tuple(wrt_names), tuple(sorted(blocked))))
@@ -77,7 +78,7 @@ def _emit(program: Program, loss_name: str, wrt_names: list, blocked: set) -> di
             continue
         if any(n in live for p in opdef.inputs if p.differentiable for n in op.inputs[p.name]):
             live.update(n for n in op.output_names() if not block.vars[n].stop_gradient and n not in blocked
-                        and block.vars[n].spec.dtype.kind == "f")
+                        and D.is_floating(block.vars[n].spec.dtype))
     # Backward: which ops lie on a path to the loss; consumer[n] remembers the path for error messages.
     reaches = {loss_name}
     consumer: dict = {}

@@ -251,7 +251,7 @@ class Tracer(Interpreter):
         from .backward import gradients
 
         program, state = self.program, self.state
-        wrt = [v.name for v in program.block.vars.values() if not v.stop_gradient and v.spec.dtype.kind == "f"
+        wrt = [v.name for v in program.block.vars.values() if not v.stop_gradient and D.is_floating(v.spec.dtype)
                and (v.persistable or v.name in state.tensor_of)]
         for name, g in gradients(program, loss, wrt=wrt).items():
             old = self._grad(name)
