@@ -38,6 +38,7 @@ from .executor import Executor
 from .trace import Tracer, Variable, python_state, trace_state
 
 _PLAIN = (bool, int, float, str, type(None))  # Python values a trace bakes in: constants of its cache key
+_ENTRIES = 8  # programs kept per kind of call (one per state of the guarded Python state): the oldest goes first
 
 
 class CompiledFunction:
@@ -103,7 +104,10 @@ class CompiledFunction:
                     entries.remove(entry)
                     break
         entry = self._trace(arguments, tensors)
-        self.cache.setdefault(key, []).append(entry)
+        entries = self.cache.setdefault(key, [])
+        entries.append(entry)
+        if len(entries) > _ENTRIES:  # Python state that changes at every call (a counter) must not pile up programs
+            del entries[0]
         return entry
 
     # -- tracing ----------------------------------------------------------------------------------------------------
