@@ -250,7 +250,7 @@ def _fast_path(opdef: OpDef, env: dict, inputs_src: str, attrs_src: str) -> list
     rng = f", rng={device}.generator()" if "random" in opdef.traits else ""
     lines += [
         "        try:",
-        f"            _of_k = _of_op.kernel_table[{device}][{first}._data.dtype]",
+        f"            _of_k = _of_op.kernel_table[{device}.name][{first}._data.dtype]",
         "        except KeyError:",
         f"            _of_k = _of_find(_of_op, {device}, {first}._data.dtype)",
         "        try:",
@@ -558,7 +558,7 @@ def check_same_dtype(opdef: OpDef, values) -> None:
 
 def _find_kernel(opdef: OpDef, device, dtype):
     fn = opdef.find_kernel(device, dtype).bind(device)
-    opdef.kernel_table.setdefault(device, {})[dtype] = fn
+    opdef.kernel_table.setdefault(device.name, {})[dtype] = fn
     return fn
 
 

@@ -74,7 +74,7 @@ class Node:
     def needs_input_grad(self) -> tuple:
         """Per schema input: whether any of its tensors gets a gradient (a rule may skip the others)."""
         per_flat = [e is not None for e in self.edges]
-        if all(n < 0 for n in self.in_layout):
+        if max(self.in_layout) < 0:  # no list input: one flag per input
             return tuple(per_flat)
         return tuple(any(v) if isinstance(v, list) else v for v in split_by_layout(per_flat, self.in_layout))
 
@@ -915,7 +915,7 @@ def _lift(value, like):
     kind = type(value)
     if kind is not float and kind is not int and kind is not bool:
         return value
-    key = (kind, value, like.dtype, like.device)
+    key = (kind, value, like.dtype, like.device.name)
     constant = _SCALARS.get(key)
     if constant is None:
         if len(_SCALARS) > 4096:

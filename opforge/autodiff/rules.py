@@ -23,8 +23,6 @@ from ..core.opdef import flat_ranges
 from ..core.spec import Dim, broadcast_shapes
 from ..tensor import _host_reads
 
-_ONE_OUTPUT = [(0, 1, False)]  # flat_ranges((-1,)): the layout of nearly every op's outputs
-
 
 def call_rule(call, out_grads: list, create_graph: bool = False) -> list:
     """Run ``call.op``'s gradient rule; ``out_grads`` holds one gradient (or None) per flat output. Returns one
@@ -34,8 +32,11 @@ def call_rule(call, out_grads: list, create_graph: bool = False) -> list:
     kwargs = call.saved_inputs()
     for name, i in rule.saved_outputs:
         kwargs[name] = call.saved_output(name, i, create_graph)
-    if rule.output_grads:
-        ranges = _ONE_OUTPUT if call.out_layout == (-1,) else flat_ranges(call.out_layout)
+    if len(out_grads) == 1 and call.out_layout == (-1,):  # one output (nearly every op): no ranges to work out
+        for name, _ in rule.output_grads:
+            kwargs[name] = out_grads[0] if out_grads[0] is not None else call.zeros(0)
+    elif rule.output_grads:
+        ranges = flat_ranges(call.out_layout)
         for name, i in rule.output_grads:
             start, count, is_list = ranges[i]
             grads = [out_grads[k] if out_grads[k] is not None else call.zeros(k) for k in range(start, start + count)]
@@ -64,7 +65,7 @@ def call_rule(call, out_grads: list, create_graph: bool = False) -> list:
 def flatten_input_grads(op, result, in_layout: tuple) -> list:
     """A rule's result (one value, a tuple in input order, or a dict by name) -> one gradient per flat input."""
     names = op.input_names
-    if type(result) is tuple and len(result) == len(in_layout) and all(n < 0 for n in in_layout):
+    if type(result) is tuple and len(result) == len(in_layout) and max(in_layout) < 0:
         return list(result)  # the common case: one gradient per plain input
     if isinstance(result, dict):
         unknown = set(result) - set(names)

@@ -3,7 +3,8 @@
 An ``OpDef`` is made by ``@of.op(signature)`` (see ``opforge.dispatch``) and grows through its
 decorator methods: ``@op.kernel`` (more kernels), ``@op.infer`` (shape/dtype rule), ``@op.grad``
 (gradient rule), ``@op.check`` (attribute validation), ``@op.samples`` (inputs for the
-conformance suite) and ``@op.onnx`` (its ONNX export mapping). The registry maps op names to ``OpDef``s.
+conformance suite), ``@op.sbp`` (layouts across ranks) and ``@op.onnx`` (its ONNX export mapping).
+The registry maps op names to ``OpDef``s.
 """
 
 from __future__ import annotations
@@ -105,11 +106,12 @@ class OpDef:
         self.defined_at = defined_at
         self.kernels: dict = {}  # (device, dtype or None) -> Kernel
         self._kernel_cache: dict = {}  # (device, dtype) -> Kernel, filled on use
-        self.kernel_table: dict = {}  # device -> dtype -> kernel function: the dispatch fast path's cache
+        self.kernel_table: dict = {}  # device name -> dtype -> kernel function: the dispatch fast path's cache
         self.infer_fn = None
         self.grad_rule: GradRule | None = None
         self.check_fn = None
         self.samples_fn = None
+        self.sbp_fn = None  # layouts the op runs under across ranks (opforge.distributed reads it)
         self.onnx_fn = None  # the ONNX export mapping (see opforge.onnx)
         self.validate = None
         self._refresh_validate()
@@ -202,6 +204,12 @@ class OpDef:
     def samples(self, fn):
         """Register sample inputs for the conformance suite: ``fn(rng)`` yields ``Sample``s."""
         self.samples_fn = fn
+        return fn
+
+    def sbp(self, fn):
+        """Register the op's SBP signatures: input Specs (and attrs as keywords) -> the layouts it can run under,
+        each ``(input layouts, output layouts)``; ``opforge.distributed`` reads them (see docs/distributed.md)."""
+        self.sbp_fn = fn
         return fn
 
     def onnx(self, fn):

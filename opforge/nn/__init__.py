@@ -20,8 +20,10 @@ from .layers import (
     AvgPool2d,
     BatchNorm1d,
     BatchNorm2d,
+    BCELoss,
     BCEWithLogitsLoss,
     Conv2d,
+    CosineEmbeddingLoss,
     CosineSimilarity,
     CrossEntropyLoss,
     Dropout,
@@ -35,14 +37,18 @@ from .layers import (
     Hardsigmoid,
     Hardswish,
     Hardtanh,
+    HuberLoss,
     Identity,
     InstanceNorm1d,
     InstanceNorm2d,
+    KLDivLoss,
+    L1Loss,
     LayerNorm,
     LeakyReLU,
     Linear,
     LogSigmoid,
     LogSoftmax,
+    MarginRankingLoss,
     MaxPool2d,
     Mish,
     MSELoss,
@@ -59,17 +65,19 @@ from .layers import (
     Softmin,
     Softplus,
     Tanh,
+    TripletMarginLoss,
 )
 from .module import IncompatibleKeys, Module, ModuleDict, ModuleList, Parameter, Sequential, StateDictError
 
 sys.modules[__name__ + ".functional"] = functional  # `import opforge.nn.functional as F`, PyTorch's spelling
 
 __all__ = [
-    "CELU", "ELU", "GELU", "GLU", "SELU", "AdaptiveAvgPool2d", "AvgPool2d", "BCEWithLogitsLoss", "BatchNorm1d",
-    "BatchNorm2d", "Conv2d", "CrossEntropyLoss", "Dropout", "Embedding", "Flatten", "GroupNorm", "Hardsigmoid",
-    "Hardswish", "Hardtanh", "Identity", "IncompatibleKeys", "InstanceNorm1d", "InstanceNorm2d", "LayerNorm",
-    "LeakyReLU", "Linear", "LogSigmoid", "LogSoftmax", "MSELoss", "MaxPool2d", "Mish", "Module", "ModuleDict",
-    "ModuleList", "MultiheadAttention", "NLLLoss", "PReLU", "Parameter", "RMSNorm", "ReLU", "ReLU6", "Sequential",
-    "SiLU", "Sigmoid", "Softmax", "Softmin", "Softplus", "StateDictError", "Tanh", "functional", "init",
+    "CELU", "ELU", "GELU", "GLU", "SELU", "AdaptiveAvgPool2d", "AvgPool2d", "BCELoss", "BCEWithLogitsLoss",
+    "BatchNorm1d", "BatchNorm2d", "Conv2d", "CosineEmbeddingLoss", "CrossEntropyLoss", "Dropout", "Embedding",
+    "Flatten", "GroupNorm", "Hardsigmoid", "Hardswish", "Hardtanh", "HuberLoss", "Identity", "IncompatibleKeys",
+    "InstanceNorm1d", "InstanceNorm2d", "KLDivLoss", "L1Loss", "LayerNorm", "LeakyReLU", "Linear", "LogSigmoid",
+    "LogSoftmax", "MSELoss", "MarginRankingLoss", "MaxPool2d", "Mish", "Module", "ModuleDict", "ModuleList",
+    "MultiheadAttention", "NLLLoss", "PReLU", "Parameter", "RMSNorm", "ReLU", "ReLU6", "Sequential", "SiLU", "Sigmoid",
+    "Softmax", "Softmin", "Softplus", "StateDictError", "Tanh", "TripletMarginLoss", "functional", "init",
 ]
 __all__ += ["CosineSimilarity", "Dropout1d", "Dropout2d", "Dropout3d", "EmbeddingBag", "PairwiseDistance"]

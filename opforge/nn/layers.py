@@ -690,55 +690,137 @@ class PReLU(Module):
 
 
 class _Loss(Module):
+    """A loss as a layer: ``forward(*inputs)`` calls the op on the inputs, then the layer's weight buffers (named in
+    ``_weights``, read live while tracing), with the layer's settings (``_attrs``) as keywords."""
+
     _op = None
     _attrs: tuple = ("reduction",)
+    _weights: tuple = ()
 
-    def __init__(self, reduction: str = "mean"):
+    def __init__(self, reduction: str = "mean", **weights):
         super().__init__()
         self.reduction = reduction
+        for name, w in weights.items():  # buffers, as torch's: in the state dict, moved with the module
+            self.register_buffer(name, w if w is None or isinstance(w, Tensor) else Tensor(w))
 
-    def forward(self, input, target):
-        return type(self)._op(input, target, **{a: getattr(self, a) for a in self._attrs})
+    def forward(self, *inputs):
+        return type(self)._op(*inputs, *(_live(getattr(self, w)) for w in self._weights),
+                              **{a: getattr(self, a) for a in self._attrs})
 
     def extra_repr(self) -> str:
         return ", ".join(f"{a}={getattr(self, a)!r}" for a in self._attrs)
 
 
 class MSELoss(_Loss):
+    """Mean squared error (input − target)², reduced."""
+
     _op = F.mse_loss
 
 
-class CrossEntropyLoss(_Loss):
-    """Cross entropy of logits (N, C, ...) against class indices (N, ...)."""
+class L1Loss(_Loss):
+    """Mean absolute error |input − target|, reduced."""
 
-    _op, _attrs = F.cross_entropy, ("ignore_index", "reduction", "label_smoothing")
+    _op = F.l1_loss
 
-    def __init__(self, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0):
+
+class HuberLoss(_Loss):
+    """½·d² where |d| < delta, else delta·(|d| − ½·delta), with d = input − target; reduced."""
+
+    _op, _attrs = F.huber_loss, ("reduction", "delta")
+
+    def __init__(self, reduction: str = "mean", delta: float = 1.0):
         super().__init__(reduction)
+        self.delta = float(delta)
+
+
+class KLDivLoss(_Loss):
+    """KL divergence of ``target`` (probabilities, or log-probabilities with ``log_target``) from log-probabilities
+    ``input``; "batchmean" gives the divergence per sample."""
+
+    _op, _attrs = F.kl_div, ("reduction", "log_target")
+
+    def __init__(self, reduction: str = "mean", log_target: bool = False):
+        super().__init__(reduction)
+        self.log_target = bool(log_target)
+
+
+class BCELoss(_Loss):
+    """Binary cross entropy of probabilities ``input`` against ``target``, times ``weight`` if given."""
+
+    _op, _weights = F.binary_cross_entropy, ("weight",)
+
+    def __init__(self, weight=None, reduction: str = "mean"):
+        super().__init__(reduction, weight=weight)
+
+
+class BCEWithLogitsLoss(_Loss):
+    """Binary cross entropy of logits ``input`` against ``target``, times ``weight``, positives times
+    ``pos_weight`` (each if given)."""
+
+    _op, _weights = F.binary_cross_entropy_with_logits, ("weight", "pos_weight")
+
+    def __init__(self, weight=None, reduction: str = "mean", pos_weight=None):
+        super().__init__(reduction, weight=weight, pos_weight=pos_weight)
+
+
+class CrossEntropyLoss(_Loss):
+    """Cross entropy of logits (N, C, ...) against class indices (N, ...) or class probabilities (N, C, ...), with
+    class weights, ignore_index and label smoothing as torch's."""
+
+    _op, _attrs, _weights = F.cross_entropy, ("ignore_index", "reduction", "label_smoothing"), ("weight",)
+
+    def __init__(self, weight=None, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0):
+        super().__init__(reduction, weight=weight)
         self.ignore_index, self.label_smoothing = int(ignore_index), float(label_smoothing)
 
 
 class NLLLoss(_Loss):
-    _op, _attrs = F.nll_loss, ("ignore_index", "reduction")
+    """Negative log-likelihood of log-probabilities (N, C, ...) against class indices (N, ...)."""
 
-    def __init__(self, ignore_index: int = -100, reduction: str = "mean"):
-        super().__init__(reduction)
+    _op, _attrs, _weights = F.nll_loss, ("ignore_index", "reduction"), ("weight",)
+
+    def __init__(self, weight=None, ignore_index: int = -100, reduction: str = "mean"):
+        super().__init__(reduction, weight=weight)
         self.ignore_index = int(ignore_index)
 
 
-class BCEWithLogitsLoss(_Loss):
-    def __init__(self, reduction: str = "mean", pos_weight=None):
+class CosineEmbeddingLoss(_Loss):
+    """``forward(input1, input2, target)``: 1 − cos where target is 1, max(0, cos − margin) where it is −1."""
+
+    _op, _attrs = F.cosine_embedding_loss, ("margin", "reduction")
+
+    def __init__(self, margin: float = 0.0, reduction: str = "mean"):
         super().__init__(reduction)
-        self.pos_weight = pos_weight
-
-    def forward(self, input, target):
-        return F.binary_cross_entropy_with_logits(input, target, self.pos_weight, reduction=self.reduction)
+        self.margin = float(margin)
 
 
-__all__ = ["ELU", "GELU", "SELU", "AdaptiveAvgPool2d", "AvgPool2d", "BCEWithLogitsLoss", "BatchNorm1d", "BatchNorm2d",
-           "Conv2d", "CrossEntropyLoss", "Dropout", "Embedding", "Flatten", "Identity", "LayerNorm", "LeakyReLU",
-           "Linear", "LogSoftmax", "MSELoss", "MaxPool2d", "MultiheadAttention", "NLLLoss", "ReLU", "SiLU",
-           "Sigmoid", "Softmax", "Softplus", "Tanh"]
+class MarginRankingLoss(_Loss):
+    """``forward(input1, input2, target)``: max(0, −target·(input1 − input2) + margin)."""
+
+    _op, _attrs = F.margin_ranking_loss, ("margin", "reduction")
+
+    def __init__(self, margin: float = 0.0, reduction: str = "mean"):
+        super().__init__(reduction)
+        self.margin = float(margin)
+
+
+class TripletMarginLoss(_Loss):
+    """``forward(anchor, positive, negative)``: max(0, margin + d(anchor, positive) − d(anchor, negative)), d the
+    p-norm distance (``swap``: the smaller of d(anchor, negative) and d(positive, negative))."""
+
+    _op, _attrs = F.triplet_margin_loss, ("margin", "p", "eps", "swap", "reduction")
+
+    def __init__(self, margin: float = 1.0, p: float = 2.0, eps: float = 1e-6, swap: bool = False,
+                 reduction: str = "mean"):
+        super().__init__(reduction)
+        self.margin, self.p, self.eps, self.swap = float(margin), float(p), float(eps), bool(swap)
+
+
+__all__ = ["ELU", "GELU", "SELU", "AdaptiveAvgPool2d", "AvgPool2d", "BCELoss", "BCEWithLogitsLoss", "BatchNorm1d",
+           "BatchNorm2d", "Conv2d", "CosineEmbeddingLoss", "CrossEntropyLoss", "Dropout", "Embedding", "Flatten",
+           "HuberLoss", "Identity", "KLDivLoss", "L1Loss", "LayerNorm", "LeakyReLU", "Linear", "LogSoftmax", "MSELoss",
+           "MarginRankingLoss", "MaxPool2d", "MultiheadAttention", "NLLLoss", "ReLU", "SiLU", "Sigmoid", "Softmax",
+           "Softplus", "Tanh", "TripletMarginLoss"]
 
 
 # -- similarity, bags of embeddings, channel-wise dropout ------------------------------------------------------

@@ -73,6 +73,28 @@ def logical_and(x: _TensorLike, y: _TensorLike) -> Tensor:
 def logical_or(x: _TensorLike, y: _TensorLike) -> Tensor:
     """True where x or y is nonzero (True)."""
 
+# -- opforge.ops.collective
+
+def all_reduce(x: _TensorLike, *, op: str = 'sum') -> Tensor:
+    """Every rank gets the elementwise sum, mean or max of ``x`` over the ranks."""
+
+def all_gather(x: _TensorLike, *, axis: int = 0) -> Tensor:
+    """Every rank gets the ranks' ``x`` concatenated along ``axis``, in rank order."""
+
+def reduce_scatter(x: _TensorLike, *, axis: int = 0, op: str = 'sum') -> Tensor:
+    """Rank r gets block r, along ``axis``, of the elementwise sum (or mean) of ``x`` over the ranks."""
+
+def broadcast(x: _TensorLike, *, root: int = 0) -> Tensor:
+    """Every rank gets rank ``root``'s ``x``."""
+
+def reduce(x: _TensorLike, *, root: int = 0, op: str = 'sum') -> Tensor:
+    """Rank ``root`` gets the elementwise sum (or mean) of ``x`` over the ranks; the other ranks get zeros."""
+
+def all_to_all(x: _TensorLike, *, split_axis: int = 0, concat_axis: int = 0) -> Tensor:
+    """``x`` is cut into one block per rank along ``split_axis``; block j goes to rank j, which concatenates the
+    blocks it receives in rank order along ``concat_axis`` (resharding S(split) to S(concat)).
+    """
+
 # -- opforge.ops.conv
 
 def conv2d(
@@ -601,11 +623,148 @@ def linalg_svd(a: _TensorLike, *, full_matrices: bool = True) -> _linalg_svd_res
 
 # -- opforge.ops.loss
 
+def nll_loss(
+    log_probs: _TensorLike,
+    target: _TensorLike,
+    weight: _TensorLike | None = None,
+    *,
+    ignore_index: int = -100,
+    reduction: str = 'mean',
+) -> Tensor:
+    """Negative log-likelihood of class-index targets: −weight[target[n]]·log_probs[n, target[n]], reduced."""
+
+def nll_loss_grad(
+    dloss: _TensorLike,
+    target: _TensorLike,
+    weight: _TensorLike | None = None,
+    *,
+    num_classes: int,
+    ignore_index: int = -100,
+    reduction: str = 'mean',
+) -> Tensor:
+    """Gradient of nll_loss: −dloss·weight[target] (÷ the sum of the counted weights for "mean") at each target
+    class, 0 elsewhere.
+    """
+
+def cross_entropy(
+    logits: _TensorLike,
+    target: _TensorLike,
+    weight: _TensorLike | None = None,
+    *,
+    ignore_index: int = -100,
+    reduction: str = 'mean',
+    label_smoothing: float = 0.0,
+) -> Tensor:
+    """Cross entropy of logits against class indices (integer targets) or class probabilities (floating targets
+    of the logits' shape), as torch: −Σ_c w_c·q_c·log softmax(logits)_c per sample, where q is the target with
+    label smoothing ε — (1 − ε)·onehot(target) + ε/C, or (1 − ε)·probs + ε/C — and w the class ``weight`` (1 if
+    absent).
+    """
+
+def cross_entropy_grad(
+    logits: _TensorLike,
+    target: _TensorLike,
+    dloss: _TensorLike,
+    weight: _TensorLike | None = None,
+    *,
+    ignore_index: int = -100,
+    reduction: str = 'mean',
+    label_smoothing: float = 0.0,
+) -> Tensor:
+    """Gradient of cross_entropy with class-index targets, in one pass over the logits: per sample
+    s·(Q·softmax(logits) − q), where q is the smoothed, weighted target ((1 − ε)·w[t] at class t, ε/C·w_c at
+    every class c), Q = Σ_c q_c and s = dloss (÷ Σ w[target] for "mean"). The softmax is made in place: max,
+    subtract, exp, then one multiply by s·Q/Σ exp; then the target's share is subtracted.
+    """
+
+def mse_loss(x: _TensorLike, target: _TensorLike, *, reduction: str = 'mean') -> Tensor:
+    """(x − target)², elementwise (shapes broadcast), then reduced."""
+
+def l1_loss(x: _TensorLike, target: _TensorLike, *, reduction: str = 'mean') -> Tensor:
+    """|x − target|, elementwise (shapes broadcast), then reduced."""
+
+def huber_loss(x: _TensorLike, target: _TensorLike, *, reduction: str = 'mean', delta: float = 1.0) -> Tensor:
+    """½·d² where |d| < delta, else delta·(|d| − ½·delta), with d = x − target elementwise (shapes broadcast);
+    then reduced.
+    """
+
 def smooth_l1(x: _TensorLike, *, sigma: float = 1.0) -> Tensor:
     """MXNet's smooth L1: 0.5·(σx)² where |x| < 1/σ², else |x| − 0.5/σ²."""
 
 def smooth_l1_grad(x: _TensorLike, dy: _TensorLike, *, sigma: float) -> Tensor:
     """Gradient of smooth_l1: dx = dy·σ²x where |x| < 1/σ², else dy·sign(x)."""
+
+def kl_div(x: _TensorLike, target: _TensorLike, *, reduction: str = 'mean', log_target: bool = False) -> Tensor:
+    """The KL divergence of the distribution ``target`` from log-probabilities ``x``, elementwise (shapes
+    broadcast): target·(log target − x), 0 where target is 0 — or exp(target)·(target − x) with ``log_target``.
+    Reduced by "mean" (over every element, as torch), "batchmean" (the sum over x's first dim: the divergence
+    per sample), "sum" or "none".
+    """
+
+def binary_cross_entropy(
+    probs: _TensorLike,
+    target: _TensorLike,
+    weight: _TensorLike | None = None,
+    *,
+    reduction: str = 'mean',
+) -> Tensor:
+    """−weight·(target·log(probs) + (1 − target)·log(1 − probs)), each log clamped to ≥ −100 as torch; then
+    reduced. ``probs`` must lie in [0, 1]. ``weight`` (broadcast to the input) gets a gradient too.
+    """
+
+def binary_cross_entropy_with_logits(
+    logits: _TensorLike,
+    target: _TensorLike,
+    weight: _TensorLike | None = None,
+    pos_weight: _TensorLike | None = None,
+    *,
+    reduction: str = 'mean',
+) -> Tensor:
+    """−weight·[pos_weight·y·log σ(x) + (1 − y)·log(1 − σ(x))] (pos_weight and weight 1 if absent, each
+    broadcast to the input), computed without overflow as (1 − y)·x + (1 + (pos_weight − 1)·y)·softplus(−x),
+    softplus(z) = log(1 + eᶻ); then reduced. Both weights get gradients too.
+    """
+
+def cosine_embedding_loss(
+    x1: _TensorLike,
+    x2: _TensorLike,
+    target: _TensorLike,
+    *,
+    margin: float = 0.0,
+    reduction: str = 'mean',
+) -> Tensor:
+    """For rows x1, x2 (D,) or batches (N, D) with targets 1 (alike) or −1 (unlike): 1 − cos(x1, x2) where the
+    target is 1, max(0, cos(x1, x2) − margin) where it is −1, 0 for any other target; then reduced. The cosine
+    is x1·x2 / √((|x1|² + ε)(|x2|² + ε)) with ε = 1e-12, as torch.
+    """
+
+def margin_ranking_loss(
+    x1: _TensorLike,
+    x2: _TensorLike,
+    target: _TensorLike,
+    *,
+    margin: float = 0.0,
+    reduction: str = 'mean',
+) -> Tensor:
+    """max(0, −target·(x1 − x2) + margin), elementwise (shapes broadcast; the three must have the same number of
+    dims, as in torch): target 1 asks x1 to rank above x2 by ``margin``, −1 below. Then reduced.
+    """
+
+def triplet_margin_loss(
+    anchor: _TensorLike,
+    positive: _TensorLike,
+    negative: _TensorLike,
+    *,
+    margin: float = 1.0,
+    p: float = 2.0,
+    eps: float = 1e-06,
+    swap: bool = False,
+    reduction: str = 'mean',
+) -> Tensor:
+    """max(0, margin + d(anchor, positive) − d(anchor, negative)) per sample, with d(u, v) = ‖u − v + eps‖_p
+    over the last axis (pairwise_distance); ``swap`` uses min(d(a, n), d(p, n)) for the negative distance. The
+    three inputs have the same number of dims and broadcast. Then reduced.
+    """
 
 # -- opforge.ops.nn
 
@@ -620,51 +779,6 @@ def log_softmax(x: _TensorLike, *, axis: int = -1) -> Tensor:
 
 def log_softmax_grad(y: _TensorLike, dy: _TensorLike, *, axis: int = -1) -> Tensor:
     """Gradient of log_softmax from its output y: dx = dy − exp(y)·Σ dy along ``axis``."""
-
-def nll_loss(
-    log_probs: _TensorLike,
-    target: _TensorLike,
-    *,
-    ignore_index: int = -100,
-    reduction: str = 'mean',
-) -> Tensor:
-    """Negative log-likelihood of class-index targets: −log_probs[n, target[n]], reduced by ``reduction``."""
-
-def nll_loss_grad(
-    dloss: _TensorLike,
-    target: _TensorLike,
-    *,
-    num_classes: int,
-    ignore_index: int = -100,
-    reduction: str = 'mean',
-) -> Tensor:
-    """Gradient of nll_loss: −dloss (÷ the count of valid targets for "mean") at each target class, 0 elsewhere."""
-
-def cross_entropy(
-    logits: _TensorLike,
-    target: _TensorLike,
-    *,
-    ignore_index: int = -100,
-    reduction: str = 'mean',
-    label_smoothing: float = 0.0,
-) -> Tensor:
-    """nll_loss(log_softmax(logits)) with class-index targets; with label smoothing ε the target distribution is
-    (1 − ε)·onehot + ε/C, so each valid term is (1 − ε)·(−log p[target]) + ε·mean_c(−log p[c]).
-    """
-
-def mse_loss(x: _TensorLike, target: _TensorLike, *, reduction: str = 'mean') -> Tensor:
-    """(x − target)², elementwise (shapes broadcast), then the mean, the sum, or nothing ("none")."""
-
-def binary_cross_entropy_with_logits(
-    logits: _TensorLike,
-    target: _TensorLike,
-    pos_weight: _TensorLike | None = None,
-    *,
-    reduction: str = 'mean',
-) -> Tensor:
-    """−[w·y·log σ(x) + (1 − y)·log(1 − σ(x))] with w = pos_weight (1 if absent), computed without overflow as
-    (1 − y)·x + (1 + (w − 1)·y)·softplus(−x), softplus(z) = log(1 + eᶻ); then reduced.
-    """
 
 class _dropout_result(NamedTuple):
     y: Tensor

@@ -3,7 +3,7 @@ so rules here are written as if nothing were broadcast."""
 
 from opforge import ops as F
 
-from ._common import D, Sample, Spec, broadcast_shapes, np, op
+from ._common import D, P, Sample, Spec, broadcast_shapes, np, op
 
 
 @op("add(Tensor x, Tensor y) -> Tensor out", traits=["broadcast"], inplace={"out": "x"})
@@ -43,6 +43,16 @@ sub.onnx(_onnx_binary("Sub"))
 @sub.grad
 def _(dout):
     return dout, F.neg(dout)
+
+
+def _partial_sbp(x, y):
+    """Sums of partial values are partial values of the sum."""
+    yield (P, P), P
+    yield (P("mean"), P("mean")), P("mean")
+
+
+add.sbp(_partial_sbp)
+sub.sbp(_partial_sbp)
 
 
 @op("minus(Tensor x, Tensor y) -> Tensor out", traits=["broadcast"])

@@ -27,7 +27,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from opforge import ops as F
 
-from ._common import D, Sample, ShapeError, Spec, np, op
+from ._common import B, D, S, Sample, ShapeError, Spec, np, op
 
 # -- attributes and shapes (shared by infer rules and kernels, so kernels fail early with the same message) ----------
 
@@ -253,6 +253,11 @@ def _(x, weight, dy, needs_input_grad, *, stride, padding, dilation, groups):
 
 def _randn(rng, *shape):
     return rng.standard_normal(shape)
+
+
+@conv2d.sbp
+def _(x, weight, bias, **_):
+    yield (S(0), B, None if bias is None else B), S(0)  # images split: data parallel
 
 
 @conv2d.samples
@@ -493,6 +498,14 @@ def _distinct(rng, *shape):
     return (rng.permutation(size).reshape(shape) + rng.uniform(0.1, 0.9, shape)) * (4.0 / size) - 2.0
 
 
+def _pool_sbp(x, **_):
+    yield (S(0),), S(0)  # images
+    yield (S(1),), S(1)  # channels
+
+
+max_pool2d.sbp(_pool_sbp)
+
+
 @max_pool2d.samples
 def _(rng):
     yield Sample.of(_distinct(rng, 2, 3, 6, 7), kernel_size=2)
@@ -603,6 +616,9 @@ def _(x, *, kernel_size, stride, padding):
 def _(dy, x_spec, *, kernel_size, stride, padding):
     return F.avg_pool2d_grad(dy, input_size=x_spec.shape[2:], kernel_size=kernel_size, stride=stride,
                              padding=padding)
+
+
+avg_pool2d.sbp(_pool_sbp)
 
 
 @avg_pool2d.samples

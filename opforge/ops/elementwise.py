@@ -12,7 +12,7 @@ import math
 from opforge import ops as F
 
 from ..core.errors import ArgumentError
-from ._common import D, Sample, ShapeError, Spec, broadcast_shapes, normalize_axes, np, op
+from ._common import D, P, Sample, ShapeError, Spec, broadcast_shapes, normalize_axes, np, op
 
 
 def _carry_nan(x, dx):
@@ -37,6 +37,13 @@ def identity(x):
     return x
 
 
+def _linear_sbp(*inputs, **_):
+    """A linear map of partial values is the partial values of the map."""
+    yield tuple(P for _ in inputs), P
+    yield tuple(P("mean") for _ in inputs), P("mean")
+
+
+identity.sbp(_linear_sbp)
 identity.onnx(lambda g, x: g.op("Identity", x))
 
 
@@ -57,6 +64,9 @@ scale.onnx(lambda g, x, *, scale: g.op("Mul", x, g.scalar(scale, x)))
 @scale.grad
 def _(dy, *, scale):
     return F.scale(dy, scale=scale)
+
+
+scale.sbp(_linear_sbp)
 
 
 @scale.samples
@@ -169,6 +179,7 @@ def neg(x, out=None):
     return np.negative(x, out=out)
 
 
+neg.sbp(_linear_sbp)
 neg.onnx(lambda g, x: g.op("Neg", x))
 
 

@@ -8,7 +8,7 @@ import string
 from opforge import ops as F
 
 from ..core.errors import ArgumentError
-from ._common import D, Sample, ShapeError, Spec, broadcast_shapes, np, op
+from ._common import B, D, P, S, Sample, ShapeError, Spec, broadcast_shapes, np, op
 
 
 @op("matmul(Tensor<number> x, Tensor<number> y) -> Tensor out", traits=["same_dtype"])
@@ -69,6 +69,17 @@ def _(x, y, dout):
         dy = F.reshape(dy, shape=dy.shape[:-1])
         dy = F.sum_to(dy, shape=y.shape)
     return dx, dy
+
+
+@matmul.sbp
+def _(x, y):
+    if len(x.shape) < 2 or len(y.shape) != 2:
+        return
+    last = len(x.shape) - 1
+    for a in range(last):
+        yield (S(a), B), S(a)  # rows (and batches) of x
+    yield (B, S(1)), S(last)  # columns of y
+    yield (S(last), S(0)), P  # the contracted dim: each rank's product is a partial sum
 
 
 @matmul.samples
@@ -178,6 +189,18 @@ def _(x, weight, dy, needs_input_grad):
         rows_x = F.reshape(x, shape=[-1, weight.shape[1]])
         dw = F.matmul(F.transpose(rows_dy), rows_x)
     return dx, dw, dy if needs_input_grad[2] else None
+
+
+@linear.sbp
+def _(x, weight, bias):
+    if not x.shape or len(weight.shape) != 2:
+        return
+    last = len(x.shape) - 1
+    b = (lambda layout: None) if bias is None else (lambda layout: layout)
+    for a in range(last):
+        yield (S(a), B, b(B)), S(a)  # data parallel: rows of x
+    yield (B, S(0), b(S(0))), S(last)  # column parallel: rows of the weight, the output's features
+    yield (S(last), S(1), b(P)), P  # row parallel: partial sums, the bias added by one rank only
 
 
 @linear.samples

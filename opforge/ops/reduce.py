@@ -5,7 +5,7 @@ import math
 
 from opforge import ops as F
 
-from ._common import D, Sample, ShapeError, Spec, broadcast_shapes, normalize_axes, np, op
+from ._common import D, P, S, Sample, ShapeError, Spec, broadcast_shapes, normalize_axes, np, op
 
 
 def _reduced_shape(op_name, shape, axis, keepdim):
@@ -55,6 +55,18 @@ def _(dy, x_spec, *, axis, keepdim):
     return F.broadcast_to(dy, shape=x_spec.shape)
 
 
+def _reduction_sbp(split_reduced):
+    def sbp(x, *, axis, keepdim, **_):
+        axes = normalize_axes("sbp", axis, len(x.shape))
+        kept = [i for i in range(len(x.shape)) if i not in axes]
+        for k in range(len(x.shape)):
+            yield (S(k),), split_reduced if k in axes else S(k if keepdim else kept.index(k))
+        yield (P,), P  # linear: partial sums stay partial sums
+        yield (P("mean"),), P("mean")
+    return sbp
+
+
+sum.sbp(_reduction_sbp(P))
 sum.samples(_reduce_samples)
 
 
@@ -112,6 +124,7 @@ def _(rng):
     yield Sample.of(rng.standard_normal((2, 1)), shape=[2, 3], axis=-1, keepdim=True)
 
 
+mean.sbp(_reduction_sbp(P("mean")))  # each rank's mean of its rows
 mean.samples(_reduce_samples)
 
 

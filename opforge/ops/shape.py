@@ -7,7 +7,7 @@ import math
 
 from opforge import ops as F
 
-from ._common import D, Sample, ShapeError, Spec, broadcast_shapes, normalize_axes, np, op
+from ._common import D, P, S, Sample, ShapeError, Spec, broadcast_shapes, normalize_axes, np, op
 
 
 @op("reshape(Tensor x, *, int[] shape) -> Tensor y")
@@ -50,6 +50,13 @@ def _(dy, x_spec):
     return F.reshape(dy, shape=x_spec.shape)
 
 
+@reshape.sbp
+def _(x, *, shape):
+    if x.shape and shape and (shape[0] == x.shape[0] or (shape[0] is None and x.shape[0] is None)):
+        yield (S(0),), S(0)  # the leading dim (a batch) kept as it is
+    yield (P,), P
+
+
 @reshape.samples
 def _(rng):
     yield Sample.of(rng.standard_normal((2, 3)), shape=[3, 2])
@@ -83,6 +90,14 @@ def _(dy, *, perm):
         return F.transpose(dy)
     n = len(perm)
     return F.transpose(dy, perm=[int(i) for i in np.argsort([p % n for p in perm])])
+
+
+@transpose.sbp
+def _(x, *, perm):
+    order = list(reversed(range(len(x.shape)))) if perm is None else [p % len(x.shape) for p in perm]
+    for k in range(len(x.shape)):
+        yield (S(k),), S(order.index(k))
+    yield (P,), P
 
 
 @transpose.samples

@@ -40,6 +40,10 @@ from .trace import Tracer, Variable, python_state, trace_state
 _PLAIN = (bool, int, float, str, type(None))  # Python values a trace bakes in: constants of its cache key
 _ENTRIES = 8  # programs kept per kind of call (one per state of the guarded Python state): the oldest goes first
 
+# Extension point, kept apart from the rest: each wrapper (fn -> fn) may replace the function about to be traced by
+# one that runs it differently (opforge.distributed runs it under its sharding interpreter inside `with mesh:`).
+traced_function_wrappers: list = []
+
 
 class CompiledFunction:
     """A function traced into a program per kind of call (see the module docstring) and run by an Executor."""
@@ -132,8 +136,11 @@ class CompiledFunction:
 
         bound = inspect.BoundArguments(self.signature, {n: _rebuild(v, n, feed, (Tensor, np.ndarray))
                                                          for n, v in arguments.items()})
+        fn = self.fn
+        for wrapper in traced_function_wrappers:
+            fn = wrapper(fn)
         with interpreting(Tracer(program)):
-            result = self.fn(*bound.args, **bound.kwargs)
+            result = fn(*bound.args, **bound.kwargs)
         return _Entry(program, result, self.optimize)
 
 
