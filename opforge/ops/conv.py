@@ -215,7 +215,7 @@ def _conv2d_grad_weight(x, dy, kernel, stride, padding, dilation, groups):
 
 
 @op("conv2d(Tensor<floating> x, Tensor<floating> weight, Tensor<floating>? bias=None, *, int[] stride=[1, 1], "
-    "int[] padding=[0, 0], int[] dilation=[1, 1], int groups=1) -> Tensor y")
+    "int[] padding=[0, 0], int[] dilation=[1, 1], int groups=1) -> Tensor y", traits=["same_dtype"])
 def conv2d(x, weight, bias, *, stride, padding, dilation, groups):
     """2-D convolution (cross-correlation, as PyTorch): x (N, C, H, W), weight (O, C/groups, kH, kW), bias (O,)
     give y (N, O, OH, OW) with y[n, o, p, q] = bias[o] + Σ_{c, i, j} weight[o, c, i, j] · x_pad[n, g·C/groups + c,
@@ -377,7 +377,7 @@ def _geometry_2d(stride, padding, dilation, groups) -> dict:
 
 
 @op("conv1d(Tensor<floating> x, Tensor<floating> weight, Tensor<floating>? bias=None, *, int[] stride=[1], "
-    "int[] padding=[0], int[] dilation=[1], int groups=1) -> Tensor y")
+    "int[] padding=[0], int[] dilation=[1], int groups=1) -> Tensor y", traits=["same_dtype"])
 def conv1d(x, weight, bias, *, stride, padding, dilation, groups):
     """1-D convolution (cross-correlation, as PyTorch): x (N, C, L), weight (O, C/groups, kL), bias (O,) give
     y (N, O, OL) with y[n, o, p] = bias[o] + Σ_{c, i} weight[o, c, i] · x_pad[n, g·C/groups + c, p·s + i·d]."""
