@@ -63,7 +63,7 @@ def _encode(obj, path: str, arrays: dict):
     """The JSON form of ``obj``: containers become one-key dicts ({"dict": ...}, {"list": ...}, ...), arrays become
     references to npz members, and numbers, bools, strings and None stay as they are."""
     if isinstance(obj, (Tensor, np.ndarray, np.generic)):
-        array = obj.numpy() if isinstance(obj, Tensor) else np.asarray(obj)
+        array = obj._device.to_host(obj._data) if isinstance(obj, Tensor) else np.asarray(obj)
         if array.dtype.hasobject:
             raise ArgumentError(f"save(): the array at {path or 'the top'!r} holds Python objects (dtype object); "
                                 "only numeric, bool and string arrays can be saved without pickle")
@@ -106,6 +106,13 @@ def load(path, like=None):
     """
     path = os.fspath(path)
     try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+        if not head.startswith((b"PK", b"\x93NUMPY")):  # neither a zip (.npz) nor a .npy
+            what = "JSON (a program saved with Program.save is read with of.Program.load)" \
+                if head.lstrip()[:1] == b"{" else f"a file starting with {head!r}"
+            raise CheckpointError(f"load(): {path!r} is not an opforge checkpoint (a .npz archive written by "
+                                  f"of.save): it is {what}")
         archive = np.load(path, allow_pickle=False)
         if not isinstance(archive, np.lib.npyio.NpzFile):
             raise CheckpointError(f"load(): {path!r} is a single .npy array, not an opforge checkpoint")

@@ -720,7 +720,7 @@ def test_batch_norm_running_stats_update_the_same_eagerly_and_compiled():
         np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-6, atol=1e-7)
         assert b.numpy() is buffers[n]  # updated in place
     assert traced.features[1].num_batches_tracked.item() == 3
-    prog = next(iter(step.cache.values()))[0]
+    prog = next(iter(step.cache.values()))[0].program
     assert len(prog.updates) == 3  # running mean, running var, batch count
 
 

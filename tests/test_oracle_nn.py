@@ -585,7 +585,7 @@ def test_in_place_kernels_in_a_program_give_eager_bits():
 
     prog = trace(fn, x=of.Spec((16, 7), "float32"), t=of.Spec((16,), "int64"))
     grads = append_backward(prog, prog.outputs["loss"], wrt=["x"])
-    exe = Executor(prog, fetch={**prog.outputs, "dx": grads["x"]})
+    exe = Executor(prog, fetch={**prog.outputs, "dx": grads["x@GRAD"]})
     got = exe.run(x=x, t=target)
     plan = exe.plan(x=x, t=target)
     lines = plan.source.splitlines()
@@ -624,7 +624,7 @@ def test_mean_losses_compile_with_the_batch_size_unknown(name):
     prog = of.trace(lambda x, y: {"loss": loss_fn(x, y)}, x=of.Spec((None, 3), "float64"),
                     y=of.Spec((None, *y0.shape[1:]), y0.dtype))
     grads = of.append_backward(prog, prog.outputs["loss"], wrt=["x"])
-    exe = of.Executor(prog, fetch={"loss": prog.outputs["loss"], "dx": grads["x"]})
+    exe = of.Executor(prog, fetch={"loss": prog.outputs["loss"], "dx": grads["x@GRAD"]})
     for n in (2, 5):
         x, y = rng.standard_normal((n, 3)), second(rng, n)
         got = exe.run(x=x, y=y)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from ..core.errors import ArgumentError, GradientError, describe
 from ..core.grad_mode import set_grad_enabled
 from ..dispatch import EAGER, current_interpreter, owner_of
-from ..tensor import Node, Tensor, wrap
+from ..tensor import Node, Tensor, _epoch, _leaf_hooks, _node_hooks, check_saved, wrap
 from .anomaly import AnomalyDetection
 from .rules import call_rule, fit, input_label, missing_rule
 
@@ -47,6 +47,10 @@ def grad(outputs, inputs, grad_outputs=None, create_graph=False, retain_graph=No
     result = []
     for i, t in enumerate(inputs):
         g = found.get(_key(t))
+        if g is not None and t._node is None and _leaf_hooks:
+            for fn in list(_leaf_hooks.get(id(t), ())):
+                new = fn(g)
+                g = g if new is None else new
         if g is None and not allow_unused:
             raise GradientError(
                 f"grad(): inputs[{i}] (shape {t.shape}) was not used to compute the outputs; "
@@ -148,6 +152,7 @@ def _backprop(outputs: list, seeds: list, targets: set | None, create_graph: boo
     given: set = set()  # gradients already stored as some leaf's .grad (each .grad owns its memory)
     anomaly = current_interpreter()
     anomaly = anomaly if type(anomaly) is AnomalyDetection else None  # of.detect_anomaly(): check every gradient
+    hooked = len(_node_hooks) > 0  # register_hook / retain_grad on some non-leaf (looked up per node only then)
 
     with set_grad_enabled(create_graph):
         for t, g in zip(outputs, seeds):
@@ -162,6 +167,8 @@ def _backprop(outputs: list, seeds: list, targets: set | None, create_graph: boo
         for node in order:
             grads = pending.pop(node, None)
             if grads is not None:
+                if hooked and node in _node_hooks:
+                    _run_hooks(_node_hooks[node], grads)
                 if targets:
                     for i, g in enumerate(grads):
                         if g is not None and (node, i) in targets:
@@ -169,6 +176,8 @@ def _backprop(outputs: list, seeds: list, targets: set | None, create_graph: boo
                 if node in runs:
                     if node.op.grad_rule is None or node.saved is None:
                         _cannot_run(node, roots)
+                    if node.epoch != _epoch[0]:  # an in-place write since the node was made: on what it saved?
+                        check_saved(node)
                     if anomaly is None:
                         input_grads = call_rule(node, grads, create_graph)
                     else:
@@ -228,15 +237,30 @@ def _add(pending: dict, node: Node, index: int, g: Tensor) -> None:
     slots[index] = g if slots[index] is None else slots[index] + g
 
 
+def _run_hooks(hooks: dict, grads: list) -> None:
+    """``register_hook``s (and ``retain_grad``) of a node's outputs: each may replace the output's gradient."""
+    for index, fns in hooks.items():
+        if grads[index] is not None:
+            for fn in list(fns):
+                new = fn(grads[index])
+                if new is not None:
+                    grads[index] = new
+
+
 def _into_grad(leaf: Tensor, g: Tensor, given: set) -> None:
     """Add a leaf's final gradient into ``leaf.grad``; then run the hooks registered for that moment."""
-    if leaf.grad is not None:
-        leaf.grad = leaf.grad + g
+    if _leaf_hooks:
+        for fn in list(_leaf_hooks.get(id(leaf), ())):
+            new = fn(g)
+            if new is not None:
+                g = new
+    if leaf._grad is not None:
+        leaf._grad = leaf._grad + g
     elif g.requires_grad or (g._data.base is None and g not in given):
         given.add(g)
-        leaf.grad = g
+        leaf._grad = g
     else:  # shared with another leaf's .grad or a view of a live array: .grad must own its memory
-        leaf.grad = wrap(g._data.copy(), g._device)
+        leaf._grad = wrap(g._data.copy(), g._device)
     for hook in getattr(leaf, "_hooks", None) or ():
         hook(leaf)
 

@@ -21,6 +21,7 @@ from ..core import dtypes as D
 from ..core.errors import GradientError, describe
 from ..core.opdef import flat_ranges
 from ..core.spec import Dim, broadcast_shapes
+from ..tensor import _host_reads
 
 
 def call_rule(call, out_grads: list, create_graph: bool = False) -> list:
@@ -47,7 +48,18 @@ def call_rule(call, out_grads: list, create_graph: bool = False) -> list:
         kwargs[name] = attrs[name]
     if rule.wants_needs:
         kwargs["needs_input_grad"] = call.needs_input_grad()
-    return flatten_input_grads(op, rule.fn(**kwargs), call.in_layout)
+    if not create_graph:
+        return flatten_input_grads(op, rule.fn(**kwargs), call.in_layout)
+    reads = _host_reads.count
+    result = rule.fn(**kwargs)
+    if _host_reads.count != reads:  # the values went through NumPy: what came back is cut from the graph
+        raise GradientError(
+            f"gradient rule of op '{op.name}' read tensor values out to NumPy (.numpy(), .item(), np.* on a Tensor) "
+            "while the backward pass is recorded (create_graph=True, higher-order gradients): a gradient computed "
+            "in NumPy has no history, so its own derivative would silently be missing. Write the rule with ops "
+            "(F.*, Tensor operators)"
+        )
+    return flatten_input_grads(op, result, call.in_layout)
 
 
 def flatten_input_grads(op, result, in_layout: tuple) -> list:

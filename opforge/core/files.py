@@ -9,6 +9,8 @@ def atomic_write(path: str, write) -> None:
     """Call ``write(file)`` on a temporary file beside ``path``, fsync it, rename it to ``path`` and fsync the
     directory: ``path`` holds either its old content or the complete new one, never a part."""
     directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):  # else open() would name the temporary file, which the caller never chose
+        raise FileNotFoundError(f"cannot write {path!r}: the folder {directory!r} does not exist (create it first)")
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
     try:
         with open(tmp, "xb") as f:  # created with the usual permissions (umask), unlike tempfile's 0600

@@ -387,14 +387,14 @@ def _traced_under_mesh(fn):
         return fn
 
     @functools.wraps(fn)
-    def sharded(**variables):
+    def sharded(*args, **kwargs):  # called as of.compile binds the call (positionally, by keyword, *args)
         program = tracing_program()
         tracer = ShardingTracer(program, mesh)
         for name in program.feeds:
             tracer.layouts[name] = normalized(mesh.feeds.get(name, _default_feed(program, name)),
                                               len(program.block.vars[name].spec.shape))
         with interpreting(tracer):
-            return fn(**variables)
+            return fn(*args, **kwargs)
 
     return sharded
 
@@ -536,7 +536,7 @@ class _Replay:
         by_wrt = {w: g for w, g in self.old.grad_names.items()}
         self.tracer._reduce_together()
         for w_old, w in zip(wrt, wanted):
-            g = grads.get(w)
+            g = grads.get(f"{w}@GRAD")  # append_backward names gradients as Executor.run returns them
             if g is None:
                 continue
             logical = self.tracer.logical_grad(w, g.name)

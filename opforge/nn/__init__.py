@@ -2,9 +2,13 @@
 and PyTorch-style layers built on registered ops, so that a model runs eagerly and inside ``of.compile`` alike.
 
     from opforge import nn
+    import opforge.nn.functional as F      # the same module as opforge.ops
     model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
 """
 
+import sys
+
+from .. import ops as functional
 from . import init
 from .layers import (
     CELU,
@@ -80,7 +84,9 @@ from .layers import (
     Unfold,
     Upsample,
 )
-from .module import IncompatibleKeys, Module, ModuleList, Parameter, Sequential, StateDictError
+from .module import IncompatibleKeys, Module, ModuleDict, ModuleList, Parameter, Sequential, StateDictError
+
+sys.modules[__name__ + ".functional"] = functional  # `import opforge.nn.functional as F`, PyTorch's spelling
 
 __all__ = [
     "CELU", "ELU", "GELU", "GLU", "SELU", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d",
@@ -89,9 +95,9 @@ __all__ = [
     "CosineEmbeddingLoss", "CrossEntropyLoss", "Dropout", "Embedding", "Flatten", "Fold", "GroupNorm",
     "Hardsigmoid", "Hardswish", "Hardtanh", "HuberLoss", "Identity", "IncompatibleKeys", "InstanceNorm1d",
     "InstanceNorm2d", "KLDivLoss", "L1Loss", "LayerNorm", "LeakyReLU", "Linear", "LogSigmoid", "LogSoftmax",
-    "MSELoss", "MarginRankingLoss", "MaxPool1d", "MaxPool2d", "MaxPool3d", "Mish", "Module", "ModuleList",
-    "MultiheadAttention", "NLLLoss", "PReLU", "Parameter", "PixelShuffle", "PixelUnshuffle", "RMSNorm", "ReLU",
-    "ReLU6", "Sequential", "SiLU", "Sigmoid", "Softmax", "Softmin", "Softplus", "StateDictError", "Tanh",
-    "TripletMarginLoss", "Unfold", "Upsample", "init",
+    "MSELoss", "MarginRankingLoss", "MaxPool1d", "MaxPool2d", "MaxPool3d", "Mish", "Module", "ModuleDict",
+    "ModuleList", "MultiheadAttention", "NLLLoss", "PReLU", "Parameter", "PixelShuffle", "PixelUnshuffle",
+    "RMSNorm", "ReLU", "ReLU6", "Sequential", "SiLU", "Sigmoid", "Softmax", "Softmin", "Softplus", "StateDictError",
+    "Tanh", "TripletMarginLoss", "Unfold", "Upsample", "functional", "init",
 ]
 __all__ += ["CosineSimilarity", "Dropout1d", "Dropout2d", "Dropout3d", "EmbeddingBag", "PairwiseDistance"]

@@ -282,6 +282,13 @@ def eye(*, n: int, m: int | None = None, dtype: _DTypeLike | None = None) -> Ten
 def bernoulli(p: _TensorLike) -> Tensor:
     """Draws 1 with probability ``p`` (elementwise), else 0, in ``p``'s dtype, from the seeded generator."""
 
+# -- opforge.ops.device
+
+def to_device(x: _TensorLike, *, device: str) -> Tensor:
+    """A copy of x on ``device`` (the name of a registered device). This kernel reads host memory (it serves
+    every device whose arrays are host arrays); a device with memory of its own gives it a kernel of its own.
+    """
+
 # -- opforge.ops.elementwise
 
 def identity(x: _TensorLike) -> Tensor:
@@ -562,6 +569,23 @@ def masked_fill(x: _TensorLike, mask: _TensorLike, value: _TensorLike) -> Tensor
     The result keeps ``x``'s dtype; ``value`` is a number or a 0-d tensor, and gets the gradient of the
     positions it fills.
     """
+
+# -- opforge.ops.integer
+
+def remainder(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """x mod y with the sign of y (Python's ``%``, ``torch.remainder``): x − floor(x / y)·y."""
+
+def floor_divide(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """floor(x / y) (Python's ``//``; integers stay integers)."""
+
+def bitwise_and(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """x & y, bit by bit (the logical and of bools)."""
+
+def bitwise_or(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """x | y, bit by bit (the logical or of bools)."""
+
+def bitwise_not(x: _TensorLike) -> Tensor:
+    """~x, bit by bit (−x − 1 for integers; the logical not of bools)."""
 
 # -- opforge.ops.linalg
 

@@ -197,7 +197,7 @@ def _randn(rng, *shape):
 
 
 @op("conv1d(Tensor<floating> x, Tensor<floating> weight, Tensor<floating>? bias=None, *, int[] stride=[1], "
-    "int[]|str padding=[0], int[] dilation=[1], int groups=1) -> Tensor y")
+    "int[]|str padding=[0], int[] dilation=[1], int groups=1) -> Tensor y", traits=["same_dtype"])
 def conv1d(x, weight, bias, *, stride, padding, dilation, groups):
     """1-D convolution (cross-correlation, as PyTorch): x (N, C, L), weight (O, C/groups, kL), bias (O,) give
     y (N, O, OL) with y[n, o, p] = bias[o] + Σ_{c, i} weight[o, c, i] · x_pad[n, g·C/groups + c, p·s + i·d],
@@ -214,7 +214,7 @@ _define_conv(conv1d, 1, lambda rng: [
 
 
 @op("conv2d(Tensor<floating> x, Tensor<floating> weight, Tensor<floating>? bias=None, *, int[] stride=[1, 1], "
-    "int[]|str padding=[0, 0], int[] dilation=[1, 1], int groups=1) -> Tensor y")
+    "int[]|str padding=[0, 0], int[] dilation=[1, 1], int groups=1) -> Tensor y", traits=["same_dtype"])
 def conv2d(x, weight, bias, *, stride, padding, dilation, groups):
     """2-D convolution (cross-correlation, as PyTorch): x (N, C, H, W), weight (O, C/groups, kH, kW), bias (O,)
     give y (N, O, OH, OW) with y[n, o, p, q] = bias[o] + Σ_{c, i, j} weight[o, c, i, j] · x_pad[n, g·C/groups + c,
@@ -234,7 +234,7 @@ _define_conv(conv2d, 2, lambda rng: [
 
 
 @op("conv3d(Tensor<floating> x, Tensor<floating> weight, Tensor<floating>? bias=None, *, int[] stride=[1, 1, 1], "
-    "int[]|str padding=[0, 0, 0], int[] dilation=[1, 1, 1], int groups=1) -> Tensor y")
+    "int[]|str padding=[0, 0, 0], int[] dilation=[1, 1, 1], int groups=1) -> Tensor y", traits=["same_dtype"])
 def conv3d(x, weight, bias, *, stride, padding, dilation, groups):
     """3-D convolution (cross-correlation, as PyTorch): x (N, C, D, H, W), weight (O, C/groups, kD, kH, kW),
     bias (O,) give y (N, O, OD, OH, OW), each output the weighted sum of a dilated, strided window of the padded
@@ -446,7 +446,8 @@ def _define_conv_transpose(opdef, nd: int, samples) -> None:
 
 
 @op("conv_transpose1d(Tensor<floating> x, Tensor<floating> weight, Tensor<floating>? bias=None, *, "
-    "int[] stride=[1], int[] padding=[0], int[] output_padding=[0], int groups=1, int[] dilation=[1]) -> Tensor y")
+    "int[] stride=[1], int[] padding=[0], int[] output_padding=[0], int groups=1, int[] dilation=[1]) -> Tensor y",
+    traits=["same_dtype"])
 def conv_transpose1d(x, weight, bias, *, stride, padding, output_padding, groups, dilation):
     """1-D transposed convolution (PyTorch's): x (N, C, L), weight (C, O/groups, kL), bias (O,) give
     y (N, O, (L − 1)·s − 2·p + d·(kL − 1) + output_padding + 1), the gradient of conv1d with respect to its input,
@@ -465,7 +466,7 @@ _define_conv_transpose(conv_transpose1d, 1, lambda rng: [
 
 @op("conv_transpose2d(Tensor<floating> x, Tensor<floating> weight, Tensor<floating>? bias=None, *, "
     "int[] stride=[1, 1], int[] padding=[0, 0], int[] output_padding=[0, 0], int groups=1, "
-    "int[] dilation=[1, 1]) -> Tensor y")
+    "int[] dilation=[1, 1]) -> Tensor y", traits=["same_dtype"])
 def conv_transpose2d(x, weight, bias, *, stride, padding, output_padding, groups, dilation):
     """2-D transposed convolution (PyTorch's): x (N, C, H, W), weight (C, O/groups, kH, kW), bias (O,) give
     y (N, O, OH, OW) with OH = (H − 1)·sH − 2·pH + dH·(kH − 1) + output_padding + 1 (and so for OW), the gradient
@@ -484,7 +485,7 @@ _define_conv_transpose(conv_transpose2d, 2, lambda rng: [
 
 @op("conv_transpose3d(Tensor<floating> x, Tensor<floating> weight, Tensor<floating>? bias=None, *, "
     "int[] stride=[1, 1, 1], int[] padding=[0, 0, 0], int[] output_padding=[0, 0, 0], int groups=1, "
-    "int[] dilation=[1, 1, 1]) -> Tensor y")
+    "int[] dilation=[1, 1, 1]) -> Tensor y", traits=["same_dtype"])
 def conv_transpose3d(x, weight, bias, *, stride, padding, output_padding, groups, dilation):
     """3-D transposed convolution (PyTorch's): x (N, C, D, H, W), weight (C, O/groups, kD, kH, kW), bias (O,):
     the gradient of conv3d with respect to its input, plus the bias; each output size is

@@ -11,7 +11,7 @@ from ..core.errors import ArgumentError
 from ._common import B, D, P, S, Sample, ShapeError, Spec, broadcast_shapes, np, op
 
 
-@op("matmul(Tensor<number> x, Tensor<number> y) -> Tensor out")
+@op("matmul(Tensor<number> x, Tensor<number> y) -> Tensor out", traits=["same_dtype"])
 def matmul(x, y):
     """Matrix product with NumPy's rules: 1-D operands are vectors, leading dims broadcast (batches)."""
     import numpy as np
@@ -153,7 +153,8 @@ def _linear_spec(x, weight, bias):
     return Spec(shape, D.promote(*dtypes))
 
 
-@op("linear(Tensor<number> x, Tensor<number> weight, Tensor<number>? bias=None) -> Tensor y")
+@op("linear(Tensor<number> x, Tensor<number> weight, Tensor<number>? bias=None) -> Tensor y",
+    traits=["same_dtype"])
 def linear(x, weight, bias):
     """``torch.nn.functional.linear``: ``y = x @ weightᵀ + bias``, weight of shape (out_features, in_features),
     over the last dim of ``x`` (any leading dims are a batch)."""

@@ -433,8 +433,10 @@ def _(x, running_mean, running_var, weight, bias, *, training, momentum, eps):
 
 
 @batch_norm.grad
-def _(x, running_mean, running_var, weight, dy, dnew_running_mean, dnew_running_var, *, training, momentum, eps,
-      needs_input_grad):
+def _(x, running_mean_spec, weight, new_running_mean, new_running_var, dy, dnew_running_mean, dnew_running_var, *,
+      training, momentum, eps, needs_input_grad):
+    # The running statistics are read from the outputs (equal to them without training): the layer updates its
+    # buffers in place after the call, and a training step needs none of their values.
     nd = x.ndim
     axes = [0, *range(2, nd)]
     g = dy * _channel(weight, nd) if weight is not None else dy
@@ -443,7 +445,7 @@ def _(x, running_mean, running_var, weight, dy, dnew_running_mean, dnew_running_
         if needs_input_grad[0]:
             # y through the batch statistics, then the statistics outputs: new_mean = (1 − m)·rm + m·mean(x) and
             # new_var = (1 − m)·rv + m·Σ(x − μ)²/(n − 1), whose derivative in x is 2m·(x − μ)/(n − 1).
-            m = momentum if running_mean is not None else 1.0
+            m = momentum if running_mean_spec is not None else 1.0
             n = _numel(x.shape) // x.shape[1]
             xc = x - F.mean(x, axis=axes, keepdim=True)
             dx = (dx + _channel(dnew_running_mean, nd) * (m / n)
@@ -454,9 +456,9 @@ def _(x, running_mean, running_var, weight, dy, dnew_running_mean, dnew_running_
         drv = dnew_running_var * (1.0 - momentum) if needs_input_grad[2] else None
     else:
         # y = (x − rm)·r·weight + bias with r = 1/√(rv + ε); the running statistics also pass through unchanged.
-        r_c = 1.0 / F.sqrt(running_var + eps)
+        r_c = 1.0 / F.sqrt(new_running_var + eps)
         r = _channel(r_c, nd)
-        xhat = (x - _channel(running_mean, nd)) * r
+        xhat = (x - _channel(new_running_mean, nd)) * r
         dx = g * r if needs_input_grad[0] else None
         drm = dnew_running_mean - F.sum(g, axis=axes) * r_c if needs_input_grad[1] else None
         # ∂x̂/∂rv = −½·x̂·r²
