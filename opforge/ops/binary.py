@@ -88,7 +88,8 @@ def _(x, y, out, dout, needs_input_grad):
     dy = None
     if needs_input_grad[1]:
         # d/dy xʸ = xʸ·ln x; 0 where x = 0 (as PyTorch), NaN where x < 0.
-        dy = F.where(x == 0, 0, dout * out * F.log(F.where(x == 0, 1, x)))
+        base = x if x.dtype.kind == "f" else F.cast(x, dtype=out.dtype)  # an int or bool base: ln in floats
+        dy = F.where(x == 0, 0, dout * out * F.log(F.where(x == 0, 1, base)))
     return dx, dy
 
 

@@ -144,7 +144,9 @@ def _(x, weight, dy, needs_input_grad):
     # y = x·Wᵀ + b over the rows of x: dx = dy·W, dW = Σ_rows dyᵀ·x, db = dy (summed to the bias by the engine).
     dx = F.matmul(dy, weight) if needs_input_grad[0] else None
     dw = None
-    if needs_input_grad[1]:
+    if needs_input_grad[1] and 0 in weight.shape:  # no rows to reshape to (-1, 0): an empty weight, empty dw
+        dw = F.zeros_like(weight)
+    elif needs_input_grad[1]:
         rows_dy = F.reshape(dy, shape=[-1, weight.shape[0]])
         rows_x = F.reshape(x, shape=[-1, weight.shape[1]])
         dw = F.matmul(F.transpose(rows_dy), rows_x)

@@ -160,6 +160,8 @@ def slice_grad(dy, *, shape, axes, starts, ends, steps):
 
 @slice_grad.infer
 def _(dy, *, shape, axes, starts, ends, steps):
+    if any(d is not None and d < 0 for d in shape):
+        raise ShapeError(f"slice_grad(): argument 'shape' {list(shape)} has a negative size")
     expected = _slice_spec("slice_grad", tuple(shape), axes, starts, ends, steps)
     if len(expected) != len(dy.shape) or any(a is not None and b is not None and a != b
                                              for a, b in zip(expected, dy.shape)):
