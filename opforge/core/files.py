@@ -115,7 +115,7 @@ class NpzReader:
             size = os.path.getsize(self.path)
             self._zip = zipfile.ZipFile(self.path)
         try:
-            self._members = {}
+            self._members, self._headers = {}, {}
             for info in self._zip.infolist():
                 name = info.filename
                 if not name.endswith(".npy"):
@@ -146,14 +146,21 @@ class NpzReader:
 
     def header(self, key: str):
         """``(shape, dtype)`` of member ``key``, from its header alone, checked against the member's size."""
-        with self._open(key) as f:
-            shape, dtype, _ = self._header(f, key)
+        if key not in self._headers:
+            with self._open(key) as f:
+                self._headers[key] = self._header(f, key)
+        shape, dtype, _, _ = self._headers[key]
         return shape, dtype
 
     def read(self, key: str) -> np.ndarray:
         """Member ``key`` as a new writable array."""
         with self._open(key) as f:
-            shape, dtype, fortran = self._header(f, key)
+            if key in self._headers:  # read already: skip it
+                shape, dtype, fortran, offset = self._headers[key]
+                with _as_archive_error(self.path, key):
+                    f.seek(offset)
+            else:
+                shape, dtype, fortran, _ = self._header(f, key)
             with _as_archive_error(self.path, key):
                 buffer = np.empty(_nbytes(shape, dtype), np.uint8)
                 done = 0
@@ -197,7 +204,7 @@ class NpzReader:
         if nbytes != held:
             raise ArchiveError(f"{self.path}: member {key!r} declares shape {shape} of {dtype} ({nbytes} bytes), "
                                f"but holds {held} bytes")
-        return shape, dtype, fortran
+        return shape, dtype, fortran, offset
 
     def close(self) -> None:
         self._zip.close()

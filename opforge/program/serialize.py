@@ -159,8 +159,9 @@ class _Loader:
         program.backward_requests = self._backward_requests(_field(doc, "backward_requests", list, where, []))
         ops = _field(doc, "ops", list, where)
         self.writer = {}  # variable -> index of the op writing it
-        for i, raw in enumerate(ops):
-            for name in self._op_output_names(raw, i):
+        heads = [self._op_head(raw, i) for i, raw in enumerate(ops)]
+        for i, (_, _, outputs) in enumerate(heads):
+            for name in (n for names in outputs.values() for n in names):
                 if name in self.writer:
                     raise ProgramFormatError(f"{where}: op #{i} writes {name!r}, which op #{self.writer[name]} "
                                              "writes already")
@@ -168,8 +169,8 @@ class _Loader:
                     raise ProgramFormatError(f"{where}: op #{i} writes {name!r}, a feed or persistable variable "
                                              "(persistable variables change through 'updates' only)")
                 self.writer[name] = i
-        for i, raw in enumerate(ops):
-            program.block.ops.append(self._op(raw, i))
+        for i, (raw, head) in enumerate(zip(ops, heads)):
+            program.block.ops.append(self._op(raw, i, *head))
         for target, new in program.updates.items():
             old, value = self.vars[target], self.vars[new]
             if not old.persistable:
@@ -244,27 +245,23 @@ class _Loader:
             out[p.name] = got
         return out
 
-    def _op_header(self, raw, i: int):
+    def _op_head(self, raw, i: int):
+        """Op #i's definition, its place for errors, and its outputs: what the order check needs first."""
         at = f"{self.where}: op #{i}"
         if not isinstance(raw, dict):
             raise ProgramFormatError(f"{at} must be an object, got {describe(raw)}")
         kind = _field(raw, "type", str, at)
         if kind not in registry:
             raise ProgramFormatError(f"{at} has unknown type {kind!r} (is the module defining it imported?)")
-        return registry.get(kind), f"{at} {kind}"
-
-    def _op_output_names(self, raw, i: int) -> list:
-        opdef, at = self._op_header(raw, i)
-        return [n for names in self._slots(raw, "outputs", opdef.outputs, at).values() for n in names]
+        opdef, at = registry.get(kind), f"{at} {kind}"
+        return opdef, at, self._slots(raw, "outputs", opdef.outputs, at)
 
     def _available(self, name: str, i: int) -> bool:
         """Whether op #i may read ``name``: a feed, a value, or the output of an earlier op."""
         return self.writer.get(name, -1) < i
 
-    def _op(self, raw: dict, i: int) -> OpDesc:
-        opdef, at = self._op_header(raw, i)
+    def _op(self, raw: dict, i: int, opdef, at: str, outputs: dict) -> OpDesc:
         inputs = self._slots(raw, "inputs", opdef.inputs, at)
-        outputs = self._slots(raw, "outputs", opdef.outputs, at)
         for n in (n for names in inputs.values() for n in names):
             if not self._available(n, i):
                 raise ProgramFormatError(f"{at} reads {n!r} before op #{self.writer[n]} writes it")
