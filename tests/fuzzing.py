@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import faulthandler
+import json
 import os
 import signal
 import threading
@@ -17,10 +18,11 @@ import warnings
 
 import numpy as np
 
-import opforge
+import opforge as of
+from opforge import ops as F
 from opforge.core.errors import OpforgeError
 
-_PACKAGE = os.path.dirname(opforge.__file__)
+_PACKAGE = os.path.dirname(of.__file__)
 
 LONG = os.environ.get("OPFORGE_FUZZ") == "long"
 SEED = int(os.environ.get("OPFORGE_FUZZ_SEED", "0"))
@@ -36,8 +38,8 @@ class CaseHung(BaseException):  # not an Exception: no `except Exception` inside
 
 @contextlib.contextmanager
 def watchdog(seconds: float, what):
-    """Interrupt the case after ``seconds`` (raising CaseHung in this thread); if it is stuck in C code and does
-    not come back, faulthandler kills the process a minute later, dumping every thread's stack."""
+    """Interrupt the case after ``seconds``, raising CaseHung in this thread (see ``hard_deadline`` for a case
+    stuck in C code, which a signal handler cannot interrupt)."""
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
         yield
         return
@@ -47,13 +49,22 @@ def watchdog(seconds: float, what):
 
     previous = signal.signal(signal.SIGALRM, interrupt)
     signal.setitimer(signal.ITIMER_REAL, seconds)
-    faulthandler.dump_traceback_later(seconds + 60, exit=True)
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
-        faulthandler.cancel_dump_traceback_later()
         signal.signal(signal.SIGALRM, previous)
+
+
+@contextlib.contextmanager
+def hard_deadline(seconds: float):
+    """If the whole run is not done after ``seconds`` (a case stuck in C code), faulthandler dumps every thread's
+    stack and kills the process: a hang fails loudly instead of stalling the suite."""
+    faulthandler.dump_traceback_later(seconds, exit=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 @contextlib.contextmanager
@@ -125,6 +136,25 @@ def _where(error: Exception) -> str:
     return f"  [at {' <- '.join(reversed(frames[-3:]))}]"
 
 
+# -- what the file fuzzing mutates -------------------------------------------------------------------------------
+
+def small_program(seed=0, extra_op=False):
+    """A traced model with its backward pass: parameters, a constant, a size known at run time (a Dim attr)."""
+    rng = np.random.default_rng(seed)
+    w = of.tensor(rng.standard_normal((3, 5)), requires_grad=True)
+    b = of.tensor(rng.standard_normal(5), requires_grad=True)
+
+    def f(x, y):
+        h = F.reshape(F.tanh(x @ w + b), shape=[x.shape[0], 5]) * 0.5
+        if extra_op:
+            h = F.relu(h)
+        return {"loss": F.cross_entropy(h, y)}
+
+    prog = of.trace(f, x=of.Spec((None, 3), "float64"), y=of.Spec((None,), "int64"))
+    of.append_backward(prog, prog.outputs["loss"])
+    return prog
+
+
 # -- mutating JSON documents ------------------------------------------------------------------------------------
 
 EVIL = [None, True, False, 0, -1, 1, 3, 2**31, 2**63, 10**400, 1.5, -0.0, float("nan"), float("inf"), -1e308, "",
@@ -152,7 +182,7 @@ def _strings(doc) -> list:
 def mutate(doc, rng: np.random.Generator, times: int):
     """A copy of ``doc`` with ``times`` random changes: values replaced by hostile ones or by other strings and
     subtrees of the document, entries deleted, duplicated, swapped, renamed, nudged, or nested very deep."""
-    doc = copy.deepcopy(doc)
+    doc = json.loads(json.dumps(doc))  # a deep copy, faster than copy.deepcopy
     for _ in range(times):
         nodes = _nodes(doc)
         if not nodes:
@@ -178,16 +208,27 @@ def mutate(doc, rng: np.random.Generator, times: int):
         elif kind == 5 and isinstance(value, (int, float)) and not isinstance(value, bool):
             parent[key] = [value + 1, value - 1, -value, value * 2**40, 0][rng.integers(5)]
         elif kind == 6:
-            deep = value
-            for _ in range(int(rng.choice([2, 50, 150, 2000]))):
-                deep = [deep]
-            parent[key] = deep
+            depth = int(rng.choice([2, 50, 150, 100_000]))
+            if depth > 150:  # deeper than Python's own JSON encoder goes: spliced into the text by dumps()
+                parent[key] = DEEP
+            else:
+                for _ in range(depth):
+                    value = [value]
+                parent[key] = value
         elif kind == 7:
             other_parent, other_key = nodes[rng.integers(len(nodes))]
             parent[key] = copy.deepcopy(other_parent[other_key])
         else:
             parent[key] = copy.deepcopy(EVIL[rng.integers(len(EVIL))])
     return doc
+
+
+DEEP = "__nested 100,000 deep__"
+
+
+def dumps(doc) -> str:
+    """``doc`` as JSON text, with each DEEP placeholder replaced by lists nested 100,000 deep."""
+    return json.dumps(doc).replace(json.dumps(DEEP), "[" * 100_000 + "]" * 100_000)
 
 
 def mutate_bytes(data: bytes, rng: np.random.Generator) -> bytes:

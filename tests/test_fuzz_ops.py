@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fuzzing import LONG, SEED, count, memory_ceiling, quiet, verdict, watchdog
+from fuzzing import LONG, SEED, count, hard_deadline, memory_ceiling, quiet, verdict, watchdog
 
 import opforge as of
 from opforge import ops as F
@@ -146,7 +146,7 @@ def fuzz(opdefs, per_op: int | None, seed: int, traced: bool):
     number run, the problems found, and the problems of the core's known issues (``core_issue``), apart."""
     rng = np.random.default_rng(seed)
     problems, known, ran = [], [], 0
-    with memory_ceiling(), quiet():
+    with memory_ceiling(), quiet(), hard_deadline(count(300, 3000)):
         for opdef in opdefs:
             samples = samples_of(opdef, rng)
             chosen = [samples[rng.integers(len(samples))]] if per_op is not None else samples

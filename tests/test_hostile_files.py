@@ -14,30 +14,12 @@ import zipfile
 
 import numpy as np
 import pytest
+from fuzzing import small_program
 
 import opforge as of
-from opforge import ops as F
 from opforge.checkpoint import MANIFEST, CheckpointError
 from opforge.core.files import sha256_of
 from opforge.program.serialize import ProgramFormatError
-
-
-def small_program(seed=0, extra_op=False):
-    """A traced model with its backward pass: parameters, a constant, a size known at run time (a Dim attr)."""
-    rng = np.random.default_rng(seed)
-    w = of.tensor(rng.standard_normal((3, 5)), requires_grad=True)
-    b = of.tensor(rng.standard_normal(5), requires_grad=True)
-
-    def f(x, y):
-        h = F.reshape(F.tanh(x @ w + b), shape=[x.shape[0], 5]) * 0.5
-        if extra_op:
-            h = F.relu(h)
-        return {"loss": F.cross_entropy(h, y)}
-
-    prog = of.trace(f, x=of.Spec((None, 3), "float64"), y=of.Spec((None,), "int64"))
-    of.append_backward(prog, prog.outputs["loss"])
-    return prog
-
 
 FEED = {"x": np.random.default_rng(1).standard_normal((4, 3)), "y": np.array([0, 1, 4, 2])}
 

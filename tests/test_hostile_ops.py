@@ -1,0 +1,82 @@
+"""Bad calls the issue and the op fuzzing (``test_fuzz_ops.py``) found, each pinned as a regression test."""
+
+import numpy as np
+import pytest
+
+import opforge as of
+from opforge import ops as F
+from opforge.testing import gradcheck
+
+
+def eager_and_traced(call, *arrays):
+    """``call`` on Tensors, and traced on program variables of the same Specs."""
+    yield lambda: call(*(of.tensor(a) for a in arrays))
+    yield lambda: of.trace(call, *(of.Spec(a.shape, a.dtype) for a in arrays))
+
+
+@pytest.mark.parametrize("name", ["zeros", "ones", "normal", "uniform", "full"])
+def test_creation_ops_with_a_negative_shape_name_the_op(name):
+    kwargs = {"fill_value": 1.0} if name == "full" else {}
+    with pytest.raises(of.ShapeError, match=f"{name}\\(\\): argument 'shape' \\[2, -1\\] has a negative size"):
+        getattr(F, name)(shape=[2, -1], **kwargs)
+    with pytest.raises(of.ShapeError, match=f"{name}\\(\\): argument 'shape'"):
+        of.trace(lambda x: x + getattr(F, name)(shape=[-3], **kwargs), of.Spec((3,), "float32"))
+
+
+@pytest.mark.parametrize("name", ["less", "less_equal", "greater", "greater_equal", "equal", "not_equal",
+                                  "logical_and", "logical_or"])
+def test_comparison_and_logical_ops_on_shapes_that_do_not_broadcast_name_the_op(name):
+    for call in eager_and_traced(getattr(F, name), np.ones((2, 3)), np.ones((3, 2))):
+        with pytest.raises(of.ShapeError, match=f"{name}\\(\\): shapes \\(2, 3\\) and \\(3, 2\\) do not broadcast"):
+            call()
+
+
+@pytest.mark.parametrize("call", [lambda: F.scale(of.tensor([1.0]), scale=10**400),
+                                  lambda: F.full(shape=[2], fill_value=10**400),
+                                  lambda: F.leaky_relu(of.tensor([1.0]), alpha=-(10**400)),
+                                  lambda: of.trace(lambda x: F.scale(x, scale=10**400), of.Spec((2,), "float32"))])
+def test_a_float_attr_given_an_int_no_float_holds_is_an_argument_error(call):
+    with pytest.raises(of.ArgumentError, match="expected float, got an int too large for a float"):
+        call()
+
+
+def test_an_int_past_pythons_digit_limit_is_described_not_a_raw_value_error():
+    with pytest.raises(of.ArgumentError, match="argument 'reduction' expected str, got int"):
+        F.mse_loss(of.tensor([1.0]), of.tensor([1.0]), reduction=10**5000)
+
+
+def test_pow_of_an_int_base_differentiates_in_its_exponent():
+    x = of.tensor(np.array([[1, 2], [3, 0]]))
+    y = of.tensor(np.random.default_rng(0).standard_normal((2, 2)), requires_grad=True)
+    gradcheck(lambda y: F.pow(x, y), [y])
+
+
+def test_sum_to_refuses_a_shape_it_would_only_reshape_to():
+    with pytest.raises(of.ShapeError, match="sum_to\\(\\): cannot sum a tensor of shape \\(3, 2\\) to shape"):
+        F.sum_to(of.tensor(np.ones((3, 2))), shape=[2, 3])
+
+
+def test_linear_with_an_empty_weight_has_empty_gradients():
+    x = of.tensor(np.ones((4, 0)), requires_grad=True)
+    w = of.tensor(np.ones((5, 0)), requires_grad=True)
+    F.linear(x, w).sum().backward()
+    assert x.grad.shape == (4, 0) and w.grad.shape == (5, 0)
+
+
+def test_attention_differentiates_when_v_has_batch_dims_q_and_k_lack():
+    rng = np.random.default_rng(0)
+    q, k, v = (of.tensor(rng.standard_normal(s), requires_grad=True) for s in [(2, 3, 4), (2, 5, 4), (2, 2, 5, 2)])
+    gradcheck(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), [q, k, v])
+
+
+@pytest.mark.parametrize("name", ["var", "std"])
+def test_var_and_std_differentiate_with_a_correction_no_float_holds(name):
+    x = of.tensor(np.ones(3), requires_grad=True)
+    getattr(F, name)(x, correction=10**400).backward()
+    assert x.grad.shape == (3,)
+
+
+def test_slice_grad_refuses_a_negative_shape_when_traced():
+    with pytest.raises(of.ShapeError, match="slice_grad\\(\\): argument 'shape' \\[-1\\] has a negative size"):
+        of.trace(lambda dy: F.slice_grad(dy, shape=[-1], axes=[0], starts=[0], ends=[1], steps=[1]),
+                 of.Spec((1,), "float64"))
