@@ -298,6 +298,17 @@ def test_a_damaged_or_tampered_program_fails_clearly_at_load(saved, change, mess
         of.Program.load(saved)
 
 
+def test_a_program_saved_by_an_older_opforge_still_loads(saved):
+    """Before the values file was named by its hash: ``<stem>.npz``, and no digest in the JSON."""
+    doc = doc_of(saved)
+    saved.with_name(doc["values"]).rename(saved.with_name("p.npz"))
+    doc["values"] = "p.npz"
+    del doc["values_sha256"]
+    write_doc(saved, doc)
+    a, b = run(small_program()), run(of.Program.load(saved))
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
 def test_the_fixture_program_loads_and_runs_as_traced(saved):
     prog = small_program()
     loaded = of.Program.load(saved)
