@@ -265,6 +265,7 @@ def _input(kind, slot, names):
     (_attr("reshape", shape=[{"dim": ["cross_entropy.9", 0]}, 5]), "is not the size of an axis"),
     (_attr("reshape", shape=[[1, 2], 5]), "unknown attr value list"),
     (_attr("reshape", shape={"dtype": "float64"}), "argument 'shape' expected int\\[\\]"),
+    (_attr("ones_like", dtype={"dtype": {"a": 1}}), "unknown attr value dict"),
     (_attr("cross_entropy", reduction="x"), "op #\\d+ cross_entropy: .*reduction"),
     (_attr("nll_loss_grad", reduction="x"), "op #\\d+ nll_loss_grad: .*reduction"),
     (_attr("cross_entropy", label_smoothing=10**400), "label_smoothing.* int too large for a float"),

@@ -290,8 +290,9 @@ class _Loader:
             return tuple(self._decode(v, i, at, nested=True) for v in value)
         if value is None or isinstance(value, (bool, int, float, str)):
             return value
-        if isinstance(value, dict) and set(value) == {"dtype"} and value["dtype"] in _DTYPES:
-            return _DTYPES[value["dtype"]]
+        dtype = value.get("dtype") if isinstance(value, dict) and set(value) == {"dtype"} else None
+        if isinstance(dtype, str) and dtype in _DTYPES:
+            return _DTYPES[dtype]
         if isinstance(value, dict) and set(value) == {"dim"}:
             ref = value["dim"]
             if isinstance(ref, list) and len(ref) == 2 and isinstance(ref[0], str) and _is(ref[1], int):
