@@ -158,7 +158,7 @@ def small_program(seed=0, extra_op=False):
 # -- mutating JSON documents ------------------------------------------------------------------------------------
 
 EVIL = [None, True, False, 0, -1, 1, 3, 2**31, 2**63, 10**400, 1.5, -0.0, float("nan"), float("inf"), -1e308, "",
-        "x", "ghost", "float64", "complex128", "object", "../x.npz", [], {}, [None], [[]], [1, 2], {"a": 1},
+        "x", "ghost", "float64", "complex128", "object", "(-1,)f8", "../x.npz", [], {}, [None], [[]], [1, 2], {"a": 1},
         {"dim": ["x", 0]}, {"dim": ["ghost", 9]}, {"dim": [0]}, {"dtype": "float64"}, {"dtype": "object"},
         {"dtype": {"a": 1}}, {"list": []}, {"dict": []}, {"tensor": "a0"}, {"array": 5}, {"scalar": [1]}]
 

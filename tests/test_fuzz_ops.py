@@ -31,7 +31,7 @@ BAD_ATTRS = {
               np.float32(0.5)],
     "bool": [1, "True", None, np.bool_(True), 0.0],
     "str": [1.5, "", "nonsense", None, b"mean"],
-    "dtype": ["complex128", "float16", "x", 5, None, np.float32, "bool", object],
+    "dtype": ["complex128", "float16", "x", 5, None, np.float32, "bool", object, "(-1,)f8", ">f8"],
 }
 BAD_INT_LISTS = [[], [-1], [2**62], [10**400], [1.5], "x", [[1]], [None], 5, [1] * 70, [0, 0], (-1, -1), [True]]
 AXIS_NAMES = {"axis", "axes", "dims", "perm", "dim"}

@@ -45,6 +45,11 @@ def test_an_int_past_pythons_digit_limit_is_described_not_a_raw_value_error():
         F.mse_loss(of.tensor([1.0]), of.tensor([1.0]), reduction=10**5000)
 
 
+def test_a_dtype_string_numpy_half_parses_is_an_argument_error():
+    with pytest.raises(of.ArgumentError, match="ones\\(\\): argument 'dtype' expected a dtype such as 'float32'"):
+        F.ones(shape=[2], dtype="(-1,)f8")
+
+
 def test_pow_of_an_int_base_differentiates_in_its_exponent():
     x = of.tensor(np.array([[1, 2], [3, 0]]))
     y = of.tensor(np.random.default_rng(0).standard_normal((2, 2)), requires_grad=True)

@@ -181,7 +181,9 @@ class _Loader:
                                          f"{value.spec}")
         # no name a program reads stays undefined: "source" variables (neither fed nor written) need a value
         self.sources = {n for n in self.vars if n not in self.writer and n not in program.feeds}
-        program._counter = max((int(m.group(1)) for n in self.vars if (m := re.search(r"\.(\d+)$", n))), default=0)
+        # new names (append_backward on the loaded program) must not meet old ones: count on from the highest
+        program._counter = max((int(m.group(1)) for n in self.vars if (m := re.search(r"\.(\d{1,18})$", n))),
+                               default=0)
 
     def _add_var(self, raw, where: str) -> None:
         if not isinstance(raw, dict):
