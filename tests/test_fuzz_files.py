@@ -235,7 +235,7 @@ def _model_and_optimizer():
     return model, opt
 
 
-def _load_checkpoint(path, model, opt, pristine):
+def _load_checkpoint(path, model, opt, pristine, outcomes: dict):
     """Load the checkpoint at ``path``: a CheckpointError naming the file is fine; what loads must load into the
     model and the optimizer (or be refused by them with an OpforgeError)."""
     try:
@@ -243,7 +243,9 @@ def _load_checkpoint(path, model, opt, pristine):
     except CheckpointError as e:
         if str(path) not in str(e):
             raise AssertionError(f"the error does not name the file: {e}") from None
+        outcomes["refused"] += 1
         return
+    outcomes["loaded"] += 1
     model.load_state_dict(pristine["model"])
     opt.load_state_dict(pristine["optimizer"])
     with contextlib.suppress(of.OpforgeError):
@@ -253,6 +255,7 @@ def _load_checkpoint(path, model, opt, pristine):
             if key in obj:
                 with contextlib.suppress(of.OpforgeError):
                     target.load_state_dict(obj[key])
+                    outcomes[f"loaded into the {key}"] += 1
 
 
 def fuzz_checkpoints(tmp_path, n: int, seed: int):
@@ -270,6 +273,7 @@ def fuzz_checkpoints(tmp_path, n: int, seed: int):
     manifest = json.loads(members[MANIFEST].tobytes().decode())
     names = [*sorted(members), "ghost"]
     problems, ran = [], 0
+    outcomes = {"refused": 0, "loaded": 0, "loaded into the model": 0, "loaded into the optimizer": 0}
     with memory_ceiling(), quiet(), hard_deadline(count(300, 3000)):
         for k in range(n):
             path = tmp_path / "c.npz"
@@ -285,21 +289,22 @@ def fuzz_checkpoints(tmp_path, n: int, seed: int):
                 path.write_bytes(with_header(good.read_bytes(), rng, tmp_path))
             ran += 1
             with watchdog(20, lambda k=k, kind=kind: f"#{k} ({kind})"):
-                problem = verdict(lambda p=path: _load_checkpoint(p, model, opt, pristine))
+                problem = verdict(lambda p=path: _load_checkpoint(p, model, opt, pristine, outcomes))
             if problem:
                 problems.append(f"checkpoint case #{k} ({kind}): {problem}")
-    return ran, problems
+    return ran, problems, outcomes
 
 
 def test_fuzz_checkpoints(tmp_path):
-    ran, problems = fuzz_checkpoints(tmp_path, count(240, 7200), SEED)
+    ran, problems, outcomes = fuzz_checkpoints(tmp_path, count(240, 7200), SEED)
     assert not problems, f"{len(problems)} of {ran} cases failed:\n" + "\n".join(problems[:40])
+    assert outcomes["loaded into the model"] > ran // 20, outcomes
 
 
 @pytest.mark.skipif(not LONG, reason="a longer fuzz run: OPFORGE_FUZZ=long")
 @pytest.mark.parametrize("seed", range(2))
 def test_fuzz_files_with_other_seeds(tmp_path, seed):
     ran_p, problems_p, _ = fuzz_programs(tmp_path / "programs", 4200, SEED + 100 + seed)
-    ran_c, problems_c = fuzz_checkpoints(tmp_path / "checkpoints", 3600, SEED + 100 + seed)
+    ran_c, problems_c, _ = fuzz_checkpoints(tmp_path / "checkpoints", 3600, SEED + 100 + seed)
     problems = problems_p + problems_c
     assert not problems, f"{len(problems)} of {ran_p + ran_c} cases failed:\n" + "\n".join(problems[:40])
