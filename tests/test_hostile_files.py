@@ -66,17 +66,23 @@ def op_index(doc, kind):
 
 # -- Program.save is one atomic unit -----------------------------------------------------------------------------
 
-def test_save_names_its_values_by_content_and_removes_the_old_ones(tmp_path):
+def test_save_names_its_values_by_content_and_removes_the_old_ones_only(tmp_path):
     path = tmp_path / "p.json"
     small_program(seed=0).save(path)
     first = doc_of(path)["values"]
     assert first.startswith("p.") and first.endswith(".npz") and len(first) == len("p..npz") + 16
-    (tmp_path / "p.0123456789abcdef.npz").write_bytes(b"left by a save killed half-way")
-    (tmp_path / "p.npz").write_bytes(b"someone else's file")  # not ours: the pattern is <stem>.<16 hex>.npz
+    (tmp_path / "p.0123456789abcdef.npz").write_bytes(b"a concurrent save's values, its JSON not written yet")
+    (tmp_path / "p.npz").write_bytes(b"someone else's file")
     small_program(seed=1).save(path)
     second = doc_of(path)["values"]
     assert second != first
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["p.json", "p.npz", second])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["p.json", "p.npz", "p.0123456789abcdef.npz", second])
+    (tmp_path / "other.npz").write_bytes(b"a checkpoint")
+    doc = doc_of(path)
+    doc["values"] = "other.npz"  # a damaged JSON naming a file a save of p.json never writes: not removed
+    write_doc(path, doc)
+    small_program(seed=2).save(path)
+    assert (tmp_path / "other.npz").read_bytes() == b"a checkpoint"
 
 
 def _same_program(a, b):
@@ -139,9 +145,25 @@ def test_a_program_save_killed_at_any_point_leaves_the_old_program_or_the_new(tm
             assert _same_program(loaded, new), f"killed at call {k} of {n}: neither the old program nor the new"
             outcomes["new"] += 1
     assert outcomes["old"] >= 5 and outcomes["new"] >= 1, outcomes  # the kills landed before and after the switch
-    new.save(path)  # a later complete save clears what killed ones left
+    new.save(path)  # a later complete save leaves the new program and its values (and a killed save's .tmp)
     assert sorted(p.name for p in path.parent.iterdir() if not p.name.endswith(".tmp")) == \
         sorted(["p.json", doc_of(path)["values"]])
+
+
+def test_a_save_between_its_two_steps_survives_a_concurrent_save_of_the_same_path(saved, monkeypatch):
+    from opforge.program import serialize
+
+    a, b = small_program(seed=1), small_program(seed=2, extra_op=True)
+    write_json = serialize.atomic_write
+
+    def b_saves_first(path, write):  # A has written its values, not yet its JSON: B saves, then A goes on
+        monkeypatch.setattr(serialize, "atomic_write", write_json)
+        b.save(saved)
+        write_json(path, write)
+
+    monkeypatch.setattr(serialize, "atomic_write", b_saves_first)
+    a.save(saved)
+    assert _same_program(of.Program.load(saved), a)  # the last rename wins, its values intact
 
 
 # -- a values file holds values for persistable variables and constants, and nothing else ------------------------

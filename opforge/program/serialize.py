@@ -2,8 +2,10 @@
 
 A save is one atomic unit. The values go first, to a file named after their SHA-256 (``model.<16 hex>.npz``), and
 then the JSON, which names that file and records its digest, replaces the old JSON in one rename. Killed at any
-moment, a save leaves the old JSON with the old values file it names, or the new JSON with the new one. Values
-files no JSON names any more are removed after the rename.
+moment, a save leaves the old JSON with the old values file it names, or the new JSON with the new one. After the
+rename the save removes the values file the old JSON named, and nothing else: a concurrent save of the same path
+may be between its two steps, its values file named by no JSON yet. (So a save killed between its two steps leaves
+its values file behind, as a killed ``of.save`` leaves its ``.tmp`` file.)
 
 Nothing in the files is trusted. Nothing is executed: the JSON is data, and arrays holding Python objects are
 refused. Loading checks the whole program before returning it: every field's type; every variable declared once;
@@ -54,8 +56,15 @@ def _encode(value):
     return value
 
 
-def _values_file_pattern(stem: str):
-    return re.compile(re.escape(stem) + r"\.[0-9a-f]{16}\.npz")
+def _old_values(path: Path) -> str | None:
+    """The values file the JSON at ``path`` names, if the file is one a save of ``path`` writes (or wrote before
+    values were named by their hash): never another file a damaged JSON might name."""
+    try:
+        name = json.loads(path.read_text(encoding="utf-8")).get("values")
+    except (OSError, ValueError, RecursionError, AttributeError):
+        return None
+    ours = re.fullmatch(re.escape(path.stem) + r"(\.[0-9a-f]{16})?\.npz", name) if isinstance(name, str) else None
+    return name if ours else None
 
 
 def save(program: Program, path) -> None:
@@ -63,6 +72,7 @@ def save(program: Program, path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     directory, stem = str(path.parent), path.stem
+    old = _old_values(path)
     values_name, digest = write_content_addressed(directory, stem, ".npz", lambda f: write_npz(f, program.values))
     block = program.block
     doc = {
@@ -81,11 +91,9 @@ def save(program: Program, path) -> None:
                  "attrs": {k: _encode(v) for k, v in op.attrs.items()}} for op in block.ops],
     }
     atomic_write(str(path), lambda f: f.write(json.dumps(doc, indent=1).encode()))
-    pattern = _values_file_pattern(stem)
-    for name in os.listdir(directory):  # the values of earlier saves (and of saves killed half-way)
-        if name != values_name and pattern.fullmatch(name):
-            with contextlib.suppress(OSError):  # gone already (removed by another save)
-                os.unlink(os.path.join(directory, name))
+    if old is not None and old != values_name:
+        with contextlib.suppress(OSError):  # gone already (removed by a concurrent save)
+            os.unlink(os.path.join(directory, old))
 
 
 # -- load: the JSON -----------------------------------------------------------------------------------------------
