@@ -6,10 +6,12 @@ argument checking, dispatch, eager autograd to any order and gradient checks fro
 """
 
 from . import data, nn, ops, optim, testing
-from .autodiff import backward, grad
+from .autodiff import backward, detect_anomaly, grad
 from .checkpoint import load, save
 from .core import (
+    AnomalyError,
     ArgumentError,
+    Device,
     DispatchError,
     GradientError,
     OpforgeError,
@@ -17,15 +19,18 @@ from .core import (
     SchemaError,
     ShapeError,
     Spec,
+    default_device,
     enable_grad,
+    get_device,
     is_grad_enabled,
     manual_seed,
     no_grad,
     register_device,
     registry,
     set_grad_enabled,
+    using_device,
 )
-from .core.dtypes import bool_, float32, float64, int32, int64
+from .core.dtypes import bfloat16, bool_, float16, float32, float64, int32, int64
 from .creation import arange, full, ones, rand, randn, tensor, zeros
 from .dispatch import op
 from .program import Executor, Program, Variable, append_backward, compile, trace
@@ -34,9 +39,10 @@ from .tensor import Tensor
 __version__ = "0.1.0"
 
 __all__ = [
-    "ArgumentError", "DispatchError", "Executor", "GradientError", "OpforgeError", "Program", "Sample",
-    "SchemaError", "ShapeError", "Spec", "Tensor", "Variable", "append_backward", "arange", "backward", "bool_",
-    "compile", "data", "enable_grad", "float32", "float64", "full", "grad", "int32", "int64", "is_grad_enabled",
-    "load", "manual_seed", "nn", "no_grad", "ones", "op", "ops", "optim", "rand", "randn", "register_device",
-    "registry", "save", "set_grad_enabled", "tensor", "testing", "trace", "zeros",
+    "AnomalyError", "ArgumentError", "Device", "DispatchError", "Executor", "GradientError", "OpforgeError",
+    "Program", "Sample", "SchemaError", "ShapeError", "Spec", "Tensor", "Variable", "append_backward", "arange",
+    "backward", "bfloat16", "bool_", "compile", "data", "default_device", "detect_anomaly", "enable_grad",
+    "float16", "float32", "float64", "full", "get_device", "grad", "int32", "int64", "is_grad_enabled", "load",
+    "manual_seed", "nn", "no_grad", "ones", "op", "ops", "optim", "rand", "randn", "register_device", "registry",
+    "save", "set_grad_enabled", "tensor", "testing", "trace", "using_device", "zeros",
 ]

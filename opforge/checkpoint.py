@@ -29,7 +29,7 @@ import numpy as np
 from .core import dtypes as D
 from .core.errors import ArgumentError, OpforgeError, describe
 from .core.files import NpzReader, atomic_write, write_npz
-from .tensor import Tensor, _new
+from .tensor import Tensor, wrap
 
 FORMAT = "opforge.checkpoint"
 VERSION = 1
@@ -165,7 +165,7 @@ def _decode(node, archive, path: str, depth: int):
                 raise CheckpointError(f"{where}: a scalar of shape {array.shape}")
             return array[()]
         D.as_dtype(array.dtype, op="load", arg=payload)  # a dtype Tensors support
-        return _new(array)
+        return wrap(array)
     if kind == "dict":
         if not isinstance(payload, list) or not all(isinstance(item, list) and len(item) == 2 for item in payload):
             raise CheckpointError(f"{where}: a dict must hold a list of [key, value] pairs")

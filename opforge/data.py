@@ -13,9 +13,9 @@ from collections.abc import Iterator
 import numpy as np
 
 from .core import dtypes as D
+from .core.devices import CPU
 from .core.errors import ArgumentError, describe
-from .core.random import generator
-from .tensor import Tensor, _new
+from .tensor import Tensor, wrap
 
 
 def _arrays(arrays: tuple, who: str) -> tuple:
@@ -65,7 +65,7 @@ class DataLoader:
         self.shuffle = bool(shuffle)
         self.drop_last = bool(drop_last)
         if seed is None and self.shuffle:  # from opforge's generator, so of.manual_seed fixes the order too
-            seed = int(generator().integers(2**63))
+            seed = int(CPU.generator().integers(2**63))
         self.generator = np.random.default_rng(seed)
 
     def __len__(self) -> int:
@@ -78,7 +78,7 @@ class DataLoader:
         order = self.generator.permutation(n) if self.shuffle else np.arange(n)
         for b in range(len(self)):
             index = order[b * self.batch_size:(b + 1) * self.batch_size]
-            yield tuple(_new(a[index]) for a in self.arrays)  # indexing by an array copies
+            yield tuple(wrap(a[index]) for a in self.arrays)  # indexing by an array copies
 
 
 __all__ = ["DataLoader", "TensorDataset"]

@@ -1,56 +1,119 @@
-"""Turn an op definition into a callable: bind the call to the schema, check it, pick the kernel, run it
-eagerly and record it for autograd — or hand it to the program being traced.
+"""Turn an op definition into a callable, and give every op call its meaning through one boundary.
 
-``op(signature)`` is the public ``@of.op`` decorator. For each op it *generates* the functional API
-(``opforge.ops.<name>``) as real Python source, once: the function has the schema's exact signature,
-type-checks attrs inline and, when every input is already a Tensor, runs a straight-line fast path.
-Everything unusual (Python scalars, arrays, ``Tensor[]`` inputs, symbolic program variables, errors)
-goes through ``_general``, so the fast path stays short.
+**Interpreters** (JAX's ``Trace.process_primitive``). What a call of an op *means* is decided by the innermost
+interpreter of the running thread (or asyncio task): a ``contextvars`` stack whose bottom is ``EAGER`` (run the
+kernel now, link results that require grad into the autograd graph). Tracing pushes one that appends the call to a
+program instead (``opforge.program.trace``); device placement or sharding can push theirs. Each answers
+``apply(op, inputs, attrs)``, and the few questions layers and optimizers ask about state (``live``, ``assign``,
+``grad_of``, ``set_grad``), so ``nn`` and ``optim`` read the same eagerly and compiled.
+
+**The functional API.** ``op(signature)`` is the public ``@of.op`` decorator. For each op it *generates*
+``opforge.ops.<name>`` as real Python source, once: the function has the schema's exact signature, type-checks
+attrs inline, asks one cheap question ("is the innermost interpreter eager?") and, when every input is a Tensor on
+one device, runs a straight-line path to the kernel. Everything unusual (Python scalars, arrays, ``Tensor[]``
+inputs, symbolic values, errors) goes through ``EagerInterpreter.apply``, so the fast path stays short.
 """
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import linecache
 from collections import namedtuple
+from contextlib import contextmanager
 
 import numpy as np
 
 from .core import dtypes as D
-from .core.errors import ArgumentError, OpforgeError, SchemaError, describe
-from .core.grad_mode import state as _grad_state
+from .core.devices import default_device
+from .core.errors import ArgumentError, GradientError, OpforgeError, SchemaError, describe
+from .core.grad_mode import _mode as _grad_mode
 from .core.opdef import OpDef, flat_ranges, registry, split_by_layout
-from .core.random import generator as _generator
 from .core.schema import check_attr, parse_signature
 from .core.spec import Spec
-from .tensor import Node, Tensor, _new
+from .tensor import Node, Tensor, TensorOps, as_array, wrap, wrap_output
 
-# Types of symbolic values (program variables) and the function that records an op applied to them.
-# The program layer registers itself here; dispatch does not import it.
-_symbolic_handlers: dict = {}
+# -- interpreters -----------------------------------------------------------------------------------------------
 
 
-class _Tracing:
-    """How many traces are running (in any thread). While one is, every call takes the general path, which
-    asks ``current_program`` whether this thread is tracing: then even ops on eager Tensors (parameters) or
-    with no inputs at all (random ops) are recorded, not computed once and frozen into the program."""
+class Interpreter:
+    """One meaning of op calls. Subclasses answer ``apply``; the state questions default to eager answers."""
 
-    active = 0
-    current_program = None  # set by the program layer: () -> the program this thread is building, or None
+    def apply(self, op: OpDef, inputs: tuple, attrs: dict):
+        """Give the call ``op(*inputs, **attrs)`` its meaning; ``inputs`` has one entry per schema input."""
+        raise NotImplementedError
+
+    def live(self, tensor: Tensor):
+        """``tensor`` as ops should read it: itself eagerly; under a tracer, the program's persistable variable for
+        it, read afresh at each run (a buffer, a learning rate)."""
+        return tensor
+
+    def assign(self, target: Tensor, value) -> None:
+        """Make ``value`` the new content of ``target`` (eagerly: now, in place)."""
+        data = value._data if isinstance(value, Tensor) else target._device.from_host(np.asarray(value))
+        if tuple(data.shape) != target.shape:
+            raise ArgumentError(f"assign(): value of shape {tuple(data.shape)} for a tensor of shape {target.shape}")
+        target._device.copy_into(target._data, data)
+
+    def grad_of(self, param: Tensor):
+        """The gradient of ``param`` that an optimizer step reads (eagerly: ``param.grad``)."""
+        return param.grad
+
+    def set_grad(self, param: Tensor, grad) -> None:
+        """Make ``grad`` the gradient of ``param`` from here on (eagerly: ``param.grad``)."""
+        param.grad = grad
+
+    def differentiate(self, outputs, inputs, grad_outputs, allow_unused: bool):
+        """``of.grad`` on values this interpreter owns (eager Tensors are differentiated by the autograd engine)."""
+        raise GradientError(f"grad(): {type(self).__name__} cannot differentiate its values")
 
 
-tracing = _Tracing()
+class EagerInterpreter(Interpreter):
+    """Runs the kernel now; outputs of a call on inputs that require grad are linked to a new autograd Node."""
+
+    def apply(self, op: OpDef, inputs: tuple, attrs: dict):
+        if op.validate is not None:
+            op.validate(attrs)
+        return _run_eagerly(op, inputs, attrs)
+
+    def __repr__(self) -> str:
+        return "EAGER"
 
 
-def register_symbolic(value_type: type, handler) -> None:
-    """``handler(op, inputs, attrs)`` runs instead of a kernel when any input is a ``value_type``."""
-    _symbolic_handlers[value_type] = handler
+EAGER = EagerInterpreter()  # the bottom of every stack; the generated fast path tests for it by identity
+_innermost = contextvars.ContextVar("opforge.interpreter", default=EAGER)
+current_interpreter = _innermost.get
+
+
+@contextmanager
+def interpreting(interpreter: Interpreter):
+    """Make ``interpreter`` the innermost one in this thread (or task) for the ``with`` block."""
+    token = _innermost.set(interpreter)
+    try:
+        yield interpreter
+    finally:
+        _innermost.reset(token)
+
+
+def owner_of(values) -> Interpreter:
+    """The interpreter that values belong to: a program's tracer for its variables (even after the trace ended),
+    ``EAGER`` for Tensors. ``of.grad`` asks it, since differentiating depends on what the values are."""
+    return _symbolic_owner(values) or EAGER
+
+
+def _symbolic_owner(values) -> Interpreter | None:
+    for v in values:
+        for item in v if isinstance(v, (list, tuple)) else (v,):
+            if isinstance(item, TensorOps) and type(item) is not Tensor:
+                return item.interpreter
+    return None
 
 
 # -- the @of.op decorator ------------------------------------------------------------------------------------
 
 def op(signature: str, traits=(), *, inplace=None, replace: bool = False, infer=None):
-    """Define an op from its signature; the decorated function becomes its CPU kernel (all dtypes).
+    """Define an op from its signature; the decorated function becomes its kernel for every dtype — a "cpu"
+    kernel, or, if it takes ``xp`` (its device's array module), a kernel for every device.
 
     Returns the ``OpDef``, whose ``.kernel``, ``.infer``, ``.grad``, ``.check`` and ``.samples`` methods
     complete the definition, and which is callable like ``opforge.ops.<name>``.
@@ -62,10 +125,14 @@ def op(signature: str, traits=(), *, inplace=None, replace: bool = False, infer=
         where = f"{code.co_filename}:{code.co_firstlineno}" if code else repr(kernel_fn)
         opdef = OpDef(schema, traits, inplace=inplace, doc=inspect.getdoc(kernel_fn) or "", defined_at=where)
         _check_kernel_signature(opdef, kernel_fn)
-        opdef.add_kernel(kernel_fn, "cpu", None)
+        opdef.add_kernel(kernel_fn, None, None)
         if infer is not None:
             opdef.infer(infer)
+        if len(opdef.outputs) > 1:
+            opdef.result_type = namedtuple(f"{opdef.name}_result", opdef.output_names)
         opdef.fn = _generate_api(opdef)
+        _generate_attach(opdef)
+        opdef.rule_listeners.append(_generate_attach)
         registry.add(opdef, replace=replace)
         return opdef
 
@@ -78,7 +145,7 @@ def _check_kernel_signature(opdef: OpDef, fn) -> None:
     except (TypeError, ValueError):
         return  # a builtin or ufunc: trust it
     try:
-        extra = {name: None for name in ("rng", "out") if name in sig.parameters}
+        extra = {name: None for name in ("rng", "out", "xp") if name in sig.parameters}
         sig.bind(*(None for _ in opdef.inputs), **{p.name: None for p in opdef.attrs}, **extra)
     except TypeError as e:
         wanted = ", ".join(opdef.input_names)
@@ -95,6 +162,78 @@ def _check_kernel_signature(opdef: OpDef, fn) -> None:
 _ATTR_FAST_TYPE = {"int": "int", "float": "float", "bool": "bool", "str": "str"}
 
 
+def _exec(source: str, filename: str, env: dict, name: str):
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # for tracebacks
+    exec(compile(source, filename, "exec"), env)
+    return env[name]
+
+
+def _attr_checks(opdef: OpDef, env: dict) -> list:
+    """Lines that type-check (and normalise) each attr; a value already of the exact type skips the call."""
+    lines = []
+    for p in opdef.attrs:
+        env[f"_of_p_{p.name}"] = p
+        check = f"{p.name} = _of_check(_of_p_{p.name}, {p.name}, {opdef.name!r})"
+        fast = _ATTR_FAST_TYPE.get(p.type) if not p.is_list else None
+        cond = f"type({p.name}) is not {fast}" if fast else None
+        if p.optional:
+            cond = f"{p.name} is not None" + (f" and {cond}" if cond else "")
+        lines += [f"    if {cond}:", f"        {check}"] if cond else [f"    {check}"]
+    return lines
+
+
+def _fast_path(opdef: OpDef, env: dict, inputs_src: str, attrs_src: str) -> list:
+    """The straight-line path for calls whose inputs are all Tensors on the first input's device."""
+    inputs = opdef.inputs
+    first = inputs[0].name
+
+    def given(p, expr):  # an expression about a Tensor? input that holds when it is None
+        return f"({p.name} is None or {expr})" if p.optional else expr
+
+    cond = " and ".join(given(p, f"type({p.name}) is _of_T") for p in inputs)
+    cond += "".join(" and " + given(p, f"{p.name}._device is {first}._device") for p in inputs[1:])
+    lines = [f"    if {cond}:"]
+    for p in inputs:
+        if p.dtypes is not None:
+            env[f"_of_dt_{p.name}"] = p.dtypes
+            test = f"{p.name}._data.dtype not in _of_dt_{p.name}"
+            lines += [f"        if {f'{p.name} is not None and ' if p.optional else ''}{test}:",
+                      f"            _of_bad_dtype(_of_op, {p.name!r}, {p.name})"]
+    if "elementwise" in opdef.traits and len(inputs) > 1:  # NumPy would broadcast: the trait says same shape
+        same = " or ".join(f"{'(' + p.name + ' is not None and ' if p.optional else ''}"
+                           f"{p.name}._data.shape != {first}._data.shape{')' if p.optional else ''}"
+                           for p in inputs[1:])
+        lines += [f"        if {same}:", f"            _of_fail(_of_op, {inputs_src}, {attrs_src}, None)"]
+    device = f"{first}._device"
+    args = ", ".join(f"None if {p.name} is None else {p.name}._data" if p.optional else f"{p.name}._data"
+                     for p in inputs)
+    kw = "".join(f", {p.name}={p.name}" for p in opdef.attrs)
+    rng = f", rng={device}.generator()" if "random" in opdef.traits else ""
+    lines += [
+        "        try:",
+        f"            _of_k = _of_op.kernel_table[{device}][{first}._data.dtype]",
+        "        except KeyError:",
+        f"            _of_k = _of_find(_of_op, {device}, {first}._data.dtype)",
+        "        try:",
+        f"            _of_out = _of_k({args}{kw}{rng})",
+        "        except Exception as _of_e:",
+        f"            _of_fail(_of_op, {inputs_src}, {attrs_src}, _of_e)",
+    ]
+    if "no_grad" not in opdef.traits:
+        needs = " or ".join(f"({p.name} is not None and {p.name}._requires_grad)" if p.optional
+                            else f"{p.name}._requires_grad" for p in inputs if p.differentiable)
+        if needs:
+            lines += [f"        if _of_gm.enabled and ({needs}):",
+                      f"            return _of_op.attach({inputs_src}, {attrs_src}, _of_out)"]
+    if len(opdef.outputs) == 1:
+        lines += ["        if type(_of_out) is not _of_nd:",
+                  f"            _of_out = {device}.array(_of_out)",
+                  f"        return _of_wrap(_of_out, {device})"]
+    else:
+        lines.append(f"        return _of_wrap_all(_of_op, _of_out, {device})")
+    return lines
+
+
 def _generate_api(opdef: OpDef):
     """Write and compile the function ``opforge.ops.<name>`` for this op."""
     schema = opdef.schema
@@ -104,88 +243,37 @@ def _generate_api(opdef: OpDef):
             params.append("*")
             star = True
         params.append(f"{p.name}=_of_default_{p.name}" if p.has_default else p.name)
-
-    lines = [f"def {opdef.name}({', '.join(params)}):"]
     env = {
-        "_of_op": opdef, "_of_T": Tensor, "_of_nd": np.ndarray, "_of_asarray": np.asarray,
-        "_of_new": _new, "_of_gs": _grad_state, "_of_general": _general, "_of_find": _find_kernel,
-        "_of_fail": _kernel_failed, "_of_rng": _generator, "_of_tracing": tracing,
-        "_of_check": check_attr, "_of_bad_dtype": _bad_dtype, "_of_wrap": _wrap_outputs,
+        "_of_op": opdef, "_of_T": Tensor, "_of_nd": np.ndarray, "_of_wrap": wrap, "_of_gm": _grad_mode,
+        "_of_eager": EAGER, "_of_innermost": _innermost.get, "_of_run": _run_eagerly, "_of_find": _find_kernel,
+        "_of_fail": _kernel_failed, "_of_check": check_attr, "_of_bad_dtype": _bad_dtype,
+        "_of_wrap_all": _wrap_outputs,
     }
     for p in schema.params:
         if p.has_default:
             env[f"_of_default_{p.name}"] = p.default
-    for p in schema.attrs:
-        env[f"_of_p_{p.name}"] = p
-        fast = _ATTR_FAST_TYPE.get(p.type) if not p.is_list else None
-        cond = f"type({p.name}) is not {fast}" if fast else "True"
-        if p.optional:
-            cond = f"{p.name} is not None and {cond}" if fast else f"{p.name} is not None"
-        lines.append(f"    if {cond}:")
-        lines.append(f"        {p.name} = _of_check(_of_p_{p.name}, {p.name}, {opdef.name!r})")
-    attrs = "{" + ", ".join(f"{p.name!r}: {p.name}" for p in schema.attrs) + "}"
+    attrs_src = "{" + ", ".join(f"{p.name!r}: {p.name}" for p in schema.attrs) + "}"
     inputs_src = "(" + "".join(f"{p.name}, " for p in schema.inputs) + ")"
-    lines.append("    if _of_tracing.active:")
-    lines.append(f"        return _of_general(_of_op, {inputs_src}, {attrs})")
-    lines.append("    if _of_op.validate is not None:")
-    lines.append(f"        _of_op.validate({attrs})")
+    lines = [f"def {opdef.name}({', '.join(params)}):", *_attr_checks(opdef, env),
+             "    _of_i = _of_innermost()",
+             "    if _of_i is not _of_eager:",
+             f"        return _of_i.apply(_of_op, {inputs_src}, {attrs_src})",
+             "    if _of_op.validate is not None:",
+             f"        _of_op.validate({attrs_src})"]
     inputs = schema.inputs
-    tuple_src = "(" + "".join(f"{p.name}, " for p in inputs) + ")"
-
-    plain = inputs and all(not p.is_list and not p.optional for p in inputs)
-    opdef.fast_path = bool(plain and not any(o.is_list for o in opdef.outputs))
+    opdef.fast_path = bool(inputs and not inputs[0].optional and not any(p.is_list for p in inputs)
+                           and not any(o.is_list for o in opdef.outputs))
     if opdef.fast_path:
-        first = inputs[0].name
-        cond = " and ".join(f"type({p.name}) is _of_T" for p in inputs)
-        cond += "".join(f" and {p.name}._device is {first}._device" for p in inputs[1:])
-        lines.append(f"    if {cond}:")
-        for p in inputs:
-            if p.dtypes is not None:
-                env[f"_of_dt_{p.name}"] = p.dtypes
-                lines.append(f"        if {p.name}._data.dtype not in _of_dt_{p.name}:")
-                lines.append(f"            _of_bad_dtype(_of_op, {p.name!r}, {p.name})")
-        if "elementwise" in opdef.traits and len(inputs) > 1:  # NumPy would broadcast: the trait says same shape
-            same = " or ".join(f"{p.name}._data.shape != {first}._data.shape" for p in inputs[1:])
-            lines.append(f"        if {same}:")
-            lines.append(f"            _of_fail(_of_op, {tuple_src}, {attrs}, None)")
-        lines.append("        try:")
-        lines.append(f"            _of_k = _of_op.kernel_table[{first}._device][{first}._data.dtype]")
-        lines.append("        except KeyError:")
-        lines.append(f"            _of_k = _of_find(_of_op, {first}._device, {first}._data.dtype)")
-        kw = "".join(f", {p.name}={p.name}" for p in schema.attrs)
-        args = ", ".join(f"{p.name}._data" for p in inputs)
-        lines.append("        try:")
-        lines.append(f"            _of_out = _of_k({args}{kw}{', rng=_of_rng()' if 'random' in opdef.traits else ''})")
-        lines.append("        except Exception as _of_e:")
-        lines.append(f"            _of_fail(_of_op, {tuple_src}, {attrs}, _of_e)")
-        if "no_grad" not in opdef.traits:
-            needs = " or ".join(f"{p.name}._requires_grad" for p in inputs if p.differentiable)
-            if needs:
-                lines.append(f"        if _of_gs.enabled and ({needs}):")
-                lines.append(f"            return _of_op.record({tuple_src}, {attrs}, _of_out)")
-        if len(opdef.outputs) == 1:
-            lines.append("        if type(_of_out) is not _of_nd:")
-            lines.append("            _of_out = _of_asarray(_of_out)")
-            lines.append(f"        return _of_new(_of_out, False, None, 0, {first}._device)")
-        else:
-            lines.append(f"        return _of_wrap(_of_op, _of_out, {first}._device)")
-    lines.append(f"    return _of_general(_of_op, {tuple_src}, {attrs})")
+        lines += _fast_path(opdef, env, inputs_src, attrs_src)
+    lines.append(f"    return _of_run(_of_op, {inputs_src}, {attrs_src})")
     source = "\n".join(lines) + "\n"
-
-    filename = f"<opforge.ops.{opdef.name}>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # for tracebacks
-    exec(compile(source, filename, "exec"), env)
-    fn = env[opdef.name]
+    fn = _exec(source, f"<opforge.ops.{opdef.name}>", env, opdef.name)
     fn.__module__ = "opforge.ops"
     fn.__qualname__ = opdef.name
     fn.__doc__ = _docstring(opdef)
     fn.__signature__ = _python_signature(opdef)
     fn.opdef = opdef
     fn.source = source
-    _set_record(opdef)
-    opdef.rule_listeners.append(_set_record)
-    if len(opdef.outputs) > 1:
-        opdef.result_type = namedtuple(f"{opdef.name}_result", opdef.output_names)
     return fn
 
 
@@ -217,12 +305,181 @@ def _docstring(opdef: OpDef) -> str:
     return "\n\n".join(parts)
 
 
+# -- linking results into the autograd graph ---------------------------------------------------------------------
+
+def _generate_attach(opdef: OpDef) -> None:
+    """Give the op its ``attach(inputs, attrs, out)``: generated straight-line code when no input is a list and
+    there is one output (most ops), else the general ``_attach``. Regenerated when the gradient rule changes,
+    since the rule's parameter names say which inputs and outputs the Node keeps."""
+    inputs = opdef.inputs
+    plain = (inputs and not inputs[0].optional and not any(p.is_list for p in inputs)
+             and len(opdef.outputs) == 1 and not opdef.outputs[0].is_list)
+    if not plain:
+        opdef.attach = lambda inputs, attrs, out: _attach(opdef, inputs, attrs, out)
+        return
+    rule = opdef.grad_rule
+    names = [p.name for p in inputs]
+    device = f"{names[0]}._device"
+
+    def edge(p):
+        if not p.differentiable:
+            return "None"
+        n = p.name
+        edge = f"(None if not {n}._requires_grad else ({n}._node, {n}._index) if {n}._node is not None else ({n}, -1))"
+        return f"(None if {n} is None else {edge})" if p.optional else edge
+
+    def meta(p):
+        n = p.name
+        return f"(None if {n} is None else ({n}._data.shape, {n}._data.dtype))" if p.optional \
+            else f"({n}._data.shape, {n}._data.dtype)"
+
+    saved = "{" + ", ".join(f"{n!r}: {names[i]}" for n, i in (rule.saved_inputs if rule else ())) + "}"
+    saved_out = "{" + ", ".join(f"{n!r}: [(0, out)]" for n, _ in (rule.saved_outputs if rule else ())) + "}"
+    source = "\n".join([
+        "def attach(inputs, attrs, out):",
+        f"    {', '.join(names)}, = inputs",
+        "    if type(out) is not _of_nd:",
+        f"        out = {device}.array(out)",
+        "    if out.dtype.kind != 'f' and out.dtype is not _of_bf16:",  # D.is_floating, inlined
+        f"        return _of_wrap(out, {device})",
+        "    node = _of_Node(_of_op, attrs, (" + "".join(edge(p) + ", " for p in inputs) + "), _of_layout,",
+        "                    (" + "".join(meta(p) + ", " for p in inputs) + "),",
+        f"                    (-1,), ((out.shape, out.dtype),), {saved}, {saved_out}, {device})",
+        f"    return _of_wrap_output(out, node, 0, {device})",
+    ]) + "\n"
+    env = {"_of_op": opdef, "_of_nd": np.ndarray, "_of_wrap": wrap, "_of_wrap_output": wrap_output,
+           "_of_Node": Node, "_of_layout": (-1,) * len(inputs), "_of_bf16": D.bfloat16}
+    opdef.attach = _exec(source, f"<opforge.attach.{opdef.name}>", env, "attach")
+    opdef.attach.source = source
+
+
+def _attach(opdef: OpDef, inputs: tuple, attrs: dict, out):
+    """Wrap the outputs of a call that autograd must see, and link them to a new graph Node (any schema)."""
+    flat, in_layout = [], []
+    for p, v in zip(opdef.inputs, inputs):
+        if p.is_list:
+            in_layout.append(len(v))
+            flat.extend((t, p.differentiable) for t in v)
+        else:
+            in_layout.append(-1)
+            flat.append((v, p.differentiable))
+    edges = []
+    for t, differentiable in flat:
+        if t is None or not differentiable or not t._requires_grad:
+            edges.append(None)
+        elif t._node is not None:
+            edges.append((t._node, t._index))
+        else:
+            edges.append((t, -1))
+    device = next(t for t, _ in flat if t is not None)._device
+    outs, out_layout = _flatten_outputs(opdef, out, device)
+    rule = opdef.grad_rule
+    saved, saved_out = {}, {}
+    if rule is not None:
+        for name, i in rule.saved_inputs:
+            saved[name] = inputs[i]
+        for name, i in rule.saved_outputs:
+            start, count, _ = flat_ranges(out_layout)[i]
+            saved_out[name] = [(k, outs[k]) for k in range(start, start + count)]
+    node = Node(
+        opdef, attrs, tuple(edges), tuple(in_layout),
+        tuple(None if t is None else (t._data.shape, t._data.dtype) for t, _ in flat),
+        out_layout, tuple((a.shape, a.dtype) for a in outs), saved, saved_out, device,
+    )
+    tensors = [wrap_output(a, node, i, device) if D.is_floating(a.dtype) else wrap(a, device)
+               for i, a in enumerate(outs)]
+    return _restructure(opdef, tensors, out_layout)
+
+
+# -- the eager path for every call the fast path does not take ------------------------------------------------------
+
+def _run_eagerly(opdef: OpDef, inputs: tuple, attrs: dict):
+    """Symbolic inputs, Python scalars and arrays, lists of tensors, optional inputs, no inputs at all."""
+    symbolic = _symbolic_owner(inputs)
+    if symbolic is not None:
+        return symbolic.apply(opdef, inputs, attrs)
+    inputs, device = _coerce_inputs(opdef, inputs)
+    tensors = [t for v in inputs for t in (v if isinstance(v, list) else (v,)) if t is not None]
+    dtype = tensors[0]._data.dtype if tensors else attrs.get("dtype") or D.DEFAULT_FLOAT
+    for p, v in zip(opdef.inputs, inputs):
+        if p.dtypes is not None:
+            for t in v if isinstance(v, list) else (v,):
+                if t is not None and t._data.dtype not in p.dtypes:
+                    _bad_dtype(opdef, p.name, t)
+    kernel = opdef.find_kernel(device, dtype)
+    arrays = [[t._data for t in v] if isinstance(v, list) else (None if v is None else v._data) for v in inputs]
+    extra = {"rng": device.generator()} if kernel.takes_rng else {}
+    try:
+        out = kernel.bind(device)(*arrays, **attrs, **extra)
+    except Exception as e:
+        _kernel_failed(opdef, inputs, attrs, e)
+    if (
+        "no_grad" not in opdef.traits
+        and _grad_mode.enabled
+        and any(p.differentiable and t is not None and t._requires_grad
+                for p, v in zip(opdef.inputs, inputs) for t in (v if isinstance(v, list) else (v,)))
+    ):
+        return opdef.attach(inputs, attrs, out)
+    flat, layout = _flatten_outputs(opdef, out, device)
+    return _restructure(opdef, [wrap(a, device) for a in flat], layout)
+
+
+def _coerce_inputs(opdef: OpDef, inputs: tuple):
+    """Python scalars, arrays and lists in tensor slots become Tensors on the inputs' device (which must be one);
+    anything else is refused here. Returns the inputs and that device (the default device if none has one)."""
+    device, first = None, None
+    for p, v in zip(opdef.inputs, inputs):
+        for t in v if p.is_list and isinstance(v, (list, tuple)) else (v,):
+            if isinstance(t, Tensor):
+                if device is None:
+                    device, first = t._device, p.name
+                elif t._device is not device:
+                    raise ArgumentError(
+                        f"{opdef.name}(): inputs are on different devices: argument '{first}' is on '{device}', "
+                        f"argument '{p.name}' on '{t._device}'"
+                    )
+    device = device or default_device()
+    peers = {v._data.dtype for v in inputs if type(v) is Tensor}
+    peer = (peers.pop() if len(peers) == 1 else D.promote(*peers)) if peers else None
+    out = []
+    for p, v in zip(opdef.inputs, inputs):
+        if p.is_list:
+            if not isinstance(v, (list, tuple)):
+                raise ArgumentError(f"{opdef.name}(): argument '{p.name}' expected a list of Tensors, "
+                                    f"got {describe(v)}")
+            out.append([_as_tensor(opdef, f"{p.name}[{i}]", t, peer, device) for i, t in enumerate(v)])
+        elif v is None:
+            if not p.optional:
+                raise ArgumentError(f"{opdef.name}(): argument '{p.name}' expected Tensor, got None")
+            out.append(None)
+        else:
+            out.append(_as_tensor(opdef, p.name, v, peer, device))
+    return tuple(out), device
+
+
+def _as_tensor(opdef: OpDef, name: str, value, peer, device) -> Tensor:
+    if isinstance(value, Tensor):
+        return value
+    if type(value) in (bool, int, float):  # a Python number is weak: it takes its peer's dtype
+        return wrap(device.from_host(np.asarray(value, dtype=D.scalar_dtype(value, peer))), device)
+    if isinstance(value, (np.ndarray, np.generic)) or (
+            isinstance(value, (list, tuple)) and not any(isinstance(v, TensorOps) for v in value)):
+        try:  # NumPy values keep their dtype; nested lists of numbers become an array
+            return wrap(device.from_host(as_array(value)), device)
+        except ArgumentError as e:
+            raise ArgumentError(f"{opdef.name}(): argument '{name}': {e}") from None
+    if isinstance(value, (list, tuple)):
+        raise ArgumentError(f"{opdef.name}(): argument '{name}' expected Tensor, got a {type(value).__name__} "
+                            f"holding tensors (a multi-output op's result? pick one of its outputs)")
+    raise ArgumentError(f"{opdef.name}(): argument '{name}' expected Tensor, got {describe(value)}")
+
+
 # -- the parts the generated code calls ------------------------------------------------------------------------
 
-def _find_kernel(opdef: OpDef, device: str, dtype):
-    kernel = opdef.find_kernel(device, dtype)
-    opdef.kernel_table.setdefault(device, {})[dtype] = kernel.fn
-    return kernel.fn
+def _find_kernel(opdef: OpDef, device, dtype):
+    fn = opdef.find_kernel(device, dtype).bind(device)
+    opdef.kernel_table.setdefault(device, {})[dtype] = fn
+    return fn
 
 
 def _bad_dtype(opdef: OpDef, name: str, value) -> None:
@@ -242,112 +499,31 @@ def _kernel_failed(opdef: OpDef, inputs: tuple, attrs: dict, error: Exception | 
     opdef.check_shapes(specs, attrs, error)
 
 
-def _wrap_outputs(opdef: OpDef, out, device: str):
+def _wrap_outputs(opdef: OpDef, out, device):
     """Kernel results -> Tensors, shaped as the schema says (one, a list, or a named tuple)."""
+    flat, layout = _flatten_outputs(opdef, out, device)
+    return _restructure(opdef, [wrap(a, device) for a in flat], layout)
+
+
+def _flatten_outputs(opdef: OpDef, out, device):
+    """A kernel's result -> (one array of ``device`` per output tensor, the output layout)."""
     if len(opdef.outputs) == 1:
-        return _wrap_one(opdef.outputs[0], out, device, opdef)
+        out = (out,)
     if not isinstance(out, (tuple, list)) or len(out) != len(opdef.outputs):
         raise OpforgeError(
             f"kernel of op '{opdef.name}' must return {len(opdef.outputs)} arrays "
             f"{list(opdef.output_names)}, returned {describe(out)}"
         )
-    return opdef.result_type(*(_wrap_one(o, v, device, opdef) for o, v in zip(opdef.outputs, out)))
-
-
-def _wrap_one(output, value, device, opdef):
-    if output.is_list:
-        if not isinstance(value, (list, tuple)):
-            raise OpforgeError(f"kernel of op '{opdef.name}' must return a list for output '{output.name}'")
-        return [_new(np.asarray(v), False, None, 0, device) for v in value]
-    return _new(value if type(value) is np.ndarray else np.asarray(value), False, None, 0, device)
-
-
-def _record(opdef: OpDef, inputs: tuple, attrs: dict, out):
-    """Wrap the outputs of a call that autograd must see, and link them to a new graph Node."""
-    flat, in_layout = [], []
-    for p, v in zip(opdef.inputs, inputs):
-        if p.is_list:
-            in_layout.append(len(v))
-            flat.extend((t, p.differentiable) for t in v)
-        else:
-            in_layout.append(-1)
-            flat.append((v, p.differentiable))
-    edges = []
-    for t, differentiable in flat:
-        if t is None or not differentiable or not (t._requires_grad):
-            edges.append(None)
-        elif t._node is not None:
-            edges.append((t._node, t._index))
-        else:
-            edges.append((t, -1))
-    device = next(t for t, _ in flat if t is not None)._device
-    outs, out_layout = _flatten_outputs(opdef, out)
-    rule = opdef.grad_rule
-    saved, saved_out = {}, {}
-    if rule is not None:
-        for name, i in rule.saved_inputs:
-            saved[name] = inputs[i]
-        for name, i in rule.saved_outputs:
-            start, count, _ = flat_ranges(out_layout)[i]
-            saved_out[name] = [(k, outs[k]) for k in range(start, start + count)]
-    node = Node(
-        opdef, attrs, tuple(edges), tuple(in_layout),
-        tuple(None if t is None else (t._data.shape, t._data.dtype) for t, _ in flat),
-        out_layout, tuple((a.shape, a.dtype) for a in outs), saved, saved_out,
-    )
-    tensors = [_new(a, True, node, i, device) if a.dtype.kind == "f" else _new(a, False, None, 0, device)
-               for i, a in enumerate(outs)]
-    return _restructure(opdef, tensors, out_layout)
-
-
-def _set_record(opdef: OpDef) -> None:
-    """Give the op its ``record(inputs, attrs, out)``: generated straight-line code when every input is a
-    differentiable Tensor and there is one output (most ops), else the general ``_record``."""
-    inputs = opdef.inputs
-    plain = (inputs and all(not p.is_list and not p.optional and p.differentiable for p in inputs)
-             and len(opdef.outputs) == 1 and not opdef.outputs[0].is_list)
-    if not plain:
-        opdef.record = lambda inputs, attrs, out: _record(opdef, inputs, attrs, out)
-        return
-    rule = opdef.grad_rule
-    names = [p.name for p in inputs]
-    edge = "(None if not {0}._requires_grad else ({0}._node, {0}._index) if {0}._node is not None else ({0}, -1))"
-    saved = "{" + ", ".join(f"{n!r}: {names[i]}" for n, i in (rule.saved_inputs if rule else ())) + "}"
-    saved_out = "{" + ", ".join(f"{n!r}: [(0, out)]" for n, _ in (rule.saved_outputs if rule else ())) + "}"
-    source = "\n".join([
-        "def record(inputs, attrs, out):",
-        f"    {', '.join(names)}, = inputs",
-        "    if type(out) is not _of_nd:",
-        "        out = _of_asarray(out)",
-        "    if out.dtype.kind != 'f':",
-        f"        return _of_new(out, False, None, 0, {names[0]}._device)",
-        "    node = _of_Node(_of_op, attrs, (" + "".join(edge.format(n) + ", " for n in names) + "), _of_layout,",
-        "                    (" + "".join(f"({n}._data.shape, {n}._data.dtype), " for n in names) + "),",
-        f"                    (-1,), ((out.shape, out.dtype),), {saved}, {saved_out})",
-        f"    return _of_new(out, True, node, 0, {names[0]}._device)",
-    ]) + "\n"
-    env = {"_of_op": opdef, "_of_nd": np.ndarray, "_of_asarray": np.asarray, "_of_new": _new, "_of_Node": Node,
-           "_of_layout": (-1,) * len(inputs)}
-    exec(compile(source, f"<opforge.record.{opdef.name}>", "exec"), env)
-    opdef.record = env["record"]
-    opdef.record_source = source
-
-
-def _flatten_outputs(opdef: OpDef, out):
-    if len(opdef.outputs) == 1:
-        out = (out,)
-    if not isinstance(out, (tuple, list)) or len(out) != len(opdef.outputs):
-        raise OpforgeError(
-            f"kernel of op '{opdef.name}' must return {len(opdef.outputs)} arrays, returned {describe(out)}"
-        )
     flat, layout = [], []
     for o, v in zip(opdef.outputs, out):
         if o.is_list:
+            if not isinstance(v, (list, tuple)):
+                raise OpforgeError(f"kernel of op '{opdef.name}' must return a list for output '{o.name}'")
             layout.append(len(v))
-            flat.extend(np.asarray(a) for a in v)
+            flat.extend(device.array(a) for a in v)
         else:
             layout.append(-1)
-            flat.append(v if type(v) is np.ndarray else np.asarray(v))
+            flat.append(device.array(v))
     return flat, tuple(layout)
 
 
@@ -359,85 +535,4 @@ def _restructure(opdef: OpDef, flat: list, layout: tuple):
     return opdef.result_type(*result)
 
 
-def _general(opdef: OpDef, inputs: tuple, attrs: dict):
-    """The slow path: symbolic inputs, Python scalars and arrays, lists of tensors, devices, no inputs."""
-    if _symbolic_handlers:
-        for v in inputs:
-            for item in v if isinstance(v, (list, tuple)) else (v,):
-                handler = _symbolic_handlers.get(type(item))
-                if handler is not None:
-                    return handler(opdef, inputs, attrs)
-        if tracing.active and tracing.current_program() is not None:
-            return next(iter(_symbolic_handlers.values()))(opdef, inputs, attrs)
-    inputs = _coerce_inputs(opdef, inputs)
-    if opdef.fast_path and all(t._device is inputs[0]._device for t in inputs):
-        return opdef.fn(**dict(zip(opdef.input_names, inputs)), **attrs)  # now all Tensors: the fast path
-    tensors = [t for v in inputs for t in (v if isinstance(v, list) else (v,)) if t is not None]
-    if tensors:
-        device, dtype = tensors[0]._device, tensors[0]._data.dtype
-        for t in tensors[1:]:
-            if t._device != device:
-                raise ArgumentError(
-                    f"{opdef.name}(): inputs are on different devices: '{device}' and '{t._device}'"
-                )
-    else:
-        device, dtype = "cpu", attrs.get("dtype") or D.DEFAULT_FLOAT
-    for p, v in zip(opdef.inputs, inputs):
-        if p.dtypes is not None:
-            for t in v if isinstance(v, list) else (v,):
-                if t is not None and t._data.dtype not in p.dtypes:
-                    _bad_dtype(opdef, p.name, t)
-    kernel = opdef.find_kernel(device, dtype)
-    arrays = [[t._data for t in v] if isinstance(v, list) else (None if v is None else v._data) for v in inputs]
-    extra = {"rng": _generator()} if kernel.takes_rng else {}
-    try:
-        out = kernel.fn(*arrays, **attrs, **extra)
-    except Exception as e:
-        _kernel_failed(opdef, inputs, attrs, e)
-    if (
-        "no_grad" not in opdef.traits
-        and _grad_state.enabled
-        and any(p.differentiable and t is not None and t._requires_grad
-                for p, v in zip(opdef.inputs, inputs) for t in (v if isinstance(v, list) else (v,)))
-    ):
-        return opdef.record(inputs, attrs, out)
-    flat, layout = _flatten_outputs(opdef, out)
-    return _restructure(opdef, [_new(a, False, None, 0, device) for a in flat], layout)
-
-
-def _coerce_inputs(opdef: OpDef, inputs: tuple) -> tuple:
-    """Python scalars, arrays and lists in tensor slots become Tensors; anything else is refused here."""
-    peers = {v._data.dtype for v in inputs if type(v) is Tensor}
-    peer = (peers.pop() if len(peers) == 1 else D.promote(*peers)) if peers else None
-    out = []
-    for p, v in zip(opdef.inputs, inputs):
-        if p.is_list:
-            if not isinstance(v, (list, tuple)):
-                raise ArgumentError(f"{opdef.name}(): argument '{p.name}' expected a list of Tensors, "
-                                    f"got {describe(v)}")
-            out.append([_as_tensor(opdef, f"{p.name}[{i}]", t, peer) for i, t in enumerate(v)])
-        elif v is None:
-            if not p.optional:
-                raise ArgumentError(f"{opdef.name}(): argument '{p.name}' expected Tensor, got None")
-            out.append(None)
-        else:
-            out.append(_as_tensor(opdef, p.name, v, peer))
-    return tuple(out)
-
-
-def _as_tensor(opdef: OpDef, name: str, value, peer) -> Tensor:
-    if type(value) is Tensor or isinstance(value, Tensor):
-        return value
-    if type(value) in (bool, int, float):  # a Python number is weak: it takes its peer's dtype
-        return _new(np.asarray(value, dtype=D.scalar_dtype(value, peer)))
-    if isinstance(value, (np.ndarray, np.generic, list, tuple)):  # NumPy values keep their dtype
-        from .creation import as_array
-
-        try:
-            return _new(as_array(value))
-        except ArgumentError as e:
-            raise ArgumentError(f"{opdef.name}(): argument '{name}': {e}") from None
-    raise ArgumentError(f"{opdef.name}(): argument '{name}' expected Tensor, got {describe(value)}")
-
-
-__all__ = ["op", "register_symbolic"]
+__all__ = ["EAGER", "EagerInterpreter", "Interpreter", "current_interpreter", "interpreting", "op", "owner_of"]

@@ -30,7 +30,7 @@ from .autodiff import grad
 from .core import dtypes as D
 from .core.opdef import TRAITS, OpDef, registry
 from .core.schema import Param
-from .tensor import Tensor, _new
+from .tensor import Tensor, wrap
 from .testing.conformance import _flat, _materialize, default_samples
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout: docs/ and opforge/ live here
@@ -72,7 +72,7 @@ def recorded_ops(opdef: OpDef) -> set[str]:
         if not outs or not leaves:
             continue
         forward = {y._node for y in outs}
-        seeds = [_new(rng.standard_normal(y.shape).astype(y.dtype), True) for y in outs]
+        seeds = [wrap(rng.standard_normal(y.shape).astype(y.dtype), requires_grad=True) for y in outs]
         grads = grad(outs, leaves, grad_outputs=seeds, create_graph=True, allow_unused=True)
         stack = [g._node for g in grads if g is not None and g._node is not None]
         seen = set()

@@ -9,7 +9,10 @@ from __future__ import annotations
 import numpy as np
 
 from .core import dtypes as D
+from .core.devices import CPU, Device, default_device, get_device
 from .core.errors import ArgumentError, GradientError, describe
+from .core.opdef import flat_ranges, split_by_layout
+from .core.spec import Spec
 
 
 class Node:
@@ -18,12 +21,15 @@ class Node:
     ``edges[i]`` is ``(node, output_index)`` for an input made by a recorded op, ``(leaf_tensor, -1)``
     for a leaf that requires grad, and ``None`` for an input that gets no gradient. Saved outputs are
     kept as bare arrays (a Tensor would point back at this node and make a reference cycle).
+
+    A Node is one of the two views of a recorded call that ``autodiff.rules.call_rule`` reads (the other is a
+    program's ``OpDesc``): ``saved_inputs``, ``saved_output``, ``zeros``, ``spec`` and ``needs_input_grad``.
     """
 
-    __slots__ = ("__weakref__", "attrs", "edges", "in_layout", "in_meta", "op", "out_layout", "out_meta", "saved",
-                 "saved_out")
+    __slots__ = ("__weakref__", "attrs", "device", "edges", "in_layout", "in_meta", "op", "origin", "out_layout",
+                 "out_meta", "saved", "saved_out")  # origin: the user's call site, kept under of.detect_anomaly()
 
-    def __init__(self, op, attrs, edges, in_layout, in_meta, out_layout, out_meta, saved, saved_out):
+    def __init__(self, op, attrs, edges, in_layout, in_meta, out_layout, out_meta, saved, saved_out, device):
         self.op = op
         self.attrs = attrs
         self.edges = edges
@@ -33,15 +39,61 @@ class Node:
         self.out_meta = out_meta  # per flattened output: (shape, dtype)
         self.saved = saved  # name -> Tensor (or list) of inputs the rule names; None once freed
         self.saved_out = saved_out  # name -> [(flat output index, array), ...] (one pair unless a Tensor[])
+        self.device = device  # where the call ran: its outputs, and the gradients of its inputs, live there
+
+    # -- the view of the call a gradient rule reads ---------------------------------------------------------
+
+    def saved_inputs(self) -> dict:
+        return dict(self.saved)
+
+    def saved_output(self, name: str, i: int, create_graph: bool):
+        """Output ``i`` (named ``name`` by the rule) as Tensors; linked to this node when the backward pass is
+        itself recorded, so that a rule using its output differentiates again."""
+        entries = self.saved_out[name]
+        node = self if create_graph else None
+        tensors = [wrap_output(array, node, k, self.device) if node is not None else wrap(array, self.device)
+                   for k, array in entries]
+        return tensors if self.op.outputs[i].is_list else tensors[0]
+
+    def zeros(self, k: int) -> Tensor:
+        """The gradient of flat output ``k`` when none reached it (a multi-output op, some outputs unused)."""
+        shape, dtype = self.out_meta[k]
+        return wrap(self.device.xp.zeros(shape, dtype), self.device)
+
+    def spec(self, where: str, i: int):
+        meta, layout = (self.in_meta, self.in_layout) if where == "in" else (self.out_meta, self.out_layout)
+        start, count, is_list = flat_ranges(layout)[i]
+        specs = [None if meta[k] is None else Spec(*meta[k]) for k in range(start, start + count)]
+        return specs if is_list else specs[0]
+
+    def needs_input_grad(self) -> tuple:
+        """Per schema input: whether any of its tensors gets a gradient (a rule may skip the others)."""
+        per_flat = [e is not None for e in self.edges]
+        if all(n < 0 for n in self.in_layout):
+            return tuple(per_flat)
+        return tuple(any(v) if isinstance(v, list) else v for v in split_by_layout(per_flat, self.in_layout))
 
     def __repr__(self) -> str:
         return f"<{self.op.name} node>"
 
 
-def _new(data, requires_grad=False, node=None, index=0, device="cpu") -> Tensor:
+def wrap(data, device: Device = CPU, requires_grad: bool = False) -> Tensor:
+    """A Tensor around ``data``, an array of ``device`` (no copy), with no autograd history."""
     t = object.__new__(Tensor)
     t._data = data
     t._requires_grad = requires_grad
+    t._node = None
+    t._index = 0
+    t._device = device
+    t.grad = None
+    return t
+
+
+def wrap_output(data, node: Node, index: int, device: Device) -> Tensor:
+    """Output ``index`` of the recorded call ``node``: it requires grad, and its gradient flows to ``node``."""
+    t = object.__new__(Tensor)
+    t._data = data
+    t._requires_grad = True
     t._node = node
     t._index = index
     t._device = device
@@ -160,6 +212,12 @@ class TensorOps:
     def double(self):
         return F.cast(self, dtype=D.float64)
 
+    def half(self):
+        return F.cast(self, dtype=D.float16)
+
+    def bfloat16(self):
+        return F.cast(self, dtype=D.bfloat16)
+
     def matmul(self, other):
         return F.matmul(self, other)
 
@@ -198,14 +256,11 @@ class TensorOps:
 class Tensor(TensorOps):
     """An n-dimensional array that records the ops applied to it when it requires grad."""
 
-    __slots__ = ("__weakref__", "_data", "_device", "_index", "_node", "_requires_grad", "grad")
+    __slots__ = ("__weakref__", "_data", "_device", "_hooks", "_index", "_node", "_requires_grad", "grad")
 
-    def __init__(self, data, dtype=None, requires_grad=False, device="cpu"):
-        from .core.devices import check_device
-        from .creation import as_array
-
-        self._data = as_array(data, dtype)
-        self._device = check_device(device, "Tensor()")
+    def __init__(self, data, dtype=None, requires_grad=False, device=None):
+        self._device = default_device() if device is None else get_device(device, "tensor()")
+        self._data = self._device.from_host(as_array(data, dtype))
         self._node = None
         self._index = 0
         self.grad = None
@@ -232,7 +287,8 @@ class Tensor(TensorOps):
         return self._data.size
 
     @property
-    def device(self) -> str:
+    def device(self) -> Device:
+        """Where the data lives (a ``Device``; it compares equal to its name: ``t.device == "cpu"``)."""
         return self._device
 
     @property
@@ -252,7 +308,11 @@ class Tensor(TensorOps):
         return self._node
 
     def numpy(self) -> np.ndarray:
-        """The underlying array, without a copy (writing to it changes this tensor)."""
+        """The underlying array, without a copy (writing to it changes this tensor). Only for tensors whose data is
+        host memory; copy others to the host first."""
+        if not self._device.host:
+            raise ArgumentError(f"numpy(): the tensor is on device '{self._device}', not in host memory; "
+                                "copy it to the host first")
         return self._data
 
     def item(self):
@@ -261,12 +321,13 @@ class Tensor(TensorOps):
         return self._data.item()
 
     def tolist(self):
-        return self._data.tolist()
+        return self._device.to_host(self._data).tolist()
 
     def __array__(self, dtype=None, copy=None):
+        data = self.numpy()
         if copy:
-            return np.array(self._data, dtype=dtype, copy=True)
-        return self._data if dtype is None else self._data.astype(dtype, copy=False)
+            return np.array(data, dtype=dtype, copy=True)
+        return data if dtype is None else data.astype(dtype, copy=False)
 
     def __dlpack__(self, *args, **kwargs):
         return self._data.__dlpack__(*args, **kwargs)
@@ -292,13 +353,13 @@ class Tensor(TensorOps):
         return int(self.item())
 
     def __repr__(self) -> str:
-        body = np.array2string(self._data, separator=", ", prefix="tensor(")
+        body = np.array2string(self._device.to_host(self._data), separator=", ", prefix="tensor(")
         extra = [f"dtype={self.dtype}"] if self.dtype not in (D.float32, D.int64, D.bool_) else []
         if self._node is not None:
             extra.append(f"grad_fn={self._node.op.name}")
         elif self._requires_grad:
             extra.append("requires_grad=True")
-        if self._device != "cpu":
+        if self._device is not CPU:
             extra.append(f"device='{self._device}'")
         return f"tensor({body}{', ' if extra else ''}{', '.join(extra)})"
 
@@ -318,13 +379,61 @@ class Tensor(TensorOps):
 
     def detach(self) -> Tensor:
         """The same data, cut from the graph (no copy)."""
-        return _new(self._data, device=self._device)
+        return wrap(self._data, self._device)
+
+    def register_post_accumulate_grad_hook(self, hook):
+        """Run ``hook(tensor)`` each time ``backward()`` has added this leaf's final gradient into ``.grad``: as soon
+        as it is final, while the rest of the backward pass still runs (data-parallel training all-reduces it
+        then). Returns a handle whose ``remove()`` unregisters it."""
+        if self._node is not None:
+            raise GradientError("register_post_accumulate_grad_hook(): only a leaf tensor accumulates into .grad")
+        if not callable(hook):
+            raise ArgumentError(f"register_post_accumulate_grad_hook(): expected a callable, got {describe(hook)}")
+        hooks = getattr(self, "_hooks", None)
+        if hooks is None:
+            hooks = self._hooks = []
+        hooks.append(hook)
+        return _HookHandle(hooks, hook)
 
     def backward(self, gradient=None, retain_graph=None, create_graph=False) -> None:
         from .autodiff import backward
 
         backward([self], None if gradient is None else [gradient],
                  retain_graph=retain_graph, create_graph=create_graph)
+
+class _HookHandle:
+    __slots__ = ("hook", "hooks")
+
+    def __init__(self, hooks: list, hook):
+        self.hooks, self.hook = hooks, hook
+
+    def remove(self) -> None:
+        if self.hook in self.hooks:
+            self.hooks.remove(self.hook)
+
+
+def as_array(data, dtype=None) -> np.ndarray:
+    """Data -> a fresh host array of a supported dtype. Python floats become float32, ints int64;
+    NumPy arrays keep their dtype unless ``dtype`` says otherwise."""
+    if isinstance(data, Tensor):
+        data = data._device.to_host(data._data)
+    if isinstance(data, (np.ndarray, np.generic)):
+        dt = D.as_dtype(data.dtype if dtype is None else dtype, arg="dtype")
+        return np.array(data, dtype=dt)
+    try:
+        array = np.asarray(data)
+    except (ValueError, TypeError) as e:
+        raise ArgumentError(f"tensor(): cannot make a tensor from {describe(data)}: {e}") from None
+    if dtype is not None:
+        return np.array(array, dtype=D.as_dtype(dtype))
+    if array.dtype.kind == "f":
+        return array.astype(D.DEFAULT_FLOAT)
+    if array.dtype.kind in "iu":
+        return array.astype(D.DEFAULT_INT)
+    if array.dtype.kind == "b":
+        return array
+    raise ArgumentError(f"tensor(): cannot make a tensor from {describe(data)} (dtype {array.dtype})")
+
 
 _SCALARS: dict = {}  # (type, value, peer dtype, device) -> Tensor of a read-only 0-d array: constants cost nothing
 
@@ -340,9 +449,10 @@ def _lift(value, like):
     if constant is None:
         if len(_SCALARS) > 4096:
             _SCALARS.clear()
+        device = like.device
         array = np.array(value, D.scalar_dtype(value, like.dtype))
         array.flags.writeable = False
-        constant = _SCALARS[key] = _new(array, False, None, 0, like.device)
+        constant = _SCALARS[key] = wrap(device.from_host(array), device)
     return constant
 
 
@@ -470,7 +580,7 @@ def _advanced_index(x, items):
         x = _basic_index(x, tuple(basic))
     if len(arrays) == 1:
         index = arrays[0]
-        return F.take(x, index if isinstance(index, TensorOps) else _new(index, device=x.device), axis=where[0])
+        return F.take(x, index if isinstance(index, TensorOps) else _host_tensor(index, x.device), axis=where[0])
     arrays = [a._data if isinstance(a, Tensor) else a for a in arrays]
     if any(isinstance(a, TensorOps) for a in arrays):
         raise ArgumentError("Tensor indexing: several index arrays need eager (concrete) values")
@@ -492,7 +602,12 @@ def _advanced_index(x, items):
     if perm != list(range(x.ndim)):
         x = F.permute(x, dims=perm)
     x = F.reshape(x, shape=[*x.shape[:first], int(np.prod(sizes)), *x.shape[first + k:]])
-    return F.take(x, _new(flat.astype(np.int64), device=x.device), axis=first)
+    return F.take(x, _host_tensor(flat.astype(np.int64), x.device), axis=first)
+
+
+def _host_tensor(array: np.ndarray, device) -> Tensor:
+    """A host array made while indexing (positions), as a Tensor on ``device``."""
+    return wrap(device.from_host(array), device)
 
 
 from . import ops as F  # noqa: E402  (the ops need Tensor defined first; methods look them up at call time)

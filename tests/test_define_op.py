@@ -34,7 +34,7 @@ def test_full_signature_parses_into_a_schema():
 def test_signature_marks_dtypes_and_non_differentiable_inputs():
     s = parse_signature("gather(Tensor<floating> x, nograd Tensor<int32|int64> index) -> Tensor y")
     x, index = s.inputs
-    assert x.dtypes == (of.float32, of.float64) and x.differentiable
+    assert x.dtypes == (of.float16, of.bfloat16, of.float32, of.float64) and x.differentiable
     assert index.dtypes == (of.int32, of.int64) and not index.differentiable
 
 
@@ -135,7 +135,7 @@ def test_inputs_on_different_devices_are_refused():
 def test_restricted_dtype_is_refused_at_the_call():
     with pytest.raises(of.ArgumentError) as info:
         F.sqrt(of.tensor([1, 2]))
-    assert str(info.value) == "sqrt(): argument 'x' expected dtype float32 or float64, got int64"
+    assert str(info.value) == "sqrt(): argument 'x' expected dtype float16 or bfloat16 or float32 or float64, got int64"
 
 
 # -- binding and attributes ----------------------------------------------------------------------------------

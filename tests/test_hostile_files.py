@@ -17,6 +17,7 @@ import pytest
 from fuzzing import small_program
 
 import opforge as of
+from opforge import ops as F
 from opforge.checkpoint import MANIFEST, CheckpointError
 from opforge.core.files import sha256_of
 from opforge.program.serialize import ProgramFormatError
@@ -422,3 +423,20 @@ def test_an_optimizer_state_dict_with_a_hyper_parameter_no_float_holds_is_refuse
     with pytest.raises(of.ArgumentError, match="Adam\\(\\): hyper-parameter eps must be a finite number"):
         opt.load_state_dict(state)
     assert opt.param_groups[0]["eps"] == 1e-8
+
+
+def test_half_precision_values_round_trip_through_checkpoints_and_programs(tmp_path):
+    """NumPy's .npy format has no name for bfloat16 (it writes 2-byte voids): the loaders read those back."""
+    from opforge.core import dtypes as D
+
+    values = {"b": of.tensor(np.arange(3, dtype=np.float32)).bfloat16(), "h": of.tensor(np.ones(3)).half()}
+    of.save(values, tmp_path / "c.npz")
+    back = of.load(tmp_path / "c.npz")
+    assert {k: (v.dtype, v.numpy().tolist()) for k, v in back.items()} == \
+        {k: (v.dtype, v.numpy().tolist()) for k, v in values.items()}
+    w = of.tensor(np.full((3, 2), 0.5, np.float32)).bfloat16().detach()
+    w.requires_grad = True
+    prog = of.trace(lambda x: {"loss": F.sum(x @ w)}, x=of.Spec((None, 3), D.bfloat16))
+    prog.save(tmp_path / "p.json")
+    x = np.ones((2, 3), D.bfloat16)
+    assert of.Executor(of.Program.load(tmp_path / "p.json")).run(x=x)["loss"] == of.Executor(prog).run(x=x)["loss"]

@@ -15,7 +15,7 @@ from opforge import ops as F
 from opforge.checkpoint import StateDictError
 from opforge.checkpoint import load as load_checkpoint
 from opforge.checkpoint import save as save_checkpoint
-from opforge.program.trace import constant_var
+from opforge.program.trace import var_for_tensor
 
 RTOL, ATOL = 1e-12, 1e-15  # float64: the same formulas, so only rounding may differ
 SHAPES = [(3, 4), (5,), ()]
@@ -318,7 +318,7 @@ def test_compiled_step_updates_parameters_and_moments_in_place_without_copies():
     slot = {name: v for v, name in slot.items()}
     targets = [*params, *(opt.state[p][k] for p in params for k in ("exp_avg", "exp_avg_sq"))]
     for t in targets:  # the update op of each parameter and moment writes straight into its array
-        v = slot[constant_var(program, t)]
+        v = slot[var_for_tensor(program, t)]
         assert re.search(rf"= k\d+\(.*, out={v}\)", source), (v, source)
         assert f"_copyto({v}," not in source
     # at most the 0-d step counters are copied at the end of a run (none, if add writes through out=)

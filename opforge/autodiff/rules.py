@@ -1,9 +1,52 @@
-"""Calling a gradient rule and checking what it returns — shared by eager autograd and program mode."""
+"""Calling a gradient rule on a recorded call and checking what it returns — one copy, for eager autograd and
+program mode alike.
+
+A recorded call is seen through a small view that both kinds of record provide — an eager ``Node``
+(``opforge.tensor``) and a program ``OpDesc`` (``opforge.program.backward``):
+
+    call.op, call.attrs, call.in_layout, call.out_layout
+    call.saved_inputs()                    {rule parameter: forward input} for the inputs the rule names
+    call.saved_output(name, i, linked)     forward output i (a Tensor, a Variable, or a list of them)
+    call.zeros(k)                          a zero gradient for flat output k that no gradient reached
+    call.spec(where, i)                    Spec(s) of schema input ("in") or output ("out") i
+    call.needs_input_grad()                per schema input: whether its gradient is wanted
+
+The rule itself is written with ops, so the same call computes gradients eagerly (Tensors), records them for
+higher orders (``create_graph``), or emits gradient ops into a program (Variables).
+"""
 
 from __future__ import annotations
 
+from ..core import dtypes as D
 from ..core.errors import GradientError, describe
-from ..core.spec import broadcast_shapes
+from ..core.opdef import flat_ranges
+from ..core.spec import Dim, broadcast_shapes
+
+_ONE_OUTPUT = [(0, 1, False)]  # flat_ranges((-1,)): the layout of nearly every op's outputs
+
+
+def call_rule(call, out_grads: list, create_graph: bool = False) -> list:
+    """Run ``call.op``'s gradient rule; ``out_grads`` holds one gradient (or None) per flat output. Returns one
+    gradient (or None) per flat input, in the order of ``call.in_layout``."""
+    op = call.op
+    rule = op.grad_rule
+    kwargs = call.saved_inputs()
+    for name, i in rule.saved_outputs:
+        kwargs[name] = call.saved_output(name, i, create_graph)
+    if rule.output_grads:
+        ranges = _ONE_OUTPUT if call.out_layout == (-1,) else flat_ranges(call.out_layout)
+        for name, i in rule.output_grads:
+            start, count, is_list = ranges[i]
+            grads = [out_grads[k] if out_grads[k] is not None else call.zeros(k) for k in range(start, start + count)]
+            kwargs[name] = grads if is_list else grads[0]
+    for name, where, i in rule.spec_params:
+        kwargs[name] = call.spec(where, i)
+    attrs = call.attrs
+    for name in rule.attrs:
+        kwargs[name] = attrs[name]
+    if rule.wants_needs:
+        kwargs["needs_input_grad"] = call.needs_input_grad()
+    return flatten_input_grads(op, rule.fn(**kwargs), call.in_layout)
 
 
 def flatten_input_grads(op, result, in_layout: tuple) -> list:
@@ -47,6 +90,45 @@ def flatten_input_grads(op, result, in_layout: tuple) -> list:
     return flat
 
 
+def fit(op, label: str, g, shape: tuple, dtype, value_type: type):
+    """Check one gradient a rule returned for input ``label`` of ``shape`` and ``dtype``: a ``value_type`` (Tensor
+    eagerly, Variable in a program), of the input's shape — a gradient that is larger than its broadcast input is
+    summed down to it here, once, so rules never do it — and cast to the input's dtype."""
+    if not isinstance(g, value_type):
+        raise GradientError(
+            f"gradient rule of op '{op.name}' returned {describe(g)} for input '{label}'; rules compute with ops "
+            f"(F.*, Tensor operators) and return {value_type.__name__}s here"
+        )
+    have, want = _known(g.shape), _known(shape)
+    if not _same(have, want):
+        try:
+            fits = _same(broadcast_shapes(want, have), have)  # the input broadcasts to the gradient's shape
+        except ValueError:
+            fits = False
+        if not fits:
+            raise GradientError(
+                f"gradient rule of op '{op.name}' returned a gradient of shape {tuple(g.shape)} for input '{label}' "
+                f"of shape {tuple(shape)}: it must have the input's shape or broadcast from it"
+            )
+        g = F.sum_to(g, shape=shape)
+    if g.dtype != dtype:
+        if not D.is_floating(g.dtype):
+            raise GradientError(f"gradient rule of op '{op.name}' returned a {g.dtype} gradient for input '{label}' "
+                                f"of dtype {dtype}")
+        g = F.cast(g, dtype=dtype)
+    return g
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    """Whether two shapes can be equal (None, a size known only at run time, matches any size)."""
+    return len(a) == len(b) and all(x is None or y is None or x == y for x, y in zip(a, b))
+
+
+def _known(shape) -> tuple:
+    """A shape with each run-time dim (a Dim of a program variable, or None) as None."""
+    return tuple(None if d is None or isinstance(d, Dim) else d for d in shape)
+
+
 def input_label(op, flat_index: int, in_layout: tuple) -> str:
     """The name of the flat input ``flat_index`` ("x", or "xs[2]" inside a list input)."""
     i = 0
@@ -62,18 +144,13 @@ def input_label(op, flat_index: int, in_layout: tuple) -> str:
     return f"#{flat_index}"
 
 
-def reduce_to(op, label: str, grad, shape: tuple, sum_to):
-    """Sum a gradient that is larger than its (broadcast) input down to the input's shape."""
-    gshape = tuple(grad.shape)
-    if gshape == tuple(shape):
-        return grad
-    try:
-        fits = broadcast_shapes(shape, gshape) == gshape
-    except ValueError:
-        fits = False
-    if not fits:
-        raise GradientError(
-            f"gradient rule of op '{op.name}' returned a gradient of shape {gshape} for input '{label}' "
-            f"of shape {tuple(shape)}: it must have the input's shape or broadcast from it"
-        )
-    return sum_to(grad, shape=shape)
+def missing_rule(op_name: str, path: list, fix: str) -> GradientError:
+    """The error for an op without a gradient rule on the path being differentiated (``path``: op names from it
+    to the output)."""
+    return GradientError(
+        f"op '{op_name}' has no gradient rule, but it lies on the path to the output being differentiated "
+        f"({' -> '.join(path)}); give it one with @{op_name}.grad, mark it traits=['no_grad'], or {fix}"
+    )
+
+
+from .. import ops as F  # noqa: E402  (fit computes with ops; the op library imports nothing from autodiff)

@@ -1,18 +1,170 @@
-"""Device names that kernels can be registered for. Tensors always hold NumPy arrays in host memory;
-a device name selects the kernel. "cpu" is built in; a plug-in (or a test) may add more."""
+"""Devices: where arrays live and kernels run (Chainer's ``Device.xp``, made the one place that knows).
+
+A ``Device`` is an object, not a name: its array module (``xp``: ``numpy`` for "cpu"), how a kernel's result becomes
+an array of the device (``array``), how arrays move on and off it (``from_host``, ``to_host``), and its seeded random
+generator. A Tensor carries its device; dispatch, autograd and the executor ask the device, never NumPy, about data.
+
+Kernels are registered per device name. A kernel that names an ``xp`` parameter is handed its device's array module,
+so one body written against the array API serves every device; a device-specific kernel wins over it. A device
+whose arrays *are* host arrays of another device (``kernels_of="cpu"``) may run that device's kernels where it has
+none of its own.
+
+"cpu" is built in; ``register_device`` adds more (a plug-in, or a test's second device that is NumPy under another
+name). ``Device`` compares equal to its name, so ``t.device == "cpu"`` reads as it should.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import threading
+
+import numpy as np
 
 from .errors import ArgumentError, describe
 
-KNOWN = {"cpu"}
+
+class Device:
+    __slots__ = ("_streams", "array_type", "kernels_of", "name", "xp")
+
+    def __init__(self, name: str, xp=np, *, array_type=None, kernels_of: str | None = None):
+        self.name = name
+        self.xp = xp  # the array module kernels written against ``xp`` use here
+        self.array_type = np.ndarray if array_type is None else array_type  # the arrays this device holds
+        self.kernels_of = kernels_of  # a device whose kernels also serve this one (same kind of arrays)
+        self._streams = _Streams()
+
+    # -- arrays -------------------------------------------------------------------------------------------------
+
+    def array(self, value):
+        """A kernel's result as an array of this device: the one place a 0-d result (a NumPy scalar) or a list
+        becomes an array."""
+        return value if type(value) is self.array_type else self.xp.asarray(value)
+
+    @property
+    def host(self) -> bool:
+        """Whether this device's arrays are NumPy arrays in host memory."""
+        return self.array_type is np.ndarray
+
+    def from_host(self, array: np.ndarray, copy: bool = False):
+        """A host (NumPy) array on this device: shared where the device holds host arrays, unless ``copy``."""
+        if self.host:
+            return np.array(array, copy=True) if copy else array
+        return self.xp.asarray(array)
+
+    def to_host(self, array) -> np.ndarray:
+        """An array of this device as a NumPy array (no copy where it already is one)."""
+        if self.host:
+            return array
+        return self.xp.asnumpy(array)
+
+    def copy_into(self, target, value) -> None:
+        """Write ``value`` into the array ``target`` of this device, in place (casting within a kind)."""
+        self.xp.copyto(target, value, casting="same_kind")
+
+    # -- randomness ---------------------------------------------------------------------------------------------
+
+    def generator(self):
+        """This thread's generator for the device, seeded by ``manual_seed`` (NumPy's ``Generator`` on the host)."""
+        return self._streams.get(self)
+
+    @contextlib.contextmanager
+    def drawing_from(self, generator):
+        """Random kernels on this device, in this thread, draw from ``generator`` inside the ``with`` block."""
+        saved = self._streams.generator
+        self._streams.generator = generator
+        try:
+            yield generator
+        finally:
+            self._streams.generator = saved
+
+    def new_generator(self, seed: int):
+        return (np if self.host else self.xp).random.default_rng(seed)
+
+    # -- identity -----------------------------------------------------------------------------------------------
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, Device):
+            return other is self
+        return isinstance(other, str) and other == self.name
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"device({self.name!r})"
 
 
-def register_device(name: str) -> None:
+class _Streams(threading.local):
+    """A device's random generator in each thread: seeded 0 until ``manual_seed`` in that thread says otherwise."""
+
+    generator = None
+
+    def get(self, device: Device):
+        if self.generator is None:
+            self.generator = device.new_generator(0)
+        return self.generator
+
+
+CPU = Device("cpu")
+_DEVICES: dict[str, Device] = {"cpu": CPU}
+
+
+def manual_seed(seed: int) -> None:
+    """Seed every device's generator in this thread: the same seed gives the same numbers, op for op."""
+    seed = int(seed)
+    for device in _DEVICES.values():
+        device._streams.generator = device.new_generator(seed)
+
+
+def register_device(name: str, xp=np, *, kernels_of: str | None = None, array_type=None) -> Device:
+    """Add a device: ``xp`` its array module; ``kernels_of`` a device whose kernels serve it where it has none."""
     if not isinstance(name, str) or not name.isidentifier():
         raise ArgumentError(f"register_device(): argument 'name' expected an identifier, got {describe(name)}")
-    KNOWN.add(name)
-
-
-def check_device(device, where: str = "device") -> str:
-    if device not in KNOWN:
-        raise ArgumentError(f"{where}: unknown device {device!r}; known devices are {sorted(KNOWN)}")
+    if kernels_of is not None and kernels_of not in _DEVICES:
+        raise ArgumentError(f"register_device(): kernels_of={kernels_of!r} is not a known device "
+                            f"({sorted(_DEVICES)})")
+    known = _DEVICES.get(name)
+    if known is not None:
+        if known.xp is not xp or known.kernels_of != kernels_of:
+            raise ArgumentError(f"register_device(): a device named {name!r} exists already with another "
+                                "array module or kernel source")
+        return known
+    device = _DEVICES[name] = Device(name, xp, array_type=array_type, kernels_of=kernels_of)
     return device
+
+
+def get_device(device, where: str = "device") -> Device:
+    """``device`` (a name or a Device) as the registered Device; an unknown one is an error naming ``where``."""
+    if type(device) is Device:
+        return device
+    found = _DEVICES.get(device) if isinstance(device, str) else None
+    if found is None:
+        raise ArgumentError(f"{where}: unknown device {device!r}; known devices are {sorted(_DEVICES)}")
+    return found
+
+
+# The device ops with no tensor input (zeros, normal, arange ...) run on: "cpu" unless ``using_device`` says
+# otherwise in this thread or task.
+_default = contextvars.ContextVar("opforge.default_device", default=CPU)
+
+
+def default_device() -> Device:
+    return _default.get()
+
+
+class using_device:
+    """``with using_device("sim"): ...`` makes ops that have no tensor input run on that device."""
+
+    def __init__(self, device):
+        self.device = get_device(device, "using_device()")
+
+    def __enter__(self) -> Device:
+        self._token = _default.set(self.device)
+        return self.device
+
+    def __exit__(self, *exc) -> None:
+        _default.reset(self._token)

@@ -21,6 +21,10 @@ class DispatchError(OpforgeError, LookupError):
     """No kernel for the device and dtype a call asked for."""
 
 
+class AnomalyError(OpforgeError, FloatingPointError):
+    """Under ``of.detect_anomaly()``: an op's forward or backward produced NaN or infinity."""
+
+
 class GradientError(OpforgeError, RuntimeError):
     """Autograd cannot go on: a missing gradient rule, a rule that returned the wrong thing, a freed graph."""
 

@@ -9,6 +9,7 @@ import zipfile
 
 import numpy as np
 
+from . import dtypes as D
 from .errors import OpforgeError
 
 
@@ -192,6 +193,8 @@ class NpzReader:
             else:
                 raise ArchiveError(f"{self.path}: member {key!r} has .npy format version {version}, not 1.0 or 2.0")
             offset = f.tell()
+        if dtype.kind == "V" and dtype.itemsize == 2 and dtype.names is None and dtype.subdtype is None:
+            dtype = D.bfloat16  # NumPy's format has no name for bfloat16: its arrays are written as 2-byte voids
         if dtype.hasobject or dtype.names is not None or dtype.subdtype is not None:
             raise ArchiveError(f"{self.path}: member {key!r} has dtype {dtype}: only plain numeric, bool and string "
                                "arrays are read (Python objects would need pickle; opforge never reads with "

@@ -8,21 +8,21 @@ class _GradMode(threading.local):
     enabled = True
 
 
-state = _GradMode()
+_mode = _GradMode()
 
 
 def is_grad_enabled() -> bool:
-    return state.enabled
+    return _mode.enabled
 
 
 @contextmanager
 def set_grad_enabled(mode: bool):
-    previous = state.enabled
-    state.enabled = bool(mode)
+    previous = _mode.enabled
+    _mode.enabled = bool(mode)
     try:
         yield
     finally:
-        state.enabled = previous
+        _mode.enabled = previous
 
 
 def no_grad():

@@ -8,13 +8,14 @@ conformance suite). The registry maps op names to ``OpDef``s.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import NamedTuple
 
 import numpy as np
 
 from . import dtypes as D
-from .devices import check_device
+from .devices import Device, get_device
 from .errors import ArgumentError, DispatchError, OpforgeError, SchemaError, ShapeError, describe
 from .schema import Schema
 from .spec import Dim, Spec, broadcast_shapes
@@ -29,10 +30,15 @@ TRAITS = {
 
 class Kernel(NamedTuple):
     fn: object
-    device: str
+    device: str | None  # a device name; None: every device (the kernel takes xp, its device's array module)
     dtypes: tuple | None  # None: every dtype the op allows
     takes_out: bool  # accepts out= (a buffer to write into)
-    takes_rng: bool  # accepts rng= (a numpy Generator)
+    takes_rng: bool  # accepts rng= (its device's random generator)
+    takes_xp: bool  # accepts xp= (its device's array module)
+
+    def bind(self, device):
+        """The kernel as dispatch and the executor call it on ``device``: with ``xp`` filled in if it takes it."""
+        return functools.partial(self.fn, xp=device.xp) if self.takes_xp else self.fn
 
 
 class GradRule(NamedTuple):
@@ -99,17 +105,24 @@ class OpDef:
         self.grad_rule: GradRule | None = None
         self.check_fn = None
         self.samples_fn = None
-        self.fn = None  # the generated functional API, set by opforge.dispatch
         self.validate = None
         self._refresh_validate()
-        self.record = None  # records a call for autograd; set by opforge.dispatch
-        self.rule_listeners: list = []
+        # Set by opforge.dispatch, which generates them from the schema:
+        self.fn = None  # the functional API, ``opforge.ops.<name>``
+        self.fast_path = False  # whether ``fn`` has a straight-line path for calls on Tensors of one device
+        self.result_type = None  # the named tuple of a multi-output op's results
+        self.attach = None  # (inputs, attrs, kernel result) -> outputs linked to a new autograd Node
+        self.rule_listeners: list = []  # called when the gradient rule changes (dispatch regenerates ``attach``)
 
     # -- decorator methods --------------------------------------------------------------------------------
 
-    def kernel(self, device: str = "cpu", dtypes=None):
-        """Register a kernel for ``device`` and the given dtypes (default: every dtype the op allows)."""
-        check_device(device, f"op '{self.name}'.kernel()")
+    def kernel(self, device: str | None = None, dtypes=None):
+        """Register a kernel for ``device`` and the given dtypes (default: every dtype the op allows).
+
+        Without ``device``, a kernel that takes ``xp`` (its device's array module) serves every device, and one
+        that does not is a "cpu" kernel. A kernel for a named device wins over one for every device."""
+        if device is not None and (not isinstance(device, str) or not device.isidentifier()):
+            raise SchemaError(f"op '{self.name}'.kernel(): device must be a device name, got {describe(device)}")
         dts = None if dtypes is None else tuple(D.as_dtype(d, op=f"{self.name}.kernel", arg="dtypes")
                                                  for d in dtypes)
 
@@ -119,9 +132,15 @@ class OpDef:
 
         return register
 
-    def add_kernel(self, fn, device: str, dtypes: tuple | None) -> None:
-        params = inspect.signature(fn).parameters
-        kernel = Kernel(fn, device, dtypes, "out" in params, "rng" in params)
+    def add_kernel(self, fn, device: str | None, dtypes: tuple | None) -> None:
+        try:
+            params = inspect.signature(fn).parameters
+        except (TypeError, ValueError):  # a builtin or ufunc
+            params = {}
+        takes_xp = "xp" in params
+        if device is None and not takes_xp:
+            device = "cpu"
+        kernel = Kernel(fn, device, dtypes, "out" in params, "rng" in params, takes_xp)
         if "random" in self.traits and not kernel.takes_rng:
             raise SchemaError(f"op '{self.name}' has the trait 'random': its kernels must take rng=")
         for dt in dtypes or (None,):
@@ -211,13 +230,22 @@ class OpDef:
     def differentiable(self) -> bool:
         return "no_grad" not in self.traits and self.grad_rule is not None
 
-    def find_kernel(self, device: str, dtype) -> Kernel:
-        key = (device, dtype)
+    def find_kernel(self, device, dtype) -> Kernel:
+        """The kernel for ``device`` (a Device or its name) and ``dtype``: the device's own, else one for every
+        device, else (for a device that shares another's arrays) that device's."""
+        if type(device) is not Device:
+            device = get_device(device, f"op '{self.name}'.find_kernel()")
+        key = (device.name, dtype)
         kernel = self._kernel_cache.get(key)
         if kernel is None:
-            kernel = self.kernels.get(key) or self.kernels.get((device, None))
+            kernels = self.kernels
+            for name in dict.fromkeys((device.name, None, device.kernels_of)):
+                kernel = kernels.get((name, dtype)) or kernels.get((name, None))
+                if kernel is not None:
+                    break
             if kernel is None:
-                have = sorted(f"{d}/{t if t is not None else 'any dtype'}" for d, t in self.kernels)
+                have = sorted(f"{'every device' if d is None else d}/{t if t is not None else 'any dtype'}"
+                              for d, t in self.kernels)
                 raise DispatchError(
                     f"op '{self.name}' has no kernel for device '{device}' and dtype {dtype}; "
                     f"kernels exist for: {', '.join(have) or 'nothing'}"

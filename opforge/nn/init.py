@@ -14,8 +14,8 @@ import math
 
 import numpy as np
 
+from ..core.devices import CPU
 from ..core.errors import ArgumentError, describe
-from ..core.random import generator
 from ..tensor import Tensor
 
 
@@ -63,12 +63,12 @@ def _fan(tensor: Tensor, mode: str) -> int:
 
 def uniform_(tensor: Tensor, a: float = 0.0, b: float = 1.0) -> Tensor:
     """Fill with samples of U[a, b)."""
-    return _fill(tensor, generator().uniform(a, b, tensor.shape))
+    return _fill(tensor, CPU.generator().uniform(a, b, tensor.shape))
 
 
 def normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0) -> Tensor:
     """Fill with samples of N(mean, std²)."""
-    return _fill(tensor, mean + std * generator().standard_normal(tensor.shape))
+    return _fill(tensor, mean + std * CPU.generator().standard_normal(tensor.shape))
 
 
 def constant_(tensor: Tensor, val: float) -> Tensor:

@@ -1,8 +1,8 @@
 """Layers: PyTorch's layouts, parameter names and default initialisations, each a thin Module over registered ops.
 
 The same layer runs eagerly and inside ``of.trace``/``of.compile``: forward only calls ops. State a layer updates
-(BatchNorm's running statistics) goes through ``opforge.program.assign``, which writes in place eagerly and
-records the update while tracing.
+(BatchNorm's running statistics) goes through ``opforge.program.assign``, which the innermost interpreter answers:
+eagerly it writes in place, while tracing it records the update.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from .. import ops as F
 from ..core import dtypes as D
 from ..core.errors import ArgumentError, ShapeError, describe
 from ..core.grad_mode import no_grad
-from ..program import assign, state, tracing_program
+from ..program import assign, live
 from ..tensor import Tensor
 from . import init
 from .module import Module
@@ -50,9 +50,8 @@ def _pair(value, name: str, layer: str, minimum: int = 0) -> tuple[int, int]:
 
 
 def _live(t: Tensor | None):
-    """A buffer as the op should read it: itself eagerly; while tracing, the program's persistable variable for
-    it, so that each run reads its current value (a plain constant could be folded into the program once)."""
-    return state(t) if t is not None and tracing_program() is not None else t
+    """A buffer as the op should read it (see ``opforge.program.live``); None stays None."""
+    return None if t is None else live(t)
 
 
 # -- linear and convolution ------------------------------------------------------------------------------------
@@ -230,6 +229,90 @@ class LayerNorm(Module):
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
+class RMSNorm(Module):
+    """Normalise over the last dims (``normalized_shape``) by their root mean square, then y = x̂·weight; ``eps``
+    None takes the machine epsilon of the input's dtype, as PyTorch."""
+
+    def __init__(self, normalized_shape, eps: float | None = None, elementwise_affine: bool = True, dtype=None):
+        super().__init__()
+        shape = (normalized_shape,) if isinstance(normalized_shape, (int, np.integer)) else normalized_shape
+        self.normalized_shape = tuple(_count(d, "normalized_shape", "RMSNorm") for d in shape)
+        self.eps = None if eps is None else float(eps)
+        self.elementwise_affine = bool(elementwise_affine)
+        dt = _dtype(dtype)
+        self.weight = Tensor(np.ones(self.normalized_shape, dt), requires_grad=True) if elementwise_affine else None
+
+    def forward(self, x):
+        return F.rms_norm(x, self.weight, normalized_shape=self.normalized_shape, eps=self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
+class GroupNorm(Module):
+    """Normalise each of ``num_groups`` groups of channels of an (N, C, ...) input over the group's channels and
+    the other dims, then y = x̂·weight + bias per channel (when ``affine``)."""
+
+    def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True, dtype=None):
+        super().__init__()
+        self.num_groups = _count(num_groups, "num_groups", "GroupNorm")
+        self.num_channels = _count(num_channels, "num_channels", "GroupNorm")
+        if self.num_channels % self.num_groups:
+            raise ArgumentError(f"GroupNorm(): num_channels ({num_channels}) must be divisible by num_groups "
+                                f"({num_groups})")
+        self.eps, self.affine = float(eps), bool(affine)
+        dt = _dtype(dtype)
+        self.weight = Tensor(np.ones(num_channels, dt), requires_grad=True) if affine else None
+        self.bias = Tensor(np.zeros(num_channels, dt), requires_grad=True) if affine else None
+
+    def forward(self, x):
+        return F.group_norm(x, self.weight, self.bias, num_groups=self.num_groups, eps=self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"
+
+
+class _InstanceNorm(_BatchNorm):
+    """Normalise each channel of each sample over its other dims, then y = x̂·weight + bias (when ``affine``).
+
+    With ``track_running_stats`` training also keeps running averages of the per-sample statistics
+    ((1 − momentum)·running + momentum·the batch's mean of them, the variance unbiased), which eval mode then
+    normalises with, as PyTorch. Defaults as PyTorch's: no affine, no running statistics."""
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = False,
+                 track_running_stats: bool = False, dtype=None):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, dtype)
+
+    def forward(self, x):
+        if len(x.shape) not in self._dims:
+            raise ShapeError(f"{type(self).__name__}: expected a {self._layout} input, got shape {tuple(x.shape)}")
+        if not self.training and self.track_running_stats:  # the running statistics normalise, as batch_norm's
+            return F.batch_norm(x, _live(self.running_mean), _live(self.running_var), self.weight, self.bias,
+                                eps=self.eps).y
+        if self.training and self.track_running_stats:
+            with no_grad():
+                spatial = list(range(2, len(x.shape)))
+                m = self.momentum
+                mean = F.mean(x, axis=[0, *spatial])
+                var = F.mean(F.var(x, axis=spatial, correction=1), axis=[0])
+                assign(self.running_mean, _live(self.running_mean) * (1 - m) + mean * m)
+                assign(self.running_var, _live(self.running_var) * (1 - m) + var * m)
+                assign(self.num_batches_tracked, _live(self.num_batches_tracked) + 1)
+        return F.instance_norm(x, self.weight, self.bias, eps=self.eps)
+
+
+class InstanceNorm1d(_InstanceNorm):
+    __doc__ = _InstanceNorm.__doc__
+    _dims = (3,)
+    _layout = "3-D (N, C, L)"
+
+
+class InstanceNorm2d(_InstanceNorm):
+    __doc__ = _InstanceNorm.__doc__
+    _dims = (4,)
+    _layout = "4-D (N, C, H, W)"
 
 
 # -- dropout and embedding -------------------------------------------------------------------------------------
@@ -540,6 +623,67 @@ class Softmax(_Activation):
 
 class LogSoftmax(Softmax):
     _op = F.log_softmax
+
+
+class Softmin(Softmax):
+    _op = F.softmin
+
+
+class GLU(Softmax):
+    _op = F.glu
+
+
+class Hardtanh(_Activation):
+    _op, _attrs = F.hardtanh, ("min_val", "max_val")
+
+    def __init__(self, min_val: float = -1.0, max_val: float = 1.0):
+        super().__init__()
+        self.min_val, self.max_val = float(min_val), float(max_val)
+
+
+class ReLU6(_Activation):
+    _op = F.relu6
+
+
+class Hardsigmoid(_Activation):
+    _op = F.hardsigmoid
+
+
+class Hardswish(_Activation):
+    _op = F.hardswish
+
+
+class Mish(_Activation):
+    _op = F.mish
+
+
+class LogSigmoid(_Activation):
+    _op = F.logsigmoid
+
+
+class CELU(_Activation):
+    _op, _attrs = F.celu, ("alpha",)
+
+    def __init__(self, alpha: float = 1.0):
+        super().__init__()
+        self.alpha = float(alpha)
+
+
+class PReLU(Module):
+    """y = x where x > 0, else weight·x, with a learnable ``weight`` of ``num_parameters`` (1, or the channels of
+    dim 1), each starting at ``init``."""
+
+    def __init__(self, num_parameters: int = 1, init: float = 0.25, dtype=None):
+        super().__init__()
+        self.num_parameters = _count(num_parameters, "num_parameters", "PReLU")
+        self.init = float(init)
+        self.weight = Tensor(np.full(self.num_parameters, self.init, _dtype(dtype)), requires_grad=True)
+
+    def forward(self, x):
+        return F.prelu(x, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"num_parameters={self.num_parameters}"
 
 
 # -- losses ----------------------------------------------------------------------------------------------------

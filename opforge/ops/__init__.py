@@ -23,4 +23,7 @@ _registry.listeners.append(_publish)
 for _op in _registry:
     _publish(_op)
 
-from . import creation, elementwise, binary, reduce, shape, linalg, loss, nn, conv, accumulate, optim  # noqa: E402, F401, I001
+# half first: it gives every op defined after it (the library's, then yours) its half-precision kernels.
+from . import half  # noqa: E402, F401, I001
+from . import creation, elementwise, binary, reduce, shape, linalg, loss, nn, normalization, conv, accumulate  # noqa: E402, F401
+from . import optim  # noqa: E402, F401

@@ -249,7 +249,7 @@ def leaky_relu(x: _TensorLike, *, alpha: float = 0.01) -> Tensor:
     """y = x where x > 0, else alpha · x."""
 
 def leaky_relu_grad(x: _TensorLike, dy: _TensorLike, *, alpha: float) -> Tensor:
-    """Gradient of leaky_relu: dx = dy where x > 0, else alpha · dy."""
+    """Gradient of leaky_relu: dx = dy where x > 0, else alpha · dy (NaN where x is NaN)."""
 
 def neg(x: _TensorLike) -> Tensor:
     """y = −x."""
@@ -276,7 +276,7 @@ def relu(x: _TensorLike) -> Tensor:
     """y = max(x, 0)."""
 
 def relu_grad(y: _TensorLike, dy: _TensorLike) -> Tensor:
-    """Gradient of relu from its output: dx = dy where y > 0, else 0."""
+    """Gradient of relu from its output: dx = dy where y > 0, else 0 (NaN where y is NaN)."""
 
 def abs(x: _TensorLike) -> Tensor:
     """|x|."""
@@ -354,6 +354,44 @@ def isfinite(x: _TensorLike) -> Tensor:
 
 def logical_not(x: _TensorLike) -> Tensor:
     """True where x is 0 (or False)."""
+
+def hardtanh(x: _TensorLike, *, min_val: float = -1.0, max_val: float = 1.0) -> Tensor:
+    """x limited to [min_val, max_val]; the gradient is 0 at the bounds (as PyTorch), unlike clip's."""
+
+def hardtanh_grad(x: _TensorLike, dy: _TensorLike, *, min_val: float = -1.0, max_val: float = 1.0) -> Tensor:
+    """Gradient of hardtanh: dx = dy where min_val < x < max_val (bounds excluded), else 0; NaN where x is NaN."""
+
+def relu6(x: _TensorLike) -> Tensor:
+    """y = min(max(x, 0), 6): hardtanh on [0, 6], with its zero gradient at 0 and 6."""
+
+def hardsigmoid(x: _TensorLike) -> Tensor:
+    """y = min(max(x/6 + ½, 0), 1): 0 below −3, 1 above 3, linear between (gradient 0 at ±3, as PyTorch)."""
+
+def hardswish(x: _TensorLike) -> Tensor:
+    """y = x·hardsigmoid(x) = x·min(max(x + 3, 0), 6)/6."""
+
+def hardswish_grad(x: _TensorLike, dy: _TensorLike) -> Tensor:
+    """Gradient of hardswish: dx = dy·(x/3 + ½) for −3 < x < 3, 0 for x ≤ −3, dy for x ≥ 3 (PyTorch's values)."""
+
+def mish(x: _TensorLike) -> Tensor:
+    """y = x·tanh(softplus(x)), softplus(x) = log(1 + eˣ)."""
+
+def logsigmoid(x: _TensorLike) -> Tensor:
+    """y = log σ(x) = −softplus(−x), computed as min(x, 0) − log(1 + e^(−|x|)): no overflow, exact for x ≪ 0."""
+
+def celu(x: _TensorLike, *, alpha: float = 1.0) -> Tensor:
+    """y = x for x > 0, α·(e^(x/α) − 1) otherwise (continuously differentiable elu)."""
+
+def softmin(x: _TensorLike, *, axis: int = -1) -> Tensor:
+    """softmax(−x) along ``axis``: exp(−x) / Σ exp(−x), shifted by min x so nothing overflows."""
+
+def glu(x: _TensorLike, *, axis: int = -1) -> Tensor:
+    """Gated linear unit: x split in halves a, b along ``axis``, y = a·σ(b)."""
+
+def prelu(x: _TensorLike, weight: _TensorLike) -> Tensor:
+    """y = x where x > 0, else weight·x; ``weight`` is (1,) or (C,), C the size of dim 1 (1 for an x of fewer
+    dims), as torch's.
+    """
 
 # -- opforge.ops.linalg
 
@@ -443,38 +481,6 @@ def binary_cross_entropy_with_logits(
     (1 − y)·x + (1 + (w − 1)·y)·softplus(−x), softplus(z) = log(1 + eᶻ); then reduced.
     """
 
-def layer_norm(
-    x: _TensorLike,
-    weight: _TensorLike | None = None,
-    bias: _TensorLike | None = None,
-    *,
-    normalized_shape: Sequence[int] | int,
-    eps: float = 1e-05,
-) -> Tensor:
-    """Normalises over the last len(normalized_shape) dims to mean 0 and variance 1 (biased, plus eps), then y =
-    x̂·weight + bias (each of shape normalized_shape, optional).
-    """
-
-class _batch_norm_result(NamedTuple):
-    y: Tensor
-    new_running_mean: Tensor
-    new_running_var: Tensor
-
-def batch_norm(
-    x: _TensorLike,
-    running_mean: _TensorLike | None,
-    running_var: _TensorLike | None,
-    weight: _TensorLike | None = None,
-    bias: _TensorLike | None = None,
-    *,
-    training: bool = False,
-    momentum: float = 0.1,
-    eps: float = 1e-05,
-) -> _batch_norm_result:
-    """Batch normalisation of an (N, C, ...) input per channel C, then y = x̂·weight + bias (each (C,),
-    optional).
-    """
-
 class _dropout_result(NamedTuple):
     y: Tensor
     mask: Tensor
@@ -513,6 +519,92 @@ def scaled_dot_product_attention(
     broadcast. ``scale`` defaults to 1/√E. ``attn_mask`` (broadcast to (..., L, S)) is boolean (True: may
     attend) or added to the scores; ``is_causal`` lets query i attend to keys j <= i. A query that may attend to
     nothing gets zeros, as in torch.
+    """
+
+# -- opforge.ops.normalization
+
+class _normalize_grad_result(NamedTuple):
+    dx: Tensor
+    xhat: Tensor
+
+def normalize_grad(
+    x: _TensorLike,
+    g: _TensorLike,
+    *,
+    axes: Sequence[int] | int,
+    eps: float,
+    center: bool = True,
+) -> _normalize_grad_result:
+    """Backward of a normalisation over ``axes``: dx = r·(g − mean(g) − x̂·mean(g·x̂)) for the incoming ``g``
+    (dy times the weight), and x̂ itself (the weight's gradient is Σ dy·x̂). ``center=False``: rms_norm's x̂ =
+    x·r, and no mean(g) term.
+    """
+
+def layer_norm(
+    x: _TensorLike,
+    weight: _TensorLike | None = None,
+    bias: _TensorLike | None = None,
+    *,
+    normalized_shape: Sequence[int] | int,
+    eps: float = 1e-05,
+) -> Tensor:
+    """Normalises over the last len(normalized_shape) dims to mean 0 and variance 1 (biased, plus eps), then y =
+    x̂·weight + bias (each of shape normalized_shape, optional).
+    """
+
+def rms_norm(
+    x: _TensorLike,
+    weight: _TensorLike | None = None,
+    *,
+    normalized_shape: Sequence[int] | int,
+    eps: float | None = None,
+) -> Tensor:
+    """Root-mean-square normalisation over the last len(normalized_shape) dims: y = x/√(mean(x²) + eps)·weight
+    (weight of shape normalized_shape, optional); eps defaults to the machine epsilon of x's dtype, as torch's.
+    """
+
+def group_norm(
+    x: _TensorLike,
+    weight: _TensorLike | None = None,
+    bias: _TensorLike | None = None,
+    *,
+    num_groups: int,
+    eps: float = 1e-05,
+) -> Tensor:
+    """Splits the C channels of an (N, C, ...) input into ``num_groups`` groups and normalises each group of
+    each sample over its channels and the other dims; then y = x̂·weight + bias per channel (each (C,),
+    optional).
+    """
+
+def instance_norm(
+    x: _TensorLike,
+    weight: _TensorLike | None = None,
+    bias: _TensorLike | None = None,
+    *,
+    eps: float = 1e-05,
+) -> Tensor:
+    """Normalises each channel of each sample of an (N, C, L, ...) input over its other dims (L, ...); then y =
+    x̂·weight + bias per channel (each (C,), optional). Running statistics are nn.InstanceNorm's business.
+    """
+
+class _batch_norm_result(NamedTuple):
+    y: Tensor
+    new_running_mean: Tensor
+    new_running_var: Tensor
+
+def batch_norm(
+    x: _TensorLike,
+    running_mean: _TensorLike | None,
+    running_var: _TensorLike | None,
+    weight: _TensorLike | None = None,
+    bias: _TensorLike | None = None,
+    *,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-05,
+) -> _batch_norm_result:
+    """Batch normalisation of an (N, C, ...) input per channel C, then y = x̂·weight + bias (each (C,),
+    optional).
     """
 
 # -- opforge.ops.optim

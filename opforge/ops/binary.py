@@ -60,7 +60,7 @@ def div(x, y, out=None):
 @div.infer
 def _(x, y):
     dtype = D.promote(x.dtype, y.dtype)
-    return Spec(broadcast_shapes(x.shape, y.shape, op="div"), dtype if dtype.kind == "f" else D.float64)
+    return Spec(broadcast_shapes(x.shape, y.shape, op="div"), dtype if D.is_floating(dtype) else D.float64)
 
 
 @div.grad

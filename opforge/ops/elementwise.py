@@ -1,10 +1,30 @@
-"""Elementwise ops of one tensor. Each gradient rule is written with ops, so it can be differentiated again."""
+"""Elementwise ops of one tensor, and the activations. Each gradient rule is written with ops, so it can be
+differentiated again.
+
+A gradient at a NaN input is NaN. Comparisons with NaN are all false, so a rule or a grad kernel that selects
+by comparing (relu, clip, the hard activations) would give a finite value there: they say so explicitly, with
+``_nan_at_nan`` in rules and ``_carry_nan`` in kernels.
+"""
 
 import math
 
 from opforge import ops as F
 
-from ._common import D, Sample, Spec, np, op
+from ._common import D, Sample, ShapeError, Spec, normalize_axes, np, op
+
+
+def _carry_nan(x, dx):
+    """``dx`` (a fresh array, changed in place) with NaN wherever ``x`` is NaN. A sum over ``x`` tells cheaply
+    whether it holds a NaN at all (or both infinities, which only costs the exact pass that follows)."""
+    if np.isnan(np.add.reduce(x, axis=None)):
+        np.copyto(dx, np.nan, where=np.isnan(x))
+    return dx
+
+
+def _nan_at_nan(x, g):
+    """The gradient ``g``, NaN where ``x`` is NaN (for a rule that selects its value by comparing x)."""
+    return F.where(F.isnan(x), x, g)
+
 
 # -- the seed designs' examples --------------------------------------------------------------------------------
 
@@ -105,8 +125,8 @@ def _(rng):
 
 @op("leaky_relu_grad(Tensor<floating> x, Tensor<floating> dy, *, float alpha) -> Tensor dx", traits=["elementwise"])
 def leaky_relu_grad(x, dy, *, alpha):
-    """Gradient of leaky_relu: dx = dy where x > 0, else alpha · dy."""
-    return np.where(x > 0, dy, dy * alpha)
+    """Gradient of leaky_relu: dx = dy where x > 0, else alpha · dy (NaN where x is NaN)."""
+    return _carry_nan(x, np.where(x > 0, dy, dy * alpha))
 
 
 @leaky_relu_grad.grad
@@ -236,12 +256,12 @@ def _(y, dy):
 
 @op("relu_grad(Tensor y, Tensor dy) -> Tensor dx", traits=["elementwise"], inplace={"dx": "dy"})
 def relu_grad(y, dy, out=None):
-    """Gradient of relu from its output: dx = dy where y > 0, else 0.
+    """Gradient of relu from its output: dx = dy where y > 0, else 0 (NaN where y is NaN).
 
     A dedicated op for speed: ``np.where`` on a random mask is branchy and several times slower than a
     multiply by the mask, which is the backward of every ReLU network. (A NaN in ``dy`` where y ≤ 0 stays NaN.)
     """
-    return np.multiply(dy, y > 0, out=out)
+    return _carry_nan(y, np.multiply(dy, y > 0, out=out))
 
 
 @relu_grad.grad
@@ -263,7 +283,7 @@ def abs(x):
 
 @abs.grad
 def _(x, dy):
-    return F.where(x > 0, dy, F.where(x < 0, -dy, 0))  # 0 at x = 0, as PyTorch
+    return _nan_at_nan(x, F.where(x > 0, dy, F.where(x < 0, -dy, 0)))  # 0 at x = 0, as PyTorch
 
 
 @op("cast(Tensor x, *, dtype dtype) -> Tensor y")
@@ -279,7 +299,7 @@ def _(x, *, dtype):
 
 @cast.grad
 def _(dy, x_spec):
-    return F.cast(dy, dtype=x_spec.dtype) if x_spec.dtype.kind == "f" else None
+    return F.cast(dy, dtype=x_spec.dtype) if D.is_floating(x_spec.dtype) else None
 
 
 @cast.samples
@@ -341,19 +361,19 @@ def sign(x):
 @op("floor(Tensor<number> x) -> Tensor y", traits=["elementwise"])
 def floor(x):
     """The largest integer ≤ x (integer tensors are returned unchanged)."""
-    return np.floor(x) if x.dtype.kind == "f" else x.copy()
+    return np.floor(x) if D.is_floating(x.dtype) else x.copy()
 
 
 @op("ceil(Tensor<number> x) -> Tensor y", traits=["elementwise"])
 def ceil(x):
     """The smallest integer ≥ x (integer tensors are returned unchanged)."""
-    return np.ceil(x) if x.dtype.kind == "f" else x.copy()
+    return np.ceil(x) if D.is_floating(x.dtype) else x.copy()
 
 
 @op("round(Tensor<number> x) -> Tensor y", traits=["elementwise"])
 def round(x):
     """The nearest integer, halves to the even one (round(2.5) = 2), as PyTorch."""
-    return np.round(x) if x.dtype.kind == "f" else x.copy()
+    return np.round(x) if D.is_floating(x.dtype) else x.copy()
 
 
 for _step in (sign, floor, ceil, round):
@@ -483,9 +503,9 @@ def _(*, beta, threshold):
 @softplus.grad
 def _(x, dy, *, beta, threshold):
     # d/dx ln(1 + e^(βx))/β = σ(βx), and 1 where βx > threshold. At βx = threshold PyTorch takes σ(βx) for the
-    # first derivative and 0 for the second: σ of βx taken only where βx < threshold does both.
+    # first derivative and 0 for the second: σ of βx taken only where βx < threshold does both (and of a NaN z).
     z = x * beta
-    return F.where(z > threshold, dy, dy * F.sigmoid(F.where(z < threshold, z, threshold)))
+    return F.where(z > threshold, dy, dy * F.sigmoid(F.where(z >= threshold, threshold, z)))
 
 
 @softplus.samples
@@ -499,17 +519,19 @@ _SELU_ALPHA = 1.6732632423543772848170429916717
 _SELU_SCALE = 1.0507009873554804934193349852946
 
 
-def _elu(x, alpha, scale):
-    # scale·x for x > 0, scale·α·(eˣ − 1) otherwise; expm1 of min(x, 0) cannot overflow.
-    return np.where(x > 0, x * scale, np.expm1(np.minimum(x, 0)) * (alpha * scale))
+def _elu(x, alpha, scale, beta=1.0):
+    # scale·x for x > 0, scale·α·(e^(βx) − 1) otherwise; expm1 of min(x, 0) cannot overflow.
+    low = np.minimum(x, 0)
+    return np.where(x > 0, x * scale, np.expm1(low if beta == 1 else low * beta) * (alpha * scale))
 
 
-def _elu_grad(x, dy, alpha, scale):
-    # scale for x > 0, scale·α·eˣ for x ≤ 0. At 0 PyTorch takes the second for the first derivative but gives 0 as
-    # the second derivative; the exponent min(x, 0), taken from x only where x < 0, does both. It also keeps eˣ
-    # finite where x > 0: an infinite one would turn the 0 that branch gets in double backward into NaN (0·∞).
-    exponent = F.where(x < 0, x, 0)
-    return F.where(x > 0, dy if scale == 1 else dy * scale, dy * (alpha * scale) * F.exp(exponent))
+def _elu_grad(x, dy, alpha, scale, beta=1.0):
+    # scale for x > 0, scale·α·β·e^(βx) for x ≤ 0. At 0 PyTorch takes the second for the first derivative but gives
+    # 0 as the second derivative; the exponent min(x, 0), taken from x only where x < 0, does both. It also keeps
+    # e^(βx) finite where x > 0: an infinite one would turn the 0 that branch gets in double backward into NaN
+    # (0·∞). A NaN x falls through both comparisons to the exponent, and so to the gradient.
+    exponent = F.where(x >= 0, 0, x if beta == 1 else x * beta)
+    return F.where(x > 0, dy if scale == 1 else dy * scale, dy * (alpha * scale * beta) * F.exp(exponent))
 
 
 @op("elu(Tensor<floating> x, *, float alpha=1.0) -> Tensor y", traits=["elementwise"])
@@ -626,7 +648,7 @@ def _(x, dy):
 def _clip_dtype(dtype, lo, hi):
     """An integer tensor clipped at a fractional bound becomes the default float, as PyTorch promotes it."""
     fractional = any(b is not None and not float(b).is_integer() for b in (lo, hi))
-    return D.DEFAULT_FLOAT if dtype.kind != "f" and fractional else dtype
+    return D.DEFAULT_FLOAT if not D.is_floating(dtype) and fractional else dtype
 
 
 @op("clip(Tensor<number> x, *, float? min=None, float? max=None) -> Tensor y")
@@ -655,7 +677,7 @@ def _(x, dy, *, min, max):
         inside = x >= min
     else:
         inside = F.logical_and(x >= min, x <= max)
-    return F.where(inside, dy, 0)
+    return _nan_at_nan(x, F.where(inside, dy, 0))
 
 
 @clip.samples
@@ -700,3 +722,297 @@ def _special_value_samples(rng):
 
 for _test in (isnan, isfinite, logical_not):
     _test.samples(_special_value_samples)
+
+
+# -- more activations (torch.nn.functional's) -----------------------------------------------------------------------
+# The piecewise ones follow PyTorch at their kinks: hardtanh (and relu6, hardsigmoid) pass no gradient at the bounds;
+# hardswish's derivative is x/3 + ½ on the open interval (−3, 3), 0 below and 1 above.
+
+
+def _away_from(points, rng, shape, low=-5.0, high=5.0):
+    """Uniform values at least 0.1 from every kink in ``points``: numeric derivatives are exact there."""
+    x = np.asarray(rng.uniform(low, high, shape))
+    for p in points:
+        x = np.where(np.abs(x - p) < 0.1, p + 0.1 * np.sign(x - p + 1e-12) + 0.05, x)
+    return x
+
+
+def _check_bounds(*, min_val, max_val):
+    if not min_val <= max_val:
+        raise ValueError(f"argument 'min_val' must not exceed 'max_val', got {min_val} > {max_val}")
+
+
+@op("hardtanh(Tensor<floating> x, *, float min_val=-1.0, float max_val=1.0) -> Tensor y", traits=["elementwise"])
+def hardtanh(x, *, min_val, max_val):
+    """x limited to [min_val, max_val]; the gradient is 0 at the bounds (as PyTorch), unlike clip's."""
+    return np.clip(x, min_val, max_val)
+
+
+@hardtanh.grad
+def _(x, dy, *, min_val, max_val):
+    return F.hardtanh_grad(x, dy, min_val=min_val, max_val=max_val)
+
+
+@op("hardtanh_grad(Tensor<floating> x, Tensor<floating> dy, *, float min_val=-1.0, float max_val=1.0) -> Tensor dx",
+    traits=["elementwise"])
+def hardtanh_grad(x, dy, *, min_val, max_val):
+    """Gradient of hardtanh: dx = dy where min_val < x < max_val (bounds excluded), else 0; NaN where x is NaN."""
+    return _carry_nan(x, np.where((x > min_val) & (x < max_val), dy, 0).astype(dy.dtype, copy=False))
+
+
+@hardtanh_grad.grad
+def _(x, ddx, *, min_val, max_val):
+    return {"x": None, "dy": F.hardtanh_grad(x, ddx, min_val=min_val, max_val=max_val)}  # piecewise constant in x
+
+
+hardtanh.check(_check_bounds)
+hardtanh_grad.check(_check_bounds)
+
+
+@hardtanh.samples
+def _(rng):
+    yield Sample.of(_away_from([-1, 1], rng, (3, 4), -2, 2))
+    yield Sample.of(_away_from([-0.5, 2], rng, 6, -3, 3), min_val=-0.5, max_val=2.0)
+    yield Sample.of(_away_from([-1, 1], rng, (), -2, 2))
+
+
+@hardtanh_grad.samples
+def _(rng):
+    yield Sample.of(_away_from([-1, 1], rng, (3, 4), -2, 2), rng.standard_normal((3, 4)))
+    yield Sample.of(_away_from([0, 6], rng, 5, -2, 8), rng.standard_normal(5), min_val=0.0, max_val=6.0)
+
+
+@op("relu6(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
+def relu6(x):
+    """y = min(max(x, 0), 6): hardtanh on [0, 6], with its zero gradient at 0 and 6."""
+    return np.clip(x, 0, 6)
+
+
+@relu6.grad
+def _(x, dy):
+    return F.hardtanh_grad(x, dy, min_val=0.0, max_val=6.0)
+
+
+@relu6.samples
+def _(rng):
+    yield Sample.of(_away_from([0, 6], rng, (3, 4), -3, 9))
+    yield Sample.of(_away_from([0, 6], rng, (), -3, 9))
+
+
+@op("hardsigmoid(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
+def hardsigmoid(x):
+    """y = min(max(x/6 + ½, 0), 1): 0 below −3, 1 above 3, linear between (gradient 0 at ±3, as PyTorch)."""
+    return np.clip(x * (1 / 6) + 0.5, 0, 1)
+
+
+@hardsigmoid.grad
+def _(x, dy):
+    return F.hardtanh_grad(x, dy * (1 / 6), min_val=-3.0, max_val=3.0)
+
+
+@op("hardswish(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
+def hardswish(x):
+    """y = x·hardsigmoid(x) = x·min(max(x + 3, 0), 6)/6."""
+    return x * np.clip(x * (1 / 6) + 0.5, 0, 1)
+
+
+@hardswish.grad
+def _(x, dy):
+    return F.hardswish_grad(x, dy)
+
+
+@op("hardswish_grad(Tensor<floating> x, Tensor<floating> dy) -> Tensor dx", traits=["elementwise"])
+def hardswish_grad(x, dy):
+    """Gradient of hardswish: dx = dy·(x/3 + ½) for −3 < x < 3, 0 for x ≤ −3, dy for x ≥ 3 (PyTorch's values)."""
+    slope = np.where(x >= 3, 1, np.where(x > -3, x * (1 / 3) + 0.5, 0)).astype(dy.dtype, copy=False)
+    return _carry_nan(x, dy * slope)
+
+
+@hardswish_grad.grad
+def _(x, dy, ddx):
+    # dx = dy·s(x): ∂/∂dy is hardswish_grad again; ∂/∂x = dy·s′(x) = dy/3 on (−3, 3), 0 outside and at ±3 (PyTorch).
+    return F.hardtanh_grad(x, ddx * dy * (1 / 3), min_val=-3.0, max_val=3.0), F.hardswish_grad(x, ddx)
+
+
+def _hard_samples(rng):
+    yield Sample.of(_away_from([-3, 3], rng, (3, 4), -5, 5))
+    yield Sample.of(_away_from([-3, 3], rng, (), -5, 5))
+
+
+hardsigmoid.samples(_hard_samples)
+hardswish.samples(_hard_samples)
+
+
+@hardswish_grad.samples
+def _(rng):
+    yield Sample.of(_away_from([-3, 3], rng, (3, 4), -5, 5), rng.standard_normal((3, 4)))
+
+
+def _softplus_np(x):
+    return np.logaddexp(0, x)  # log(1 + eˣ) without overflow, exact for x ≪ 0
+
+
+@op("mish(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
+def mish(x):
+    """y = x·tanh(softplus(x)), softplus(x) = log(1 + eˣ)."""
+    return x * np.tanh(_softplus_np(x))
+
+
+@mish.grad
+def _(x, dy):
+    # d/dx x·tanh(sp(x)) = t + x·(1 − t²)·σ(x), t = tanh(sp(x)), sp′ = σ. The exact softplus (no linear piece).
+    t = F.tanh(F.softplus(x, threshold=math.inf))
+    return dy * (t + x * (1 - t * t) * F.sigmoid(x))
+
+
+@op("logsigmoid(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
+def logsigmoid(x):
+    """y = log σ(x) = −softplus(−x), computed as min(x, 0) − log(1 + e^(−|x|)): no overflow, exact for x ≪ 0."""
+    return np.minimum(x, 0) - np.log1p(np.exp(-np.abs(x)))
+
+
+@logsigmoid.grad
+def _(x, dy):
+    return dy * F.sigmoid(-x)  # d/dx log σ(x) = 1 − σ(x) = σ(−x), exact for large x too
+
+
+@op("celu(Tensor<floating> x, *, float alpha=1.0) -> Tensor y", traits=["elementwise"])
+def celu(x, *, alpha):
+    """y = x for x > 0, α·(e^(x/α) − 1) otherwise (continuously differentiable elu)."""
+    return _elu(x, alpha, 1.0, 1 / alpha)
+
+
+@celu.check
+def _(*, alpha):
+    if alpha == 0:
+        raise ValueError("argument 'alpha' must not be 0 (celu divides by it)")
+
+
+@celu.grad
+def _(x, dy, *, alpha):
+    return _elu_grad(x, dy, alpha, 1.0, 1 / alpha)
+
+
+def _smooth_samples(rng):
+    yield Sample.of(rng.uniform(-4, 4, (3, 4)))
+    yield Sample.of(rng.uniform(-4, 4, ()))
+
+
+mish.samples(_smooth_samples)
+logsigmoid.samples(_smooth_samples)
+
+
+@celu.samples
+def _(rng):
+    yield Sample.of(rng.uniform(-4, 4, (3, 4)))
+    yield Sample.of(rng.uniform(-4, 4, 5), alpha=0.5)
+    yield Sample.of(rng.uniform(-4, 4, ()), alpha=2.0)
+
+
+# -- activations along an axis, and with a learnable weight ---------------------------------------------------------
+
+
+@op("softmin(Tensor<floating> x, *, int axis=-1) -> Tensor y")
+def softmin(x, *, axis):
+    """softmax(−x) along ``axis``: exp(−x) / Σ exp(−x), shifted by min x so nothing overflows."""
+    axes = normalize_axes("softmin", [axis], x.ndim)
+    e = np.exp(np.min(x, axis=axes, keepdims=True, initial=np.inf) - x)
+    return e / np.sum(e, axis=axes, keepdims=True)
+
+
+@softmin.infer
+def _(x, *, axis):
+    normalize_axes("softmin", [axis], len(x.shape))
+    return Spec(x.shape, x.dtype)
+
+
+@softmin.grad
+def _(y, dy, *, axis):
+    return -F.softmax_grad(y, dy, axis=axis)  # y = softmax(−x)
+
+
+@softmin.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((3, 5)))
+    yield Sample.of(rng.standard_normal((2, 3, 4)), axis=1)
+    yield Sample.of(rng.standard_normal(()))
+
+
+def _glu_halves(op_name, shape, axis):
+    if not shape:
+        raise ShapeError(f"{op_name}(): needs at least 1 dim to halve, got a 0-d tensor")
+    (a,) = normalize_axes(op_name, [axis], len(shape))
+    if shape[a] is not None and shape[a] % 2:
+        raise ShapeError(f"{op_name}(): dim {a} of shape {shape} must have an even size, to split in halves")
+    return a
+
+
+@op("glu(Tensor<floating> x, *, int axis=-1) -> Tensor y")
+def glu(x, *, axis):
+    """Gated linear unit: x split in halves a, b along ``axis``, y = a·σ(b)."""
+    a, b = np.split(x, 2, axis=_glu_halves("glu", x.shape, axis))
+    return a * _sigmoid(b)
+
+
+@glu.infer
+def _(x, *, axis):
+    a = _glu_halves("glu", x.shape, axis)
+    return Spec(tuple(d if i != a or d is None else d // 2 for i, d in enumerate(x.shape)), x.dtype)
+
+
+@glu.grad
+def _(x, dy, *, axis):
+    a, b = F.split(x, sections=[x.shape[axis] // 2], axis=axis)  # two halves
+    s = F.sigmoid(b)
+    return F.concat([dy * s, dy * a * s * (1 - s)], axis=axis)  # ∂/∂a = σ(b), ∂/∂b = a·σ(b)·(1 − σ(b))
+
+
+@glu.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((3, 4)))
+    yield Sample.of(rng.standard_normal((2, 6, 3)), axis=1)
+    yield Sample.of(rng.standard_normal(2), axis=0)
+
+
+def _prelu_weight_shape(x_ndim, c):
+    """The weight, (1,) or (C,), shaped to broadcast against x: C lies on dim 1 (an x of fewer dims has 1)."""
+    return [1, c] + [1] * (x_ndim - 2) if x_ndim >= 2 else [c] * x_ndim
+
+
+@op("prelu(Tensor<floating> x, Tensor<floating> weight) -> Tensor y")
+def prelu(x, weight):
+    """y = x where x > 0, else weight·x; ``weight`` is (1,) or (C,), C the size of dim 1 (1 for an x of fewer
+    dims), as torch's."""
+    w = weight.reshape(_prelu_weight_shape(x.ndim, weight.size))
+    return np.where(x > 0, x, w * x).astype(x.dtype, copy=False)
+
+
+@prelu.infer
+def _(x, weight):
+    channels = x.shape[1] if len(x.shape) >= 2 else 1
+    if len(weight.shape) != 1 or (weight.shape[0] not in (1, None) and channels is not None
+                                  and weight.shape[0] != channels):
+        raise ShapeError(f"prelu(): weight must have shape (1,) or ({channels},) (the channels of x, shape "
+                         f"{x.shape}), got {weight.shape}")
+    return Spec(x.shape, D.promote(x.dtype, weight.dtype))
+
+
+@prelu.grad
+def _(x, weight, dy, *, needs_input_grad):
+    n = x.ndim
+    w = F.reshape(weight, shape=_prelu_weight_shape(n, weight.shape[0]))
+    dx = _nan_at_nan(x, F.where(x > 0, dy, dy * w)) if needs_input_grad[0] else None
+    dw = None
+    if needs_input_grad[1]:
+        g = F.where(x > 0, 0, dy * x)  # NaN where x is NaN: that branch is taken
+        axes = list(range(n)) if weight.shape[0] == 1 else [i for i in range(n) if i != 1]
+        dw = F.reshape(F.sum(g, axis=axes), shape=[weight.shape[0]])
+    return dx, dw
+
+
+@prelu.samples
+def _(rng):
+    yield Sample.of(_away_from([0], rng, (2, 3, 4), -2, 2), rng.uniform(0.1, 0.5, 3))
+    yield Sample.of(_away_from([0], rng, (4, 3), -2, 2), rng.uniform(0.1, 0.5, 1))
+    yield Sample.of(_away_from([0], rng, 5, -2, 2), rng.uniform(0.1, 0.5, 1))
+    yield Sample.of(_away_from([0], rng, (), -2, 2), rng.uniform(0.1, 0.5, 1))

@@ -41,7 +41,8 @@ def smooth_l1_grad(x, dy, *, sigma):
 def _(x, dy, ddx, *, sigma):
     s2 = sigma * sigma
     inside = F.abs(x) < 1 / s2
-    return F.where(inside, ddx * dy * s2, 0), F.smooth_l1_grad(x, ddx, sigma=sigma)
+    second = F.where(inside, ddx * dy * s2, 0)
+    return F.where(F.isnan(x), x, second), F.smooth_l1_grad(x, ddx, sigma=sigma)  # NaN at a NaN x
 
 
 @smooth_l1_grad.samples

@@ -33,12 +33,12 @@ def _reduce_samples(rng):
 def sum(x, *, axis, keepdim):
     """Sum over ``axis`` (all axes when None). Integer and bool tensors sum to int64."""
     axes = normalize_axes("sum", axis, x.ndim)
-    return np.sum(x, axis=axes, keepdims=keepdim, dtype=None if x.dtype.kind == "f" else np.int64)
+    return np.sum(x, axis=axes, keepdims=keepdim, dtype=None if D.is_floating(x.dtype) else np.int64)
 
 
 @sum.infer
 def _(x, *, axis, keepdim):
-    dtype = x.dtype if x.dtype.kind == "f" else D.int64
+    dtype = x.dtype if D.is_floating(x.dtype) else D.int64
     return Spec(_reduced_shape("sum", x.shape, axis, keepdim), dtype)
 
 
@@ -165,12 +165,12 @@ def _refuse_empty(op_name, shape, axis):
 def prod(x, *, axis, keepdim):
     """Product over ``axis`` (all axes when None). Integer and bool tensors multiply in int64."""
     axes = normalize_axes("prod", axis, x.ndim)
-    return np.prod(x, axis=axes, keepdims=keepdim, dtype=None if x.dtype.kind == "f" else np.int64)
+    return np.prod(x, axis=axes, keepdims=keepdim, dtype=None if D.is_floating(x.dtype) else np.int64)
 
 
 @prod.infer
 def _(x, *, axis, keepdim):
-    return Spec(_reduced_shape("prod", x.shape, axis, keepdim), x.dtype if x.dtype.kind == "f" else D.int64)
+    return Spec(_reduced_shape("prod", x.shape, axis, keepdim), x.dtype if D.is_floating(x.dtype) else D.int64)
 
 
 @prod.grad
@@ -480,7 +480,7 @@ def _(rng):
 
 
 def _cumsum_dtype(dtype):
-    return dtype if dtype.kind == "f" else D.int64
+    return dtype if D.is_floating(dtype) else D.int64
 
 
 @op("cumsum(Tensor x, *, int axis) -> Tensor y")

@@ -38,8 +38,9 @@ class Adam(Optimizer):
                 raise ArgumentError(f"{name}(): {key} must be >= 0, got {hyper[key]}")
 
     def _new_state(self, p, group) -> dict:
-        return {"step": tensor(np.array(0, dtype=np.int64)), "exp_avg": tensor(np.zeros_like(p.numpy())),
-                "exp_avg_sq": tensor(np.zeros_like(p.numpy()))}
+        return {"step": tensor(np.array(0, dtype=np.int64), device=p.device),
+                "exp_avg": tensor(np.zeros(p.shape, p.dtype), device=p.device),
+                "exp_avg_sq": tensor(np.zeros(p.shape, p.dtype), device=p.device)}
 
     def _update(self, p, g, lr, group, state) -> None:
         (beta1, beta2), weight_decay = group["betas"], group["weight_decay"]

@@ -23,39 +23,31 @@ import math
 
 import numpy as np
 
+from .. import ops as F
 from ..checkpoint import StateDictError, diff_structure
 from ..core.errors import ArgumentError, describe
 from ..core.grad_mode import enable_grad, no_grad
 from ..creation import tensor
-from ..program import Variable, state, tracing_program
-from ..program.trace import constant_var
+from ..dispatch import current_interpreter
 from ..tensor import Tensor
 
 
 def grad_of(p: Tensor):
     """The gradient of parameter ``p``: ``p.grad`` eagerly; while tracing, the gradient variable the program's
     backward pass made for it (``program.grad_names``); None when ``p`` got none."""
-    program = tracing_program()
-    if program is None:
-        return p.grad
-    name = program.grad_names.get(constant_var(program, p))
-    return None if name is None else Variable(program, name)
+    return current_interpreter().grad_of(p)
 
 
 def set_grad(p: Tensor, g) -> None:
     """Make ``g`` the gradient of ``p`` from here on: ``p.grad`` eagerly, the program's gradient while tracing
     (so an optimizer step recorded later reads ``g``)."""
-    program = tracing_program()
-    if program is None:
-        p.grad = g
-    else:
-        program.grad_names[constant_var(program, p)] = g.name
+    current_interpreter().set_grad(p, g)
 
 
 def live(t: Tensor):
     """An optimizer state tensor as ops should see it: itself eagerly, its persistable variable while tracing
     (without this, a tensor that is read but never assigned, like the learning rate, would be a constant)."""
-    return t if tracing_program() is None else state(t)
+    return current_interpreter().live(t)
 
 
 class ParamGroup(dict):
@@ -67,7 +59,7 @@ class ParamGroup(dict):
 
     def __init__(self, params: list, lr: float, **hyper):
         super().__init__(params=params, **hyper)
-        self.lr_tensor = tensor(np.array(float(lr)))
+        self.lr_tensor = tensor(np.array(float(lr)), device=params[0].device if params else None)
 
     def __getitem__(self, key):
         if key == "lr":
@@ -76,7 +68,8 @@ class ParamGroup(dict):
 
     def __setitem__(self, key, value):
         if key == "lr":
-            np.copyto(self.lr_tensor.numpy(), float(value))
+            lr = self.lr_tensor
+            lr.device.copy_into(lr._data, lr.device.from_host(np.array(float(value))))
         else:
             super().__setitem__(key, value)
 
@@ -186,15 +179,11 @@ class Optimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forget the gradients: ``p.grad = None`` (or zeros) eagerly; while tracing, the program's gradients are
         dropped from its outputs (``program.grad_names``), so a compiled step need not return them."""
-        program = tracing_program()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if program is not None:
-                    program.grad_names.pop(constant_var(program, p), None)
-                elif set_to_none or p.grad is None:
-                    p.grad = None
-                else:
-                    p.grad = tensor(np.zeros_like(p.grad.numpy()))
+        with no_grad():
+            for group in self.param_groups:
+                for p in group["params"]:
+                    g = grad_of(p)
+                    set_grad(p, None if set_to_none or g is None else F.zeros_like(g))
 
     # -- state dicts ----------------------------------------------------------------------------------------------
 
@@ -206,7 +195,7 @@ class Optimizer:
             ids = []
             for p in group["params"]:
                 if self.state[p]:
-                    state[index] = {k: tensor(v.numpy()) for k, v in self.state[p].items()}
+                    state[index] = {k: tensor(v, device=v.device) for k, v in self.state[p].items()}
                 ids.append(index)
                 index += 1
             groups.append({**group.hyper(), "params": ids})

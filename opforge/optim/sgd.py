@@ -39,7 +39,8 @@ class SGD(Optimizer):
     def _new_state(self, p, group) -> dict:
         if group["momentum"] == 0:
             return {}
-        return {"momentum_buffer": tensor(np.zeros_like(p.numpy())), "step": tensor(np.array(0, dtype=np.int64))}
+        return {"momentum_buffer": tensor(np.zeros(p.shape, p.dtype), device=p.device),
+                "step": tensor(np.array(0, dtype=np.int64), device=p.device)}
 
     def _update(self, p, g, lr, group, state) -> None:
         momentum, weight_decay = group["momentum"], group["weight_decay"]

@@ -4,8 +4,7 @@ from .backward import append_backward
 from .compile import CompiledFunction, compile
 from .desc import Block, OpDesc, Program, VarDesc
 from .executor import Executor, Plan
-from .trace import Variable, assign, state, trace, tracing_program
+from .trace import Tracer, Variable, assign, live, trace, tracing_program, var_for_tensor
 
-__all__ = ["Block", "CompiledFunction", "Executor", "OpDesc", "Plan", "Program", "VarDesc", "Variable",
-           "append_backward", "assign", "compile", "state", "trace",
-           "tracing_program"]
+__all__ = ["Block", "CompiledFunction", "Executor", "OpDesc", "Plan", "Program", "Tracer", "VarDesc", "Variable",
+           "append_backward", "assign", "compile", "live", "trace", "tracing_program", "var_for_tensor"]

@@ -9,13 +9,14 @@ holds backward ops gives second-order gradients.
 
 from __future__ import annotations
 
-from ..autodiff.rules import flatten_input_grads
+from ..autodiff.rules import call_rule, fit, missing_rule
+from ..core import dtypes as D
 from ..core.errors import ArgumentError, GradientError
 from ..core.opdef import registry
-from ..core.spec import Spec, broadcast_shapes
-from ..dispatch import tracing
-from .desc import Program
-from .trace import Variable, building
+from ..core.spec import Spec
+from ..dispatch import interpreting
+from .desc import OpDesc, Program
+from .trace import Tracer, Variable
 
 
 def _name(program: Program, v, what: str) -> str:
@@ -38,25 +39,21 @@ def append_backward(program: Program, loss, wrt=None, no_grad=()) -> dict:
     block = program.block
     if wrt is None:
         wrt_names = [v.name for v in block.vars.values()
-                     if v.persistable and not v.stop_gradient and v.spec.dtype.kind == "f"]
+                     if v.persistable and not v.stop_gradient and D.is_floating(v.spec.dtype)]
     else:
         wrt_names = [_name(program, v, "wrt") for v in (wrt if isinstance(wrt, (list, tuple)) else [wrt])]
     for n in wrt_names:
-        if block.vars[n].spec.dtype.kind != "f":
+        if not D.is_floating(block.vars[n].spec.dtype):
             raise GradientError(f"append_backward(): cannot differentiate with respect to {n!r}, "
                                 f"a {block.vars[n].spec.dtype} variable")
-    if block.vars[loss_name].spec.dtype.kind != "f":
+    if not D.is_floating(block.vars[loss_name].spec.dtype):
         raise GradientError(f"append_backward(): the loss {loss_name!r} is {block.vars[loss_name].spec.dtype}")
     blocked = {_name(program, v, "no_grad") for v in no_grad}
     program.backward_requests.append((loss_name, tuple(wrt_names), tuple(sorted(blocked))))
-    previous_role, previous_program = building.role, building.program
-    building.role, building.program = "backward", program
-    tracing.active += 1  # rules' ops on constants or with no inputs (zeros of a run-time shape) are recorded too
-    try:
+    # The rules' ops — also those on constants or with no input at all (zeros of a run-time shape) — are appended
+    # to the program, marked as backward ops.
+    with interpreting(Tracer(program, role="backward")):
         grads = _emit(program, loss_name, wrt_names, blocked)
-    finally:
-        tracing.active -= 1
-        building.role, building.program = previous_role, previous_program
     result = {}
     for n in wrt_names:
         g = grads.get(n)
@@ -77,7 +74,7 @@ def _emit(program: Program, loss_name: str, wrt_names: list, blocked: set) -> di
             continue
         if any(n in live for p in opdef.inputs if p.differentiable for n in op.inputs[p.name]):
             live.update(n for n in op.output_names() if not block.vars[n].stop_gradient and n not in blocked
-                        and block.vars[n].spec.dtype.kind == "f")
+                        and D.is_floating(block.vars[n].spec.dtype))
     # Backward: which ops lie on a path to the loss; consumer[n] remembers the path for error messages.
     reaches = {loss_name}
     consumer: dict = {}
@@ -97,24 +94,64 @@ def _emit(program: Program, loss_name: str, wrt_names: list, blocked: set) -> di
     contributions: dict = {loss_name: [_seed(program, loss_name)]}
     for op in on_path:
         opdef = registry.get(op.type)
-        out_grads = {n: _total(program, n, contributions) for n in op.output_names()}
-        if all(g is None for g in out_grads.values()):
+        out_grads = [_total(program, n, contributions) for n in op.output_names()]
+        if all(g is None for g in out_grads):
             continue
         if opdef.grad_rule is None:
-            raise GradientError(
-                f"op '{op.type}' has no gradient rule, but it lies on the path to the loss "
-                f"({_path(op, consumer, loss_name)}); give it one with @{op.type}.grad, mark it "
-                f"traits=['no_grad'], or put its input in no_grad"
-            )
-        wanted = []
-        for p in opdef.inputs:
-            for n in op.inputs[p.name]:
-                wanted.append(p.differentiable and n in live and n in reaches)
-        input_grads = _call_rule(program, op, opdef, out_grads, wanted)
-        for n, want, g in zip(op.input_names(), wanted, input_grads):
+            raise missing_rule(op.type, _path(op, consumer, loss_name), "put its input in no_grad")
+        call = _OpCall(program, op, opdef, [p.differentiable and n in live and n in reaches
+                                             for p in opdef.inputs for n in op.inputs[p.name]])
+        flat = call_rule(call, [None if g is None else Variable(program, g) for g in out_grads])
+        # A missing Tensor? input has a place in the rule's result but no variable in the OpDesc: drop it.
+        present = [bool(op.inputs[p.name]) for p, n in zip(opdef.inputs, call.in_layout) for _ in range(max(n, 1))]
+        input_grads = [g for keep, g in zip(present, flat) if keep]
+        for n, want, g in zip(op.input_names(), call.wanted, input_grads):
             if want and g is not None:
-                contributions.setdefault(n, []).append(_fit(program, opdef, n, g))
+                target = Variable(program, n)
+                contributions.setdefault(n, []).append(fit(opdef, n, g, target.shape, target.dtype, Variable).name)
     return {n: _total(program, n, contributions) for n in wrt_names if n in contributions}
+
+
+class _OpCall:
+    """A program's recorded call (an OpDesc) as the view ``autodiff.rules.call_rule`` reads: its inputs and
+    outputs are Variables, so the rule's ops append the gradient ops."""
+
+    def __init__(self, program: Program, op: OpDesc, opdef, wanted: list):
+        self.program, self.desc, self.op, self.attrs = program, op, opdef, op.attrs
+        self.wanted = wanted  # per flat input present in the OpDesc: whether its gradient is wanted
+        self.in_layout = tuple(len(op.inputs[p.name]) if p.is_list else -1 for p in opdef.inputs)
+        self.out_layout = tuple(len(op.outputs[o.name]) if o.is_list else -1 for o in opdef.outputs)
+
+    def _values(self, params, slots: dict, i: int, make):
+        p = params[i]
+        values = [make(n) for n in slots[p.name]]
+        return values if p.is_list else (values[0] if values else None)
+
+    def saved_inputs(self) -> dict:
+        var = lambda n: Variable(self.program, n)  # noqa: E731
+        return {name: self._values(self.op.inputs, self.desc.inputs, i, var)
+                for name, i in self.op.grad_rule.saved_inputs}
+
+    def saved_output(self, name: str, i: int, linked: bool):
+        return self._values(self.op.outputs, self.desc.outputs, i, lambda n: Variable(self.program, n))
+
+    def zeros(self, k: int):
+        from .. import ops as F
+
+        return F.zeros_like(Variable(self.program, self.desc.output_names()[k]))
+
+    def spec(self, where: str, i: int):
+        params, slots = (self.op.inputs, self.desc.inputs) if where == "in" else (self.op.outputs, self.desc.outputs)
+        block = self.program.block
+        return self._values(params, slots, i, lambda n: Spec(Variable(self.program, n).shape, block.vars[n].spec.dtype))
+
+    def needs_input_grad(self) -> tuple:
+        per_input, k = [], 0
+        for p in self.op.inputs:
+            count = len(self.desc.inputs[p.name])
+            per_input.append(any(self.wanted[k:k + count]))
+            k += count
+        return tuple(per_input)
 
 
 def _seed(program: Program, loss_name: str) -> str:
@@ -135,79 +172,7 @@ def _total(program: Program, name: str, contributions: dict) -> str | None:
     return parts[0]
 
 
-def _call_rule(program: Program, op, opdef, out_grads: dict, wanted: list) -> list:
-    from .. import ops as F
-
-    rule = opdef.grad_rule
-    block = program.block
-    kwargs = {}
-    for name, i in rule.saved_inputs:
-        slot = op.inputs[opdef.inputs[i].name]
-        if opdef.inputs[i].is_list:
-            kwargs[name] = [Variable(program, n) for n in slot]
-        else:
-            kwargs[name] = Variable(program, slot[0]) if slot else None
-    def one_or_list(names, is_list, make):
-        values = [make(n) for n in names]
-        return values if is_list else (values[0] if values else None)
-
-    def grad_of(n):
-        g = out_grads[n]
-        return Variable(program, g) if g is not None else F.zeros_like(Variable(program, n))
-
-    def spec_of(n):
-        return Spec(Variable(program, n).shape, block.vars[n].spec.dtype)
-
-    for name, i in rule.saved_outputs:
-        o = opdef.outputs[i]
-        kwargs[name] = one_or_list(op.outputs[o.name], o.is_list, lambda n: Variable(program, n))
-    for name, i in rule.output_grads:
-        o = opdef.outputs[i]
-        kwargs[name] = one_or_list(op.outputs[o.name], o.is_list, grad_of)
-    for name, where, i in rule.spec_params:
-        p = (opdef.inputs if where == "in" else opdef.outputs)[i]
-        names = (op.inputs if where == "in" else op.outputs)[p.name]
-        kwargs[name] = one_or_list(names, p.is_list, spec_of)
-    for name in rule.attrs:
-        kwargs[name] = op.attrs[name]
-    layout = tuple(len(op.inputs[p.name]) if p.is_list else -1 for p in opdef.inputs)
-    if rule.wants_needs:
-        per_input, k = [], 0
-        for p in opdef.inputs:
-            count = len(op.inputs[p.name])
-            per_input.append(any(wanted[k:k + count]))
-            k += count
-        kwargs["needs_input_grad"] = tuple(per_input)
-    flat = flatten_input_grads(opdef, rule.fn(**kwargs), layout)
-    # A missing Tensor? input has a place in the rule's result but no variable in the OpDesc: drop it.
-    present = [bool(op.inputs[p.name]) for p, n in zip(opdef.inputs, layout) for _ in range(max(n, 1))]
-    return [g for keep, g in zip(present, flat) if keep]
-
-
-def _fit(program: Program, opdef, name: str, g) -> str:
-    from .. import ops as F
-
-    if not isinstance(g, Variable):
-        raise GradientError(f"gradient rule of op '{opdef.name}' returned {type(g).__name__} for input {name!r}; "
-                            "rules compute with ops and return program variables here")
-    target = Variable(program, name)
-    have, want = g.spec.shape, target.spec.shape
-    same = len(have) == len(want) and all(a is None or b is None or a == b for a, b in zip(have, want))
-    if not same:  # a broadcast input: sum the gradient down to its shape (unknown dims resolved at run time)
-        try:
-            fits = len(broadcast_shapes(want, have)) == len(have)
-        except ValueError:
-            fits = False
-        if not fits:
-            raise GradientError(f"gradient rule of op '{opdef.name}' returned a gradient of shape {have} for "
-                                f"input {name!r} of shape {want}")
-        g = F.sum_to(g, shape=target.shape)
-    if g.dtype != target.dtype:
-        g = F.cast(g, dtype=target.dtype)
-    return g.name
-
-
-def _path(op, consumer: dict, loss_name: str) -> str:
+def _path(op, consumer: dict, loss_name: str) -> list:
     names = [op.type]
     out = op.output_names()[0]
     seen = set()
@@ -215,4 +180,4 @@ def _path(op, consumer: dict, loss_name: str) -> str:
         seen.add(out)
         nxt, out = consumer[out]
         names.append(nxt.type)
-    return " -> ".join(names) + f" -> {loss_name}"
+    return [*names, loss_name]

@@ -7,34 +7,11 @@ import inspect
 
 import numpy as np
 
-from ..autodiff import engine
-from ..core.errors import ArgumentError, GradientError, describe
+from ..core.errors import ArgumentError, describe
 from ..core.spec import Spec
-from ..tensor import Tensor, _new
-from .backward import append_backward
+from ..tensor import Tensor, wrap
 from .executor import Executor
-from .trace import Variable, constant_var, trace
-
-
-def _symbolic_grad(outputs, inputs, grad_outputs, allow_unused):
-    """``of.grad`` on program Variables: append_backward on their program."""
-    outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
-    if len(outputs) != 1 or grad_outputs is not None:
-        raise GradientError("grad() inside a traced function takes one scalar output and no grad_outputs")
-    (loss,) = outputs
-    program = loss.program
-    inputs = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
-    names = [constant_var(program, t) if isinstance(t, Tensor) else t.name for t in inputs]
-    grads = append_backward(program, loss, wrt=names)
-    result = []
-    for t, n in zip(inputs, names):
-        if n not in grads and not allow_unused:
-            raise GradientError(f"grad(): {describe(t)} was not used to compute the output; pass allow_unused=True")
-        result.append(grads.get(n))
-    return tuple(result)
-
-
-engine.symbolic_grad = _symbolic_grad
+from .trace import trace
 
 
 class CompiledFunction:
@@ -51,19 +28,20 @@ class CompiledFunction:
     def __call__(self, *args, **kwargs):
         bound = dict(zip(self.params, args)) | kwargs if kwargs or len(args) != len(self.params) else \
             dict(zip(self.params, args))
-        arrays = {}
+        arrays, device = {}, None
         for name, value in bound.items():
             if type(value) is Tensor:
                 arrays[name] = value._data
+                device = device or value._device
             elif isinstance(value, (Tensor, np.ndarray)):
                 arrays[name] = value if isinstance(value, np.ndarray) else value.numpy()
             else:
                 raise ArgumentError(f"{self.fn.__name__}() compiled: argument '{name}' expected a Tensor or "
                                     f"array, got {describe(value)}")
-        key = self._key(arrays)
+        key = self._key(arrays, device)
         entry = self.cache.get(key)
         if entry is None:
-            program = trace(self.fn, **{n: Spec(a.shape, a.dtype) for n, a in arrays.items()})
+            program = trace(self.fn, device=device, **{n: Spec(a.shape, a.dtype) for n, a in arrays.items()})
             # Fetch what fn returns, nothing more: gradients the updates consume need not outlive them.
             exe = Executor(program, fetch=dict(program.outputs), optimize=self.optimize)
             keys = list(program.outputs)
@@ -72,14 +50,17 @@ class CompiledFunction:
             entry = self.cache[key] = (program, exe, shape)
         program, exe, shape = entry
         out = exe.run_arrays(arrays)
+        device = program.device
         if shape == "one":
-            return _new(out["out"])
+            return wrap(out["out"], device)
         if shape == "tuple":
-            return tuple([_new(v) for v in out.values()])
-        return {k: _new(v) for k, v in out.items()}
+            return tuple([wrap(v, device) for v in out.values()])
+        return {k: wrap(v, device) for k, v in out.items()}
 
-    def _key(self, arrays: dict) -> tuple:
+    def _key(self, arrays: dict, device=None) -> tuple:
         key = tuple([(n, a.shape, a.dtype) for n, a in arrays.items()])
+        if device is not None and device.name != "cpu":
+            key = (key, device.name)
         return key if self.cache_key is None else (key, self.cache_key())
 
     def program(self, *args, **kwargs):
@@ -106,4 +87,4 @@ def compile(fn=None, *, optimize: bool = True, cache_key=None):
     return CompiledFunction(fn, optimize, cache_key)
 
 
-__all__ = ["CompiledFunction", "Variable", "compile"]
+__all__ = ["CompiledFunction", "compile"]

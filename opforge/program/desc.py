@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..core.devices import CPU
 from ..core.spec import Dim, Spec
 
 FORMAT_VERSION = 1
@@ -80,12 +81,13 @@ class Block:
 class Program:
     """A program of op descriptions: what ``of.trace`` records and ``of.append_backward`` extends."""
 
-    def __init__(self):
+    def __init__(self, device=CPU):
+        self.device = device  # where the program's values live and its kernels run
         self.blocks = [Block()]
         self.feeds: list[str] = []  # variable names given to Executor.run
         self.outputs: dict = {}  # result name -> variable name
         self.values: dict = {}  # persistable or constant variable name -> initial array
-        self.backward_requests: list = []  # (loss, wrt, no_grad) of each append_backward, replayed per shape
+        self.backward_requests: list = []  # (loss, wrt, no_grad) of each append_backward, kept with the program
         self.grad_names: dict = {}  # variable name -> its gradient's variable name
         self.updates: dict = {}  # persistable variable name -> variable holding its new value after a run
         self._counter = 0

@@ -17,8 +17,8 @@ import numpy as np
 
 from ..core.errors import ArgumentError, OpforgeError, ShapeError
 from ..core.opdef import registry
-from ..core.random import generator
 from ..core.spec import Dim, Spec
+from ..tensor import Tensor
 from .desc import OpDesc, Program
 from .trace import Variable
 
@@ -33,7 +33,7 @@ class Plan:
         self.specs = specs  # variable name -> concrete Spec
         self.steps = steps
         self.peak_live_bytes = peak_live_bytes
-        self.removed = removed  # {"dead": n, "merged": n}
+        self.removed = removed  # how many ops each pass took out: {"dead": n, "merged": n, "folded": n}
         self.line_ops = line_ops or {}  # line of the generated source -> "op #i <type> -> <outputs>"
 
 
@@ -99,14 +99,22 @@ class Executor:
         for name in self.program.feeds:
             if name not in feed:
                 raise ArgumentError(f"Executor.run(): missing feed {name!r} ({block.vars[name]})")
-            value = feed[name]
-            array = value.numpy() if hasattr(value, "numpy") and not isinstance(value, np.ndarray) else value
-            arrays[name] = np.asarray(array)
+            arrays[name] = self._device_array(name, feed[name])
         unknown = set(feed) - set(self.program.feeds)
         if unknown:
             raise ArgumentError(f"Executor.run(): {sorted(unknown)} are not feeds of the program "
                                 f"(feeds: {self.program.feeds})")
         return self.run_arrays(arrays)
+
+    def _device_array(self, name: str, value):
+        """A feed as an array of the program's device: a Tensor's own array there, else copied from the host."""
+        device = self.program.device
+        if isinstance(value, Tensor):
+            if value.device is not device:
+                raise ArgumentError(f"Executor.run(): feed {name!r} is on device '{value.device}', the program runs "
+                                    f"on '{device}'")
+            return value._data
+        return device.from_host(np.asarray(value))
 
     def run_arrays(self, arrays: dict) -> dict:
         """``run`` for callers that already hold exactly the feeds, as NumPy arrays (``of.compile``)."""
@@ -177,8 +185,9 @@ class Executor:
                 args = [[values[n] for n in op.inputs[p.name]] if p.is_list else
                         (values[op.inputs[p.name][0]] if op.inputs[p.name] else None) for p in opdef.inputs]
                 first = next(values[n] for n in op.input_names())
-                result = opdef.find_kernel("cpu", first.dtype).fn(*args, **attrs)
-                for n, v in zip(op.output_names(), _flattener(opdef)(result)):
+                device = self.program.device
+                result = opdef.find_kernel(device, first.dtype).bind(device)(*args, **attrs)
+                for n, v in zip(op.output_names(), _flattener(opdef, device)(result)):
                     values[n] = v
                 continue
             kept.append((op, attrs))
@@ -216,33 +225,30 @@ class Executor:
         return kept, len(ops) - len(kept)
 
     def _generate(self, ops: list, specs: dict, alias: dict, removed: dict, folded: dict) -> Plan:
-        program, block = self.program, self.program.block
+        program = self.program
         owned = set(program.feeds) | set(program.values) | set(folded)  # buffers never freed nor overwritten
         fetched = {key: alias.get(n, n) for key, n in self.fetch.items()}
         updates = {target: alias.get(n, n) for target, n in program.updates.items()}
-        last_use = {}
-        for i, (op, _) in enumerate(ops):
-            for n in op.input_names():
-                last_use[n] = i
-        for n in [*fetched.values(), *updates.values()]:
-            last_use[n] = len(ops)
-        kernels = []
-        for op, attrs in ops:
-            first = next((specs[n] for n in op.input_names()), None)
-            dtype = first.dtype if first is not None else (attrs.get("dtype") or np.dtype("float32"))
-            kernels.append(registry.get(op.type).find_kernel("cpu", dtype))
+        last_use = _last_use(ops, [*fetched.values(), *updates.values()])
+        kernels = [self._kernel(op, attrs, specs) for op, attrs in ops]
         reuse = self._plan_buffers(ops, kernels, specs, last_use, owned)
-        # A persistable variable's new value is written straight into its buffer (no copy per run) when the
-        # op producing it takes out= and runs after the last reader of the old value; otherwise it is copied.
-        in_place = {}
-        producer = {n: i for i, (op, _) in enumerate(ops) for n in op.output_names()}
-        for target, n in updates.items():
-            i = producer.get(n)
-            if (i is not None and i not in reuse and kernels[i].takes_out and len(ops[i][0].output_names()) == 1
-                    and last_use.get(target, -1) <= i and specs[n] == specs[target]):
-                reuse[i] = target
-                in_place[target] = n
+        in_place = _in_place_updates(ops, kernels, specs, updates, last_use, reuse)
+        drops = _drops(ops, last_use, owned)
+        source, env, line_ops = self._emit(ops, kernels, specs, fetched, updates, in_place, reuse, drops, folded)
+        fn = _compile_plan(source, env)
+        peak = _peak_bytes(ops, specs, reuse, drops)
+        return Plan(fn, source, specs, len(ops), peak, removed, line_ops)
 
+    def _kernel(self, op: OpDesc, attrs: dict, specs: dict):
+        """The kernel for an op of the plan: chosen by the program's device and the first input's dtype."""
+        first = next((specs[n] for n in op.input_names()), None)
+        dtype = first.dtype if first is not None else (attrs.get("dtype") or np.dtype("float32"))
+        return registry.get(op.type).find_kernel(self.program.device, dtype)
+
+    def _emit(self, ops, kernels, specs: dict, fetched: dict, updates: dict, in_place: dict, reuse: dict,
+              drops: list, folded: dict) -> tuple[str, dict, dict]:
+        """The plan as the source of one straight-line function ``run(feed, scope, consts)`` and its globals."""
+        program, block, device = self.program, self.program.block, self.program.device
         slot = {}
 
         def var(name: str) -> str:
@@ -250,71 +256,44 @@ class Executor:
                 slot[name] = f"v{len(slot)}"
             return slot[name]
 
-        def nbytes(name):
-            s = specs[name]
-            return int(np.prod(s.shape, dtype=np.int64)) * s.dtype.itemsize
-
-        env = {"_asarray": np.asarray, "_rng": generator, "_folded": folded}
-        line_ops = {}
+        env = {"_array": device.array, "_rng": device.generator, "_folded": folded, "_copy_into": device.copy_into}
+        line_ops = {}  # line of the source -> "op #i <type> -> <outputs>", to name a failing op
         lines = ["def run(feed, scope, consts):"]
-        for n in program.feeds:
-            lines.append(f"    {var(n)} = feed[{n!r}]")
+        lines += [f"    {var(n)} = feed[{n!r}]" for n in program.feeds]
         used = {n for op, _ in ops for n in op.input_names()} | set(fetched.values())
         for n in program.values:
             if n in used:
-                source = "scope" if block.vars[n].persistable else "consts"
-                lines.append(f"    {var(n)} = {source}[{n!r}]")
-        for n in folded:
-            if n in used:
-                lines.append(f"    {var(n)} = _folded[{n!r}]")
-        live_bytes = peak = 0
+                lines.append(f"    {var(n)} = {'scope' if block.vars[n].persistable else 'consts'}[{n!r}]")
+        lines += [f"    {var(n)} = _folded[{n!r}]" for n in folded if n in used]
         for i, ((op, attrs), kernel) in enumerate(zip(ops, kernels)):
             opdef = registry.get(op.type)
-            env[f"k{i}"] = kernel.fn
-            args = []
-            for p in opdef.inputs:
-                names = op.inputs[p.name]
-                args.append("[" + ", ".join(var(n) for n in names) + "]" if p.is_list else
-                            (var(names[0]) if names else "None"))
+            env[f"k{i}"] = kernel.bind(device)
+            args = [("[" + ", ".join(var(n) for n in op.inputs[p.name]) + "]") if p.is_list else
+                    (var(op.inputs[p.name][0]) if op.inputs[p.name] else "None") for p in opdef.inputs]
             if attrs:
                 env[f"a{i}"] = attrs
                 args.append(f"**a{i}")
             if kernel.takes_rng:
                 args.append("rng=_rng()")
-            outs = op.output_names()
-            buffer = reuse.get(i)
-            if buffer is not None:
-                args.append(f"out={var(buffer)}")
+            if i in reuse:
+                args.append(f"out={var(reuse[i])}")
             call = f"k{i}({', '.join(args)})"
+            outs = op.output_names()
             line_ops[len(lines) + 1] = f"op #{i} {op.type} -> {', '.join(outs)}"
             if len(outs) == 1 and not opdef.outputs[0].is_list:
-                lines.append(f"    {var(outs[0])} = {'_asarray(' + call + ')' if specs[outs[0]].shape == () else call}")
+                # a 0-d result may come back as a NumPy scalar: the device makes it an array
+                lines.append(f"    {var(outs[0])} = {'_array(' + call + ')' if specs[outs[0]].shape == () else call}")
             else:
-                env[f"_flatten{i}"] = _flattener(opdef)
+                env[f"_flatten{i}"] = _flattener(opdef, device)
                 lines.append(f"    {', '.join(var(n) for n in outs)}, = _flatten{i}({call})")
-            if buffer is None:
-                live_bytes += sum(nbytes(n) for n in outs)  # a new allocation
-            peak = max(peak, live_bytes)
-            for n in dict.fromkeys(op.input_names()):
-                if last_use.get(n) == i and n not in owned:
-                    if n != buffer:  # (a buffer written in place lives on as the output: only its name goes)
-                        live_bytes -= nbytes(n)
-                    lines.append(f"    del {var(n)}")  # its last reader ran: drop it now
-            for n in outs:
-                if n not in last_use:  # an output nobody reads (another output of a multi-output op)
-                    live_bytes -= nbytes(n)
-                    lines.append(f"    del {var(n)}")
+            lines += [f"    del {var(n)}" for n in drops[i]]  # their last reader ran: drop them now
         for target, n in updates.items():
             if target not in in_place:
-                env["_copyto"] = np.copyto
-                lines.append(f"    _copyto({var(target)}, {var(n)})  # the new value of a persistable variable")
+                lines.append(f"    _copy_into({var(target)}, {var(n)})  # the new value of a persistable variable")
         result = ", ".join(f"{key!r}: {var(n)}" for key, n in fetched.items())
         lines.append(f"    return {{{result}}}")
-        source = "\n".join(lines) + "\n"
-        exec(compile(source, "<opforge.program>", "exec"), env)
-        return Plan(env["run"], source, specs, len(ops), peak, removed, line_ops)
+        return "\n".join(lines) + "\n", env, line_ops
 
-    @staticmethod
     @staticmethod
     def _plan_buffers(ops, kernels, specs, last_use, owned) -> dict:
         """Op index -> the dying input whose buffer that op writes its output into (``out=``).
@@ -347,11 +326,67 @@ class Executor:
     def plan(self, feed: dict | None = None, **feeds) -> Plan:
         """The prepared plan for feeds like these (prepared now if it was not yet)."""
         feed = {**(feed or {}), **feeds}
-        arrays = {n: np.asarray(feed[n]) for n in self.program.feeds}
+        arrays = {n: self._device_array(n, feed[n]) for n in self.program.feeds}
         key = tuple([(a.shape, a.dtype) for a in arrays.values()])
         if key not in self._plans:
             self._plans[key] = self.prepare(arrays)
         return self._plans[key]
+
+
+def _last_use(ops: list, roots: list) -> dict:
+    """Variable name -> index of the last op that reads it (``len(ops)`` for what the run returns or updates)."""
+    last_use = {}
+    for i, (op, _) in enumerate(ops):
+        for n in op.input_names():
+            last_use[n] = i
+    for n in roots:
+        last_use[n] = len(ops)
+    return last_use
+
+
+def _in_place_updates(ops: list, kernels: list, specs: dict, updates: dict, last_use: dict, reuse: dict) -> dict:
+    """A persistable variable's new value is written straight into its buffer (no copy per run) when the op
+    producing it takes out= and runs after the last reader of the old value; ``reuse`` learns those writes.
+    Returns {persistable variable: the variable computed into it}."""
+    in_place = {}
+    producer = {n: i for i, (op, _) in enumerate(ops) for n in op.output_names()}
+    for target, n in updates.items():
+        i = producer.get(n)
+        if (i is not None and i not in reuse and kernels[i].takes_out and len(ops[i][0].output_names()) == 1
+                and last_use.get(target, -1) <= i and specs[n] == specs[target]):
+            reuse[i] = target
+            in_place[target] = n
+    return in_place
+
+
+def _drops(ops: list, last_use: dict, owned: set) -> list:
+    """Per op: the variables to let go right after it — inputs it read last, outputs nobody reads."""
+    drops = []
+    for i, (op, _) in enumerate(ops):
+        dying = [n for n in dict.fromkeys(op.input_names()) if last_use.get(n) == i and n not in owned]
+        drops.append(dying + [n for n in op.output_names() if n not in last_use])
+    return drops
+
+
+def _peak_bytes(ops: list, specs: dict, reuse: dict, drops: list) -> int:
+    """The most bytes of intermediates alive at once under the plan (a buffer written with out= is no new one)."""
+    def nbytes(name):
+        s = specs[name]
+        return int(np.prod(s.shape, dtype=np.int64)) * s.dtype.itemsize
+
+    live = peak = 0
+    for i, (op, _) in enumerate(ops):
+        buffer = reuse.get(i)
+        if buffer is None:
+            live += sum(nbytes(n) for n in op.output_names())
+        peak = max(peak, live)
+        live -= sum(nbytes(n) for n in drops[i] if n != buffer)  # a buffer written in place lives on as the output
+    return peak
+
+
+def _compile_plan(source: str, env: dict):
+    exec(compile(source, "<opforge.program>", "exec"), env)
+    return env["run"]
 
 
 def _name_failed_op(plan: Plan, error: Exception) -> OpforgeError:
@@ -366,12 +401,12 @@ def _name_failed_op(plan: Plan, error: Exception) -> OpforgeError:
     return OpforgeError(f"Executor.run(): {op} failed ({text}): {type(error).__name__}: {error}")
 
 
-def _flattener(opdef):
+def _flattener(opdef, device):
     def flatten(result):
         if len(opdef.outputs) == 1:
             result = (result,)
         flat = []
         for o, v in zip(opdef.outputs, result):
-            flat.extend(np.asarray(a) for a in (v if o.is_list else [v]))
+            flat.extend(device.array(a) for a in (v if o.is_list else [v]))
         return flat
     return flatten

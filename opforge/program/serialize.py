@@ -73,7 +73,8 @@ def save(program: Program, path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     directory, stem = str(path.parent), path.stem
     old = _old_values(path)
-    values_name, digest = write_content_addressed(directory, stem, ".npz", lambda f: write_npz(f, program.values))
+    values = {k: program.device.to_host(v) for k, v in program.values.items()}
+    values_name, digest = write_content_addressed(directory, stem, ".npz", lambda f: write_npz(f, values))
     block = program.block
     doc = {
         "format": FORMAT,

@@ -1,24 +1,25 @@
-"""Tracing: run a function on symbolic ``Variable``s and record every op it calls into a ``Program``.
+"""Tracing: run a function on symbolic ``Variable``s and append every op it calls to a ``Program``.
 
-Any ``opforge.ops`` function and Tensor operator works on Variables: dispatch hands calls with a Variable
-input to ``record_op`` here, which infers the outputs' Specs with the op's own shape rule, checks the call as
-eagerly, and appends an ``OpDesc``. Eager Tensors the function closes over become variables too: persistable
-parameters when they require grad, constants otherwise.
+``trace`` makes a ``Tracer`` the innermost interpreter (see ``opforge.dispatch``) while the function runs, so every
+``opforge.ops`` function and Tensor operator it calls — on Variables, on eager Tensors it closes over, or on no
+input at all (random ops) — is appended as an ``OpDesc`` instead of run: its outputs' Specs come from the op's own
+shape rule, its attrs are checked as eagerly. Eager Tensors the function reads become variables: persistable
+parameters when they require grad, persistable state when writable, constants otherwise.
 """
 
 from __future__ import annotations
 
 import inspect
-import threading
 
 import numpy as np
 
 from ..core import dtypes as D
-from ..core.errors import ArgumentError, describe
+from ..core.devices import default_device, get_device
+from ..core.errors import ArgumentError, GradientError, describe
 from ..core.opdef import OpDef
 from ..core.spec import Dim, Spec, undim
-from ..dispatch import register_symbolic, tracing
-from ..tensor import Tensor, TensorOps
+from ..dispatch import Interpreter, current_interpreter, interpreting
+from ..tensor import Tensor, TensorOps, wrap
 from .desc import OpDesc, Program
 
 
@@ -49,12 +50,17 @@ class Variable(TensorOps):
         return len(self.spec.shape)
 
     @property
-    def device(self) -> str:
-        return "cpu"
+    def device(self):
+        return self.program.device
 
     @property
     def requires_grad(self) -> bool:
         return False
+
+    @property
+    def interpreter(self) -> Tracer:
+        """The interpreter that calls on this variable go to when no trace is running: its program's."""
+        return Tracer(self.program)
 
     def __repr__(self) -> str:
         return f"Variable({self.program.block.vars[self.name]})"
@@ -75,35 +81,81 @@ class Variable(TensorOps):
 
     def backward(self) -> None:
         """Append the backward pass for this (scalar) loss to its program: gradients of every parameter."""
-        from .backward import append_backward
-
-        append_backward(self.program, self)
+        self.interpreter.append_backward(self)
 
     def numpy(self):
         raise ArgumentError(f"program variable '{self.name}' has no value while tracing; run the program "
                             "with of.Executor to get one")
 
 
-class _Building(threading.local):
-    program: Program | None = None
-    role: str = "forward"
+class Tracer(Interpreter):
+    """The interpretation of op calls as program building: each call is appended to ``program`` as an OpDesc, with
+    its outputs' Specs inferred by the op's own shape rule and its attrs checked as eagerly. Eager Tensors a call
+    reads (parameters, buffers, optimizer state) become variables of the program (``var_for_tensor``); ``role``
+    marks the ops ``append_backward`` emits."""
+
+    def __init__(self, program: Program, role: str = "forward"):
+        self.program = program
+        self.role = role
+
+    def apply(self, op: OpDef, inputs: tuple, attrs: dict):
+        if op.validate is not None:
+            op.validate(attrs)  # (an attr holding a run-time size is checked by the executor, with the real size)
+        return _append(self.program, self.role, op, inputs, attrs)
+
+    def live(self, tensor: Tensor) -> Variable:
+        return Variable(self.program, var_for_tensor(self.program, tensor, state=True))
+
+    def assign(self, target: Tensor, value) -> None:
+        program = self.program
+        name = var_for_tensor(program, target, state=not target.requires_grad)
+        if not isinstance(value, Variable):
+            raise ArgumentError(f"assign(): while tracing, the value must be a program variable, got {describe(value)}")
+        if value.spec.shape != program.block.vars[name].spec.shape:
+            raise ArgumentError(f"assign(): value {value.spec} does not fit {program.block.vars[name]}")
+        program.updates[name] = value.name
+
+    def grad_of(self, param: Tensor):
+        name = self.program.grad_names.get(var_for_tensor(self.program, param))
+        return None if name is None else Variable(self.program, name)
+
+    def set_grad(self, param: Tensor, grad) -> None:
+        name = var_for_tensor(self.program, param)
+        if grad is None:  # forgotten (zero_grad): a compiled step need not return it
+            self.program.grad_names.pop(name, None)
+        else:
+            self.program.grad_names[name] = grad.name
+
+    def differentiate(self, outputs, inputs, grad_outputs, allow_unused: bool):
+        """``of.grad`` inside a traced function: append_backward on the program."""
+        outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+        if len(outputs) != 1 or grad_outputs is not None:
+            raise GradientError("grad() inside a traced function takes one scalar output and no grad_outputs")
+        inputs = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+        names = [var_for_tensor(self.program, t) if isinstance(t, Tensor) else t.name for t in inputs]
+        grads = self.append_backward(outputs[0], wrt=names)
+        result = []
+        for t, n in zip(inputs, names):
+            if n not in grads and not allow_unused:
+                raise GradientError(f"grad(): {describe(t)} was not used to compute the output; "
+                                    "pass allow_unused=True")
+            result.append(grads.get(n))
+        return tuple(result)
+
+    def append_backward(self, loss, wrt=None):
+        from .backward import append_backward  # backward builds on tracing: imported where a trace asks for it
+
+        return append_backward(self.program, loss, wrt=wrt)
 
 
-building = _Building()
+def tracing_program() -> Program | None:
+    """The program this thread is tracing into, or None (eager mode)."""
+    interpreter = current_interpreter()
+    return interpreter.program if isinstance(interpreter, Tracer) else None
 
 
-def _program_of(opdef: OpDef, inputs: tuple) -> Program:
-    programs = {id(v.program): v.program for slot in inputs
-                for v in (slot if isinstance(slot, (list, tuple)) else (slot,)) if isinstance(v, Variable)}
-    if len(programs) > 1:
-        raise ArgumentError(f"{opdef.name}(): inputs come from different programs")
-    if not programs:  # no symbolic input (a random op, an op on parameters): the program being traced
-        return building.program
-    return next(iter(programs.values()))
-
-
-def constant_var(program: Program, tensor: Tensor, state: bool = False) -> str:
-    """The variable of an eager Tensor used inside a program: a parameter if it requires grad, persistable state
+def var_for_tensor(program: Program, tensor: Tensor, state: bool = False) -> str:
+    """The variable of an eager Tensor a program reads: a parameter if it requires grad, persistable state
     (optimizer moments, a learning rate: updated by the program, never differentiated) if ``state``, else a
     constant."""
     known = program._tensor_vars
@@ -112,70 +164,55 @@ def constant_var(program: Program, tensor: Tensor, state: bool = False) -> str:
         if state:
             program.block.vars[entry[1]].persistable = True
         return entry[1]
+    if tensor.device is not program.device:
+        raise ArgumentError(f"a program for device '{program.device}' cannot read a tensor on device "
+                            f"'{tensor.device}' (shape {tensor.shape}); move it to '{program.device}' first")
     # A writable array the function closed over (a buffer, a frozen weight) may change between runs: it is
     # state, read at each run. Only read-only arrays (Python numbers lifted while tracing) are constants,
     # which the executor may fold.
-    state = state or (not tensor.requires_grad and tensor.numpy().flags.writeable)
+    state = state or (not tensor.requires_grad and getattr(tensor._data.flags, "writeable", True))
     persistable = tensor.requires_grad or state
     name = program.fresh_name("param" if tensor.requires_grad else "state" if state else "const")
     program.add_var(name, Spec(tensor.shape, tensor.dtype), persistable=persistable,
                     stop_gradient=not tensor.requires_grad)
-    program.values[name] = tensor.numpy()  # no copy: the executor updates persistable arrays in place
+    program.values[name] = tensor._data  # no copy: the executor updates persistable arrays in place
     known[id(tensor)] = (tensor, name)  # keeps the tensor alive, so its id stays its own
     return name
 
 
-def tracing_program() -> Program | None:
-    """The program this thread is tracing into, or None (eager mode)."""
-    return building.program
-
-
-def state(tensor: Tensor) -> Variable:
-    """``tensor`` as persistable state of the program being traced (see ``constant_var``)."""
-    program = building.program
-    return Variable(program, constant_var(program, tensor, state=True))
+def live(tensor: Tensor):
+    """``tensor`` as ops should read it: itself eagerly; while tracing, its persistable program variable, so that
+    each run reads its current value (a plain constant could be folded into the program once)."""
+    return current_interpreter().live(tensor)
 
 
 def assign(target: Tensor, value) -> None:
     """Make ``value`` the new content of ``target`` after each run: in place in eager mode, recorded as an
     update of the persistable variable while tracing (the executor writes it into the same buffer)."""
-    program = building.program
-    if program is None:
-        data = value.numpy() if hasattr(value, "numpy") else np.asarray(value)
-        if data.shape != target.shape:
-            raise ArgumentError(f"assign(): value of shape {data.shape} for a tensor of shape {target.shape}")
-        np.copyto(target.numpy(), data, casting="same_kind")
-        return
-    name = constant_var(program, target, state=not target.requires_grad)
-    if not isinstance(value, Variable):
-        raise ArgumentError(f"assign(): while tracing, the value must be a program variable, got {describe(value)}")
-    if value.spec.shape != program.block.vars[name].spec.shape:
-        raise ArgumentError(f"assign(): value {value.spec} does not fit {program.block.vars[name]}")
-    program.updates[name] = value.name
+    current_interpreter().assign(target, value)
 
 
 def _input_name(program: Program, opdef: OpDef, arg: str, value, peer) -> str:
     if isinstance(value, Variable):
+        if value.program is not program:
+            raise ArgumentError(f"{opdef.name}(): argument '{arg}' is a variable of another program")
         return value.name
     if isinstance(value, Tensor):
-        return constant_var(program, value)
+        return var_for_tensor(program, value)
     if type(value) in (bool, int, float):
         array = np.asarray(value, dtype=D.scalar_dtype(value, peer))
     elif isinstance(value, (np.ndarray, np.generic)):
-        array = np.asarray(value)
+        array = np.array(value)
         D.as_dtype(array.dtype, op=opdef.name, arg=arg)
     else:
         raise ArgumentError(f"{opdef.name}(): argument '{arg}' expected Tensor, got {describe(value)}")
-    from ..creation import tensor
-
-    constant = tensor(array)
-    constant.numpy().flags.writeable = False  # a literal of the traced code: a true constant
-    return constant_var(program, constant)
+    array.flags.writeable = False  # a literal of the traced code: a true constant
+    device = program.device
+    return var_for_tensor(program, wrap(device.from_host(array), device))
 
 
-def record_op(opdef: OpDef, inputs: tuple, attrs: dict):
-    """Append ``opdef`` applied to ``inputs`` to their program; return output Variables shaped like eager results."""
-    program = _program_of(opdef, inputs)
+def _append(program: Program, role: str, opdef: OpDef, inputs: tuple, attrs: dict):
+    """Append ``opdef`` applied to ``inputs`` to ``program``; return output Variables shaped like eager results."""
     block = program.block
     peers = [v.dtype for slot in inputs for v in (slot if isinstance(slot, (list, tuple)) else (slot,))
              if isinstance(v, (Variable, Tensor))]
@@ -183,6 +220,9 @@ def record_op(opdef: OpDef, inputs: tuple, attrs: dict):
     names, specs = {}, []
     for p, value in zip(opdef.inputs, inputs):
         if p.is_list:
+            if not isinstance(value, (list, tuple)):
+                raise ArgumentError(f"{opdef.name}(): argument '{p.name}' expected a list of Tensors, "
+                                    f"got {describe(value)}")
             slot = [_input_name(program, opdef, f"{p.name}[{i}]", v, peer) for i, v in enumerate(value)]
             specs.append([block.vars[n].spec for n in slot])
         elif value is None:
@@ -204,7 +244,7 @@ def record_op(opdef: OpDef, inputs: tuple, attrs: dict):
             program.add_var(name, s, stop_gradient="no_grad" in opdef.traits)
             outputs[o.name].append(name)
             flat.append(Variable(program, name))
-    block.ops.append(OpDesc(opdef.name, names, outputs, dict(attrs), building.role))
+    block.ops.append(OpDesc(opdef.name, names, outputs, dict(attrs), role))
     result, i = [], 0
     for o in opdef.outputs:
         n = len(outputs[o.name])
@@ -213,21 +253,18 @@ def record_op(opdef: OpDef, inputs: tuple, attrs: dict):
     return result[0] if len(result) == 1 else opdef.result_type(*result)
 
 
-register_symbolic(Variable, record_op)
-tracing.current_program = lambda: building.program
-
-
-def trace(fn, *specs, **named_specs) -> Program:
+def trace(fn, *specs, device=None, **named_specs) -> Program:
     """Run ``fn`` on symbolic variables of the given Specs and return the program of the ops it called.
 
     ``of.trace(f, of.Spec((None, 3), "float32"))`` or by name, ``of.trace(f, x=of.Spec(...))``. What ``fn``
-    returns (a Variable, a tuple or a dict of them) becomes ``program.outputs``.
+    returns (a Variable, a tuple or a dict of them) becomes ``program.outputs``. The program runs on ``device``
+    (the default device if not given): the tensors ``fn`` reads must live there.
     """
     params = list(inspect.signature(fn).parameters)
     if len(specs) > len(params):
         raise ArgumentError(f"trace(): {fn.__name__} takes {len(params)} arguments, {len(specs)} Specs given")
     given = dict(zip(params, specs)) | named_specs
-    program = Program()
+    program = Program(default_device() if device is None else get_device(device, "trace()"))
     args = {}
     for name, spec in given.items():
         if not isinstance(spec, Spec):
@@ -238,14 +275,8 @@ def trace(fn, *specs, **named_specs) -> Program:
         program.add_var(name, Spec.of(spec.shape, spec.dtype))
         program.feeds.append(name)
         args[name] = Variable(program, name)
-    previous = building.program
-    building.program = program
-    tracing.active += 1
-    try:
+    with interpreting(Tracer(program)):
         result = fn(**args)
-    finally:
-        tracing.active -= 1
-        building.program = previous
     if isinstance(result, dict):
         items = result.items()
     elif isinstance(result, (tuple, list)):
@@ -254,7 +285,7 @@ def trace(fn, *specs, **named_specs) -> Program:
         items = [("out", result)]
     for key, value in items:
         if isinstance(value, Tensor):  # a result that does not depend on the inputs
-            value = Variable(program, constant_var(program, value))
+            value = Variable(program, var_for_tensor(program, value))
         if not isinstance(value, Variable):
             raise ArgumentError(f"trace(): {fn.__name__} must return Variables, returned {describe(value)}")
         program.outputs[key] = value.name

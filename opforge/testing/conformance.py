@@ -3,7 +3,7 @@
 For each sample call the op declares (``@op.samples``, or defaults from its traits) it checks that
   * the inferred output Specs equal the kernel's real outputs (and stay consistent when the leading
     dim is unknown),
-  * the float32 forward agrees with the float64 one, to float32's precision,
+  * the float32, float16 and bfloat16 forward passes agree with the float64 one, to their precision (TOLERANCES),
   * analytic gradients match numeric ones (``gradcheck``), and second derivatives too where the op
     is twice differentiable (``gradgradcheck``),
 and it makes wrong calls that must fail with errors naming the op and the argument: a missing argument,
@@ -20,23 +20,27 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..core import dtypes as D
-from ..core import random as _random
+from ..core.devices import default_device, get_device, using_device
 from ..core.errors import ArgumentError, GradientError, OpforgeError, ShapeError
 from ..core.opdef import OpDef, Sample, registry
 from ..core.spec import Spec
-from ..tensor import Tensor, _new
-from .gradcheck import gradcheck, gradgradcheck
+from ..tensor import Tensor, wrap
+from .gradcheck import _host, gradcheck, gradgradcheck
 
 
 class ConformanceError(AssertionError):
     """An op failed a conformance check; the message lists every failure."""
 
 
-# float32 vs float64 forward: |y32 − y64| ≤ FLOAT32_ATOL·scale + FLOAT32_RTOL·|y64|, where scale is the largest
-# magnitude among the float64 inputs and outputs (at least 1), so rounding the inputs to float32 (relative
-# error 6e-8) may move an output by a few hundred ulps of the largest value involved, no more.
-FLOAT32_RTOL = 1e-4
-FLOAT32_ATOL = 1e-5
+# A narrower float vs float64 forward: |y − y64| ≤ atol·scale + rtol·|y64|, where scale is the largest magnitude
+# among the float64 inputs and outputs (at least 1), so rounding the inputs to the narrow dtype may move an output
+# by some rounding errors (D.EPS) of the largest value involved, no more. float32 allows ~840 and ~84 of its eps
+# (1.2e-7). The half dtypes (eps 9.8e-4 for float16, 7.8e-3 for bfloat16) allow ~5: their kernels compute in
+# float32 and round once (opforge.ops.half), and the library's ops stay within 0.5 eps of float16 and 0.7 eps of
+# bfloat16 on their samples; a kernel that accumulated in the half dtype would not.
+TOLERANCES = {D.float32: (1e-4, 1e-5), D.float16: (5e-3, 5e-3), D.bfloat16: (4e-2, 4e-2)}  # (rtol, atol)
+FLOAT32_RTOL, FLOAT32_ATOL = TOLERANCES[D.float32]
+NARROW = tuple(TOLERANCES)  # the dtypes each float sample also runs in, after float64
 
 
 @dataclass
@@ -47,7 +51,11 @@ class OpReport:
     failures: list = field(default_factory=list)
     warnings: list = field(default_factory=list)  # eager/infer disagreements outside the samples (see strict=)
     order: int = 0  # highest derivative order verified
-    float32_error: float = 0.0  # worst |y32 − y64| / tolerance over float outputs (≤ 1 passes; see FLOAT32_RTOL)
+    errors: dict = field(default_factory=dict)  # dtype name -> worst |y − y64| / tolerance (≤ 1 passes)
+
+    @property
+    def float32_error(self) -> float:
+        return self.errors.get("float32", 0.0)
 
     def __str__(self) -> str:
         head = f"{self.op}: {self.samples} sample(s), " + (
@@ -88,10 +96,16 @@ def default_samples(opdef: OpDef, rng: np.random.Generator):
 
 
 def _to_tensor(value, dtype=None, requires_grad=False):
+    """A sample's array as a tensor on the device being checked (the default device: see ``check_op``)."""
     if isinstance(value, np.ndarray):
         array = value.astype(dtype) if (dtype is not None and value.dtype.kind == "f") else value
-        return _new(array, requires_grad and array.dtype.kind == "f")
+        return _on_device(array, requires_grad and D.is_floating(array.dtype))
     return value
+
+
+def _on_device(array: np.ndarray, requires_grad: bool = False) -> Tensor:
+    device = default_device()
+    return wrap(device.from_host(array), device, requires_grad=requires_grad)
 
 
 def _materialize(opdef: OpDef, sample: Sample, dtype=None, requires_grad=False) -> tuple:
@@ -152,13 +166,10 @@ def _seeded(opdef: OpDef, seed: int):
     if "random" not in opdef.traits:
         yield
         return
-    saved = _random.state.generator
     # A stream of its own: seeded like the samples, the draws would equal the sample values themselves.
-    _random.state.generator = np.random.default_rng([seed, 0x5EED])
-    try:
+    device = default_device()
+    with device.drawing_from(device.new_generator([seed, 0x5EED])):
         yield
-    finally:
-        _random.state.generator = saved
 
 
 def _check_inference(opdef: OpDef, args, kwargs, report: OpReport, tag: str) -> list:
@@ -188,29 +199,42 @@ def _float_arrays(sample: Sample) -> list:
     return [v for v in flat if isinstance(v, np.ndarray) and v.dtype.kind == "f"]
 
 
-def _check_float32(opdef: OpDef, sample: Sample, out64: list, out32: list, report: OpReport, tag: str) -> None:
-    """The float32 call's float outputs must agree with the float64 call's to float32's precision."""
+def _check_precision(opdef: OpDef, sample: Sample, out64: list, out: list, dtype, report: OpReport,
+                     tag: str) -> None:
+    """The float outputs of the call in a narrower ``dtype`` must agree with the float64 call's (TOLERANCES)."""
+    rtol, atol = TOLERANCES[dtype]
     magnitudes = [np.abs(a[np.isfinite(a)]).max(initial=0.0) for a in _float_arrays(sample)]
-    magnitudes += [np.abs(y.numpy()[np.isfinite(y.numpy())]).max(initial=0.0) for y in out64 if y.dtype.kind == "f"]
+    magnitudes += [np.abs(_host(y)[np.isfinite(_host(y))]).max(initial=0.0) for y in out64
+                   if D.is_floating(y.dtype)]
     scale = max([1.0, *map(float, magnitudes)])
-    for k, (a, b) in enumerate(zip(out64, out32)):
-        if a.dtype.kind != "f" or b.dtype.kind != "f" or a.shape != b.shape:
+    for k, (a, b) in enumerate(zip(out64, out)):
+        if not D.is_floating(a.dtype) or not D.is_floating(b.dtype) or a.shape != b.shape:
             continue  # exact dtypes and shapes are the inference check's business
-        y64, y32 = a.numpy(), b.numpy().astype(np.float64)
-        same = (y64 == y32) | (np.isnan(y64) & np.isnan(y32))  # equal infinities and NaNs agree
-        err = np.where(same, 0.0, np.abs(y64 - y32))
+        y64, y = _host(a), _host(b).astype(np.float64)
+        same = (y64 == y) | (np.isnan(y64) & np.isnan(y))  # equal infinities and NaNs agree
+        err = np.where(same, 0.0, np.abs(y64 - y))
         err = np.where(np.isnan(err), np.inf, err)
-        tol = FLOAT32_ATOL * scale + FLOAT32_RTOL * np.abs(np.nan_to_num(y64, posinf=0.0, neginf=0.0))
+        tol = atol * scale + rtol * np.abs(np.nan_to_num(y64, posinf=0.0, neginf=0.0))
         ratio = err / tol
         worst = float(ratio.max(initial=0.0))
-        report.float32_error = max(report.float32_error, worst)
+        report.errors[str(dtype)] = max(report.errors.get(str(dtype), 0.0), worst)
         if worst > 1:
             i = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
             name = opdef.output_names[k] if k < len(opdef.output_names) else f"#{k}"
             report.failures.append(
-                f"{tag}: output '{name}' in float32 differs from float64 at index {tuple(map(int, i))}: "
-                f"{y32[i]:.8g} vs {y64[i]:.8g} (tolerance {tol[i]:.3g} = {FLOAT32_ATOL:g}·{scale:.3g} + "
-                f"{FLOAT32_RTOL:g}·|y|); does the kernel compute in a narrower type, or promote?")
+                f"{tag}: output '{name}' in {dtype} differs from float64 at index {tuple(map(int, i))}: "
+                f"{y[i]:.8g} vs {y64[i]:.8g} (tolerance {tol[i]:.3g} = {atol:g}·{scale:.3g} + "
+                f"{rtol:g}·|y|); does the kernel compute in a narrower type, or promote?")
+
+
+def _accepts(opdef: OpDef, sample: Sample, dtype) -> bool:
+    """Whether every input that gets a float array in ``sample`` accepts ``dtype``."""
+    for p, value in zip(opdef.inputs, sample.args):
+        arrays = value if isinstance(value, list) else [value]
+        if p.dtypes is not None and dtype not in p.dtypes and any(
+                isinstance(a, np.ndarray) and a.dtype.kind == "f" for a in arrays):
+            return False
+    return True
 
 
 def _check_program(opdef: OpDef, sample: Sample, report: OpReport, tag: str) -> None:
@@ -241,7 +265,7 @@ def _check_program(opdef: OpDef, sample: Sample, report: OpReport, tag: str) -> 
         outs = _flat(opdef.fn(*rebuild(variables), **kwargs))
         result = {f"out{k}": o for k, o in enumerate(outs)}
         if want_grads:
-            terms = [F.sum(o * _new(c)) for o, c in zip(outs, cotangents) if c is not None]
+            terms = [F.sum(o * _on_device(c)) for o, c in zip(outs, cotangents) if c is not None]
             result["loss"] = terms[0] if len(terms) == 1 else F.add_n(terms)
         return result
 
@@ -252,22 +276,23 @@ def _check_program(opdef: OpDef, sample: Sample, report: OpReport, tag: str) -> 
     if want_grads:
         grads = append_backward(program, program.outputs["loss"], wrt=wrt)
         fetch.update({f"d{n}": g for n, g in grads.items()})
-    got = Executor(program, fetch=fetch).run({n: t.numpy() for n, t in feeds.items()})
+    got = Executor(program, fetch=fetch).run(feeds)
+    got = {k: program.device.to_host(v) for k, v in got.items()}
     for k, t in enumerate(eager_out):
-        if not np.allclose(got[f"out{k}"], t.numpy(), rtol=1e-10, atol=1e-12, equal_nan=True):
+        if not np.allclose(got[f"out{k}"], _host(t), rtol=1e-10, atol=1e-12, equal_nan=True):
             report.failures.append(f"{tag}: program output {k} differs from eager")
             return
     if want_grads:
-        leaves = {n: _new(t.numpy(), True) for n, t in feeds.items() if n in wrt}
+        leaves = {n: wrap(t._data, t.device, requires_grad=True) for n, t in feeds.items() if n in wrt}
         values = {n: leaves.get(n, t) for n, t in feeds.items()}
         outs = _flat(opdef.fn(*rebuild(values), **kwargs))
-        pairs = [(o, _new(c)) for o, c in zip(outs, cotangents) if c is not None and o.requires_grad]
+        pairs = [(o, _on_device(c)) for o, c in zip(outs, cotangents) if c is not None and o.requires_grad]
         if not pairs:
             return
         eager_grads = grad([o for o, _ in pairs], list(leaves.values()), grad_outputs=[c for _, c in pairs],
                            allow_unused=True)
         for n, g in zip(leaves, eager_grads):
-            expected = np.zeros(feeds[n].shape) if g is None else g.numpy()
+            expected = np.zeros(feeds[n].shape) if g is None else _host(g)
             if f"d{n}" in got and not np.allclose(got[f"d{n}"], expected, rtol=1e-9, atol=1e-12, equal_nan=True):
                 report.failures.append(f"{tag}: program gradient of input {n} differs from eager")
                 return
@@ -298,7 +323,7 @@ def _check_gradients(opdef: OpDef, sample: Sample, report: OpReport, tag: str, s
 
     if not any(isinstance(t, Tensor) and t.requires_grad for t in flat_inputs):
         return
-    narrow = [t.dtype for t in _flat(call(*flat_inputs)) if t.dtype.kind == "f" and t.dtype != np.float64]
+    narrow = [t.dtype for t in _flat(call(*flat_inputs)) if D.is_floating(t.dtype) and t.dtype != np.float64]
     if narrow:  # central differences need float64 outputs to be exact enough
         report.checked.append(f"{tag}: gradients not checked numerically, the output is {narrow[0]}")
         return
@@ -354,7 +379,7 @@ def _check_wrong_calls(opdef: OpDef, sample: Sample, report: OpReport, strict: b
                 bad = next((d for d in D.SUPPORTED if d not in p.dtypes), None)
                 if bad is not None:
                     wrong = list(args)
-                    wrong[i] = _new(np.zeros(args[i].shape, bad))
+                    wrong[i] = _on_device(np.zeros(args[i].shape, bad))
                     _expect_error(report, f"dtype {bad} for '{p.name}'", lambda w=wrong: fn(*w, **kwargs),
                                   name, p.name)
     for p in opdef.attrs:
@@ -390,12 +415,12 @@ def _check_wrong_rank(opdef: OpDef, args: tuple, kwargs: dict, report: OpReport,
              None)
     if i is None:
         return
-    p, x = opdef.inputs[i], args[i].numpy()
+    p, x = opdef.inputs[i], _host(args[i])
     variants = [("one more leading dim", np.stack([x, x]))]
     if x.ndim:
         variants.append(("its leading dim dropped", x[0].copy()))
     for what, array in variants:
-        wrong = (*args[:i], _new(array), *args[i + 1:])
+        wrong = (*args[:i], _on_device(array), *args[i + 1:])
         tag = f"wrong rank ('{p.name}' of shape {array.shape} instead of {x.shape}, {what})"
         specs, attrs = _specs(opdef, wrong, kwargs)
         try:
@@ -477,12 +502,17 @@ def _refused_by_check(opdef: OpDef, attrs: dict, name: str, value, report: OpRep
     return False
 
 
-def check_op(op, *, seed: int = 0, samples=None, raise_on_failure: bool = True, strict: bool = False) -> OpReport:
+def check_op(op, *, seed: int = 0, samples=None, raise_on_failure: bool = True, strict: bool = False,
+             device=None) -> OpReport:
     """Run the conformance checks on one op (an OpDef, its name, or its ``opforge.ops`` function).
 
     ``strict=True`` makes the report's warnings (eager calls that the infer rule would refuse or type
-    differently, found by the wrong-rank probe) failures too.
+    differently, found by the wrong-rank probe) failures too. ``device`` (default: the default device) is where
+    the sample tensors are made, the kernels run and the programs execute.
     """
+    if device is not None:
+        with using_device(get_device(device, "check_op()")):
+            return check_op(op, seed=seed, samples=samples, raise_on_failure=raise_on_failure, strict=strict)
     opdef = _resolve(op)
     report = OpReport(opdef.name)
     rng = np.random.default_rng(seed)
@@ -494,11 +524,13 @@ def check_op(op, *, seed: int = 0, samples=None, raise_on_failure: bool = True, 
     differentiable = "no_grad" not in opdef.traits
     if differentiable and opdef.grad_rule is None:
         report.failures.append("the op has no gradient rule and no 'no_grad' trait")
-    inference_failures = float32_failures = float32_samples = program_failures = 0
+    inference_failures = precision_failures = precision_samples = program_failures = 0
     for k, sample in enumerate(samples):
         tag = f"sample {k}"
         outputs = {}
-        for dtype in (np.float64, np.float32):
+        for dtype in (D.float64, *NARROW):
+            if not _accepts(opdef, sample, dtype) or (dtype != D.float64 and not _float_arrays(sample)):
+                continue
             args, kwargs = _materialize(opdef, sample, dtype)
             before = len(report.failures)
             try:
@@ -507,11 +539,13 @@ def check_op(op, *, seed: int = 0, samples=None, raise_on_failure: bool = True, 
             except OpforgeError as e:
                 report.failures.append(f"{tag} ({np.dtype(dtype)}): {type(e).__name__}: {e}")
             inference_failures += len(report.failures) - before
-        if len(outputs) == 2 and _float_arrays(sample):
+        if D.float64 in outputs and _float_arrays(sample):
             before = len(report.failures)
-            _check_float32(opdef, sample, outputs[np.float64], outputs[np.float32], report, tag)
-            float32_failures += len(report.failures) - before
-            float32_samples += 1
+            for dtype in NARROW:
+                if dtype in outputs:
+                    _check_precision(opdef, sample, outputs[D.float64], outputs[dtype], dtype, report, tag)
+            precision_failures += len(report.failures) - before
+            precision_samples += 1
         if differentiable and opdef.grad_rule is not None:
             _check_gradients(opdef, sample, report, tag, seed + k)
         if "random" not in opdef.traits:
@@ -522,12 +556,14 @@ def check_op(op, *, seed: int = 0, samples=None, raise_on_failure: bool = True, 
                 report.failures.append(f"{tag}: in a program: {type(e).__name__}: {e}")
             program_failures += len(report.failures) - before
     if not inference_failures:
-        report.checked.append("inferred Specs equal the kernel's outputs (float samples in float64 and float32)")
+        report.checked.append("inferred Specs equal the kernel's outputs (float samples in float64, float32, float16 "
+                              "and bfloat16)")
     if not program_failures and "random" not in opdef.traits:
         report.checked.append("traced into a program, outputs and gradients equal eager mode's")
-    if float32_samples and not float32_failures:
-        report.checked.append(f"float32 outputs agree with float64 ones (worst error {report.float32_error:.2g} "
-                              f"of the tolerance, rtol {FLOAT32_RTOL:g} and atol {FLOAT32_ATOL:g} × magnitude)")
+    if precision_samples and not precision_failures:
+        worst = ", ".join(f"{name} {e:.2g}" for name, e in report.errors.items())
+        report.checked.append(f"float32 outputs agree with float64 ones, and float16 and bfloat16 ones too (worst "
+                              f"error, as a share of the tolerance: {worst})")
     if report.order and not any("derivatives" in f for f in report.failures):
         report.checked.append(f"gradients match central differences to order {report.order}")
     before = len(report.failures)
@@ -539,7 +575,7 @@ def check_op(op, *, seed: int = 0, samples=None, raise_on_failure: bool = True, 
     return report
 
 
-def check_all(names=None, *, seed: int = 0, strict: bool = False) -> list[OpReport]:
+def check_all(names=None, *, seed: int = 0, strict: bool = False, device=None) -> list[OpReport]:
     """``check_op`` on each named op (every registered op when None), in order, raising nothing.
 
     An op whose checks cannot even start (no samples, a samples function that crashes) gets a report
@@ -549,7 +585,7 @@ def check_all(names=None, *, seed: int = 0, strict: bool = False) -> list[OpRepo
     reports = []
     for opdef in opdefs:
         try:
-            reports.append(check_op(opdef, seed=seed, raise_on_failure=False, strict=strict))
+            reports.append(check_op(opdef, seed=seed, raise_on_failure=False, strict=strict, device=device))
         except Exception as e:
             reports.append(OpReport(opdef.name, failures=[f"the checks could not run: {type(e).__name__}: {e}"]))
     return reports

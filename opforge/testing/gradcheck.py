@@ -15,7 +15,7 @@ import numpy as np
 from ..autodiff import grad
 from ..core.errors import ArgumentError, describe
 from ..core.grad_mode import enable_grad, no_grad
-from ..tensor import Tensor, _new
+from ..tensor import Tensor, wrap
 
 
 class GradcheckError(AssertionError):
@@ -70,6 +70,16 @@ def _outputs(result) -> list:
     return [t for t in flat if t.dtype.kind == "f"]
 
 
+def _host(t: Tensor) -> np.ndarray:
+    """A tensor's values as a NumPy array, whatever its device (the checks compute on the host)."""
+    return t.device.to_host(t._data)
+
+
+def _like(array: np.ndarray, t: Tensor, requires_grad: bool = False) -> Tensor:
+    """A host array as a tensor on ``t``'s device."""
+    return wrap(t.device.from_host(array), t.device, requires_grad=requires_grad)
+
+
 def _labels(inputs, names) -> list:
     return list(names) if names is not None else [f"#{i}" for i in range(len(inputs))]
 
@@ -95,7 +105,7 @@ def gradcheck(fn, inputs, *, eps: float = 1e-6, atol: float = 1e-5, rtol: float 
     if not outs or not wrt:
         return result
     rng = np.random.default_rng(seed)
-    cotangents = [_new(rng.standard_normal(o.shape).astype(o.dtype)) for o in outs]
+    cotangents = [_like(rng.standard_normal(o.shape).astype(o.dtype), o) for o in outs]
     linked = [(o, u) for o, u in zip(outs, cotangents) if o.requires_grad]  # others do not depend on inputs
     if linked:
         analytic = grad([o for o, _ in linked], [inputs[i] for i in wrt], grad_outputs=[u for _, u in linked],
@@ -106,11 +116,11 @@ def gradcheck(fn, inputs, *, eps: float = 1e-6, atol: float = 1e-5, rtol: float 
     def projected(args) -> float:
         with no_grad():
             values = _outputs(fn(*args))
-        return float(sum(np.sum(v.numpy().astype(np.float64) * u.numpy()) for v, u in zip(values, cotangents)))
+        return float(sum(np.sum(_host(v).astype(np.float64) * _host(u)) for v, u in zip(values, cotangents)))
 
     for i, g in zip(wrt, analytic):
-        base = inputs[i].numpy()
-        a = np.zeros(base.shape) if g is None else np.asarray(g.numpy(), dtype=np.float64)
+        base = _host(inputs[i])
+        a = np.zeros(base.shape) if g is None else np.asarray(_host(g), dtype=np.float64)
         numeric = np.zeros(base.shape)
         for index in np.ndindex(base.shape):
             values = []
@@ -118,7 +128,7 @@ def gradcheck(fn, inputs, *, eps: float = 1e-6, atol: float = 1e-5, rtol: float 
                 shifted = base.copy()
                 shifted[index] += step
                 args = list(inputs)
-                args[i] = _new(shifted)
+                args[i] = _like(shifted, inputs[i])
                 values.append(projected(args))
             numeric[index] = (values[0] - values[1]) / (2 * eps)
         both_nan = np.isnan(a) & np.isnan(numeric)
@@ -147,14 +157,14 @@ def gradgradcheck(fn, inputs, *, eps: float = 1e-6, atol: float = 1e-5, rtol: fl
     wrt = [i for i, t in enumerate(inputs) if isinstance(t, Tensor) and t.requires_grad]
     outs = _outputs(fn(*inputs))
     rng = np.random.default_rng(seed + 1)
-    cotangents = [_new(rng.standard_normal(o.shape).astype(o.dtype), True) for o in outs]
+    cotangents = [_like(rng.standard_normal(o.shape).astype(o.dtype), o, requires_grad=True) for o in outs]
 
     def first_derivative(*args):
         xs, us = list(args[:len(inputs)]), list(args[len(inputs):])
         with enable_grad():  # also when gradcheck evaluates it at shifted points under no_grad
             for i in wrt:
                 if not xs[i].requires_grad:
-                    xs[i] = _new(xs[i].numpy(), True)
+                    xs[i] = wrap(xs[i]._data, xs[i].device, requires_grad=True)
             ys = _outputs(fn(*xs))
             pairs = [(y, u) for y, u in zip(ys, us) if y.requires_grad]
             if not pairs:

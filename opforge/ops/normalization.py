@@ -1,0 +1,409 @@
+"""Normalisation: layer_norm, rms_norm, group_norm, instance_norm and batch_norm, as torch.nn.functional's.
+
+Each normalises x̂ = (x − μ)·r over some axes, with r = 1/√(σ² + ε) (σ² the biased variance; rms_norm does not
+centre: x̂ = x·r, r = 1/√(mean(x²) + ε)), then scales and shifts it per element (layer_norm, rms_norm) or per
+channel. Their backward passes share one dedicated op, ``normalize_grad``, which gives dx for an incoming
+g = dy·weight together with x̂ in one kernel:
+    dx = r·(g − mean(g) − x̂·mean(g·x̂))        (means over the normalised axes; no mean(g) without centring),
+where the same formula written with ops took a dozen ops, each a pass over the data and a call. Its own rule (the
+second derivative) is written with ops, normalize_grad among them, so every order is reached.
+"""
+
+from opforge import ops as F
+
+from ._common import D, Sample, ShapeError, Spec, normalize_axes, np, op
+from .nn import _numel, _same_dims, _validate
+
+# -- the shared backward ---------------------------------------------------------------------------------------------
+
+
+def _normalize_np(x, axes, eps, center=True):
+    xc = x - np.mean(x, axis=axes, keepdims=True) if center else x
+    return xc / np.sqrt(np.mean(xc * xc, axis=axes, keepdims=True) + eps)
+
+
+def _check_eps(*, eps, **_):
+    if eps is not None and not eps >= 0:
+        raise ValueError(f"argument 'eps' must be >= 0, got {eps}")
+
+
+def _trailing(ndim, normalized_shape):
+    return list(range(ndim - len(normalized_shape), ndim))
+
+
+@op("normalize_grad(Tensor<floating> x, Tensor<floating> g, *, int[] axes, float eps, bool center=True) -> "
+    "(Tensor dx, Tensor xhat)")
+def normalize_grad(x, g, *, axes, eps, center):
+    """Backward of a normalisation over ``axes``: dx = r·(g − mean(g) − x̂·mean(g·x̂)) for the incoming ``g``
+    (dy times the weight), and x̂ itself (the weight's gradient is Σ dy·x̂). ``center=False``: rms_norm's x̂ = x·r,
+    and no mean(g) term."""
+    _validate(normalize_grad, x, g, axes=axes, eps=eps, center=center)
+    axes = normalize_axes("normalize_grad", axes, x.ndim)
+    inv_n = 1.0 / max(int(np.prod([x.shape[a] for a in axes])), 1)
+
+    def mean(a):  # np.add.reduce: np.mean's own overhead is most of the cost on small inputs
+        return np.add.reduce(a, axis=axes, keepdims=True) * inv_n
+
+    xc = x - mean(x) if center else x
+    r = 1 / np.sqrt(mean(np.square(xc)) + eps)
+    xhat = np.multiply(xc, r, out=xc if center else None)
+    dx = g * xhat
+    np.multiply(xhat, mean(dx), out=dx)  # x̂·mean(g·x̂)
+    np.subtract(g - mean(g) if center else g, dx, out=dx)
+    dx *= r
+    return dx.astype(x.dtype, copy=False), xhat.astype(x.dtype, copy=False)
+
+
+@normalize_grad.infer
+def _(x, g, *, axes, eps, center):
+    normalize_axes("normalize_grad", axes, len(x.shape))
+    if not _same_dims(x.shape, g.shape):
+        raise ShapeError(f"normalize_grad(): g must have the shape of x {x.shape}, got {g.shape}")
+    return Spec(x.shape, x.dtype), Spec(x.shape, x.dtype)
+
+
+normalize_grad.check(_check_eps)
+
+
+@normalize_grad.grad
+def _(x, g, dx, xhat, ddx, dxhat, *, axes, eps, center):
+    # P(v) = r·(v − mean(v) − x̂·mean(v·x̂)) is the (symmetric) Jacobian of x̂ in x applied to v, so dx = P(g) and the
+    # gradient through x̂ is P(dxhat). dx is linear in g: its gradient in g is P(ddx). In x, with ∂r/∂x = −r²·x̂/n,
+    #   ∂⟨ddx, dx⟩/∂x = −r·mean(g·x̂)·P(ddx) − r·mean(ddx·x̂)·dx − r²·x̂·(cov(ddx, g) − mean(ddx·x̂)·mean(g·x̂)),
+    # cov(a, g) = mean(a·g) − mean(a)·mean(g) (no mean(a)·mean(g) without centring). P is linear and r, the means
+    # are constant over each group, so the P terms combine into one normalize_grad.
+    def mean(t):
+        return F.mean(t, axis=axes, keepdim=True)
+
+    xc = x - mean(x) if center else x
+    r = 1.0 / F.sqrt(mean(xc * xc) + eps)
+    ax, gx = mean(ddx * xhat), mean(g * xhat)
+    cov = mean(ddx * g) - mean(ddx) * mean(g) if center else mean(ddx * g)
+    through_p, _ = F.normalize_grad(x, dxhat - r * gx * ddx, axes=axes, eps=eps, center=center)
+    d_x = through_p - r * (ax * dx + r * xhat * (cov - ax * gx))
+    d_g, _ = F.normalize_grad(x, ddx, axes=axes, eps=eps, center=center)
+    return d_x, d_g
+
+
+@normalize_grad.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((3, 4)), rng.standard_normal((3, 4)), axes=[1], eps=1e-5)
+    yield Sample.of(rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 3, 4)), axes=[0, 2], eps=0.1)
+    yield Sample.of(rng.standard_normal((3, 5)), rng.standard_normal((3, 5)), axes=[-1], eps=1e-3, center=False)
+
+
+# -- layer_norm and rms_norm: over the last dims ---------------------------------------------------------------------
+
+
+@op("layer_norm(Tensor<floating> x, Tensor<floating>? weight=None, Tensor<floating>? bias=None, *, "
+    "int[] normalized_shape, float eps=1e-5) -> Tensor y")
+def layer_norm(x, weight, bias, *, normalized_shape, eps):
+    """Normalises over the last len(normalized_shape) dims to mean 0 and variance 1 (biased, plus eps), then
+    y = x̂·weight + bias (each of shape normalized_shape, optional)."""
+    _validate(layer_norm, x, weight, bias, normalized_shape=normalized_shape, eps=eps)
+    y = _normalize_np(x, tuple(_trailing(x.ndim, normalized_shape)), eps)
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y.astype(x.dtype, copy=False)
+
+
+layer_norm.check(_check_eps)
+
+
+def _last_dims_spec(op_name, x, normalized_shape, **affine):
+    """The shape rule of layer_norm and rms_norm: ``normalized_shape`` ends ``x``'s, the weight (and bias) have it."""
+    k = len(normalized_shape)
+    if k == 0 or k > len(x.shape) or not _same_dims(tuple(x.shape[len(x.shape) - k:]), tuple(normalized_shape)):
+        raise ShapeError(f"{op_name}(): normalized_shape {list(normalized_shape)} must be the last dims of the "
+                         f"input, whose shape is {x.shape}")
+    for name, t in affine.items():
+        if t is not None and not _same_dims(t.shape, tuple(normalized_shape)):
+            raise ShapeError(f"{op_name}(): {name} must have shape normalized_shape {tuple(normalized_shape)}, "
+                             f"got {t.shape}")
+    return Spec(x.shape, x.dtype)
+
+
+@layer_norm.infer
+def _(x, weight, bias, *, normalized_shape, eps):
+    return _last_dims_spec("layer_norm", x, normalized_shape, weight=weight, bias=bias)
+
+
+@layer_norm.grad
+def _(x, weight, dy, *, normalized_shape, eps, needs_input_grad):
+    axes = _trailing(x.ndim, normalized_shape)
+    dx, xhat = F.normalize_grad(x, dy * weight if weight is not None else dy, axes=axes, eps=eps)
+    # weight and bias broadcast over the leading dims: the engine sums their gradients down.
+    return (dx if needs_input_grad[0] else None, dy * xhat if needs_input_grad[1] else None,
+            dy if needs_input_grad[2] else None)
+
+
+@layer_norm.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((3, 4)), normalized_shape=[4])
+    yield Sample.of(rng.standard_normal((2, 3, 4)), rng.standard_normal((3, 4)), rng.standard_normal((3, 4)),
+                    normalized_shape=[3, 4])
+    yield Sample.of(rng.standard_normal((2, 5)), rng.standard_normal(5), None, normalized_shape=[5], eps=0.1)
+    yield Sample.of(rng.standard_normal(6), None, rng.standard_normal(6), normalized_shape=[6])
+
+
+
+def _rms_eps(eps, dtype):
+    """torch's default: the machine epsilon of the dtype computed in (float32 for the half dtypes)."""
+    return eps if eps is not None else D.EPS[D.float32 if dtype in D.HALF else dtype]
+
+
+@op("rms_norm(Tensor<floating> x, Tensor<floating>? weight=None, *, int[] normalized_shape, float? eps=None) "
+    "-> Tensor y")
+def rms_norm(x, weight, *, normalized_shape, eps):
+    """Root-mean-square normalisation over the last len(normalized_shape) dims: y = x/√(mean(x²) + eps)·weight
+    (weight of shape normalized_shape, optional); eps defaults to the machine epsilon of x's dtype, as torch's."""
+    _validate(rms_norm, x, weight, normalized_shape=normalized_shape, eps=eps)
+    y = _normalize_np(x, tuple(_trailing(x.ndim, normalized_shape)), _rms_eps(eps, x.dtype), center=False)
+    return (y if weight is None else y * weight).astype(x.dtype, copy=False)
+
+
+rms_norm.check(_check_eps)
+
+
+@rms_norm.infer
+def _(x, weight, *, normalized_shape, eps):
+    return _last_dims_spec("rms_norm", x, normalized_shape, weight=weight)
+
+
+@rms_norm.grad
+def _(x, weight, dy, *, normalized_shape, eps, needs_input_grad):
+    dx, xhat = F.normalize_grad(x, dy * weight if weight is not None else dy, axes=_trailing(x.ndim, normalized_shape),
+                                eps=_rms_eps(eps, x.dtype), center=False)
+    return dx if needs_input_grad[0] else None, dy * xhat if needs_input_grad[1] else None
+
+
+@rms_norm.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((3, 4)), normalized_shape=[4])
+    yield Sample.of(rng.standard_normal((2, 3, 4)), rng.standard_normal((3, 4)), normalized_shape=[3, 4], eps=1e-3)
+    yield Sample.of(rng.standard_normal(6), rng.standard_normal(6), normalized_shape=[6], eps=0.1)
+
+
+# -- per channel of an (N, C, ...) input: group_norm, instance_norm, batch_norm ---------------------------------------
+
+
+def _channel(t, ndim):
+    """A per-channel (C,) tensor shaped (1, C, 1, ...) to broadcast against an (N, C, ...) input."""
+    return F.reshape(t, shape=[1, t.shape[0], *[1] * (ndim - 2)])
+
+
+def _affine_np(y, weight, bias):
+    shape = (1, y.shape[1], *[1] * (y.ndim - 2))
+    if weight is not None:
+        y = y * weight.reshape(shape)
+    if bias is not None:
+        y = y + bias.reshape(shape)
+    return y
+
+
+def _channel_spec(op_name, x, weight, bias, min_ndim=2):
+    if len(x.shape) < min_ndim:
+        raise ShapeError(f"{op_name}(): the input must be (N, C{', L' if min_ndim > 2 else ''}, ...), got shape "
+                         f"{x.shape}")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and not _same_dims(t.shape, (x.shape[1],)):
+            raise ShapeError(f"{op_name}(): {name} must have shape ({x.shape[1]},) for an input of shape {x.shape}, "
+                             f"got {t.shape}")
+    return Spec(x.shape, x.dtype)
+
+
+def _channel_grads(dy, xhat, dx, needs_input_grad):
+    """(dx, dweight, dbias) of a per-channel affine normalisation, from normalize_grad's dx and x̂."""
+    axes = [0, *range(2, dy.ndim)]
+    return (dx if needs_input_grad[0] else None, F.sum(dy * xhat, axis=axes) if needs_input_grad[1] else None,
+            F.sum(dy, axis=axes) if needs_input_grad[2] else None)
+
+
+@op("group_norm(Tensor<floating> x, Tensor<floating>? weight=None, Tensor<floating>? bias=None, *, int num_groups, "
+    "float eps=1e-5) -> Tensor y")
+def group_norm(x, weight, bias, *, num_groups, eps):
+    """Splits the C channels of an (N, C, ...) input into ``num_groups`` groups and normalises each group of each
+    sample over its channels and the other dims; then y = x̂·weight + bias per channel (each (C,), optional)."""
+    _validate(group_norm, x, weight, bias, num_groups=num_groups, eps=eps)
+    y = _normalize_np(x.reshape(x.shape[0], num_groups, -1), (2,), eps).reshape(x.shape)
+    return _affine_np(y, weight, bias).astype(x.dtype, copy=False)
+
+
+@group_norm.check
+def _(*, num_groups, eps):
+    _check_eps(eps=eps)
+    if num_groups < 1:
+        raise ValueError(f"argument 'num_groups' must be >= 1, got {num_groups}")
+
+
+@group_norm.infer
+def _(x, weight, bias, *, num_groups, eps):
+    spec = _channel_spec("group_norm", x, weight, bias)
+    if x.shape[1] is not None and x.shape[1] % num_groups:
+        raise ShapeError(f"group_norm(): {x.shape[1]} channels (input shape {x.shape}) do not split into "
+                         f"num_groups={num_groups} groups")
+    return spec
+
+
+@group_norm.grad
+def _(x, weight, dy, *, num_groups, eps, needs_input_grad):
+    # In groups: (N, G, C/G·...) normalised over its last dim.
+    grouped = [x.shape[0], num_groups, -1]
+    g = dy * _channel(weight, x.ndim) if weight is not None else dy
+    dx, xhat = F.normalize_grad(F.reshape(x, shape=grouped), F.reshape(g, shape=grouped), axes=[2], eps=eps)
+    return _channel_grads(dy, F.reshape(xhat, shape=x.shape), F.reshape(dx, shape=x.shape), needs_input_grad)
+
+
+@group_norm.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((2, 4, 3)), num_groups=2)
+    yield Sample.of(rng.standard_normal((2, 6, 2, 2)), rng.standard_normal(6), rng.standard_normal(6), num_groups=3)
+    yield Sample.of(rng.standard_normal((3, 4)), rng.standard_normal(4), None, num_groups=4, eps=0.1)
+    yield Sample.of(rng.standard_normal((1, 2, 5)), None, rng.standard_normal(2), num_groups=1)
+
+
+@op("instance_norm(Tensor<floating> x, Tensor<floating>? weight=None, Tensor<floating>? bias=None, *, "
+    "float eps=1e-5) -> Tensor y")
+def instance_norm(x, weight, bias, *, eps):
+    """Normalises each channel of each sample of an (N, C, L, ...) input over its other dims (L, ...); then
+    y = x̂·weight + bias per channel (each (C,), optional). Running statistics are nn.InstanceNorm's business."""
+    _validate(instance_norm, x, weight, bias, eps=eps)
+    y = _normalize_np(x, tuple(range(2, x.ndim)), eps)
+    return _affine_np(y, weight, bias).astype(x.dtype, copy=False)
+
+
+instance_norm.check(_check_eps)
+
+
+@instance_norm.infer
+def _(x, weight, bias, *, eps):
+    return _channel_spec("instance_norm", x, weight, bias, min_ndim=3)
+
+
+@instance_norm.grad
+def _(x, weight, dy, *, eps, needs_input_grad):
+    g = dy * _channel(weight, x.ndim) if weight is not None else dy
+    dx, xhat = F.normalize_grad(x, g, axes=list(range(2, x.ndim)), eps=eps)
+    return _channel_grads(dy, xhat, dx, needs_input_grad)
+
+
+@instance_norm.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((2, 3, 4)))
+    yield Sample.of(rng.standard_normal((2, 3, 2, 3)), rng.standard_normal(3), rng.standard_normal(3))
+    yield Sample.of(rng.standard_normal((1, 2, 5)), rng.standard_normal(2), None, eps=0.1)
+
+
+@op("batch_norm(Tensor<floating> x, Tensor<floating>? running_mean, Tensor<floating>? running_var, "
+    "Tensor<floating>? weight=None, Tensor<floating>? bias=None, *, bool training=False, float momentum=0.1, "
+    "float eps=1e-5) -> (Tensor y, Tensor new_running_mean, Tensor new_running_var)")
+def batch_norm(x, running_mean, running_var, weight, bias, *, training, momentum, eps):
+    """Batch normalisation of an (N, C, ...) input per channel C, then y = x̂·weight + bias (each (C,), optional).
+
+    Functional: nothing is updated in place. With ``training`` the batch statistics normalise and the outputs
+    ``new_running_mean``/``new_running_var`` are (1 − momentum)·running + momentum·batch statistic, the variance
+    unbiased (as torch); without running statistics they are the batch mean and unbiased variance themselves (as
+    if momentum were 1). Otherwise the running statistics normalise and come back unchanged.
+
+    The statistics outputs are plain functions of x and the running statistics, and their gradients are the exact
+    ones rather than None: a gradient that ignored them would be wrong wherever they are used, and numeric checks
+    (which see every float output) would fail. A training loop that only stores them never backpropagates there.
+    """
+    _validate(batch_norm, x, running_mean, running_var, weight, bias, training=training, momentum=momentum, eps=eps)
+    axes = (0, *range(2, x.ndim))
+    shape = (1, x.shape[1], *[1] * (x.ndim - 2))
+    if training:
+        mean = np.mean(x, axis=axes)
+        var = np.mean(np.square(x - mean.reshape(shape)), axis=axes)
+        n = x.size // x.shape[1]
+        new_mean, new_var = mean, var * (n / (n - 1))
+        if running_mean is not None:
+            new_mean = running_mean * (1 - momentum) + new_mean * momentum
+            new_var = running_var * (1 - momentum) + new_var * momentum
+    else:
+        mean, var, new_mean, new_var = running_mean, running_var, running_mean.copy(), running_var.copy()
+    y = (x - mean.reshape(shape)) / np.sqrt(var.reshape(shape) + eps)
+    if weight is not None:
+        y = y * weight.reshape(shape)
+    if bias is not None:
+        y = y + bias.reshape(shape)
+    return y.astype(x.dtype, copy=False), new_mean.astype(x.dtype, copy=False), new_var.astype(x.dtype, copy=False)
+
+
+@batch_norm.check
+def _(*, eps, momentum, **_):
+    _check_eps(eps=eps)
+    if not 0.0 <= momentum <= 1.0:
+        raise ValueError(f"argument 'momentum' must be in [0, 1], got {momentum}")
+
+
+@batch_norm.infer
+def _(x, running_mean, running_var, weight, bias, *, training, momentum, eps):
+    if len(x.shape) < 2:
+        raise ShapeError(f"batch_norm(): the input must be (N, C, ...), got shape {x.shape}")
+    c = x.shape[1]
+    if (running_mean is None) != (running_var is None):
+        raise ShapeError("batch_norm(): give both running_mean and running_var, or neither")
+    if running_mean is None and not training:
+        raise ShapeError("batch_norm(): running_mean and running_var are needed when training=False")
+    for name, t in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight),
+                    ("bias", bias)):
+        if t is not None and not _same_dims(t.shape, (c,)):
+            raise ShapeError(f"batch_norm(): {name} must have shape ({c},) for an input of shape {x.shape}, "
+                             f"got {t.shape}")
+    if training and None not in x.shape and x.shape[1] and _numel(x.shape) // x.shape[1] <= 1:
+        raise ShapeError(f"batch_norm(): training needs more than one value per channel, got an input of shape "
+                         f"{x.shape}")
+    return Spec(x.shape, x.dtype), Spec((c,), x.dtype), Spec((c,), x.dtype)
+
+
+@batch_norm.grad
+def _(x, running_mean, running_var, weight, dy, dnew_running_mean, dnew_running_var, *, training, momentum, eps,
+      needs_input_grad):
+    nd = x.ndim
+    axes = [0, *range(2, nd)]
+    g = dy * _channel(weight, nd) if weight is not None else dy
+    if training:
+        dx, xhat = F.normalize_grad(x, g, axes=axes, eps=eps)
+        if needs_input_grad[0]:
+            # y through the batch statistics, then the statistics outputs: new_mean = (1 − m)·rm + m·mean(x) and
+            # new_var = (1 − m)·rv + m·Σ(x − μ)²/(n − 1), whose derivative in x is 2m·(x − μ)/(n − 1).
+            m = momentum if running_mean is not None else 1.0
+            n = _numel(x.shape) // x.shape[1]
+            xc = x - F.mean(x, axis=axes, keepdim=True)
+            dx = (dx + _channel(dnew_running_mean, nd) * (m / n)
+                  + _channel(dnew_running_var, nd) * xc * (2.0 * m / (n - 1)))
+        else:
+            dx = None
+        drm = dnew_running_mean * (1.0 - momentum) if needs_input_grad[1] else None
+        drv = dnew_running_var * (1.0 - momentum) if needs_input_grad[2] else None
+    else:
+        # y = (x − rm)·r·weight + bias with r = 1/√(rv + ε); the running statistics also pass through unchanged.
+        r_c = 1.0 / F.sqrt(running_var + eps)
+        r = _channel(r_c, nd)
+        xhat = (x - _channel(running_mean, nd)) * r
+        dx = g * r if needs_input_grad[0] else None
+        drm = dnew_running_mean - F.sum(g, axis=axes) * r_c if needs_input_grad[1] else None
+        # ∂x̂/∂rv = −½·x̂·r²
+        drv = dnew_running_var - F.sum(g * xhat, axis=axes) * r_c * r_c * 0.5 if needs_input_grad[2] else None
+    dw = F.sum(dy * xhat, axis=axes) if needs_input_grad[3] else None
+    db = F.sum(dy, axis=axes) if needs_input_grad[4] else None
+    return dx, drm, drv, dw, db
+
+
+@batch_norm.samples
+def _(rng):
+    def stats(c):
+        return rng.standard_normal(c) * 0.5, rng.uniform(0.5, 2.0, c)
+
+    yield Sample.of(rng.standard_normal((4, 3)), *stats(3), training=True)
+    yield Sample.of(rng.standard_normal((4, 3)), *stats(3), rng.standard_normal(3), rng.standard_normal(3),
+                    training=True, momentum=0.3)
+    yield Sample.of(rng.standard_normal((2, 3, 2, 2)), *stats(3), rng.standard_normal(3), rng.standard_normal(3),
+                    training=True)
+    yield Sample.of(rng.standard_normal((3, 2, 2)), None, None, rng.standard_normal(2), None, training=True)
+    yield Sample.of(rng.standard_normal((2, 3, 2, 2)), *stats(3), rng.standard_normal(3), rng.standard_normal(3))
+    yield Sample.of(rng.standard_normal((4, 3)), *stats(3), eps=0.1)
+
