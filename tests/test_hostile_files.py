@@ -105,7 +105,8 @@ def _die_at_call(k):
 @pytest.mark.skipif(not hasattr(os, "fork") or not hasattr(signal, "SIGKILL"), reason="needs fork and SIGKILL")
 def test_a_program_save_killed_at_any_point_leaves_the_old_program_or_the_new(tmp_path):
     """A child process saves the new program over the old one and SIGKILLs itself at the k-th Python or C call
-    of the save, for k spread over the whole save and right before and after each rename, fsync and unlink.
+    of the save, for k spread over the whole save and right before and after each rename, fsync and unlink (about
+    50 points).
     Whenever it died, the path must load, as the old program or the new one — never neither."""
     old, new = small_program(seed=0), small_program(seed=1, extra_op=True)
     events = []
@@ -117,10 +118,10 @@ def test_a_program_save_killed_at_any_point_leaves_the_old_program_or_the_new(tm
     finally:
         sys.setprofile(None)
     n = len(events)
-    points = set(range(0, n, max(1, n // 40)))
-    for i, name in enumerate(events):
-        if name in ("replace", "fsync", "unlink", "close"):
-            points |= {i, i + 1, i + 2}
+    points = set(range(0, n, max(1, n // 24)))
+    for i, name in enumerate(events):  # (each C call shows twice: its call and its return)
+        if name in ("replace", "fsync", "unlink"):
+            points |= {i, i + 1}
     outcomes = {"old": 0, "new": 0}
     for k in sorted(points):
         path = tmp_path / f"k{k}" / "p.json"
