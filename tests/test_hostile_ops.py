@@ -85,3 +85,19 @@ def test_slice_grad_refuses_a_negative_shape_when_traced():
     with pytest.raises(of.ShapeError, match="slice_grad\\(\\): argument 'shape' \\[-1\\] has a negative size"):
         of.trace(lambda dy: F.slice_grad(dy, shape=[-1], axes=[0], starts=[0], ends=[1], steps=[1]),
                  of.Spec((1,), "float64"))
+
+
+def test_prelu_refuses_a_0d_weight_eagerly_as_its_shape_rule_does():
+    with pytest.raises(of.ShapeError, match="prelu\\(\\): weight must have shape \\(1,\\) or \\(3,\\)"):
+        F.prelu(of.tensor(np.ones((2, 3)), requires_grad=True), of.tensor(np.array(0.25), requires_grad=True))
+
+
+def test_glu_differentiates_over_an_empty_axis():
+    x = of.tensor(np.ones((3, 0)), requires_grad=True)
+    F.sum(F.glu(x)).backward()
+    assert x.grad.shape == (3, 0)
+
+
+def test_rms_norm_names_itself_in_its_shape_errors():
+    with pytest.raises(of.ShapeError, match="rms_norm\\(\\): weight must have shape normalized_shape"):
+        F.rms_norm(of.tensor(np.ones((2, 6))), of.tensor(np.ones((2, 6))), normalized_shape=[6])
