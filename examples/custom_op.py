@@ -21,6 +21,11 @@ def _(x, dy):                                  # needs x and dy only, so y is no
     return dy / F.square(1 + F.abs(x))         # written with ops, so it can be differentiated again
 
 
+@softsign.onnx
+def _(g, x):                                   # its ONNX mapping, for of.onnx.export: ONNX has this one
+    return g.op("Softsign", x)
+
+
 @softsign.samples
 def _(rng):                                    # the calls check_op tries (|x| ≥ 0.1: f'' jumps at 0)
     x = rng.uniform(0.1, 3.0, (3, 4)) * rng.choice([-1, 1], (3, 4))

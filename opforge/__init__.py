@@ -5,7 +5,7 @@ argument checking, dispatch, eager autograd to any order and gradient checks fro
     from opforge import ops as F
 """
 
-from . import data, nn, ops, optim, testing
+from . import data, linalg, nn, onnx, ops, optim, testing  # onnx: the packages onnx and onnxruntime load on first use
 from .autodiff import backward, detect_anomaly, grad
 from .checkpoint import load, save
 from .core import (
@@ -42,7 +42,8 @@ __all__ = [
     "AnomalyError", "ArgumentError", "Device", "DispatchError", "Executor", "GradientError", "OpforgeError",
     "Program", "Sample", "SchemaError", "ShapeError", "Spec", "Tensor", "Variable", "append_backward", "arange",
     "backward", "bfloat16", "bool_", "compile", "data", "default_device", "detect_anomaly", "enable_grad",
-    "float16", "float32", "float64", "full", "get_device", "grad", "int32", "int64", "is_grad_enabled", "load",
-    "manual_seed", "nn", "no_grad", "ones", "op", "ops", "optim", "rand", "randn", "register_device", "registry",
-    "save", "set_grad_enabled", "tensor", "testing", "trace", "using_device", "zeros",
+    "float16", "float32", "float64", "full", "get_device", "grad", "int32", "int64", "is_grad_enabled",
+    "linalg", "load", "manual_seed", "nn", "no_grad", "ones", "onnx", "op", "ops", "optim", "rand", "randn",
+    "register_device", "registry", "save", "set_grad_enabled", "tensor", "testing", "trace", "using_device",
+    "zeros",
 ]

@@ -79,12 +79,20 @@ def torch_prod(x, axis, keepdim):
     return x if keepdim or not reduced else x.squeeze(tuple(reduced))
 
 
-def torch_clip(x, min, max):
-    """torch.clamp. An integer tensor stays integer when clipped at a Python int and becomes float at a Python float;
-    opforge's bounds are floats, so it keeps the integer dtype for integral bounds: the same as torch's int case."""
-    if not x.is_floating_point():
-        min, max = (int(b) if b is not None and float(b).is_integer() else b for b in (min, max))
+def torch_clip(x, min=None, max=None):
+    """torch.clamp, with bounds given as arrays (0-d or not) made tensors: Python numbers stay numbers."""
+    min, max = (torch.from_numpy(b) if isinstance(b, np.ndarray) else b for b in (min, max))
     return torch.clamp(x, min=min, max=max)
+
+
+def torch_round(x, decimals):
+    """torch.round; torch refuses ``decimals`` for integers, which opforge rounds to tens, hundreds, ... (decimals < 0):
+    the same as rounding their float64 values."""
+    if decimals == 0:
+        return torch.round(x)
+    if not x.is_floating_point():
+        return x.clone() if decimals > 0 else torch.round(x.double(), decimals=decimals).to(x.dtype)
+    return torch.round(x, decimals=decimals)
 
 
 def reduction(fn):
@@ -111,7 +119,12 @@ ORACLE: dict[str, Oracle] = {
     "sign": Oracle(torch.sign, orders=1, extra=(Sample.of(_SPECIAL), Sample.of(np.arange(-2, 3)))),
     "floor": Oracle(torch.floor, orders=1, extra=(Sample.of(_HALVES),)),
     "ceil": Oracle(torch.ceil, orders=1, extra=(Sample.of(_HALVES),)),
-    "round": Oracle(torch.round, orders=1, extra=(Sample.of(_HALVES), Sample.of(np.arange(-3, 3, dtype=np.int32)))),
+    "round": Oracle(torch_round, orders=1, extra=(
+        Sample.of(_HALVES), Sample.of(np.arange(-3, 3, dtype=np.int32)),
+        Sample.of(_HALVES * 10, decimals=-1), Sample.of(_HALVES / 100, decimals=2),  # halves of 10 and 0.01
+        Sample.of(uniform(-1e4, 1e4, 6).astype(np.float32), decimals=3),  # computed in float32, as torch
+        Sample.of(np.array([-250, -150, 149, 150, 250, 251]), decimals=-2),  # halves to even
+    )),
     # -- smooth elementwise ------------------------------------------------------------------------------------------
     "expm1": Oracle(torch.expm1, extra=(Sample.of(np.array([1e-12, -1e-9, 0.0, 3.0])),)),
     "log1p": Oracle(torch.log1p, extra=(Sample.of(np.array([1e-12, -1e-9, 0.0, 3.0])),)),
@@ -142,9 +155,14 @@ ORACLE: dict[str, Oracle] = {
     "silu": Oracle(TF.silu, extra=(Sample.of(uniform(-800, 800, 9)),)),
     "clip": Oracle(torch_clip, extra=(
         Sample.of(randn(4, 3), min=0.5, max=-0.5),  # min > max: max everywhere, no gradient
-        Sample.of(np.arange(-4, 4), min=-1.0, max=2.0),  # integral bounds keep int64
+        Sample.of(np.arange(-4, 4), min=-1, max=2),  # integer bounds keep int64
         Sample.of(np.arange(-4, 4, dtype=np.int32), max=0.5),  # a fractional bound gives float32
+        Sample.of(np.arange(-4, 4, dtype=np.int32), max=np.array(0.5)),  # a 0-d float64 one float64
+        Sample.of(randn(4).astype(np.float32), min=np.array(-0.5)),  # a 0-d float64 bound keeps float32
         Sample.of(np.array([np.inf, -np.inf, 1.0, -0.5]), min=-1.0, max=0.0),  # NaN: test_oracle_activations.py
+        Sample.of(randn(2, 3), randn(2, 3), randn(3)),  # tensor bounds get gradients
+        Sample.of(randn(3, 4), randn(4) + 1.0, randn(3, 1) - 1.0),  # min > max in places: max gets them
+        Sample.of(randn(3), randn(2, 3)),  # a bound that broadcasts x
     )),
     # -- bool results ------------------------------------------------------------------------------------------------
     "isnan": Oracle(torch.isnan, orders=0, extra=(Sample.of(_SPECIAL.astype(np.float32)),)),
@@ -191,10 +209,12 @@ ORACLE: dict[str, Oracle] = {
     )),
     "var": Oracle(lambda x, axis, correction, keepdim: torch.var(x, dim=axis, correction=correction, keepdim=keepdim),
                   extra=(Sample.of(randn(2, 3, 4), axis=None, keepdim=True, correction=0),
-                         Sample.of(randn(4, 3), axis=[1, 0], correction=3))),
+                         Sample.of(randn(4, 3), axis=[1, 0], correction=3),
+                         Sample.of(randn(4, 3), axis=0, correction=2.5))),
     "std": Oracle(lambda x, axis, correction, keepdim: torch.std(x, dim=axis, correction=correction, keepdim=keepdim),
                   torch_hvp_nan=True, extra=(Sample.of(randn(2, 3, 4), axis=None, keepdim=True, correction=0),
-                         Sample.of(randn(4, 3), axis=[1, 0], correction=3))),
+                         Sample.of(randn(4, 3), axis=[1, 0], correction=3),
+                         Sample.of(randn(4, 3), axis=1, correction=-0.5))),
     "logsumexp": Oracle(reduction(torch.logsumexp), extra=(
         Sample.of(randn(2, 3, 4), axis=None, keepdim=True),
         Sample.of(randn(3, 4) * 300, axis=[1, 0]),
@@ -213,6 +233,14 @@ ORACLE: dict[str, Oracle] = {
         Sample.of(randn(3, 0), axis=1),
         Sample.of(np.array([True, False, True]), axis=0),
         Sample.of(np.arange(5, dtype=np.int32), axis=0),
+    )),
+    "cumprod": Oracle(lambda x, axis: torch.cumprod(x, dim=axis), extra=(
+        Sample.of(randn(2, 3, 4), axis=-3),
+        Sample.of(randn(3, 0), axis=1),
+        Sample.of(np.array([True, False, True]), axis=0),
+        Sample.of(np.arange(1, 6, dtype=np.int32), axis=0),
+        Sample.of(np.array([0.0, 0.0, 1.5, 0.0, -0.5, 2.0]), axis=0),  # zeros next to each other, and apart
+        Sample.of(np.array([[1.5, -0.5, 2.0, 0.0], [0.0, 1.0, 1.0, 1.0]]), axis=1),  # a zero last, and first
     )),
 }
 
@@ -281,7 +309,7 @@ def test_table_covers_the_ops():
         "sign", "expm1", "log1p", "rsqrt", "reciprocal", "sin", "cos", "softplus", "elu", "selu", "gelu", "gelu_grad",
         "silu", "erf", "clip", "floor", "ceil", "round", "isnan", "isfinite", "logical_not", "minimum", "logical_and",
         "logical_or", "prod", "max", "min", "amax", "amin", "argmax", "argmin", "var", "std", "logsumexp", "norm",
-        "cumsum",
+        "cumsum", "cumprod",
     }
     assert required <= set(ORACLE), f"no oracle for {sorted(required - set(ORACLE))}"
 
@@ -318,6 +346,20 @@ def test_clip_passes_the_gradient_at_its_bounds():
         check_forward(lambda t, b=bounds: F.clip(t, **b), lambda t, b=bounds: torch.clamp(t, **b), [x])
         check_vjp(lambda t, b=bounds: F.clip(t, **b), lambda t, b=bounds: torch.clamp(t, **b), [x])
         check_hvp(lambda t, b=bounds: F.clip(t, **b), lambda t, b=bounds: torch.clamp(t, **b), [x])
+
+
+def test_clip_with_tensor_bounds_at_ties():
+    # x equal to a bound, and min equal to max: which of x, min and max gets the gradient is torch's choice.
+    x = np.array([-0.5, 0.5, 0.0, 1.0, -1.0, 2.0])
+    lo = np.array([-0.5, -0.5, 0.0, 1.0, 0.0, 3.0])
+    hi = np.array([0.5, 0.5, 0.0, 1.0, 0.0, 1.0])
+    for args in ([x, lo, hi], [x, lo], [x, hi]):
+        of_fn = (lambda t, a, b: F.clip(t, a, b)) if len(args) == 3 else (
+            (lambda t, a: F.clip(t, min=a)) if args[1] is lo else (lambda t, b: F.clip(t, max=b)))
+        torch_fn = (lambda t, a, b: torch.clamp(t, a, b)) if len(args) == 3 else (
+            (lambda t, a: torch.clamp(t, min=a)) if args[1] is lo else (lambda t, b: torch.clamp(t, max=b)))
+        check_forward(of_fn, torch_fn, args)
+        check_vjp(of_fn, torch_fn, args)
 
 
 @pytest.mark.parametrize(("of_fn", "torch_fn"), [
@@ -445,6 +487,8 @@ def test_var_without_degrees_of_freedom():
     x = np.array([[1.0, 2.0], [3.0, 3.0]])
     with pytest.warns(UserWarning):
         check_forward(lambda t: F.var(t, axis=1, correction=2), lambda t: torch.var(t, dim=1, correction=2), [x])
+    with pytest.warns(UserWarning):
+        check_forward(lambda t: F.std(t, axis=1, correction=2.5), lambda t: torch.std(t, dim=1, correction=2.5), [x])
 
 
 def test_logsumexp_with_infinities():
@@ -507,10 +551,13 @@ PROGRAM_CASES = {
     "norm-p=3": lambda x: F.norm(x, p=3.0, axis=[0, 1]),
     "norm-p=inf": lambda x: F.norm(x, p=math.inf, axis=0),
     "cumsum": lambda x: F.cumsum(x, axis=0),
+    "cumprod": lambda x: F.cumprod(F.where(F.abs(x) < 0.3, 0.0, x), axis=0),  # zeros along the unknown dim
+    "cumprod-axis=2": lambda x: F.cumprod(x, axis=2),
     "gelu": lambda x: F.gelu(x, approximate="tanh"),
     "elu": F.elu,
     "softplus": F.softplus,
     "clip": lambda x: F.clip(x, min=-0.5),
+    "clip-tensor-bounds": lambda x: F.clip(x, F.sum(x, axis=0) * 0.1, max=F.abs(x[:, :1]) + 0.2),
     "minimum": lambda x: F.minimum(x, x * x),
 }
 

@@ -1,5 +1,6 @@
-"""PyTorch as the oracle for the shape, indexing and linear-algebra ops: squeeze ... pad, take/gather/scatter_add/
-index_select/one_hot, advanced ``Tensor`` indexing, linear, outer and einsum.
+"""PyTorch as the oracle for the shape, indexing and linear-algebra ops: squeeze ... pad, roll, repeat_interleave,
+diagonal, take/gather/scatter_add/index_select/index_add/masked_fill/one_hot, advanced ``Tensor`` indexing, linear,
+outer and einsum.
 
 ``SHAPE_ORACLE`` maps each op to its torch counterpart, as ``ORACLE`` in test_torch_oracle.py does, and the same
 runners compare forward values, VJPs and HVPs in float64 on the op's own samples plus the extras listed. Two things
@@ -87,6 +88,23 @@ def torch_squeeze(x, axis):
     return torch.squeeze(x) if axis is None else torch.squeeze(x, dim=tuple(axis))
 
 
+def torch_repeat_interleave(x, repeats, axis):
+    counts = repeats[0] if len(repeats) == 1 else torch.tensor(repeats)
+    return torch.repeat_interleave(x, counts, dim=axis)
+
+
+def torch_roll(x, shifts, axis):
+    return torch.roll(x, shifts[0]) if axis is None else torch.roll(x, tuple(shifts), tuple(axis))
+
+
+def torch_diagonal(x, offset, axis1, axis2):
+    return torch.diagonal(x, offset, axis1, axis2)
+
+
+def torch_index_add(x, index, source, axis, alpha):
+    return torch.index_add(x, axis, _wrap(index, x.shape[axis] if x.dim() else 1), source, alpha=alpha)
+
+
 SHAPE_ORACLE: dict[str, Oracle] = {
     # -- dims ---------------------------------------------------------------------------------------------------------
     "squeeze": Oracle(torch_squeeze, extra=(
@@ -102,6 +120,19 @@ SHAPE_ORACLE: dict[str, Oracle] = {
     )),
     "transpose": Oracle(lambda x, perm: x.permute(tuple(reversed(range(x.dim())))) if perm is None
                         else x.permute(tuple(perm))),
+    "roll": Oracle(torch_roll, extra=(
+        Sample.of(randn(2, 3, 4), shifts=[-7], axis=[1]),
+        Sample.of(randn(2, 3), shifts=[1, 1], axis=[1, 1]),  # one axis twice: the shifts add up
+        Sample.of(randn(5), shifts=[0]),
+    )),
+    "diagonal": Oracle(torch_diagonal, extra=(
+        Sample.of(randn(3, 4, 5), offset=2, axis1=2, axis2=0),
+        Sample.of(randn(4, 3), offset=-3),
+        Sample.of(randn(2, 2, 3, 3), offset=-1, axis1=-2, axis2=-1),
+    )),
+    "diagonal_grad": Oracle(torch_vjp_at_zeros(torch_diagonal), extra=(
+        Sample.of(randn(2, 2, 2), shape=[2, 2, 3, 3], offset=1, axis1=-2, axis2=-1),
+    )),
     "flip": Oracle(lambda x, axis: torch.flip(x, tuple(axis)), extra=(
         Sample.of(randn(2, 3, 4), axis=[1]),
         Sample.of(randn(2, 3), axis=[]),
@@ -121,6 +152,14 @@ SHAPE_ORACLE: dict[str, Oracle] = {
         Sample.of(randn(2, 3, 4), sections=[1, 1, 1], axis=1),
     )),
     # -- repeating, masking, padding ----------------------------------------------------------------------------------
+    "repeat_interleave": Oracle(torch_repeat_interleave, extra=(
+        Sample.of(randn(2, 3, 2), repeats=[3], axis=-2),
+        Sample.of(randn(2, 3), repeats=[0, 2, 1, 1, 0, 3]),
+        Sample.of(randn(4), repeats=[2, 2, 2, 2], axis=0),
+    )),
+    "repeat_interleave_grad": Oracle(torch_vjp_at_zeros(torch_repeat_interleave), extra=(
+        Sample.of(randn(6), shape=[2, 3], repeats=[0, 2, 1, 1, 0, 2]),
+    )),
     "tile": Oracle(lambda x, reps: torch.tile(x, tuple(reps)), extra=(
         Sample.of(randn(2, 3), reps=[]),
     )),
@@ -139,10 +178,23 @@ SHAPE_ORACLE: dict[str, Oracle] = {
         Sample.of(randn(2, 3, 4, 5), pad=[2, 0, 1, 3], mode="reflect"),
         Sample.of(randn(1, 3, 4), pad=[0, 5], mode="replicate"),
         Sample.of(randn(2, 3, 4), pad=[4, 1, 3, 3], mode="circular"),
+        # negative pads crop, in every mode
+        Sample.of(randn(2, 3, 5), pad=[-2, 4], mode="reflect"),
+        Sample.of(randn(2, 3, 5), pad=[3, -4], mode="reflect"),  # reads the mirror image of what is cropped
+        Sample.of(randn(2, 4, 5), pad=[1, -1, -2, 3], mode="reflect"),
+        Sample.of(randn(2, 3, 5), pad=[6, -3], mode="replicate"),
+        Sample.of(randn(1, 2, 4, 3), pad=[-1, -1, 2, -3], mode="replicate"),
+        Sample.of(randn(2, 3, 5), pad=[-2, 3], mode="circular"),
+        Sample.of(randn(2, 3, 5), pad=[2, -3], mode="circular"),
+        Sample.of(randn(0, 3, 4), pad=[2, 1], mode="reflect"),  # an empty batch
+        Sample.of(randn(0, 3, 4), pad=[1, 2], mode="circular"),
     )),
     "pad_grad": Oracle(torch_vjp_at_zeros(lambda x, pad, mode: TF.pad(x, tuple(pad), mode=mode)), extra=(
         Sample.of(randn(2, 7, 10), shape=[2, 3, 4], pad=[3, 3, 2, 2], mode="reflect"),
         Sample.of(randn(1, 3, 9), shape=[1, 3, 4], pad=[4, 1], mode="circular"),
+        Sample.of(randn(2, 3, 4), shape=[2, 3, 5], pad=[2, -3], mode="reflect"),
+        Sample.of(randn(2, 3, 6), shape=[2, 3, 5], pad=[-2, 3], mode="circular"),
+        Sample.of(randn(2, 3, 7), shape=[2, 3, 5], pad=[5, -3], mode="replicate"),
     )),
     # -- indexing with integer tensors --------------------------------------------------------------------------------
     "take": Oracle(torch_take, extra=(
@@ -173,6 +225,17 @@ SHAPE_ORACLE: dict[str, Oracle] = {
     "one_hot": Oracle(lambda index, num_classes: TF.one_hot(_ix(index), num_classes), extra=(
         Sample.of(np.array([[0], [3]]), num_classes=4),
         Sample.of(np.zeros((0, 2), np.int64), num_classes=3),
+        Sample.of(np.array([[0, 4], [2, 2]]), num_classes=-1),  # one more than the largest index
+        Sample.of(np.array(0)),
+    )),
+    "index_add": Oracle(torch_index_add, extra=(
+        Sample.of(randn(3, 4), np.array([3, 3, 0], np.int32), randn(3, 3), axis=1, alpha=3.0),
+        Sample.of(randn(5), np.zeros(0, np.int64), randn(0), axis=0),
+        Sample.of(np.arange(6).reshape(3, 2), np.array([2, 0]), np.ones((2, 2), np.int64), axis=0, alpha=-2.0),
+    )),
+    "masked_fill": Oracle(lambda x, mask, value: torch.masked_fill(x, mask, value), extra=(
+        Sample.of(randn(2, 3), randn(3) > 0, randn()),  # the mask broadcasts
+        Sample.of(randn(), np.array(True), randn()),
     )),
     # -- linear algebra -----------------------------------------------------------------------------------------------
     "linear": Oracle(lambda x, weight, bias=None: TF.linear(x, weight, bias), extra=(
@@ -240,9 +303,11 @@ def _pair(name: str, sample: Sample):
     return of_fn, t_fn, arrays
 
 
-# Cases compared on values only: torch cannot differentiate twice through an empty output.
+# Cases compared on values only: torch cannot differentiate twice through an empty output, nor at all through an
+# integer one.
 FORWARD_ONLY = {
     "tile": (Sample.of(randn(2, 3), reps=[2, 0]),),
+    "masked_fill": (Sample.of(np.arange(4), np.array([True, False, False, True]), np.array(1.7)),),  # cast to int
 }
 
 
@@ -291,7 +356,8 @@ def test_hvp(name, sample):
 def test_table_covers_the_ops():
     required = {"squeeze", "unsqueeze", "permute", "concat", "stack", "split", "flip", "tile", "tril", "triu", "pad",
                 "pad_grad", "take", "take_grad", "gather", "gather_grad", "scatter_add", "index_select", "one_hot",
-                "linear", "einsum", "outer"}
+                "linear", "einsum", "outer", "roll", "repeat_interleave", "repeat_interleave_grad", "diagonal",
+                "diagonal_grad", "index_add", "masked_fill"}
     assert required <= set(SHAPE_ORACLE), f"no oracle for {sorted(required - set(SHAPE_ORACLE))}"
 
 
@@ -409,7 +475,27 @@ def _z(*shape):
     (lambda: F.pad(_z(3), pad=[1]), r"pad\(\): argument 'pad'"),
     (lambda: F.pad(_z(3), pad=[3, 0], mode="reflect"), r"pad\(\): padding dim 0 of size 3 .* needs pads <= 2"),
     (lambda: F.pad(_z(3), pad=[1, 1], mode="wrap"), r"pad\(\): argument 'mode'"),
-    (lambda: F.pad(_z(3), pad=[-1, 0], mode="replicate"), r"pad\(\): argument 'pad' may be negative"),
+    (lambda: F.pad(_z(2, 4), pad=[2, -3], mode="circular"), r"pad\(\): .* needs pads <= 1, the size left after"),
+    (lambda: F.pad(_z(2, 0), pad=[1, 0], mode="replicate"), r"pad\(\): .* an empty dim has nothing to repeat"),
+    (lambda: F.pad(_z(3), pad=[-2, -2], mode="reflect"), r"pad\(\): pads \(-2, -2\) crop more"),
+    (lambda: F.broadcast_to(_z(3), shape=[-1, 3]), r"broadcast_to\(\): .* -1 at dim 0, a new leading dim"),
+    (lambda: F.broadcast_to(_z(3), shape=[-2]), r"broadcast_to\(\): .* -2 at dim 0, a negative size"),
+    (lambda: F.roll(_z(2, 3), shifts=[1, 2]), r"roll\(\): without axis, shifts must hold one number"),
+    (lambda: F.roll(_z(2, 3), shifts=[1, 2], axis=[0]), r"roll\(\): shifts \[1, 2\] and axis \[0\]"),
+    (lambda: F.roll(_z(2, 3), shifts=[1], axis=[2]), r"roll\(\): axis 2 is out of range"),
+    (lambda: F.repeat_interleave(_z(2, 3), repeats=[1, 2], axis=1), r"repeat_interleave\(\): repeats holds 2"),
+    (lambda: F.repeat_interleave(_z(2), repeats=[-1]), r"repeat_interleave\(\): argument 'repeats'"),
+    (lambda: F.repeat_interleave(_z(), repeats=[2], axis=0), r"repeat_interleave\(\): a 0-d tensor has no axis"),
+    (lambda: F.diagonal(_z(3)), r"diagonal\(\): needs a tensor of rank >= 2"),
+    (lambda: F.diagonal(_z(3, 3), axis1=1, axis2=-1), r"diagonal\(\): axis1 and axis2 must be two different"),
+    (lambda: F.index_add(_z(3, 2), of.tensor([0, 1]), _z(3, 2), axis=0), r"index_add\(\): source must have shape"),
+    (lambda: F.index_add(_z(3), of.tensor([3]), _z(1), axis=0), r"index_add\(\): argument 'index' holds 3"),
+    (lambda: F.index_add(of.tensor([1, 2]), of.tensor([0]), of.tensor([1]), axis=0, alpha=0.5),
+     r"index_add\(\): argument 'alpha' must be a whole number"),
+    (lambda: F.masked_fill(_z(3), of.tensor([True, False, True]), _z(3)), r"masked_fill\(\): value must be 0-d"),
+    (lambda: F.masked_fill(_z(3), of.tensor([True, False]), 1.0), r"masked_fill\(\): shapes"),
+    (lambda: F.one_hot(of.tensor(np.zeros(0, np.int64))), r"one_hot\(\): num_classes=-1 .* index is empty"),
+    (lambda: F.one_hot(of.tensor([1]), num_classes=-2), r"one_hot\(\): argument 'num_classes'"),
     (lambda: F.pad(_z(3), pad=[-2, -2]), r"pad\(\): pads \(-2, -2\) crop more"),
     (lambda: F.gather(_z(2, 3), of.tensor([[3]]), axis=1), r"gather\(\): argument 'index' holds 3"),
     (lambda: F.gather(_z(2, 3), of.tensor([0]), axis=1), r"gather\(\): x, index must have one rank"),
@@ -494,3 +580,58 @@ def test_forward_matches_numpy_for_take_along_axis():
     x, idx = randn(3, 4), np.array([[0, 3], [1, 1], [2, 0]])
     got = forward(OPFORGE, lambda t, i: F.gather(t, i, axis=1), [x, idx])
     np.testing.assert_array_equal(got, np.take_along_axis(x, idx, axis=1))
+
+
+def test_one_hot_with_num_classes_minus_one_is_eager_only():
+    index = of.tensor([[0, 4], [2, 2]])
+    assert F.one_hot(index).shape == (2, 2, 5)
+    with pytest.raises(of.ShapeError, match=r"one_hot\(\): num_classes=-1 .* pass num_classes"):
+        of.trace(lambda i: {"y": F.one_hot(i)}, i=of.Spec((2, 2), "int64"))
+    prog = of.trace(lambda i: {"y": F.one_hot(i, num_classes=5)}, i=of.Spec((None, 2), "int64"))
+    assert of.Executor(prog).run(i=index.numpy())["y"].shape == (2, 2, 5)
+
+
+def test_pad_with_negative_pads_is_crop_then_pad():
+    # Reflect and replicate read the uncropped tensor (position p − before, mirrored or clamped), as PyTorch does;
+    # circular wraps around what is left after cropping.
+    x = of.tensor(np.arange(5.0).reshape(1, 5))
+    assert F.pad(x, pad=[-1, 2], mode="reflect").tolist() == [[1.0, 2.0, 3.0, 4.0, 3.0, 2.0]]
+    assert F.pad(x, pad=[3, -4], mode="reflect").tolist() == [[3.0, 2.0, 1.0, 0.0]]
+    assert F.pad(x, pad=[2, -3], mode="replicate").tolist() == [[0.0, 0.0, 0.0, 1.0]]
+    assert F.pad(x, pad=[-2, 2], mode="circular").tolist() == [[2.0, 3.0, 4.0, 2.0, 3.0]]
+    assert F.pad(x, pad=[-5, 0], mode="replicate").shape == (1, 0)
+
+
+def test_broadcast_to_keeps_dims_given_as_minus_one_in_programs():
+    prog = of.trace(lambda x: {"y": F.broadcast_to(x, shape=[2, -1, 4])}, x=of.Spec((None, 1), "float64"))
+    assert of.Executor(prog).run(x=np.ones((3, 1)))["y"].shape == (2, 3, 4)
+
+
+PROGRAM_CASES = {
+    "roll": lambda x: F.roll(x, shifts=[1, -1], axis=[0, 2]),
+    "repeat_interleave": lambda x: F.repeat_interleave(x, repeats=[2], axis=0),
+    "repeat_interleave-counts": lambda x: F.repeat_interleave(x, repeats=[1, 0, 2], axis=1),
+    "diagonal": lambda x: F.diagonal(x, offset=1, axis1=1, axis2=2),
+    "masked_fill": lambda x: F.masked_fill(x, x > 0.5, 0.25),
+    "index_add": lambda x: F.index_add(x, of.tensor([0, 2, 0]), x[:, :, :3] * x[:, :, :3], axis=2, alpha=0.5),
+    "pad-reflect": lambda x: F.pad(x, pad=[-1, 2], mode="reflect"),
+    "broadcast_to": lambda x: F.broadcast_to(F.sum(x, axis=2, keepdim=True), shape=[2, -1, -1, 4]),
+}
+
+
+@pytest.mark.parametrize("name", PROGRAM_CASES)
+def test_rules_build_programs_with_unknown_dims(name):
+    # The rules emit the backward ops of a program whose leading dim is known only at run time: first and second
+    # order gradients equal eager ones.
+    rng = np.random.default_rng(7)
+    x, v = rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 3, 4))
+    fn = PROGRAM_CASES[name]
+    prog = of.trace(lambda x: {"loss": F.sum(fn(x) * fn(x))}, x=of.Spec((None, 3, 4), "float64"))
+    (g_var,) = of.append_backward(prog, prog.outputs["loss"], wrt=["x"]).values()
+    (hv_var,) = of.append_backward(prog, F.sum(g_var * of.tensor(v)), wrt=["x"]).values()
+    out = of.Executor(prog, fetch={"g": g_var, "hv": hv_var}).run(x=x)
+    t = of.tensor(x, requires_grad=True)
+    (g,) = of.grad(F.sum(fn(t) * fn(t)), [t], create_graph=True)
+    (hv,) = of.grad(F.sum(g * of.tensor(v)), [t])
+    np.testing.assert_allclose(out["g"], g.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(out["hv"], hv.numpy(), rtol=1e-8, atol=1e-10)

@@ -2,8 +2,8 @@
 
 An ``OpDef`` is made by ``@of.op(signature)`` (see ``opforge.dispatch``) and grows through its
 decorator methods: ``@op.kernel`` (more kernels), ``@op.infer`` (shape/dtype rule), ``@op.grad``
-(gradient rule), ``@op.check`` (attribute validation) and ``@op.samples`` (inputs for the
-conformance suite). The registry maps op names to ``OpDef``s.
+(gradient rule), ``@op.check`` (attribute validation), ``@op.samples`` (inputs for the
+conformance suite) and ``@op.onnx`` (its ONNX export mapping). The registry maps op names to ``OpDef``s.
 """
 
 from __future__ import annotations
@@ -105,6 +105,7 @@ class OpDef:
         self.grad_rule: GradRule | None = None
         self.check_fn = None
         self.samples_fn = None
+        self.onnx_fn = None  # the ONNX export mapping (see opforge.onnx)
         self.validate = None
         self._refresh_validate()
         # Set by opforge.dispatch, which generates them from the schema:
@@ -185,6 +186,11 @@ class OpDef:
     def samples(self, fn):
         """Register sample inputs for the conformance suite: ``fn(rng)`` yields ``Sample``s."""
         self.samples_fn = fn
+        return fn
+
+    def onnx(self, fn):
+        """Register the ONNX export mapping: ``fn(g, <inputs>, <attrs>)`` emits nodes through ``g`` (opforge.onnx)."""
+        self.onnx_fn = fn
         return fn
 
     def grad(self, fn):

@@ -18,9 +18,14 @@ from .layers import (
     BatchNorm2d,
     BCEWithLogitsLoss,
     Conv2d,
+    CosineSimilarity,
     CrossEntropyLoss,
     Dropout,
+    Dropout1d,
+    Dropout2d,
+    Dropout3d,
     Embedding,
+    EmbeddingBag,
     Flatten,
     GroupNorm,
     Hardsigmoid,
@@ -39,6 +44,7 @@ from .layers import (
     MSELoss,
     MultiheadAttention,
     NLLLoss,
+    PairwiseDistance,
     PReLU,
     ReLU,
     ReLU6,
@@ -60,3 +66,4 @@ __all__ = [
     "MultiheadAttention", "NLLLoss", "PReLU", "Parameter", "RMSNorm", "ReLU", "ReLU6", "Sequential", "SiLU",
     "Sigmoid", "Softmax", "Softmin", "Softplus", "StateDictError", "Tanh", "init",
 ]
+__all__ += ["CosineSimilarity", "Dropout1d", "Dropout2d", "Dropout3d", "EmbeddingBag", "PairwiseDistance"]

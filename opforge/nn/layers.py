@@ -739,3 +739,100 @@ __all__ = ["ELU", "GELU", "SELU", "AdaptiveAvgPool2d", "AvgPool2d", "BCEWithLogi
            "Conv2d", "CrossEntropyLoss", "Dropout", "Embedding", "Flatten", "Identity", "LayerNorm", "LeakyReLU",
            "Linear", "LogSoftmax", "MSELoss", "MaxPool2d", "MultiheadAttention", "NLLLoss", "ReLU", "SiLU",
            "Sigmoid", "Softmax", "Softplus", "Tanh"]
+
+
+# -- similarity, bags of embeddings, channel-wise dropout ------------------------------------------------------
+
+
+class CosineSimilarity(Module):
+    """Cosine similarity of x1 and x2 along ``dim`` (see ``F.cosine_similarity``)."""
+
+    def __init__(self, dim: int = 1, eps: float = 1e-8):
+        super().__init__()
+        self.dim, self.eps = int(dim), float(eps)
+
+    def forward(self, x1, x2):
+        return F.cosine_similarity(x1, x2, axis=self.dim, eps=self.eps)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, eps={self.eps}"
+
+
+class PairwiseDistance(Module):
+    """The p-norm of x1 − x2 + eps over the last dim (see ``F.pairwise_distance``)."""
+
+    def __init__(self, p: float = 2.0, eps: float = 1e-6, keepdim: bool = False):
+        super().__init__()
+        self.norm, self.eps, self.keepdim = float(p), float(eps), bool(keepdim)
+
+    def forward(self, x1, x2):
+        return F.pairwise_distance(x1, x2, p=self.norm, eps=self.eps, keepdim=self.keepdim)
+
+    def extra_repr(self) -> str:
+        return f"p={self.norm}, eps={self.eps}, keepdim={self.keepdim}"
+
+
+class EmbeddingBag(Module):
+    """Sums, means or maxima of bags of embedding rows (see ``F.embedding_bag``): ``bag(index, offsets=None,
+    per_sample_weights=None)``. ``weight`` (num_embeddings, embedding_dim) is initialised from N(0, 1), its row
+    ``padding_idx`` (if given) at 0."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, mode: str = "mean", include_last_offset: bool = False,
+                 padding_idx: int | None = None, dtype=None):
+        super().__init__()
+        self.num_embeddings = _count(num_embeddings, "num_embeddings", "EmbeddingBag")
+        self.embedding_dim = _count(embedding_dim, "embedding_dim", "EmbeddingBag")
+        if mode not in ("sum", "mean", "max"):
+            raise ArgumentError(f"EmbeddingBag(): mode must be 'sum', 'mean' or 'max', got {mode!r}")
+        if padding_idx is not None:
+            if not -num_embeddings <= padding_idx < num_embeddings:
+                raise ArgumentError(f"EmbeddingBag(): padding_idx {padding_idx} is out of range for {num_embeddings} "
+                                    "embeddings")
+            padding_idx %= num_embeddings
+        self.mode, self.include_last_offset, self.padding_idx = mode, bool(include_last_offset), padding_idx
+        self.weight = _param(num_embeddings, embedding_dim, dtype=dtype)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        init.normal_(self.weight)
+        if self.padding_idx is not None:
+            self.weight.numpy()[self.padding_idx] = 0
+
+    def forward(self, index, offsets=None, per_sample_weights=None):
+        return F.embedding_bag(index, self.weight, offsets, per_sample_weights, mode=self.mode,
+                               include_last_offset=self.include_last_offset, padding_idx=self.padding_idx)
+
+    def extra_repr(self) -> str:
+        pad = "" if self.padding_idx is None else f", padding_idx={self.padding_idx}"
+        return f"{self.num_embeddings}, {self.embedding_dim}, mode={self.mode!r}{pad}"
+
+
+class _ChannelDropout(Dropout):
+    _op = None
+
+    def forward(self, x):
+        if not self.training or self.p == 0.0:
+            return x
+        return type(self)._op(x, p=self.p, training=True)[0]
+
+
+class Dropout1d(_ChannelDropout):
+    """Zero each channel of (N, C, L) or (C, L) inputs with probability p in training (see ``F.dropout1d``)."""
+
+    _op = F.dropout1d
+
+
+class Dropout2d(_ChannelDropout):
+    """Zero each channel of (N, C, H, W) inputs with probability p in training (see ``F.dropout2d``)."""
+
+    _op = F.dropout2d
+
+
+class Dropout3d(_ChannelDropout):
+    """Zero each channel of (N, C, D, H, W) or (C, D, H, W) inputs with probability p in training (see
+    ``F.dropout3d``)."""
+
+    _op = F.dropout3d
+
+
+__all__ += ["CosineSimilarity", "Dropout1d", "Dropout2d", "Dropout3d", "EmbeddingBag", "PairwiseDistance"]

@@ -27,3 +27,4 @@ for _op in _registry:
 from . import half  # noqa: E402, F401, I001
 from . import creation, elementwise, binary, reduce, shape, linalg, loss, nn, normalization, conv, accumulate  # noqa: E402, F401
 from . import optim  # noqa: E402, F401
+from . import embedding_bags, feature_dropout, indexing, similarity, sorting  # noqa: E402, F401

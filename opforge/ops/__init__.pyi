@@ -299,8 +299,12 @@ def floor(x: _TensorLike) -> Tensor:
 def ceil(x: _TensorLike) -> Tensor:
     """The smallest integer ≥ x (integer tensors are returned unchanged)."""
 
-def round(x: _TensorLike) -> Tensor:
-    """The nearest integer, halves to the even one (round(2.5) = 2), as PyTorch."""
+def round(x: _TensorLike, *, decimals: int = 0) -> Tensor:
+    """The nearest integer, halves to the even one (round(2.5) = 2), as PyTorch; with ``decimals`` the nearest
+    multiple of 10^−decimals, computed as PyTorch does: rint(x·10^d)/10^d, or rint(x/10^−d)·10^−d for d < 0 (so
+    10^|d| is exact). Integer tensors: unchanged, or rounded to tens, hundreds, ... for decimals < 0 (PyTorch
+    refuses integers with decimals).
+    """
 
 def expm1(x: _TensorLike) -> Tensor:
     """y = eˣ − 1, exact for small x."""
@@ -343,8 +347,12 @@ def gelu_grad(x: _TensorLike, dy: _TensorLike, *, approximate: str = 'none') -> 
 def silu(x: _TensorLike) -> Tensor:
     """y = x·σ(x), σ the logistic sigmoid (also called swish)."""
 
-def clip(x: _TensorLike, *, min: float | None = None, max: float | None = None) -> Tensor:
-    """x limited to [min, max] (either bound may be None; min > max gives max everywhere, as PyTorch's clamp)."""
+def clip(x: _TensorLike, min: _TensorLike | None = None, max: _TensorLike | None = None) -> Tensor:
+    """x limited to [min, max], as ``torch.clamp``: either bound may be None, and each is a number or a tensor
+    that broadcasts with ``x`` (min > max gives max). The dtype follows torch too: a number, or a 0-d tensor,
+    changes it only where it is of a higher kind (an integer tensor clipped at 2.5 becomes float32, at 2 stays
+    integer).
+    """
 
 def isnan(x: _TensorLike) -> Tensor:
     """True where x is NaN."""
@@ -393,6 +401,114 @@ def prelu(x: _TensorLike, weight: _TensorLike) -> Tensor:
     dims), as torch's.
     """
 
+# -- opforge.ops.embedding_bags
+
+def embedding_bag(
+    index: _TensorLike,
+    weight: _TensorLike,
+    offsets: _TensorLike | None = None,
+    per_sample_weights: _TensorLike | None = None,
+    *,
+    mode: str = 'mean',
+    include_last_offset: bool = False,
+    padding_idx: int | None = None,
+) -> Tensor:
+    """``torch.nn.functional.embedding_bag``: for each bag of indices, the sum, mean or max (per feature,
+    ``mode``) of the rows of ``weight`` they pick, (bags, embedding_dim). A 2-D index holds one bag per row; a
+    1-D index is cut into bags at ``offsets`` (which starts at 0; with ``include_last_offset`` its last entry,
+    len(index), closes the last bag). ``per_sample_weights`` (mode "sum") scales each row first. Entries equal
+    to ``padding_idx`` are left out (a mean divides by the others' count); an empty bag gives zeros. A max's
+    gradient goes to the first entry of the bag that holds it. Not offered: max_norm (it rewrites the weight),
+    scale_grad_by_freq, sparse.
+    """
+
+# -- opforge.ops.feature_dropout
+
+class _dropout1d_result(NamedTuple):
+    y: Tensor
+    mask: Tensor
+
+def dropout1d(x: _TensorLike, *, p: float = 0.5, training: bool = True) -> _dropout1d_result:
+    """Zeroes each channel of x (N, C, L) or (C, L) with probability ``p`` and scales the kept ones by 1/(1 − p)
+    (the identity when not ``training``); also returns the mask of kept channels.
+    """
+
+class _dropout2d_result(NamedTuple):
+    y: Tensor
+    mask: Tensor
+
+def dropout2d(x: _TensorLike, *, p: float = 0.5, training: bool = True) -> _dropout2d_result:
+    """Zeroes each channel of x (N, C, H, W) with probability ``p`` and scales the kept ones by 1/(1 − p) (the
+    identity when not ``training``); also returns the mask of kept channels. A 3-D input is read as (N, C, L),
+    as PyTorch reads it now (it warns that it will read (C, H, W) in a future release).
+    """
+
+class _dropout3d_result(NamedTuple):
+    y: Tensor
+    mask: Tensor
+
+def dropout3d(x: _TensorLike, *, p: float = 0.5, training: bool = True) -> _dropout3d_result:
+    """Zeroes each channel of x (N, C, D, H, W) or (C, D, H, W) with probability ``p`` and scales the kept ones
+    by 1/(1 − p) (the identity when not ``training``); also returns the mask of kept channels.
+    """
+
+# -- opforge.ops.indexing
+
+def take(x: _TensorLike, index: _TensorLike, *, axis: int | None = None) -> Tensor:
+    """The elements of ``x`` at ``index`` along ``axis``, as ``np.take``: the result's shape is ``x.shape`` with
+    dim ``axis`` replaced by ``index.shape``. With ``axis=None`` it indexes the flattened ``x``
+    (``torch.take``). Negative indices count from the end. ``x[index_tensor]`` is this op.
+    """
+
+def take_grad(dy: _TensorLike, index: _TensorLike, *, shape: Sequence[int] | int, axis: int | None = None) -> Tensor:
+    """Gradient of ``take``: zeros of ``shape`` with each element of ``dy`` added at the position ``take`` read
+    it from (an index that repeats collects the sum).
+    """
+
+def gather(x: _TensorLike, index: _TensorLike, *, axis: int) -> Tensor:
+    """``torch.gather``: ``y[i][j][k] = x[index[i][j][k]][j][k]`` for ``axis=0`` (and so on for other axes);
+    ``y`` has the shape of ``index``, which has the rank of ``x`` and may be smaller in the other dims. NumPy's
+    ``take_along_axis`` is the same op where ``index`` matches ``x`` in the other dims. Negative indices count
+    from the end.
+    """
+
+def gather_grad(dy: _TensorLike, index: _TensorLike, *, shape: Sequence[int] | int, axis: int) -> Tensor:
+    """Gradient of ``gather``: zeros of ``shape`` with each element of ``dy`` added where ``gather`` read it
+    from (``scatter_add`` into zeros, without making the zeros first).
+    """
+
+def scatter_add(x: _TensorLike, index: _TensorLike, src: _TensorLike, *, axis: int) -> Tensor:
+    """``torch.scatter_add``: a copy of ``x`` to which ``src[i][j][k]`` is added at ``[index[i][j][k]][j][k]``
+    for ``axis=0`` (and so on); elements of ``src`` outside ``index.shape`` are not used. Positions that
+    ``index`` names more than once get every contribution. The adjoint of ``gather``.
+    """
+
+def index_select(x: _TensorLike, index: _TensorLike, *, axis: int) -> Tensor:
+    """``torch.index_select``: the slices of ``x`` at the positions ``index`` (1-D; a 0-d index counts as one
+    position) lists along ``axis``, which keeps its place with size ``len(index)``. Negative indices count from
+    the end.
+    """
+
+def one_hot(index: _TensorLike, *, num_classes: int = -1) -> Tensor:
+    """``torch.nn.functional.one_hot``: int64 of shape ``(*index.shape, num_classes)``, 1 at the class ``index``
+    names and 0 elsewhere. Indices must lie in [0, num_classes). ``num_classes=-1`` takes one more than the
+    largest index, as PyTorch: a size only the data knows, so only eager calls can use it (a program needs the
+    number).
+    """
+
+def index_add(x: _TensorLike, index: _TensorLike, source: _TensorLike, *, axis: int, alpha: float = 1.0) -> Tensor:
+    """``torch.index_add``: a copy of ``x`` to which ``alpha·source`` is added slice by slice: the slice ``i``
+    of ``source`` along ``axis`` goes to the slice ``index[i]`` of ``x`` (indices that repeat collect every
+    contribution). ``source`` has the shape of ``x`` with dim ``axis`` of size ``len(index)``. The adjoint of
+    ``index_select``.
+    """
+
+def masked_fill(x: _TensorLike, mask: _TensorLike, value: _TensorLike) -> Tensor:
+    """``torch.masked_fill``: ``value`` where ``mask`` is True, ``x`` elsewhere (``x`` and ``mask`` broadcast).
+    The result keeps ``x``'s dtype; ``value`` is a number or a 0-d tensor, and gets the gradient of the
+    positions it fills.
+    """
+
 # -- opforge.ops.linalg
 
 def matmul(x: _TensorLike, y: _TensorLike) -> Tensor:
@@ -412,6 +528,51 @@ def einsum(operands: Sequence[_TensorLike], *, equation: str) -> Tensor:
     output is the letters used once, in alphabetical order. ``...`` stands for the broadcast leading dims, a
     size-1 dim broadcasts, and a letter repeated in one operand takes its diagonal (``"ii->i"``, ``"ii->"`` is
     the trace).
+    """
+
+def linalg_inv(a: _TensorLike) -> Tensor:
+    """``torch.linalg.inv``: the inverse of each square matrix of ``a`` (..., n, n). A singular matrix is an
+    error.
+    """
+
+def linalg_det(a: _TensorLike) -> Tensor:
+    """``torch.linalg.det``: the determinant of each square matrix of ``a`` (..., n, n) -> (...)."""
+
+def linalg_solve(a: _TensorLike, b: _TensorLike, *, left: bool = True) -> Tensor:
+    """``torch.linalg.solve``: x with a·x = b (``left=False``: x·a = b) for square a (..., n, n) and b a batch
+    of vectors (..., n), when it is 1-D or has a's shape without the last dim, else of matrices (..., n, k)
+    (``left=False``: matrices (..., k, n) only); batch dims broadcast. A singular a is an error.
+    """
+
+def linalg_cholesky(a: _TensorLike, *, upper: bool = False) -> Tensor:
+    """``torch.linalg.cholesky``: the lower triangular l with l·lᵀ = a (``upper``: the upper u = lᵀ, a = uᵀ·u),
+    for a symmetric positive-definite (..., n, n). a is read through its symmetric part (a + aᵀ)/2, as
+    ``jax.numpy.linalg.cholesky`` does (PyTorch reads the lower triangle): the same for a symmetric a, values
+    and gradients, and the gradient is then the derivative for any a. Not positive-definite is an error.
+    """
+
+class _linalg_qr_result(NamedTuple):
+    q: Tensor
+    r: Tensor
+
+def linalg_qr(a: _TensorLike, *, mode: str = 'reduced') -> _linalg_qr_result:
+    """``torch.linalg.qr``: a = q·r for a (..., m, n), q with orthonormal columns and r upper triangular; q is
+    (m, k) and r (k, n) with k = min(m, n) in mode "reduced", q (m, m) and r (m, n) in "complete". As LAPACK
+    (and PyTorch) compute it, r's diagonal may be negative. Differentiable where a has full rank (mode
+    "complete" only when m <= n, where it equals "reduced"). Mode "r" is not offered: take ``linalg_qr(a).r``.
+    """
+
+class _linalg_svd_result(NamedTuple):
+    u: Tensor
+    s: Tensor
+    vh: Tensor
+
+def linalg_svd(a: _TensorLike, *, full_matrices: bool = True) -> _linalg_svd_result:
+    """``torch.linalg.svd``: a = u·diag(s)·vh for a (..., m, n), s (..., k) descending with k = min(m, n); u is
+    (m, m) and vh (n, n) with ``full_matrices``, else (m, k) and (k, n). Each singular vector's sign is LAPACK's
+    choice. Differentiable where the singular values are distinct and nonzero (where m != n; at k for square
+    matrices); the columns beyond k of full matrices are not determined by a, and their gradient is ignored, as
+    in PyTorch.
     """
 
 # -- opforge.ops.loss
@@ -729,16 +890,18 @@ def var(
     x: _TensorLike,
     *,
     axis: Sequence[int] | int | None = None,
-    correction: int = 1,
+    correction: float = 1.0,
     keepdim: bool = False,
 ) -> Tensor:
-    """Variance over ``axis``: Σ(x − mean)²/(N − correction); correction=1 is the unbiased estimate."""
+    """Variance over ``axis``: Σ(x − mean)²/(N − correction); correction=1 is the unbiased estimate, and any
+    real correction works (as PyTorch's; N − correction ≤ 0 gives inf).
+    """
 
 def std(
     x: _TensorLike,
     *,
     axis: Sequence[int] | int | None = None,
-    correction: int = 1,
+    correction: float = 1.0,
     keepdim: bool = False,
 ) -> Tensor:
     """Standard deviation over ``axis``: the square root of ``var``."""
@@ -754,6 +917,9 @@ def norm(x: _TensorLike, *, p: float = 2.0, axis: Sequence[int] | int | None = N
 def cumsum(x: _TensorLike, *, axis: int) -> Tensor:
     """Running sums along ``axis``: yᵢ = x₀ + … + xᵢ. Integer and bool tensors sum in int64."""
 
+def cumprod(x: _TensorLike, *, axis: int) -> Tensor:
+    """Running products along ``axis``: yᵢ = x₀·x₁·…·xᵢ. Integer and bool tensors multiply in int64."""
+
 # -- opforge.ops.shape
 
 def reshape(x: _TensorLike, *, shape: Sequence[int] | int) -> Tensor:
@@ -763,7 +929,9 @@ def transpose(x: _TensorLike, *, perm: Sequence[int] | int | None = None) -> Ten
     """Permutes the dims (reverses them when ``perm`` is None)."""
 
 def broadcast_to(x: _TensorLike, *, shape: Sequence[int] | int) -> Tensor:
-    """``x`` repeated along dims of size 1 (and new leading dims) to ``shape``."""
+    """``x`` repeated along dims of size 1 (and new leading dims) to ``shape``. A -1 keeps the size of the dim
+    of ``x`` it lines up with, as ``Tensor.expand`` (not allowed for a new leading dim).
+    """
 
 def slice(
     x: _TensorLike,
@@ -823,10 +991,54 @@ def tril(x: _TensorLike, *, diagonal: int = 0) -> Tensor:
 def triu(x: _TensorLike, *, diagonal: int = 0) -> Tensor:
     """The upper triangle of each matrix (last two dims): elements (i, j) with j - i >= ``diagonal``, others 0."""
 
+def roll(x: _TensorLike, *, shifts: Sequence[int] | int, axis: Sequence[int] | int | None = None) -> Tensor:
+    """``torch.roll``: the elements shifted by ``shifts[i]`` along ``axis[i]``, those pushed off one end coming
+    back at the other. With ``axis=None``, the flattened tensor is rolled by the one shift and reshaped back. An
+    axis may repeat (its shifts add up).
+    """
+
+def repeat_interleave(x: _TensorLike, *, repeats: Sequence[int] | int, axis: int | None = None) -> Tensor:
+    """``torch.repeat_interleave``: each element (each slice along ``axis``) repeated ``repeats[i]`` times in
+    place: [a, b] with repeats [2] gives [a, a, b, b], with [1, 3] gives [a, b, b, b]. With ``axis=None`` the
+    flattened tensor is repeated. ``repeats`` is a list (one count for all, or one per element), not a tensor,
+    so that the result's shape is known without the data: for counts in a tensor ``r``, pass
+    ``repeats=r.tolist()``.
+    """
+
+def repeat_interleave_grad(
+    dy: _TensorLike,
+    *,
+    shape: Sequence[int] | int,
+    repeats: Sequence[int] | int,
+    axis: int | None = None,
+) -> Tensor:
+    """Gradient of ``repeat_interleave``: the copies of each element of an input of ``shape`` summed back into
+    it.
+    """
+
+def diagonal(x: _TensorLike, *, offset: int = 0, axis1: int = 0, axis2: int = 1) -> Tensor:
+    """``torch.diagonal`` (``np.diagonal``): the elements (i, i + offset) of the matrices spanned by ``axis1``
+    and ``axis2``, in a new last dim; the other dims stay in order. ``offset`` > 0 is above the main diagonal.
+    """
+
+def diagonal_grad(
+    dy: _TensorLike,
+    *,
+    shape: Sequence[int] | int,
+    offset: int = 0,
+    axis1: int = 0,
+    axis2: int = 1,
+) -> Tensor:
+    """Gradient of ``diagonal``: zeros of ``shape`` with ``dy`` written on the diagonal ``diagonal`` reads (with
+    ``axis1``, ``axis2`` = -2, -1, ``torch.diag_embed``).
+    """
+
 def pad(x: _TensorLike, *, pad: Sequence[int] | int, mode: str = 'constant', value: float = 0.0) -> Tensor:
     """Pads ``x`` as ``torch.nn.functional.pad``: ``pad`` lists (before, after) pairs from the last dim
-    backwards. Modes: "constant" (fill with ``value``; negative pads crop), "reflect" (mirror without repeating
-    the edge), "replicate" (repeat the edge), "circular" (wrap around).
+    backwards. Modes: "constant" (fill with ``value``), "reflect" (mirror without repeating the edge: pads < the
+    dim's size), "replicate" (repeat the edge), "circular" (wrap around, once at most). A negative pad crops, in
+    every mode, as in PyTorch. Any dims can be padded (PyTorch pads only the last 1-3 dims in the modes other
+    than constant).
     """
 
 def pad_grad(dy: _TensorLike, *, shape: Sequence[int] | int, pad: Sequence[int] | int, mode: str) -> Tensor:
@@ -834,42 +1046,52 @@ def pad_grad(dy: _TensorLike, *, shape: Sequence[int] | int, pad: Sequence[int] 
     the element of an input of ``shape`` that the padded position copied.
     """
 
-def take(x: _TensorLike, index: _TensorLike, *, axis: int | None = None) -> Tensor:
-    """The elements of ``x`` at ``index`` along ``axis``, as ``np.take``: the result's shape is ``x.shape`` with
-    dim ``axis`` replaced by ``index.shape``. With ``axis=None`` it indexes the flattened ``x``
-    (``torch.take``). Negative indices count from the end. ``x[index_tensor]`` is this op.
+# -- opforge.ops.similarity
+
+def normalize(x: _TensorLike, *, p: float = 2.0, axis: int = 1, eps: float = 1e-12) -> Tensor:
+    """``torch.nn.functional.normalize``: ``x`` divided by its p-norm along ``axis``, or by ``eps`` where the
+    norm is smaller: y = x / max(‖x‖ₚ, eps).
     """
 
-def take_grad(dy: _TensorLike, index: _TensorLike, *, shape: Sequence[int] | int, axis: int | None = None) -> Tensor:
-    """Gradient of ``take``: zeros of ``shape`` with each element of ``dy`` added at the position ``take`` read
-    it from (an index that repeats collects the sum).
+def cosine_similarity(x1: _TensorLike, x2: _TensorLike, *, axis: int = 1, eps: float = 1e-08) -> Tensor:
+    """``torch.nn.functional.cosine_similarity``: ⟨x1, x2⟩/(‖x1‖·‖x2‖) along ``axis`` (x1 and x2 broadcast),
+    each norm at least ``eps``, computed as PyTorch does: ⟨x1/max(‖x1‖, eps), x2/max(‖x2‖, eps)⟩, which stays in
+    [−1, 1]. Where a norm is below eps, the gradient is the derivative (PyTorch's treats the clamped norm as if
+    it were the norm).
     """
 
-def gather(x: _TensorLike, index: _TensorLike, *, axis: int) -> Tensor:
-    """``torch.gather``: ``y[i][j][k] = x[index[i][j][k]][j][k]`` for ``axis=0`` (and so on for other axes);
-    ``y`` has the shape of ``index``, which has the rank of ``x`` and may be smaller in the other dims. NumPy's
-    ``take_along_axis`` is the same op where ``index`` matches ``x`` in the other dims. Negative indices count
-    from the end.
+def pairwise_distance(
+    x1: _TensorLike,
+    x2: _TensorLike,
+    *,
+    p: float = 2.0,
+    eps: float = 1e-06,
+    keepdim: bool = False,
+) -> Tensor:
+    """``torch.nn.functional.pairwise_distance``: the p-norm of x1 − x2 + eps over the last dim (x1 and x2
+    broadcast); ``eps`` keeps the norm differentiable where x1 = x2.
     """
 
-def gather_grad(dy: _TensorLike, index: _TensorLike, *, shape: Sequence[int] | int, axis: int) -> Tensor:
-    """Gradient of ``gather``: zeros of ``shape`` with each element of ``dy`` added where ``gather`` read it
-    from (``scatter_add`` into zeros, without making the zeros first).
+# -- opforge.ops.sorting
+
+class _sort_result(NamedTuple):
+    values: Tensor
+    indices: Tensor
+
+def sort(x: _TensorLike, *, axis: int = -1, descending: bool = False, stable: bool = False) -> _sort_result:
+    """``torch.sort``: the elements along ``axis`` in ascending (``descending``: descending) order, and where
+    each came from. Always stable; ``stable`` is accepted for PyTorch's signature.
     """
 
-def scatter_add(x: _TensorLike, index: _TensorLike, src: _TensorLike, *, axis: int) -> Tensor:
-    """``torch.scatter_add``: a copy of ``x`` to which ``src[i][j][k]`` is added at ``[index[i][j][k]][j][k]``
-    for ``axis=0`` (and so on); elements of ``src`` outside ``index.shape`` are not used. Positions that
-    ``index`` names more than once get every contribution. The adjoint of ``gather``.
-    """
+def argsort(x: _TensorLike, *, axis: int = -1, descending: bool = False, stable: bool = False) -> Tensor:
+    """``torch.argsort``: the indices that sort ``x`` along ``axis`` (``sort``'s second output)."""
 
-def index_select(x: _TensorLike, index: _TensorLike, *, axis: int) -> Tensor:
-    """``torch.index_select``: the slices of ``x`` at the positions ``index`` (1-D; a 0-d index counts as one
-    position) lists along ``axis``, which keeps its place with size ``len(index)``. Negative indices count from
-    the end.
-    """
+class _topk_result(NamedTuple):
+    values: Tensor
+    indices: Tensor
 
-def one_hot(index: _TensorLike, *, num_classes: int) -> Tensor:
-    """``torch.nn.functional.one_hot``: int64 of shape ``(*index.shape, num_classes)``, 1 at the class ``index``
-    names and 0 elsewhere. Indices must lie in [0, num_classes).
+def topk(x: _TensorLike, *, k: int, axis: int = -1, largest: bool = True, sorted: bool = True) -> _topk_result:
+    """``torch.topk``: the ``k`` largest (``largest=False``: smallest) elements along ``axis``, largest first
+    (smallest first), and where they came from. Equal elements come in their original order; the result is
+    sorted also with ``sorted=False`` (PyTorch leaves the order unspecified then).
     """

@@ -31,6 +31,12 @@ def add_n(xs, out=None):
     return total
 
 
+@add_n.onnx
+def _(g, xs):
+    dtype = g.outputs[0].dtype
+    return g.op("Sum", *(g.cast(x, dtype) for x in xs), spec=g.outputs[0])
+
+
 @add_n.infer
 def _(xs):
     if not xs:

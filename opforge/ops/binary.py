@@ -12,6 +12,20 @@ def add(x, y, out=None):
     return np.add(x, y, out=out)
 
 
+def _onnx_binary(onnx_type):
+    """The mapping of an arithmetic op: both inputs in the result's dtype (ONNX does not promote), then the node."""
+
+    def mapping(g, x, y):
+        dtype = g.outputs[0].dtype
+        work = D.int32 if dtype == D.bool_ else dtype  # bool + bool is "or", bool · bool "and": as int, then bool
+        return g.cast(g.op(onnx_type, g.cast(x, work), g.cast(y, work), spec=Spec(g.outputs[0].shape, work)), dtype)
+
+    return mapping
+
+
+add.onnx(_onnx_binary("Add"))
+
+
 @add.grad
 def _(dout):
     return dout, dout
@@ -21,6 +35,9 @@ def _(dout):
 def sub(x, y, out=None):
     """x − y."""
     return np.subtract(x, y, out=out)
+
+
+sub.onnx(_onnx_binary("Sub"))
 
 
 @sub.grad
@@ -34,6 +51,9 @@ def minus(x, y):
     return np.subtract(x, y)
 
 
+minus.onnx(_onnx_binary("Sub"))
+
+
 @minus.grad
 def _(dout):
     return F.identity(dout), F.scale(dout, scale=-1.0)
@@ -43,6 +63,9 @@ def _(dout):
 def mul(x, y, out=None):
     """x · y."""
     return np.multiply(x, y, out=out)
+
+
+mul.onnx(_onnx_binary("Mul"))
 
 
 @mul.grad
@@ -55,6 +78,9 @@ def _(x, y, dout, needs_input_grad):
 def div(x, y, out=None):
     """x / y (true division: integers give float64, as in NumPy)."""
     return np.true_divide(x, y, out=out)
+
+
+div.onnx(_onnx_binary("Div"))
 
 
 @div.infer
@@ -79,6 +105,9 @@ def _(rng):
 def pow(x, y):
     """xʸ."""
     return np.power(x, y)
+
+
+pow.onnx(_onnx_binary("Pow"))
 
 
 @pow.grad
@@ -106,6 +135,9 @@ def maximum(x, y):
     return np.maximum(x, y)
 
 
+maximum.onnx(_onnx_binary("Max"))
+
+
 def _winner_grads(x, y, dout, x_loses, y_loses):
     """Gradients of maximum/minimum: dout goes to the winner, ties share it equally (as in PyTorch, which
     also gives all of it to both sides where a NaN makes neither lose)."""
@@ -122,6 +154,9 @@ def _(x, y, dout):
 def minimum(x, y):
     """The smaller of x and y, elementwise."""
     return np.minimum(x, y)
+
+
+minimum.onnx(_onnx_binary("Min"))
 
 
 @minimum.grad
@@ -146,6 +181,12 @@ def _where_spec(condition, x, y):
 def where(condition, x, y):
     """x where condition holds, else y."""
     return np.where(condition, x, y)
+
+
+@where.onnx
+def _(g, condition, x, y):
+    dtype = g.outputs[0].dtype
+    return g.op("Where", condition, g.cast(x, dtype), g.cast(y, dtype), spec=g.outputs[0])
 
 
 @where.grad
@@ -209,6 +250,23 @@ def not_equal(x, y):
     return np.not_equal(x, y)
 
 
+def _onnx_compare(onnx_type, negate=False):
+    def mapping(g, x, y):
+        dtype = D.promote(x.dtype, y.dtype)
+        if dtype == D.bool_ and onnx_type != "Equal":
+            dtype = D.int32  # ONNX orders numbers only
+        out = g.op(onnx_type, g.cast(x, dtype), g.cast(y, dtype), spec=g.outputs[0])
+        return g.op("Not", out) if negate else out
+
+    return mapping
+
+
+for _compare, _onnx_type in ((less, "Less"), (less_equal, "LessOrEqual"), (greater, "Greater"),
+                             (greater_equal, "GreaterOrEqual"), (equal, "Equal")):
+    _compare.onnx(_onnx_compare(_onnx_type))
+not_equal.onnx(_onnx_compare("Equal", negate=True))
+
+
 for _compare in (less, less_equal, greater, greater_equal, equal, not_equal):
     _compare.samples(_compare_samples)
 
@@ -226,6 +284,10 @@ def logical_and(x, y):
 def logical_or(x, y):
     """True where x or y is nonzero (True)."""
     return np.logical_or(x, y)
+
+
+logical_and.onnx(lambda g, x, y: g.op("And", g.cast(x, D.bool_), g.cast(y, D.bool_), spec=g.outputs[0]))
+logical_or.onnx(lambda g, x, y: g.op("Or", g.cast(x, D.bool_), g.cast(y, D.bool_), spec=g.outputs[0]))
 
 
 @logical_and.samples

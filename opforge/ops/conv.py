@@ -226,6 +226,12 @@ def conv2d(x, weight, bias, *, stride, padding, dilation, groups):
     return _conv2d_forward(x, weight, bias, stride, padding, dilation, groups)
 
 
+@conv2d.onnx
+def _(g, x, weight, bias, *, stride, padding, dilation, groups):
+    stride, padding, dilation = _geometry(2, stride, padding, dilation)
+    return g.op("Conv", x, weight, bias, strides=stride, pads=[*padding, *padding], dilations=dilation, group=groups)
+
+
 conv2d.check(_check_2d)
 
 
@@ -376,6 +382,10 @@ def conv1d(x, weight, bias, *, stride, padding, dilation, groups):
     return y[:, :, 0]
 
 
+conv1d.onnx(lambda g, x, weight, bias, *, stride, padding, dilation, groups: g.op(
+    "Conv", x, weight, bias, strides=stride, pads=[*padding, *padding], dilations=dilation, group=groups))
+
+
 conv1d.check(_check_1d)
 
 
@@ -451,6 +461,17 @@ def max_pool2d(x, *, kernel_size, stride, padding):
     for index in taps:
         np.maximum(y, xp[index], out=y)
     return y
+
+
+def _onnx_pool(onnx_type, **extra):
+    def mapping(g, x, *, kernel_size, stride, padding):
+        kernel, stride, padding = _expand(kernel_size), _expand(stride or kernel_size), _expand(padding)
+        return g.op(onnx_type, x, kernel_shape=kernel, strides=stride, pads=[*padding, *padding], **extra)
+
+    return mapping
+
+
+max_pool2d.onnx(_onnx_pool("MaxPool"))
 
 
 max_pool2d.check(_check_2d)
@@ -565,6 +586,9 @@ def avg_pool2d(x, *, kernel_size, stride, padding):
         y += xp[index]
     y *= 1.0 / (kernel[0] * kernel[1])  # a Python float keeps float32
     return y
+
+
+avg_pool2d.onnx(_onnx_pool("AveragePool", count_include_pad=1))
 
 
 avg_pool2d.check(_check_2d)

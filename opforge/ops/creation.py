@@ -26,10 +26,16 @@ def zeros(*, shape, dtype):
     return np.zeros(shape, dtype or D.DEFAULT_FLOAT)
 
 
+zeros.onnx(lambda g, *, shape, dtype: g.filled(g.ints(shape), 0, dtype or D.DEFAULT_FLOAT))
+
+
 @op("ones(*, int[] shape, dtype dtype=None) -> Tensor y", traits=["no_grad"], infer=_shape_spec("ones"))
 def ones(*, shape, dtype):
     """A tensor of ones (float32 unless ``dtype`` says otherwise)."""
     return np.ones(shape, dtype or D.DEFAULT_FLOAT)
+
+
+ones.onnx(lambda g, *, shape, dtype: g.filled(g.ints(shape), 1, dtype or D.DEFAULT_FLOAT))
 
 
 @op("full(*, int[] shape, float fill_value, dtype dtype=None) -> Tensor y", traits=["no_grad"],
@@ -39,11 +45,26 @@ def full(*, shape, fill_value, dtype):
     return np.full(shape, fill_value, dtype or D.DEFAULT_FLOAT)
 
 
+full.onnx(lambda g, *, shape, fill_value, dtype: g.filled(g.ints(shape), fill_value, dtype or D.DEFAULT_FLOAT))
+
+
 @op("normal(*, int[] shape, float mean=0.0, float std=1.0, dtype dtype=None) -> Tensor y",
     traits=["no_grad", "random"], infer=_shape_spec("normal"))
 def normal(*, shape, mean, std, dtype, rng):
     """Samples of N(mean, std²)."""
     return (mean + std * rng.standard_normal(shape)).astype(dtype or D.DEFAULT_FLOAT)
+
+
+@normal.onnx
+def _(g, *, shape, mean, std, dtype):
+    return _onnx_random(g, "RandomNormalLike", shape, dtype, mean=mean, scale=std)
+
+
+def _onnx_random(g, onnx_type, shape, dtype, **attrs):
+    # *Like: the shape may be known at run time only; ONNX draws floats only: integers are drawn, then cast
+    dtype = dtype or D.DEFAULT_FLOAT
+    draws = g.op(onnx_type, g.filled(g.ints(shape), 0, dtype if dtype.kind == "f" else D.float64), **attrs)
+    return g.cast(draws, dtype)
 
 
 @op("uniform(*, int[] shape, float low=0.0, float high=1.0, dtype dtype=None) -> Tensor y",
@@ -53,10 +74,18 @@ def uniform(*, shape, low, high, dtype, rng):
     return rng.uniform(low, high, shape).astype(dtype or D.DEFAULT_FLOAT)
 
 
+@uniform.onnx
+def _(g, *, shape, low, high, dtype):
+    return _onnx_random(g, "RandomUniformLike", shape, dtype, low=low, high=high)
+
+
 @op("arange(*, float start, float stop, float step=1.0, dtype dtype=None) -> Tensor y", traits=["no_grad"])
 def arange(*, start, stop, step, dtype):
     """Evenly spaced values in [start, stop)."""
     return np.arange(start, stop, step).astype(dtype or D.DEFAULT_FLOAT)
+
+
+arange.onnx(lambda g, **attrs: g.const(np.asarray(arange.fn(**attrs).numpy())))  # every element fixed by the attrs
 
 
 @arange.check
@@ -93,6 +122,9 @@ def eye(*, n, m, dtype):
     return np.eye(n, m, dtype=dtype or D.DEFAULT_FLOAT)
 
 
+eye.onnx(lambda g, **attrs: g.const(np.asarray(eye.fn(**attrs).numpy())))
+
+
 @eye.check
 def _(*, n, m, dtype):
     if n < 0 or (m is not None and m < 0):
@@ -114,6 +146,9 @@ def _(rng):
 def bernoulli(p, *, rng):
     """Draws 1 with probability ``p`` (elementwise), else 0, in ``p``'s dtype, from the seeded generator."""
     return (rng.random(p.shape) < p).astype(p.dtype)
+
+
+bernoulli.onnx(lambda g, p: g.op("Bernoulli", p))
 
 
 @bernoulli.samples

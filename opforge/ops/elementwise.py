@@ -6,11 +6,13 @@ by comparing (relu, clip, the hard activations) would give a finite value there:
 ``_nan_at_nan`` in rules and ``_carry_nan`` in kernels.
 """
 
+import builtins
 import math
 
 from opforge import ops as F
 
-from ._common import D, Sample, ShapeError, Spec, normalize_axes, np, op
+from ..core.errors import ArgumentError
+from ._common import D, Sample, ShapeError, Spec, broadcast_shapes, normalize_axes, np, op
 
 
 def _carry_nan(x, dx):
@@ -35,6 +37,9 @@ def identity(x):
     return x
 
 
+identity.onnx(lambda g, x: g.op("Identity", x))
+
+
 @identity.grad
 def _(dy):
     return F.identity(dy)
@@ -44,6 +49,9 @@ def _(dy):
 def scale(x, *, scale):
     """Multiplies by a constant: y = scale · x."""
     return x * scale  # a Python float keeps the array's dtype (NumPy 2 promotion)
+
+
+scale.onnx(lambda g, x, *, scale: g.op("Mul", x, g.scalar(scale, x)))
 
 
 @scale.grad
@@ -63,6 +71,9 @@ def square(x, out=None):
     return np.square(x, out=out)
 
 
+square.onnx(lambda g, x: g.op("Mul", x, x))
+
+
 @square.grad
 def _(x, dy):
     return dy * 2 * x  # a composition: no dedicated grad op needed
@@ -72,6 +83,9 @@ def _(x, dy):
 def sqrt(x):
     """y = √x."""
     return np.sqrt(x)
+
+
+sqrt.onnx(lambda g, x: g.op("Sqrt", x))
 
 
 @sqrt.grad
@@ -111,6 +125,13 @@ def leaky_relu(x, *, alpha):
     return np.maximum(x, scaled) if alpha <= 1 else np.minimum(x, scaled)
 
 
+@leaky_relu.onnx
+def _(g, x, *, alpha):
+    if x.dtype == D.float32:
+        return g.op("LeakyRelu", x, alpha=alpha)
+    return g.op("Max" if alpha <= 1 else "Min", x, g.op("Mul", x, g.scalar(alpha, x)))  # α exact in float64
+
+
 @leaky_relu.grad
 def _(x, dy, *, alpha):
     return F.leaky_relu_grad(x, dy, alpha=alpha)  # names x and dy only: y is not kept for backward
@@ -148,6 +169,9 @@ def neg(x, out=None):
     return np.negative(x, out=out)
 
 
+neg.onnx(lambda g, x: g.op("Neg", x))
+
+
 @neg.grad
 def _(dy):
     return F.neg(dy)
@@ -159,6 +183,9 @@ def exp(x, out=None):
     return np.exp(x, out=out)
 
 
+exp.onnx(lambda g, x: g.op("Exp", x))
+
+
 @exp.grad
 def _(y, dy):
     return dy * y
@@ -168,6 +195,9 @@ def _(y, dy):
 def log(x):
     """Natural logarithm."""
     return np.log(x)
+
+
+log.onnx(lambda g, x: g.op("Log", x))
 
 
 @log.grad
@@ -185,6 +215,9 @@ def _(rng):
 def tanh(x, out=None):
     """Hyperbolic tangent."""
     return np.tanh(x, out=out)
+
+
+tanh.onnx(lambda g, x: g.op("Tanh", x))
 
 
 @tanh.grad
@@ -221,6 +254,9 @@ def sigmoid(x):
     return _sigmoid(x)
 
 
+sigmoid.onnx(lambda g, x: g.op("Sigmoid", x))
+
+
 @sigmoid.grad
 def _(y, dy):
     return F.sigmoid_grad(y, dy)
@@ -247,6 +283,9 @@ def _(rng):
 def relu(x, out=None):
     """y = max(x, 0)."""
     return np.maximum(x, 0, out=out)
+
+
+relu.onnx(lambda g, x: g.op("Relu", x))
 
 
 @relu.grad
@@ -281,6 +320,9 @@ def abs(x):
     return np.abs(x)
 
 
+abs.onnx(lambda g, x: g.op("Abs", x))
+
+
 @abs.grad
 def _(x, dy):
     return _nan_at_nan(x, F.where(x > 0, dy, F.where(x < 0, -dy, 0)))  # 0 at x = 0, as PyTorch
@@ -290,6 +332,11 @@ def _(x, dy):
 def cast(x, *, dtype):
     """Converts to ``dtype`` (a copy, even when the dtype is unchanged)."""
     return x.astype(dtype)
+
+
+@cast.onnx
+def _(g, x, *, dtype):
+    return g.op("Identity", x) if x.dtype == dtype else g.cast(x, dtype)
 
 
 @cast.infer
@@ -319,10 +366,16 @@ def zeros_like(x, *, dtype):
     return np.zeros(x.shape, dtype or x.dtype)
 
 
+zeros_like.onnx(lambda g, x, *, dtype: g.filled(g.op("Shape", x), 0, dtype or x.dtype))
+
+
 @op("ones_like(Tensor x, *, dtype dtype=None) -> Tensor y", traits=["no_grad"], infer=_like_spec)
 def ones_like(x, *, dtype):
     """Ones of the shape (and, unless ``dtype`` is given, the dtype) of ``x``."""
     return np.ones(x.shape, dtype or x.dtype)
+
+
+ones_like.onnx(lambda g, x, *, dtype: g.filled(g.op("Shape", x), 1, dtype or x.dtype))
 
 
 @zeros_like.samples
@@ -358,10 +411,16 @@ def sign(x):
     return np.greater(x, 0).astype(x.dtype) - np.less(x, 0).astype(x.dtype)
 
 
+sign.onnx(lambda g, x: g.op("Sign", x))
+
+
 @op("floor(Tensor<number> x) -> Tensor y", traits=["elementwise"])
 def floor(x):
     """The largest integer ≤ x (integer tensors are returned unchanged)."""
     return np.floor(x) if D.is_floating(x.dtype) else x.copy()
+
+
+floor.onnx(lambda g, x: g.op("Floor" if x.dtype.kind == "f" else "Identity", x))
 
 
 @op("ceil(Tensor<number> x) -> Tensor y", traits=["elementwise"])
@@ -370,10 +429,41 @@ def ceil(x):
     return np.ceil(x) if D.is_floating(x.dtype) else x.copy()
 
 
-@op("round(Tensor<number> x) -> Tensor y", traits=["elementwise"])
-def round(x):
-    """The nearest integer, halves to the even one (round(2.5) = 2), as PyTorch."""
-    return np.round(x) if D.is_floating(x.dtype) else x.copy()
+ceil.onnx(lambda g, x: g.op("Ceil" if D.is_floating(x.dtype) else "Identity", x))
+
+
+@op("round(Tensor<number> x, *, int decimals=0) -> Tensor y", traits=["elementwise"])
+def round(x, *, decimals):
+    """The nearest integer, halves to the even one (round(2.5) = 2), as PyTorch; with ``decimals`` the nearest
+    multiple of 10^−decimals, computed as PyTorch does: rint(x·10^d)/10^d, or rint(x/10^−d)·10^−d for d < 0
+    (so 10^|d| is exact). Integer tensors: unchanged, or rounded to tens, hundreds, ... for decimals < 0 (PyTorch
+    refuses integers with decimals)."""
+    if not D.is_floating(x.dtype):
+        if decimals >= 0:
+            return x.copy()
+        scale = 10 ** -decimals
+        return (np.rint(x / scale) * scale).astype(x.dtype)
+    if decimals == 0:
+        return np.round(x)
+    with np.errstate(over="ignore", invalid="ignore"):  # 10^|d| beyond the dtype: inf, and NaN, as PyTorch
+        scale = np.power(x.dtype.type(10.0), builtins.abs(decimals))
+        return np.rint(x * scale) / scale if decimals > 0 else np.rint(x / scale) * scale
+
+
+@round.onnx
+def _(g, x, *, decimals):
+    if not D.is_floating(x.dtype):
+        if decimals >= 0:
+            return g.op("Identity", x)
+        wide = g.cast(x, D.float64)  # to tens, hundreds, ... in float64 (exact for these integers), then back
+        scale = g.scalar(10.0 ** -decimals, wide)
+        return g.cast(g.op("Mul", g.op("Round", g.op("Div", wide, scale)), scale), x.dtype)
+    if decimals == 0:
+        return g.op("Round", x)  # ONNX rounds halves to even too
+    scale = g.scalar(10.0 ** builtins.abs(decimals), x)
+    if decimals > 0:
+        return g.op("Div", g.op("Round", g.op("Mul", x, scale)), scale)
+    return g.op("Mul", g.op("Round", g.op("Div", x, scale)), scale)
 
 
 for _step in (sign, floor, ceil, round):
@@ -381,10 +471,27 @@ for _step in (sign, floor, ceil, round):
     _step.samples(_number_samples)
 
 
+@round.samples
+def _(rng):
+    yield from _number_samples(rng)
+    yield Sample.of(_away_from_integers(rng, (2, 3)) / 100, decimals=2)
+    yield Sample.of(_away_from_integers(rng, (4,)) * 100, decimals=-2)
+    yield Sample.of(rng.integers(-500, 500, (4,)), decimals=-2)
+
+
 @op("expm1(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
 def expm1(x):
     """y = eˣ − 1, exact for small x."""
     return np.expm1(x)
+
+
+@expm1.onnx
+def _(g, x):
+    # eˣ − 1 loses every digit for small x; there eˣ − 1 = 2t/(1 − t), t = tanh(x/2), is exact (and |t| < ¼).
+    t = g.op("Tanh", g.op("Mul", x, g.scalar(0.5, x)))
+    small = g.op("Div", g.op("Add", t, t), g.op("Sub", g.scalar(1, x), t))
+    near_zero = g.op("Less", g.op("Abs", x), g.scalar(0.5, x), spec=Spec(x.shape, D.bool_))
+    return g.op("Where", near_zero, small, g.op("Sub", g.op("Exp", x), g.scalar(1, x)))
 
 
 @expm1.grad
@@ -396,6 +503,15 @@ def _(y, dy):
 def log1p(x):
     """y = ln(1 + x), exact for small x."""
     return np.log1p(x)
+
+
+@log1p.onnx
+def _(g, x):
+    # ln(1 + x) loses the digits of x that 1 + x rounds away; u = 1 + x, ln(u)·x/(u − 1) restores them (Goldberg).
+    u = g.op("Add", x, g.scalar(1, x))
+    du = g.op("Sub", u, g.scalar(1, x))
+    exact = g.op("Div", g.op("Mul", g.op("Log", u), x), du)
+    return g.op("Where", g.op("Equal", du, g.scalar(0, x), spec=Spec(x.shape, D.bool_)), x, exact)
 
 
 @log1p.grad
@@ -415,6 +531,9 @@ def rsqrt(x):
     return 1 / np.sqrt(x)
 
 
+rsqrt.onnx(lambda g, x: g.op("Reciprocal", g.op("Sqrt", x)))
+
+
 @rsqrt.grad
 def _(y, dy):
     return dy * (-0.5) * y * y * y  # d/dx x^(−½) = −½·x^(−3/2) = −½·y³
@@ -424,6 +543,9 @@ def _(y, dy):
 def reciprocal(x):
     """y = 1/x."""
     return np.reciprocal(x)
+
+
+reciprocal.onnx(lambda g, x: g.op("Reciprocal", x))
 
 
 @reciprocal.grad
@@ -451,6 +573,9 @@ def sin(x):
     return np.sin(x)
 
 
+sin.onnx(lambda g, x: g.op("Sin", x))
+
+
 @sin.grad
 def _(x, dy):
     return dy * F.cos(x)
@@ -460,6 +585,9 @@ def _(x, dy):
 def cos(x):
     """Cosine."""
     return np.cos(x)
+
+
+cos.onnx(lambda g, x: g.op("Cos", x))
 
 
 @cos.grad
@@ -479,6 +607,9 @@ def erf(x):
     return _erf(x)
 
 
+erf.onnx(lambda g, x: g.op("Erf", x))
+
+
 @erf.grad
 def _(x, dy):
     return dy * (2 / math.sqrt(math.pi)) * F.exp(-F.square(x))  # a Python float keeps float32 float32
@@ -492,6 +623,15 @@ def softplus(x, *, beta, threshold):
     """y = ln(1 + e^(βx))/β, and y = x where βx > threshold (as PyTorch, where the two agree to float precision)."""
     z = x * beta
     return np.where(z > threshold, x, np.logaddexp(0, z) / beta)  # logaddexp: no overflow, exact for z ≪ 0
+
+
+@softplus.onnx
+def _(g, x, *, beta, threshold):
+    z = g.op("Mul", x, g.scalar(beta, x))
+    # ln(1 + eᶻ) = max(z, 0) + ln(1 + e^−|z|): no overflow, and exact for z ≪ 0 (ONNX's Softplus is neither)
+    soft = g.op("Add", g.op("Relu", z), g.call("log1p", g.op("Exp", g.op("Neg", g.op("Abs", z)))))
+    soft = g.op("Div", soft, g.scalar(beta, x))
+    return g.op("Where", g.op("Greater", z, g.scalar(threshold, x), spec=Spec(x.shape, D.bool_)), x, soft)
 
 
 @softplus.check
@@ -540,6 +680,19 @@ def elu(x, *, alpha):
     return _elu(x, alpha, 1.0)
 
 
+@elu.onnx
+def _(g, x, *, alpha):
+    if x.dtype == D.float32:
+        return g.op("Elu", x, alpha=alpha)
+    return _elu_onnx(g, x, alpha, 1.0)  # α exact in float64, where an attribute would round it to float32
+
+
+def _elu_onnx(g, x, alpha, scale):
+    negative = g.op("Mul", g.call("expm1", g.op("Min", x, g.scalar(0, x))), g.scalar(alpha * scale, x))
+    positive = g.op("Mul", x, g.scalar(scale, x)) if scale != 1 else x
+    return g.op("Where", g.op("Greater", x, g.scalar(0, x), spec=Spec(x.shape, D.bool_)), positive, negative)
+
+
 @elu.grad
 def _(x, dy, *, alpha):
     return _elu_grad(x, dy, alpha, 1.0)
@@ -556,6 +709,13 @@ def _(rng):
 def selu(x):
     """y = λ·elu(x, α) with PyTorch's constants λ ≈ 1.0507, α ≈ 1.6733 (self-normalising)."""
     return _elu(x, _SELU_ALPHA, _SELU_SCALE)
+
+
+@selu.onnx
+def _(g, x):
+    if x.dtype == D.float32:
+        return g.op("Selu", x, alpha=_SELU_ALPHA, gamma=_SELU_SCALE)
+    return _elu_onnx(g, x, _SELU_ALPHA, _SELU_SCALE)
 
 
 @selu.grad
@@ -581,6 +741,18 @@ def gelu(x, *, approximate):
     if approximate == "tanh":
         return 0.5 * x * (1 + np.tanh(_TANH_K * (x + _TANH_C * x * x * x)))
     return 0.5 * x * (1 + _erf(x * _SQRT_HALF))
+
+
+@gelu.onnx
+def _(g, x, *, approximate):
+    if g.opset >= 20 and x.dtype == D.float32:
+        return g.op("Gelu", x, approximate=approximate)
+    if approximate == "tanh":
+        u = g.op("Add", x, g.op("Mul", g.op("Mul", g.op("Mul", x, x), x), g.scalar(_TANH_C, x)))
+        phi = g.op("Tanh", g.op("Mul", u, g.scalar(_TANH_K, x)))
+    else:
+        phi = g.op("Erf", g.op("Mul", x, g.scalar(_SQRT_HALF, x)))
+    return g.op("Mul", g.op("Mul", x, g.scalar(0.5, x)), g.op("Add", phi, g.scalar(1, x)))
 
 
 @gelu.grad
@@ -636,6 +808,9 @@ def silu(x):
     return x * _sigmoid(x)
 
 
+silu.onnx(lambda g, x: g.op("Mul", x, g.op("Sigmoid", x)))
+
+
 @silu.grad
 def _(x, dy):
     s = F.sigmoid(x)
@@ -645,47 +820,76 @@ def _(x, dy):
 # -- clip -----------------------------------------------------------------------------------------------------------
 
 
-def _clip_dtype(dtype, lo, hi):
-    """An integer tensor clipped at a fractional bound becomes the default float, as PyTorch promotes it."""
-    fractional = any(b is not None and not float(b).is_integer() for b in (lo, hi))
-    return D.DEFAULT_FLOAT if not D.is_floating(dtype) and fractional else dtype
-
-
-@op("clip(Tensor<number> x, *, float? min=None, float? max=None) -> Tensor y")
-def clip(x, *, min, max):
-    """x limited to [min, max] (either bound may be None; min > max gives max everywhere, as PyTorch's clamp)."""
-    return np.clip(x, min, max).astype(_clip_dtype(x.dtype, min, max), copy=False)
-
-
-@clip.check
-def _(*, min, max):
+def _clip_spec(x, min, max):
     if min is None and max is None:
-        raise ValueError("arguments 'min' and 'max' are both None: give at least one bound")
+        raise ArgumentError("clip(): arguments 'min' and 'max' are both None: give at least one bound")
+    bounds = [b for b in (min, max) if b is not None]
+    return Spec(broadcast_shapes(x.shape, *(b.shape for b in bounds), op="clip"), _clip_dtype(x, bounds))
 
 
-@clip.infer
-def _(x, *, min, max):
-    return Spec(x.shape, _clip_dtype(x.dtype, min, max))
+def _kind(dtype) -> int:
+    return {"b": 0, "i": 1, "u": 1}.get(dtype.kind, 2)
+
+
+def _clip_dtype(x, bounds):
+    """``torch.clamp``'s result type: ``x`` and the bounds that have dims promote together; a 0-d bound (a Python
+    number becomes one) counts only where it is of a higher kind (bool < integer < floating), as in PyTorch."""
+    if not len(x.shape):
+        return D.promote(x.dtype, *(b.dtype for b in bounds))
+    dtype = D.promote(x.dtype, *(b.dtype for b in bounds if len(b.shape)))
+    higher = [b.dtype for b in bounds if not len(b.shape) and _kind(b.dtype) > _kind(dtype)]
+    return D.promote(*higher) if higher else dtype
+
+
+@op("clip(Tensor<number> x, Tensor<number>? min=None, Tensor<number>? max=None) -> Tensor y", infer=_clip_spec)
+def clip(x, min, max):
+    """x limited to [min, max], as ``torch.clamp``: either bound may be None, and each is a number or a tensor that
+    broadcasts with ``x`` (min > max gives max). The dtype follows torch too: a number, or a 0-d tensor, changes
+    it only where it is of a higher kind (an integer tensor clipped at 2.5 becomes float32, at 2 stays integer)."""
+    dtype = _clip_spec(x, min, max).dtype
+    y = x if min is None else np.maximum(x, min)
+    return np.asarray(y if max is None else np.minimum(y, max)).astype(dtype, copy=False)
+
+
+@clip.onnx
+def _(g, x, min, max):
+    # Max then Min, not Clip: the bounds may be tensors that broadcast (Clip takes scalars); min > max gives max.
+    dtype = g.outputs[0].dtype
+    y = g.cast(x, dtype)
+    if min is not None:
+        y = g.op("Max", y, g.cast(min, dtype))
+    if max is not None:
+        y = g.op("Min", y, g.cast(max, dtype))
+    return y
 
 
 @clip.grad
-def _(x, dy, *, min, max):
-    # The gradient passes where min ≤ x ≤ max, bounds included (as torch.clamp), and is 0 outside.
-    if min is None:
-        inside = x <= max
-    elif max is None:
-        inside = x >= min
-    else:
-        inside = F.logical_and(x >= min, x <= max)
-    return _nan_at_nan(x, F.where(inside, dy, 0))
+def _(x, min, max, dy, needs_input_grad):
+    # torch.clamp's rule: x gets the gradient where min ≤ x ≤ max (bounds included), min where x < min, max where
+    # x > max; with min > max (y = max everywhere) min gets none and max gets it all.
+    above_min = None if min is None else x >= min
+    below_max = None if max is None else x <= max
+    inside = F.logical_and(above_min, below_max) if min is not None and max is not None else \
+        (above_min if max is None else below_max)
+    dx = _nan_at_nan(x, F.where(inside, dy, 0)) if needs_input_grad[0] else None
+    dmin = dmax = None
+    if min is not None and needs_input_grad[1]:
+        dmin = F.where(F.logical_not(above_min) if max is None else F.logical_and(x < min, min < max), dy, 0)
+    if max is not None and needs_input_grad[2]:
+        dmax = F.where(F.logical_not(below_max) if min is None else F.logical_or(x > max, max < min), dy, 0)
+    return dx, dmin, dmax
 
 
 @clip.samples
 def _(rng):
-    yield Sample.of(rng.standard_normal((3, 4)), min=-0.5, max=0.5)
-    yield Sample.of(rng.standard_normal(6), min=0.1)
-    yield Sample.of(rng.standard_normal(()), max=-0.2)
-    yield Sample.of(rng.integers(-5, 5, (4,)), min=-2.0, max=2.5)
+    yield Sample.of(rng.standard_normal((3, 4)), min=np.array(-0.5), max=np.array(0.5))
+    yield Sample.of(rng.standard_normal(6), min=np.array(0.1))
+    yield Sample.of(rng.standard_normal(()), max=np.array(-0.2))
+    yield Sample.of(rng.integers(-5, 5, (4,)), min=np.array(-2), max=np.array(2.5))  # promotes to floating
+    yield Sample.of(rng.integers(-5, 5, (4,)), min=np.array(-2, np.int32), max=np.array(3))  # stays int64
+    yield Sample.of(rng.standard_normal((3, 4)), rng.standard_normal(4) - 0.5, rng.standard_normal((3, 1)) + 0.5)
+    yield Sample.of(rng.standard_normal(5), max=rng.standard_normal((2, 5)))  # a bound that broadcasts x
+    yield Sample.of(rng.standard_normal(4), np.array([0.5, 0.5, -2.0, -2.0]), np.array([-0.5, 2.0, 2.0, -2.5]))
 
 
 # -- tests of values: bool results, no gradient ---------------------------------------------------------------------
@@ -701,16 +905,33 @@ def isnan(x):
     return np.isnan(x)
 
 
+@isnan.onnx
+def _(g, x):
+    if x.dtype.kind != "f":
+        return g.filled(g.op("Shape", x), False, D.bool_)
+    return g.op("IsNaN", x, spec=Spec(x.shape, D.bool_))
+
+
 @op("isfinite(Tensor x) -> Tensor<bool> y", traits=["no_grad"], infer=_bool_spec)
 def isfinite(x):
     """True where x is neither infinite nor NaN (always, for integers and bools)."""
     return np.isfinite(x)
 
 
+@isfinite.onnx
+def _(g, x):
+    if x.dtype.kind != "f":
+        return g.filled(g.op("Shape", x), True, D.bool_)
+    return g.op("Not", g.op("Or", g.op("IsNaN", x), g.op("IsInf", x)))
+
+
 @op("logical_not(Tensor x) -> Tensor<bool> y", traits=["no_grad"], infer=_bool_spec)
 def logical_not(x):
     """True where x is 0 (or False)."""
     return np.logical_not(x)
+
+
+logical_not.onnx(lambda g, x: g.op("Not", g.cast(x, D.bool_)))
 
 
 def _special_value_samples(rng):
@@ -746,6 +967,9 @@ def _check_bounds(*, min_val, max_val):
 def hardtanh(x, *, min_val, max_val):
     """x limited to [min_val, max_val]; the gradient is 0 at the bounds (as PyTorch), unlike clip's."""
     return np.clip(x, min_val, max_val)
+
+
+hardtanh.onnx(lambda g, x, *, min_val, max_val: g.op("Clip", x, g.scalar(min_val, x), g.scalar(max_val, x)))
 
 
 @hardtanh.grad
@@ -788,6 +1012,9 @@ def relu6(x):
     return np.clip(x, 0, 6)
 
 
+relu6.onnx(lambda g, x: g.op("Clip", x, g.scalar(0, x), g.scalar(6, x)))
+
+
 @relu6.grad
 def _(x, dy):
     return F.hardtanh_grad(x, dy, min_val=0.0, max_val=6.0)
@@ -805,6 +1032,14 @@ def hardsigmoid(x):
     return np.clip(x * (1 / 6) + 0.5, 0, 1)
 
 
+@hardsigmoid.onnx
+def _(g, x):
+    if x.dtype == D.float32:
+        return g.op("HardSigmoid", x, alpha=1 / 6, beta=0.5)
+    return g.op("Clip", g.op("Add", g.op("Mul", x, g.scalar(1 / 6, x)), g.scalar(0.5, x)), g.scalar(0, x),
+                g.scalar(1, x))
+
+
 @hardsigmoid.grad
 def _(x, dy):
     return F.hardtanh_grad(x, dy * (1 / 6), min_val=-3.0, max_val=3.0)
@@ -814,6 +1049,13 @@ def _(x, dy):
 def hardswish(x):
     """y = x·hardsigmoid(x) = x·min(max(x + 3, 0), 6)/6."""
     return x * np.clip(x * (1 / 6) + 0.5, 0, 1)
+
+
+@hardswish.onnx
+def _(g, x):
+    if x.dtype == D.float32:
+        return g.op("HardSwish", x)
+    return g.op("Mul", x, g.call("hardsigmoid", x))
 
 
 @hardswish.grad
@@ -858,6 +1100,9 @@ def mish(x):
     return x * np.tanh(_softplus_np(x))
 
 
+mish.onnx(lambda g, x: g.op("Mul", x, g.op("Tanh", g.call("softplus", x, beta=1.0, threshold=math.inf))))
+
+
 @mish.grad
 def _(x, dy):
     # d/dx x·tanh(sp(x)) = t + x·(1 − t²)·σ(x), t = tanh(sp(x)), sp′ = σ. The exact softplus (no linear piece).
@@ -871,6 +1116,12 @@ def logsigmoid(x):
     return np.minimum(x, 0) - np.log1p(np.exp(-np.abs(x)))
 
 
+@logsigmoid.onnx
+def _(g, x):
+    tail = g.call("log1p", g.op("Exp", g.op("Neg", g.op("Abs", x))))
+    return g.op("Sub", g.op("Min", x, g.scalar(0, x)), tail)
+
+
 @logsigmoid.grad
 def _(x, dy):
     return dy * F.sigmoid(-x)  # d/dx log σ(x) = 1 − σ(x) = σ(−x), exact for large x too
@@ -880,6 +1131,15 @@ def _(x, dy):
 def celu(x, *, alpha):
     """y = x for x > 0, α·(e^(x/α) − 1) otherwise (continuously differentiable elu)."""
     return _elu(x, alpha, 1.0, 1 / alpha)
+
+
+@celu.onnx
+def _(g, x, *, alpha):
+    if x.dtype == D.float32:
+        return g.op("Celu", x, alpha=alpha)
+    low = g.op("Mul", g.op("Min", x, g.scalar(0, x)), g.scalar(1 / alpha, x))
+    negative = g.op("Mul", g.call("expm1", low), g.scalar(alpha, x))
+    return g.op("Where", g.op("Greater", x, g.scalar(0, x)), x, negative)
 
 
 @celu.check
@@ -920,6 +1180,9 @@ def softmin(x, *, axis):
     return e / np.sum(e, axis=axes, keepdims=True)
 
 
+softmin.onnx(lambda g, x, *, axis: g.call("softmax", g.op("Neg", x), axis=axis))
+
+
 @softmin.infer
 def _(x, *, axis):
     normalize_axes("softmin", [axis], len(x.shape))
@@ -952,6 +1215,12 @@ def glu(x, *, axis):
     """Gated linear unit: x split in halves a, b along ``axis``, y = a·σ(b)."""
     a, b = np.split(x, 2, axis=_glu_halves("glu", x.shape, axis))
     return a * _sigmoid(b)
+
+
+@glu.onnx
+def _(g, x, *, axis):
+    a, b = g.op("Split", x, axis=axis, num_outputs=2, outputs=2)
+    return g.op("Mul", a, g.op("Sigmoid", b))
 
 
 @glu.infer
@@ -988,6 +1257,12 @@ def prelu(x, weight):
         raise ValueError("weight must be 1-d")  # (the shape rule explains; reshape would take a 0-d weight)
     w = weight.reshape(_prelu_weight_shape(x.ndim, weight.size))
     return np.where(x > 0, x, w * x).astype(x.dtype, copy=False)
+
+
+@prelu.onnx
+def _(g, x, weight):
+    w = g.op("Reshape", weight, g.ints(_prelu_weight_shape(x.ndim, -1)))
+    return g.op("Where", g.op("Greater", x, g.scalar(0, x)), x, g.op("Mul", w, x))
 
 
 @prelu.infer

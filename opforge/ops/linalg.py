@@ -1,9 +1,13 @@
-"""Matrix products."""
+"""Matrix products (matmul, outer, linear, einsum), and ``torch.linalg``'s inverse, determinant, solve and the
+Cholesky, QR and singular-value decompositions. These are named as PyTorch's own ops are (``linalg_inv``, ...);
+``of.linalg`` gives them ``torch.linalg``'s short names (``of.linalg.inv``). Their gradient rules are written
+with ops (matmul, linalg_solve, ...), so they can be differentiated again."""
 
 import string
 
 from opforge import ops as F
 
+from ..core.errors import ArgumentError
 from ._common import D, Sample, ShapeError, Spec, broadcast_shapes, np, op
 
 
@@ -13,6 +17,12 @@ def matmul(x, y):
     import numpy as np
 
     return np.matmul(x, y)
+
+
+@matmul.onnx
+def _(g, x, y):
+    dtype = g.outputs[0].dtype
+    return g.op("MatMul", g.cast(x, dtype), g.cast(y, dtype), spec=g.outputs[0])
 
 
 @matmul.infer
@@ -79,6 +89,13 @@ def outer(x, y):
     return np.multiply.outer(x, y)
 
 
+@outer.onnx
+def _(g, x, y):
+    dtype = g.outputs[0].dtype
+    column = g.op("Unsqueeze", g.cast(x, dtype), g.ints([1]))
+    return g.op("Mul", column, g.op("Unsqueeze", g.cast(y, dtype), g.ints([0])))
+
+
 def _outer_check(xs, ys):
     if len(xs) != 1 or len(ys) != 1:
         raise ShapeError(f"outer(): needs two vectors (1-D), got shapes {xs} and {ys}")
@@ -132,6 +149,17 @@ def linear(x, weight, bias):
     _linear_spec(x, weight, bias)
     y = np.matmul(x, weight.T)
     return y if bias is None else y + bias
+
+
+@linear.onnx
+def _(g, x, weight, bias):
+    dtype = g.outputs[0].dtype
+    x, weight = g.cast(x, dtype), g.cast(weight, dtype)
+    bias = None if bias is None else g.cast(bias, dtype)
+    if x.ndim == 2 and weight.ndim == 2 and dtype.kind == "f":
+        return g.op("Gemm", x, weight, bias, transB=1, spec=g.outputs[0])
+    y = g.op("MatMul", x, g.op("Transpose", weight) if weight.ndim == 2 else weight, spec=g.outputs[0])
+    return y if bias is None else g.op("Add", y, bias)
 
 
 @linear.infer
@@ -244,6 +272,14 @@ def einsum(operands, *, equation):
     return np.einsum(f"{','.join(terms)}->{out}", *operands, optimize=len(operands) > 2)
 
 
+@einsum.onnx
+def _(g, operands, *, equation):
+    terms, out, _ = _einsum_explicit(equation, [a.shape for a in operands])
+    dtype = g.outputs[0].dtype
+    return g.op("Einsum", *(g.cast(a, dtype) for a in operands), equation=f"{','.join(terms)}->{out}",
+                spec=g.outputs[0])
+
+
 @einsum.check
 def _(*, equation):
     _einsum_terms(equation)
@@ -310,3 +346,334 @@ def _(rng):
     yield Sample.of([rng.standard_normal((3, 3)), rng.standard_normal(3)], equation="ii,i->i")  # a diagonal
     yield Sample.of([rng.standard_normal((3, 2, 3))], equation="iji")  # traces of the (i, i) slices
     yield Sample.of([rng.standard_normal(3), rng.standard_normal(2), rng.standard_normal(())], equation="i,j,->ij")
+
+
+# -- torch.linalg: inverse, determinant, solve -------------------------------------------------------------------
+
+
+def _square(op_name, shape, name="a"):
+    """Checks that ``shape`` is a (batch of) square matrices; returns n."""
+    if len(shape) < 2 or (shape[-1] is not None and shape[-2] is not None and shape[-1] != shape[-2]):
+        raise ShapeError(f"{op_name}(): {name} must be a square matrix or a batch of them (..., n, n), "
+                         f"got shape {tuple(shape)}")
+    return shape[-1] if shape[-1] is not None else shape[-2]
+
+
+def _lapack(op_name, what, fn, *args):
+    """Runs a NumPy linear-algebra routine; its LinAlgError becomes an error naming the op and the input."""
+    try:
+        return fn(*args)
+    except np.linalg.LinAlgError:
+        raise ArgumentError(f"{op_name}(): {what}") from None
+
+
+def _well_conditioned(rng, *shape):
+    """Random matrices far from singular: I·n plus noise."""
+    n = shape[-1]
+    return np.asarray(rng.standard_normal(shape) + n * np.eye(n))
+
+
+@op("linalg_inv(Tensor<floating> a) -> Tensor y")
+def linalg_inv(a):
+    """``torch.linalg.inv``: the inverse of each square matrix of ``a`` (..., n, n). A singular matrix is an error."""
+    _square("linalg_inv", a.shape)
+    return _lapack("linalg_inv", "a matrix of a is singular (not invertible)", np.linalg.inv, a)
+
+
+@linalg_inv.infer
+def _(a):
+    _square("linalg_inv", a.shape)
+    return a
+
+
+@linalg_inv.grad
+def _(y, dy):
+    return -F.matmul(F.matmul(_swap_last(y), dy), _swap_last(y))  # d(A⁻¹) = −A⁻¹·dA·A⁻¹
+
+
+@linalg_inv.samples
+def _(rng):
+    yield Sample.of(_well_conditioned(rng, 3, 3))
+    yield Sample.of(_well_conditioned(rng, 2, 4, 4))
+    yield Sample.of(rng.uniform(1, 2, (1, 1)))
+
+
+@op("linalg_det(Tensor<floating> a) -> Tensor y")
+def linalg_det(a):
+    """``torch.linalg.det``: the determinant of each square matrix of ``a`` (..., n, n) -> (...)."""
+    _square("linalg_det", a.shape)
+    return np.asarray(np.linalg.det(a))
+
+
+@linalg_det.infer
+def _(a):
+    _square("linalg_det", a.shape)
+    return Spec(tuple(a.shape[:-2]), a.dtype)
+
+
+@linalg_det.grad
+def _(a, y, dy):
+    # ∂det(A)/∂A = det(A)·A⁻ᵀ (the cofactors). At a singular matrix this needs the adjugate without A⁻¹, which is
+    # not done here: linalg_inv refuses the matrix.
+    scale = F.unsqueeze(F.unsqueeze(dy * y, axis=-1), axis=-1)
+    return scale * _swap_last(F.linalg_inv(a))
+
+
+@linalg_det.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((3, 3)))
+    yield Sample.of(rng.standard_normal((2, 2, 2)))
+    yield Sample.of(rng.standard_normal((1, 1)))
+
+
+def _solve_kind(a_shape, b_shape):
+    """PyTorch's reading of B: a batch of vectors when 1-D, or when its shape is A's without the last dim."""
+    if len(b_shape) == 1:
+        return True
+    return len(b_shape) == len(a_shape) - 1 and all(
+        x is None or y is None or x == y for x, y in zip(b_shape, a_shape[:-1]))
+
+
+def _solve_spec(a, b, left):
+    n = _square("linalg_solve", a.shape)
+    vector = _solve_kind(a.shape, b.shape)
+    if vector and not left:  # as PyTorch, which would read it as a column
+        raise ShapeError(f"linalg_solve(): with left=False, b must be a (batch of) matrices (..., k, n), got shape "
+                         f"{b.shape}; a row vector is (..., 1, n)")
+    if not vector and len(b.shape) < 2:
+        raise ShapeError(f"linalg_solve(): b must be a vector or a matrix (or a batch of them), got shape {b.shape}")
+    rows = b.shape[-1] if vector or not left else b.shape[-2]
+    if n is not None and rows is not None and rows != n:
+        side = "its last dim" if vector or not left else "its second to last dim"
+        raise ShapeError(f"linalg_solve(): b of shape {b.shape} does not fit a of shape {a.shape}: {side} must be "
+                         f"{n}")
+    batch = broadcast_shapes(a.shape[:-2], b.shape[:-1] if vector else b.shape[:-2], op="linalg_solve")
+    shape = (*batch, n) if vector else (*batch, *b.shape[-2:])
+    return Spec(shape, D.promote(a.dtype, b.dtype)), vector
+
+
+@op("linalg_solve(Tensor<floating> a, Tensor<floating> b, *, bool left=True) -> Tensor x")
+def linalg_solve(a, b, *, left):
+    """``torch.linalg.solve``: x with a·x = b (``left=False``: x·a = b) for square a (..., n, n) and b a batch of
+    vectors (..., n), when it is 1-D or has a's shape without the last dim, else of matrices (..., n, k)
+    (``left=False``: matrices (..., k, n) only); batch dims broadcast. A singular a is an error."""
+    spec, vector = _solve_spec(a, b, left)
+    if not left:  # x·a = b  <=>  aᵀ·xᵀ = bᵀ
+        a, b = np.swapaxes(a, -1, -2), np.swapaxes(b, -1, -2)
+    x = _lapack("linalg_solve", "a matrix of a is singular (not invertible)", np.linalg.solve, a,
+                b[..., None] if vector else b)
+    x = x[..., 0] if vector else (x if left else np.swapaxes(x, -1, -2))
+    return np.broadcast_to(x, spec.shape).astype(spec.dtype, copy=False)
+
+
+@linalg_solve.infer
+def _(a, b, *, left):
+    return _solve_spec(a, b, left)[0]
+
+
+@linalg_solve.grad
+def _(a, x, dx, *, left, needs_input_grad):
+    # a·x = b: db = a⁻ᵀ·dx (solve with aᵀ), da = −db·xᵀ; for x·a = b: db = dx·a⁻ᵀ, da = −xᵀ·db. Vectors are taken
+    # as one-column matrices, so that each solve is a matrix solve; the engine sums broadcast dims back down.
+    vector = x.ndim < a.ndim  # (x has a's rank less one for vectors: decided by ranks, as sizes may be unknown)
+    if vector:
+        x, dx = F.unsqueeze(x, axis=-1), F.unsqueeze(dx, axis=-1)
+    db = F.linalg_solve(_swap_last(a), dx, left=left)
+    da = None
+    if needs_input_grad[0]:
+        da = -F.matmul(db, _swap_last(x)) if left else -F.matmul(_swap_last(x), db)
+    if vector:
+        db = F.squeeze(db, axis=[-1])
+    return da, db if needs_input_grad[1] else None
+
+
+@linalg_solve.samples
+def _(rng):
+    yield Sample.of(_well_conditioned(rng, 3, 3), rng.standard_normal((3, 2)))
+    yield Sample.of(_well_conditioned(rng, 3, 3), rng.standard_normal(3))  # a vector
+    yield Sample.of(_well_conditioned(rng, 2, 3, 3), rng.standard_normal((2, 3)))  # a batch of vectors
+    yield Sample.of(_well_conditioned(rng, 2, 1, 3, 3), rng.standard_normal((4, 3, 2)))  # batch dims broadcast
+    yield Sample.of(_well_conditioned(rng, 3, 3), rng.standard_normal((2, 3)), left=False)
+    yield Sample.of(_well_conditioned(rng, 2, 2), rng.standard_normal((1, 2)), left=False)  # a row vector
+
+
+# -- torch.linalg: Cholesky, QR and singular-value decompositions ----------------------------------------------
+
+
+def _positive_definite(rng, *shape):
+    m = rng.standard_normal(shape)
+    return np.asarray(m @ np.swapaxes(m, -1, -2) + shape[-1] * np.eye(shape[-1]))
+
+
+@op("linalg_cholesky(Tensor<floating> a, *, bool upper=False) -> Tensor l")
+def linalg_cholesky(a, *, upper):
+    """``torch.linalg.cholesky``: the lower triangular l with l·lᵀ = a (``upper``: the upper u = lᵀ, a = uᵀ·u), for
+    a symmetric positive-definite (..., n, n). a is read through its symmetric part (a + aᵀ)/2, as
+    ``jax.numpy.linalg.cholesky`` does (PyTorch reads the lower triangle): the same for a symmetric a, values and
+    gradients, and the gradient is then the derivative for any a. Not positive-definite is an error."""
+    _square("linalg_cholesky", a.shape)
+    l_ = _lapack("linalg_cholesky", "a matrix of a is not positive-definite", np.linalg.cholesky,
+                 (a + np.swapaxes(a, -1, -2)) / 2)
+    return np.swapaxes(l_, -1, -2).copy() if upper else l_
+
+
+@linalg_cholesky.infer
+def _(a, *, upper):
+    _square("linalg_cholesky", a.shape)
+    return a
+
+
+@linalg_cholesky.grad
+def _(l, dl, *, upper):
+    # PyTorch's rule (Murray 2016, arXiv:1602.07527): with P = tril(lᵀ·dl), da = l⁻ᵀ·Φ·l⁻¹ where Φ = P with its
+    # diagonal halved, made symmetric: Φ = (P + tril(P, −1)ᵀ)/2. Symmetric, as the derivative along symmetric da.
+    if upper:
+        l, dl = _swap_last(l), _swap_last(dl)
+    p = F.tril(F.matmul(_swap_last(l), dl))
+    phi = (p + _swap_last(F.tril(p, diagonal=-1))) * 0.5
+    return F.linalg_solve(l, F.linalg_solve(_swap_last(l), phi), left=False)
+
+
+@linalg_cholesky.samples
+def _(rng):
+    yield Sample.of(_positive_definite(rng, 3, 3))
+    yield Sample.of(_positive_definite(rng, 2, 4, 4), upper=True)
+    yield Sample.of(_positive_definite(rng, 3, 3) + np.triu(rng.standard_normal((3, 3)), 1) * 0.3)  # not symmetric
+
+
+_QR_MODES = ("reduced", "complete")
+
+
+@op('linalg_qr(Tensor<floating> a, *, str mode="reduced") -> (Tensor q, Tensor r)')
+def linalg_qr(a, *, mode):
+    """``torch.linalg.qr``: a = q·r for a (..., m, n), q with orthonormal columns and r upper triangular; q is
+    (m, k) and r (k, n) with k = min(m, n) in mode "reduced", q (m, m) and r (m, n) in "complete". As LAPACK
+    (and PyTorch) compute it, r's diagonal may be negative. Differentiable where a has full rank (mode
+    "complete" only when m <= n, where it equals "reduced"). Mode "r" is not offered: take ``linalg_qr(a).r``."""
+    _qr_shapes(a.shape, mode)
+    q, r = np.linalg.qr(a, mode=mode)
+    return q, r
+
+
+@linalg_qr.check
+def _(*, mode):
+    if mode not in _QR_MODES:
+        raise ValueError(f"argument 'mode' must be 'reduced' or 'complete', got {mode!r}")
+
+
+def _qr_shapes(shape, mode):
+    if len(shape) < 2:
+        raise ShapeError(f"linalg_qr(): a must be a matrix or a batch of them (..., m, n), got shape {tuple(shape)}")
+    *batch, m, n = shape
+    k = m if mode == "complete" or None in (m, n) else min(m, n)
+    return (*batch, m, k), (*batch, k, n)
+
+
+@linalg_qr.infer
+def _(a, *, mode):
+    q, r = _qr_shapes(a.shape, mode)
+    return Spec(q, a.dtype), Spec(r, a.dtype)
+
+
+def _times_r_inverse_t(x, r):
+    """x·r⁻ᵀ, for a square r."""
+    return F.linalg_solve(_swap_last(r), x, left=False)
+
+
+def _qr_grad_tall(q, r, dq, dr):
+    # TensorFlow's QrGrad for m >= n (Walter and Lehmann 2018): with M = qᵀ·dq − (qᵀ·dq)ᵀ + r·drᵀ − (r·drᵀ)ᵀ,
+    # da = q·(dr + tril(M)·r⁻ᵀ) + (dq − q·qᵀ·dq)·r⁻ᵀ.
+    qdq = F.matmul(_swap_last(q), dq)
+    rdr = F.matmul(r, _swap_last(dr))
+    m = F.tril(qdq - _swap_last(qdq) + rdr - _swap_last(rdr))
+    return F.matmul(q, dr + _times_r_inverse_t(m, r)) + _times_r_inverse_t(dq - F.matmul(q, qdq), r)
+
+
+@linalg_qr.grad
+def _(a_spec, q, r, dq, dr, *, mode):
+    m, n = a_spec.shape[-2:]
+    if m > n and mode == "complete":
+        raise ArgumentError("linalg_qr(): mode 'complete' with more rows than columns is not differentiable (the "
+                            "extra columns of q are not determined by a); use mode 'reduced'")
+    if m >= n:
+        return _qr_grad_tall(q, r, dq, dr)
+    # m < n: a = [x | y], r = [u | v] with u square: y = q·v gives dy = q·dv, and x = q·u is the square case with
+    # dq taking y·dvᵀ in too.
+    ndim = len(a_spec.shape)
+
+    def cols(t, start, end):
+        return F.slice(t, axes=[ndim - 1], starts=[start], ends=[end], steps=[1])
+
+    u, dv, du = cols(r, 0, m), cols(dr, m, n), cols(dr, 0, m)
+    y = F.matmul(q, cols(r, m, n))
+    dx = _qr_grad_tall(q, u, dq + F.matmul(y, _swap_last(dv)), du)
+    return F.concat([dx, F.matmul(q, dv)], axis=-1)
+
+
+@linalg_qr.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((4, 3)))
+    yield Sample.of(rng.standard_normal((3, 3)))
+    yield Sample.of(rng.standard_normal((2, 3, 5)))  # wide
+    yield Sample.of(rng.standard_normal((2, 4)), mode="complete")  # m <= n: the same as "reduced"
+
+
+@op("linalg_svd(Tensor<floating> a, *, bool full_matrices=True) -> (Tensor u, Tensor s, Tensor vh)")
+def linalg_svd(a, *, full_matrices):
+    """``torch.linalg.svd``: a = u·diag(s)·vh for a (..., m, n), s (..., k) descending with k = min(m, n); u is
+    (m, m) and vh (n, n) with ``full_matrices``, else (m, k) and (k, n). Each singular vector's sign is LAPACK's
+    choice. Differentiable where the singular values are distinct and nonzero (where m != n; at k for square
+    matrices); the columns beyond k of full matrices are not determined by a, and their gradient is ignored, as
+    in PyTorch."""
+    _svd_shapes(a.shape, full_matrices)
+    u, s, vh = np.linalg.svd(a, full_matrices=full_matrices)
+    return u, s, vh
+
+
+def _svd_shapes(shape, full_matrices):
+    if len(shape) < 2:
+        raise ShapeError(f"linalg_svd(): a must be a matrix or a batch of them (..., m, n), got shape {tuple(shape)}")
+    *batch, m, n = shape
+    k = None if None in (m, n) else min(m, n)
+    return (*batch, m, m if full_matrices else k), (*batch, k), (*batch, n if full_matrices else k, n)
+
+
+@linalg_svd.infer
+def _(a, *, full_matrices):
+    return tuple(Spec(s, a.dtype) for s in _svd_shapes(a.shape, full_matrices))
+
+
+@linalg_svd.grad
+def _(a_spec, u, s, vh, du, ds, dvh, *, full_matrices):
+    # PyTorch's svd_backward (real case). With E_jk = s_k² − s_j² (1 on the diagonal), skew(X) = X − Xᵀ:
+    # da = u·[(skew(uᵀ·du)·s_k + s_j·skew(vh·dvhᵀ))/E + diag(ds)]·vh, plus for m > n (m < n) the part of du
+    # (dvh) outside the span of u (of vh): (I − u·uᵀ)·du·diag(1/s)·vh (and its mirror image).
+    m, n = a_spec.shape[-2:]
+    k = min(m, n)
+    ndim = len(a_spec.shape)
+    if full_matrices and m != n:  # only the first k columns of u (rows of vh) are determined by a
+        def first(t, axis):
+            return F.slice(t, axes=[ndim + axis], starts=[0], ends=[k], steps=[1])
+
+        u, du, vh, dvh = first(u, -1), first(du, -1), first(vh, -2), first(dvh, -2)
+    eye = F.eye(n=k, dtype=s.dtype)
+    s_row, s_col = F.unsqueeze(s, axis=-2), F.unsqueeze(s, axis=-1)
+    s2 = s * s
+    e = F.where(eye > 0, 1, F.unsqueeze(s2, axis=-2) - F.unsqueeze(s2, axis=-1))
+    uhgu = F.matmul(_swap_last(u), du)
+    vhgv = F.matmul(vh, _swap_last(dvh))
+    core = ((uhgu - _swap_last(uhgu)) * s_row + s_col * (vhgv - _swap_last(vhgv))) / e + F.unsqueeze(ds, axis=-1) * eye
+    if m > n:
+        gu = du / s_row
+        return F.matmul(F.matmul(u, core) + gu - F.matmul(u, F.matmul(_swap_last(u), gu)), vh)
+    if m < n:
+        gvh = dvh / s_col
+        return F.matmul(u, F.matmul(core, vh) + gvh - F.matmul(F.matmul(gvh, _swap_last(vh)), vh))
+    return F.matmul(F.matmul(u, core), vh)
+
+
+@linalg_svd.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((3, 3)))
+    yield Sample.of(rng.standard_normal((4, 2)), full_matrices=False)
+    yield Sample.of(rng.standard_normal((2, 2, 4)), full_matrices=False)

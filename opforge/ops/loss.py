@@ -12,6 +12,14 @@ def smooth_l1(x, *, sigma):
     return np.where(np.abs(x) < 1 / s2, 0.5 * s2 * x * x, np.abs(x) - 0.5 / s2).astype(x.dtype)
 
 
+@smooth_l1.onnx
+def _(g, x, *, sigma):
+    s2 = sigma * sigma
+    a = g.op("Abs", x)
+    quadratic = g.op("Mul", g.op("Mul", x, x), g.scalar(0.5 * s2, x))
+    return g.op("Where", g.op("Less", a, g.scalar(1 / s2, x)), quadratic, g.op("Sub", a, g.scalar(0.5 / s2, x)))
+
+
 @smooth_l1.check
 def _(*, sigma):
     if not sigma > 0:

@@ -91,6 +91,9 @@ def softmax(x, *, axis):
     return _softmax_np(x, normalize_axes("softmax", [axis], x.ndim))
 
 
+softmax.onnx(lambda g, x, *, axis: g.op("Softmax", x, axis=axis) if x.ndim else g.filled(g.op("Shape", x), 1, x.dtype))
+
+
 @softmax.grad
 def _(y, dy, *, axis):
     return F.softmax_grad(y, dy, axis=axis)  # from the output alone, as torch's _softmax_backward_data
@@ -118,6 +121,10 @@ def _(y, dy, ddx, *, axis):
 def log_softmax(x, *, axis):
     """log(softmax(x)) along ``axis``, computed as (x − max x) − log Σ exp(x − max x)."""
     return _log_softmax_np(x, normalize_axes("log_softmax", [axis], x.ndim))
+
+
+log_softmax.onnx(lambda g, x, *, axis: g.op("LogSoftmax", x, axis=axis) if x.ndim else
+                 g.filled(g.op("Shape", x), 0, x.dtype))
 
 
 @log_softmax.grad
@@ -228,6 +235,21 @@ def nll_loss(log_probs, target, *, ignore_index, reduction):
     return _reduce_losses(np.where(valid, -_picked(log_probs, target, valid), 0), valid, reduction)
 
 
+def _onnx_nll(g, log_probs, target, ignore_index, reduction):
+    if log_probs.ndim == 1:  # ONNX wants a batch dim: (C,) and a 0-d target become (1, C) and (1,)
+        log_probs = g.op("Unsqueeze", log_probs, g.ints([0]), spec=Spec((1, *log_probs.shape), log_probs.dtype))
+        target = g.op("Unsqueeze", target, g.ints([0]))
+        loss = g.op("NegativeLogLikelihoodLoss", log_probs, g.cast(target, D.int64), reduction=reduction,
+                    ignore_index=ignore_index)
+        return g.op("Squeeze", loss, g.ints([0])) if reduction == "none" else loss
+    return g.op("NegativeLogLikelihoodLoss", log_probs, g.cast(target, D.int64), reduction=reduction,
+                ignore_index=ignore_index)
+
+
+nll_loss.onnx(lambda g, log_probs, target, *, ignore_index, reduction:
+              _onnx_nll(g, log_probs, target, ignore_index, reduction))
+
+
 @nll_loss.check
 def _(*, reduction, **_):
     _check_reduction(reduction)
@@ -292,6 +314,27 @@ def cross_entropy(logits, target, *, ignore_index, reduction, label_smoothing):
     if label_smoothing:
         losses = losses * (1 - label_smoothing) - np.mean(logp, axis=axis) * label_smoothing
     return _reduce_losses(np.where(valid, losses, 0), valid, reduction)
+
+
+@cross_entropy.onnx
+def _(g, logits, target, *, ignore_index, reduction, label_smoothing):
+    axis = _class_axis(logits.ndim)
+    logp = g.op("LogSoftmax", logits, axis=axis)
+    if not label_smoothing:
+        return _onnx_nll(g, logp, target, ignore_index, reduction)
+    # (1 − ε)·(−log p[target]) + ε·mean_c(−log p[c]) for each valid target, then reduced over the valid ones
+    picked = _onnx_nll(g, logp, target, ignore_index, "none")
+    valid = g.op("Not", g.op("Equal", g.cast(target, D.int64), g.const(np.array(ignore_index, np.int64))))
+    smooth = g.op("Neg", g.reduce("ReduceMean", logp, [axis], False))
+    losses = g.op("Add", g.op("Mul", picked, g.scalar(1 - label_smoothing, logits)),
+                  g.op("Mul", smooth, g.scalar(label_smoothing, logits)))
+    losses = g.op("Where", valid, losses, g.scalar(0, logits))
+    if reduction == "none":
+        return losses
+    total = g.reduce("ReduceSum", losses, None, False)
+    if reduction == "sum":
+        return total
+    return g.op("Div", total, g.reduce("ReduceSum", g.cast(valid, logits.dtype), None, False))
 
 
 @cross_entropy.check
@@ -364,6 +407,14 @@ def mse_loss(x, target, *, reduction):
     return d if reduction == "none" else np.asarray(np.mean(d) if reduction == "mean" else np.sum(d))
 
 
+@mse_loss.onnx
+def _(g, x, target, *, reduction):
+    dtype = g.outputs[0].dtype
+    d = g.op("Sub", g.cast(x, dtype), g.cast(target, dtype))
+    d = g.op("Mul", d, d)
+    return d if reduction == "none" else g.reduce("ReduceMean" if reduction == "mean" else "ReduceSum", d, None, False)
+
+
 @mse_loss.check
 def _(*, reduction):
     _check_reduction(reduction)
@@ -402,6 +453,19 @@ def binary_cross_entropy_with_logits(logits, target, pos_weight, *, reduction):
     if reduction == "none":
         return losses
     return np.asarray(np.mean(losses) if reduction == "mean" else np.sum(losses))
+
+
+@binary_cross_entropy_with_logits.onnx
+def _(g, logits, target, pos_weight, *, reduction):
+    x, y = logits, g.cast(target, logits.dtype)
+    # softplus(−x) = max(−x, 0) + ln(1 + e^−|x|): no overflow
+    sp = g.op("Add", g.op("Relu", g.op("Neg", x)), g.call("log1p", g.op("Exp", g.op("Neg", g.op("Abs", x)))))
+    coef = sp if pos_weight is None else g.op("Mul", sp, g.op("Add", g.scalar(1, x), g.op(
+        "Mul", g.op("Sub", g.cast(pos_weight, x.dtype), g.scalar(1, x)), y)))
+    losses = g.op("Add", g.op("Mul", g.op("Sub", g.scalar(1, x), y), x), coef)
+    if reduction == "none":
+        return losses
+    return g.reduce("ReduceMean" if reduction == "mean" else "ReduceSum", losses, None, False)
 
 
 @binary_cross_entropy_with_logits.check
@@ -474,6 +538,14 @@ def dropout(x, *, p, training, rng):
     return np.where(keep, x * _dropout_scale(p, training), 0).astype(x.dtype, copy=False), keep
 
 
+@dropout.onnx
+def _(g, x, *, p, training):
+    if not training or p == 0.0:
+        return g.op("Identity", x), g.filled(g.op("Shape", x), True, D.bool_)
+    y, mask = g.op("Dropout", x, g.scalar(p, x), g.const(np.array(True)), outputs=2)
+    return y, mask
+
+
 @dropout.check
 def _(*, p, training):
     if not 0.0 <= p <= 1.0:
@@ -523,6 +595,9 @@ def embedding(index, weight, *, padding_idx):
     _validate(embedding, index, weight, padding_idx=padding_idx)
     _check_indices("embedding", index, weight.shape[0])
     return weight[index]
+
+
+embedding.onnx(lambda g, index, weight, *, padding_idx: g.op("Gather", weight, index, axis=0, spec=g.outputs[0]))
 
 
 @embedding.infer
@@ -642,6 +717,30 @@ def scaled_dot_product_attention(q, k, v, attn_mask, *, is_causal, scale):
     _validate(scaled_dot_product_attention, q, k, v, attn_mask, is_causal=is_causal, scale=scale)
     out = _attention_np(q, k, v, attn_mask, is_causal, _attention_scale(q.shape[-1], scale))
     return out.astype(np.result_type(q, k, v), copy=False)
+
+
+@scaled_dot_product_attention.onnx
+def _(g, q, k, v, attn_mask, *, is_causal, scale):
+    dtype = g.outputs[0].dtype
+    q, k, v = (g.cast(t, dtype) for t in (q, k, v))
+    swap = [*range(k.ndim - 2), k.ndim - 1, k.ndim - 2]
+    scores = g.op("Mul", g.op("MatMul", q, g.op("Transpose", k, perm=swap)),
+                  g.scalar(_attention_scale(q.shape[-1], scale), q))
+    minus_inf = g.scalar(-np.inf, q)
+    if attn_mask is not None and attn_mask.dtype == D.bool_:
+        scores = g.op("Where", attn_mask, scores, minus_inf)
+    elif attn_mask is not None:
+        scores = g.op("Add", scores, g.cast(attn_mask, dtype))
+    if is_causal:  # query i sees keys j <= i: rows (L, 1) >= columns (S,), sizes read from the shapes
+        def positions(t):
+            size = g.op("Squeeze", g.op("Shape", t, start=-2, end=-1), g.ints([0]))
+            return g.op("Range", g.const(np.array(0, np.int64)), size, g.const(np.array(1, np.int64)))
+
+        rows = g.op("Unsqueeze", positions(q), g.ints([1]))
+        scores = g.op("Where", g.op("GreaterOrEqual", rows, positions(k)), scores, minus_inf)
+    probs = g.op("Softmax", scores, axis=-1)
+    probs = g.op("Where", g.op("IsNaN", probs), g.scalar(0, q), probs)  # a query that sees nothing gets zeros
+    return g.op("MatMul", probs, v)
 
 
 @scaled_dot_product_attention.infer

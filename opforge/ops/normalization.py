@@ -109,6 +109,29 @@ def layer_norm(x, weight, bias, *, normalized_shape, eps):
     return y.astype(x.dtype, copy=False)
 
 
+@layer_norm.onnx
+def _(g, x, weight, bias, *, normalized_shape, eps):
+    if x.dtype == D.float32 or (x.dtype == D.float64 and g.exact(eps)):
+        scale = weight if weight is not None else g.const(np.ones(tuple(normalized_shape), x.dtype))
+        return g.op("LayerNormalization", x, scale, bias, axis=-len(normalized_shape), epsilon=eps)
+    # float64 with an eps that a float32 attribute would round: the kernel's steps, eps in float64
+    return _onnx_affine(g, _onnx_normalize(g, x, _trailing(x.ndim, normalized_shape), eps), weight, bias)
+
+
+def _onnx_normalize(g, x, axes, eps, center=True):
+    xc = g.op("Sub", x, g.reduce("ReduceMean", x, axes, True)) if center else x
+    var = g.reduce("ReduceMean", g.op("Mul", xc, xc), axes, True)
+    return g.op("Div", xc, g.op("Sqrt", g.op("Add", var, g.scalar(eps, x))))
+
+
+def _onnx_affine(g, y, weight, bias, per_channel=False):
+    def shaped(t):
+        return g.op("Reshape", t, g.ints([1, -1, *[1] * (y.ndim - 2)])) if per_channel else t
+
+    y = y if weight is None else g.op("Mul", y, shaped(weight))
+    return y if bias is None else g.op("Add", y, shaped(bias))
+
+
 layer_norm.check(_check_eps)
 
 
@@ -162,6 +185,12 @@ def rms_norm(x, weight, *, normalized_shape, eps):
     _validate(rms_norm, x, weight, normalized_shape=normalized_shape, eps=eps)
     y = _normalize_np(x, tuple(_trailing(x.ndim, normalized_shape)), _rms_eps(eps, x.dtype), center=False)
     return (y if weight is None else y * weight).astype(x.dtype, copy=False)
+
+
+@rms_norm.onnx
+def _(g, x, weight, *, normalized_shape, eps):
+    y = _onnx_normalize(g, x, _trailing(x.ndim, normalized_shape), _rms_eps(eps, x.dtype), center=False)
+    return _onnx_affine(g, y, weight, None)
 
 
 rms_norm.check(_check_eps)
@@ -231,6 +260,13 @@ def group_norm(x, weight, bias, *, num_groups, eps):
     return _affine_np(y, weight, bias).astype(x.dtype, copy=False)
 
 
+@group_norm.onnx
+def _(g, x, weight, bias, *, num_groups, eps):
+    grouped = g.op("Reshape", x, g.ints([0, num_groups, -1]), spec=Spec((None, num_groups, None), x.dtype))
+    y = g.op("Reshape", _onnx_normalize(g, grouped, [2], eps), g.op("Shape", x), spec=x.spec)
+    return _onnx_affine(g, y, weight, bias, per_channel=True)
+
+
 @group_norm.check
 def _(*, num_groups, eps):
     _check_eps(eps=eps)
@@ -272,6 +308,13 @@ def instance_norm(x, weight, bias, *, eps):
     _validate(instance_norm, x, weight, bias, eps=eps)
     y = _normalize_np(x, tuple(range(2, x.ndim)), eps)
     return _affine_np(y, weight, bias).astype(x.dtype, copy=False)
+
+
+@instance_norm.onnx
+def _(g, x, weight, bias, *, eps):
+    if weight is not None and bias is not None and (x.dtype == D.float32 or g.exact(eps)):
+        return g.op("InstanceNormalization", x, weight, bias, epsilon=eps)
+    return _onnx_affine(g, _onnx_normalize(g, x, list(range(2, x.ndim)), eps), weight, bias, per_channel=True)
 
 
 instance_norm.check(_check_eps)
@@ -330,6 +373,41 @@ def batch_norm(x, running_mean, running_var, weight, bias, *, training, momentum
     if bias is not None:
         y = y + bias.reshape(shape)
     return y.astype(x.dtype, copy=False), new_mean.astype(x.dtype, copy=False), new_var.astype(x.dtype, copy=False)
+
+
+@batch_norm.onnx
+def _(g, x, running_mean, running_var, weight, bias, *, training, momentum, eps):
+    if not training and (x.dtype == D.float32 or g.exact(eps)):
+        channels = (x.shape[1],)
+        scale = weight if weight is not None else g.const(np.ones(channels, x.dtype))
+        shift = bias if bias is not None else g.const(np.zeros(channels, x.dtype))
+        y = g.op("BatchNormalization", x, scale, shift, running_mean, running_var, epsilon=eps)
+        return y, g.op("Identity", running_mean), g.op("Identity", running_var)
+    # the kernel's steps: batch statistics when training (ONNX's training mode updates the running variance with
+    # the biased one, and weighs momentum the other way), float64 eps otherwise
+    axes = [0, *range(2, x.ndim)]
+    per_channel = g.ints([1, -1, *[1] * (x.ndim - 2)])
+    if training:
+        mean = g.reduce("ReduceMean", x, axes, False)
+        xc = g.op("Sub", x, g.op("Reshape", mean, per_channel))
+        var = g.reduce("ReduceMean", g.op("Mul", xc, xc), axes, False)
+        n = g.cast(g.reduce("ReduceProd", g.op("Gather", g.op("Shape", x), g.ints(axes), axis=0), None, False),
+                   x.dtype)
+        new_mean, new_var = mean, g.op("Mul", var, g.op("Div", n, g.op("Sub", n, g.scalar(1, x))))
+        if running_mean is not None:
+            keep, take = g.scalar(1 - momentum, x), g.scalar(momentum, x)
+            new_mean = g.op("Add", g.op("Mul", running_mean, keep), g.op("Mul", new_mean, take))
+            new_var = g.op("Add", g.op("Mul", running_var, keep), g.op("Mul", new_var, take))
+    else:
+        mean, var = running_mean, running_var
+        new_mean, new_var = g.op("Identity", running_mean), g.op("Identity", running_var)
+    y = g.op("Div", g.op("Sub", x, g.op("Reshape", mean, per_channel)),
+             g.op("Sqrt", g.op("Add", g.op("Reshape", var, per_channel), g.scalar(eps, x))))
+    if weight is not None:
+        y = g.op("Mul", y, g.op("Reshape", weight, per_channel))
+    if bias is not None:
+        y = g.op("Add", y, g.op("Reshape", bias, per_channel))
+    return y, new_mean, new_var
 
 
 @batch_norm.check

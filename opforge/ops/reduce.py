@@ -36,6 +36,12 @@ def sum(x, *, axis, keepdim):
     return np.sum(x, axis=axes, keepdims=keepdim, dtype=None if D.is_floating(x.dtype) else np.int64)
 
 
+@sum.onnx
+def _(g, x, *, axis, keepdim):
+    work = g.outputs[0].dtype  # integers and bools sum in int64
+    return g.reduce("ReduceSum", g.cast(x, work), axis, keepdim)
+
+
 @sum.infer
 def _(x, *, axis, keepdim):
     dtype = x.dtype if D.is_floating(x.dtype) else D.int64
@@ -56,6 +62,9 @@ sum.samples(_reduce_samples)
 def mean(x, *, axis, keepdim):
     """Mean over ``axis`` (all axes when None)."""
     return np.mean(x, axis=normalize_axes("mean", axis, x.ndim), keepdims=keepdim)
+
+
+mean.onnx(lambda g, x, *, axis, keepdim: g.reduce("ReduceMean", x, axis, keepdim))
 
 
 @mean.infer
@@ -168,6 +177,9 @@ def prod(x, *, axis, keepdim):
     return np.prod(x, axis=axes, keepdims=keepdim, dtype=None if D.is_floating(x.dtype) else np.int64)
 
 
+prod.onnx(lambda g, x, *, axis, keepdim: g.reduce("ReduceProd", g.cast(x, g.outputs[0].dtype), axis, keepdim))
+
+
 @prod.infer
 def _(x, *, axis, keepdim):
     return Spec(_reduced_shape("prod", x.shape, axis, keepdim), x.dtype if D.is_floating(x.dtype) else D.int64)
@@ -259,6 +271,8 @@ for _extreme in (max, min, amax, amin):
     _extreme.infer(_extreme_spec(_extreme.name))
     _extreme.grad(_extreme_grad)
     _extreme.samples(_extreme_samples)
+for _extreme, _onnx_type in ((max, "ReduceMax"), (min, "ReduceMin"), (amax, "ReduceMax"), (amin, "ReduceMin")):
+    _extreme.onnx(lambda g, x, *, axis, keepdim, _t=_onnx_type: g.reduce(_t, x, axis, keepdim))
 
 
 def _arg_extreme(op_name, find, x, axis, keepdim):
@@ -292,6 +306,24 @@ def argmax(x, *, axis, keepdim):
 def argmin(x, *, axis, keepdim):
     """Index of the smallest element along ``axis`` (of the flattened tensor when None); the first one on ties."""
     return _arg_extreme("argmin", np.argmin, x, axis, keepdim)
+
+
+def _onnx_arg_extreme(onnx_type):
+    def mapping(g, x, *, axis, keepdim):
+        if x.dtype == D.bool_:
+            x = g.cast(x, D.int32)
+        if axis is None:  # over the flattened tensor, then shaped as the op's result
+            flat = g.op(onnx_type, g.op("Reshape", x, g.ints([-1])), axis=0, keepdims=False)
+            return g.op("Reshape", flat, g.ints(g.outputs[0].shape), spec=g.outputs[0])
+        if x.ndim == 0:
+            return g.const(np.zeros((), np.int64))
+        return g.op(onnx_type, x, axis=axis, keepdims=keepdim, spec=g.outputs[0])
+
+    return mapping
+
+
+argmax.onnx(_onnx_arg_extreme("ArgMax"))
+argmin.onnx(_onnx_arg_extreme("ArgMin"))
 
 
 @argmax.samples
@@ -345,13 +377,29 @@ def _stat_samples(rng):
     yield Sample.of(rng.standard_normal((2, 3, 4)), axis=1, keepdim=True)
     yield Sample.of(rng.standard_normal((2, 3, 4)), axis=[0, -1], correction=0)
     yield Sample.of(rng.standard_normal(5), axis=0, correction=2)
+    yield Sample.of(rng.standard_normal((2, 3)), axis=1, correction=0.5)
     yield Sample.of(rng.standard_normal(()), correction=0)
 
 
-@op("var(Tensor<floating> x, *, int[] axis=None, int correction=1, bool keepdim=False) -> Tensor y")
+@op("var(Tensor<floating> x, *, int[] axis=None, float correction=1.0, bool keepdim=False) -> Tensor y")
 def var(x, *, axis, correction, keepdim):
-    """Variance over ``axis``: Σ(x − mean)²/(N − correction); correction=1 is the unbiased estimate."""
+    """Variance over ``axis``: Σ(x − mean)²/(N − correction); correction=1 is the unbiased estimate, and any real
+    correction works (as PyTorch's; N − correction ≤ 0 gives inf)."""
     return _var("var", x, axis, correction, keepdim)
+
+
+def _onnx_var(g, x, axis, correction, keepdim):
+    mean = g.reduce("ReduceMean", x, axis, True)
+    d = g.op("Sub", x, mean)
+    total = g.reduce("ReduceSum", g.op("Mul", d, d), axis, keepdim)
+    # the group size N from the shape (run-time dims included), N − correction clamped at 0 as the kernel does
+    axes = range(x.ndim) if axis is None else [a % builtins.max(x.ndim, 1) for a in axis]
+    n = g.reduce("ReduceProd", g.op("Gather", g.op("Shape", x), g.ints(list(axes)), axis=0), None, False)
+    dof = g.op("Max", g.op("Sub", g.cast(n, x.dtype), g.scalar(correction, x)), g.scalar(0, x))
+    return g.op("Div", total, dof)
+
+
+var.onnx(lambda g, x, *, axis, correction, keepdim: _onnx_var(g, x, axis, correction, keepdim))
 
 
 @var.grad
@@ -359,10 +407,13 @@ def _(x, dy, *, axis, correction, keepdim):
     return _var_grad(x, dy, axis, correction, keepdim)
 
 
-@op("std(Tensor<floating> x, *, int[] axis=None, int correction=1, bool keepdim=False) -> Tensor y")
+@op("std(Tensor<floating> x, *, int[] axis=None, float correction=1.0, bool keepdim=False) -> Tensor y")
 def std(x, *, axis, correction, keepdim):
     """Standard deviation over ``axis``: the square root of ``var``."""
     return np.sqrt(_var("std", x, axis, correction, keepdim))
+
+
+std.onnx(lambda g, x, *, axis, correction, keepdim: g.op("Sqrt", _onnx_var(g, x, axis, correction, keepdim)))
 
 
 @std.grad
@@ -390,6 +441,9 @@ def logsumexp(x, *, axis, keepdim):
     return y if keepdim else y.reshape(_reduced_shape("logsumexp", x.shape, axis, False))
 
 
+logsumexp.onnx(lambda g, x, *, axis, keepdim: g.reduce("ReduceLogSumExp", x, axis, keepdim))
+
+
 @logsumexp.infer
 def _(x, *, axis, keepdim):
     return Spec(_reduced_shape("logsumexp", x.shape, axis, keepdim), x.dtype)
@@ -411,7 +465,11 @@ def _(rng):
 def norm(x, *, p, axis, keepdim):
     """Vector p-norm over ``axis`` (all axes when None), as ``torch.linalg.vector_norm``: (Σ|x|ᵖ)^(1/p);
     p = inf gives max |x|, p = −inf min |x|, p = 0 the number of nonzero elements."""
-    axes = normalize_axes("norm", axis, x.ndim)
+    return vector_norm(x, p, normalize_axes("norm", axis, x.ndim), keepdim)
+
+
+def vector_norm(x, p, axes, keepdim):
+    """The kernel of ``norm`` over ``axes`` (a tuple), for the kernels of other ops too."""
     if p == 2:
         return np.sqrt(np.sum(x * x, axis=axes, keepdims=keepdim))
     if p == 0:
@@ -423,6 +481,20 @@ def norm(x, *, p, axis, keepdim):
         return (np.max if p > 0 else np.min)(a, axis=axes, keepdims=keepdim)
     with np.errstate(divide="ignore"):  # 0 to a negative power: inf, and the norm 0, as PyTorch
         return np.sum(a ** p, axis=axes, keepdims=keepdim) ** (1 / p)
+
+
+@norm.onnx
+def _(g, x, *, p, axis, keepdim):
+    if p == 2:
+        return g.reduce("ReduceL2", x, axis, keepdim)
+    if p == 1:
+        return g.reduce("ReduceL1", x, axis, keepdim)
+    if p == 0:
+        return g.reduce("ReduceSum", g.cast(g.op("Not", g.op("Equal", x, g.scalar(0, x))), x.dtype), axis, keepdim)
+    if math.isinf(p):
+        return g.reduce("ReduceMax" if p > 0 else "ReduceMin", g.op("Abs", x), axis, keepdim)
+    powered = g.reduce("ReduceSum", g.op("Pow", g.op("Abs", x), g.scalar(p, x)), axis, keepdim)
+    return g.op("Pow", powered, g.scalar(1 / p, x))
 
 
 @norm.check
@@ -439,7 +511,8 @@ def _(x, *, p, axis, keepdim):
 
 
 @norm.grad
-def _(x, y, dy, *, p, axis, keepdim):
+def norm_grad_rule(x, y, dy, *, p, axis, keepdim):
+    """The gradient rule of ``norm``, for the rules of ops built on a norm (normalize, pairwise_distance, ...)."""
     # PyTorch's rules, each giving 0 where the norm or |xᵢ| is 0 and the derivative is not defined.
     if p == 0:
         return F.zeros_like(x)  # a count: piecewise constant
@@ -493,6 +566,14 @@ def cumsum(x, *, axis):
     return np.cumsum(x, axis=axis, dtype=dtype)
 
 
+@cumsum.onnx
+def _(g, x, *, axis):
+    x = g.cast(x, g.outputs[0].dtype)
+    if x.ndim == 0:
+        return g.op("Identity", x)
+    return g.op("CumSum", x, g.const(np.array(axis, np.int64)))
+
+
 @cumsum.infer
 def _(x, *, axis):
     normalize_axes("cumsum", (axis,), len(x.shape))
@@ -514,3 +595,68 @@ def _(rng):
     yield Sample.of(rng.standard_normal(5), axis=0)
     yield Sample.of(rng.standard_normal(()), axis=0)
     yield Sample.of(rng.integers(-3, 4, (2, 3)), axis=0)
+
+
+@op("cumprod(Tensor x, *, int axis) -> Tensor y")
+def cumprod(x, *, axis):
+    """Running products along ``axis``: yᵢ = x₀·x₁·…·xᵢ. Integer and bool tensors multiply in int64."""
+    dtype = _cumsum_dtype(x.dtype)
+    if x.ndim == 0:
+        normalize_axes("cumprod", (axis,), 0)
+        return x.astype(dtype)
+    return np.cumprod(x, axis=axis, dtype=dtype)
+
+
+@cumprod.infer
+def _(x, *, axis):
+    normalize_axes("cumprod", (axis,), len(x.shape))
+    return Spec(x.shape, _cumsum_dtype(x.dtype))
+
+
+@cumprod.grad
+def _(x, dy, *, axis):
+    # ∂yⱼ/∂xᵢ = Πₖ≤ⱼ,ₖ≠ᵢ xₖ for j ≥ i, so dxᵢ = Σⱼ≥ᵢ dyⱼ·Πₖ≤ⱼ,ₖ≠ᵢ xₖ. Without zeros that is Σⱼ≥ᵢ dyⱼ·yⱼ / xᵢ, one
+    # reversed cumsum. Zeros are handled as in prod's rule, in O(n) and without looking at the data: with x̃ = x
+    # with its zeros set to 1 and C = cumprod(x̃), the product splits into C_j/x̃ᵢ times the zeros it holds, which
+    # is 1 with none, the zero itself with one (its value 0, its derivative 1: this keeps second derivatives
+    # right), and 0 with two or more. The zeros before i are one factor; those in (i, j] another, found by
+    # numbering the runs between zeros: gᵢ = the number of zeros at or before i, so that j ≥ i is in i's run when
+    # gⱼ = gᵢ and one zero further when gⱼ = gᵢ + 1 (that zero starts run gᵢ + 1). Sums over a run, and the zero
+    # that starts it, come from scatter_add into one bucket per run and gather back.
+    if x.ndim == 0:
+        return dy
+    a = axis % x.ndim
+    is_zero = x == 0
+    nonzero = F.where(is_zero, 1, x)
+    run = F.cumsum(F.cast(is_zero, dtype="int64"), axis=a)
+    w = dy * F.cumprod(nonzero, axis=a)  # dyⱼ·Cⱼ
+    buckets = F.pad(F.zeros_like(w), pad=[0, 0] * (x.ndim - 1 - a) + [0, 3])  # runs 0..n, and two past the end
+
+    def from_end(t):  # Σ over positions (runs) at or after each one
+        return F.flip(F.cumsum(F.flip(t, axis=[a]), axis=a), axis=[a])
+
+    after = from_end(F.scatter_add(buckets, run, w, axis=a))  # Σ of w over runs ≥ g
+    later = F.gather(after, run + 1, axis=a)  # over runs after i's
+    same_run = from_end(w) - later  # Σⱼ≥ᵢ in i's run
+    next_run = later - F.gather(after, run + 2, axis=a)
+    zero_of_run = F.scatter_add(buckets, run, F.where(is_zero, x, 0), axis=a)  # the zero that starts each run
+    next_zero = F.gather(zero_of_run, run + 1, axis=a)
+    zeros_before = run - F.cast(is_zero, dtype="int64")
+    first_zero = F.gather(zero_of_run, F.ones_like(run), axis=a)
+    before = F.where(zeros_before == 0, 1, F.where(zeros_before == 1, first_zero, 0))
+    return before / nonzero * (same_run + next_zero * next_run)
+
+
+@cumprod.samples
+def _(rng):
+    def signed(*shape):  # magnitudes near 1 keep products moderate
+        return np.asarray(rng.uniform(0.5, 1.5, shape) * rng.choice([-1, 1], shape))
+
+    yield Sample.of(signed(2, 3, 4), axis=1)
+    yield Sample.of(signed(2, 3), axis=-1)
+    yield Sample.of(signed(), axis=0)
+    yield Sample.of(rng.integers(-3, 4, (2, 3)), axis=0)
+    # Zeros: none, one, two, and zeros next to each other; the products are polynomials, smooth there too.
+    yield Sample.of(np.array([[0.9, 0.0, 1.2, -0.7, 1.1], [0.0, 1.3, 0.0, 0.8, -1.2], [1.1, -0.6, 0.0, 0.0, 0.7]]),
+                    axis=1)
+    yield Sample.of(np.array([[0.0, 1.2], [0.0, -0.9], [1.4, 0.0]]), axis=0)

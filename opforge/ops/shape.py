@@ -1,12 +1,12 @@
 """Ops that move elements around without changing them: reshape, transpose, broadcast, slice, squeeze, permute,
-concat, stack, split, flip, tile, tril/triu, pad; and indexing by integer tensors: take, gather, index_select,
-scatter_add, one_hot."""
+concat, stack, split, flip, tile, tril/triu, roll, repeat_interleave, diagonal, pad. Indexing by integer tensors
+and masks is in ``indexing.py``."""
 
 import builtins
+import math
 
 from opforge import ops as F
 
-from ..core.errors import ArgumentError
 from ._common import D, Sample, ShapeError, Spec, broadcast_shapes, normalize_axes, np, op
 
 
@@ -14,6 +14,13 @@ from ._common import D, Sample, ShapeError, Spec, broadcast_shapes, normalize_ax
 def reshape(x, *, shape):
     """The same elements in a new shape; one dim may be -1 (inferred)."""
     return np.reshape(x, shape)
+
+
+@reshape.onnx
+def _(g, x, *, shape):
+    # ONNX reads a 0 as "keep this dim" unless allowzero (which refuses -1): a literal 0 asks for allowzero.
+    zero = any(isinstance(d, int) and d == 0 for d in shape)
+    return g.op("Reshape", x, g.ints(shape), allowzero=1 if zero else None)
 
 
 @reshape.infer
@@ -56,6 +63,13 @@ def transpose(x, *, perm):
     return np.transpose(x, perm)
 
 
+@transpose.onnx
+def _(g, x, *, perm):
+    if x.ndim == 0:
+        return g.op("Identity", x)
+    return g.op("Transpose", x, perm=[p % x.ndim for p in perm] if perm is not None else range(x.ndim)[::-1])
+
+
 @transpose.infer
 def _(x, *, perm):
     if perm is None:
@@ -80,19 +94,40 @@ def _(rng):
 
 @op("broadcast_to(Tensor x, *, int[] shape) -> Tensor y")
 def broadcast_to(x, *, shape):
-    """``x`` repeated along dims of size 1 (and new leading dims) to ``shape``."""
-    return np.broadcast_to(x, shape)
+    """``x`` repeated along dims of size 1 (and new leading dims) to ``shape``. A -1 keeps the size of the dim of
+    ``x`` it lines up with, as ``Tensor.expand`` (not allowed for a new leading dim)."""
+    return np.broadcast_to(x, _expanded_shape(x.shape, shape))
+
+
+def _expanded_shape(x_shape, shape):
+    """``shape`` with each -1 replaced by the size of the dim of ``x_shape`` it lines up with (from the right)."""
+    lead = len(shape) - len(x_shape)
+    out = []
+    for i, d in enumerate(shape):
+        if isinstance(d, int) and d < 0:
+            if d != -1 or i < lead:
+                where = "a new leading dim" if d == -1 else "a negative size"
+                raise ShapeError(f"broadcast_to(): shape {list(shape)} has {d} at dim {i}, {where}: -1 (keep the size) "
+                                 f"is allowed only for the dims of x, of shape {x_shape}, counted from the right")
+            d = x_shape[i - lead]
+        out.append(d)
+    return tuple(out)
+
+
+# ONNX's Expand broadcasts both ways, so a -1 ("keep this dim of x") becomes 1.
+broadcast_to.onnx(lambda g, x, *, shape: g.op("Expand", x, g.ints([1 if d == -1 else d for d in shape])))
 
 
 @broadcast_to.infer
 def _(x, *, shape):
+    shape = _expanded_shape(x.shape, shape)
     try:
-        ok = len(shape) >= len(x.shape) and broadcast_shapes(x.shape, shape) == tuple(shape)
+        ok = len(shape) >= len(x.shape) and broadcast_shapes(x.shape, shape) == shape
     except ValueError:
         ok = False
     if not ok:
         raise ShapeError(f"broadcast_to(): cannot broadcast a tensor of shape {x.shape} to {list(shape)}")
-    return Spec(tuple(shape), x.dtype)
+    return Spec(shape, x.dtype)
 
 
 @broadcast_to.grad
@@ -104,6 +139,7 @@ def _(dy, x_spec):
 def _(rng):
     yield Sample.of(rng.standard_normal((3, 1)), shape=[2, 3, 4])
     yield Sample.of(rng.standard_normal(()), shape=[2])
+    yield Sample.of(rng.standard_normal((3, 1)), shape=[2, -1, 4])  # -1: keep x's size
 
 
 def _slice_index(ndim, axes, starts, ends, steps):
@@ -132,6 +168,15 @@ def _slice_spec(op_name, shape, axes, starts, ends, steps):
 def slice(x, *, axes, starts, ends, steps):
     """Basic slicing, ``x[starts:ends:steps]`` along ``axes`` (indices already normalised by the caller)."""
     return x[_slice_index(x.ndim, axes, starts, ends, steps)]
+
+
+@slice.onnx
+def _(g, x, *, axes, starts, ends, steps):
+    if not axes:
+        return g.op("Identity", x)
+    # here a negative end means "past index 0" (a backward slice to the start); ONNX says so with INT64_MIN
+    ends = [e if not isinstance(e, int) or e >= 0 else -(2**63) for e in ends]
+    return g.op("Slice", x, g.ints(starts), g.ints(ends), g.ints(axes), g.ints(steps))
 
 
 @slice.infer
@@ -205,6 +250,12 @@ def squeeze(x, *, axis):
     return np.squeeze(x, axis=_squeezed_axes("squeeze", x.shape, axis))
 
 
+@squeeze.onnx
+def _(g, x, *, axis):
+    axes = _squeezed_axes("squeeze", x.shape, axis)
+    return g.op("Squeeze", x, g.ints(axes)) if axes else g.op("Identity", x)
+
+
 @squeeze.infer
 def _(x, *, axis):
     drop = _squeezed_axes("squeeze", x.shape, axis)
@@ -228,6 +279,9 @@ def _(rng):
 def unsqueeze(x, *, axis):
     """Inserts a dim of size 1 at ``axis`` (in [-ndim-1, ndim], counted in the result)."""
     return np.expand_dims(x, axis)
+
+
+unsqueeze.onnx(lambda g, x, *, axis: g.op("Unsqueeze", x, g.ints([axis])))
 
 
 @unsqueeze.infer
@@ -263,6 +317,9 @@ def permute(x, *, dims):
     return np.transpose(x, dims)
 
 
+permute.onnx(lambda g, x, *, dims: g.call("transpose", x, perm=dims))
+
+
 @permute.infer
 def _(x, *, dims):
     return Spec(tuple(x.shape[p] for p in _permutation("permute", dims, x.shape)), x.dtype)
@@ -285,6 +342,14 @@ def _(rng):
 def flip(x, *, axis):
     """Reverses the order of the elements along each dim in ``axis``."""
     return np.flip(x, normalize_axes("flip", axis, x.ndim))
+
+
+@flip.onnx
+def _(g, x, *, axis):
+    if not axis or x.ndim == 0:
+        return g.op("Identity", x)
+    n = len(axis)
+    return g.op("Slice", x, g.ints([-1] * n), g.ints([-(2**63)] * n), g.ints(axis), g.ints([-1] * n))
 
 
 @flip.infer
@@ -320,6 +385,12 @@ def _same_dims(op_name, dims):
 def concat(xs, *, axis):
     """Joins tensors along an existing dim ``axis``; the other dims must agree (``torch.cat``)."""
     return np.concatenate(xs, axis=axis)
+
+
+@concat.onnx
+def _(g, xs, *, axis):
+    dtype = g.outputs[0].dtype
+    return g.op("Concat", *(g.cast(x, dtype) for x in xs), axis=axis)
 
 
 @concat.infer
@@ -365,6 +436,13 @@ def stack(xs, *, axis):
     return np.stack(xs, axis=axis)
 
 
+@stack.onnx
+def _(g, xs, *, axis):
+    dtype = g.outputs[0].dtype
+    axis = axis % (xs[0].ndim + 1)
+    return g.op("Concat", *(g.op("Unsqueeze", g.cast(x, dtype), g.ints([axis])) for x in xs), axis=axis)
+
+
 @stack.infer
 def _(xs, *, axis):
     if not xs:
@@ -408,6 +486,14 @@ def split(x, *, sections, axis):
     ``torch.split``. The pieces are views of ``x``."""
     a, sizes = _split_plan(x.shape, sections, axis)
     return np.split(x, np.cumsum(sizes)[:-1], axis=a)
+
+
+@split.onnx
+def _(g, x, *, sections, axis):
+    sizes = [s.shape[axis] for s in g.outputs]
+    if len(sizes) == 1:
+        return [g.op("Identity", x)]
+    return list(g.op("Split", x, g.ints(sizes), axis=axis, outputs=len(sizes)))
 
 
 @split.check
@@ -461,6 +547,14 @@ def tile(x, *, reps):
     """``x`` repeated ``reps[i]`` times along dim i (``torch.tile``, ``np.tile``): the shorter of ``x.shape`` and
     ``reps`` is padded with leading 1s."""
     return np.tile(x, reps)
+
+
+@tile.onnx
+def _(g, x, *, reps):
+    if len(reps) > x.ndim:  # np.tile: the shorter of shape and reps gets leading 1s
+        x = g.op("Unsqueeze", x, g.ints(range(len(reps) - x.ndim)), spec=Spec((1,) * len(reps), x.dtype))
+    reps = [1] * (x.ndim - len(reps)) + list(reps) if x.spec and len(reps) < x.ndim else list(reps)
+    return g.op("Tile", x, g.ints(reps))
 
 
 @tile.check
@@ -522,6 +616,9 @@ def tril(x, *, diagonal):
     return np.tril(x, diagonal)
 
 
+tril.onnx(lambda g, x, *, diagonal: g.op("Trilu", x, g.const(np.array(diagonal, np.int64)), upper=0))
+
+
 @tril.grad
 def _(dy, *, diagonal):
     return F.tril(dy, diagonal=diagonal)
@@ -534,6 +631,9 @@ def triu(x, *, diagonal):
     return np.triu(x, diagonal)
 
 
+triu.onnx(lambda g, x, *, diagonal: g.op("Trilu", x, g.const(np.array(diagonal, np.int64)), upper=1))
+
+
 @triu.grad
 def _(dy, *, diagonal):
     return F.triu(dy, diagonal=diagonal)
@@ -543,9 +643,225 @@ tril.samples(_triangle_samples)
 triu.samples(_triangle_samples)
 
 
+# -- roll, repeat_interleave, diagonal -------------------------------------------------------------------------
+
+
+@op("roll(Tensor x, *, int[] shifts, int[] axis=None) -> Tensor y")
+def roll(x, *, shifts, axis):
+    """``torch.roll``: the elements shifted by ``shifts[i]`` along ``axis[i]``, those pushed off one end coming back
+    at the other. With ``axis=None``, the flattened tensor is rolled by the one shift and reshaped back. An axis
+    may repeat (its shifts add up)."""
+    _roll_axes(x.shape, shifts, axis)
+    return np.roll(x, shifts[0] if axis is None else shifts, axis=axis)
+
+
+def _roll_axes(shape, shifts, axis):
+    if axis is None:
+        if len(shifts) != 1:
+            raise ShapeError(f"roll(): without axis, shifts must hold one number (the flattened tensor is rolled), "
+                             f"got {list(shifts)}")
+        return None
+    if len(shifts) != len(axis):
+        raise ShapeError(f"roll(): shifts {list(shifts)} and axis {list(axis)} must have one entry each")
+    return [_one_axis("roll", a, len(shape)) for a in axis]
+
+
+@roll.infer
+def _(x, *, shifts, axis):
+    _roll_axes(x.shape, shifts, axis)
+    return x
+
+
+@roll.grad
+def _(dy, *, shifts, axis):
+    return F.roll(dy, shifts=[-s for s in shifts], axis=axis)
+
+
+@roll.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((3, 4)), shifts=[1, -2], axis=[0, 1])
+    yield Sample.of(rng.standard_normal((3, 4)), shifts=[5])  # flattened
+    yield Sample.of(rng.standard_normal((2, 3, 4)), shifts=[1, 2, 7], axis=[-1, 0, -1])  # axis -1 twice
+    yield Sample.of(rng.standard_normal(()), shifts=[3])
+
+
+def _repeat_plan(op_name, shape, repeats, axis):
+    """(the axis repeated, or None for the flattened tensor; the size of the dim before and after repeating)."""
+    if axis is None:
+        n = None if None in shape else math.prod(shape)
+    else:
+        if not shape:
+            raise ShapeError(f"{op_name}(): a 0-d tensor has no axis {axis} (pass axis=None)")
+        axis = _one_axis(op_name, axis, len(shape))
+        n = shape[axis]
+    if len(repeats) == 1:
+        return axis, n, None if n is None else n * repeats[0]
+    if n is not None and len(repeats) != n:
+        raise ShapeError(f"{op_name}(): repeats holds {len(repeats)} counts, but the dim it repeats has {n} "
+                         f"elements (shape {shape}, axis {axis}); give one count, or one per element")
+    return axis, len(repeats), builtins.sum(repeats)
+
+
+def _repeat_check(*, repeats, **_):
+    if not repeats or any(r < 0 for r in repeats):
+        raise ValueError(f"argument 'repeats' must hold counts >= 0 (one, or one per element), got {list(repeats)}")
+
+
+def _repeated_shape(op_name, shape, repeats, axis):
+    a, _, m = _repeat_plan(op_name, shape, repeats, axis)
+    return (m,) if a is None else (*shape[:a], m, *shape[a + 1:])
+
+
+@op("repeat_interleave(Tensor x, *, int[] repeats, int? axis=None) -> Tensor y")
+def repeat_interleave(x, *, repeats, axis):
+    """``torch.repeat_interleave``: each element (each slice along ``axis``) repeated ``repeats[i]`` times in place:
+    [a, b] with repeats [2] gives [a, a, b, b], with [1, 3] gives [a, b, b, b]. With ``axis=None`` the flattened
+    tensor is repeated. ``repeats`` is a list (one count for all, or one per element), not a tensor, so that the
+    result's shape is known without the data: for counts in a tensor ``r``, pass ``repeats=r.tolist()``."""
+    a, _, _ = _repeat_plan("repeat_interleave", x.shape, repeats, axis)
+    return np.repeat(x.reshape(-1) if a is None else x, repeats[0] if len(repeats) == 1 else repeats,
+                     axis=0 if a is None else a)
+
+
+repeat_interleave.check(_repeat_check)
+
+
+@repeat_interleave.infer
+def _(x, *, repeats, axis):
+    return Spec(_repeated_shape("repeat_interleave", x.shape, repeats, axis), x.dtype)
+
+
+@repeat_interleave.grad
+def _(dy, x_spec, *, repeats, axis):
+    return F.repeat_interleave_grad(dy, shape=x_spec.shape, repeats=repeats, axis=axis)
+
+
+@repeat_interleave.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((2, 3)), repeats=[2], axis=1)
+    yield Sample.of(rng.standard_normal((3, 2)), repeats=[1, 0, 3], axis=0)
+    yield Sample.of(rng.standard_normal((2, 2)), repeats=[2, 1, 1, 3])  # flattened, one count per element
+    yield Sample.of(rng.standard_normal(()), repeats=[3])
+
+
+@op("repeat_interleave_grad(Tensor dy, *, int[] shape, int[] repeats, int? axis=None) -> Tensor dx")
+def repeat_interleave_grad(dy, *, shape, repeats, axis):
+    """Gradient of ``repeat_interleave``: the copies of each element of an input of ``shape`` summed back into it."""
+    a, n, _ = _repeat_plan("repeat_interleave_grad", tuple(shape), repeats, axis)
+    counts = np.broadcast_to(np.asarray(repeats), (n,))
+    dx = np.zeros((n, *dy.shape[1:]) if a is None else (*dy.shape[:a], n, *dy.shape[a + 1:]), dy.dtype)
+    np.add.at(dx, (builtins.slice(None),) * (a or 0) + (np.repeat(np.arange(n), counts),), dy)
+    return dx.reshape(shape)
+
+
+repeat_interleave_grad.check(_repeat_check)
+
+
+@repeat_interleave_grad.infer
+def _(dy, *, shape, repeats, axis):
+    expected = _repeated_shape("repeat_interleave_grad", tuple(shape), repeats, axis)
+    if len(dy.shape) != len(expected) or any(a is not None and b is not None and a != b
+                                             for a, b in zip(dy.shape, expected)):
+        raise ShapeError(f"repeat_interleave_grad(): dy has shape {dy.shape}, repeating {list(shape)} gives "
+                         f"{expected}")
+    return Spec(tuple(shape), dy.dtype)
+
+
+@repeat_interleave_grad.grad
+def _(ddx, *, repeats, axis):
+    return F.repeat_interleave(ddx, repeats=repeats, axis=axis)
+
+
+@repeat_interleave_grad.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((2, 6)), shape=[2, 3], repeats=[2], axis=1)
+    yield Sample.of(rng.standard_normal((4, 2)), shape=[3, 2], repeats=[1, 0, 3], axis=0)
+    yield Sample.of(rng.standard_normal(3), shape=[], repeats=[3])
+
+
+def _diagonal_plan(op_name, shape, offset, axis1, axis2):
+    """(axis1, axis2 non-negative; the diagonal's length): as np.diagonal, ``offset`` > 0 above the main one."""
+    if len(shape) < 2:
+        raise ShapeError(f"{op_name}(): needs a tensor of rank >= 2, got shape {shape}")
+    a1, a2 = _one_axis(op_name, axis1, len(shape)), _one_axis(op_name, axis2, len(shape))
+    if a1 == a2:
+        raise ShapeError(f"{op_name}(): axis1 and axis2 must be two different dims, got {axis1} and {axis2}")
+    n1, n2 = shape[a1], shape[a2]
+    if n1 is None or n2 is None:
+        return a1, a2, None
+    return a1, a2, builtins.max(0, builtins.min(n1 + builtins.min(offset, 0), n2 - builtins.max(offset, 0)))
+
+
+def _diagonal_shape(shape, a1, a2, length):
+    return (*(d for i, d in enumerate(shape) if i not in (a1, a2)), length)
+
+
+@op("diagonal(Tensor x, *, int offset=0, int axis1=0, int axis2=1) -> Tensor y")
+def diagonal(x, *, offset, axis1, axis2):
+    """``torch.diagonal`` (``np.diagonal``): the elements (i, i + offset) of the matrices spanned by ``axis1`` and
+    ``axis2``, in a new last dim; the other dims stay in order. ``offset`` > 0 is above the main diagonal."""
+    _diagonal_plan("diagonal", x.shape, offset, axis1, axis2)
+    return np.diagonal(x, offset, axis1, axis2).copy()  # NumPy gives a read-only view
+
+
+@diagonal.infer
+def _(x, *, offset, axis1, axis2):
+    return Spec(_diagonal_shape(x.shape, *_diagonal_plan("diagonal", x.shape, offset, axis1, axis2)), x.dtype)
+
+
+@diagonal.grad
+def _(dy, x_spec, *, offset, axis1, axis2):
+    return F.diagonal_grad(dy, shape=x_spec.shape, offset=offset, axis1=axis1, axis2=axis2)
+
+
+@diagonal.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((3, 4)))
+    yield Sample.of(rng.standard_normal((3, 4)), offset=1)
+    yield Sample.of(rng.standard_normal((2, 3, 4)), offset=-1, axis1=-1, axis2=0)
+    yield Sample.of(rng.standard_normal((2, 3)), offset=4)  # beyond the matrix: empty
+
+
+@op("diagonal_grad(Tensor dy, *, int[] shape, int offset=0, int axis1=0, int axis2=1) -> Tensor dx")
+def diagonal_grad(dy, *, shape, offset, axis1, axis2):
+    """Gradient of ``diagonal``: zeros of ``shape`` with ``dy`` written on the diagonal ``diagonal`` reads (with
+    ``axis1``, ``axis2`` = -2, -1, ``torch.diag_embed``)."""
+    a1, a2, length = _diagonal_grad_plan(dy.shape, shape, offset, axis1, axis2)
+    dx = np.zeros(shape, dy.dtype)
+    k = np.arange(length)
+    np.moveaxis(dx, (a1, a2), (-2, -1))[..., k - builtins.min(offset, 0), k + builtins.max(offset, 0)] = dy
+    return dx
+
+
+def _diagonal_grad_plan(dy_shape, shape, offset, axis1, axis2):
+    plan = _diagonal_plan("diagonal_grad", tuple(shape), offset, axis1, axis2)
+    expected = _diagonal_shape(shape, *plan)
+    if len(dy_shape) != len(expected) or any(a is not None and b is not None and a != b
+                                             for a, b in zip(dy_shape, expected)):
+        raise ShapeError(f"diagonal_grad(): dy has shape {dy_shape}, the diagonal of {list(shape)} has {expected}")
+    return plan
+
+
+@diagonal_grad.infer
+def _(dy, *, shape, offset, axis1, axis2):
+    _diagonal_grad_plan(dy.shape, shape, offset, axis1, axis2)
+    return Spec(tuple(shape), dy.dtype)
+
+
+@diagonal_grad.grad
+def _(ddx, *, offset, axis1, axis2):
+    return F.diagonal(ddx, offset=offset, axis1=axis1, axis2=axis2)
+
+
+@diagonal_grad.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal(3), shape=[3, 4], offset=1)
+    yield Sample.of(rng.standard_normal((3, 2)), shape=[2, 3, 4], offset=-1, axis1=-1, axis2=0)
+
+
 # -- pad -----------------------------------------------------------------------------------------------------
 
-_PAD_MODES = {"constant": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}  # -> np.pad
+_PAD_MODES = ("constant", "reflect", "replicate", "circular")
 
 
 def _pad_pairs(pad, ndim):
@@ -562,8 +878,20 @@ def _pad_check(*, pad, mode, **_):
     if len(pad) % 2:
         raise ValueError(f"argument 'pad' must hold pairs (before, after) per dim, last dim first; "
                          f"got {len(pad)} numbers")
-    if mode != "constant" and any(p < 0 for p in pad):
-        raise ValueError(f"argument 'pad' may be negative (cropping) in mode 'constant' only, got {list(pad)}")
+
+
+def _pad_problem(n, before, after, mode):
+    """Why ``mode`` cannot pad a dim of size ``n`` by (before, after), or None. A negative pad crops first."""
+    if mode == "constant" or not (before or after):
+        return None
+    if n == 0:
+        return f"an empty dim has nothing to {dict(reflect='mirror', replicate='repeat', circular='wrap')[mode]}"
+    if mode == "reflect" and max(before, after) > n - 1:  # the mirror image of n elements holds n - 1 more
+        return f"needs pads <= {n - 1}"
+    kept = n - max(-before, 0) - max(-after, 0)
+    if mode == "circular" and max(before, after) > kept:  # PyTorch reads memory it never wrote here
+        return f"needs pads <= {kept}, the size left after cropping (it wraps around once at most)"
+    return None
 
 
 def _padded_shape(op_name, shape, pad, mode):
@@ -575,31 +903,59 @@ def _padded_shape(op_name, shape, pad, mode):
         if n is None:
             out.append(None)
             continue
-        limit = {"constant": None, "reflect": n - 1, "circular": n, "replicate": None if n else 0}[mode]
-        if limit is not None and max(before, after) > limit:
-            raise ShapeError(f"{op_name}(): padding dim {d} of size {n} by ({before}, {after}) in mode '{mode}' "
-                             f"needs pads <= {limit}")
         if n + before + after < 0:
             raise ShapeError(f"{op_name}(): pads ({before}, {after}) crop more than dim {d} of size {n} holds")
+        problem = _pad_problem(n, before, after, mode)
+        if problem:
+            raise ShapeError(f"{op_name}(): padding dim {d} of size {n} by ({before}, {after}) in mode '{mode}' "
+                             f"{problem}")
         out.append(n + before + after)
     return tuple(out)
+
+
+def _pad_source(n, before, after, mode):
+    """For each position along a dim of size ``n`` padded by (before, after), the index of the element it copies
+    (modes "reflect", "replicate", "circular"). As PyTorch: reflect and replicate read position p - before of
+    the uncropped dim (mirrored or clamped into it); circular wraps around what is left after cropping."""
+    if mode == "circular":
+        start, kept = max(-before, 0), n - max(-before, 0) - max(-after, 0)
+        return start + (np.arange(n + before + after) - max(before, 0)) % builtins.max(kept, 1)
+    p = np.arange(-before, n + after)
+    if mode == "replicate":
+        return np.clip(p, 0, n - 1)
+    p = np.abs(p)
+    return np.where(p > n - 1, 2 * (n - 1) - p, p)
 
 
 @op('pad(Tensor x, *, int[] pad, str mode="constant", float value=0.0) -> Tensor y')
 def pad(x, *, pad, mode, value):
     """Pads ``x`` as ``torch.nn.functional.pad``: ``pad`` lists (before, after) pairs from the last dim backwards.
-    Modes: "constant" (fill with ``value``; negative pads crop), "reflect" (mirror without repeating the edge),
-    "replicate" (repeat the edge), "circular" (wrap around)."""
+    Modes: "constant" (fill with ``value``), "reflect" (mirror without repeating the edge: pads < the dim's size),
+    "replicate" (repeat the edge), "circular" (wrap around, once at most). A negative pad crops, in every mode,
+    as in PyTorch. Any dims can be padded (PyTorch pads only the last 1-3 dims in the modes other than constant)."""
     _padded_shape("pad", x.shape, pad, mode)
     pairs = _pad_pairs(pad, x.ndim)
     if mode == "constant":
         x = x[tuple(builtins.slice(-min(b, 0), n + min(a, 0)) for n, (b, a) in zip(x.shape, pairs))]  # crop
         pairs = [(max(b, 0), max(a, 0)) for b, a in pairs]
-    if not any(b or a for b, a in pairs):
-        return x.copy()
-    if mode == "constant":
-        return np.pad(x, pairs, constant_values=value)
-    return np.pad(x, pairs, mode=_PAD_MODES[mode])
+        return np.pad(x, pairs, constant_values=value) if any(b or a for b, a in pairs) else x.copy()
+    y = x
+    for d, (before, after) in enumerate(pairs):
+        if before or after:
+            y = np.take(y, _pad_source(x.shape[d], before, after, mode), axis=d)
+    return y if y is not x else x.copy()
+
+
+@pad.onnx
+def _(g, x, *, pad, mode, value):
+    pairs = _pad_pairs(pad, x.ndim)
+    onnx_mode = {"constant": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}[mode]
+    if onnx_mode == "wrap" and g.opset < 19:
+        raise g.unsupported("mode 'circular' needs opset 19 (Pad's mode 'wrap')")
+    if not pairs:
+        return g.op("Identity", x)
+    pads = g.ints([b for b, _ in pairs] + [a for _, a in pairs])
+    return g.op("Pad", x, pads, g.scalar(value, x) if mode == "constant" else None, mode=onnx_mode)
 
 
 pad.check(_pad_check)
@@ -625,6 +981,10 @@ def _(rng):
     yield Sample.of(rng.standard_normal((2, 3, 4)), pad=[1, 2, 3, 0], mode="replicate")
     yield Sample.of(rng.standard_normal((1, 2, 4)), pad=[2, 4], mode="circular")
     yield Sample.of(rng.standard_normal(()), pad=[])
+    yield Sample.of(rng.standard_normal((2, 5)), pad=[-1, 3], mode="reflect")  # crops, then pads
+    yield Sample.of(rng.standard_normal((1, 3, 4)), pad=[2, -3, -1, 1], mode="replicate")
+    yield Sample.of(rng.standard_normal((2, 5)), pad=[-2, 3], mode="circular")
+    yield Sample.of(rng.standard_normal((0, 2, 3)), pad=[1, 1], mode="reflect")  # an empty dim that is not padded
 
 
 @op("pad_grad(Tensor dy, *, int[] shape, int[] pad, str mode) -> Tensor dx")
@@ -635,9 +995,8 @@ def pad_grad(dy, *, shape, pad, mode):
     dx = dy
     for d, (before, after) in enumerate(_pad_pairs(pad, len(shape))):
         if before or after:
-            source = np.pad(np.arange(shape[d]), (before, after), mode=_PAD_MODES[mode])  # read by each position
             acc = np.zeros((*dx.shape[:d], shape[d], *dx.shape[d + 1:]), dy.dtype)
-            np.add.at(acc, (builtins.slice(None),) * d + (source,), dx)
+            np.add.at(acc, (builtins.slice(None),) * d + (_pad_source(shape[d], before, after, mode),), dx)
             dx = acc
     return dx if dx is not dy else dy.copy()
 
@@ -651,7 +1010,8 @@ def _(*, shape, pad, mode):
 
 def _pad_grad_spec(dy_shape, shape, pad, mode):
     expected = _padded_shape("pad_grad", tuple(shape), pad, mode)
-    if len(dy_shape) != len(expected) or any(a is not None and a != b for a, b in zip(dy_shape, expected)):
+    if len(dy_shape) != len(expected) or any(a is not None and b is not None and a != b
+                                             for a, b in zip(dy_shape, expected)):
         raise ShapeError(f"pad_grad(): dy has shape {dy_shape}, padding {list(shape)} by {list(pad)} "
                          f"gives {expected}")
 
@@ -672,277 +1032,4 @@ def _(rng):
     yield Sample.of(rng.standard_normal((2, 10)), shape=[2, 5], pad=[2, 3], mode="reflect")
     yield Sample.of(rng.standard_normal((1, 3, 6, 7)), shape=[1, 2, 3, 4], pad=[1, 2, 3, 0, 1, 0], mode="replicate")
     yield Sample.of(rng.standard_normal((1, 10)), shape=[1, 4], pad=[2, 4], mode="circular")
-
-
-# -- indexing with integer tensors: take, gather, index_select, scatter_add, one_hot ---------------------------
-
-
-def _checked_index(op_name, index, size, *, negative=True):
-    """Index values checked against a dim of ``size``; negative ones count from the end (when allowed)."""
-    if index.size:
-        low, high = int(index.min()), int(index.max())
-        if low < (-size if negative else 0) or high >= size:
-            bad = low if low < 0 else high
-            raise ArgumentError(f"{op_name}(): argument 'index' holds {bad}, which is out of range for a dim "
-                                f"of size {size}")
-        if low < 0:
-            return np.where(index < 0, index + size, index)
-    return index
-
-
-def _take_shape(op_name, x_shape, index_shape, axis):
-    if axis is None:
-        return tuple(index_shape)
-    if not x_shape:
-        raise ShapeError(f"{op_name}(): a 0-d tensor has no axis {axis} to index (pass axis=None)")
-    a = _one_axis(op_name, axis, len(x_shape))
-    return (*x_shape[:a], *index_shape, *x_shape[a + 1:])
-
-
-@op("take(Tensor x, nograd Tensor<int32|int64> index, *, int axis=None) -> Tensor y")
-def take(x, index, *, axis):
-    """The elements of ``x`` at ``index`` along ``axis``, as ``np.take``: the result's shape is ``x.shape`` with dim
-    ``axis`` replaced by ``index.shape``. With ``axis=None`` it indexes the flattened ``x`` (``torch.take``).
-    Negative indices count from the end. ``x[index_tensor]`` is this op."""
-    if axis is None:
-        return np.take(x.reshape(-1), _checked_index("take", index, x.size))
-    return np.take(x, _checked_index("take", index, x.shape[axis]), axis=axis)
-
-
-@take.infer
-def _(x, index, *, axis):
-    return Spec(_take_shape("take", x.shape, index.shape, axis), x.dtype)
-
-
-@take.grad
-def _(index, dy, x_spec, *, axis):
-    return F.take_grad(dy, index, shape=x_spec.shape, axis=axis), None
-
-
-@take.samples
-def _(rng):
-    yield Sample.of(rng.standard_normal((4, 3)), np.array([[1, 0], [-1, 2]]), axis=-1)
-    yield Sample.of(rng.standard_normal((4, 3)), np.array([2, 0, 2, -1]), axis=0)  # repeats accumulate
-    yield Sample.of(rng.standard_normal((3, 4)), np.array(1), axis=1)  # a 0-d index drops the dim
-    yield Sample.of(rng.standard_normal((2, 3)), np.array([5, 0, 5]))  # axis=None: the flattened x
-    yield Sample.of(rng.standard_normal(()), np.array([0, 0]))
-
-
-@op("take_grad(Tensor dy, nograd Tensor<int32|int64> index, *, int[] shape, int axis=None) -> Tensor dx")
-def take_grad(dy, index, *, shape, axis):
-    """Gradient of ``take``: zeros of ``shape`` with each element of ``dy`` added at the position ``take`` read
-    it from (an index that repeats collects the sum)."""
-    _take_grad_spec(dy.shape, index.shape, shape, axis)
-    if axis is None:
-        dx = np.zeros(int(np.prod(shape)), dy.dtype)
-        np.add.at(dx, _checked_index("take_grad", index, dx.size), dy)
-        return dx.reshape(shape)
-    dx = np.zeros(shape, dy.dtype)
-    np.add.at(dx, (builtins.slice(None),) * (axis % len(shape)) + (_checked_index("take_grad", index, shape[axis]),),
-              dy)
-    return dx
-
-
-def _take_grad_spec(dy_shape, index_shape, shape, axis):
-    expected = _take_shape("take_grad", tuple(shape), index_shape, axis)
-    if len(dy_shape) != len(expected) or any(a is not None and b is not None and a != b
-                                             for a, b in zip(dy_shape, expected)):
-        raise ShapeError(f"take_grad(): dy has shape {dy_shape}, taking {index_shape} from {list(shape)} "
-                         f"along axis {axis} gives {expected}")
-
-
-@take_grad.infer
-def _(dy, index, *, shape, axis):
-    _take_grad_spec(dy.shape, index.shape, shape, axis)
-    return Spec(tuple(shape), dy.dtype)
-
-
-@take_grad.grad
-def _(index, ddx, *, axis):
-    return F.take(ddx, index, axis=axis), None
-
-
-@take_grad.samples
-def _(rng):
-    yield Sample.of(rng.standard_normal((4, 3)), np.array([2, 0, 2, -1]), shape=[3, 3], axis=0)
-    yield Sample.of(rng.standard_normal((2, 2, 2)), np.array([[1, 4], [0, 1]]), shape=[2, 5], axis=1)
-    yield Sample.of(rng.standard_normal(3), np.array([5, 0, 5]), shape=[2, 3])
-
-
-def _grid_index(index, axis):
-    """The index tuple that picks ``x[..., index[i, j, k], ...]`` at (i, j, k): ``index`` along ``axis``,
-    the position itself along every other dim (the regions ``index.shape`` covers)."""
-    ndim = index.ndim
-    return tuple(index if d == axis else np.arange(n).reshape([-1 if k == d else 1 for k in range(ndim)])
-                 for d, n in enumerate(index.shape))
-
-
-def _gather_shapes(op_name, x_shape, index_shape, axis, src_shape=None):
-    """torch's rule: ``index`` has the rank of ``x`` and fits in it except along ``axis`` (and fits in ``src``)."""
-    if not x_shape or len(index_shape) != len(x_shape) or (src_shape is not None and len(src_shape) != len(x_shape)):
-        shapes = f"x {x_shape}, index {index_shape}" + ("" if src_shape is None else f", src {src_shape}")
-        raise ShapeError(f"{op_name}(): x, index{'' if src_shape is None else ' and src'} must have one rank, "
-                         f"at least 1; got {shapes}")
-    a = _one_axis(op_name, axis, len(x_shape))
-    for d, i in enumerate(index_shape):
-        limits = [] if d == a else [("x", x_shape[d])]
-        limits += [] if src_shape is None else [("src", src_shape[d])]
-        for name, n in limits:
-            if i is not None and n is not None and i > n:
-                raise ShapeError(f"{op_name}(): index has shape {index_shape}; dim {d} does not fit in {name} "
-                                 f"of shape {x_shape if name == 'x' else src_shape}")
-    return a
-
-
-@op("gather(Tensor x, nograd Tensor<int32|int64> index, *, int axis) -> Tensor y")
-def gather(x, index, *, axis):
-    """``torch.gather``: ``y[i][j][k] = x[index[i][j][k]][j][k]`` for ``axis=0`` (and so on for other axes); ``y`` has
-    the shape of ``index``, which has the rank of ``x`` and may be smaller in the other dims. NumPy's
-    ``take_along_axis`` is the same op where ``index`` matches ``x`` in the other dims. Negative indices count
-    from the end."""
-    a = _gather_shapes("gather", x.shape, index.shape, axis)
-    return x[_grid_index(_checked_index("gather", index, x.shape[a]), a)]
-
-
-@gather.infer
-def _(x, index, *, axis):
-    _gather_shapes("gather", x.shape, index.shape, axis)
-    return Spec(tuple(index.shape), x.dtype)
-
-
-@gather.grad
-def _(index, dy, x_spec, *, axis):
-    return F.gather_grad(dy, index, shape=x_spec.shape, axis=axis), None
-
-
-@gather.samples
-def _(rng):
-    yield Sample.of(rng.standard_normal((3, 4)), np.array([[0, 2, 2, 1], [2, 0, 1, 1]]), axis=0)
-    yield Sample.of(rng.standard_normal((3, 4)), np.array([[3, 3], [0, -1], [2, 1]]), axis=1)
-    yield Sample.of(rng.standard_normal((2, 3, 4)), np.array([[[1], [0]]]), axis=-1)  # index smaller than x
-
-
-@op("gather_grad(Tensor dy, nograd Tensor<int32|int64> index, *, int[] shape, int axis) -> Tensor dx")
-def gather_grad(dy, index, *, shape, axis):
-    """Gradient of ``gather``: zeros of ``shape`` with each element of ``dy`` added where ``gather`` read it from
-    (``scatter_add`` into zeros, without making the zeros first)."""
-    a = _gather_shapes("gather_grad", tuple(shape), index.shape, axis, dy.shape)
-    dx = np.zeros(shape, dy.dtype)
-    np.add.at(dx, _grid_index(_checked_index("gather_grad", index, shape[a]), a), dy)
-    return dx
-
-
-@gather_grad.infer
-def _(dy, index, *, shape, axis):
-    _gather_shapes("gather_grad", tuple(shape), index.shape, axis, dy.shape)
-    if any(d is not None and i is not None and d != i for d, i in zip(dy.shape, index.shape)):
-        raise ShapeError(f"gather_grad(): dy of shape {dy.shape} must have the shape of index, {index.shape}")
-    return Spec(tuple(shape), dy.dtype)
-
-
-@gather_grad.grad
-def _(index, ddx, *, axis):
-    return F.gather(ddx, index, axis=axis), None
-
-
-@gather_grad.samples
-def _(rng):
-    yield Sample.of(rng.standard_normal((2, 4)), np.array([[0, 2, 2, 1], [2, 0, 1, -1]]), shape=[3, 4], axis=0)
-    yield Sample.of(rng.standard_normal((1, 2, 1)), np.array([[[3], [0]]]), shape=[2, 3, 4], axis=-1)
-
-
-@op("scatter_add(Tensor x, nograd Tensor<int32|int64> index, Tensor src, *, int axis) -> Tensor y")
-def scatter_add(x, index, src, *, axis):
-    """``torch.scatter_add``: a copy of ``x`` to which ``src[i][j][k]`` is added at ``[index[i][j][k]][j][k]`` for
-    ``axis=0`` (and so on); elements of ``src`` outside ``index.shape`` are not used. Positions that ``index`` names
-    more than once get every contribution. The adjoint of ``gather``."""
-    a = _gather_shapes("scatter_add", x.shape, index.shape, axis, src.shape)
-    out = x.astype(D.promote(x.dtype, src.dtype), copy=True)
-    np.add.at(out, _grid_index(_checked_index("scatter_add", index, x.shape[a]), a),
-              src[tuple(builtins.slice(0, n) for n in index.shape)])
-    return out
-
-
-@scatter_add.infer
-def _(x, index, src, *, axis):
-    _gather_shapes("scatter_add", x.shape, index.shape, axis, src.shape)
-    return Spec(tuple(x.shape), D.promote(x.dtype, src.dtype))
-
-
-@scatter_add.grad
-def _(index, src_spec, dy, *, axis, needs_input_grad):
-    dsrc = None
-    if needs_input_grad[2]:
-        dsrc = F.gather(dy, index, axis=axis)
-        if tuple(dsrc.shape) != tuple(src_spec.shape):  # src elements that index does not reach get 0
-            n = len(src_spec.shape)
-            dsrc = F.slice_grad(dsrc, shape=src_spec.shape, axes=list(range(n)), starts=[0] * n,
-                                ends=list(dsrc.shape), steps=[1] * n)
-    return dy, None, dsrc
-
-
-@scatter_add.samples
-def _(rng):
-    yield Sample.of(rng.standard_normal((3, 4)), np.array([[0, 2, 2, 1], [2, 0, 1, 1]]), rng.standard_normal((2, 4)),
-                    axis=0)
-    yield Sample.of(rng.standard_normal((3, 4)), np.array([[3, 3], [0, -1]]), rng.standard_normal((3, 3)), axis=-1)
-    yield Sample.of(rng.standard_normal(5), np.array([4, 0, 4]), rng.standard_normal(3), axis=0)
-
-
-@op("index_select(Tensor x, nograd Tensor<int32|int64> index, *, int axis) -> Tensor y")
-def index_select(x, index, *, axis):
-    """``torch.index_select``: the slices of ``x`` at the positions ``index`` (1-D; a 0-d index counts as one
-    position) lists along ``axis``, which keeps its place with size ``len(index)``. Negative indices count from
-    the end."""
-    _index_select_shape(x.shape, index.shape, axis)
-    return np.take(x, _checked_index("index_select", index.reshape(-1), x.shape[axis]), axis=axis)
-
-
-def _index_select_shape(x_shape, index_shape, axis):
-    if len(index_shape) > 1:
-        raise ShapeError(f"index_select(): index must be 1-D, got shape {index_shape} (take() accepts any shape)")
-    return _take_shape("index_select", x_shape, index_shape or (1,), axis)
-
-
-@index_select.infer
-def _(x, index, *, axis):
-    return Spec(_index_select_shape(x.shape, index.shape, axis), x.dtype)
-
-
-@index_select.grad
-def _(index, dy, x_spec, *, axis):
-    flat = F.reshape(index, shape=[-1]) if index.ndim == 0 else index
-    return F.take_grad(dy, flat, shape=x_spec.shape, axis=axis), None
-
-
-@index_select.samples
-def _(rng):
-    yield Sample.of(rng.standard_normal((2, 3, 4)), np.array([-1, 1]), axis=-1)
-    yield Sample.of(rng.standard_normal((4, 3)), np.array([3, 0, 3]), axis=0)
-    yield Sample.of(rng.standard_normal((2, 3)), np.array(2), axis=1)
-
-
-@op("one_hot(nograd Tensor<int32|int64> index, *, int num_classes) -> Tensor<int64> y", traits=["no_grad"])
-def one_hot(index, *, num_classes):
-    """``torch.nn.functional.one_hot``: int64 of shape ``(*index.shape, num_classes)``, 1 at the class ``index``
-    names and 0 elsewhere. Indices must lie in [0, num_classes)."""
-    index = _checked_index("one_hot", index, num_classes, negative=False)
-    return (index[..., None] == np.arange(num_classes)).astype(np.int64)
-
-
-@one_hot.check
-def _(*, num_classes):
-    if num_classes < 1:
-        raise ValueError(f"argument 'num_classes' must be >= 1, got {num_classes}")
-
-
-@one_hot.infer
-def _(index, *, num_classes):
-    return Spec((*index.shape, num_classes), D.int64)
-
-
-@one_hot.samples
-def _(rng):
-    yield Sample.of(np.array([0, 2, 1, 2]), num_classes=3)
-    yield Sample.of(np.array([[4, 0], [1, 1]], np.int32), num_classes=5)
-    yield Sample.of(np.array(1), num_classes=2)
+    yield Sample.of(rng.standard_normal((3, 5)), shape=[3, 4], pad=[-2, 3], mode="reflect")

@@ -1,0 +1,497 @@
+"""Import: an ONNX model becomes a Program of our ops, which the Executor runs and ``append_backward`` differentiates.
+
+The model is read as data (protobuf, no pickle, no external files, no custom ops: nothing in it is executed), checked,
+and then *traced*: each node's importer (``importers.py``, keyed by ONNX op type) calls our ops on program
+variables, exactly as a traced function does, so every node becomes one or several OpDescs checked by the ops' own
+shape rules. Float initializers become trainable parameters; integer and bool ones (shapes, indices) constants.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+
+from ..core import dtypes as D
+from ..core.errors import OpforgeError, describe
+from ..core.spec import Dim, Spec
+from ..creation import tensor
+from ..nn.module import Module
+from ..program.desc import Program
+from ..program.trace import Variable, trace, tracing_program
+
+
+class OnnxImportError(OpforgeError, ValueError):
+    """An ONNX model that cannot be loaded: malformed, or using an op, attribute or type opforge does not map."""
+
+
+# ONNX TensorProto element types opforge has (the others are named in the error).
+_DTYPES = {1: D.float32, 11: D.float64, 10: D.float16, 16: D.bfloat16, 6: D.int32, 7: D.int64, 9: D.bool_}
+OPSETS = (7, 23)  # the ai.onnx opset versions the importers are written for
+
+
+def _type_name(elem_type: int) -> str:
+    from onnx import TensorProto
+
+    return TensorProto.DataType.Name(elem_type).lower() if elem_type in TensorProto.DataType.values() \
+        else f"type {elem_type}"
+
+
+def dtype_of(elem_type: int, what: str) -> np.dtype:
+    if elem_type not in _DTYPES:
+        raise OnnxImportError(f"{what}: element type {_type_name(elem_type)} is not supported "
+                              f"(opforge has {', '.join(map(str, _DTYPES.values()))})")
+    return _DTYPES[elem_type]
+
+
+class NeedsConstant(OnnxImportError):
+    """An input our ops take as an attribute (axes, a shape, pads) that the model computes or feeds at run time.
+    ``load(model, bind={name: value})`` specialises the model on given values of such graph inputs."""
+
+    def __init__(self, message: str, input_name: str):
+        super().__init__(message)
+        self.input_name = input_name
+
+
+class Node:
+    """What an importer sees of one ONNX node: its attributes (each read is recorded, so that an attribute no
+    importer read is refused by name), its inputs as program variables or constants, and the opset."""
+
+    def __init__(self, proto, opset: int, env: dict, importer):
+        self.proto = proto
+        self.op_type = proto.op_type
+        self.opset = opset
+        self.name = proto.name or (proto.output[0] if proto.output else "?")
+        self.env = env
+        self._importer = importer
+        self._attrs = {a.name: a for a in proto.attribute}
+        self.read: set = set()
+
+    # -- what importers call -------------------------------------------------------------------------------------
+
+    def where(self) -> str:
+        return f"node {self.name!r} ({self.op_type}, opset {self.opset})"
+
+    def unsupported(self, what: str) -> OnnxImportError:
+        return OnnxImportError(f"{self.where()}: {what} is not supported")
+
+    def attr(self, name: str, default=None):
+        """The attribute's value (ints, floats, strings as str, lists as tuples, tensors as arrays), or default."""
+        from onnx import helper, numpy_helper
+
+        self.read.add(name)
+        a = self._attrs.get(name)
+        if a is None:
+            return default
+        if a.type in (a.GRAPH, a.GRAPHS):
+            raise self.unsupported(f"attribute {name!r} (a subgraph)")
+        if a.type == a.TENSOR:
+            return self._importer.array(a.t, f"{self.where()}: attribute {name!r}")
+        if a.type == a.SPARSE_TENSOR:
+            raise self.unsupported(f"attribute {name!r} (a sparse tensor)")
+        value = helper.get_attribute_value(a)
+        if isinstance(value, bytes):
+            return value.decode("utf-8", "replace")
+        if isinstance(value, list):
+            return tuple(v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value)
+        del numpy_helper
+        return value
+
+    def has(self, i: int) -> bool:
+        return i < len(self.proto.input) and self.proto.input[i] != ""
+
+    @property
+    def count(self) -> int:
+        return len(self.proto.input)
+
+    def input(self, i: int):
+        """Input ``i`` as something our ops take (a Variable or a constant Tensor); None when it is absent."""
+        if not self.has(i):
+            return None
+        value = self.env[self.proto.input[i]]
+        if isinstance(value, np.ndarray) and value.dtype == object:
+            value = tuple(value.reshape(-1).tolist())
+        if isinstance(value, tuple):  # a shape known only symbolically
+            if any(isinstance(d, Dim) for d in value):
+                raise self.unsupported(f"input {i} ({self.proto.input[i]!r}), a shape holding sizes known only at "
+                                       "run time, used as data")
+            value = np.array(value, np.int64)
+        if isinstance(value, np.ndarray):
+            return self._importer.constant(self.proto.input[i], value)
+        return value
+
+    def inputs(self) -> list:
+        return [self.input(i) for i in range(self.count) if self.has(i)]
+
+    def const(self, i: int, what: str = "") -> np.ndarray | None:
+        """The value of input ``i`` when it is known at import (an initializer, a Constant, shape arithmetic)."""
+        if not self.has(i):
+            return None
+        value = self.env[self.proto.input[i]]
+        if isinstance(value, np.ndarray) and value.dtype == object:
+            value = tuple(value.reshape(-1).tolist())
+        if isinstance(value, tuple):
+            if any(isinstance(d, Dim) for d in value):
+                raise self.unsupported(f"input {what or i} holding sizes known only at run time here")
+            return np.array(value, np.int64)
+        if isinstance(value, np.ndarray):
+            return value
+        initial = self._importer.initial.get(self.proto.input[i])
+        if initial is not None:
+            return initial
+        raise NeedsConstant(f"{self.where()}: input {what or i} ({self.proto.input[i]!r}) is computed or fed at run "
+                            "time; opforge needs it at load: make it a constant (an initializer or a Constant "
+                            "node), or bind its value with onnx.load(..., bind={name: value})", self.proto.input[i])
+
+    def ints(self, i: int, what: str = "") -> tuple | None:
+        """Input ``i`` as a tuple of ints, with ``Dim``s for sizes known only at run time (a shape)."""
+        if not self.has(i):
+            return None
+        value = self.env[self.proto.input[i]]
+        if isinstance(value, np.ndarray) and value.dtype == object:
+            return tuple(value.reshape(-1).tolist())
+        if isinstance(value, tuple):
+            return value
+        return tuple(int(v) for v in np.asarray(self.const(i, what)).reshape(-1))
+
+    def spec(self, i: int) -> Spec:
+        value = self.env[self.proto.input[i]]
+        if isinstance(value, tuple):
+            return Spec((len(value),), D.int64)
+        if isinstance(value, Variable):
+            return value.spec  # (its unknown dims None)
+        return Spec(tuple(value.shape), value.dtype)  # an array or a Tensor
+
+    def shape(self, i: int) -> tuple:
+        """Input ``i``'s shape, a ``Dim`` for each size known only at run time."""
+        value = self.env[self.proto.input[i]]
+        if isinstance(value, Variable):
+            return value.shape
+        return self.spec(i).shape
+
+    @property
+    def outputs(self) -> int:
+        return len(self.proto.output)
+
+
+class Importer:
+    def __init__(self, model):
+        self.model = model
+        self.initial: dict = {}  # float initializer name -> its value (read when a node needs a constant)
+        self._constants: dict = {}  # name -> read-only Tensor: one program constant per ONNX value
+
+    def array(self, proto, what: str) -> np.ndarray:
+        from onnx import numpy_helper
+
+        if proto.data_location == proto.EXTERNAL or proto.external_data:
+            raise OnnxImportError(f"{what}: tensor {proto.name!r} keeps its data in an external file; opforge "
+                                  "reads self-contained models only (onnx.load_model with load_external_data, "
+                                  "then pass the ModelProto)")
+        dtype_of(proto.data_type, f"{what}: tensor {proto.name!r}")
+        try:
+            array = numpy_helper.to_array(proto)
+        except Exception as e:
+            raise OnnxImportError(f"{what}: tensor {proto.name!r} is malformed: {e}") from None
+        expected = tuple(proto.dims)
+        if array.shape != expected:
+            raise OnnxImportError(f"{what}: tensor {proto.name!r} holds {array.size} values for shape {expected}")
+        return np.array(array, dtype=_DTYPES[proto.data_type])  # a writable copy of our own
+
+    def constant(self, name: str, value: np.ndarray):
+        t = self._constants.get(name)
+        if t is None or t.shape != value.shape:
+            t = tensor(value)
+            t.numpy().flags.writeable = False  # a constant of the program, not state
+            self._constants[name] = t
+        return t
+
+
+def _read(source):
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    if isinstance(source, onnx.ModelProto):
+        return source
+    if isinstance(source, (bytes, bytearray)):
+        data, where = bytes(source), "the given bytes"
+    elif isinstance(source, (str, Path)):
+        where = str(source)
+        try:
+            data = Path(source).read_bytes()
+        except OSError as e:
+            raise OnnxImportError(f"onnx.load(): cannot read {where}: {e}") from None
+    else:
+        raise OnnxImportError(f"onnx.load(): expected a path, bytes or an onnx.ModelProto, got {describe(source)}")
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except (DecodeError, ValueError, RuntimeError) as e:
+        raise OnnxImportError(f"onnx.load(): {where} is not an ONNX model (truncated or damaged protobuf: {e})") \
+            from None
+    if not model.HasField("graph"):
+        raise OnnxImportError(f"onnx.load(): {where} holds no graph: not an ONNX model, or an empty one")
+    return model
+
+
+def _opset(model) -> int:
+    versions = {}
+    for o in model.opset_import:
+        versions[o.domain or "ai.onnx"] = o.version
+    if not model.opset_import:  # IR version 2 models: opset 1 implied
+        versions["ai.onnx"] = 1
+    if "ai.onnx" not in versions:
+        raise OnnxImportError(f"onnx.load(): the model imports no ai.onnx opset (it imports {sorted(versions)})")
+    return versions["ai.onnx"]
+
+
+def _value_spec(vi, what: str) -> Spec:
+    t = vi.type
+    if t.WhichOneof("value") != "tensor_type":
+        raise OnnxImportError(f"{what} {vi.name!r} is a {t.WhichOneof('value') or 'value of no type'}; opforge "
+                              "imports tensors only")
+    dtype = dtype_of(t.tensor_type.elem_type, f"{what} {vi.name!r}")
+    if not t.tensor_type.HasField("shape"):
+        raise OnnxImportError(f"{what} {vi.name!r} has no shape (not even a rank); opforge needs the rank")
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in t.tensor_type.shape.dim]
+    return Spec(tuple(dims), dtype)
+
+
+class _Parsed:
+    """A model read and checked: its opset, initializer arrays, feeds (name -> Spec), bound inputs and outputs."""
+
+    def __init__(self, source, bind=None):
+        self.model = _read(source)
+        self.opset = _opset(self.model)
+        graph = self.graph = self.model.graph
+        self.importer = Importer(self.model)
+        for node in graph.node:
+            if node.domain not in ("", "ai.onnx"):
+                raise OnnxImportError(f"node {node.name or node.output[0]!r} ({node.domain}::{node.op_type}): ops "
+                                      f"of domain {node.domain!r} are not supported (custom or ML ops)")
+        if graph.sparse_initializer:
+            raise OnnxImportError("onnx.load(): sparse initializers are not supported")
+        self.arrays = {t.name: self.importer.array(t, "initializer") for t in graph.initializer}
+        self.bound = {}
+        for vi in graph.input:
+            if bind and vi.name in bind and vi.name not in self.arrays:
+                spec = _value_spec(vi, "graph input")
+                value = np.asarray(bind[vi.name])
+                if not spec.matches(Spec(value.shape, value.dtype)):
+                    raise OnnxImportError(f"onnx.load(): bound value for input {vi.name!r} is {describe(value)}, "
+                                          f"the model declares {spec}")
+                self.bound[vi.name] = value
+        self.feeds = {vi.name: _value_spec(vi, "graph input") for vi in graph.input if vi.name not in self.arrays
+                      and vi.name not in self.bound}
+        self.names = {*self.arrays, *self.feeds, *(o for n in graph.node for o in n.output)}
+        self.outputs = [vi.name for vi in graph.output]
+        for name in self.outputs:
+            if name not in self.names:
+                raise OnnxImportError(f"onnx.load(): graph output {name!r} is produced by no node, input or "
+                                      "initializer")
+
+    def run(self, inputs: dict, params: dict) -> dict:
+        """The graph applied to ``inputs`` (by name) with float initializers ``params`` (by name): our ops are
+        called on them, so this runs eagerly on Tensors and records a program on Variables."""
+        from .importers import IMPORTERS  # (they import this module's helpers)
+
+        imp = self.importer
+        env: dict = dict(inputs) | self.bound | dict(params)
+        for name, array in self.arrays.items():
+            if array.dtype.kind == "f":
+                imp.initial[name] = array
+            else:
+                env[name] = array
+        for proto in self.graph.node:
+            n = Node(proto, self.opset, env, imp)
+            for i in proto.input:
+                if i and i not in env:
+                    raise OnnxImportError(f"{n.where()}: input {i!r} is neither a graph input, an initializer nor "
+                                          "the output of an earlier node (a missing initializer, or nodes out of "
+                                          "order)")
+            known = _fold(n)
+            if known is not None:  # shape arithmetic on values known at import: computed now, not recorded
+                env[proto.output[0]] = known
+                continue
+            fn = IMPORTERS.get(proto.op_type)
+            if fn is None:
+                raise OnnxImportError(f"{n.where()}: ONNX op {proto.op_type} is not supported (docs/onnx.md lists "
+                                      "the ops opforge imports)")
+            try:
+                result = fn(n)
+            except OnnxImportError:
+                raise
+            except OpforgeError as e:
+                raise OnnxImportError(f"{n.where()}: {e}") from None
+            except (ValueError, TypeError, IndexError, KeyError, ArithmeticError) as e:
+                raise OnnxImportError(f"{n.where()}: cannot be imported: {type(e).__name__}: {e}") from None
+            unread = sorted(set(n._attrs) - n.read)
+            if unread:
+                raise n.unsupported(f"attribute(s) {unread}")
+            results = result if isinstance(result, list) else [result]  # (a tuple is a shape: one output)
+            wanted = list(proto.output)
+            if len(results) < len([o for o in wanted if o]):
+                raise n.unsupported(f"output(s) {wanted[len(results):]}")
+            for name, value in zip(wanted, results):
+                if name:
+                    env[name] = value
+        result = {}
+        for name in self.outputs:
+            value = env[name]
+            if isinstance(value, np.ndarray) and value.dtype == object:
+                value = tuple(value.reshape(-1).tolist())
+            if isinstance(value, tuple):
+                if any(isinstance(d, Dim) for d in value):
+                    raise OnnxImportError(f"onnx.load(): graph output {name!r} is a shape known only at run time")
+                value = np.array(value, np.int64)
+            if isinstance(value, np.ndarray):
+                value = imp.constant(name, value)
+            result[name] = value
+        return result
+
+
+def load(source, bind: dict | None = None) -> Program:
+    """An ONNX model (a path, bytes or a ``ModelProto``) as a Program.
+
+    Graph inputs become feeds (a dynamic dim becomes ``None``), float initializers trainable parameters (their
+    ONNX names are their variable names), nodes our ops. ``of.Executor(program).run(...)`` runs it;
+    ``of.append_backward`` differentiates it. An op, attribute or type we do not map is an ``OnnxImportError``
+    naming the node, its op type and opset; so is a malformed file. Nothing in the file is executed.
+
+    ``bind`` gives values for graph inputs that our ops need at load (a shape, axes, pads fed at run time): those
+    inputs become constants and the program is specialised on them.
+    """
+    parsed = _Parsed(source, bind)
+
+    def build(**variables):
+        program = tracing_program()
+        # Our fresh names are "<op>.<n>": start n past any such number in the model's names, so none collides.
+        numbers = [int(m.group(1)) for n in parsed.names if (m := re.search(r"\.(\d+)$", n))]
+        program._counter = max([program._counter, *numbers]) + 1
+        params = {}
+        for name, array in parsed.arrays.items():
+            if array.dtype.kind == "f":
+                program.add_var(name, Spec(array.shape, array.dtype), persistable=True)
+                program.values[name] = array
+                params[name] = Variable(program, name)
+        return parsed.run(variables, params)
+
+    try:
+        return trace(build, **parsed.feeds)
+    except OnnxImportError:
+        raise
+    except OpforgeError as e:
+        raise OnnxImportError(f"onnx.load(): {e}") from None
+
+
+def load_module(source, bind: dict | None = None) -> OnnxModule:
+    """An ONNX model as an ``nn.Module``: its float initializers are the module's parameters (named as in the model),
+    and calling it runs the graph's nodes as our ops, eagerly or inside ``of.compile``/``of.trace``. This is how an
+    imported model is fine-tuned with an optimizer, as any module (examples/onnx_finetune.py)."""
+    return OnnxModule(_Parsed(source, bind))
+
+
+class OnnxModule(Module):
+    """An imported ONNX graph: ``module(x, ...)`` takes the graph's inputs in order (or by name) and returns its
+    output (a dict by ONNX name when there are several)."""
+
+    def __init__(self, parsed: _Parsed):
+        super().__init__()
+        self._parsed = parsed
+        self._onnx_names = {}  # ONNX initializer name -> our attribute (ONNX names may hold dots)
+        for name, array in parsed.arrays.items():
+            if array.dtype.kind == "f":
+                attr = f"p{len(self._onnx_names)}"
+                setattr(self, attr, tensor(array, requires_grad=True))
+                self._onnx_names[name] = attr
+
+    @property
+    def input_names(self) -> list:
+        return list(self._parsed.feeds)
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        for name, attr in self._onnx_names.items():
+            yield prefix + name, getattr(self, attr)
+
+    def forward(self, *args, **kwargs):
+        inputs = dict(zip(self._parsed.feeds, args)) | kwargs
+        missing = set(self._parsed.feeds) - set(inputs)
+        if missing:
+            raise OnnxImportError(f"OnnxModule(): missing input(s) {sorted(missing)}")
+        try:
+            out = self._parsed.run(inputs, {n: getattr(self, a) for n, a in self._onnx_names.items()})
+        except OnnxImportError:
+            raise
+        except OpforgeError as e:
+            raise OnnxImportError(f"OnnxModule(): {e}") from None
+        return next(iter(out.values())) if len(out) == 1 else out
+
+
+_FOLDABLE = {"Identity", "Concat", "Gather", "Unsqueeze", "Squeeze", "Slice", "Cast", "Reshape", "Add", "Sub", "Mul",
+             "Div", "Neg", "Size"}
+
+
+def _fold(n: Node):
+    """A node over integer values known at import (constants, and shapes whose run-time sizes are ``Dim``s): its
+    value, computed here, as an array, or a tuple when it holds Dims; None when it is not such a node."""
+    if n.op_type not in _FOLDABLE or n.outputs != 1 or not all(
+            isinstance(n.env.get(i), (tuple, np.ndarray)) for i in n.proto.input if i):
+        return None
+    raw = [n.env[i] if i else None for i in n.proto.input]
+    raw = [tuple(v.reshape(-1).tolist()) if isinstance(v, np.ndarray) and v.dtype == object and v.ndim == 1 else v
+           for v in raw]
+    if not any(_symbolic(v) for v in raw) and not all(
+            v is None or (v.dtype.kind in "iub" and v.ndim <= 1) for v in raw):
+        return None  # constant data (not a shape): the executor folds it
+    values = [None if v is None else np.array(v, dtype=object) if isinstance(v, tuple) else v for v in raw]
+    symbolic = any(_symbolic(v) for v in raw)
+    x = values[0]
+    t = n.op_type
+    try:
+        if t == "Identity":
+            y = x
+        elif t == "Size":
+            y = np.array(x.size, np.int64)
+        elif t == "Neg" and not symbolic:
+            y = -x
+        elif t == "Concat":
+            y = np.concatenate(values, axis=n.attr("axis", 0))
+        elif t == "Gather":
+            y = np.take(x, np.asarray(values[1], np.int64), axis=n.attr("axis", 0))
+        elif t in ("Unsqueeze", "Squeeze"):
+            axes = n.attr("axes") if n.opset < 13 else (None if len(values) < 2 else values[1])
+            axes = None if axes is None else [int(a) for a in np.asarray(axes).reshape(-1)]
+            if t == "Squeeze":
+                y = np.squeeze(x, axis=None if not axes else tuple(axes))
+            else:
+                y = x
+                for a in sorted(a % (x.ndim + len(axes)) for a in axes):
+                    y = np.expand_dims(y, a)
+        elif t == "Slice" and n.opset >= 10 and x.ndim == 1:
+            starts, ends = int(values[1][0]), int(values[2][0])
+            steps = int(values[4][0]) if len(values) > 4 and values[4] is not None else 1
+            y = x[starts:ends:steps]
+        elif t == "Cast" and n.attr("to") in (6, 7):
+            n.attr("saturate")
+            y = x if symbolic else x.astype(_DTYPES[n.attr("to")])
+        elif t == "Reshape" and not symbolic:
+            y = x.reshape([int(d) for d in values[1]])
+        elif t in ("Add", "Sub", "Mul", "Div") and not symbolic:
+            op = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply}.get(t)
+            y = op(x, values[1]) if op else (np.trunc(x / values[1]).astype(x.dtype) if x.dtype.kind in "iu"
+                                             else x / values[1])
+        else:
+            return None
+    except (ValueError, IndexError, TypeError, OpforgeError):
+        return None
+    n.read.update(a.name for a in n.proto.attribute)
+    y = y if isinstance(y, np.ndarray) else np.array(y, dtype=object)
+    if y.dtype == object:
+        if not any(isinstance(d, Dim) for d in y.reshape(-1).tolist()):
+            return y.astype(np.int64)
+        return tuple(y.tolist()) if y.ndim == 1 else y  # a 0-d run-time size stays a 0-d object array
+    return y
+
+
+def _symbolic(v) -> bool:
+    return isinstance(v, tuple) or (isinstance(v, np.ndarray) and v.dtype == object)

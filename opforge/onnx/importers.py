@@ -1,0 +1,831 @@
+"""ONNX op type -> how it becomes our ops. Each importer calls ``opforge.ops`` on program variables (the import is a
+trace), so one ONNX node may become several of our ops; shape rules and argument checks are the ops' own.
+
+Why a table keyed by ONNX op type here, rather than next to each op (as export mappings are): the importer looks
+nodes up by ONNX type, and an ONNX op's meaning moves with the opset (Softmax before 13, axes as attribute or input,
+Clip's bounds, Pad's pads); most ONNX ops land on a composition of ours (Gemm, Conv with asymmetric pads, Selu with
+its own constants, HardSigmoid, InstanceNormalization...), and several ONNX types land on one op of ours (ReduceMax
+and GlobalMaxPool on amax). The table is ONNX's vocabulary, which is also what the conformance report counts.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import ops as F
+from ..core import dtypes as D
+from ..core.spec import Dim
+from .importer import dtype_of
+
+IMPORTERS: dict = {}
+
+
+def onnx_op(*types):
+    def register(fn):
+        for t in types:
+            IMPORTERS[t] = fn
+        return fn
+
+    return register
+
+
+def _ints_attr_or_input(n, name, index, since):
+    """An int list given as attribute before opset ``since`` and as input ``index`` from it on (axes, pads...)."""
+    if n.opset < since:
+        value = n.attr(name)
+        return None if value is None else tuple(value)
+    return n.ints(index, name)
+
+
+# -- elementwise ------------------------------------------------------------------------------------------------------
+
+_UNARY = {"Identity": F.identity, "Neg": F.neg, "Exp": F.exp, "Log": F.log, "Tanh": F.tanh, "Sigmoid": F.sigmoid,
+          "Relu": F.relu, "Abs": F.abs, "Sign": F.sign, "Floor": F.floor, "Ceil": F.ceil, "Round": F.round,
+          "Sqrt": F.sqrt, "Reciprocal": F.reciprocal, "Sin": F.sin, "Cos": F.cos, "Erf": F.erf,
+          "IsNaN": F.isnan, "Not": F.logical_not}
+
+
+@onnx_op(*_UNARY)
+def _(n):
+    return _UNARY[n.op_type](n.input(0))
+
+
+@onnx_op("Tan")
+def _(n):
+    x = n.input(0)
+    return F.sin(x) / F.cos(x)
+
+
+@onnx_op("Sinh", "Cosh")
+def _(n):
+    x = n.input(0)
+    a, b = F.exp(x), F.exp(-x)
+    return (a - b) * 0.5 if n.op_type == "Sinh" else (a + b) * 0.5
+
+
+@onnx_op("LeakyRelu")
+def _(n):
+    return F.leaky_relu(n.input(0), alpha=n.attr("alpha", 0.01))
+
+
+@onnx_op("Elu")
+def _(n):
+    return F.elu(n.input(0), alpha=n.attr("alpha", 1.0))
+
+
+@onnx_op("Selu")
+def _(n):
+    x = n.input(0)
+    alpha, gamma = n.attr("alpha", 1.67326319217681884765625), n.attr("gamma", 1.05070102214813232421875)
+    return F.where(x > 0, x, F.expm1(F.minimum(x, 0)) * alpha) * gamma
+
+
+@onnx_op("Celu")
+def _(n):
+    return F.celu(n.input(0), alpha=n.attr("alpha", 1.0))
+
+
+@onnx_op("Softplus")
+def _(n):
+    return F.softplus(n.input(0))
+
+
+@onnx_op("Softsign")
+def _(n):
+    x = n.input(0)
+    return x / (F.abs(x) + 1)
+
+
+@onnx_op("Gelu")
+def _(n):
+    return F.gelu(n.input(0), approximate=n.attr("approximate", "none"))
+
+
+@onnx_op("HardSigmoid")
+def _(n):
+    return F.clip(n.input(0) * n.attr("alpha", 0.2) + n.attr("beta", 0.5), min=0.0, max=1.0)
+
+
+@onnx_op("HardSwish")
+def _(n):
+    return F.hardswish(n.input(0))
+
+
+@onnx_op("Mish")
+def _(n):
+    return F.mish(n.input(0))
+
+
+@onnx_op("PRelu")
+def _(n):
+    x, slope = n.input(0), n.input(1)
+    shape, channels = n.shape(0), n.shape(1)
+    if n.opset < 7 and len(channels) == 1 and len(shape) > 2 and channels[0] == shape[1] != shape[-1]:
+        slope = F.reshape(slope, shape=[-1, *[1] * (len(shape) - 2)])  # one slope per channel, as opset 6 meant
+    return F.where(x < 0, x * slope, x)
+
+
+@onnx_op("ThresholdedRelu")
+def _(n):
+    x = n.input(0)
+    return F.where(x > n.attr("alpha", 1.0), x, 0)
+
+
+@onnx_op("Clip")
+def _(n):
+    x = n.input(0)
+    if n.opset < 11:
+        lo, hi = n.attr("min"), n.attr("max")
+        return F.clip(x, min=lo, max=hi) if lo is not None or hi is not None else F.identity(x)
+    y = x
+    if n.has(1):
+        y = F.maximum(y, n.input(1))
+    if n.has(2):
+        y = F.minimum(y, n.input(2))
+    return y if y is not x else F.identity(x)
+
+
+@onnx_op("IsInf")
+def _(n):
+    x = n.input(0)
+    inf = F.logical_not(F.logical_or(F.isfinite(x), F.isnan(x)))
+    negative, positive = n.attr("detect_negative", 1), n.attr("detect_positive", 1)
+    if negative and positive:
+        return inf
+    if not negative and not positive:
+        return F.logical_and(inf, F.zeros_like(x, dtype=D.bool_))
+    return F.logical_and(inf, x > 0 if positive else x < 0)
+
+
+@onnx_op("Cast")
+def _(n):
+    n.attr("saturate")  # float8 casts only: nothing to do for our types
+    to = dtype_of(n.attr("to"), f"{n.where()}: attribute 'to'")
+    return F.cast(n.input(0), dtype=to)
+
+
+@onnx_op("CastLike")
+def _(n):
+    n.attr("saturate")
+    return F.cast(n.input(0), dtype=n.spec(1).dtype)
+
+
+# -- binary and variadic ----------------------------------------------------------------------------------------------
+
+_BINARY = {"Add": F.add, "Sub": F.sub, "Mul": F.mul, "Less": F.less, "LessOrEqual": F.less_equal,
+           "Greater": F.greater, "GreaterOrEqual": F.greater_equal, "Equal": F.equal, "And": F.logical_and,
+           "Or": F.logical_or, "Xor": F.not_equal}
+
+
+def _operands(n):
+    """Both operands; before opset 7, B broadcasts only when told, and its dims line up with A's from ``axis`` on
+    (not from the right, as NumPy's): trailing 1s put them there."""
+    a, b = n.input(0), n.input(1)
+    axis = n.attr("axis")
+    if n.attr("broadcast", 0) and axis is not None:
+        rank_a, rank_b = len(n.shape(0)), len(n.shape(1))
+        trailing = rank_a - (axis % rank_a) - rank_b
+        if trailing > 0:
+            b = F.reshape(b, shape=[*n.shape(1), *[1] * trailing])
+    return a, b
+
+
+@onnx_op(*_BINARY)
+def _(n):
+    return _BINARY[n.op_type](*_operands(n))
+
+
+@onnx_op("Div")
+def _(n):
+    x, y = _operands(n)
+    q = F.div(x, y)
+    dtype = n.spec(0).dtype
+    if dtype.kind != "f":  # integer division truncates toward zero in ONNX
+        return F.cast(F.where(q < 0, F.ceil(q), F.floor(q)), dtype=dtype)
+    return q
+
+
+@onnx_op("Pow")
+def _(n):
+    y = F.pow(*_operands(n))
+    dtype = n.spec(0).dtype
+    return y if y.dtype == dtype else F.cast(y, dtype=dtype)  # ONNX's result has the base's type
+
+
+@onnx_op("Max", "Min", "Sum", "Mean")
+def _(n):
+    xs = n.inputs()
+    if n.op_type in ("Sum", "Mean"):
+        total = F.add_n(xs) if len(xs) > 1 else F.identity(xs[0])
+        return total if n.op_type == "Sum" else total * (1.0 / len(xs))
+    pick = F.maximum if n.op_type == "Max" else F.minimum
+    y = xs[0]
+    for x in xs[1:]:
+        y = pick(y, x)
+    return y if len(xs) > 1 else F.identity(y)
+
+
+@onnx_op("Where")
+def _(n):
+    return F.where(n.input(0), n.input(1), n.input(2))
+
+
+# -- matrix products ----------------------------------------------------------------------------------------------
+
+
+@onnx_op("MatMul")
+def _(n):
+    return F.matmul(n.input(0), n.input(1))
+
+
+@onnx_op("Gemm")
+def _(n):
+    a, b, c = n.input(0), n.input(1), n.input(2)
+    alpha, beta = n.attr("alpha", 1.0), n.attr("beta", 1.0)
+    if n.attr("broadcast") is not None and n.opset < 7:
+        pass
+    if n.attr("transA", 0):
+        a = F.transpose(a)
+    if n.attr("transB", 0):
+        b = F.transpose(b)
+    y = F.matmul(a, b)
+    if alpha != 1.0:
+        y = y * alpha
+    if c is not None:
+        y = y + (c * beta if beta != 1.0 else c)
+    return y
+
+
+@onnx_op("Einsum")
+def _(n):
+    return F.einsum(n.inputs(), equation=n.attr("equation").replace(" ", ""))
+
+
+# -- reductions ---------------------------------------------------------------------------------------------------
+
+
+def _reduce_axes(n):
+    """The axes of a Reduce* node: None (all) or a tuple; () when noop_with_empty_axes asks for no reduction."""
+    since = 13 if n.op_type == "ReduceSum" else 18
+    axes = _ints_attr_or_input(n, "axes", 1, since)
+    noop = n.attr("noop_with_empty_axes", 0) if n.opset >= since else 0
+    if not axes:
+        return () if noop else None
+    return axes
+
+
+_REDUCE = {"ReduceSum": F.sum, "ReduceMean": F.mean, "ReduceMax": F.amax, "ReduceMin": F.amin,
+           "ReduceProd": F.prod, "ReduceLogSumExp": F.logsumexp}
+
+
+@onnx_op(*_REDUCE, "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum")
+def _(n):
+    x = n.input(0)
+    axes, keep = _reduce_axes(n), bool(n.attr("keepdims", 1))
+    if axes == ():
+        return F.identity(x)
+    if n.op_type in _REDUCE:
+        y = _REDUCE[n.op_type](x, axis=axes, keepdim=keep)
+    elif n.op_type in ("ReduceL1", "ReduceL2"):
+        if x.dtype.kind != "f":
+            y = F.sum(F.abs(x) if n.op_type == "ReduceL1" else x * x, axis=axes, keepdim=keep)
+            y = y if n.op_type == "ReduceL1" else F.sqrt(F.cast(y, dtype=D.float64))
+        else:
+            y = F.norm(x, p=1.0 if n.op_type == "ReduceL1" else 2.0, axis=axes, keepdim=keep)
+    elif n.op_type == "ReduceSumSquare":
+        y = F.sum(x * x, axis=axes, keepdim=keep)
+    else:
+        y = F.log(F.sum(x, axis=axes, keepdim=keep))
+    return y if y.dtype == x.dtype else F.cast(y, dtype=x.dtype)
+
+
+@onnx_op("ArgMax", "ArgMin")
+def _(n):
+    x = n.input(0)
+    axis, keep = n.attr("axis", 0), bool(n.attr("keepdims", 1))
+    find = F.argmax if n.op_type == "ArgMax" else F.argmin
+    if n.attr("select_last_index", 0):  # the last of equal extremes: the first one of the flipped tensor
+        size = n.shape(0)[axis]
+        if isinstance(size, Dim):
+            raise n.unsupported("select_last_index along a dim known only at run time")
+        return (size - 1) - find(F.flip(x, axis=[axis]), axis=axis, keepdim=keep)
+    return find(x, axis=axis, keepdim=keep)
+
+
+@onnx_op("CumSum")
+def _(n):
+    x = n.input(0)
+    axis = int(n.const(1, "axis"))
+    flip = bool(n.attr("reverse", 0))
+    x_in = F.flip(x, axis=[axis]) if flip else x
+    y = F.cumsum(x_in, axis=axis)
+    if n.attr("exclusive", 0):
+        y = y - x_in
+    y = F.flip(y, axis=[axis]) if flip else y
+    return y if y.dtype == x.dtype else F.cast(y, dtype=x.dtype)
+
+
+# -- nn ------------------------------------------------------------------------------------------------------------
+
+
+def _softmax(n, fn):
+    x = n.input(0)
+    if n.opset >= 13:
+        return fn(x, axis=n.attr("axis", -1))
+    # before 13: the input is seen as 2-D, (dims before axis) x (dims from axis on)
+    axis = n.attr("axis", 1) % max(len(n.shape(0)), 1)
+    shape = n.shape(0)
+    if any(isinstance(d, Dim) for d in shape[axis:]):
+        raise n.unsupported("opset < 13 softmax over dims known only at run time")
+    inner = math.prod(shape[axis:])
+    return F.reshape(fn(F.reshape(x, shape=[-1, inner]), axis=-1), shape=list(shape))
+
+
+@onnx_op("Softmax")
+def _(n):
+    return _softmax(n, F.softmax)
+
+
+@onnx_op("LogSoftmax")
+def _(n):
+    return _softmax(n, F.log_softmax)
+
+
+@onnx_op("Dropout")
+def _(n):
+    x = n.input(0)
+    n.attr("seed")
+    ratio = float(n.attr("ratio", 0.5)) if n.opset < 12 else (float(n.const(1, "ratio")) if n.has(1) else 0.5)
+    training = bool(n.const(2, "training_mode")) if n.opset >= 12 and n.has(2) else False
+    if n.opset < 7:
+        n.attr("is_test")
+    y, mask = F.dropout(x, p=ratio, training=training)
+    return [y, mask]
+
+
+@onnx_op("BatchNormalization")
+def _(n):
+    n.attr("momentum")
+    n.attr("consumed_inputs")
+    if n.opset < 7 and not n.attr("is_test", 0):
+        raise n.unsupported("training mode (is_test=0)")
+    if n.attr("spatial", 1) != 1:
+        raise n.unsupported("spatial=0")
+    if n.attr("training_mode", 0) or n.outputs > 1:
+        raise n.unsupported("training mode (batch statistics as outputs)")
+    x, scale, bias, mean, var = (n.input(i) for i in range(5))
+    y, _, _ = F.batch_norm(x, mean, var, scale, bias, training=False, eps=n.attr("epsilon", 1e-5))
+    return y
+
+
+@onnx_op("InstanceNormalization")
+def _(n):
+    return F.instance_norm(n.input(0), n.input(1), n.input(2), eps=n.attr("epsilon", 1e-5))
+
+
+@onnx_op("GroupNormalization")
+def _(n):
+    n.attr("stash_type")
+    x, scale, bias, groups = n.input(0), n.input(1), n.input(2), n.attr("num_groups")
+    channels = n.shape(0)[1]
+    if n.opset < 21:  # one scale and bias per group then: repeated over the group's channels
+        if isinstance(channels, Dim):
+            raise n.unsupported("per-group scale over a channel dim known only at run time")
+
+        def per_channel(t):
+            t = F.broadcast_to(F.reshape(t, shape=[groups, 1]), shape=[groups, channels // groups])
+            return F.reshape(t, shape=[channels])
+
+        scale, bias = per_channel(scale), per_channel(bias)
+    return F.group_norm(x, scale, bias, num_groups=groups, eps=n.attr("epsilon", 1e-5))
+
+
+@onnx_op("RMSNormalization")
+def _(n):
+    n.attr("stash_type")
+    shape = n.shape(0)
+    axis = n.attr("axis", -1) % len(shape)
+    if any(isinstance(d, Dim) for d in shape[axis:]):
+        raise n.unsupported("normalising over dims known only at run time")
+    return F.rms_norm(n.input(0), None, normalized_shape=list(shape[axis:]), eps=n.attr("epsilon", 1e-5)) * \
+        n.input(1)
+
+
+@onnx_op("LayerNormalization")
+def _(n):
+    n.attr("stash_type")
+    x = n.input(0)
+    shape = n.shape(0)
+    axis = n.attr("axis", -1) % len(shape)
+    normalized = shape[axis:]
+    eps = n.attr("epsilon", 1e-5)
+    if any(isinstance(d, Dim) for d in normalized):
+        raise n.unsupported("normalising over dims known only at run time")
+    y = F.layer_norm(x, n.input(1), n.input(2), normalized_shape=list(normalized), eps=eps)
+    if n.outputs == 1:
+        return y
+    axes = list(range(axis, len(shape)))  # the statistics outputs, computed as the kernel does
+    mean = F.mean(x, axis=axes, keepdim=True)
+    xc = x - mean
+    return [y, mean, F.rsqrt(F.mean(xc * xc, axis=axes, keepdim=True) + eps)]
+
+
+@onnx_op("LpNormalization")
+def _(n):
+    x = n.input(0)
+    norm = F.norm(x, p=float(n.attr("p", 2)), axis=[n.attr("axis", -1)], keepdim=True)
+    zero = norm == 0
+    return F.where(zero, 0, x / F.where(zero, 1, norm))  # a zero vector stays zero
+
+
+@onnx_op("MeanVarianceNormalization")
+def _(n):
+    x = n.input(0)
+    axes = list(n.attr("axes", (0, 2, 3)))
+    xc = x - F.mean(x, axis=axes, keepdim=True)
+    return xc / (F.sqrt(F.mean(xc * xc, axis=axes, keepdim=True)) + 1e-9)
+
+
+def _nll(n, log_probs, target, weight):
+    ignore, reduction = n.attr("ignore_index", -100), n.attr("reduction", "mean")
+    if weight is None:
+        return F.nll_loss(log_probs, target, ignore_index=ignore, reduction=reduction)
+    # class weights: each term weighed by its target's weight; "mean" divides by the weights of the valid terms
+    picked = F.nll_loss(log_probs, target, ignore_index=ignore, reduction="none")
+    valid = F.not_equal(target, ignore)
+    w = F.where(valid, F.take(weight, F.where(valid, target, 0)), 0)
+    losses = picked * w
+    if reduction == "none":
+        return losses
+    return F.sum(losses) if reduction == "sum" else F.sum(losses) / F.sum(w)
+
+
+@onnx_op("NegativeLogLikelihoodLoss")
+def _(n):
+    return _nll(n, n.input(0), n.input(1), n.input(2))
+
+
+@onnx_op("SoftmaxCrossEntropyLoss")
+def _(n):
+    scores, target, weight = n.input(0), n.input(1), n.input(2)
+    if weight is None:
+        loss = F.cross_entropy(scores, target, ignore_index=n.attr("ignore_index", -100),
+                               reduction=n.attr("reduction", "mean"))
+        return [loss, F.log_softmax(scores, axis=1)] if n.outputs > 1 else loss
+    log_probs = F.log_softmax(scores, axis=1)
+    loss = _nll(n, log_probs, target, weight)
+    return [loss, log_probs] if n.outputs > 1 else loss
+
+
+# -- convolution and pooling ----------------------------------------------------------------------------------------
+
+
+def _window(n, spatial: int, kernel):
+    """strides, dilations and (begin, end) pads per spatial dim from the node's attributes (auto_pad included)."""
+    strides = tuple(n.attr("strides", (1,) * spatial))
+    dilations = tuple(n.attr("dilations", (1,) * spatial))
+    auto = n.attr("auto_pad", "NOTSET")
+    pads = tuple(n.attr("pads", (0,) * (2 * spatial)))
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        sizes = n.shape(0)[2:]
+        if any(isinstance(s, Dim) for s in sizes):
+            raise n.unsupported(f"auto_pad={auto} over dims known only at run time")
+        pads_b, pads_e = [], []
+        for size, k, s, d in zip(sizes, kernel, strides, dilations):
+            total = max((-(-size // s) - 1) * s + (k - 1) * d + 1 - size, 0)
+            small, big = total // 2, total - total // 2
+            pads_b.append(small if auto == "SAME_UPPER" else big)
+            pads_e.append(big if auto == "SAME_UPPER" else small)
+        pads = (*pads_b, *pads_e)
+    elif auto == "VALID":
+        pads = (0,) * (2 * spatial)
+    elif auto != "NOTSET":
+        raise n.unsupported(f"auto_pad={auto!r}")
+    return strides, dilations, list(zip(pads[:spatial], pads[spatial:]))
+
+
+def _symmetric(x, pairs, value=0.0):
+    """Pads as (symmetric padding for the op, x padded beforehand where begin and end differ)."""
+    if all(b == e for b, e in pairs):
+        return x, [b for b, _ in pairs]
+    flat = [p for b, e in reversed(pairs) for p in (b, e)]
+    return F.pad(x, pad=flat, value=value), [0] * len(pairs)
+
+
+@onnx_op("Conv")
+def _(n):
+    x, w, b = n.input(0), n.input(1), n.input(2)
+    kernel = tuple(n.attr("kernel_shape", n.spec(1).shape[2:]))
+    spatial = len(n.shape(0)) - 2
+    strides, dilations, pairs = _window(n, spatial, kernel)
+    x, padding = _symmetric(x, pairs)
+    group = n.attr("group", 1)
+    if spatial == 1:
+        return F.conv1d(x, w, b, stride=list(strides), padding=padding, dilation=list(dilations), groups=group)
+    if spatial == 2:
+        return F.conv2d(x, w, b, stride=list(strides), padding=padding, dilation=list(dilations), groups=group)
+    raise n.unsupported(f"{spatial}-d convolution")
+
+
+def _as_2d(n, x):
+    """(x as 4-d, how to shape the result back): 1-d pooling runs as 2-d pooling over a height of 1."""
+    spatial = len(n.shape(0)) - 2
+    if spatial == 2:
+        return x, lambda y: y
+    if spatial == 1:
+        return F.unsqueeze(x, axis=2), lambda y: F.squeeze(y, axis=[2])
+    raise n.unsupported(f"{spatial}-d pooling")
+
+
+@onnx_op("MaxPool", "AveragePool")
+def _(n):
+    if n.outputs > 1:
+        raise n.unsupported("the Indices output")
+    if n.attr("storage_order", 0):
+        raise n.unsupported("storage_order=1")
+    kernel = tuple(n.attr("kernel_shape"))
+    spatial = len(kernel)
+    strides, dilations, pairs = _window(n, spatial, kernel)
+    if any(d != 1 for d in dilations):
+        raise n.unsupported("dilations other than 1")
+    sizes = n.shape(0)[2:]
+    if n.attr("ceil_mode", 0):  # more padding at the end, so that the floor of our ops gives ONNX's ceil
+        if any(isinstance(d, Dim) for d in sizes):
+            raise n.unsupported("ceil_mode=1 over dims known only at run time")
+        extra = []
+        for size, k, s, (b, e) in zip(sizes, kernel, strides, pairs):
+            out = -(-(size + b + e - k) // s) + 1
+            if (out - 1) * s >= size + b:  # a last window starting in the end padding is dropped
+                out -= 1
+            extra.append(max((out - 1) * s + k - (size + b + e), 0))
+    else:
+        extra = [0] * spatial
+    x, back = _as_2d(n, n.input(0))
+    if spatial == 1:
+        kernel, strides, pairs, extra = (1, *kernel), (1, *strides), [(0, 0), *pairs], [0, *extra]
+    pool = {"kernel_size": list(kernel), "stride": list(strides)}
+    padded = [(0, 0), (0, 0), *((b, e + x_) for (b, e), x_ in zip(pairs, extra))]
+    fits = all(b == e + x_ and b <= k // 2 for (b, e), x_, k in zip(pairs, extra, kernel))
+    if n.op_type == "MaxPool":
+        if fits:
+            return back(F.max_pool2d(x, padding=[b for b, _ in pairs], **pool))
+        return back(F.max_pool2d(_pad(x, padded, -math.inf), padding=[0, 0], **pool))
+    include = bool(n.attr("count_include_pad", 0))
+    if fits and (include or not any(pairs)) and not any(extra):
+        return back(F.avg_pool2d(x, padding=[b for b, _ in pairs], **pool))
+    # window sums over the count of what each window covers: the input, and the pads when they count (never the
+    # ceil-mode extra)
+    ones = F.ones_like(x)
+    counted = _pad(ones, [(0, 0), (0, 0), *pairs], 1.0 if include else 0.0)
+    counted = _pad(counted, [(0, 0), (0, 0), *((0, x_) for x_ in extra)], 0.0)
+    total = F.avg_pool2d(_pad(x, padded, 0.0), padding=[0, 0], **pool)
+    return back(total / F.avg_pool2d(counted, padding=[0, 0], **pool))
+
+
+def _pad(x, pairs, value):
+    if not any(b or e for b, e in pairs):
+        return x
+    return F.pad(x, pad=[p for b, e in reversed(pairs) for p in (b, e)], value=value)
+
+
+@onnx_op("GlobalAveragePool", "GlobalMaxPool")
+def _(n):
+    axes = list(range(2, len(n.shape(0))))
+    x = n.input(0)
+    return F.mean(x, axis=axes, keepdim=True) if n.op_type == "GlobalAveragePool" else \
+        F.amax(x, axis=axes, keepdim=True)
+
+
+# -- shapes ----------------------------------------------------------------------------------------------------------
+
+
+@onnx_op("Constant")
+def _(n):
+    for name, wrap in (("value", None), ("value_float", np.float32), ("value_floats", np.float32),
+                       ("value_int", np.int64), ("value_ints", np.int64)):
+        value = n.attr(name)
+        if value is not None:
+            return np.asarray(value, dtype=wrap) if wrap is not None else value
+    n.attr("value_string")
+    n.attr("value_strings")
+    n.attr("sparse_value")
+    raise n.unsupported("a Constant without a numeric value")
+
+
+@onnx_op("Shape")
+def _(n):
+    shape = tuple(n.shape(0))
+    start, end = n.attr("start", 0), n.attr("end")
+    shape = shape[start:end]
+    return shape if any(isinstance(d, Dim) for d in shape) else np.array(shape, np.int64)
+
+
+@onnx_op("Size")
+def _(n):
+    shape = n.shape(0)
+    if any(isinstance(d, Dim) for d in shape):
+        return F.sum(F.ones_like(n.input(0), dtype=D.int64))
+    return np.array(math.prod(shape), np.int64)
+
+
+@onnx_op("Reshape")
+def _(n):
+    shape = list(n.ints(1, "shape"))
+    given = n.shape(0)
+    if not n.attr("allowzero", 0):
+        shape = [given[i] if isinstance(d, int) and d == 0 else d for i, d in enumerate(shape)]
+    return F.reshape(n.input(0), shape=shape)
+
+
+@onnx_op("Flatten")
+def _(n):
+    shape = n.shape(0)
+    axis = n.attr("axis", 1)
+    axis = axis + len(shape) if axis < 0 else axis
+    outer, inner = shape[:axis], shape[axis:]
+    known = [all(isinstance(d, int) for d in part) for part in (outer, inner)]
+    if not any(known):
+        raise n.unsupported("flattening where both sides hold dims known only at run time")
+    return F.reshape(n.input(0), shape=[math.prod(outer) if known[0] else -1, math.prod(inner) if known[1] else -1])
+
+
+@onnx_op("Transpose")
+def _(n):
+    perm = n.attr("perm")
+    return F.transpose(n.input(0), perm=None if perm is None else list(perm))
+
+
+@onnx_op("Squeeze")
+def _(n):
+    axes = _ints_attr_or_input(n, "axes", 1, 13)
+    return F.squeeze(n.input(0), axis=None if not axes else list(axes))
+
+
+@onnx_op("Unsqueeze")
+def _(n):
+    axes = _ints_attr_or_input(n, "axes", 1, 13)
+    rank = len(n.shape(0)) + len(axes)
+    y = n.input(0)
+    for a in sorted(a % rank for a in axes):
+        y = F.unsqueeze(y, axis=a)
+    return y if axes else F.identity(y)
+
+
+@onnx_op("Concat")
+def _(n):
+    return F.concat(n.inputs(), axis=n.attr("axis", 0))
+
+
+@onnx_op("Split")
+def _(n):
+    axis = n.attr("axis", 0)
+    size = n.shape(0)[axis]
+    sizes = _ints_attr_or_input(n, "split", 1, 13)
+    n.attr("num_outputs")
+    if not sizes:
+        if isinstance(size, Dim):
+            raise n.unsupported("an even split of a dim known only at run time")
+        count = n.outputs
+        chunk = -(-size // count)
+        sizes = [chunk] * (size // chunk) + ([size % chunk] if size % chunk else [])
+    return list(F.split(n.input(0), sections=list(sizes), axis=axis))
+
+
+@onnx_op("Slice")
+def _(n):
+    shape = n.shape(0)
+    if n.opset < 10:
+        starts, ends, axes, steps = n.attr("starts"), n.attr("ends"), n.attr("axes"), None
+    else:
+        starts, ends, axes, steps = n.ints(1, "starts"), n.ints(2, "ends"), n.ints(3, "axes"), n.ints(4, "steps")
+    axes = [a % len(shape) for a in (axes if axes is not None else range(len(starts)))]
+    steps = list(steps) if steps is not None else [1] * len(axes)
+    # ONNX clamps like Python slicing; our slice reads a negative end as "past index 0" (a backward slice to the
+    # start): normalise the ends against the dim, so that only that meaning is left negative.
+    norm_ends = []
+    for a, e, st in zip(axes, ends, steps):
+        size = shape[a]
+        if isinstance(e, int) and e < 0:
+            if isinstance(size, Dim):
+                raise n.unsupported("a negative end along a dim known only at run time")
+            e = e + size
+            e = -1 if e < 0 and st < 0 else max(e, 0)
+        norm_ends.append(e)
+    return F.slice(n.input(0), axes=axes, starts=list(starts), ends=norm_ends, steps=steps)
+
+
+@onnx_op("Gather")
+def _(n):
+    return F.take(n.input(0), n.input(1), axis=n.attr("axis", 0))
+
+
+@onnx_op("GatherElements")
+def _(n):
+    return F.gather(n.input(0), n.input(1), axis=n.attr("axis", 0))
+
+
+@onnx_op("ScatterElements")
+def _(n):
+    x, index, src, axis = n.input(0), n.input(1), n.input(2), n.attr("axis", 0)
+    reduction = n.attr("reduction", "none")
+    if reduction == "add":
+        return F.scatter_add(x, index, src, axis=axis)
+    if reduction != "none":
+        raise n.unsupported(f"reduction={reduction!r} (add and none map, onto scatter_add)")
+    # the written positions (indices are distinct, as ONNX requires) take src, the others keep x
+    written = F.scatter_add(F.zeros_like(x), index, F.ones_like(src), axis=axis) > 0
+    return F.where(written, F.scatter_add(F.zeros_like(x), index, src, axis=axis), x)
+
+
+@onnx_op("Expand")
+def _(n):
+    shape = list(n.ints(1, "shape"))
+    given = list(n.shape(0))
+    rank = max(len(shape), len(given))
+    shape, given = [1] * (rank - len(shape)) + shape, [1] * (rank - len(given)) + given
+    target = [s if isinstance(g, int) and g == 1 else g for s, g in zip(shape, given)]
+    return F.broadcast_to(n.input(0), shape=target)
+
+
+@onnx_op("Tile")
+def _(n):
+    return F.tile(n.input(0), reps=list(n.ints(1, "repeats")))
+
+
+@onnx_op("Trilu")
+def _(n):
+    k = int(n.const(1, "k")) if n.has(1) else 0
+    return (F.triu if n.attr("upper", 1) else F.tril)(n.input(0), diagonal=k)
+
+
+@onnx_op("Pad")
+def _(n):
+    rank = len(n.shape(0))
+    if n.opset < 11:
+        pads, value, axes = n.attr("pads"), n.attr("value", 0.0), None
+    else:
+        pads = n.ints(1, "pads")
+        value = n.const(2, "constant_value") if n.has(2) else 0.0
+        axes = n.ints(3, "axes") if n.has(3) else None
+    axes = [a % rank for a in axes] if axes is not None else list(range(rank))
+    half = len(pads) // 2
+    pairs = dict(zip(axes, zip(pads[:half], pads[half:])))
+    flat = [p for a in reversed(range(rank)) for p in pairs.get(a, (0, 0))]
+    mode = {"constant": "constant", "reflect": "reflect", "edge": "replicate", "wrap": "circular"}.get(
+        n.attr("mode", "constant"))
+    if mode is None:
+        raise n.unsupported(f"mode={n.attr('mode')!r}")
+    return F.pad(n.input(0), pad=flat, mode=mode, value=float(np.asarray(value).reshape(-1)[0]) if
+                 np.asarray(value).size else 0.0)
+
+
+# -- making tensors --------------------------------------------------------------------------------------------------
+
+
+@onnx_op("ConstantOfShape")
+def _(n):
+    value = n.attr("value")
+    value = np.zeros(1, np.float32) if value is None else value
+    shape = n.ints(0, "shape")
+    if any(isinstance(d, Dim) for d in shape):
+        raise n.unsupported("a shape known only at run time")
+    return np.full(tuple(shape), value.reshape(-1)[0], dtype=value.dtype)
+
+
+@onnx_op("Range")
+def _(n):
+    start, limit, delta = (n.const(i, what) for i, what in enumerate(("start", "limit", "delta")))
+    return np.arange(start, limit, delta).astype(np.asarray(start).dtype)
+
+
+@onnx_op("EyeLike")
+def _(n):
+    shape = n.shape(0)
+    if any(isinstance(d, Dim) for d in shape):
+        raise n.unsupported("a shape known only at run time")
+    dtype = n.attr("dtype")
+    dtype = n.spec(0).dtype if dtype is None else dtype_of(dtype, f"{n.where()}: attribute 'dtype'")
+    return np.eye(*shape, k=n.attr("k", 0), dtype=dtype)
+
+
+@onnx_op("OneHot")
+def _(n):
+    depth = int(np.asarray(n.const(1, "depth")).reshape(-1)[0])
+    values = n.input(2)
+    index = n.input(0)
+    if index.dtype.kind == "f":
+        index = F.cast(index, dtype=D.int64)
+    index = F.where(index < 0, index + depth, index)  # ONNX counts negative indices from the end
+    inside = F.logical_and(index >= 0, index < depth)  # and gives a row of "off" to one out of range
+    hot = F.one_hot(F.where(inside, index, 0), num_classes=depth) * F.cast(F.unsqueeze(inside, axis=-1),
+                                                                          dtype=D.int64)
+    axis = n.attr("axis", -1)
+    rank = len(n.shape(0)) + 1
+    if axis % rank != rank - 1:
+        order = list(range(rank - 1))
+        order.insert(axis % rank, rank - 1)
+        hot = F.permute(hot, dims=order)
+    off, on = values[0], values[1]
+    return F.cast(hot, dtype=values.dtype) * (on - off) + off

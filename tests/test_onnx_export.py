@@ -1,0 +1,102 @@
+"""ONNX export: every op with a mapping, and whole models, give in ONNX Runtime what they give in opforge."""
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+import opforge as of  # noqa: E402
+from opforge.core.opdef import registry  # noqa: E402
+from opforge.testing.conformance import default_samples  # noqa: E402
+
+TOLERANCE = {np.dtype("float32"): (1e-5, 1e-6), np.dtype("float64"): (1e-10, 1e-12)}
+
+
+# ONNX Runtime has no float64 kernel for some ops (Conv, AveragePool, Erf, ...): a float64 model it cannot run runs in
+# ONNX's reference evaluator instead. Its Erf is float32-accurate, so models with Erf are compared at float32's
+# tolerance there.
+FLOAT32_ACCURATE_REFERENCE = {"erf", "gelu"}
+
+
+def run_onnx(model, feeds: dict) -> tuple:
+    """(outputs, the runtime that gave them): ONNX Runtime, or the reference evaluator where ORT has no kernel."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except Exception as e:
+        if "NOT_IMPLEMENTED" not in str(e) or not any(v.dtype == np.float64 for v in feeds.values()):
+            raise
+        from onnx.reference import ReferenceEvaluator
+
+        return ReferenceEvaluator(model).run(None, feeds), "reference"
+    return session.run(None, feeds), "onnxruntime"
+
+
+def assert_close(got, want, what, loose=False):
+    want = np.asarray(want)
+    assert got.shape == want.shape and got.dtype == want.dtype, f"{what}: {got.shape} {got.dtype} != " \
+                                                                f"{want.shape} {want.dtype}"
+    rtol, atol = TOLERANCE[np.dtype("float32")] if loose else TOLERANCE.get(want.dtype, (0, 0))
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, equal_nan=True, err_msg=what)
+
+
+def mapped_ops():
+    return sorted(op.name for op in registry if op.onnx_fn is not None)
+
+
+def _samples(opdef):
+    rng = np.random.default_rng(0)
+    return list(opdef.samples_fn(rng)) if opdef.samples_fn else list(default_samples(opdef, rng))
+
+
+def _as(value, dtype):
+    if isinstance(value, list):
+        return [_as(v, dtype) for v in value]
+    if isinstance(value, np.ndarray) and value.dtype.kind == "f":
+        return value.astype(dtype)
+    return value
+
+
+def export_sample(opdef, sample, dtype):
+    """The op on the sample's arrays, traced with every array a feed: (model, feeds, opforge's outputs)."""
+    args = [_as(a, dtype) for a in sample.args]
+    kwargs = {k: _as(v, dtype) for k, v in sample.kwargs.items()}
+    feeds, slots = {}, []
+    for i, a in enumerate(args):
+        if isinstance(a, list):
+            slots.append([f"a{i}_{j}" for j in range(len(a))])
+            feeds.update(zip(slots[-1], a))
+        elif isinstance(a, np.ndarray):
+            slots.append(f"a{i}")
+            feeds[f"a{i}"] = a
+        else:
+            slots.append(None)
+
+    def fn(**v):
+        call = [[v[n] for n in s] if isinstance(s, list) else (v[s] if s else a) for a, s in zip(args, slots)]
+        result = opdef.fn(*call, **kwargs)
+        flat = [t for r in (result if isinstance(result, tuple) else (result,))
+                for t in (r if isinstance(r, list) else [r])]
+        return {f"out{k}": t for k, t in enumerate(flat)}
+
+    program = of.trace(fn, **{n: of.Spec(a.shape, a.dtype) for n, a in feeds.items()})
+    want = of.Executor(program).run(feeds)
+    return of.onnx.export(program), feeds, [want[f"out{k}"] for k in range(len(want))]
+
+
+@pytest.mark.parametrize("name", mapped_ops())
+def test_every_mapped_op_matches_onnx_runtime(name):
+    opdef = registry.get(name)
+    for i, sample in enumerate(_samples(opdef)):
+        for dtype in ("float64", "float32"):
+            model, feeds, want = export_sample(opdef, sample, dtype)
+            got, runtime = run_onnx(model, feeds)
+            loose = runtime == "reference" and name in FLOAT32_ACCURATE_REFERENCE
+            if "random" in opdef.traits:  # other generators: only what is drawn must agree, not the draws
+                for g, w in zip(got, want):
+                    assert g.shape == w.shape and g.dtype == w.dtype
+                continue
+            for k, (g, w) in enumerate(zip(got, want)):
+                assert_close(g, w, f"{name} sample {i} {dtype} output {k}", loose=loose)
