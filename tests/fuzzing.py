@@ -117,6 +117,15 @@ def verdict(call, *must_name: str):
     return None
 
 
+def run_case(seconds: float, what, call, *must_name: str):
+    """``verdict(call, *must_name)`` under a ``watchdog``: a case that hangs is a problem too, and the run goes on."""
+    try:
+        with watchdog(seconds, what):
+            return verdict(call, *must_name)
+    except CaseHung as e:
+        return str(e)
+
+
 def _raised_by_binding(error: TypeError) -> bool:
     """A TypeError from binding arguments to a Python function's signature: raised in the caller's frame (the
     callee never ran), so the traceback holds the frames up to the call and none inside opforge."""

@@ -26,9 +26,8 @@ from fuzzing import (
     mutate,
     mutate_bytes,
     quiet,
+    run_case,
     small_program,
-    verdict,
-    watchdog,
 )
 
 import opforge as of
@@ -213,8 +212,8 @@ def fuzz_programs(tmp_path, n: int, seed: int):
             else:
                 files.write_values(path, doc, with_header(values_npz, rng, tmp_path))
             ran += 1
-            with watchdog(20, lambda k=k, kind=kind: f"#{k} ({kind})"):
-                problem = verdict(lambda p=path, f=feeds: _load_and_run(p, f, outcomes))
+            problem = run_case(20, lambda k=k, kind=kind: f"#{k} ({kind})",
+                               lambda p=path, f=feeds: _load_and_run(p, f, outcomes))
             if problem:
                 problems.append(f"program case #{k} ({kind}): {problem}")
     return ran, problems, outcomes
@@ -288,8 +287,8 @@ def fuzz_checkpoints(tmp_path, n: int, seed: int):
             else:
                 path.write_bytes(with_header(good.read_bytes(), rng, tmp_path))
             ran += 1
-            with watchdog(20, lambda k=k, kind=kind: f"#{k} ({kind})"):
-                problem = verdict(lambda p=path: _load_checkpoint(p, model, opt, pristine, outcomes))
+            problem = run_case(20, lambda k=k, kind=kind: f"#{k} ({kind})",
+                               lambda p=path: _load_checkpoint(p, model, opt, pristine, outcomes))
             if problem:
                 problems.append(f"checkpoint case #{k} ({kind}): {problem}")
     return ran, problems, outcomes

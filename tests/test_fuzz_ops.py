@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fuzzing import LONG, SEED, count, hard_deadline, memory_ceiling, quiet, verdict, watchdog
+from fuzzing import LONG, SEED, count, hard_deadline, memory_ceiling, quiet, run_case
 
 import opforge as of
 from opforge import ops as F
@@ -159,8 +159,8 @@ def fuzz(opdefs, per_op: int | None, seed: int, traced: bool):
                 for mode, runner in modes:
                     ran += 1
                     what = f"{opdef.name} [{mode}] {label}"
-                    with watchdog(10, lambda what=what: what):
-                        problem = verdict(lambda o=opdef, r=runner, a=args, k=kwargs: r(o, a, k), opdef.name)
+                    problem = run_case(10, lambda what=what: what,
+                                       lambda o=opdef, r=runner, a=args, k=kwargs: r(o, a, k), opdef.name)
                     if problem:
                         issue = core_issue(mode, problem)
                         (known if issue else problems).append(f"{what}: {problem}" + (f" ({issue})" if issue else ""))

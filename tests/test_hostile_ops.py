@@ -105,3 +105,14 @@ def test_glu_differentiates_over_an_empty_axis():
 def test_rms_norm_names_itself_in_its_shape_errors():
     with pytest.raises(of.ShapeError, match="rms_norm\\(\\): weight must have shape normalized_shape"):
         F.rms_norm(of.tensor(np.ones((2, 6))), of.tensor(np.ones((2, 6))), normalized_shape=[6])
+
+
+def test_repeat_interleave_refuses_counts_numpy_would_crash_on():
+    """np.repeat(np.ones(4), 2**62) overflows NumPy's size computation and segfaults (NumPy 2.4)."""
+    with pytest.raises(of.ShapeError, match="repeat_interleave\\(\\): these repeats would give 18446744073709551616"):
+        F.repeat_interleave(of.tensor(np.ones((2, 2))), repeats=[2**62])
+
+
+def test_round_of_ints_to_a_huge_negative_number_of_decimals_ends():
+    """10 ** 2**62 as a Python int would never finish."""
+    assert F.round(of.tensor(np.array([123, -5])), decimals=-(2**62)).numpy().tolist() == [0, 0]

@@ -441,7 +441,7 @@ def round(x, *, decimals):
     if not D.is_floating(x.dtype):
         if decimals >= 0:
             return x.copy()
-        scale = 10 ** -decimals
+        scale = 10 ** builtins.min(-decimals, 20)  # past 10^20 every int64 rounds to 0 (and 10^(2^62) never ends)
         return (np.rint(x / scale) * scale).astype(x.dtype)
     if decimals == 0:
         return np.round(x)
