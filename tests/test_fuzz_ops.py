@@ -47,7 +47,7 @@ def _reshaped(array: np.ndarray, rng) -> list:
     out = [("a leading dim more", np.stack([array, array])), ("0-d", np.asarray(array.reshape(-1)[:1].sum()
                                                                                if array.size else 0.0, array.dtype))]
     if array.ndim:
-        out.append(("its leading dim dropped", array[0].copy()))
+        out.append(("its leading dim dropped", array[0].copy() if len(array) else np.zeros(array.shape[1:])))
         grown = list(array.shape)
         k = int(rng.integers(array.ndim))
         grown[k] += 1

@@ -116,3 +116,12 @@ def test_repeat_interleave_refuses_counts_numpy_would_crash_on():
 def test_round_of_ints_to_a_huge_negative_number_of_decimals_ends():
     """10 ** 2**62 as a Python int would never finish."""
     assert F.round(of.tensor(np.array([123, -5])), decimals=-(2**62)).numpy().tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("bad", [np.inf, np.nan])
+def test_linalg_svd_refuses_a_non_finite_matrix_instead_of_hanging(bad):
+    """np.linalg.svd of a 3x3 matrix holding -inf never returns (NumPy 2.4 with OpenBLAS)."""
+    a = np.ones((3, 3))
+    a[0, 0] = -bad
+    with pytest.raises(of.ArgumentError, match="linalg_svd\\(\\): a holds inf or NaN"):
+        F.linalg_svd(of.tensor(a))

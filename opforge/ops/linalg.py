@@ -626,7 +626,9 @@ def linalg_svd(a, *, full_matrices):
     matrices); the columns beyond k of full matrices are not determined by a, and their gradient is ignored, as
     in PyTorch."""
     _svd_shapes(a.shape, full_matrices)
-    u, s, vh = np.linalg.svd(a, full_matrices=full_matrices)
+    if not np.isfinite(a).all():  # LAPACK's gesdd never returns on an inf (NumPy 2.4, OpenBLAS), as torch refuses
+        raise ArgumentError("linalg_svd(): a holds inf or NaN; the SVD of a non-finite matrix is not defined")
+    u, s, vh = _lapack("linalg_svd", "the SVD did not converge", np.linalg.svd, a, full_matrices)
     return u, s, vh
 
 
