@@ -621,7 +621,7 @@ def embedding_grad(dy, index, *, num_embeddings, padding_idx):
     _validate(embedding_grad, dy, index, num_embeddings=num_embeddings, padding_idx=padding_idx)
     _check_indices("embedding_grad", index, num_embeddings)
     dw = np.zeros((num_embeddings, dy.shape[-1]), dy.dtype)
-    np.add.at(dw, index.reshape(-1), dy.reshape(-1, dy.shape[-1]))
+    np.add.at(dw, index.reshape(-1), dy.reshape(index.size, dy.shape[-1]))  # (not -1: rows of 0 elements)
     if padding_idx is not None:
         dw[padding_idx % num_embeddings] = 0
     return dw
