@@ -331,7 +331,11 @@ def _scalar(op: str, p: Param, value, kind: str):
             return int(value)
     elif kind == "float":
         if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_)):
-            return float(value)
+            try:
+                return float(value)
+            except OverflowError:  # an int beyond the float range (10**400): no float can hold it
+                raise ArgumentError(f"{_where(op, p)} expected {p.type_text}, got an int too large for a float "
+                                    f"({int(value).bit_length()} bits)") from None
     elif kind == "bool":
         if isinstance(value, (bool, np.bool_)):
             return bool(value)

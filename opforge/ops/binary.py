@@ -127,7 +127,8 @@ def _(x, y, out, dout, needs_input_grad):
     dy = None
     if needs_input_grad[1]:
         # d/dy xʸ = xʸ·ln x; 0 where x = 0 (as PyTorch), NaN where x < 0.
-        dy = F.where(x == 0, 0, dout * out * F.log(F.where(x == 0, 1, x)))
+        base = x if x.dtype.kind == "f" else F.cast(x, dtype=out.dtype)  # an int or bool base: ln in floats
+        dy = F.where(x == 0, 0, dout * out * F.log(F.where(x == 0, 1, base)))
     return dx, dy
 
 
@@ -212,8 +213,9 @@ def _(rng):
 # -- comparisons: bool results, no gradient ----------------------------------------------------------------
 
 
-def _compare_spec(x, y):
-    return Spec(broadcast_shapes(x.shape, y.shape), D.bool_)
+def _compare_spec(name: str):
+    """The shape rule of comparison or logical op ``name``: its inputs broadcast, the result is bool."""
+    return lambda x, y: Spec(broadcast_shapes(x.shape, y.shape, op=name), D.bool_)
 
 
 def _compare_samples(rng):
@@ -222,37 +224,37 @@ def _compare_samples(rng):
     yield Sample.of(rng.standard_normal((2, 3)), rng.standard_normal(3))
 
 
-@op("less(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec)
+@op("less(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec("less"))
 def less(x, y):
     """x < y."""
     return np.less(x, y)
 
 
-@op("less_equal(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec)
+@op("less_equal(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec("less_equal"))
 def less_equal(x, y):
     """x ≤ y."""
     return np.less_equal(x, y)
 
 
-@op("greater(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec)
+@op("greater(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec("greater"))
 def greater(x, y):
     """x > y."""
     return np.greater(x, y)
 
 
-@op("greater_equal(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec)
+@op("greater_equal(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec("greater_equal"))
 def greater_equal(x, y):
     """x ≥ y."""
     return np.greater_equal(x, y)
 
 
-@op("equal(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec)
+@op("equal(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec("equal"))
 def equal(x, y):
     """x == y."""
     return np.equal(x, y)
 
 
-@op("not_equal(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec)
+@op("not_equal(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec("not_equal"))
 def not_equal(x, y):
     """x ≠ y."""
     return np.not_equal(x, y)
@@ -282,13 +284,13 @@ for _compare in (less, less_equal, greater, greater_equal, equal, not_equal):
 # -- logical ops: bool results, no gradient -------------------------------------------------------------------
 
 
-@op("logical_and(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec)
+@op("logical_and(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec("logical_and"))
 def logical_and(x, y):
     """True where both x and y are nonzero (True)."""
     return np.logical_and(x, y)
 
 
-@op("logical_or(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec)
+@op("logical_or(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec("logical_or"))
 def logical_or(x, y):
     """True where x or y is nonzero (True)."""
     return np.logical_or(x, y)

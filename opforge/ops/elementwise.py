@@ -452,7 +452,7 @@ def round(x, *, decimals):
     if not D.is_floating(x.dtype):
         if decimals >= 0:
             return x.copy()
-        scale = 10 ** -decimals
+        scale = 10 ** builtins.min(-decimals, 20)  # past 10^20 every int64 rounds to 0 (and 10^(2^62) never ends)
         return (np.rint(x / scale) * scale).astype(x.dtype)
     if decimals == 0:
         return np.round(x)
@@ -1242,7 +1242,8 @@ def _(x, *, axis):
 
 @glu.grad
 def _(x, dy, *, axis):
-    a, b = F.split(x, sections=[x.shape[axis] // 2], axis=axis)  # two halves
+    half = x.shape[axis] // 2
+    a, b = F.split(x, sections=[half, half], axis=axis)  # two halves (sizes, not a chunk size: 0 works too)
     s = F.sigmoid(b)
     return F.concat([dy * s, dy * a * s * (1 - s)], axis=axis)  # ∂/∂a = σ(b), ∂/∂b = a·σ(b)·(1 − σ(b))
 
@@ -1263,6 +1264,8 @@ def _prelu_weight_shape(x_ndim, c):
 def prelu(x, weight):
     """y = x where x > 0, else weight·x; ``weight`` is (1,) or (C,), C the size of dim 1 (1 for an x of fewer
     dims), as torch's."""
+    if weight.ndim != 1:
+        raise ValueError("weight must be 1-d")  # (the shape rule explains; reshape would take a 0-d weight)
     w = weight.reshape(_prelu_weight_shape(x.ndim, weight.size))
     return np.where(x > 0, x, w * x).astype(x.dtype, copy=False)
 

@@ -184,7 +184,9 @@ def _(x, weight, dy, needs_input_grad):
     # y = x·Wᵀ + b over the rows of x: dx = dy·W, dW = Σ_rows dyᵀ·x, db = dy (summed to the bias by the engine).
     dx = F.matmul(dy, weight) if needs_input_grad[0] else None
     dw = None
-    if needs_input_grad[1]:
+    if needs_input_grad[1] and 0 in weight.shape:  # no rows to reshape to (-1, 0): an empty weight, empty dw
+        dw = F.zeros_like(weight)
+    elif needs_input_grad[1]:
         rows_dy = F.reshape(dy, shape=[-1, weight.shape[0]])
         rows_x = F.reshape(x, shape=[-1, weight.shape[1]])
         dw = F.matmul(F.transpose(rows_dy), rows_x)
@@ -462,9 +464,9 @@ def _solve_spec(a, b, left):
     if vector and not left:  # as PyTorch, which would read it as a column
         raise ShapeError(f"linalg_solve(): with left=False, b must be a (batch of) matrices (..., k, n), got shape "
                          f"{b.shape}; a row vector is (..., 1, n)")
-    rows = b.shape[-1] if vector or not left else b.shape[-2]
     if not vector and len(b.shape) < 2:
         raise ShapeError(f"linalg_solve(): b must be a vector or a matrix (or a batch of them), got shape {b.shape}")
+    rows = b.shape[-1] if vector or not left else b.shape[-2]
     if n is not None and rows is not None and rows != n:
         side = "its last dim" if vector or not left else "its second to last dim"
         raise ShapeError(f"linalg_solve(): b of shape {b.shape} does not fit a of shape {a.shape}: {side} must be "
@@ -648,7 +650,9 @@ def linalg_svd(a, *, full_matrices):
     matrices); the columns beyond k of full matrices are not determined by a, and their gradient is ignored, as
     in PyTorch."""
     _svd_shapes(a.shape, full_matrices)
-    u, s, vh = np.linalg.svd(a, full_matrices=full_matrices)
+    if not np.isfinite(a).all():  # LAPACK's gesdd never returns on an inf (NumPy 2.4, OpenBLAS), as torch refuses
+        raise ArgumentError("linalg_svd(): a holds inf or NaN; the SVD of a non-finite matrix is not defined")
+    u, s, vh = _lapack("linalg_svd", "the SVD did not converge", np.linalg.svd, a, full_matrices)
     return u, s, vh
 
 

@@ -309,7 +309,7 @@ def embedding_grad(dy, index, *, num_embeddings, padding_idx):
     _validate(embedding_grad, dy, index, num_embeddings=num_embeddings, padding_idx=padding_idx)
     _check_indices("embedding_grad", index, num_embeddings)
     dw = np.zeros((num_embeddings, dy.shape[-1]), dy.dtype)
-    np.add.at(dw, index.reshape(-1), dy.reshape(-1, dy.shape[-1]))
+    np.add.at(dw, index.reshape(-1), dy.reshape(index.size, dy.shape[-1]))  # (not -1: rows of 0 elements)
     if padding_idx is not None:
         dw[padding_idx % num_embeddings] = 0
     return dw
@@ -459,7 +459,10 @@ def _(q, k, v, attn_mask, dout, *, is_causal, scale, needs_input_grad):
     # dq = dS·k·scale, dk = dSᵀ·q·scale, d(additive mask) = dS. The engine sums broadcast batch dims down.
     scale = _attention_scale(q.shape[-1], scale)
     p = _attention_probs(q, k, attn_mask, is_causal, scale)
-    ds = F.softmax_grad(p, F.matmul(dout, _swap_last(v)), axis=-1)
+    dp = F.matmul(dout, _swap_last(v))
+    if tuple(p.shape) != tuple(dp.shape):  # v has batch dims q and k lack: P broadcasts to them in the forward
+        p = F.broadcast_to(p, shape=dp.shape)
+    ds = F.softmax_grad(p, dp, axis=-1)
     dq = F.matmul(ds, k) * scale if needs_input_grad[0] else None
     dk = F.matmul(_swap_last(ds), q) * scale if needs_input_grad[1] else None
     dv = F.matmul(_swap_last(p), dout) if needs_input_grad[2] else None

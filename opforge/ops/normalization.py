@@ -135,17 +135,22 @@ def _onnx_affine(g, y, weight, bias, per_channel=False):
 layer_norm.check(_check_eps)
 
 
-@layer_norm.infer
-def _(x, weight, bias, *, normalized_shape, eps):
+def _last_dims_spec(op_name, x, normalized_shape, **affine):
+    """The shape rule of layer_norm and rms_norm: ``normalized_shape`` ends ``x``'s, the weight (and bias) have it."""
     k = len(normalized_shape)
     if k == 0 or k > len(x.shape) or not _same_dims(tuple(x.shape[len(x.shape) - k:]), tuple(normalized_shape)):
-        raise ShapeError(f"layer_norm(): normalized_shape {list(normalized_shape)} must be the last dims of the "
+        raise ShapeError(f"{op_name}(): normalized_shape {list(normalized_shape)} must be the last dims of the "
                          f"input, whose shape is {x.shape}")
-    for name, t in (("weight", weight), ("bias", bias)):
+    for name, t in affine.items():
         if t is not None and not _same_dims(t.shape, tuple(normalized_shape)):
-            raise ShapeError(f"layer_norm(): {name} must have shape normalized_shape {tuple(normalized_shape)}, "
+            raise ShapeError(f"{op_name}(): {name} must have shape normalized_shape {tuple(normalized_shape)}, "
                              f"got {t.shape}")
     return Spec(x.shape, x.dtype)
+
+
+@layer_norm.infer
+def _(x, weight, bias, *, normalized_shape, eps):
+    return _last_dims_spec("layer_norm", x, normalized_shape, weight=weight, bias=bias)
 
 
 @layer_norm.grad
@@ -193,7 +198,7 @@ rms_norm.check(_check_eps)
 
 @rms_norm.infer
 def _(x, weight, *, normalized_shape, eps):
-    return layer_norm.infer_fn(x, weight, None, normalized_shape=normalized_shape, eps=eps)
+    return _last_dims_spec("rms_norm", x, normalized_shape, weight=weight)
 
 
 @rms_norm.grad

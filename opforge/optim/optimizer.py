@@ -19,6 +19,8 @@ persistable variables had when the run began (updates land at the end), whereas 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import ops as F
@@ -148,8 +150,20 @@ class Optimizer:
     # -- what subclasses provide -------------------------------------------------------------------------------
 
     def _check(self, hyper: dict) -> None:
+        name = type(self).__name__
+        for key, value in hyper.items():  # from a constructor or a loaded state dict: trust neither
+            for v in value if isinstance(value, (tuple, list)) else (value,):
+                if v is None or isinstance(v, (bool, np.bool_)):
+                    continue
+                try:
+                    finite = isinstance(v, (int, float, np.integer, np.floating)) and math.isfinite(float(v))
+                except OverflowError:  # an int no float can hold (10**400)
+                    finite = False
+                if not finite:
+                    raise ArgumentError(f"{name}(): hyper-parameter {key} must be a finite number, got "
+                                        f"{describe(v)}")
         if not hyper["lr"] >= 0:
-            raise ArgumentError(f"{type(self).__name__}(): lr must be >= 0, got {hyper['lr']}")
+            raise ArgumentError(f"{name}(): lr must be >= 0, got {hyper['lr']}")
 
     def _new_state(self, p: Tensor, group: ParamGroup) -> dict:
         return {}
