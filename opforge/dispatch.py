@@ -460,6 +460,10 @@ def _run_eagerly(opdef: OpDef, inputs: tuple, attrs: dict):
                     _bad_dtype(opdef, p.name, t)
     if "same_dtype" in opdef.traits:
         check_same_dtype(opdef, inputs)
+    if "elementwise" in opdef.traits and len(tensors) > 1:  # as the fast path: the trait says same shape, and a
+        shape = tensors[0]._data.shape                       # lifted scalar must not broadcast where a 0-d Tensor
+        if any(t._data.shape != shape for t in tensors[1:]):  # is refused
+            _kernel_failed(opdef, inputs, attrs, None)
     kernel = opdef.find_kernel(device, dtype)
     arrays = [[t._data for t in v] if isinstance(v, list) else (None if v is None else v._data) for v in inputs]
     extra = {"rng": device.generator()} if kernel.takes_rng else {}
@@ -519,7 +523,7 @@ def _as_tensor(opdef: OpDef, name: str, value, peer, device) -> Tensor:
     if isinstance(value, Tensor):
         return value
     if type(value) in (bool, int, float):  # a Python number is weak: it takes its peer's dtype
-        return wrap(device.from_host(np.asarray(value, dtype=D.scalar_dtype(value, peer))), device)
+        return wrap(device.from_host(scalar_array(opdef, name, value, peer)), device)
     if isinstance(value, (np.ndarray, np.generic)) or (
             isinstance(value, (list, tuple)) and not any(isinstance(v, TensorOps) for v in value)):
         try:  # NumPy values keep their dtype; nested lists of numbers become an array
@@ -530,6 +534,18 @@ def _as_tensor(opdef: OpDef, name: str, value, peer, device) -> Tensor:
         raise ArgumentError(f"{opdef.name}(): argument '{name}' expected Tensor, got a {type(value).__name__} "
                             f"holding tensors (a multi-output op's result? pick one of its outputs)")
     raise ArgumentError(f"{opdef.name}(): argument '{name}' expected Tensor, got {describe(value)}")
+
+
+def scalar_array(opdef: OpDef, name: str, value, peer) -> np.ndarray:
+    """A Python number in a tensor slot as a 0-d array of the dtype it takes next to ``peer``; an int that dtype
+    cannot hold (2**63 beside int64, 10**400 anywhere) is refused here rather than wrap around or overflow."""
+    dtype = D.scalar_dtype(value, peer)
+    try:
+        return np.asarray(value, dtype=dtype)
+    except OverflowError:
+        shown = value if value.bit_length() <= 128 else f"of {value.bit_length()} bits"  # str() of a huge int fails
+        raise ArgumentError(f"{opdef.name}(): argument '{name}' is the Python int {shown}, which {dtype} cannot "
+                            "hold: pass a float, or a NumPy array of the dtype you mean") from None
 
 
 # -- the parts the generated code calls ------------------------------------------------------------------------

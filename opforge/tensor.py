@@ -921,7 +921,10 @@ def _lift(value, like):
         if len(_SCALARS) > 4096:
             _SCALARS.clear()
         device = like.device
-        array = np.array(value, D.scalar_dtype(value, like.dtype))
+        try:
+            array = np.array(value, D.scalar_dtype(value, like.dtype))
+        except OverflowError:  # an int no dtype here holds: the op refuses it, naming itself and the argument
+            return value
         array.flags.writeable = False
         constant = _SCALARS[key] = wrap(device.from_host(array), device)
     return constant

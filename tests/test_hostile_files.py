@@ -291,7 +291,7 @@ def _input(kind, slot, names):
     (_attr("reshape", shape={"dtype": "float64"}), "argument 'shape' expected int\\[\\]"),
     (_attr("ones_like", dtype={"dtype": {"a": 1}}), "unknown attr value dict"),
     (_attr("cross_entropy", reduction="x"), "op #\\d+ cross_entropy: .*reduction"),
-    (_attr("nll_loss_grad", reduction="x"), "op #\\d+ nll_loss_grad: .*reduction"),
+    (_attr("cross_entropy_grad", reduction="x"), "op #\\d+ cross_entropy_grad: .*reduction"),
     (_attr("cross_entropy", label_smoothing=10**400), "label_smoothing.* int too large for a float"),
     (_attr("transpose", perm=[0, 0]), "op #\\d+ transpose"),
     (_swap_first_ops, "op #0 add reads 'matmul.2' before op #1 writes it"),

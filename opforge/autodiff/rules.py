@@ -18,7 +18,7 @@ higher orders (``create_graph``), or emits gradient ops into a program (Variable
 from __future__ import annotations
 
 from ..core import dtypes as D
-from ..core.errors import GradientError, describe
+from ..core.errors import GradientError, OpforgeError, describe
 from ..core.opdef import flat_ranges
 from ..core.spec import Dim, broadcast_shapes
 from ..tensor import _host_reads
@@ -48,10 +48,13 @@ def call_rule(call, out_grads: list, create_graph: bool = False) -> list:
         kwargs[name] = attrs[name]
     if rule.wants_needs:
         kwargs["needs_input_grad"] = call.needs_input_grad()
-    if not create_graph:
-        return flatten_input_grads(op, rule.fn(**kwargs), call.in_layout)
-    reads = _host_reads.count
-    result = rule.fn(**kwargs)
+    try:
+        if not create_graph:
+            return flatten_input_grads(op, rule.fn(**kwargs), call.in_layout)
+        reads = _host_reads.count
+        result = rule.fn(**kwargs)
+    except OpforgeError as e:
+        raise _in_rule_of(op, e) from e
     if _host_reads.count != reads:  # the values went through NumPy: what came back is cut from the graph
         raise GradientError(
             f"gradient rule of op '{op.name}' read tensor values out to NumPy (.numpy(), .item(), np.* on a Tensor) "
@@ -60,6 +63,19 @@ def call_rule(call, out_grads: list, create_graph: bool = False) -> list:
             "(F.*, Tensor operators)"
         )
     return flatten_input_grads(op, result, call.in_layout)
+
+
+def _in_rule_of(op, error: OpforgeError) -> OpforgeError:
+    """``error``, raised inside ``op``'s gradient rule (by an op the rule called), saying whose rule it was: else
+    a backward pass fails naming only an op the user never called."""
+    prefix = f"in the gradient rule of '{op.name}': "
+    message = str(error)
+    if message.startswith(prefix) or f"gradient rule of op '{op.name}'" in message:
+        return error
+    try:
+        return type(error)(prefix + message)
+    except TypeError:  # an error class whose constructor takes more than a message
+        return error
 
 
 def flatten_input_grads(op, result, in_layout: tuple) -> list:

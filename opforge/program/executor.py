@@ -13,6 +13,8 @@ Preparing (once per distinct set of feed shapes) does the work eager mode repeat
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..core.errors import ArgumentError, OpforgeError, ShapeError
@@ -372,7 +374,7 @@ def _peak_bytes(ops: list, specs: dict, reuse: dict, drops: list) -> int:
     """The most bytes of intermediates alive at once under the plan (a buffer written with out= is no new one)."""
     def nbytes(name):
         s = specs[name]
-        return int(np.prod(s.shape, dtype=np.int64)) * s.dtype.itemsize
+        return math.prod(s.shape) * s.dtype.itemsize  # Python ints: a static size past 2**63 must not wrap
 
     live = peak = 0
     for i, (op, _) in enumerate(ops):

@@ -20,7 +20,7 @@ from ..core.errors import ArgumentError, GradientError, describe
 from ..core.grad_mode import _mode as _grad_mode
 from ..core.opdef import OpDef
 from ..core.spec import Dim, Spec, undim
-from ..dispatch import Interpreter, check_same_dtype, current_interpreter, interpreting
+from ..dispatch import Interpreter, check_same_dtype, current_interpreter, interpreting, scalar_array
 from ..tensor import Tensor, TensorOps, wrap
 from .desc import OpDesc, Program
 
@@ -360,7 +360,7 @@ def _input_name(program: Program, opdef: OpDef, arg: str, value, peer) -> str:
         raise ArgumentError(f"{opdef.name}(): argument '{arg}' expected Tensor, got a {type(value).__name__} "
                             f"holding tensors (a multi-output op's result? pick one of its outputs)")
     if type(value) in (bool, int, float):
-        array = np.asarray(value, dtype=D.scalar_dtype(value, peer))
+        array = scalar_array(opdef, arg, value, peer)
     elif isinstance(value, (np.ndarray, np.generic)):
         array = np.array(value)
         D.as_dtype(array.dtype, op=opdef.name, arg=arg)
