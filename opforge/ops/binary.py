@@ -12,6 +12,9 @@ def add(x, y, out=None):
     return np.add(x, y, out=out)
 
 
+add.fusable(commutative=True)
+
+
 def _onnx_binary(onnx_type):
     """The mapping of an arithmetic op: both inputs in the result's dtype (ONNX does not promote), then the node."""
 
@@ -37,6 +40,9 @@ def sub(x, y, out=None):
     return np.subtract(x, y, out=out)
 
 
+sub.fusable()
+
+
 sub.onnx(_onnx_binary("Sub"))
 
 
@@ -49,6 +55,9 @@ def _(dout):
 def minus(x, y):
     """x − y, with the gradient of PaddlePaddle's design example: identity and scale(−1)."""
     return np.subtract(x, y)
+
+
+minus.fusable()
 
 
 minus.onnx(_onnx_binary("Sub"))
@@ -65,6 +74,9 @@ def mul(x, y, out=None):
     return np.multiply(x, y, out=out)
 
 
+mul.fusable(commutative=True)
+
+
 mul.onnx(_onnx_binary("Mul"))
 
 
@@ -78,6 +90,9 @@ def _(x, y, dout, needs_input_grad):
 def div(x, y, out=None):
     """x / y (true division: integers give float64, as in NumPy)."""
     return np.true_divide(x, y, out=out)
+
+
+div.fusable()
 
 
 div.onnx(_onnx_binary("Div"))
@@ -107,6 +122,9 @@ def pow(x, y):
     return np.power(x, y)
 
 
+pow.fusable()
+
+
 pow.onnx(_onnx_binary("Pow"))
 
 
@@ -134,6 +152,9 @@ def maximum(x, y):
     return np.maximum(x, y)
 
 
+maximum.fusable()
+
+
 maximum.onnx(_onnx_binary("Max"))
 
 
@@ -153,6 +174,9 @@ def _(x, y, dout):
 def minimum(x, y):
     """The smaller of x and y, elementwise."""
     return np.minimum(x, y)
+
+
+minimum.fusable()
 
 
 minimum.onnx(_onnx_binary("Min"))
@@ -180,6 +204,9 @@ def _where_spec(condition, x, y):
 def where(condition, x, y):
     """x where condition holds, else y."""
     return np.where(condition, x, y)
+
+
+where.fusable()
 
 
 @where.onnx
@@ -218,10 +245,16 @@ def less(x, y):
     return np.less(x, y)
 
 
+less.fusable()
+
+
 @op("less_equal(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec)
 def less_equal(x, y):
     """x ≤ y."""
     return np.less_equal(x, y)
+
+
+less_equal.fusable()
 
 
 @op("greater(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec)
@@ -230,10 +263,16 @@ def greater(x, y):
     return np.greater(x, y)
 
 
+greater.fusable()
+
+
 @op("greater_equal(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec)
 def greater_equal(x, y):
     """x ≥ y."""
     return np.greater_equal(x, y)
+
+
+greater_equal.fusable()
 
 
 @op("equal(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec)
@@ -242,10 +281,16 @@ def equal(x, y):
     return np.equal(x, y)
 
 
+equal.fusable()
+
+
 @op("not_equal(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec)
 def not_equal(x, y):
     """x ≠ y."""
     return np.not_equal(x, y)
+
+
+not_equal.fusable()
 
 
 def _onnx_compare(onnx_type, negate=False):
@@ -278,10 +323,16 @@ def logical_and(x, y):
     return np.logical_and(x, y)
 
 
+logical_and.fusable()
+
+
 @op("logical_or(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec)
 def logical_or(x, y):
     """True where x or y is nonzero (True)."""
     return np.logical_or(x, y)
+
+
+logical_or.fusable()
 
 
 logical_and.onnx(lambda g, x, y: g.op("And", g.cast(x, D.bool_), g.cast(y, D.bool_), spec=g.outputs[0]))

@@ -37,6 +37,9 @@ def identity(x):
     return x
 
 
+identity.fusable()
+
+
 identity.onnx(lambda g, x: g.op("Identity", x))
 
 
@@ -49,6 +52,9 @@ def _(dy):
 def scale(x, *, scale):
     """Multiplies by a constant: y = scale · x."""
     return x * scale  # a Python float keeps the array's dtype (NumPy 2 promotion)
+
+
+scale.fusable()
 
 
 scale.onnx(lambda g, x, *, scale: g.op("Mul", x, g.scalar(scale, x)))
@@ -71,6 +77,9 @@ def square(x, out=None):
     return np.square(x, out=out)
 
 
+square.fusable()
+
+
 square.onnx(lambda g, x: g.op("Mul", x, x))
 
 
@@ -83,6 +92,9 @@ def _(x, dy):
 def sqrt(x):
     """y = √x."""
     return np.sqrt(x)
+
+
+sqrt.fusable()
 
 
 sqrt.onnx(lambda g, x: g.op("Sqrt", x))
@@ -105,6 +117,9 @@ def sqrt_grad(y, dy):
     return dy * 0.5 / y
 
 
+sqrt_grad.fusable()
+
+
 @sqrt_grad.grad
 def _(y, dx, ddx):
     # dx = ½·dy/y, so ∂dx/∂y = −dx/y and ∂dx/∂dy = ½/y (TensorFlow's SqrtGradGrad).
@@ -123,6 +138,9 @@ def leaky_relu(x, *, alpha):
     # which costs more than the arithmetic on small tensors.
     scaled = x * alpha
     return np.maximum(x, scaled) if alpha <= 1 else np.minimum(x, scaled)
+
+
+leaky_relu.fusable()
 
 
 @leaky_relu.onnx
@@ -150,6 +168,9 @@ def leaky_relu_grad(x, dy, *, alpha):
     return _carry_nan(x, np.where(x > 0, dy, dy * alpha))
 
 
+leaky_relu_grad.fusable()
+
+
 @leaky_relu_grad.grad
 def _(x, ddx, *, alpha):
     return {"x": None, "dy": F.leaky_relu_grad(x, ddx, alpha=alpha)}  # piecewise linear in x
@@ -169,6 +190,9 @@ def neg(x, out=None):
     return np.negative(x, out=out)
 
 
+neg.fusable()
+
+
 neg.onnx(lambda g, x: g.op("Neg", x))
 
 
@@ -183,6 +207,9 @@ def exp(x, out=None):
     return np.exp(x, out=out)
 
 
+exp.fusable()
+
+
 exp.onnx(lambda g, x: g.op("Exp", x))
 
 
@@ -195,6 +222,9 @@ def _(y, dy):
 def log(x):
     """Natural logarithm."""
     return np.log(x)
+
+
+log.fusable()
 
 
 log.onnx(lambda g, x: g.op("Log", x))
@@ -217,6 +247,9 @@ def tanh(x, out=None):
     return np.tanh(x, out=out)
 
 
+tanh.fusable()
+
+
 tanh.onnx(lambda g, x: g.op("Tanh", x))
 
 
@@ -230,6 +263,9 @@ def _(y, dy):
 def tanh_grad(y, dy, out=None):
     """Gradient of tanh from its output: dx = dy·(1 − y²)."""
     return np.multiply(dy, 1 - y * y, out=out)
+
+
+tanh_grad.fusable()
 
 
 @tanh_grad.grad
@@ -254,6 +290,9 @@ def sigmoid(x):
     return _sigmoid(x)
 
 
+sigmoid.fusable()
+
+
 sigmoid.onnx(lambda g, x: g.op("Sigmoid", x))
 
 
@@ -266,6 +305,9 @@ def _(y, dy):
 def sigmoid_grad(y, dy):
     """Gradient of sigmoid from its output: dx = dy·y·(1 − y)."""
     return dy * y * (1 - y)
+
+
+sigmoid_grad.fusable()
 
 
 @sigmoid_grad.grad
@@ -283,6 +325,9 @@ def _(rng):
 def relu(x, out=None):
     """y = max(x, 0)."""
     return np.maximum(x, 0, out=out)
+
+
+relu.fusable()
 
 
 relu.onnx(lambda g, x: g.op("Relu", x))
@@ -303,6 +348,9 @@ def relu_grad(y, dy, out=None):
     return _carry_nan(y, np.multiply(dy, y > 0, out=out))
 
 
+relu_grad.fusable()
+
+
 @relu_grad.grad
 def _(y, ddx):
     return {"y": None, "dy": F.relu_grad(y, ddx)}  # piecewise constant in y
@@ -320,6 +368,9 @@ def abs(x):
     return np.abs(x)
 
 
+abs.fusable()
+
+
 abs.onnx(lambda g, x: g.op("Abs", x))
 
 
@@ -332,6 +383,9 @@ def _(x, dy):
 def cast(x, *, dtype):
     """Converts to ``dtype`` (a copy, even when the dtype is unchanged)."""
     return x.astype(dtype)
+
+
+cast.fusable()
 
 
 @cast.onnx
@@ -411,6 +465,9 @@ def sign(x):
     return np.greater(x, 0).astype(x.dtype) - np.less(x, 0).astype(x.dtype)
 
 
+sign.fusable()
+
+
 sign.onnx(lambda g, x: g.op("Sign", x))
 
 
@@ -420,6 +477,9 @@ def floor(x):
     return np.floor(x) if D.is_floating(x.dtype) else x.copy()
 
 
+floor.fusable()
+
+
 floor.onnx(lambda g, x: g.op("Floor" if x.dtype.kind == "f" else "Identity", x))
 
 
@@ -427,6 +487,9 @@ floor.onnx(lambda g, x: g.op("Floor" if x.dtype.kind == "f" else "Identity", x))
 def ceil(x):
     """The smallest integer ≥ x (integer tensors are returned unchanged)."""
     return np.ceil(x) if D.is_floating(x.dtype) else x.copy()
+
+
+ceil.fusable()
 
 
 ceil.onnx(lambda g, x: g.op("Ceil" if D.is_floating(x.dtype) else "Identity", x))
@@ -448,6 +511,9 @@ def round(x, *, decimals):
     with np.errstate(over="ignore", invalid="ignore"):  # 10^|d| beyond the dtype: inf, and NaN, as PyTorch
         scale = np.power(x.dtype.type(10.0), builtins.abs(decimals))
         return np.rint(x * scale) / scale if decimals > 0 else np.rint(x / scale) * scale
+
+
+round.fusable()
 
 
 @round.onnx
@@ -485,6 +551,9 @@ def expm1(x):
     return np.expm1(x)
 
 
+expm1.fusable()
+
+
 @expm1.onnx
 def _(g, x):
     # eˣ − 1 loses every digit for small x; there eˣ − 1 = 2t/(1 − t), t = tanh(x/2), is exact (and |t| < ¼).
@@ -503,6 +572,9 @@ def _(y, dy):
 def log1p(x):
     """y = ln(1 + x), exact for small x."""
     return np.log1p(x)
+
+
+log1p.fusable()
 
 
 @log1p.onnx
@@ -531,6 +603,9 @@ def rsqrt(x):
     return 1 / np.sqrt(x)
 
 
+rsqrt.fusable()
+
+
 rsqrt.onnx(lambda g, x: g.op("Reciprocal", g.op("Sqrt", x)))
 
 
@@ -543,6 +618,9 @@ def _(y, dy):
 def reciprocal(x):
     """y = 1/x."""
     return np.reciprocal(x)
+
+
+reciprocal.fusable()
 
 
 reciprocal.onnx(lambda g, x: g.op("Reciprocal", x))
@@ -573,6 +651,9 @@ def sin(x):
     return np.sin(x)
 
 
+sin.fusable()
+
+
 sin.onnx(lambda g, x: g.op("Sin", x))
 
 
@@ -585,6 +666,9 @@ def _(x, dy):
 def cos(x):
     """Cosine."""
     return np.cos(x)
+
+
+cos.fusable()
 
 
 cos.onnx(lambda g, x: g.op("Cos", x))
@@ -607,6 +691,9 @@ def erf(x):
     return _erf(x)
 
 
+erf.fusable()
+
+
 erf.onnx(lambda g, x: g.op("Erf", x))
 
 
@@ -623,6 +710,9 @@ def softplus(x, *, beta, threshold):
     """y = ln(1 + e^(βx))/β, and y = x where βx > threshold (as PyTorch, where the two agree to float precision)."""
     z = x * beta
     return np.where(z > threshold, x, np.logaddexp(0, z) / beta)  # logaddexp: no overflow, exact for z ≪ 0
+
+
+softplus.fusable()
 
 
 @softplus.onnx
@@ -680,6 +770,9 @@ def elu(x, *, alpha):
     return _elu(x, alpha, 1.0)
 
 
+elu.fusable()
+
+
 @elu.onnx
 def _(g, x, *, alpha):
     if x.dtype == D.float32:
@@ -709,6 +802,9 @@ def _(rng):
 def selu(x):
     """y = λ·elu(x, α) with PyTorch's constants λ ≈ 1.0507, α ≈ 1.6733 (self-normalising)."""
     return _elu(x, _SELU_ALPHA, _SELU_SCALE)
+
+
+selu.fusable()
 
 
 @selu.onnx
@@ -743,6 +839,9 @@ def gelu(x, *, approximate):
     return 0.5 * x * (1 + _erf(x * _SQRT_HALF))
 
 
+gelu.fusable()
+
+
 @gelu.onnx
 def _(g, x, *, approximate):
     if g.opset >= 20 and x.dtype == D.float32:
@@ -769,6 +868,9 @@ def gelu_grad(x, dy, *, approximate):
         du = _TANH_K * (1 + 3 * _TANH_C * x * x)  # u′
         return dy * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * du)
     return dy * (0.5 * (1 + _erf(x * _SQRT_HALF)) + x * _INV_SQRT_2PI * np.exp(-0.5 * x * x))
+
+
+gelu_grad.fusable()
 
 
 @gelu_grad.grad
@@ -806,6 +908,9 @@ def _(rng):
 def silu(x):
     """y = x·σ(x), σ the logistic sigmoid (also called swish)."""
     return x * _sigmoid(x)
+
+
+silu.fusable()
 
 
 silu.onnx(lambda g, x: g.op("Mul", x, g.op("Sigmoid", x)))
@@ -849,6 +954,9 @@ def clip(x, min, max):
     dtype = _clip_spec(x, min, max).dtype
     y = x if min is None else np.maximum(x, min)
     return np.asarray(y if max is None else np.minimum(y, max)).astype(dtype, copy=False)
+
+
+clip.fusable()
 
 
 @clip.onnx
@@ -905,6 +1013,9 @@ def isnan(x):
     return np.isnan(x)
 
 
+isnan.fusable()
+
+
 @isnan.onnx
 def _(g, x):
     if x.dtype.kind != "f":
@@ -918,6 +1029,9 @@ def isfinite(x):
     return np.isfinite(x)
 
 
+isfinite.fusable()
+
+
 @isfinite.onnx
 def _(g, x):
     if x.dtype.kind != "f":
@@ -929,6 +1043,9 @@ def _(g, x):
 def logical_not(x):
     """True where x is 0 (or False)."""
     return np.logical_not(x)
+
+
+logical_not.fusable()
 
 
 logical_not.onnx(lambda g, x: g.op("Not", g.cast(x, D.bool_)))
@@ -969,6 +1086,9 @@ def hardtanh(x, *, min_val, max_val):
     return np.clip(x, min_val, max_val)
 
 
+hardtanh.fusable()
+
+
 hardtanh.onnx(lambda g, x, *, min_val, max_val: g.op("Clip", x, g.scalar(min_val, x), g.scalar(max_val, x)))
 
 
@@ -982,6 +1102,9 @@ def _(x, dy, *, min_val, max_val):
 def hardtanh_grad(x, dy, *, min_val, max_val):
     """Gradient of hardtanh: dx = dy where min_val < x < max_val (bounds excluded), else 0; NaN where x is NaN."""
     return _carry_nan(x, np.where((x > min_val) & (x < max_val), dy, 0).astype(dy.dtype, copy=False))
+
+
+hardtanh_grad.fusable()
 
 
 @hardtanh_grad.grad
@@ -1012,6 +1135,9 @@ def relu6(x):
     return np.clip(x, 0, 6)
 
 
+relu6.fusable()
+
+
 relu6.onnx(lambda g, x: g.op("Clip", x, g.scalar(0, x), g.scalar(6, x)))
 
 
@@ -1030,6 +1156,9 @@ def _(rng):
 def hardsigmoid(x):
     """y = min(max(x/6 + ½, 0), 1): 0 below −3, 1 above 3, linear between (gradient 0 at ±3, as PyTorch)."""
     return np.clip(x * (1 / 6) + 0.5, 0, 1)
+
+
+hardsigmoid.fusable()
 
 
 @hardsigmoid.onnx
@@ -1051,6 +1180,9 @@ def hardswish(x):
     return x * np.clip(x * (1 / 6) + 0.5, 0, 1)
 
 
+hardswish.fusable()
+
+
 @hardswish.onnx
 def _(g, x):
     if x.dtype == D.float32:
@@ -1068,6 +1200,9 @@ def hardswish_grad(x, dy):
     """Gradient of hardswish: dx = dy·(x/3 + ½) for −3 < x < 3, 0 for x ≤ −3, dy for x ≥ 3 (PyTorch's values)."""
     slope = np.where(x >= 3, 1, np.where(x > -3, x * (1 / 3) + 0.5, 0)).astype(dy.dtype, copy=False)
     return _carry_nan(x, dy * slope)
+
+
+hardswish_grad.fusable()
 
 
 @hardswish_grad.grad
@@ -1100,6 +1235,9 @@ def mish(x):
     return x * np.tanh(_softplus_np(x))
 
 
+mish.fusable()
+
+
 mish.onnx(lambda g, x: g.op("Mul", x, g.op("Tanh", g.call("softplus", x, beta=1.0, threshold=math.inf))))
 
 
@@ -1114,6 +1252,9 @@ def _(x, dy):
 def logsigmoid(x):
     """y = log σ(x) = −softplus(−x), computed as min(x, 0) − log(1 + e^(−|x|)): no overflow, exact for x ≪ 0."""
     return np.minimum(x, 0) - np.log1p(np.exp(-np.abs(x)))
+
+
+logsigmoid.fusable()
 
 
 @logsigmoid.onnx
@@ -1131,6 +1272,9 @@ def _(x, dy):
 def celu(x, *, alpha):
     """y = x for x > 0, α·(e^(x/α) − 1) otherwise (continuously differentiable elu)."""
     return _elu(x, alpha, 1.0, 1 / alpha)
+
+
+celu.fusable()
 
 
 @celu.onnx
