@@ -248,3 +248,12 @@ def test_a_kernel_failing_inside_a_fused_group_is_named(scratch_ops):
     assert exe.plan(x=np.ones(10)).removed["fused"] == 2
     with pytest.raises(of.OpforgeError, match=r"fused\(.*picky -> picky\.\d+ failed.*no negative values"):
         exe.run(x=-np.ones(10))
+
+
+def test_sgd_update_blocks_give_the_bits_of_param_minus_lr_times_grad():
+    rng = np.random.default_rng(7)
+    for shape in [(700, 600), (300_000,), (5,)]:
+        p, g = rng.standard_normal(shape).astype(np.float32), rng.standard_normal(shape).astype(np.float32)
+        lr = np.array(0.03, np.float32)
+        got = F.sgd_update(of.tensor(p), of.tensor(g), of.tensor(lr)).numpy()
+        assert np.array_equal(got, p - lr.item() * g)
