@@ -7,8 +7,9 @@
     python bench/run.py --profile mlp:opforge    # pyinstrument profile of that worker's timed repeats, printed
 
 Groups: per_op, chain, mlp, cnn, hvp, memory (issue 6's cases 1–6), conv_softmax (bench/conv_softmax.py's
-cases), fusion and workspace (issue 12's compiled programs: a fused 10-op expression, the executor's workspace). Frameworks: numpy (by hand), floor (the MLP's matmuls alone), opforge, opforge.compiled, torch, jax, jax.jit;
-one whose packages are not installed is skipped and said so.
+cases), fusion and workspace (issue 12's compiled programs: a fused 10-op expression, the executor's workspace).
+Frameworks: numpy (by hand), floor (the MLP's matmuls alone), opforge, opforge.compiled, torch, jax, jax.jit; one
+whose packages are not installed is skipped and said so.
 
 Writes ``latest.json`` (every sample, check values, thread pools and BLAS kernels per worker), ``latest.md`` (also
 printed) and ``latest.png`` (bar chart) to bench/results/ (--out DIR elsewhere). Exits 1 if a worker failed or two

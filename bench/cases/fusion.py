@@ -57,25 +57,37 @@ def inputs():
     return [rng.standard_normal(SIZE).astype(np.float32) for _ in range(2)]
 
 
+def bind(f, *args):
+    """A zero-argument call of f(*args) (a fresh scope per variant: no late binding of loop variables)."""
+    return lambda: f(*args)
+
+
+def blocking(f, *args):
+    return lambda: f(*args).block_until_ready()  # JAX dispatches asynchronously
+
+
+def output_check(call):
+    return lambda: {"out²": sq(call())}
+
+
 def variants(framework: str, quick: bool) -> list[Variant]:
     arrays = inputs()
     out = []
     for name, fn in functions(framework).items():
         if framework == "numpy":
-            call = (lambda f: lambda: f(*arrays))(fn)
+            call = bind(fn, *arrays)
         elif framework == "opforge":
-            call = (lambda f, a: lambda: f(*a))(fn, opforge_tensors(arrays))
+            call = bind(fn, *opforge_tensors(arrays))
         elif framework == "opforge.compiled":
             import opforge as of
 
-            call = (lambda f, a: lambda: f(*a))(of.compile(fn), opforge_tensors(arrays))
+            call = bind(of.compile(fn), *opforge_tensors(arrays))
         elif framework == "torch":
-            call = (lambda f, a: lambda: f(*a))(fn, torch_tensors(arrays))
+            call = bind(fn, *torch_tensors(arrays))
         elif framework in ("jax", "jax.jit"):
             jax = load_jax()
-            f = jax.jit(fn) if framework == "jax.jit" else fn
-            call = (lambda f, a: lambda: f(*a).block_until_ready())(f, jax_arrays(arrays))
+            call = blocking(jax.jit(fn) if framework == "jax.jit" else fn, *jax_arrays(arrays))
         else:
             raise unknown(framework, "fusion")
-        out.append(Variant(name, call, check=(lambda c: lambda: {"out²": sq(c())})(call)))
+        out.append(Variant(name, call, check=output_check(call)))
     return out
