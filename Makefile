@@ -4,7 +4,7 @@ PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test lint bench clean
+.PHONY: demo demo-distributed test lint bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,14 @@ $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
 
 demo: $(VENV)/.installed
 	$(PY) examples/demo.py
+
+$(VENV)/.installed-distributed: pyproject.toml $(VENV)/.installed
+	$(PY) -m pip install --quiet -e ".[distributed]"
+	touch $@
+
+# The demo's CNN trained data-parallel on 2 ranks (MPI; mpiexec comes with the distributed extra's MPICH).
+demo-distributed: $(VENV)/.installed-distributed
+	$(VENV)/bin/mpiexec -n 2 $(PY) examples/data_parallel.py
 
 test: $(VENV)/.installed-test
 	$(PY) -m ruff check .

@@ -1,4 +1,5 @@
-"""conv2d, softmax and cross_entropy, forward + backward: opforge (eager) vs PyTorch and plain NumPy, in one run.
+"""conv2d, max_pool2d, softmax and cross_entropy, forward + backward: opforge (eager) vs PyTorch and plain NumPy,
+in one run.
 
     python bench/conv_softmax.py              # 7 rounds (median reported), about a minute
     python bench/conv_softmax.py --quick      # one short round: a smoke test, numbers mean little
@@ -57,6 +58,17 @@ def numpy_conv2d_fwd_bwd(x, w, b, dy, padding):
     return y, dxp[:, :, p:p + x.shape[2], p:p + x.shape[3]], dw, db
 
 
+def numpy_max_pool2d_fwd_bwd(x, dy, k):
+    """k×k max pooling, stride k (H and W multiples of k), and its gradient: each window's argmax takes dy."""
+    n, c, h, w = x.shape
+    win = x.reshape(n, c, h // k, k, w // k, k).transpose(0, 1, 2, 4, 3, 5).reshape(n, c, h // k, w // k, k * k)
+    idx = win.argmax(axis=-1)[..., None]
+    y = np.take_along_axis(win, idx, axis=-1)[..., 0]
+    dwin = np.zeros(win.shape, x.dtype)
+    np.put_along_axis(dwin, idx, dy[..., None], axis=-1)
+    return y, dwin.reshape(n, c, h // k, w // k, k, k).transpose(0, 1, 2, 4, 3, 5).reshape(x.shape)
+
+
 def numpy_softmax_fwd_bwd(x, dy):
     e = np.exp(x - x.max(axis=-1, keepdims=True))
     y = e / e.sum(axis=-1, keepdims=True)
@@ -102,6 +114,18 @@ def conv_case(rng, n, c, o, hw, k, padding) -> dict:
     return fns
 
 
+def max_pool_case(rng, n, c, hw, k) -> dict:
+    x = rng.standard_normal((n, c, hw, hw)).astype(np.float32)
+    dy = rng.standard_normal((n, c, hw // k, hw // k)).astype(np.float32)
+    ox, ody = of.tensor(x, requires_grad=True), of.tensor(dy)
+    fns = {"numpy": lambda: numpy_max_pool2d_fwd_bwd(x, dy, k),
+           "opforge": lambda: of.grad(F.max_pool2d(ox, kernel_size=k), [ox], grad_outputs=ody)}
+    if torch is not None:
+        tx, tdy = torch.from_numpy(x.copy()).requires_grad_(), torch.from_numpy(dy)
+        fns["torch"] = lambda: torch.autograd.grad(torch.nn.functional.max_pool2d(tx, k), [tx], tdy)
+    return fns
+
+
 def softmax_case(rng, n, classes) -> dict:
     x = rng.standard_normal((n, classes)).astype(np.float32)
     dy = rng.standard_normal((n, classes)).astype(np.float32)
@@ -132,6 +156,9 @@ def cases() -> tuple[dict, list]:
     table = {
         "conv2d 32×3×32×32 → 16, 3×3": conv_case(rng, 32, 3, 16, 32, 3, 0),
         "conv2d 128×1×8×8 → 16, 3×3, pad 1 (digits)": conv_case(rng, 128, 1, 16, 8, 3, 1),
+        "conv2d 128×16×4×4 → 32, 3×3, pad 1 (digits, 2nd)": conv_case(rng, 128, 16, 32, 4, 3, 1),
+        "conv2d 16×32×16×16 → 32, 3×3, pad 1": conv_case(rng, 16, 32, 32, 16, 3, 1),
+        "max_pool2d 128×16×8×8, 2×2 (digits)": max_pool_case(rng, 128, 16, 8, 2),
     }
     notes = []
     if hasattr(F, "softmax"):

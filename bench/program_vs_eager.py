@@ -123,7 +123,7 @@ def main(argv=None) -> None:
     med = {k: statistics.median(v) for k, v in samples.items() if v}
     rng = {k: (min(v), max(v)) for k, v in samples.items() if v}
 
-    plan = compiled.cache[next(iter(compiled.cache))][1].plan(x=x.numpy())
+    plan = compiled.cache[next(iter(compiled.cache))][0].exe.plan(x=x.numpy())
     eager_peak = traced_peak(step, x)
     compiled_peak = traced_peak(compiled, x)
     print(f"median of {rounds} rounds (min–max)\n")

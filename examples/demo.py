@@ -107,8 +107,9 @@ def main() -> int:
     OUT.mkdir(exist_ok=True)
     of.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, OUT / "digits.ckpt")
     restored = make_model()
-    for p in restored.parameters():  # a different starting point, to show the load really replaces it
-        p.numpy()[...] = 0
+    with of.no_grad():
+        for p in restored.parameters():  # a different starting point, to show the load really replaces it
+            p.zero_()  # in place, as torch's: autograd counts the write (writing through .numpy() it could not)
     restored.load_state_dict(of.load(OUT / "digits.ckpt")["model"])
     reloaded = accuracy(restored, images[test], labels[test])
     print(f"saved {OUT / 'digits.ckpt'}; reloaded model: held-out accuracy {reloaded:.2%} (trained: {final:.2%})")

@@ -5,7 +5,7 @@ argument checking, dispatch, eager autograd to any order and gradient checks fro
     from opforge import ops as F
 """
 
-from . import data, linalg, nn, onnx, ops, optim, testing  # onnx: the packages onnx and onnxruntime load on first use
+from . import data, distributed, linalg, nn, onnx, ops, optim, testing  # onnx: onnx, onnxruntime load on use
 from .autodiff import backward, detect_anomaly, grad
 from .checkpoint import load, save
 from .core import (
@@ -31,8 +31,8 @@ from .core import (
     using_device,
 )
 from .core.dtypes import bfloat16, bool_, float16, float32, float64, int32, int64
-from .creation import arange, full, ones, rand, randn, tensor, zeros
-from .dispatch import op
+from .creation import arange, cat, full, ones, ones_like, rand, randn, stack, tensor, zeros, zeros_like
+from .dispatch import op, set_debug
 from .program import Executor, Program, Variable, append_backward, compile, trace
 from .tensor import Tensor
 
@@ -41,9 +41,9 @@ __version__ = "0.1.0"
 __all__ = [
     "AnomalyError", "ArgumentError", "Device", "DispatchError", "Executor", "GradientError", "OpforgeError",
     "Program", "Sample", "SchemaError", "ShapeError", "Spec", "Tensor", "Variable", "append_backward", "arange",
-    "backward", "bfloat16", "bool_", "compile", "data", "default_device", "detect_anomaly", "enable_grad",
-    "float16", "float32", "float64", "full", "get_device", "grad", "int32", "int64", "is_grad_enabled",
-    "linalg", "load", "manual_seed", "nn", "no_grad", "ones", "onnx", "op", "ops", "optim", "rand", "randn",
-    "register_device", "registry", "save", "set_grad_enabled", "tensor", "testing", "trace", "using_device",
-    "zeros",
+    "backward", "bfloat16", "bool_", "cat", "compile", "data", "default_device", "detect_anomaly", "distributed",
+    "enable_grad", "float16", "float32", "float64", "full", "get_device", "grad", "int32", "int64",
+    "is_grad_enabled", "linalg", "load", "manual_seed", "nn", "no_grad", "ones", "ones_like", "onnx", "op", "ops",
+    "optim", "rand", "randn", "register_device", "registry", "save", "set_debug", "set_grad_enabled", "stack",
+    "tensor", "testing", "trace", "using_device", "zeros", "zeros_like",
 ]

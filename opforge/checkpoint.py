@@ -5,8 +5,10 @@ bools, strings and None — a model's ``state_dict()``, an optimizer's, or a dic
 
 The format is an ordinary ``.npz`` (a zip of ``.npy`` files, NumPy's own format): one member per array, plus a
 JSON manifest (stored as a uint8 array, member ``__opforge_manifest__``) that holds the nesting and the non-array
-values. Nothing is pickled: saving an object array is refused, and loading reads with ``allow_pickle=False``, so a
-checkpoint from elsewhere cannot run code. ``np.load(path)`` reads the arrays without opforge.
+values. Nothing is pickled: saving an object array is refused, and loading refuses members that would need pickle,
+so a checkpoint from elsewhere cannot run code. Nor is anything else in the file trusted: the manifest is checked
+entry by entry, and each array's header against the bytes the file really holds before anything is allocated.
+``np.load(path)`` reads the arrays without opforge.
 
 A save is atomic: the file is written under a temporary name in the same directory, flushed and fsync'ed, then
 renamed over ``path`` (``os.replace``, atomic on POSIX and Windows), and the directory is fsync'ed so the rename
@@ -21,18 +23,18 @@ from __future__ import annotations
 
 import json
 import os
-import zipfile
 
 import numpy as np
 
 from .core import dtypes as D
 from .core.errors import ArgumentError, OpforgeError, describe
-from .core.files import atomic_write
+from .core.files import NpzReader, atomic_write, write_npz
 from .tensor import Tensor, wrap
 
 FORMAT = "opforge.checkpoint"
 VERSION = 1
 MANIFEST = "__opforge_manifest__"
+MAX_DEPTH = 100  # nesting of containers a checkpoint may hold (a state dict has a handful)
 
 
 class CheckpointError(OpforgeError, ValueError):
@@ -49,21 +51,21 @@ def save(obj, path) -> None:
     """Write ``obj`` (a nested state dict) to ``path`` atomically; see the module docstring for the format."""
     path = os.fspath(path)
     arrays: dict = {}
-    tree = _encode(obj, "", arrays)
+    tree = _encode(obj, "", arrays, 0)
     manifest = json.dumps({"format": FORMAT, "version": VERSION, "tree": tree}).encode()
     arrays[MANIFEST] = np.frombuffer(manifest, dtype=np.uint8)
-    atomic_write(path, lambda f: _write_npz(f, arrays))
+    atomic_write(path, lambda f: write_npz(f, arrays))
 
 
 def _join(path: str, key) -> str:
     return f"{path}/{key}" if path else str(key)
 
 
-def _encode(obj, path: str, arrays: dict):
+def _encode(obj, path: str, arrays: dict, depth: int):
     """The JSON form of ``obj``: containers become one-key dicts ({"dict": ...}, {"list": ...}, ...), arrays become
     references to npz members, and numbers, bools, strings and None stay as they are."""
     if isinstance(obj, (Tensor, np.ndarray, np.generic)):
-        array = obj.numpy() if isinstance(obj, Tensor) else np.asarray(obj)
+        array = obj._device.to_host(obj._data) if isinstance(obj, Tensor) else np.asarray(obj)
         if array.dtype.hasobject:
             raise ArgumentError(f"save(): the array at {path or 'the top'!r} holds Python objects (dtype object); "
                                 "only numeric, bool and string arrays can be saved without pickle")
@@ -73,26 +75,21 @@ def _encode(obj, path: str, arrays: dict):
         return {kind: key}
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
+    if isinstance(obj, (dict, list, tuple)) and depth > MAX_DEPTH:
+        raise ArgumentError(f"save(): containers nest deeper than {MAX_DEPTH} levels at {path[:80]!r}... "
+                            "(a container holding itself?)")
     if isinstance(obj, dict):
         items = []
         for k, v in obj.items():
             if isinstance(k, bool) or not isinstance(k, (str, int)):
                 raise ArgumentError(f"save(): dict keys must be str or int, got {describe(k)} at {path or 'the top'!r}")
-            items.append([k, _encode(v, _join(path, k), arrays)])
+            items.append([k, _encode(v, _join(path, k), arrays, depth + 1)])
         return {"dict": items}
     if isinstance(obj, (list, tuple)):
         kind = "list" if isinstance(obj, list) else "tuple"
-        return {kind: [_encode(v, _join(path, i), arrays) for i, v in enumerate(obj)]}
+        return {kind: [_encode(v, _join(path, i), arrays, depth + 1) for i, v in enumerate(obj)]}
     raise ArgumentError(f"save(): cannot save {describe(obj)} at {path or 'the top'!r}: a checkpoint holds dicts, "
                         "lists, tuples, Tensors, arrays, numbers, bools, strings and None")
-
-
-def _write_npz(f, arrays: dict) -> None:
-    """What ``np.savez`` writes (uncompressed .npy members in a zip), with pickling refused for every member."""
-    with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
-        for name, array in arrays.items():
-            with archive.open(name + ".npy", "w", force_zip64=True) as member:
-                np.lib.format.write_array(member, array, allow_pickle=False)
 
 
 # -- load -------------------------------------------------------------------------------------------------------------
@@ -103,29 +100,48 @@ def load(path, like=None):
 
     With ``like`` (an expected structure, e.g. ``model.state_dict()``), every name, shape and dtype is checked
     first, and a ``StateDictError`` lists each entry that is missing, unexpected or different.
+
+    The file is not trusted: the manifest's structure is checked entry by entry, each array's header is checked
+    against the bytes the file really holds before anything is allocated (see ``NpzReader``), and every
+    failure is a ``CheckpointError`` saying what is wrong.
     """
     path = os.fspath(path)
     try:
-        archive = np.load(path, allow_pickle=False)
-        if not isinstance(archive, np.lib.npyio.NpzFile):
+        with open(path, "rb") as f:
+            head = f.read(6)
+        if not head.startswith((b"PK", b"\x93NUMPY")):  # neither a zip (.npz) nor a .npy
+            what = "JSON (a program saved with Program.save is read with of.Program.load)" \
+                if head.lstrip()[:1] == b"{" else f"a file starting with {head!r}"
+            raise CheckpointError(f"load(): {path!r} is not an opforge checkpoint (a .npz archive written by "
+                                  f"of.save): it is {what}")
+        if head == b"\x93NUMPY":
             raise CheckpointError(f"load(): {path!r} is a single .npy array, not an opforge checkpoint")
-        with archive:
-            if MANIFEST not in archive.files:
+        with NpzReader(path) as archive:
+            if MANIFEST not in archive:
                 raise CheckpointError(f"load(): {path!r} is not an opforge checkpoint (it has no manifest)")
-            doc = json.loads(archive[MANIFEST].tobytes().decode())
+            shape, dtype = archive.header(MANIFEST)
+            if dtype != np.uint8 or len(shape) != 1:
+                raise CheckpointError(f"load(): {path!r} has a manifest of shape {shape} and dtype {dtype}, "
+                                      "not a 1-d uint8 array")
+            doc = json.loads(archive.read(MANIFEST).tobytes().decode())
             if not isinstance(doc, dict) or doc.get("format") != FORMAT:
                 raise CheckpointError(f"load(): {path!r} is not an opforge checkpoint (format tag "
-                                      f"{doc.get('format') if isinstance(doc, dict) else doc!r})")
-            if not isinstance(doc.get("version"), int) or doc["version"] > VERSION:
-                raise CheckpointError(f"load(): {path!r} has format version {doc.get('version')!r}; this opforge "
-                                      f"reads versions up to {VERSION}")
-            obj = _decode(doc.get("tree"), archive, path)
+                                      f"{describe(doc.get('format') if isinstance(doc, dict) else doc)})")
+            version = doc.get("version")
+            if not isinstance(version, int) or isinstance(version, bool) or version > VERSION:
+                shown = version if isinstance(version, int) else describe(version)
+                raise CheckpointError(f"load(): {path!r} has format version {shown}; this opforge reads versions "
+                                      f"up to {VERSION}")
+            obj = _decode(doc.get("tree"), archive, path, 0)
     except FileNotFoundError:
         raise CheckpointError(f"load(): no checkpoint at {path!r}") from None
-    except OpforgeError:
-        raise
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, UnicodeDecodeError) as e:
-        # a truncated or corrupt file, or a member that would need pickle (ValueError from allow_pickle=False)
+    except OpforgeError as e:
+        if isinstance(e, (CheckpointError, StateDictError)):
+            raise
+        raise CheckpointError(f"load(): {path!r} is not a readable checkpoint: {e}") from None
+    except RecursionError:
+        raise CheckpointError(f"load(): {path!r} has a manifest nested too deeply to read") from None
+    except (OSError, ValueError) as e:  # an unreadable file; JSON or UTF-8 that does not decode
         raise CheckpointError(f"load(): {path!r} is not a readable checkpoint: {type(e).__name__}: {e}") from None
     if like is not None:
         problems = diff_structure(like, obj)
@@ -135,26 +151,42 @@ def load(path, like=None):
     return obj
 
 
-def _decode(node, archive, path: str):
+def _decode(node, archive, path: str, depth: int):
     if node is None or isinstance(node, (bool, int, float, str)):
         return node
+    where = f"load(): {path!r} has a malformed manifest entry {describe(node)}"
+    if depth > MAX_DEPTH:
+        raise CheckpointError(f"load(): {path!r} has a manifest nested deeper than {MAX_DEPTH} levels")
     if not isinstance(node, dict) or len(node) != 1:
-        raise CheckpointError(f"load(): {path!r} has a malformed manifest entry {node!r}")
+        raise CheckpointError(f"{where}: expected a value or a one-key dict")
     ((kind, payload),) = node.items()
     if kind in ("tensor", "array", "scalar"):
-        array = archive[payload]
+        if not isinstance(payload, str) or payload == MANIFEST or payload not in archive:
+            raise CheckpointError(f"{where}: {describe(payload)} names no array of the file")
+        array = archive.read(payload)
         if kind == "array":
             return array
         if kind == "scalar":
+            if array.ndim:
+                raise CheckpointError(f"{where}: a scalar of shape {array.shape}")
             return array[()]
         D.as_dtype(array.dtype, op="load", arg=payload)  # a dtype Tensors support
         return wrap(array)
     if kind == "dict":
-        return {k: _decode(v, archive, path) for k, v in payload}
+        if not isinstance(payload, list) or not all(isinstance(item, list) and len(item) == 2 for item in payload):
+            raise CheckpointError(f"{where}: a dict must hold a list of [key, value] pairs")
+        out = {}
+        for key, value in payload:
+            if isinstance(key, bool) or not isinstance(key, (str, int)) or key in out:
+                raise CheckpointError(f"{where}: key {describe(key)} is not a str or int, or is repeated")
+            out[key] = _decode(value, archive, path, depth + 1)
+        return out
     if kind in ("list", "tuple"):
-        items = [_decode(v, archive, path) for v in payload]
+        if not isinstance(payload, list):
+            raise CheckpointError(f"{where}: a {kind} must hold a list")
+        items = [_decode(v, archive, path, depth + 1) for v in payload]
         return items if kind == "list" else tuple(items)
-    raise CheckpointError(f"load(): {path!r} has a manifest entry of unknown kind {kind!r}")
+    raise CheckpointError(f"load(): {path!r} has a manifest entry of unknown kind {describe(kind)}")
 
 
 # -- comparing structures ---------------------------------------------------------------------------------------------

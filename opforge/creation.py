@@ -53,6 +53,25 @@ def rand(*shape, dtype=None, requires_grad: bool = False, device=None) -> Tensor
     return _make(F.uniform, requires_grad, device, shape=_shape(shape), dtype=dtype)
 
 
+def zeros_like(x, dtype=None, requires_grad: bool = False) -> Tensor:
+    """Zeros of ``x``'s shape, dtype (unless ``dtype``) and device."""
+    return _make(F.zeros_like, requires_grad, None, x=x, dtype=dtype)
+
+
+def ones_like(x, dtype=None, requires_grad: bool = False) -> Tensor:
+    return _make(F.ones_like, requires_grad, None, x=x, dtype=dtype)
+
+
+def cat(tensors, axis: int = 0, **kwargs) -> Tensor:
+    """Join tensors along an existing dim (``torch.cat``; the op is ``concat``)."""
+    return F.concat(tensors, axis=axis, **kwargs)
+
+
+def stack(tensors, axis: int = 0, **kwargs) -> Tensor:
+    """Join tensors along a new dim ``axis``."""
+    return F.stack(tensors, axis=axis, **kwargs)
+
+
 def arange(start, stop=None, step=1, dtype=None, requires_grad: bool = False, device=None) -> Tensor:
     if stop is None:
         start, stop = 0, start
@@ -62,6 +81,7 @@ def arange(start, stop=None, step=1, dtype=None, requires_grad: bool = False, de
     return _make(F.arange, requires_grad, device, start=float(start), stop=float(stop), step=float(step), dtype=dtype)
 
 
-__all__ = ["arange", "as_array", "full", "manual_seed", "ones", "rand", "randn", "tensor", "zeros"]
+__all__ = ["arange", "as_array", "cat", "full", "manual_seed", "ones", "ones_like", "rand", "randn", "stack", "tensor",
+           "zeros", "zeros_like"]
 
 from . import ops as F  # noqa: E402  (creation ops are registered there)

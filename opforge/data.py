@@ -1,4 +1,7 @@
-"""Batches from arrays: ``DataLoader(x, y, batch_size=32, shuffle=True, seed=0)`` yields ``(xb, yb)`` Tensors.
+"""Batches for training: ``DataLoader(x, y, batch_size=32, shuffle=True, seed=0)`` yields ``(xb, yb)`` Tensors from
+arrays, and ``DataLoader(dataset, batch_size=32, collate_fn=...)`` batches any map-style dataset — an object with
+``__len__`` and ``__getitem__`` (PyTorch's protocol): the indices come from ``len(dataset)``, each batch is
+``collate_fn([dataset[i] for i in indices])``, by default ``default_collate`` (samples stacked field by field).
 
 Shuffling is reproducible: the loader owns a generator seeded once (from ``seed``, or else with a draw from opforge's
 generator when a shuffling loader is made, so ``of.manual_seed`` fixes it), and each pass over the data draws the next
@@ -24,7 +27,7 @@ def _arrays(arrays: tuple, who: str) -> tuple:
         raise ArgumentError(f"{who}(): give at least one array")
     out = []
     for i, value in enumerate(arrays):
-        array = value.numpy() if isinstance(value, Tensor) else np.asarray(value)
+        array = value._device.to_host(value._data) if isinstance(value, Tensor) else np.asarray(value)
         if array.ndim == 0:
             raise ArgumentError(f"{who}(): array {i} is 0-d; each array needs a first dim that indexes samples")
         D.as_dtype(array.dtype, op=who, arg=f"array {i}")  # unsupported dtypes (uint8 images...) fail here
@@ -48,17 +51,59 @@ class TensorDataset:
         return tuple(a[index] for a in self.arrays)
 
 
-class DataLoader:
-    """Iterate over arrays (or a ``TensorDataset``) in batches of ``batch_size`` samples, each batch a tuple of
-    Tensors (one per array, in order). ``shuffle`` draws a new permutation each epoch from a generator seeded once;
-    ``drop_last`` drops a final batch smaller than ``batch_size``."""
+def _is_dataset(value) -> bool:
+    return (not isinstance(value, (np.ndarray, Tensor)) and hasattr(value, "__len__")
+            and hasattr(value, "__getitem__"))
 
-    def __init__(self, *arrays, batch_size: int = 1, shuffle: bool = False, drop_last: bool = False,
-                 seed: int | None = None):
-        if len(arrays) == 1 and isinstance(arrays[0], TensorDataset):
-            self.arrays = arrays[0].arrays
+
+def default_collate(samples: list):
+    """A list of samples -> one batch, PyTorch's way: arrays, Tensors and numbers are stacked into a Tensor (Python
+    floats as float64, ints as int64), tuples and lists are batched position by position and dicts key by key;
+    strings stay a list."""
+    first = samples[0]
+    if isinstance(first, (Tensor, np.ndarray, np.generic, bool, int, float)):
+        if isinstance(first, Tensor):
+            arrays = [s._device.to_host(s._data) for s in samples]
         else:
-            self.arrays = _arrays(arrays, "DataLoader")
+            arrays = [np.asarray(s, dtype=np.float64 if type(s) is float else np.int64 if type(s) is int else None)
+                      for s in samples]
+        try:
+            batch = np.stack(arrays)
+        except ValueError as e:
+            raise ArgumentError(f"default_collate(): samples of different shapes cannot be stacked ({e}); give the "
+                                "DataLoader a collate_fn") from None
+        D.as_dtype(batch.dtype, op="default_collate", arg="samples")  # unsupported dtypes (uint8 images...) fail here
+        return wrap(batch)
+    if isinstance(first, str):
+        return list(samples)
+    if isinstance(first, dict):
+        return {k: default_collate([s[k] for s in samples]) for k in first}
+    if isinstance(first, (tuple, list)):
+        if any(len(s) != len(first) for s in samples):
+            raise ArgumentError("default_collate(): samples hold different numbers of fields")
+        fields = [default_collate([s[i] for s in samples]) for i in range(len(first))]
+        if hasattr(first, "_fields"):  # a named tuple
+            return type(first)(*fields)
+        return tuple(fields) if isinstance(first, tuple) else fields
+    raise ArgumentError(f"default_collate(): cannot batch samples of type {type(first).__name__}; give the "
+                        "DataLoader a collate_fn")
+
+
+class DataLoader:
+    """Iterate over arrays (or a ``TensorDataset``), or over any map-style dataset, in batches of ``batch_size``
+    samples. From arrays each batch is a tuple of Tensors (one per array, in order); from a dataset it is what
+    ``collate_fn`` makes of the list of samples. ``shuffle`` draws a new permutation each epoch from a generator
+    seeded once; ``drop_last`` drops a final batch smaller than ``batch_size``."""
+
+    def __init__(self, *data, batch_size: int = 1, shuffle: bool = False, drop_last: bool = False,
+                 seed: int | None = None, collate_fn=None):
+        if len(data) == 1 and _is_dataset(data[0]):  # a TensorDataset, or any map-style dataset
+            self.dataset = data[0]
+        else:
+            self.dataset = TensorDataset(*data)
+        if collate_fn is not None and not callable(collate_fn):
+            raise ArgumentError(f"DataLoader(): collate_fn must be callable, got {describe(collate_fn)}")
+        self.collate_fn = collate_fn
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ArgumentError(f"DataLoader(): batch_size must be an int >= 1, got {describe(batch_size)}")
         self.batch_size = int(batch_size)
@@ -68,17 +113,27 @@ class DataLoader:
             seed = int(CPU.generator().integers(2**63))
         self.generator = np.random.default_rng(seed)
 
+    @property
+    def arrays(self) -> tuple:
+        """The arrays, when the loader batches arrays (a ``TensorDataset``)."""
+        return self.dataset.arrays
+
     def __len__(self) -> int:
         """The number of batches per epoch."""
-        n = len(self.arrays[0])
+        n = len(self.dataset)
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
-    def __iter__(self) -> Iterator[tuple]:
-        n = len(self.arrays[0])
+    def __iter__(self) -> Iterator:
+        n = len(self.dataset)
         order = self.generator.permutation(n) if self.shuffle else np.arange(n)
+        arrays = type(self.dataset) is TensorDataset and self.collate_fn is None
+        collate = self.collate_fn or default_collate
         for b in range(len(self)):
             index = order[b * self.batch_size:(b + 1) * self.batch_size]
-            yield tuple(wrap(a[index]) for a in self.arrays)  # indexing by an array copies
+            if arrays:  # a whole batch in one indexing per array (which copies)
+                yield tuple(wrap(a[index]) for a in self.dataset.arrays)
+            else:
+                yield collate([self.dataset[int(i)] for i in index])
 
 
-__all__ = ["DataLoader", "TensorDataset"]
+__all__ = ["DataLoader", "TensorDataset", "default_collate"]

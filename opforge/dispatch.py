@@ -19,6 +19,8 @@ from __future__ import annotations
 import contextvars
 import inspect
 import linecache
+import os
+import weakref
 from collections import namedtuple
 from contextlib import contextmanager
 
@@ -31,13 +33,15 @@ from .core.grad_mode import _mode as _grad_mode
 from .core.opdef import OpDef, flat_ranges, registry, split_by_layout
 from .core.schema import check_attr, parse_signature
 from .core.spec import Spec
-from .tensor import Node, Tensor, TensorOps, as_array, wrap, wrap_output
+from .tensor import Node, Tensor, TensorOps, as_array, note_write, wrap, wrap_output
 
 # -- interpreters -----------------------------------------------------------------------------------------------
 
 
 class Interpreter:
     """One meaning of op calls. Subclasses answer ``apply``; the state questions default to eager answers."""
+
+    symbolic = False  # whether op calls give symbolic values (program variables) rather than eager Tensors
 
     def apply(self, op: OpDef, inputs: tuple, attrs: dict):
         """Give the call ``op(*inputs, **attrs)`` its meaning; ``inputs`` has one entry per schema input."""
@@ -54,6 +58,7 @@ class Interpreter:
         if tuple(data.shape) != target.shape:
             raise ArgumentError(f"assign(): value of shape {tuple(data.shape)} for a tensor of shape {target.shape}")
         target._device.copy_into(target._data, data)
+        note_write(target._data, "an in-place update (assign)")  # what saved the old value must not backward
 
     def grad_of(self, param: Tensor):
         """The gradient of ``param`` that an optimizer step reads (eagerly: ``param.grad``)."""
@@ -66,6 +71,14 @@ class Interpreter:
     def differentiate(self, outputs, inputs, grad_outputs, allow_unused: bool):
         """``of.grad`` on values this interpreter owns (eager Tensors are differentiated by the autograd engine)."""
         raise GradientError(f"grad(): {type(self).__name__} cannot differentiate its values")
+
+    def enter_module(self, module) -> None:
+        """A module (``nn.Module``) is called: Python state it holds (its mode, its attributes) may decide what ops
+        run. Eagerly nothing to do; a tracer guards the program on that state."""
+
+    def guard(self, owner) -> None:
+        """Ops about to run depend on Python state ``owner`` holds (an optimizer's hyper-parameters), which its
+        ``_trace_state()`` describes. Eagerly nothing to do; a tracer guards the program on it."""
 
 
 class EagerInterpreter(Interpreter):
@@ -83,6 +96,23 @@ class EagerInterpreter(Interpreter):
 EAGER = EagerInterpreter()  # the bottom of every stack; the generated fast path tests for it by identity
 _innermost = contextvars.ContextVar("opforge.interpreter", default=EAGER)
 current_interpreter = _innermost.get
+
+_debug = False  # set_debug(): every eager call checks its kernel's outputs against the op's shape rule
+_api_functions: weakref.WeakSet = weakref.WeakSet()  # every generated API function (set_debug turns off their fast
+#                                                     paths)
+
+
+def set_debug(enabled: bool = True) -> bool:
+    """Debug mode (also ``OPFORGE_DEBUG=1`` in the environment): every eager op call checks that its kernel
+    returned what the op's shape rule says — shapes and dtypes — and raises ``SchemaError`` at the call if not,
+    which catches a custom op whose kernel disagrees with its trait or ``@op.infer`` (``check_op`` always checks
+    this). It costs each call the shape rule: the generated fast paths are off meanwhile. Returns the previous
+    setting."""
+    global _debug
+    previous, _debug = _debug, bool(enabled)
+    for fn in _api_functions:
+        fn.__globals__["_of_eager"] = None if _debug else EAGER  # no interpreter is None: all take the checked path
+    return previous
 
 
 @contextmanager
@@ -111,12 +141,14 @@ def _symbolic_owner(values) -> Interpreter | None:
 
 # -- the @of.op decorator ------------------------------------------------------------------------------------
 
-def op(signature: str, traits=(), *, inplace=None, replace: bool = False, infer=None):
+def op(signature: str, traits=(), *, inplace=None, replace: bool = False, infer=None, out_device=None):
     """Define an op from its signature; the decorated function becomes its kernel for every dtype — a "cpu"
     kernel, or, if it takes ``xp`` (its device's array module), a kernel for every device.
 
     Returns the ``OpDef``, whose ``.kernel``, ``.infer``, ``.grad``, ``.check`` and ``.samples`` methods
-    complete the definition, and which is callable like ``opforge.ops.<name>``.
+    complete the definition, and which is callable like ``opforge.ops.<name>`` (``help()`` and
+    ``inspect.signature`` on it show the op's own signature). ``out_device(attrs)``, for an op that moves data,
+    gives the device its outputs live on (by default, its inputs').
     """
     schema = parse_signature(signature)
 
@@ -126,11 +158,13 @@ def op(signature: str, traits=(), *, inplace=None, replace: bool = False, infer=
         opdef = OpDef(schema, traits, inplace=inplace, doc=inspect.getdoc(kernel_fn) or "", defined_at=where)
         _check_kernel_signature(opdef, kernel_fn)
         opdef.add_kernel(kernel_fn, None, None)
+        opdef.out_device = out_device
         if infer is not None:
             opdef.infer(infer)
         if len(opdef.outputs) > 1:
             opdef.result_type = namedtuple(f"{opdef.name}_result", opdef.output_names)
         opdef.fn = _generate_api(opdef)
+        opdef.__signature__, opdef.__doc__, opdef.__name__ = opdef.fn.__signature__, opdef.fn.__doc__, opdef.name
         _generate_attach(opdef)
         opdef.rule_listeners.append(_generate_attach)
         registry.add(opdef, replace=replace)
@@ -195,10 +229,15 @@ def _fast_path(opdef: OpDef, env: dict, inputs_src: str, attrs_src: str) -> list
     lines = [f"    if {cond}:"]
     for p in inputs:
         if p.dtypes is not None:
-            env[f"_of_dt_{p.name}"] = p.dtypes
+            env[f"_of_dt_{p.name}"] = frozenset(p.dtypes)  # hashing beats comparing with each allowed dtype
             test = f"{p.name}._data.dtype not in _of_dt_{p.name}"
             lines += [f"        if {f'{p.name} is not None and ' if p.optional else ''}{test}:",
                       f"            _of_bad_dtype(_of_op, {p.name!r}, {p.name})"]
+    if "same_dtype" in opdef.traits and len(inputs) > 1:  # NumPy would promote: the trait says one float dtype
+        differ = " or ".join(f"({p.name} is not None and {p.name}._data.dtype is not {first}._data.dtype)"
+                             if p.optional else f"{p.name}._data.dtype is not {first}._data.dtype"
+                             for p in inputs[1:])
+        lines += [f"        if {differ}:", f"            _of_same_dtype(_of_op, {inputs_src})"]
     if "elementwise" in opdef.traits and len(inputs) > 1:  # NumPy would broadcast: the trait says same shape
         same = " or ".join(f"{'(' + p.name + ' is not None and ' if p.optional else ''}"
                            f"{p.name}._data.shape != {first}._data.shape{')' if p.optional else ''}"
@@ -211,7 +250,7 @@ def _fast_path(opdef: OpDef, env: dict, inputs_src: str, attrs_src: str) -> list
     rng = f", rng={device}.generator()" if "random" in opdef.traits else ""
     lines += [
         "        try:",
-        f"            _of_k = _of_op.kernel_table[{device}][{first}._data.dtype]",
+        f"            _of_k = _of_op.kernel_table[{device}.name][{first}._data.dtype]",
         "        except KeyError:",
         f"            _of_k = _of_find(_of_op, {device}, {first}._data.dtype)",
         "        try:",
@@ -234,6 +273,10 @@ def _fast_path(opdef: OpDef, env: dict, inputs_src: str, attrs_src: str) -> list
     return lines
 
 
+# Keywords of NumPy and PyTorch that mean one of our attrs: a call using one is told the name to use.
+_RENAMED = {"dim": "axis", "keepdims": "keepdim"}
+
+
 def _generate_api(opdef: OpDef):
     """Write and compile the function ``opforge.ops.<name>`` for this op."""
     schema = opdef.schema
@@ -243,18 +286,25 @@ def _generate_api(opdef: OpDef):
             params.append("*")
             star = True
         params.append(f"{p.name}=_of_default_{p.name}" if p.has_default else p.name)
+    names = {p.name for p in schema.params}
+    renamed = [(alias, ours) for alias, ours in _RENAMED.items() if ours in names and alias not in names]
+    params += ([] if star or not renamed else ["*"]) + [f"{alias}=_of_absent" for alias, _ in renamed]
     env = {
         "_of_op": opdef, "_of_T": Tensor, "_of_nd": np.ndarray, "_of_wrap": wrap, "_of_gm": _grad_mode,
-        "_of_eager": EAGER, "_of_innermost": _innermost.get, "_of_run": _run_eagerly, "_of_find": _find_kernel,
-        "_of_fail": _kernel_failed, "_of_check": check_attr, "_of_bad_dtype": _bad_dtype,
-        "_of_wrap_all": _wrap_outputs,
+        "_of_eager": None if _debug else EAGER, "_of_innermost": _innermost.get, "_of_run": _run_eagerly,
+        "_of_find": _find_kernel, "_of_fail": _kernel_failed, "_of_check": check_attr, "_of_bad_dtype": _bad_dtype,
+        "_of_wrap_all": _wrap_outputs, "_of_absent": _ABSENT, "_of_renamed": _renamed,
+        "_of_same_dtype": check_same_dtype,
     }
     for p in schema.params:
         if p.has_default:
             env[f"_of_default_{p.name}"] = p.default
     attrs_src = "{" + ", ".join(f"{p.name!r}: {p.name}" for p in schema.attrs) + "}"
     inputs_src = "(" + "".join(f"{p.name}, " for p in schema.inputs) + ")"
-    lines = [f"def {opdef.name}({', '.join(params)}):", *_attr_checks(opdef, env),
+    lines = [f"def {opdef.name}({', '.join(params)}):",
+             *[f"    if {alias} is not _of_absent:\n        _of_renamed(_of_op, {alias!r}, {ours!r})"
+               for alias, ours in renamed],
+             *_attr_checks(opdef, env),
              "    _of_i = _of_innermost()",
              "    if _of_i is not _of_eager:",
              f"        return _of_i.apply(_of_op, {inputs_src}, {attrs_src})",
@@ -262,12 +312,13 @@ def _generate_api(opdef: OpDef):
              f"        _of_op.validate({attrs_src})"]
     inputs = schema.inputs
     opdef.fast_path = bool(inputs and not inputs[0].optional and not any(p.is_list for p in inputs)
-                           and not any(o.is_list for o in opdef.outputs))
+                           and not any(o.is_list for o in opdef.outputs) and opdef.out_device is None)
     if opdef.fast_path:
         lines += _fast_path(opdef, env, inputs_src, attrs_src)
     lines.append(f"    return _of_run(_of_op, {inputs_src}, {attrs_src})")
     source = "\n".join(lines) + "\n"
     fn = _exec(source, f"<opforge.ops.{opdef.name}>", env, opdef.name)
+    _api_functions.add(fn)
     fn.__module__ = "opforge.ops"
     fn.__qualname__ = opdef.name
     fn.__doc__ = _docstring(opdef)
@@ -313,7 +364,7 @@ def _generate_attach(opdef: OpDef) -> None:
     since the rule's parameter names say which inputs and outputs the Node keeps."""
     inputs = opdef.inputs
     plain = (inputs and not inputs[0].optional and not any(p.is_list for p in inputs)
-             and len(opdef.outputs) == 1 and not opdef.outputs[0].is_list)
+             and len(opdef.outputs) == 1 and not opdef.outputs[0].is_list and opdef.out_device is None)
     if not plain:
         opdef.attach = lambda inputs, attrs, out: _attach(opdef, inputs, attrs, out)
         return
@@ -371,7 +422,8 @@ def _attach(opdef: OpDef, inputs: tuple, attrs: dict, out):
             edges.append((t._node, t._index))
         else:
             edges.append((t, -1))
-    device = next(t for t, _ in flat if t is not None)._device
+    device = next(t for t, _ in flat if t is not None)._device if opdef.out_device is None else \
+        opdef.out_device(attrs)
     outs, out_layout = _flatten_outputs(opdef, out, device)
     rule = opdef.grad_rule
     saved, saved_out = {}, {}
@@ -406,6 +458,8 @@ def _run_eagerly(opdef: OpDef, inputs: tuple, attrs: dict):
             for t in v if isinstance(v, list) else (v,):
                 if t is not None and t._data.dtype not in p.dtypes:
                     _bad_dtype(opdef, p.name, t)
+    if "same_dtype" in opdef.traits:
+        check_same_dtype(opdef, inputs)
     kernel = opdef.find_kernel(device, dtype)
     arrays = [[t._data for t in v] if isinstance(v, list) else (None if v is None else v._data) for v in inputs]
     extra = {"rng": device.generator()} if kernel.takes_rng else {}
@@ -413,6 +467,10 @@ def _run_eagerly(opdef: OpDef, inputs: tuple, attrs: dict):
         out = kernel.bind(device)(*arrays, **attrs, **extra)
     except Exception as e:
         _kernel_failed(opdef, inputs, attrs, e)
+    if opdef.out_device is not None:
+        device = opdef.out_device(attrs)
+    if _debug:
+        _check_outputs(opdef, inputs, attrs, out, device)
     if (
         "no_grad" not in opdef.traits
         and _grad_mode.enabled
@@ -476,9 +534,31 @@ def _as_tensor(opdef: OpDef, name: str, value, peer, device) -> Tensor:
 
 # -- the parts the generated code calls ------------------------------------------------------------------------
 
+_ABSENT = object()  # the default of a renamed keyword (dim=...): it was not given
+
+
+def _renamed(opdef: OpDef, alias: str, ours: str):
+    raise ArgumentError(f"{opdef.name}(): no argument '{alias}': opforge's attributes follow NumPy and Paddle, "
+                        f"use {ours}= (PyTorch's dim= is axis=, NumPy's keepdims= is keepdim=)")
+
+
+def check_same_dtype(opdef: OpDef, values) -> None:
+    """The trait ``same_dtype``: floating inputs must share one dtype (PyTorch's matmul, linear and conv refuse a
+    float32 weight with float64 data rather than compute in float64). ``values`` have a ``dtype`` (or are None)."""
+    floats = [(p.name, v.dtype) for p, v in zip(opdef.inputs, values)
+              if v is not None and not p.is_list and hasattr(v, "dtype") and D.is_floating(v.dtype)]
+    for name, dtype in floats[1:]:
+        if dtype != floats[0][1]:
+            raise ArgumentError(
+                f"{opdef.name}(): argument '{floats[0][0]}' is {floats[0][1]} but argument '{name}' is {dtype}; "
+                f"the floating inputs of {opdef.name} must have one dtype: convert one of them "
+                f"(x.to({str(dtype)!r}), or model.to({str(floats[0][1])!r}) for a layer's parameters)"
+            )
+
+
 def _find_kernel(opdef: OpDef, device, dtype):
     fn = opdef.find_kernel(device, dtype).bind(device)
-    opdef.kernel_table.setdefault(device, {})[dtype] = fn
+    opdef.kernel_table.setdefault(device.name, {})[dtype] = fn
     return fn
 
 
@@ -490,13 +570,40 @@ def _bad_dtype(opdef: OpDef, name: str, value) -> None:
     )
 
 
+# Exceptions that say something about the kernel's code or the machine, not about the call's inputs: passed on as
+# they are (with a note naming the op), never explained as a shape mistake.
+_NOT_ABOUT_INPUTS = (NameError, ImportError, NotImplementedError, RecursionError, MemoryError, SyntaxError)
+
+
 def _kernel_failed(opdef: OpDef, inputs: tuple, attrs: dict, error: Exception | None):
     """Explain a call the kernel failed on (or, with ``error`` None, one the shape rule must refuse)."""
     if isinstance(error, OpforgeError):
         raise error
+    if isinstance(error, _NOT_ABOUT_INPUTS):
+        error.add_note(f"(raised by the kernel of op '{opdef.name}', defined at {opdef.defined_at})")
+        raise error
     specs = [[Spec(t.shape, t.dtype) for t in v] if isinstance(v, list) else
              (None if v is None else Spec(v.shape, v.dtype)) for v in inputs]
     opdef.check_shapes(specs, attrs, error)
+
+
+def _check_outputs(opdef: OpDef, inputs: tuple, attrs: dict, out, device) -> None:
+    """Debug mode: the kernel's outputs must have the shapes and dtypes the op's shape rule gives."""
+    specs = [[Spec(t.shape, t.dtype) for t in v] if isinstance(v, list) else
+             (None if v is None else Spec(v.shape, v.dtype)) for v in inputs]
+    expected = opdef.infer_specs(specs, attrs)
+    flat, layout = _flatten_outputs(opdef, out, device)
+    want = [s for o, e in zip(opdef.outputs, expected) for s in (e if o.is_list else [e])]
+    rule = "its @infer rule" if opdef.infer_fn is not None else \
+        f"its trait '{next(t for t in ('elementwise', 'broadcast') if t in opdef.traits)}'"
+    names = [o.name if n < 0 else f"{o.name}[{i}]" for o, n in zip(opdef.outputs, layout) for i in range(abs(n))]
+    for name, array, spec in zip(names, flat, want):
+        if tuple(array.shape) != tuple(spec.shape) or array.dtype != spec.dtype:
+            raise SchemaError(
+                f"{opdef.name}(): the kernel (defined at {opdef.defined_at}) returned shape {tuple(array.shape)} and "
+                f"dtype {array.dtype} for output '{name}', but {rule} says shape {tuple(spec.shape)} and dtype "
+                f"{spec.dtype} (checked because of of.set_debug(True))"
+            )
 
 
 def _wrap_outputs(opdef: OpDef, out, device):
@@ -535,4 +642,8 @@ def _restructure(opdef: OpDef, flat: list, layout: tuple):
     return opdef.result_type(*result)
 
 
-__all__ = ["EAGER", "EagerInterpreter", "Interpreter", "current_interpreter", "interpreting", "op", "owner_of"]
+if os.environ.get("OPFORGE_DEBUG", "") not in ("", "0"):
+    set_debug(True)
+
+__all__ = ["EAGER", "EagerInterpreter", "Interpreter", "check_same_dtype", "current_interpreter", "interpreting", "op",
+           "owner_of", "set_debug"]

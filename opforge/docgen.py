@@ -292,6 +292,7 @@ def _param_type(p: Param, taken: set) -> str:
         base = _ATTR_TYPES[p.type]
         base = base if base.startswith("_") else _type(base, taken)
         text = f"Sequence[{base}] | {base}" if p.is_list else base
+        text += f" | {_type('str', taken)}" if p.or_str else ""
     return text + (" | None" if p.optional else "")
 
 

@@ -6,11 +6,15 @@ directly, so nothing bypasses autograd or program tracing.
 
 from __future__ import annotations
 
+import threading
+import weakref
+
 import numpy as np
 
 from .core import dtypes as D
 from .core.devices import CPU, Device, default_device, get_device
-from .core.errors import ArgumentError, GradientError, describe
+from .core.errors import ArgumentError, GradientError, ShapeError, describe
+from .core.grad_mode import _mode as _grad_mode
 from .core.opdef import flat_ranges, split_by_layout
 from .core.spec import Spec
 
@@ -26,8 +30,8 @@ class Node:
     program's ``OpDesc``): ``saved_inputs``, ``saved_output``, ``zeros``, ``spec`` and ``needs_input_grad``.
     """
 
-    __slots__ = ("__weakref__", "attrs", "device", "edges", "in_layout", "in_meta", "op", "origin", "out_layout",
-                 "out_meta", "saved", "saved_out")  # origin: the user's call site, kept under of.detect_anomaly()
+    __slots__ = ("__weakref__", "attrs", "device", "edges", "epoch", "in_layout", "in_meta", "op", "origin",
+                 "out_layout", "out_meta", "saved", "saved_out")  # origin: the user's call site (of.detect_anomaly())
 
     def __init__(self, op, attrs, edges, in_layout, in_meta, out_layout, out_meta, saved, saved_out, device):
         self.op = op
@@ -40,6 +44,7 @@ class Node:
         self.saved = saved  # name -> Tensor (or list) of inputs the rule names; None once freed
         self.saved_out = saved_out  # name -> [(flat output index, array), ...] (one pair unless a Tensor[])
         self.device = device  # where the call ran: its outputs, and the gradients of its inputs, live there
+        self.epoch = _epoch[0]  # in-place writes after this one may have changed what it saved (see check_saved)
 
     # -- the view of the call a gradient rule reads ---------------------------------------------------------
 
@@ -69,12 +74,117 @@ class Node:
     def needs_input_grad(self) -> tuple:
         """Per schema input: whether any of its tensors gets a gradient (a rule may skip the others)."""
         per_flat = [e is not None for e in self.edges]
-        if all(n < 0 for n in self.in_layout):
+        if max(self.in_layout) < 0:  # no list input: one flag per input
             return tuple(per_flat)
         return tuple(any(v) if isinstance(v, list) else v for v in split_by_layout(per_flat, self.in_layout))
 
     def __repr__(self) -> str:
         return f"<{self.op.name} node>"
+
+
+# -- versions: what in-place writes changed ------------------------------------------------------------------------
+#
+# PyTorch's rule: backward refuses a saved value that was modified in place after it was saved. PyTorch keeps a
+# version counter per tensor, shared by its views; here the counter belongs to the memory itself (a NumPy array and
+# its views share one owner, ``array.base``), so views, ``detach()`` and ``state_dict()`` aliases share it without
+# being tracked. The table is written only by in-place writes; a recorded call remembers the epoch it was made in
+# (one integer), and backward looks at the table only for calls older than the last write.
+
+_epoch = [0]  # bumped by every in-place write
+_written: dict = {}  # id(memory owner) -> [weakref to it, epoch of its last write, writes so far, what wrote last]
+_rebound: dict = {}  # id(Tensor) -> [weakref, epoch, what]: tensors given a new value (and history) by a recorded
+#                      in-place op, which leaves their old memory as it was
+
+
+def _owner(array):
+    base = getattr(array, "base", None)
+    return array if base is None else base
+
+
+def _entry(table: dict, obj) -> list:
+    key = id(obj)
+    entry = table.get(key)
+    if entry is None or entry[0]() is not obj:
+        def forget(ref, key=key):
+            if table.get(key, (None,))[0] is ref:
+                del table[key]
+        try:
+            ref = weakref.ref(obj, forget)
+        except TypeError:  # memory owned by something that cannot be weakly referenced (bytes): keep it
+            ref = lambda obj=obj: obj  # noqa: E731
+        entry = table[key] = [ref, 0, 0, ""]
+    return entry
+
+
+def note_write(array, what: str) -> None:
+    """Record that ``array``'s memory was written in place by ``what`` (an in-place method, an optimizer's assign,
+    a compiled run's update): recorded calls made before now that saved any of that memory refuse to backward."""
+    _epoch[0] += 1
+    entry = _entry(_written, _owner(array))
+    entry[1], entry[2], entry[3] = _epoch[0], entry[2] + 1, what
+
+
+def write_records(arrays) -> list:
+    """The records ``note_write`` keeps for these arrays' memory, to count writes to all of them at once
+    (``note_writes``): what a compiled run does to the tensors it updates."""
+    return [_entry(_written, _owner(a)) for a in arrays]
+
+
+def note_writes(records: list, what: str) -> None:
+    _epoch[0] += 1
+    for record in records:
+        record[1], record[2], record[3] = _epoch[0], record[2] + 1, what
+
+
+def _note_rebound(t: Tensor, what: str) -> None:
+    _epoch[0] += 1
+    entry = _entry(_rebound, t)
+    entry[1], entry[2], entry[3] = _epoch[0], entry[2] + 1, what
+
+
+def _changed_since(t: Tensor | None, array, epoch: int) -> str | None:
+    """What changed ``array`` (or the Tensor ``t`` holding it) after ``epoch``, or None."""
+    owner = _owner(array)
+    entry = _written.get(id(owner))
+    if entry is not None and entry[0]() is owner and entry[1] > epoch:
+        return entry[3]
+    entry = _rebound.get(id(t)) if t is not None else None
+    if entry is not None and entry[0]() is t and entry[1] > epoch:
+        return entry[3]
+    return None
+
+
+def check_saved(node: Node) -> None:
+    """Raise if a value ``node`` saved for its gradient rule was modified in place since (backward calls this only
+    for nodes made before the latest in-place write)."""
+    for name, value in (node.saved or {}).items():
+        for t in value if isinstance(value, list) else (value,):
+            what = None if t is None else _changed_since(t, t._data, node.epoch)
+            if what:
+                _refuse(node, f"input '{name}'", t._data, what)
+    for name, entries in (node.saved_out or {}).items():
+        for _, array in entries:
+            what = _changed_since(None, array, node.epoch)
+            if what:
+                _refuse(node, f"output '{name}'", array, what)
+
+
+def _refuse(node: Node, which: str, array, what: str):
+    raise GradientError(
+        f"backward through op '{node.op.name}': its saved {which} (a tensor of shape {tuple(array.shape)} and dtype "
+        f"{array.dtype}) was modified in place by {what} after the op saved it, so its gradient would be wrong. "
+        f"Compute a new tensor instead (t = t + x rather than t.add_(x)), or clone() the value before changing it"
+    )
+
+
+def version(t: Tensor) -> int:
+    """How many in-place writes changed ``t``'s memory (shared with its views and aliases) or ``t`` itself."""
+    count = 0
+    for table, key in ((_written, _owner(t._data)), (_rebound, t)):
+        entry = table.get(id(key))
+        if entry is not None and entry[0]() is key:
+            count += entry[2]
+    return count
 
 
 def wrap(data, device: Device = CPU, requires_grad: bool = False) -> Tensor:
@@ -85,7 +195,7 @@ def wrap(data, device: Device = CPU, requires_grad: bool = False) -> Tensor:
     t._node = None
     t._index = 0
     t._device = device
-    t.grad = None
+    t._grad = None
     return t
 
 
@@ -97,7 +207,7 @@ def wrap_output(data, node: Node, index: int, device: Device) -> Tensor:
     t._node = node
     t._index = index
     t._device = device
-    t.grad = None
+    t._grad = None
     return t
 
 
@@ -138,6 +248,33 @@ class TensorOps:
 
     def __rpow__(self, other):
         return F.pow(_lift(other, self), self)
+
+    def __mod__(self, other):
+        return F.remainder(self, other if type(other) is Tensor else _lift(other, self))
+
+    def __rmod__(self, other):
+        return F.remainder(_lift(other, self), self)
+
+    def __floordiv__(self, other):
+        return F.floor_divide(self, other if type(other) is Tensor else _lift(other, self))
+
+    def __rfloordiv__(self, other):
+        return F.floor_divide(_lift(other, self), self)
+
+    def __and__(self, other):
+        return F.bitwise_and(self, other if type(other) is Tensor else _lift(other, self))
+
+    def __rand__(self, other):
+        return F.bitwise_and(_lift(other, self), self)
+
+    def __or__(self, other):
+        return F.bitwise_or(self, other if type(other) is Tensor else _lift(other, self))
+
+    def __ror__(self, other):
+        return F.bitwise_or(_lift(other, self), self)
+
+    def __invert__(self):
+        return F.bitwise_not(self)
 
     def __matmul__(self, other):
         return F.matmul(self, other)
@@ -183,14 +320,52 @@ class TensorOps:
 
     # -- methods: each one is a registered op --------------------------------------------------------------
 
-    def sum(self, axis=None, keepdim=False):
-        return F.sum(self, axis=axis, keepdim=keepdim)
+    # Attributes follow NumPy (axis=, keepdim=); a PyTorch dim= reaches the op, which says to use axis=.
+    def sum(self, axis=None, keepdim=False, **kwargs):
+        return F.sum(self, axis=axis, keepdim=keepdim, **kwargs)
 
-    def mean(self, axis=None, keepdim=False):
-        return F.mean(self, axis=axis, keepdim=keepdim)
+    def mean(self, axis=None, keepdim=False, **kwargs):
+        return F.mean(self, axis=axis, keepdim=keepdim, **kwargs)
+
+    def max(self, axis=None, keepdim=False, **kwargs):
+        """The largest values (NumPy's and Paddle's ``max``: values only; ``argmax`` gives the indices)."""
+        return F.max(self, axis=axis, keepdim=keepdim, **kwargs)
+
+    def min(self, axis=None, keepdim=False, **kwargs):
+        """The smallest values (values only; ``argmin`` gives the indices)."""
+        return F.min(self, axis=axis, keepdim=keepdim, **kwargs)
+
+    def argmax(self, axis=None, keepdim=False, **kwargs):
+        return F.argmax(self, axis=axis, keepdim=keepdim, **kwargs)
+
+    def argmin(self, axis=None, keepdim=False, **kwargs):
+        return F.argmin(self, axis=axis, keepdim=keepdim, **kwargs)
 
     def reshape(self, *shape):
         return F.reshape(self, shape=shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape)
+
+    def view(self, *shape):
+        """``reshape`` (PyTorch's name; the result shares memory with this tensor where NumPy can make a view)."""
+        return self.reshape(*shape)
+
+    def unsqueeze(self, axis=None, **kwargs):
+        return F.unsqueeze(self, axis=axis, **kwargs)
+
+    def squeeze(self, axis=None, **kwargs):
+        return F.squeeze(self, axis=axis, **kwargs)
+
+    def clone(self):
+        """A copy (gradients flow back to this tensor)."""
+        return F.cast(self, dtype=self.dtype)
+
+    def clamp(self, min=None, max=None):
+        return F.clip(self, min=min, max=max)
+
+    clip = clamp
+
+    def numel(self) -> int:
+        """The number of elements."""
+        return int(np.prod(self.shape, dtype=np.int64))
 
     def transpose(self, *perm):
         perm = perm[0] if len(perm) == 1 and not isinstance(perm[0], int) else perm
@@ -207,10 +382,34 @@ class TensorOps:
         return F.cast(self, dtype=dtype)
 
     def float(self):
-        return F.cast(self, dtype=D.float32)
+        return self.to(D.float32)
 
     def double(self):
-        return F.cast(self, dtype=D.float64)
+        return self.to(D.float64)
+
+    def long(self):
+        return self.to(D.int64)
+
+    def int(self):
+        return self.to(D.int32)
+
+    def bool(self):
+        return self.to(D.bool_)
+
+    def to(self, *args, **kwargs):
+        """``to(dtype)``, ``to(device)``, ``to(device, dtype)`` or ``to(other)`` (its device and dtype), as in
+        PyTorch: ``self`` when nothing changes, else a new tensor (``cast``, ``to_device``: both differentiable)."""
+        device, dtype = _to_args(self, args, kwargs)
+        out = self
+        if dtype is not None and dtype != out.dtype:
+            out = F.cast(out, dtype=dtype)
+        if device is not None and device is not out.device:
+            out = F.to_device(out, device=device.name)
+        return out
+
+    def cpu(self):
+        """This tensor on the host device "cpu" (``self`` if it is there already)."""
+        return self.to("cpu")
 
     def half(self):
         return F.cast(self, dtype=D.float16)
@@ -251,19 +450,66 @@ class TensorOps:
     def relu(self):
         return F.relu(self)
 
+    def __format__(self, spec: str) -> str:
+        """``f"{loss:.4f}"``: a 0-d tensor formats as its number; others only without a format spec."""
+        if spec and self.ndim == 0:
+            return format(self.item(), spec)
+        if spec:
+            raise TypeError(f"unsupported format string {spec!r} for a tensor of shape {tuple(self.shape)}: only 0-d "
+                            "tensors format as numbers (use t.item() or t.tolist())")
+        return str(self)
+
+    # -- in place (PyTorch's methods and operators): a new value written into this tensor ---------------------------
+
+    def add_(self, other, *, alpha=1):
+        return _in_place(self, "add_", lambda t: F.add(t, other if alpha == 1 else other * alpha))
+
+    def sub_(self, other, *, alpha=1):
+        return _in_place(self, "sub_", lambda t: F.sub(t, other if alpha == 1 else other * alpha))
+
+    def mul_(self, other):
+        return _in_place(self, "mul_", lambda t: F.mul(t, other))
+
+    def div_(self, other):
+        return _in_place(self, "div_", lambda t: F.div(t, other))
+
+    def clamp_(self, min=None, max=None):
+        return _in_place(self, "clamp_", lambda t: F.clip(t, min=min, max=max))
+
+    def zero_(self):
+        return _in_place(self, "zero_", F.zeros_like)
+
+    def fill_(self, value):
+        return _in_place(self, "fill_", lambda t: F.zeros_like(t) + value)
+
+    def copy_(self, src):
+        return _in_place(self, "copy_", lambda t: F.cast(src, dtype=t.dtype))  # cast copies: t never aliases src
+
+    def __iadd__(self, other):
+        return _in_place(self, "+=", lambda t: t + other)
+
+    def __isub__(self, other):
+        return _in_place(self, "-=", lambda t: t - other)
+
+    def __imul__(self, other):
+        return _in_place(self, "*=", lambda t: t * other)
+
+    def __itruediv__(self, other):
+        return _in_place(self, "/=", lambda t: t / other)
+
 
 
 class Tensor(TensorOps):
     """An n-dimensional array that records the ops applied to it when it requires grad."""
 
-    __slots__ = ("__weakref__", "_data", "_device", "_hooks", "_index", "_node", "_requires_grad", "grad")
+    __slots__ = ("__weakref__", "_data", "_device", "_grad", "_hooks", "_index", "_node", "_requires_grad")
 
     def __init__(self, data, dtype=None, requires_grad=False, device=None):
         self._device = default_device() if device is None else get_device(device, "tensor()")
         self._data = self._device.from_host(as_array(data, dtype))
         self._node = None
         self._index = 0
-        self.grad = None
+        self._grad = None
         self._requires_grad = False
         if requires_grad:
             self.requires_grad_(True)
@@ -283,8 +529,10 @@ class Tensor(TensorOps):
         return self._data.ndim
 
     @property
-    def size(self) -> int:
-        return self._data.size
+    def size(self) -> _Size:
+        """The number of elements, as NumPy's ``size``; called, as PyTorch's ``size()``: ``t.size()`` is the shape
+        and ``t.size(1)`` one dim. (A plain method would make NumPy-style ``t.size == 0`` silently False.)"""
+        return _Size(self._data.size, self._data.shape)
 
     @property
     def device(self) -> Device:
@@ -307,20 +555,49 @@ class Tensor(TensorOps):
     def grad_fn(self) -> Node | None:
         return self._node
 
+    @property
+    def grad(self) -> Tensor | None:
+        """The gradient ``backward()`` accumulated (None until then, or after ``zero_grad()``). In traced code,
+        the gradient as the code sees it at that point (a program variable)."""
+        interpreter = _interpreter()
+        return interpreter.grad_of(self) if interpreter.symbolic and self._requires_grad else self._grad
+
+    @grad.setter
+    def grad(self, value) -> None:
+        interpreter = _interpreter()
+        if interpreter.symbolic:
+            interpreter.set_grad(self, value)
+            return
+        if value is not None and (not isinstance(value, Tensor) or value.shape != self.shape
+                                  or value.dtype != self.dtype or value._device is not self._device):
+            raise ArgumentError(f"assigning .grad: a tensor of shape {self.shape}, dtype {self.dtype} on "
+                                f"'{self._device}' takes a gradient of the same, or None; got {describe(value)}"
+                                + (f" on '{value._device}'" if isinstance(value, Tensor) else ""))
+        self._grad = value
+
+    @property
+    def _version(self) -> int:
+        """How many in-place writes changed this tensor (or memory it shares with views and aliases)."""
+        return version(self)
+
     def numpy(self) -> np.ndarray:
-        """The underlying array, without a copy (writing to it changes this tensor). Only for tensors whose data is
-        host memory; copy others to the host first."""
+        """The underlying array, without a copy: it shares memory with this tensor, so writing to it changes the
+        tensor — behind autograd's back (such writes are not counted as in-place ops; use ``add_``, ``copy_``...).
+        Only for tensors in host memory: on another device this is an error, as in PyTorch; call ``.cpu()``."""
         if not self._device.host:
-            raise ArgumentError(f"numpy(): the tensor is on device '{self._device}', not in host memory; "
-                                "copy it to the host first")
+            raise ArgumentError(f"numpy(): the tensor is on device '{self._device}', not in host memory; call "
+                                ".cpu() first to copy it to the host (t.cpu().numpy())")
+        _host_reads.count += 1
         return self._data
 
     def item(self):
         if self._data.size != 1:
             raise ArgumentError(f"item(): only a tensor with one element converts, this one has shape {self.shape}")
+        _host_reads.count += 1
         return self._data.item()
 
     def tolist(self):
+        _host_reads.count += 1
         return self._device.to_host(self._data).tolist()
 
     def __array__(self, dtype=None, copy=None):
@@ -328,6 +605,22 @@ class Tensor(TensorOps):
         if copy:
             return np.array(data, dtype=dtype, copy=True)
         return data if dtype is None else data.astype(dtype, copy=False)
+
+    def __array_function__(self, func, types, args, kwargs):
+        """NumPy functions called on Tensors: the common reductions (``np.sum(t)``, ``np.mean(t, axis=0)``...) run
+        as opforge ops and return Tensors; any other function gets the tensors' arrays and returns NumPy's result."""
+        op = _NUMPY_REDUCTIONS.get(func)
+        if op is not None and args and isinstance(args[0], Tensor) and len(args) <= 2:
+            return _numpy_reduction(func.__name__, op, *args, **kwargs)
+        return func(*_to_arrays(args), **_to_arrays(kwargs))
+
+    def __reduce__(self):
+        if self._node is not None:
+            raise GradientError(
+                f"cannot pickle a tensor computed by recorded ops (shape {self.shape}, made by "
+                f"'{self._node.op.name}'): its autograd history cannot be pickled; pickle t.detach() to keep the data"
+            )
+        return _unpickle, (self._device.to_host(self._data), self._device.name, self._requires_grad)
 
     def __dlpack__(self, *args, **kwargs):
         return self._data.__dlpack__(*args, **kwargs)
@@ -378,8 +671,41 @@ class Tensor(TensorOps):
         return self
 
     def detach(self) -> Tensor:
-        """The same data, cut from the graph (no copy)."""
+        """The same data, cut from the graph (no copy: in-place writes to either are seen by both)."""
         return wrap(self._data, self._device)
+
+    def retain_grad(self) -> None:
+        """Keep this non-leaf tensor's gradient in ``.grad`` when ``backward()`` runs (a leaf keeps it anyway)."""
+        if self._node is None:
+            if not self._requires_grad:
+                raise GradientError("retain_grad(): the tensor does not require grad, so no gradient reaches it")
+            return
+        ref = weakref.ref(self)
+
+        def keep(g):
+            t = ref()
+            if t is not None:
+                t._grad = g if t._grad is None else t._grad + g
+        keep.retains = True
+        _node_hooks.setdefault(self._node, {}).setdefault(self._index, []).append(keep)
+
+    def register_hook(self, hook):
+        """Call ``hook(grad)`` with this tensor's gradient each time one is computed, before it is used; a hook that
+        returns a tensor replaces the gradient. Returns a handle whose ``remove()`` unregisters it."""
+        if not callable(hook):
+            raise ArgumentError(f"register_hook(): expected a callable, got {describe(hook)}")
+        if not self._requires_grad:
+            raise GradientError("register_hook(): the tensor does not require grad, so no gradient reaches it")
+        if self._node is None:
+            hooks = _leaf_hooks.get(id(self))
+            if hooks is None:
+                hooks = _leaf_hooks[id(self)] = []
+                weakref.finalize(self, _leaf_hooks.pop, id(self), None)
+        else:
+            hooks = _node_hooks.setdefault(self._node, {}).setdefault(self._index, [])
+        # before retain_grad's, which stores what the others made of the gradient
+        hooks.insert(next((i for i, h in enumerate(hooks) if getattr(h, "retains", False)), len(hooks)), hook)
+        return _HookHandle(hooks, hook)
 
     def register_post_accumulate_grad_hook(self, hook):
         """Run ``hook(tensor)`` each time ``backward()`` has added this leaf's final gradient into ``.grad``: as soon
@@ -400,6 +726,151 @@ class Tensor(TensorOps):
 
         backward([self], None if gradient is None else [gradient],
                  retain_graph=retain_graph, create_graph=create_graph)
+
+class _Size(int):
+    """``Tensor.size``: the number of elements (an int, as NumPy's ``size``) that can also be called as PyTorch's
+    ``size()``, giving the shape, or ``size(dim)``, one dim."""
+
+    def __new__(cls, n: int, shape: tuple):
+        self = super().__new__(cls, n)
+        self.shape = shape
+        return self
+
+    def __call__(self, dim=None):
+        if dim is None:
+            return tuple(self.shape)
+        if not -len(self.shape) <= dim < len(self.shape):
+            raise ArgumentError(f"size(): dim {dim} is out of range for a tensor of shape {tuple(self.shape)}")
+        return self.shape[dim]
+
+
+class _HostReads(threading.local):
+    count = 0  # values read out to the host (numpy(), item(), tolist(), np.asarray): a gradient rule must not
+
+
+_host_reads = _HostReads()
+_leaf_hooks: dict = {}  # id(leaf Tensor) -> [hook(grad)], while it lives (== on Tensors is elementwise, so no
+#                          WeakKeyDictionary)
+_node_hooks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Node -> {output index: [hook(grad)]}
+
+
+def _unpickle(array, device: str, requires_grad: bool) -> Tensor:
+    dev = get_device(device, "unpickling a tensor")
+    return wrap(dev.from_host(array), dev, requires_grad)
+
+
+def _to_arrays(value):
+    if isinstance(value, Tensor):
+        return value.numpy()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_arrays(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_arrays(v) for k, v in value.items()}
+    return value
+
+
+_NUMPY_REDUCTIONS = {np.sum: "sum", np.mean: "mean", np.max: "max", np.amax: "max", np.min: "min",
+                     np.amin: "min", np.prod: "prod", np.std: "std", np.var: "var", np.argmax: "argmax",
+                     np.argmin: "argmin"}
+
+
+def _numpy_reduction(name: str, op: str, x, axis=None, dtype=None, out=None, keepdims=False, **rest):
+    if out is not None or rest.get("where") is not None or rest.get("initial") is not None:
+        raise ArgumentError(f"np.{name}() on a Tensor: out=, where= and initial= are not supported; call "
+                            f"F.{op}(t, axis=...) or t.numpy() first")
+    result = getattr(F, op)(x, axis=axis, keepdim=bool(keepdims),
+                            **({"correction": rest.get("ddof", 0)} if op in ("std", "var") else {}))
+    return result if dtype is None else result.astype(dtype)
+
+
+def _to_args(t, args: tuple, kwargs: dict):
+    """``to()``'s arguments -> (Device or None, dtype or None)."""
+    device, dtype = kwargs.pop("device", None), kwargs.pop("dtype", None)
+    kwargs.pop("copy", None), kwargs.pop("non_blocking", None)
+    if kwargs:
+        raise ArgumentError(f"to(): unexpected arguments {sorted(kwargs)}")
+    for a in args:
+        if isinstance(a, TensorOps):
+            device, dtype = a.device, a.dtype
+        elif isinstance(a, Device) or (isinstance(a, str) and _is_device_name(a)):
+            device = a
+        else:
+            dtype = a
+    return (None if device is None else get_device(device, "to()"),
+            None if dtype is None else D.as_dtype(dtype, op="to", arg="dtype"))
+
+
+def _is_device_name(name: str) -> bool:
+    try:
+        get_device(name)
+        return True
+    except ArgumentError:
+        return False
+
+
+def _interpreter():
+    """The innermost interpreter (``dispatch.current_interpreter()``; dispatch is built on this module)."""
+    global _interpreter
+    from .dispatch import current_interpreter
+
+    _interpreter = current_interpreter
+    return current_interpreter()
+
+
+def _in_place(t, what: str, compute):
+    """``t`` given the value ``compute(t)``, written into it (PyTorch's in-place methods and operators).
+
+    Eagerly, without autograd involved, the value is written into ``t``'s memory (so aliases and views see it) and
+    the write is counted (see ``note_write``); under a tracer it is recorded as the program's update of ``t``.
+    When the value is recorded for autograd, ``t`` takes the new value and its history, leaving its old memory to
+    whatever saved it. A leaf that requires grad cannot change while gradients are recorded: its gradient would
+    be meaningless (PyTorch refuses it too)."""
+    if type(t) is not Tensor:  # a program variable: it names the new value from now on
+        return t._assign_value(what, _fit(t, what, compute(t)))
+    if _grad_mode.enabled and t._requires_grad and t._node is None:
+        raise GradientError(
+            f"{what}: a leaf tensor that requires grad (shape {t.shape}) cannot be changed in place while gradients "
+            "are recorded; update parameters inside `with of.no_grad():` (as optimizers do), or compute a new tensor"
+        )
+    interpreter = _interpreter()
+    if interpreter.symbolic:  # tracing: the program records the new value as its update of t
+        interpreter.assign(t, _fit(t, what, compute(t)))
+        return t
+    if _grad_mode.enabled:  # the value may be recorded: compute it from a stand-in holding t's present state
+        old = wrap(t._data, t._device) if t._node is None else wrap_output(t._data, t._node, t._index, t._device)
+        value = _fit(t, what, compute(old))
+        if value._requires_grad:
+            t._data, t._node, t._index, t._requires_grad = value._data, value._node, value._index, True
+            _note_rebound(t, what)
+            return t
+    else:
+        value = _fit(t, what, compute(t))
+    if not getattr(t._data.flags, "writeable", True):
+        raise ArgumentError(f"{what}: the memory of this tensor (shape {t.shape}) is read-only (a broadcast view or "
+                            "a constant); compute a new tensor instead")
+    t._device.copy_into(t._data, value._data)
+    note_write(t._data, what)
+    return t
+
+
+def _fit(t, what: str, value):
+    """``value`` as the new content of ``t``: a tensor of ``t``'s shape and dtype (broadcast and cast as PyTorch's
+    in-place ops do; a result that does not fit is an error)."""
+    if not isinstance(value, TensorOps):
+        value = F.zeros_like(t) + value
+    if tuple(value.shape) != tuple(t.shape):
+        try:
+            value = F.broadcast_to(value, shape=t.shape)
+        except (ArgumentError, ShapeError):
+            raise ArgumentError(f"{what}: the result has shape {tuple(value.shape)}, which does not fit into the "
+                                f"tensor's shape {tuple(t.shape)}") from None
+    if value.dtype != t.dtype:
+        if not np.can_cast(value.dtype, t.dtype, casting="same_kind"):
+            raise ArgumentError(f"{what}: the result has dtype {value.dtype}, which cannot be written into a "
+                                f"{t.dtype} tensor")
+        value = F.cast(value, dtype=t.dtype)
+    return value
+
 
 class _HookHandle:
     __slots__ = ("hook", "hooks")
@@ -444,7 +915,7 @@ def _lift(value, like):
     kind = type(value)
     if kind is not float and kind is not int and kind is not bool:
         return value
-    key = (kind, value, like.dtype, like.device)
+    key = (kind, value, like.dtype, like.device.name)
     constant = _SCALARS.get(key)
     if constant is None:
         if len(_SCALARS) > 4096:

@@ -38,6 +38,20 @@ def test_signature_marks_dtypes_and_non_differentiable_inputs():
     assert index.dtypes == (of.int32, of.int64) and not index.differentiable
 
 
+def test_an_attr_may_take_a_string_too():
+    s = parse_signature('pad2(Tensor x, *, int[]|str padding=[0], float|str? gain=None) -> Tensor y')
+    padding, gain = s.attrs
+    assert padding.is_list and padding.or_str and gain.or_str and gain.optional
+    assert str(s) == 'pad2(Tensor x, *, int[]|str padding=[0], float|str? gain=None) -> Tensor y'
+    assert parse_signature(str(s)) == s
+    from opforge.core.schema import check_attr
+    assert check_attr(padding, "same", "pad2") == "same" and check_attr(padding, 2, "pad2") == (2,)
+    with pytest.raises(of.ArgumentError, match=r"pad2\(\): argument 'padding' expected int\[\]\|str, got float"):
+        check_attr(padding, 1.5, "pad2")
+    with pytest.raises(of.SchemaError, match="expected 'str'"):
+        parse_signature("bad(Tensor x, *, int|float a) -> Tensor y")
+
+
 @pytest.mark.parametrize("text, message, column", [
     ("foo(Tensor x, = 3) -> Tensor y", "expected a type", 14),
     ("foo(Tensr x) -> Tensor y", "unknown type 'Tensr'", 4),

@@ -115,7 +115,7 @@ def test_threads_training_eagerly_while_another_compiles_give_what_they_give_alo
         opt = of.optim.Adam(model.parameters(), lr=1e-2)
         rng = np.random.default_rng(seed)
         for _ in range(30):
-            x, y = of.tensor(rng.standard_normal((8, 4))), of.tensor(rng.standard_normal((8, 1)))
+            x, y = of.tensor(rng.standard_normal((8, 4)), "float32"), of.tensor(rng.standard_normal((8, 1)), "float32")
             loss = F.mean(F.square(model(x) - y))
             opt.zero_grad()
             loss.backward()

@@ -312,7 +312,8 @@ def test_compiled_step_updates_parameters_and_moments_in_place_without_copies():
     compiled = of.compile(_train_step(params, opt, clip=1.0))
     x, y = _batches(1)[0]
     compiled(of.tensor(x), of.tensor(y))
-    ((program, exe, _),) = compiled.cache.values()
+    ((entry,),) = compiled.cache.values()
+    program, exe = entry.program, entry.exe
     source = exe.plan(x=x, y=y).source
     slot = dict(re.findall(r"(v\d+) = scope\['([^']+)'\]", source))
     slot = {name: v for v, name in slot.items()}
@@ -516,7 +517,8 @@ def test_bad_arguments_are_refused_clearly():
         (lambda: optim.Adam([p], betas=(0.9, 1.0)), r"betas must be two numbers in \[0, 1\)"),
         (lambda: optim.AdamW([p], eps=-1), "eps must be >= 0"),
         (lambda: optim.SGD([], lr=0.1), "empty parameter list"),
-        (lambda: optim.SGD([of.tensor(np.ones(2))], lr=0.1), "parameter 0 must be a leaf Tensor that requires grad"),
+        (lambda: optim.SGD([of.tensor(np.ones(2), requires_grad=True) * 2], lr=0.1),
+         "parameter 0 must be a leaf Tensor, got .* made by recorded ops"),
         (lambda: optim.SGD([p, p], lr=0.1), "parameter 1 .* appears in more than one place"),
         (lambda: optim.StepLR(optim.SGD([p], lr=0.1), step_size=0), "step_size must be a positive int"),
     ]

@@ -1,5 +1,6 @@
 """PyTorch as the oracle for the maths ops: elementwise functions and activations, minimum and the logical ops,
-and the reductions (prod, max/min/amax/amin, argmax/argmin, var/std, logsumexp, norm, cumsum).
+remainder, floor division and the bitwise ops, to_device, and the reductions (prod, max/min/amax/amin,
+argmax/argmin, var/std, logsumexp, norm, cumsum).
 
 ``ORACLE`` maps each op to its torch counterpart, exactly as in ``test_torch_oracle.py`` (whose runners this
 file reuses): every (op, case), for the op's declared samples plus the ``extra`` ones, goes through
@@ -180,6 +181,20 @@ ORACLE: dict[str, Oracle] = {
         Sample.of(randn(4, 1), randn(1, 3)),
         Sample.of(np.arange(4), np.array([2, 1, 0, 5], dtype=np.int32)),
     )),
+    # -- the operators % // & | ~ (ops/integer.py) and device moves ---------------------------------------------------
+    "remainder": Oracle(torch.remainder, extra=(
+        Sample.of(np.array([5.5, -5.5, 5.5, -5.5]), np.array([2.0, 2.0, -2.0, -2.0])),  # the divisor's sign
+        Sample.of(np.arange(-6, 6).reshape(3, 4), np.array([4, -3, 5, 2])),
+    )),
+    # torch has no gradient for floor_divide (ours is floor's: 0), so the values alone are compared
+    "floor_divide": Oracle(torch.floor_divide, orders=0, extra=(
+        Sample.of(np.array([5.5, -5.5, 5.5, -5.5]), np.array([2.0, 2.0, -2.0, -2.0])),  # rounding down
+        Sample.of(np.arange(-6, 6).reshape(3, 4), np.array([4, -3, 5, 2])),
+    )),
+    "bitwise_and": Oracle(torch.bitwise_and, orders=0),
+    "bitwise_or": Oracle(torch.bitwise_or, orders=0),
+    "bitwise_not": Oracle(torch.bitwise_not, orders=0),
+    "to_device": Oracle(lambda x, device: x.to(device), extra=(Sample.of(randn(3, 2), device="cpu"),)),
     # -- reductions --------------------------------------------------------------------------------------------------
     "prod": Oracle(torch_prod, extra=(
         Sample.of(away_from_zero(2, 3, 4), axis=None, keepdim=True),

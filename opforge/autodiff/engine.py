@@ -15,7 +15,7 @@ from __future__ import annotations
 from ..core.errors import ArgumentError, GradientError, describe
 from ..core.grad_mode import set_grad_enabled
 from ..dispatch import EAGER, current_interpreter, owner_of
-from ..tensor import Node, Tensor, wrap
+from ..tensor import Node, Tensor, _epoch, _leaf_hooks, _node_hooks, check_saved, wrap
 from .anomaly import AnomalyDetection
 from .rules import call_rule, fit, input_label, missing_rule
 
@@ -47,6 +47,10 @@ def grad(outputs, inputs, grad_outputs=None, create_graph=False, retain_graph=No
     result = []
     for i, t in enumerate(inputs):
         g = found.get(_key(t))
+        if g is not None and t._node is None and _leaf_hooks:
+            for fn in list(_leaf_hooks.get(id(t), ())):
+                new = fn(g)
+                g = g if new is None else new
         if g is None and not allow_unused:
             raise GradientError(
                 f"grad(): inputs[{i}] (shape {t.shape}) was not used to compute the outputs; "
@@ -103,10 +107,11 @@ def _key(t: Tensor):
     return t if t._node is None else (t._node, t._index)
 
 
-def _walk(roots: list, targets: set | None) -> tuple[list, set]:
-    """The nodes reachable from ``roots``, each after every node that consumes its outputs, and those whose rule
-    must run: every one when ``targets`` is None, else those with an edge to a target or to a node that runs."""
-    post, visited, runs = [], set(), set()
+def _walk(roots: list, targets: set | None) -> tuple[list, set, dict]:
+    """The nodes reachable from ``roots``, each after every node that consumes its outputs; those whose rule must
+    run (every one when ``targets`` is None, else those with an edge to a target or to a node that runs); and, when
+    ``targets`` is None, node -> the leaves whose gradient is final once that node has run (their last consumer)."""
+    post, visited, runs, finals, placed = [], set(), set(), {}, set()
     for root in roots:
         if root in visited:
             continue
@@ -125,38 +130,29 @@ def _walk(roots: list, targets: set | None) -> tuple[list, set]:
                     break
             else:  # every producer is placed: this node's turn (post-order)
                 post.append(node)
-                if targets is None or any(e is not None and (e[0] in runs or e[0] in targets or e in targets)
-                                          for e in edges):
+                if targets is None:
+                    runs.add(node)
+                    for edge in edges:  # the first consumer in post-order is the last one to run
+                        if edge is not None and edge[1] < 0 and edge[0] not in placed:
+                            placed.add(edge[0])
+                            finals.setdefault(node, []).append(edge[0])
+                elif any(e is not None and (e[0] in runs or e[0] in targets or e in targets) for e in edges):
                     runs.add(node)
     post.reverse()
-    return post, runs
-
-
-def _last_readers(order: list) -> tuple[dict, dict]:
-    """Leaf -> its last consumer in ``order``, and node -> the leaves whose gradient is final once it has run."""
-    last = {}
-    for node in order:
-        for edge in node.edges:
-            if edge is not None and edge[1] < 0:
-                last[edge[0]] = node
-    finals: dict = {}
-    for leaf, node in last.items():
-        finals.setdefault(node, []).append(leaf)
-    return last, finals
+    return post, runs, finals
 
 
 def _backprop(outputs: list, seeds: list, targets: set | None, create_graph: bool, retain_graph: bool) -> dict:
     """Propagate ``seeds`` back from ``outputs``. With ``targets`` (keys, see ``_key``) return their gradients;
     without, add every leaf's gradient into its ``.grad`` as soon as it is final."""
-    order, runs = _walk([t._node for t in outputs if t._node is not None], targets)
-    into_grad = targets is None
-    last, finals = _last_readers(order) if into_grad else ({}, {})
+    roots = [t._node for t in outputs if t._node is not None]
+    order, runs, finals = _walk(roots, targets)
     pending: dict = {}  # node -> gradients of its flat outputs, summed as they arrive
     found: dict = {}  # target key (or, in backward(), leaf) -> its summed gradient
-    consumer: dict = {}  # node -> the node its gradient came from (to name the path in errors)
     given: set = set()  # gradients already stored as some leaf's .grad (each .grad owns its memory)
     anomaly = current_interpreter()
     anomaly = anomaly if type(anomaly) is AnomalyDetection else None  # of.detect_anomaly(): check every gradient
+    hooked = len(_node_hooks) > 0  # register_hook / retain_grad on some non-leaf (looked up per node only then)
 
     with set_grad_enabled(create_graph):
         for t, g in zip(outputs, seeds):
@@ -164,63 +160,74 @@ def _backprop(outputs: list, seeds: list, targets: set | None, create_graph: boo
                 found[t] = g if t not in found else found[t] + g
             else:
                 _add(pending, t._node, t._index, g)
-        if into_grad:  # an output that is itself a leaf and feeds no node is final already
-            for leaf in [leaf for leaf in found if leaf not in last]:
+        if targets is None:  # an output that is itself a leaf and feeds no node is final already
+            fed = {leaf for leaves in finals.values() for leaf in leaves}
+            for leaf in [leaf for leaf in found if leaf not in fed]:
                 _into_grad(leaf, found.pop(leaf), given)
         for node in order:
             grads = pending.pop(node, None)
             if grads is not None:
+                if hooked and node in _node_hooks:
+                    _run_hooks(_node_hooks[node], grads)
                 if targets:
                     for i, g in enumerate(grads):
                         if g is not None and (node, i) in targets:
                             found[(node, i)] = g
                 if node in runs:
-                    _run_rule(node, grads, create_graph, retain_graph, consumer, runs, targets, pending, found,
-                              anomaly)
-            for leaf in finals.get(node, ()):
-                g = found.pop(leaf, None)
-                if g is not None:
-                    _into_grad(leaf, g, given)
+                    if node.op.grad_rule is None or node.saved is None:
+                        _cannot_run(node, roots)
+                    if node.epoch != _epoch[0]:  # an in-place write since the node was made: on what it saved?
+                        check_saved(node)
+                    if anomaly is None:
+                        input_grads = call_rule(node, grads, create_graph)
+                    else:
+                        input_grads = _call_checked(node, grads, create_graph, anomaly)
+                    for i, (edge, g) in enumerate(zip(node.edges, input_grads)):
+                        if edge is None or g is None:
+                            continue
+                        if type(g) is not Tensor or node.in_meta[i] != (g._data.shape, g._data.dtype):
+                            shape, dtype = node.in_meta[i]
+                            g = fit(node.op, input_label(node.op, i, node.in_layout), g, shape, dtype, Tensor)
+                        if anomaly is not None:
+                            anomaly.check_gradient(node, input_label(node.op, i, node.in_layout), g)
+                        target, index = edge
+                        if index < 0:
+                            if targets is None or target in targets:
+                                found[target] = g if target not in found else found[target] + g
+                        elif target in runs or (targets is not None and (target, index) in targets):
+                            slots = pending.get(target)
+                            if slots is None:
+                                slots = pending[target] = [None] * len(target.out_meta)
+                            slots[index] = g if slots[index] is None else slots[index] + g
+                    if not retain_graph:
+                        node.saved = None
+                        node.saved_out = None
+            if finals:
+                for leaf in finals.get(node, ()):
+                    g = found.pop(leaf, None)
+                    if g is not None:
+                        _into_grad(leaf, g, given)
     return found
 
 
-def _run_rule(node: Node, grads: list, create_graph: bool, retain_graph: bool, consumer: dict, runs: set,
-              targets: set | None, pending: dict, found: dict, anomaly: AnomalyDetection | None) -> None:
-    """Call ``node``'s rule on its outputs' gradients and hand each input's gradient on to where it collects."""
+def _call_checked(node: Node, grads: list, create_graph: bool, anomaly: AnomalyDetection) -> list:
+    """``call_rule`` under ``of.detect_anomaly()``: the rule's ops know whose backward they compute."""
+    anomaly.backward_of = (node, getattr(node, "origin", None) or "an unknown place")
+    try:
+        return call_rule(node, grads, create_graph)
+    finally:
+        anomaly.backward_of = None
+
+
+def _cannot_run(node: Node, roots: list) -> None:
+    """The errors for a node on the path whose rule cannot run: none registered, or its saved values freed."""
     op = node.op
     if op.grad_rule is None:
-        raise missing_rule(op.name, _path(node, consumer), "detach its input")
-    if node.saved is None:
-        raise GradientError(
-            f"backward through op '{op.name}' a second time: its saved values were freed "
-            "after the first backward; pass retain_graph=True to the first call"
-        )
-    if anomaly is None:
-        input_grads = call_rule(node, grads, create_graph)
-    else:
-        anomaly.backward_of = (node, getattr(node, "origin", None) or "an unknown place")
-        try:
-            input_grads = call_rule(node, grads, create_graph)
-        finally:
-            anomaly.backward_of = None
-    for i, (edge, g) in enumerate(zip(node.edges, input_grads)):
-        if edge is None or g is None:
-            continue
-        if type(g) is not Tensor or node.in_meta[i] != (g._data.shape, g._data.dtype):
-            shape, dtype = node.in_meta[i]
-            g = fit(op, input_label(op, i, node.in_layout), g, shape, dtype, Tensor)
-        if anomaly is not None:
-            anomaly.check_gradient(node, input_label(op, i, node.in_layout), g)
-        target, index = edge
-        if index < 0:
-            if targets is None or target in targets:
-                found[target] = g if target not in found else found[target] + g
-        elif target in runs or (targets is not None and (target, index) in targets):
-            consumer.setdefault(target, node)
-            _add(pending, target, index, g)
-    if not retain_graph:
-        node.saved = None
-        node.saved_out = None
+        raise missing_rule(op.name, _path(node, roots), "detach its input")
+    raise GradientError(
+        f"backward through op '{op.name}' a second time: its saved values were freed "
+        "after the first backward; pass retain_graph=True to the first call"
+    )
 
 
 def _add(pending: dict, node: Node, index: int, g: Tensor) -> None:
@@ -230,26 +237,49 @@ def _add(pending: dict, node: Node, index: int, g: Tensor) -> None:
     slots[index] = g if slots[index] is None else slots[index] + g
 
 
+def _run_hooks(hooks: dict, grads: list) -> None:
+    """``register_hook``s (and ``retain_grad``) of a node's outputs: each may replace the output's gradient."""
+    for index, fns in hooks.items():
+        if grads[index] is not None:
+            for fn in list(fns):
+                new = fn(grads[index])
+                if new is not None:
+                    grads[index] = new
+
+
 def _into_grad(leaf: Tensor, g: Tensor, given: set) -> None:
     """Add a leaf's final gradient into ``leaf.grad``; then run the hooks registered for that moment."""
-    if leaf.grad is not None:
-        leaf.grad = leaf.grad + g
+    if _leaf_hooks:
+        for fn in list(_leaf_hooks.get(id(leaf), ())):
+            new = fn(g)
+            if new is not None:
+                g = new
+    if leaf._grad is not None:
+        leaf._grad = leaf._grad + g
     elif g.requires_grad or (g._data.base is None and g not in given):
         given.add(g)
-        leaf.grad = g
+        leaf._grad = g
     else:  # shared with another leaf's .grad or a view of a live array: .grad must own its memory
-        leaf.grad = wrap(g._data.copy(), g._device)
+        leaf._grad = wrap(g._data.copy(), g._device)
     for hook in getattr(leaf, "_hooks", None) or ():
         hook(leaf)
 
 
-def _path(node: Node, consumer: dict) -> list:
-    names = [node.op.name]
-    seen = {node}
-    while node in consumer and consumer[node] not in seen:
-        node = consumer[node]
-        seen.add(node)
+def _path(node: Node, roots: list) -> list:
+    """Op names on a path from ``node`` to an output (found only when an error needs it)."""
+    came_from, frontier = {root: None for root in roots}, list(roots)
+    while frontier and node not in came_from:
+        nxt = []
+        for n in frontier:
+            for edge in n.edges:
+                if edge is not None and edge[1] >= 0 and edge[0] not in came_from:
+                    came_from[edge[0]] = n
+                    nxt.append(edge[0])
+        frontier = nxt
+    names = []
+    while node is not None:
         names.append(node.op.name)
+        node = came_from.get(node)
     return [*names, "output"]
 
 

@@ -21,8 +21,7 @@ from ..core import dtypes as D
 from ..core.errors import GradientError, describe
 from ..core.opdef import flat_ranges
 from ..core.spec import Dim, broadcast_shapes
-
-_ONE_OUTPUT = [(0, 1, False)]  # flat_ranges((-1,)): the layout of nearly every op's outputs
+from ..tensor import _host_reads
 
 
 def call_rule(call, out_grads: list, create_graph: bool = False) -> list:
@@ -33,8 +32,11 @@ def call_rule(call, out_grads: list, create_graph: bool = False) -> list:
     kwargs = call.saved_inputs()
     for name, i in rule.saved_outputs:
         kwargs[name] = call.saved_output(name, i, create_graph)
-    if rule.output_grads:
-        ranges = _ONE_OUTPUT if call.out_layout == (-1,) else flat_ranges(call.out_layout)
+    if len(out_grads) == 1 and call.out_layout == (-1,):  # one output (nearly every op): no ranges to work out
+        for name, _ in rule.output_grads:
+            kwargs[name] = out_grads[0] if out_grads[0] is not None else call.zeros(0)
+    elif rule.output_grads:
+        ranges = flat_ranges(call.out_layout)
         for name, i in rule.output_grads:
             start, count, is_list = ranges[i]
             grads = [out_grads[k] if out_grads[k] is not None else call.zeros(k) for k in range(start, start + count)]
@@ -46,13 +48,24 @@ def call_rule(call, out_grads: list, create_graph: bool = False) -> list:
         kwargs[name] = attrs[name]
     if rule.wants_needs:
         kwargs["needs_input_grad"] = call.needs_input_grad()
-    return flatten_input_grads(op, rule.fn(**kwargs), call.in_layout)
+    if not create_graph:
+        return flatten_input_grads(op, rule.fn(**kwargs), call.in_layout)
+    reads = _host_reads.count
+    result = rule.fn(**kwargs)
+    if _host_reads.count != reads:  # the values went through NumPy: what came back is cut from the graph
+        raise GradientError(
+            f"gradient rule of op '{op.name}' read tensor values out to NumPy (.numpy(), .item(), np.* on a Tensor) "
+            "while the backward pass is recorded (create_graph=True, higher-order gradients): a gradient computed "
+            "in NumPy has no history, so its own derivative would silently be missing. Write the rule with ops "
+            "(F.*, Tensor operators)"
+        )
+    return flatten_input_grads(op, result, call.in_layout)
 
 
 def flatten_input_grads(op, result, in_layout: tuple) -> list:
     """A rule's result (one value, a tuple in input order, or a dict by name) -> one gradient per flat input."""
     names = op.input_names
-    if type(result) is tuple and len(result) == len(in_layout) and all(n < 0 for n in in_layout):
+    if type(result) is tuple and len(result) == len(in_layout) and max(in_layout) < 0:
         return list(result)  # the common case: one gradient per plain input
     if isinstance(result, dict):
         unknown = set(result) - set(names)

@@ -57,7 +57,7 @@ def as_dtype(value, *, op: str = "", arg: str = "dtype") -> np.dtype:
         value = np.bool_
     try:
         dt = np.dtype(value)
-    except TypeError:
+    except (TypeError, ValueError):  # ValueError: a string NumPy half parses, such as "(-1,)f8"
         raise ArgumentError(
             f"{where} expected a dtype such as 'float32', got {describe(value)}"
         ) from None

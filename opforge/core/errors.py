@@ -35,7 +35,10 @@ def describe(value) -> str:
     dtype = getattr(value, "dtype", None)
     if shape is not None and dtype is not None:
         return f"{type(value).__name__} of shape {tuple(shape)} and dtype {dtype}"
-    text = repr(value)
+    try:
+        text = repr(value)
+    except Exception:  # an int past Python's digit limit (10**5000), an object whose repr fails
+        text = f"<{type(value).__name__} that cannot be shown>"
     if len(text) > 60:
         text = text[:57] + "..."
     return f"{type(value).__name__} {text}"

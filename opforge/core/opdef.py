@@ -3,8 +3,8 @@
 An ``OpDef`` is made by ``@of.op(signature)`` (see ``opforge.dispatch``) and grows through its
 decorator methods: ``@op.kernel`` (more kernels), ``@op.infer`` (shape/dtype rule), ``@op.grad``
 (gradient rule), ``@op.check`` (attribute validation), ``@op.samples`` (inputs for the
-conformance suite), ``@op.onnx`` (its ONNX export mapping) and ``op.fusable()`` (pointwise: the executor may
-fuse it with its neighbours). The registry maps op names to ``OpDef``s.
+conformance suite), ``@op.sbp`` (layouts across ranks), ``@op.onnx`` (its ONNX export mapping) and
+``op.fusable()`` (pointwise: the executor may fuse it with its neighbours). The registry maps op names to ``OpDef``s.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from .spec import Dim, Spec, broadcast_shapes
 TRAITS = {
     "elementwise": "output has the shape and dtype of the first input",
     "broadcast": "inputs broadcast together; output dtype is their promoted dtype",
+    "same_dtype": "floating inputs must share one dtype (no silent promotion: PyTorch's matmul refuses it too)",
     "no_grad": "not differentiable: outputs never require grad, autograd skips the op",
     "random": "draws from the seeded generator; never merged with an identical op",
 }
@@ -97,15 +98,20 @@ class OpDef:
             )
         if ("elementwise" in self.traits or "broadcast" in self.traits) and not self.inputs:
             raise SchemaError(f"op '{self.name}': traits elementwise/broadcast need a tensor input")
+        if ("elementwise" in self.traits or "broadcast" in self.traits) and (
+                len(self.outputs) != 1 or self.outputs[0].is_list):
+            raise SchemaError(f"op '{self.name}': traits elementwise/broadcast describe one output, and the op has "
+                              f"{list(self.output_names)}; drop the trait and give the shapes with @{self.name}.infer")
         self.doc = doc
         self.defined_at = defined_at
         self.kernels: dict = {}  # (device, dtype or None) -> Kernel
         self._kernel_cache: dict = {}  # (device, dtype) -> Kernel, filled on use
-        self.kernel_table: dict = {}  # device -> dtype -> kernel function: the dispatch fast path's cache
+        self.kernel_table: dict = {}  # device name -> dtype -> kernel function: the dispatch fast path's cache
         self.infer_fn = None
         self.grad_rule: GradRule | None = None
         self.check_fn = None
         self.samples_fn = None
+        self.sbp_fn = None  # layouts the op runs under across ranks (opforge.distributed reads it)
         self.onnx_fn = None  # the ONNX export mapping (see opforge.onnx)
         self.fusion = None  # set by fusable(): {"commutative": bool} (see opforge.program.fusion)
         self.validate = None
@@ -115,6 +121,7 @@ class OpDef:
         self.fast_path = False  # whether ``fn`` has a straight-line path for calls on Tensors of one device
         self.result_type = None  # the named tuple of a multi-output op's results
         self.attach = None  # (inputs, attrs, kernel result) -> outputs linked to a new autograd Node
+        self.out_device = None  # attrs -> the Device outputs live on, for an op that moves data (else its inputs')
         self.rule_listeners: list = []  # called when the gradient rule changes (dispatch regenerates ``attach``)
 
     # -- decorator methods --------------------------------------------------------------------------------
@@ -153,6 +160,16 @@ class OpDef:
 
     def infer(self, fn):
         """Register the shape/dtype rule: input Specs (and attrs as keywords) -> output Spec(s)."""
+        try:
+            inspect.signature(fn).bind(*(None for _ in self.inputs), **{p.name: None for p in self.attrs})
+        except TypeError as e:
+            attrs = ", ".join(p.name for p in self.attrs)
+            raise SchemaError(
+                f"infer rule of op '{self.name}' must take the input Specs ({', '.join(self.input_names)}) "
+                f"positionally{' and the attrs (' + attrs + ') by keyword' if attrs else ''}: {e}"
+            ) from None
+        except ValueError:  # a builtin: trust it
+            pass
         self.infer_fn = fn
         self._refresh_validate()
         return fn
@@ -188,6 +205,12 @@ class OpDef:
     def samples(self, fn):
         """Register sample inputs for the conformance suite: ``fn(rng)`` yields ``Sample``s."""
         self.samples_fn = fn
+        return fn
+
+    def sbp(self, fn):
+        """Register the op's SBP signatures: input Specs (and attrs as keywords) -> the layouts it can run under,
+        each ``(input layouts, output layouts)``; ``opforge.distributed`` reads them (see docs/distributed.md)."""
+        self.sbp_fn = fn
         return fn
 
     def onnx(self, fn):
@@ -327,6 +350,11 @@ class OpDef:
 
     def __call__(self, *args, **kwargs):
         return self.fn(*args, **kwargs)
+
+    def __get__(self, obj, owner=None):
+        # A descriptor that does not bind makes an op a routine to pydoc, so help(op) shows its own signature and
+        # docstring; kept as a class attribute, it is still called without self (unlike a plain function).
+        return self
 
     def __repr__(self) -> str:
         return f"<op {self.schema}>"

@@ -5,14 +5,16 @@ Grammar (whitespace is free)::
     signature := NAME "(" [param ("," param)*] ")" "->" outputs
     param     := "*"  |  ["nograd"] type NAME ["=" default]
     type      := "Tensor" ["<" DTYPE ("|" DTYPE)* ">"] ["?" | "[]"]
-               | ("int" | "float" | "bool" | "str" | "dtype") ["[]"] ["?"]
+               | ("int" | "float" | "bool" | "str" | "dtype") ["[]"] ["|" "str"] ["?"]
     outputs   := output | "(" output ("," output)* ")"
     output    := "Tensor" ["<" DTYPE ("|" DTYPE)* ">"] ["[]"] [NAME]
     default   := number | "string" | True | False | None | "[" [default ("," default)*] "]"
 
 ``nograd`` marks a tensor input that never receives a gradient (a mask, an index). Integer and bool
 tensors never receive one anyway. ``Tensor<int32|int64>`` restricts the dtypes an input accepts
-(group names ``floating``, ``integer``, ``number``, ``all`` work too).
+(group names ``floating``, ``integer``, ``number``, ``all`` work too). ``|str`` lets an attr take a string
+too, a named setting in place of numbers (``int[]|str padding=[0]`` takes ``padding="same"``); the op's
+check says which strings it accepts.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class Param:
     default: object = None
     dtypes: tuple | None = None  # allowed dtypes of a tensor input, None = any supported
     differentiable: bool = True
+    or_str: bool = False  # an attr that may also be a string ("int[]|str")
 
     @property
     def is_tensor(self) -> bool:
@@ -65,7 +68,8 @@ class Param:
         text = self.type
         if self.dtypes is not None:
             text += "<" + "|".join(map(str, self.dtypes)) + ">"
-        return text + ("[]" if self.is_list else "") + ("?" if self.optional else "")
+        text += ("[]" if self.is_list else "") + ("|str" if self.or_str else "")
+        return text + ("?" if self.optional else "")
 
 
 @dataclass(frozen=True)
@@ -239,10 +243,14 @@ class _Parser:
         if not differentiable and type_name != "Tensor":
             self.fail("'nograd' applies to Tensor inputs only", at)
         allowed = self.dtype_list() if type_name == "Tensor" and self.peek("<") else None
-        is_list = optional = False
+        is_list = optional = or_str = False
         if self.peek(kind="list"):
             self.take(kind="list")
             is_list = True
+        if self.peek("|") and type_name not in ("Tensor", "str"):
+            self.take("|")
+            self.take("str", what="'str' (the one type an attr may take besides its own)")
+            or_str = True
         if self.peek("?"):
             if type_name == "Tensor" and is_list:
                 self.fail("'Tensor[]?' is not supported: pass an empty list instead")
@@ -264,7 +272,7 @@ class _Parser:
             elif type_name == "Tensor":
                 self.fail("a Tensor input can only default to None", at)
             else:
-                probe = Param(pname, type_name, is_list, optional)
+                probe = Param(pname, type_name, is_list, optional, or_str=or_str)
                 try:
                     default = check_attr(probe, default, "signature")
                 except ArgumentError as e:
@@ -272,7 +280,7 @@ class _Parser:
         elif seen_default and not keyword_only:
             self.fail(f"argument '{pname}' without a default follows one with a default", at)
         return Param(pname, type_name, is_list, optional, keyword_only, has_default, default,
-                     allowed, differentiable)
+                     allowed, differentiable, or_str)
 
     def outputs(self) -> tuple:
         grouped = self.peek("(")
@@ -323,7 +331,11 @@ def _scalar(op: str, p: Param, value, kind: str):
             return int(value)
     elif kind == "float":
         if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_)):
-            return float(value)
+            try:
+                return float(value)
+            except OverflowError:  # an int beyond the float range (10**400): no float can hold it
+                raise ArgumentError(f"{_where(op, p)} expected {p.type_text}, got an int too large for a float "
+                                    f"({int(value).bit_length()} bits)") from None
     elif kind == "bool":
         if isinstance(value, (bool, np.bool_)):
             return bool(value)
@@ -341,6 +353,8 @@ def check_attr(p: Param, value, op: str):
         if p.optional:
             return None
         raise ArgumentError(f"{_where(op, p)} expected {p.type_text}, got None")
+    if p.or_str and isinstance(value, str):
+        return value
     if not p.is_list:
         return _scalar(op, p, value, p.type)
     if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):

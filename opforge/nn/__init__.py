@@ -2,9 +2,13 @@
 and PyTorch-style layers built on registered ops, so that a model runs eagerly and inside ``of.compile`` alike.
 
     from opforge import nn
+    import opforge.nn.functional as F      # the same module as opforge.ops
     model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
 """
 
+import sys
+
+from .. import ops as functional
 from . import init
 from .layers import (
     CELU,
@@ -12,12 +16,24 @@ from .layers import (
     GELU,
     GLU,
     SELU,
+    AdaptiveAvgPool1d,
     AdaptiveAvgPool2d,
+    AdaptiveAvgPool3d,
+    AdaptiveMaxPool2d,
+    AvgPool1d,
     AvgPool2d,
+    AvgPool3d,
     BatchNorm1d,
     BatchNorm2d,
+    BCELoss,
     BCEWithLogitsLoss,
+    Conv1d,
     Conv2d,
+    Conv3d,
+    ConvTranspose1d,
+    ConvTranspose2d,
+    ConvTranspose3d,
+    CosineEmbeddingLoss,
     CosineSimilarity,
     CrossEntropyLoss,
     Dropout,
@@ -27,24 +43,33 @@ from .layers import (
     Embedding,
     EmbeddingBag,
     Flatten,
+    Fold,
     GroupNorm,
     Hardsigmoid,
     Hardswish,
     Hardtanh,
+    HuberLoss,
     Identity,
     InstanceNorm1d,
     InstanceNorm2d,
+    KLDivLoss,
+    L1Loss,
     LayerNorm,
     LeakyReLU,
     Linear,
     LogSigmoid,
     LogSoftmax,
+    MarginRankingLoss,
+    MaxPool1d,
     MaxPool2d,
+    MaxPool3d,
     Mish,
     MSELoss,
     MultiheadAttention,
     NLLLoss,
     PairwiseDistance,
+    PixelShuffle,
+    PixelUnshuffle,
     PReLU,
     ReLU,
     ReLU6,
@@ -55,15 +80,24 @@ from .layers import (
     Softmin,
     Softplus,
     Tanh,
+    TripletMarginLoss,
+    Unfold,
+    Upsample,
 )
-from .module import IncompatibleKeys, Module, ModuleList, Parameter, Sequential, StateDictError
+from .module import IncompatibleKeys, Module, ModuleDict, ModuleList, Parameter, Sequential, StateDictError
+
+sys.modules[__name__ + ".functional"] = functional  # `import opforge.nn.functional as F`, PyTorch's spelling
 
 __all__ = [
-    "CELU", "ELU", "GELU", "GLU", "SELU", "AdaptiveAvgPool2d", "AvgPool2d", "BCEWithLogitsLoss", "BatchNorm1d",
-    "BatchNorm2d", "Conv2d", "CrossEntropyLoss", "Dropout", "Embedding", "Flatten", "GroupNorm", "Hardsigmoid",
-    "Hardswish", "Hardtanh", "Identity", "IncompatibleKeys", "InstanceNorm1d", "InstanceNorm2d", "LayerNorm",
-    "LeakyReLU", "Linear", "LogSigmoid", "LogSoftmax", "MSELoss", "MaxPool2d", "Mish", "Module", "ModuleList",
-    "MultiheadAttention", "NLLLoss", "PReLU", "Parameter", "RMSNorm", "ReLU", "ReLU6", "Sequential", "SiLU",
-    "Sigmoid", "Softmax", "Softmin", "Softplus", "StateDictError", "Tanh", "init",
+    "CELU", "ELU", "GELU", "GLU", "SELU", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d",
+    "AdaptiveMaxPool2d", "AvgPool1d", "AvgPool2d", "AvgPool3d", "BCELoss", "BCEWithLogitsLoss", "BatchNorm1d",
+    "BatchNorm2d", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
+    "CosineEmbeddingLoss", "CrossEntropyLoss", "Dropout", "Embedding", "Flatten", "Fold", "GroupNorm",
+    "Hardsigmoid", "Hardswish", "Hardtanh", "HuberLoss", "Identity", "IncompatibleKeys", "InstanceNorm1d",
+    "InstanceNorm2d", "KLDivLoss", "L1Loss", "LayerNorm", "LeakyReLU", "Linear", "LogSigmoid", "LogSoftmax",
+    "MSELoss", "MarginRankingLoss", "MaxPool1d", "MaxPool2d", "MaxPool3d", "Mish", "Module", "ModuleDict",
+    "ModuleList", "MultiheadAttention", "NLLLoss", "PReLU", "Parameter", "PixelShuffle", "PixelUnshuffle",
+    "RMSNorm", "ReLU", "ReLU6", "Sequential", "SiLU", "Sigmoid", "Softmax", "Softmin", "Softplus", "StateDictError",
+    "Tanh", "TripletMarginLoss", "Unfold", "Upsample", "functional", "init",
 ]
 __all__ += ["CosineSimilarity", "Dropout1d", "Dropout2d", "Dropout3d", "EmbeddingBag", "PairwiseDistance"]

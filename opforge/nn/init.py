@@ -16,14 +16,16 @@ import numpy as np
 
 from ..core.devices import CPU
 from ..core.errors import ArgumentError, describe
-from ..tensor import Tensor
+from ..tensor import Tensor, note_write
 
 
 def _fill(tensor: Tensor, values) -> Tensor:
-    """Write ``values`` into the tensor's own array (so programs sharing it see the change)."""
+    """Write ``values`` into the tensor's own array (so programs sharing it see the change), as an in-place write."""
     if not isinstance(tensor, Tensor):
         raise ArgumentError(f"nn.init: expected an eager Tensor, got {describe(tensor)}")
-    np.copyto(tensor.numpy(), values, casting="unsafe")  # draws are float64; the tensor keeps its dtype
+    values = np.asarray(values, dtype=tensor.dtype)  # draws are float64; the tensor keeps its dtype
+    tensor._device.copy_into(tensor._data, tensor._device.from_host(values))
+    note_write(tensor._data, "nn.init")
     return tensor
 
 

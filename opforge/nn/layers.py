@@ -83,59 +83,125 @@ class Linear(Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
-class Conv2d(Module):
-    """2-D convolution (cross-correlation, as PyTorch) of an (N, C_in, H, W) input with a weight of shape
-    (out_channels, in_channels/groups, kH, kW). ``padding`` is an int, a pair, "valid" (0) or "same" (stride 1,
-    where dilation·(kernel − 1) is even)."""
+def _ntuple(value, n: int, name: str, layer: str, minimum: int = 0) -> tuple:
+    """An int or n ints as an n-tuple (kernel sizes, strides, paddings of an n-d layer)."""
+    values = (value,) * n if isinstance(value, (int, np.integer)) and not isinstance(value, bool) else value
+    if not isinstance(values, (tuple, list)) or len(values) != n:
+        what = "an int or a pair of ints" if n == 2 else f"an int or {n} ints"
+        raise ArgumentError(f"{layer}(): argument '{name}' must be {what}, got {value!r}")
+    return tuple(_count(v, name, layer, minimum) for v in values)
+
+
+class _ConvNd(Module):
+    """What Conv1d/2d/3d and ConvTranspose1d/2d/3d share: channels, geometry, the weight, PyTorch's initialisation."""
+
+    _nd = 2
+    _transposed = False
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
-                 groups: int = 1, bias: bool = True, dtype=None):
+                 groups: int = 1, bias: bool = True, dtype=None, output_padding=0):
         super().__init__()
-        self.in_channels = _count(in_channels, "in_channels", "Conv2d")
-        self.out_channels = _count(out_channels, "out_channels", "Conv2d")
-        self.groups = _count(groups, "groups", "Conv2d")
+        name, nd = type(self).__name__, self._nd
+        self.in_channels = _count(in_channels, "in_channels", name)
+        self.out_channels = _count(out_channels, "out_channels", name)
+        self.groups = _count(groups, "groups", name)
         if in_channels % groups or out_channels % groups:
-            raise ArgumentError(f"Conv2d(): in_channels ({in_channels}) and out_channels ({out_channels}) must both "
+            raise ArgumentError(f"{name}(): in_channels ({in_channels}) and out_channels ({out_channels}) must both "
                                 f"be divisible by groups ({groups})")
-        self.kernel_size = _pair(kernel_size, "kernel_size", "Conv2d", 1)
-        self.stride = _pair(stride, "stride", "Conv2d", 1)
-        self.dilation = _pair(dilation, "dilation", "Conv2d", 1)
-        self.padding = self._padding(padding)
-        self.weight = _param(out_channels, in_channels // groups, *self.kernel_size, dtype=dtype)
+        self.kernel_size = _ntuple(kernel_size, nd, "kernel_size", name, 1)
+        self.stride = _ntuple(stride, nd, "stride", name, 1)
+        self.dilation = _ntuple(dilation, nd, "dilation", name, 1)
+        if padding in ("same", "valid") and not self._transposed:
+            if padding == "same" and self.stride != (1,) * nd:
+                raise ArgumentError(f"{name}(): padding='same' needs stride 1, got stride {self.stride}")
+            self.padding = padding
+        else:
+            self.padding = _ntuple(padding, nd, "padding", name, 0)
+        if self._transposed:
+            self.output_padding = _ntuple(output_padding, nd, "output_padding", name, 0)
+            if any(p >= s for p, s in zip(self.output_padding, self.stride)):
+                raise ArgumentError(f"{name}(): output_padding {self.output_padding} must be smaller than the "
+                                    f"stride {self.stride}")
+        weight = (in_channels, out_channels // groups) if self._transposed else (out_channels, in_channels // groups)
+        self.weight = _param(*weight, *self.kernel_size, dtype=dtype)
         self.bias = _param(out_channels, dtype=dtype) if bias else None
         self.reset_parameters()
 
-    def _padding(self, padding) -> tuple[int, int]:
-        if padding == "valid":
-            return (0, 0)
-        if padding != "same":
-            return _pair(padding, "padding", "Conv2d", 0)
-        totals = [d * (k - 1) for d, k in zip(self.dilation, self.kernel_size)]
-        if self.stride != (1, 1) or any(t % 2 for t in totals):
-            raise ArgumentError(f"Conv2d(): padding='same' needs stride 1 and an even dilation·(kernel_size − 1) "
-                                f"(symmetric padding), got stride {self.stride}, kernel_size {self.kernel_size}, "
-                                f"dilation {self.dilation}")
-        return tuple(t // 2 for t in totals)
-
     def reset_parameters(self) -> None:
-        init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # U(±1/√fan_in), fan_in = C_in/groups·kH·kW
+        init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # U(±1/√fan_in), fan_in = weight.shape[1]·∏kernel
         if self.bias is not None:
             fan_in, _ = init.fan_in_and_fan_out(self.weight)
             init.uniform_(self.bias, -1.0 / math.sqrt(fan_in), 1.0 / math.sqrt(fan_in))
 
     def forward(self, x):
-        return F.conv2d(x, self.weight, self.bias, stride=self.stride, padding=self.padding,
-                        dilation=self.dilation, groups=self.groups)
+        geometry = {"stride": self.stride, "padding": self.padding, "dilation": self.dilation, "groups": self.groups}
+        if self._transposed:
+            geometry["output_padding"] = self.output_padding
+        op = getattr(F, f"conv{'_transpose' if self._transposed else ''}{self._nd}d")
+        return op(x, self.weight, self.bias, **geometry)
 
     def extra_repr(self) -> str:
+        nd = self._nd
         text = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
-        if self.padding != (0, 0):
+        if self.padding != (0,) * nd:
             text += f", padding={self.padding}"
-        if self.dilation != (1, 1):
+        if self._transposed and self.output_padding != (0,) * nd:
+            text += f", output_padding={self.output_padding}"
+        if self.dilation != (1,) * nd:
             text += f", dilation={self.dilation}"
         if self.groups != 1:
             text += f", groups={self.groups}"
         return text + ("" if self.bias is not None else ", bias=False")
+
+
+class Conv1d(_ConvNd):
+    """1-D convolution (cross-correlation, as PyTorch) of an (N, C_in, L) — or (C_in, L) — input with a weight of
+    shape (out_channels, in_channels/groups, k). ``padding`` is an int, "valid" (0) or "same" (stride 1)."""
+
+    _nd = 1
+
+
+class Conv2d(_ConvNd):
+    """2-D convolution (cross-correlation, as PyTorch) of an (N, C_in, H, W) — or (C_in, H, W) — input with a weight
+    of shape (out_channels, in_channels/groups, kH, kW). ``padding`` is an int, a pair, "valid" (0) or "same"
+    (stride 1; an odd total padding puts the extra row or column behind, as PyTorch)."""
+
+
+class Conv3d(_ConvNd):
+    """3-D convolution (cross-correlation, as PyTorch) of an (N, C_in, D, H, W) — or (C_in, D, H, W) — input with a
+    weight of shape (out_channels, in_channels/groups, kD, kH, kW). ``padding`` is ints, "valid" or "same"."""
+
+    _nd = 3
+
+
+class _ConvTransposeNd(_ConvNd):
+    _transposed = True
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, output_padding=0,
+                 groups: int = 1, bias: bool = True, dilation=1, dtype=None):
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, dtype,
+                         output_padding)
+
+
+class ConvTranspose1d(_ConvTransposeNd):
+    """1-D transposed convolution (the gradient of Conv1d with respect to its input, plus a bias) of an
+    (N, C_in, L) — or (C_in, L) — input, weight (in_channels, out_channels/groups, k), as PyTorch's."""
+
+    _nd = 1
+
+
+class ConvTranspose2d(_ConvTransposeNd):
+    """2-D transposed convolution (the gradient of Conv2d with respect to its input, plus a bias) of an
+    (N, C_in, H, W) — or (C_in, H, W) — input, weight (in_channels, out_channels/groups, kH, kW), as PyTorch's."""
+
+    _nd = 2
+
+
+class ConvTranspose3d(_ConvTransposeNd):
+    """3-D transposed convolution (the gradient of Conv3d with respect to its input, plus a bias) of an
+    (N, C_in, D, H, W) — or (C_in, D, H, W) — input, weight (in_channels, out_channels/groups, kD, kH, kW)."""
+
+    _nd = 3
 
 
 # -- normalisation ---------------------------------------------------------------------------------------------
@@ -490,51 +556,212 @@ class Flatten(Module):
         return f"start_dim={self.start_dim}, end_dim={self.end_dim}"
 
 
-class MaxPool2d(Module):
-    """The maximum of each window of an (N, C, H, W) input; ``stride`` defaults to the kernel size."""
+class _MaxPoolNd(Module):
+    """The maximum of each window of an (N, C, *spatial) — or (C, *spatial) — input; ``stride`` defaults to the
+    kernel size. With ``return_indices`` the layer returns (y, indices), the flat spatial index of each maximum."""
 
-    _op = staticmethod(F.max_pool2d)
+    _nd = 2
 
-    def __init__(self, kernel_size, stride=None, padding=0):
+    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, return_indices: bool = False,
+                 ceil_mode: bool = False):
         super().__init__()
-        name = type(self).__name__
-        self.kernel_size = _pair(kernel_size, "kernel_size", name, 1)
-        self.stride = self.kernel_size if stride is None else _pair(stride, "stride", name, 1)
-        self.padding = _pair(padding, "padding", name, 0)
+        name, nd = type(self).__name__, self._nd
+        self.kernel_size = _ntuple(kernel_size, nd, "kernel_size", name, 1)
+        self.stride = self.kernel_size if stride is None else _ntuple(stride, nd, "stride", name, 1)
+        self.padding = _ntuple(padding, nd, "padding", name, 0)
+        self.dilation = _ntuple(dilation, nd, "dilation", name, 1)
+        self.return_indices, self.ceil_mode = bool(return_indices), bool(ceil_mode)
 
     def forward(self, x):
-        return self._op(x, kernel_size=self.kernel_size, stride=self.stride, padding=self.padding)
+        op = getattr(F, f"max_pool{self._nd}d{'_with_indices' if self.return_indices else ''}")
+        out = op(x, kernel_size=self.kernel_size, stride=self.stride, padding=self.padding, dilation=self.dilation,
+                 ceil_mode=self.ceil_mode)
+        return tuple(out) if self.return_indices else out
+
+    def extra_repr(self) -> str:
+        return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
+                f"dilation={self.dilation}, ceil_mode={self.ceil_mode}")
+
+
+class MaxPool1d(_MaxPoolNd):
+    _nd = 1
+
+
+class MaxPool2d(_MaxPoolNd):
+    _nd = 2
+
+
+class MaxPool3d(_MaxPoolNd):
+    _nd = 3
+
+
+class _AvgPoolNd(Module):
+    """The mean of each window of an (N, C, *spatial) — or (C, *spatial) — input; ``stride`` defaults to the kernel
+    size; zero padding counts in the mean unless ``count_include_pad`` is False; ``divisor_override`` replaces the
+    window size."""
+
+    _nd = 2
+
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode: bool = False, count_include_pad: bool = True,
+                 divisor_override: int | None = None):
+        super().__init__()
+        name, nd = type(self).__name__, self._nd
+        self.kernel_size = _ntuple(kernel_size, nd, "kernel_size", name, 1)
+        self.stride = self.kernel_size if stride is None else _ntuple(stride, nd, "stride", name, 1)
+        self.padding = _ntuple(padding, nd, "padding", name, 0)
+        self.ceil_mode, self.count_include_pad = bool(ceil_mode), bool(count_include_pad)
+        self.divisor_override = None if divisor_override is None else _count(divisor_override, "divisor_override",
+                                                                             name)
+
+    def forward(self, x):
+        return getattr(F, f"avg_pool{self._nd}d")(
+            x, kernel_size=self.kernel_size, stride=self.stride, padding=self.padding, ceil_mode=self.ceil_mode,
+            count_include_pad=self.count_include_pad, divisor_override=self.divisor_override)
 
     def extra_repr(self) -> str:
         return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
 
 
-class AvgPool2d(MaxPool2d):
-    """The mean of each window of an (N, C, H, W) input (zero padding counts, as PyTorch's default)."""
-
-    _op = staticmethod(F.avg_pool2d)
+class AvgPool1d(_AvgPoolNd):
+    _nd = 1
 
 
-class AdaptiveAvgPool2d(Module):
-    """Average an (N, C, H, W) input down to (N, C, *output_size): output_size 1 is global average pooling; other
-    sizes must divide H and W (equal windows)."""
+class AvgPool2d(_AvgPoolNd):
+    _nd = 2
 
-    def __init__(self, output_size):
+
+class AvgPool3d(_AvgPoolNd):
+    _nd = 3
+
+
+class _AdaptivePoolNd(Module):
+    """Pool an (N, C, *spatial) — or (C, *spatial) — input to (..., *output_size) over PyTorch's adaptive windows;
+    a None in output_size keeps that dim's size."""
+
+    _nd = 2
+    _kind = "avg"
+
+    def __init__(self, output_size, return_indices: bool = False):
         super().__init__()
-        self.output_size = _pair(output_size, "output_size", "AdaptiveAvgPool2d", 1)
+        name, nd = type(self).__name__, self._nd
+        sizes = (output_size,) * nd if output_size is None or isinstance(output_size, (int, np.integer)) \
+            else output_size
+        if not isinstance(sizes, (tuple, list)) or len(sizes) != nd:
+            raise ArgumentError(f"{name}(): argument 'output_size' must be an int or {nd} ints (None: keep the "
+                                f"input's size), got {output_size!r}")
+        self.output_size = tuple(None if v is None else _count(v, "output_size", name) for v in sizes)
+        self.return_indices = bool(return_indices)
 
     def forward(self, x):
-        if self.output_size == (1, 1):
-            return F.mean(x, axis=[-2, -1], keepdim=True)
-        h, w = x.shape[-2:]
-        oh, ow = self.output_size
-        if h % oh or w % ow:
-            raise ShapeError(f"AdaptiveAvgPool2d: output size {self.output_size} must divide the input's (H, W) = "
-                             f"{(h, w)}")
-        return F.avg_pool2d(x, kernel_size=[h // oh, w // ow])
+        size = [x.shape[len(x.shape) - self._nd + i] if o is None else o for i, o in enumerate(self.output_size)]
+        op = getattr(F, f"adaptive_{self._kind}_pool{self._nd}d{'_with_indices' if self.return_indices else ''}")
+        out = op(x, output_size=size)
+        return tuple(out) if self.return_indices else out
 
     def extra_repr(self) -> str:
         return f"output_size={self.output_size}"
+
+
+class AdaptiveAvgPool1d(_AdaptivePoolNd):
+    _nd = 1
+
+    def __init__(self, output_size):
+        super().__init__(output_size)
+
+
+class AdaptiveAvgPool2d(AdaptiveAvgPool1d):
+    """Average an input down (or up) to (..., *output_size): output_size 1 is global average pooling."""
+
+    _nd = 2
+
+
+class AdaptiveAvgPool3d(AdaptiveAvgPool1d):
+    _nd = 3
+
+
+class AdaptiveMaxPool2d(_AdaptivePoolNd):
+    _nd = 2
+    _kind = "max"
+
+
+# -- resizing and rearranging images -------------------------------------------------------------------------------
+
+
+class Upsample(Module):
+    """Resize an (N, C, *spatial) input to ``size`` or by ``scale_factor``: F.interpolate as a layer."""
+
+    def __init__(self, size=None, scale_factor=None, mode: str = "nearest", align_corners: bool | None = None,
+                 recompute_scale_factor: bool | None = None):
+        super().__init__()
+        self.size, self.scale_factor, self.mode = size, scale_factor, mode
+        self.align_corners, self.recompute_scale_factor = align_corners, recompute_scale_factor
+
+    def forward(self, x):
+        return F.interpolate(x, size=self.size, scale_factor=self.scale_factor, mode=self.mode,
+                             align_corners=self.align_corners, recompute_scale_factor=self.recompute_scale_factor)
+
+    def extra_repr(self) -> str:
+        what = f"size={self.size}" if self.size is not None else f"scale_factor={self.scale_factor}"
+        return f"{what}, mode={self.mode!r}"
+
+
+class Unfold(Module):
+    """The sliding windows of an (N, C, H, W) input as columns (N, C·kH·kW, L): F.unfold as a layer."""
+
+    def __init__(self, kernel_size, dilation=1, padding=0, stride=1):
+        super().__init__()
+        self.geometry = {"kernel_size": _ntuple(kernel_size, 2, "kernel_size", "Unfold", 1),
+                         "dilation": _ntuple(dilation, 2, "dilation", "Unfold", 1),
+                         "padding": _ntuple(padding, 2, "padding", "Unfold", 0),
+                         "stride": _ntuple(stride, 2, "stride", "Unfold", 1)}
+
+    def forward(self, x):
+        return F.unfold(x, **self.geometry)
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.geometry.items())
+
+
+class Fold(Unfold):
+    """Columns (N, C·kH·kW, L) added back into an image (N, C, *output_size): F.fold as a layer."""
+
+    def __init__(self, output_size, kernel_size, dilation=1, padding=0, stride=1):
+        super().__init__(kernel_size, dilation, padding, stride)
+        self.output_size = _ntuple(output_size, 2, "output_size", "Fold", 1)
+
+    def forward(self, x):
+        return F.fold(x, output_size=self.output_size, **self.geometry)
+
+    def extra_repr(self) -> str:
+        return f"output_size={self.output_size}, " + super().extra_repr()
+
+
+class PixelShuffle(Module):
+    """(*, C·r², H, W) -> (*, C, H·r, W·r), r = upscale_factor."""
+
+    def __init__(self, upscale_factor: int):
+        super().__init__()
+        self.upscale_factor = _count(upscale_factor, "upscale_factor", "PixelShuffle")
+
+    def forward(self, x):
+        return F.pixel_shuffle(x, upscale_factor=self.upscale_factor)
+
+    def extra_repr(self) -> str:
+        return f"upscale_factor={self.upscale_factor}"
+
+
+class PixelUnshuffle(Module):
+    """(*, C, H·r, W·r) -> (*, C·r², H, W), r = downscale_factor: the inverse of PixelShuffle."""
+
+    def __init__(self, downscale_factor: int):
+        super().__init__()
+        self.downscale_factor = _count(downscale_factor, "downscale_factor", "PixelUnshuffle")
+
+    def forward(self, x):
+        return F.pixel_unshuffle(x, downscale_factor=self.downscale_factor)
+
+    def extra_repr(self) -> str:
+        return f"downscale_factor={self.downscale_factor}"
 
 
 # -- activations -----------------------------------------------------------------------------------------------
@@ -690,55 +917,137 @@ class PReLU(Module):
 
 
 class _Loss(Module):
+    """A loss as a layer: ``forward(*inputs)`` calls the op on the inputs, then the layer's weight buffers (named in
+    ``_weights``, read live while tracing), with the layer's settings (``_attrs``) as keywords."""
+
     _op = None
     _attrs: tuple = ("reduction",)
+    _weights: tuple = ()
 
-    def __init__(self, reduction: str = "mean"):
+    def __init__(self, reduction: str = "mean", **weights):
         super().__init__()
         self.reduction = reduction
+        for name, w in weights.items():  # buffers, as torch's: in the state dict, moved with the module
+            self.register_buffer(name, w if w is None or isinstance(w, Tensor) else Tensor(w))
 
-    def forward(self, input, target):
-        return type(self)._op(input, target, **{a: getattr(self, a) for a in self._attrs})
+    def forward(self, *inputs):
+        return type(self)._op(*inputs, *(_live(getattr(self, w)) for w in self._weights),
+                              **{a: getattr(self, a) for a in self._attrs})
 
     def extra_repr(self) -> str:
         return ", ".join(f"{a}={getattr(self, a)!r}" for a in self._attrs)
 
 
 class MSELoss(_Loss):
+    """Mean squared error (input − target)², reduced."""
+
     _op = F.mse_loss
 
 
-class CrossEntropyLoss(_Loss):
-    """Cross entropy of logits (N, C, ...) against class indices (N, ...)."""
+class L1Loss(_Loss):
+    """Mean absolute error |input − target|, reduced."""
 
-    _op, _attrs = F.cross_entropy, ("ignore_index", "reduction", "label_smoothing")
+    _op = F.l1_loss
 
-    def __init__(self, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0):
+
+class HuberLoss(_Loss):
+    """½·d² where |d| < delta, else delta·(|d| − ½·delta), with d = input − target; reduced."""
+
+    _op, _attrs = F.huber_loss, ("reduction", "delta")
+
+    def __init__(self, reduction: str = "mean", delta: float = 1.0):
         super().__init__(reduction)
+        self.delta = float(delta)
+
+
+class KLDivLoss(_Loss):
+    """KL divergence of ``target`` (probabilities, or log-probabilities with ``log_target``) from log-probabilities
+    ``input``; "batchmean" gives the divergence per sample."""
+
+    _op, _attrs = F.kl_div, ("reduction", "log_target")
+
+    def __init__(self, reduction: str = "mean", log_target: bool = False):
+        super().__init__(reduction)
+        self.log_target = bool(log_target)
+
+
+class BCELoss(_Loss):
+    """Binary cross entropy of probabilities ``input`` against ``target``, times ``weight`` if given."""
+
+    _op, _weights = F.binary_cross_entropy, ("weight",)
+
+    def __init__(self, weight=None, reduction: str = "mean"):
+        super().__init__(reduction, weight=weight)
+
+
+class BCEWithLogitsLoss(_Loss):
+    """Binary cross entropy of logits ``input`` against ``target``, times ``weight``, positives times
+    ``pos_weight`` (each if given)."""
+
+    _op, _weights = F.binary_cross_entropy_with_logits, ("weight", "pos_weight")
+
+    def __init__(self, weight=None, reduction: str = "mean", pos_weight=None):
+        super().__init__(reduction, weight=weight, pos_weight=pos_weight)
+
+
+class CrossEntropyLoss(_Loss):
+    """Cross entropy of logits (N, C, ...) against class indices (N, ...) or class probabilities (N, C, ...), with
+    class weights, ignore_index and label smoothing as torch's."""
+
+    _op, _attrs, _weights = F.cross_entropy, ("ignore_index", "reduction", "label_smoothing"), ("weight",)
+
+    def __init__(self, weight=None, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0):
+        super().__init__(reduction, weight=weight)
         self.ignore_index, self.label_smoothing = int(ignore_index), float(label_smoothing)
 
 
 class NLLLoss(_Loss):
-    _op, _attrs = F.nll_loss, ("ignore_index", "reduction")
+    """Negative log-likelihood of log-probabilities (N, C, ...) against class indices (N, ...)."""
 
-    def __init__(self, ignore_index: int = -100, reduction: str = "mean"):
-        super().__init__(reduction)
+    _op, _attrs, _weights = F.nll_loss, ("ignore_index", "reduction"), ("weight",)
+
+    def __init__(self, weight=None, ignore_index: int = -100, reduction: str = "mean"):
+        super().__init__(reduction, weight=weight)
         self.ignore_index = int(ignore_index)
 
 
-class BCEWithLogitsLoss(_Loss):
-    def __init__(self, reduction: str = "mean", pos_weight=None):
+class CosineEmbeddingLoss(_Loss):
+    """``forward(input1, input2, target)``: 1 − cos where target is 1, max(0, cos − margin) where it is −1."""
+
+    _op, _attrs = F.cosine_embedding_loss, ("margin", "reduction")
+
+    def __init__(self, margin: float = 0.0, reduction: str = "mean"):
         super().__init__(reduction)
-        self.pos_weight = pos_weight
-
-    def forward(self, input, target):
-        return F.binary_cross_entropy_with_logits(input, target, self.pos_weight, reduction=self.reduction)
+        self.margin = float(margin)
 
 
-__all__ = ["ELU", "GELU", "SELU", "AdaptiveAvgPool2d", "AvgPool2d", "BCEWithLogitsLoss", "BatchNorm1d", "BatchNorm2d",
-           "Conv2d", "CrossEntropyLoss", "Dropout", "Embedding", "Flatten", "Identity", "LayerNorm", "LeakyReLU",
-           "Linear", "LogSoftmax", "MSELoss", "MaxPool2d", "MultiheadAttention", "NLLLoss", "ReLU", "SiLU",
-           "Sigmoid", "Softmax", "Softplus", "Tanh"]
+class MarginRankingLoss(_Loss):
+    """``forward(input1, input2, target)``: max(0, −target·(input1 − input2) + margin)."""
+
+    _op, _attrs = F.margin_ranking_loss, ("margin", "reduction")
+
+    def __init__(self, margin: float = 0.0, reduction: str = "mean"):
+        super().__init__(reduction)
+        self.margin = float(margin)
+
+
+class TripletMarginLoss(_Loss):
+    """``forward(anchor, positive, negative)``: max(0, margin + d(anchor, positive) − d(anchor, negative)), d the
+    p-norm distance (``swap``: the smaller of d(anchor, negative) and d(positive, negative))."""
+
+    _op, _attrs = F.triplet_margin_loss, ("margin", "p", "eps", "swap", "reduction")
+
+    def __init__(self, margin: float = 1.0, p: float = 2.0, eps: float = 1e-6, swap: bool = False,
+                 reduction: str = "mean"):
+        super().__init__(reduction)
+        self.margin, self.p, self.eps, self.swap = float(margin), float(p), float(eps), bool(swap)
+
+
+__all__ = ["ELU", "GELU", "SELU", "AdaptiveAvgPool2d", "AvgPool2d", "BCELoss", "BCEWithLogitsLoss", "BatchNorm1d",
+           "BatchNorm2d", "Conv2d", "CosineEmbeddingLoss", "CrossEntropyLoss", "Dropout", "Embedding", "Flatten",
+           "HuberLoss", "Identity", "KLDivLoss", "L1Loss", "LayerNorm", "LeakyReLU", "Linear", "LogSoftmax", "MSELoss",
+           "MarginRankingLoss", "MaxPool2d", "MultiheadAttention", "NLLLoss", "ReLU", "SiLU", "Sigmoid", "Softmax",
+           "Softplus", "Tanh", "TripletMarginLoss"]
 
 
 # -- similarity, bags of embeddings, channel-wise dropout ------------------------------------------------------

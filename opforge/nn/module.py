@@ -24,8 +24,11 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..core import dtypes as D
+from ..core.devices import Device
 from ..core.errors import ArgumentError, OpforgeError, describe
-from ..tensor import Tensor
+from ..dispatch import EAGER, current_interpreter
+from ..program.trace import python_state_changed
+from ..tensor import Tensor, _to_args, note_write
 
 
 class StateDictError(OpforgeError, RuntimeError):
@@ -37,7 +40,16 @@ IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_k
 
 def Parameter(data, requires_grad: bool = True) -> Tensor:  # named like torch.nn.Parameter
     """A new leaf tensor holding a copy of ``data`` that requires grad: assigned to a Module, a parameter."""
-    return Tensor(data.numpy() if isinstance(data, Tensor) else data, requires_grad=requires_grad)
+    return Tensor(data, requires_grad=requires_grad, device=data.device if isinstance(data, Tensor) else None)
+
+
+def _traced_value(v):
+    """An attribute as a trace may have read it: numbers, strings and such by value, anything else by identity."""
+    if v is None or type(v) in (bool, int, float, str):
+        return v
+    if type(v) is tuple and all(x is None or type(x) in (bool, int, float, str) for x in v):
+        return v
+    return ("object", id(v))
 
 
 def _is_parameter(value) -> bool:
@@ -65,7 +77,16 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} has no forward(): define forward(self, ...) to call it")
 
     def __call__(self, *args, **kwargs):
+        interpreter = current_interpreter()
+        if interpreter is not EAGER:  # a tracer names our tensors and guards on our state
+            interpreter.enter_module(self)
         return self.forward(*args, **kwargs)
+
+    def _trace_state(self) -> tuple:
+        """What a trace of ``forward`` may have read besides tensor values: the mode, which parameters, buffers and
+        submodules are here, and the other attributes. A compiled function traces again when it changes."""
+        return tuple((k, _traced_value(v)) for k, v in self.__dict__.items()
+                     if k not in ("_parameters", "_buffers", "_modules", "_non_persistent"))
 
     # -- registration ------------------------------------------------------------------------------------------
 
@@ -79,6 +100,7 @@ class Module:
 
     def __setattr__(self, name: str, value) -> None:
         params, buffers, modules = self._registries()
+        python_state_changed()
         if isinstance(value, Module):
             params.pop(name, None), buffers.pop(name, None)
             modules[name] = value
@@ -103,6 +125,7 @@ class Module:
         object.__setattr__(self, name, value)
 
     def __delattr__(self, name: str) -> None:
+        python_state_changed()
         for registry in self._registries():
             registry.pop(name, None)
         self._non_persistent.discard(name)
@@ -124,6 +147,7 @@ class Module:
         self._buffers.pop(name, None)
         self._parameters[name] = param
         object.__setattr__(self, name, param)
+        python_state_changed()
 
     def register_buffer(self, name: str, tensor: Tensor | None, persistent: bool = True) -> None:
         """Add state that is not trained: in ``state_dict()`` (unless ``persistent=False``), moved by ``to()``."""
@@ -138,6 +162,7 @@ class Module:
         else:
             self._non_persistent.add(name)
         object.__setattr__(self, name, tensor)
+        python_state_changed()
 
     def add_module(self, name: str, module: Module | None) -> None:
         if not isinstance(name, str) or not name or "." in name:
@@ -148,6 +173,7 @@ class Module:
         self._parameters.pop(name, None), self._buffers.pop(name, None)
         self._modules[name] = module
         object.__setattr__(self, name, module)
+        python_state_changed()
 
     # -- walking the tree --------------------------------------------------------------------------------------
 
@@ -247,7 +273,7 @@ class Module:
                 continue
             value = state_dict[name]
             try:
-                array = value.numpy() if isinstance(value, Tensor) else np.asarray(value)
+                array = value._device.to_host(value._data) if isinstance(value, Tensor) else np.asarray(value)
             except Exception as e:  # whatever could not be read is reported with the rest
                 bad.append(f"{name}: cannot read {describe(value)} as an array ({e})")
                 continue
@@ -268,7 +294,9 @@ class Module:
             raise StateDictError(f"{type(self).__name__}.load_state_dict(): nothing was loaded:\n  "
                                  + "\n  ".join(lines))
         for name, array in arrays.items():
-            np.copyto(own[name].numpy(), array, casting="same_kind")
+            t = own[name]
+            t._device.copy_into(t._data, t._device.from_host(array))
+            note_write(t._data, "load_state_dict()")
         return IncompatibleKeys(missing, unexpected)
 
     def train(self, mode: bool = True) -> Module:
@@ -277,6 +305,7 @@ class Module:
             raise ArgumentError(f"{type(self).__name__}.train(): mode must be a bool, got {describe(mode)}")
         for module in self.modules():
             object.__setattr__(module, "training", mode)
+        python_state_changed()
         return self
 
     def eval(self) -> Module:
@@ -293,17 +322,23 @@ class Module:
         for p in self.parameters():
             p.grad = None
 
-    def to(self, dtype) -> Module:
-        """Convert floating parameters and buffers to ``dtype`` (e.g. ``of.float64``), keeping the same Tensor
-        objects. Do it before compiling: programs traced earlier hold the old arrays."""
-        dtype = D.as_dtype(dtype, arg="dtype")
-        if not D.is_floating(dtype):
+    def to(self, *args, **kwargs) -> Module:
+        """Move parameters and buffers to a device and/or convert the floating ones to a floating dtype:
+        ``to("twin")``, ``to(of.float64)``, ``to(device, dtype)``, as in PyTorch. In place: the Tensor objects stay
+        the same, so optimizers holding them follow (their state moves at their next step), and compiled functions
+        read the new arrays (or trace again for a new dtype). Gradients move and convert with their tensors."""
+        device, dtype = _to_args(None, args, kwargs)
+        if dtype is not None and not D.is_floating(dtype):
             raise ArgumentError(f"{type(self).__name__}.to(): expected a floating dtype, got {dtype}")
         for t in [*self.parameters(), *self.buffers()]:
-            if D.is_floating(t.dtype):
-                t._data = t.numpy().astype(dtype)
-                t.grad = None
+            _move(t, device, dtype)
+            if t.grad is not None:
+                _move(t.grad, device, dtype)
+        python_state_changed()
         return self
+
+    def cpu(self) -> Module:
+        return self.to("cpu")
 
     def double(self) -> Module:
         return self.to(D.float64)
@@ -324,6 +359,17 @@ class Module:
             return f"{type(self).__name__}({extra})"
         lines = ([extra] if extra else []) + children
         return f"{type(self).__name__}(\n  " + "\n  ".join(lines) + "\n)"
+
+
+def _move(t: Tensor, device: Device | None, dtype) -> None:
+    """``t`` on ``device`` and (if floating) of ``dtype``, in place: the same Tensor object, a new array."""
+    data, source = t._data, t._device
+    if dtype is not None and D.is_floating(t.dtype) and t.dtype != dtype:
+        data = data.astype(dtype)
+    if device is not None and device is not source:
+        data = device.from_host(source.to_host(data), copy=True)
+        t._device = device
+    t._data = data
 
 
 class ModuleList(Module):
@@ -356,6 +402,50 @@ class ModuleList(Module):
         raise NotImplementedError("ModuleList is a container and has no forward(): iterate over it instead")
 
 
+class ModuleDict(Module):
+    """Modules by name, registered as children under their keys: ``self.heads = nn.ModuleDict({"cls": ..., ...})``;
+    indexed, iterated (keys), ``items()``, ``keys()``, ``values()``, ``update()``, as a dict."""
+
+    def __init__(self, modules=None):
+        super().__init__()
+        if modules is not None:
+            self.update(modules)
+
+    def __getitem__(self, key: str) -> Module:
+        return self._modules[key]
+
+    def __setitem__(self, key: str, module: Module) -> None:
+        self.add_module(key, module)
+
+    def __delitem__(self, key: str) -> None:
+        delattr(self, key)
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._modules))
+
+    def __contains__(self, key) -> bool:
+        return key in self._modules
+
+    def keys(self):
+        return self._modules.keys()
+
+    def values(self):
+        return self._modules.values()
+
+    def items(self):
+        return self._modules.items()
+
+    def update(self, modules) -> None:
+        for key, module in (modules.items() if hasattr(modules, "items") else modules):
+            self[key] = module
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError("ModuleDict is a container and has no forward(): index it instead")
+
+
 class Sequential(ModuleList):
     """Modules applied one after another: ``Sequential(Linear(4, 8), ReLU(), Linear(8, 2))``; children are named
     "0", "1", ... (or by the keys of a single dict argument)."""
@@ -379,4 +469,4 @@ class Sequential(ModuleList):
         return x
 
 
-__all__ = ["IncompatibleKeys", "Module", "ModuleList", "Parameter", "Sequential", "StateDictError"]
+__all__ = ["IncompatibleKeys", "Module", "ModuleDict", "ModuleList", "Parameter", "Sequential", "StateDictError"]

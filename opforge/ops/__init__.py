@@ -25,6 +25,6 @@ for _op in _registry:
 
 # half first: it gives every op defined after it (the library's, then yours) its half-precision kernels.
 from . import half  # noqa: E402, F401, I001
-from . import creation, elementwise, binary, reduce, shape, linalg, loss, nn, normalization, conv, accumulate  # noqa: E402, F401
-from . import optim  # noqa: E402, F401
+from . import creation, elementwise, binary, integer, reduce, shape, linalg, loss, nn, normalization, conv, accumulate  # noqa: E402, F401
+from . import optim, collective, device, pool, resize  # noqa: E402, F401
 from . import embedding_bags, feature_dropout, indexing, similarity, sorting  # noqa: E402, F401

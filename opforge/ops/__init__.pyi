@@ -73,50 +73,29 @@ def logical_and(x: _TensorLike, y: _TensorLike) -> Tensor:
 def logical_or(x: _TensorLike, y: _TensorLike) -> Tensor:
     """True where x or y is nonzero (True)."""
 
+# -- opforge.ops.collective
+
+def all_reduce(x: _TensorLike, *, op: str = 'sum') -> Tensor:
+    """Every rank gets the elementwise sum, mean or max of ``x`` over the ranks."""
+
+def all_gather(x: _TensorLike, *, axis: int = 0) -> Tensor:
+    """Every rank gets the ranks' ``x`` concatenated along ``axis``, in rank order."""
+
+def reduce_scatter(x: _TensorLike, *, axis: int = 0, op: str = 'sum') -> Tensor:
+    """Rank r gets block r, along ``axis``, of the elementwise sum (or mean) of ``x`` over the ranks."""
+
+def broadcast(x: _TensorLike, *, root: int = 0) -> Tensor:
+    """Every rank gets rank ``root``'s ``x``."""
+
+def reduce(x: _TensorLike, *, root: int = 0, op: str = 'sum') -> Tensor:
+    """Rank ``root`` gets the elementwise sum (or mean) of ``x`` over the ranks; the other ranks get zeros."""
+
+def all_to_all(x: _TensorLike, *, split_axis: int = 0, concat_axis: int = 0) -> Tensor:
+    """``x`` is cut into one block per rank along ``split_axis``; block j goes to rank j, which concatenates the
+    blocks it receives in rank order along ``concat_axis`` (resharding S(split) to S(concat)).
+    """
+
 # -- opforge.ops.conv
-
-def conv2d(
-    x: _TensorLike,
-    weight: _TensorLike,
-    bias: _TensorLike | None = None,
-    *,
-    stride: Sequence[int] | int = [1, 1],
-    padding: Sequence[int] | int = [0, 0],
-    dilation: Sequence[int] | int = [1, 1],
-    groups: int = 1,
-) -> Tensor:
-    """2-D convolution (cross-correlation, as PyTorch): x (N, C, H, W), weight (O, C/groups, kH, kW), bias (O,)
-    give y (N, O, OH, OW) with y[n, o, p, q] = bias[o] + Σ_{c, i, j} weight[o, c, i, j] · x_pad[n, g·C/groups +
-    c, p·sH + i·dH, q·sW + j·dW], g being the group of output channel o.
-    """
-
-def conv2d_grad_input(
-    dy: _TensorLike,
-    weight: _TensorLike,
-    *,
-    input_size: Sequence[int] | int,
-    stride: Sequence[int] | int = [1, 1],
-    padding: Sequence[int] | int = [0, 0],
-    dilation: Sequence[int] | int = [1, 1],
-    groups: int = 1,
-) -> Tensor:
-    """Gradient of conv2d with respect to its input of spatial size ``input_size`` (H, W): the transposed
-    convolution of dy with the weight. Input rows and columns no output read (the floor) get 0.
-    """
-
-def conv2d_grad_weight(
-    x: _TensorLike,
-    dy: _TensorLike,
-    *,
-    kernel_size: Sequence[int] | int,
-    stride: Sequence[int] | int = [1, 1],
-    padding: Sequence[int] | int = [0, 0],
-    dilation: Sequence[int] | int = [1, 1],
-    groups: int = 1,
-) -> Tensor:
-    """Gradient of conv2d with respect to its weight of spatial size ``kernel_size`` (kH, kW): dweight[o, c, i,
-    j] = Σ_{n, p, q} dy[n, o, p, q] · x_pad[n, g·C/groups + c, p·sH + i·dH, q·sW + j·dW].
-    """
 
 def conv1d(
     x: _TensorLike,
@@ -124,70 +103,145 @@ def conv1d(
     bias: _TensorLike | None = None,
     *,
     stride: Sequence[int] | int = [1],
-    padding: Sequence[int] | int = [0],
+    padding: Sequence[int] | int | str = [0],
     dilation: Sequence[int] | int = [1],
     groups: int = 1,
 ) -> Tensor:
     """1-D convolution (cross-correlation, as PyTorch): x (N, C, L), weight (O, C/groups, kL), bias (O,) give y
-    (N, O, OL) with y[n, o, p] = bias[o] + Σ_{c, i} weight[o, c, i] · x_pad[n, g·C/groups + c, p·s + i·d].
+    (N, O, OL) with y[n, o, p] = bias[o] + Σ_{c, i} weight[o, c, i] · x_pad[n, g·C/groups + c, p·s + i·d], g
+    being the group of output channel o. ``padding`` is ints, "valid" (none) or "same" (stride 1).
     """
 
-def max_pool2d(
+def conv2d(
     x: _TensorLike,
+    weight: _TensorLike,
+    bias: _TensorLike | None = None,
     *,
-    kernel_size: Sequence[int] | int,
-    stride: Sequence[int] | int | None = None,
-    padding: Sequence[int] | int = [0, 0],
+    stride: Sequence[int] | int = [1, 1],
+    padding: Sequence[int] | int | str = [0, 0],
+    dilation: Sequence[int] | int = [1, 1],
+    groups: int = 1,
 ) -> Tensor:
-    """The maximum of each kH×kW window of x (N, C, H, W), windows ``stride`` apart (default: the kernel size),
-    over x padded with -inf.
+    """2-D convolution (cross-correlation, as PyTorch): x (N, C, H, W), weight (O, C/groups, kH, kW), bias (O,)
+    give y (N, O, OH, OW) with y[n, o, p, q] = bias[o] + Σ_{c, i, j} weight[o, c, i, j] · x_pad[n, g·C/groups +
+    c, p·sH + i·dH, q·sW + j·dW], g being the group of output channel o. ``padding`` is ints, "valid" (none) or
+    "same" (stride 1).
     """
 
-def max_pool2d_grad(
+def conv3d(
     x: _TensorLike,
+    weight: _TensorLike,
+    bias: _TensorLike | None = None,
+    *,
+    stride: Sequence[int] | int = [1, 1, 1],
+    padding: Sequence[int] | int | str = [0, 0, 0],
+    dilation: Sequence[int] | int = [1, 1, 1],
+    groups: int = 1,
+) -> Tensor:
+    """3-D convolution (cross-correlation, as PyTorch): x (N, C, D, H, W), weight (O, C/groups, kD, kH, kW),
+    bias (O,) give y (N, O, OD, OH, OW), each output the weighted sum of a dilated, strided window of the padded
+    input over the channels of its group. ``padding`` is ints, "valid" (none) or "same" (stride 1).
+    """
+
+def conv_grad_input(
     dy: _TensorLike,
-    *,
-    kernel_size: Sequence[int] | int,
-    stride: Sequence[int] | int | None = None,
-    padding: Sequence[int] | int = [0, 0],
-) -> Tensor:
-    """Gradient of max_pool2d: each window's dy goes to the window's maximum of x (the first one on ties, as
-    PyTorch); overlapping windows add up.
-    """
-
-def max_pool2d_grad_grad(
-    x: _TensorLike,
-    ddx: _TensorLike,
-    *,
-    kernel_size: Sequence[int] | int,
-    stride: Sequence[int] | int | None = None,
-    padding: Sequence[int] | int = [0, 0],
-) -> Tensor:
-    """Gradient of max_pool2d_grad with respect to dy (TensorFlow's MaxPoolGradGrad): ddx, an input-shaped
-    tensor, read at each window's maximum of x (the first one on ties).
-    """
-
-def avg_pool2d(
-    x: _TensorLike,
-    *,
-    kernel_size: Sequence[int] | int,
-    stride: Sequence[int] | int | None = None,
-    padding: Sequence[int] | int = [0, 0],
-) -> Tensor:
-    """The mean of each kH×kW window of x (N, C, H, W), windows ``stride`` apart (default: the kernel size),
-    over x padded with zeros that count in the mean (PyTorch's count_include_pad=True).
-    """
-
-def avg_pool2d_grad(
-    dy: _TensorLike,
+    weight: _TensorLike,
     *,
     input_size: Sequence[int] | int,
-    kernel_size: Sequence[int] | int,
-    stride: Sequence[int] | int | None = None,
-    padding: Sequence[int] | int = [0, 0],
+    stride: Sequence[int] | int = [1],
+    padding: Sequence[int] | int | str = [0],
+    dilation: Sequence[int] | int = [1],
+    groups: int = 1,
 ) -> Tensor:
-    """Gradient of avg_pool2d for an input of spatial size ``input_size`` (H, W): each window's dy spread evenly
-    over its kH·kW pixels; overlapping windows add up.
+    """Gradient of a convolution (1-, 2- or 3-D, by the weight's rank) with respect to its input of spatial size
+    ``input_size``: the transposed convolution of dy with the weight. Input positions no output read get 0.
+    """
+
+def conv_grad_weight(
+    x: _TensorLike,
+    dy: _TensorLike,
+    *,
+    kernel_size: Sequence[int] | int,
+    stride: Sequence[int] | int = [1],
+    padding: Sequence[int] | int | str = [0],
+    dilation: Sequence[int] | int = [1],
+    groups: int = 1,
+) -> Tensor:
+    """Gradient of a convolution (1-, 2- or 3-D, by the input's rank) with respect to its weight of spatial size
+    ``kernel_size``: dweight[o, c, *i] = Σ_{n, *p} dy[n, o, *p] · x_pad[n, g·C/groups + c, *(p·s + i·d)].
+    """
+
+def conv_transpose1d(
+    x: _TensorLike,
+    weight: _TensorLike,
+    bias: _TensorLike | None = None,
+    *,
+    stride: Sequence[int] | int = [1],
+    padding: Sequence[int] | int = [0],
+    output_padding: Sequence[int] | int = [0],
+    groups: int = 1,
+    dilation: Sequence[int] | int = [1],
+) -> Tensor:
+    """1-D transposed convolution (PyTorch's): x (N, C, L), weight (C, O/groups, kL), bias (O,) give y (N, O, (L
+    − 1)·s − 2·p + d·(kL − 1) + output_padding + 1), the gradient of conv1d with respect to its input, plus the
+    bias. ``output_padding`` (less than the stride) adds positions behind.
+    """
+
+def conv_transpose2d(
+    x: _TensorLike,
+    weight: _TensorLike,
+    bias: _TensorLike | None = None,
+    *,
+    stride: Sequence[int] | int = [1, 1],
+    padding: Sequence[int] | int = [0, 0],
+    output_padding: Sequence[int] | int = [0, 0],
+    groups: int = 1,
+    dilation: Sequence[int] | int = [1, 1],
+) -> Tensor:
+    """2-D transposed convolution (PyTorch's): x (N, C, H, W), weight (C, O/groups, kH, kW), bias (O,) give y
+    (N, O, OH, OW) with OH = (H − 1)·sH − 2·pH + dH·(kH − 1) + output_padding + 1 (and so for OW), the gradient
+    of conv2d with respect to its input, plus the bias.
+    """
+
+def conv_transpose3d(
+    x: _TensorLike,
+    weight: _TensorLike,
+    bias: _TensorLike | None = None,
+    *,
+    stride: Sequence[int] | int = [1, 1, 1],
+    padding: Sequence[int] | int = [0, 0, 0],
+    output_padding: Sequence[int] | int = [0, 0, 0],
+    groups: int = 1,
+    dilation: Sequence[int] | int = [1, 1, 1],
+) -> Tensor:
+    """3-D transposed convolution (PyTorch's): x (N, C, D, H, W), weight (C, O/groups, kD, kH, kW), bias (O,):
+    the gradient of conv3d with respect to its input, plus the bias; each output size is (n − 1)·s − 2·p + d·(k
+    − 1) + output_padding + 1.
+    """
+
+def unfold(
+    x: _TensorLike,
+    *,
+    kernel_size: Sequence[int] | int,
+    dilation: Sequence[int] | int = [1, 1],
+    padding: Sequence[int] | int = [0, 0],
+    stride: Sequence[int] | int = [1, 1],
+) -> Tensor:
+    """im2col (PyTorch's ``F.unfold``): the sliding kH×kW windows of x (N, C, H, W) — or (C, H, W) — as columns,
+    y (N, C·kH·kW, L), L the number of windows; rows run over (channel, kernel row, kernel column).
+    """
+
+def fold(
+    x: _TensorLike,
+    *,
+    output_size: Sequence[int] | int,
+    kernel_size: Sequence[int] | int,
+    dilation: Sequence[int] | int = [1, 1],
+    padding: Sequence[int] | int = [0, 0],
+    stride: Sequence[int] | int = [1, 1],
+) -> Tensor:
+    """col2im (PyTorch's ``F.fold``), the transpose of unfold: the columns of x (N, C·kH·kW, L) — or (C·kH·kW,
+    L) — added back into an image y (N, C, *output_size) where their windows lie; overlaps add up.
     """
 
 # -- opforge.ops.creation
@@ -227,6 +281,13 @@ def eye(*, n: int, m: int | None = None, dtype: _DTypeLike | None = None) -> Ten
 
 def bernoulli(p: _TensorLike) -> Tensor:
     """Draws 1 with probability ``p`` (elementwise), else 0, in ``p``'s dtype, from the seeded generator."""
+
+# -- opforge.ops.device
+
+def to_device(x: _TensorLike, *, device: str) -> Tensor:
+    """A copy of x on ``device`` (the name of a registered device). This kernel reads host memory (it serves
+    every device whose arrays are host arrays); a device with memory of its own gives it a kernel of its own.
+    """
 
 # -- opforge.ops.elementwise
 
@@ -509,6 +570,23 @@ def masked_fill(x: _TensorLike, mask: _TensorLike, value: _TensorLike) -> Tensor
     positions it fills.
     """
 
+# -- opforge.ops.integer
+
+def remainder(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """x mod y with the sign of y (Python's ``%``, ``torch.remainder``): x − floor(x / y)·y."""
+
+def floor_divide(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """floor(x / y) (Python's ``//``; integers stay integers)."""
+
+def bitwise_and(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """x & y, bit by bit (the logical and of bools)."""
+
+def bitwise_or(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """x | y, bit by bit (the logical or of bools)."""
+
+def bitwise_not(x: _TensorLike) -> Tensor:
+    """~x, bit by bit (−x − 1 for integers; the logical not of bools)."""
+
 # -- opforge.ops.linalg
 
 def matmul(x: _TensorLike, y: _TensorLike) -> Tensor:
@@ -577,11 +655,148 @@ def linalg_svd(a: _TensorLike, *, full_matrices: bool = True) -> _linalg_svd_res
 
 # -- opforge.ops.loss
 
+def nll_loss(
+    log_probs: _TensorLike,
+    target: _TensorLike,
+    weight: _TensorLike | None = None,
+    *,
+    ignore_index: int = -100,
+    reduction: str = 'mean',
+) -> Tensor:
+    """Negative log-likelihood of class-index targets: −weight[target[n]]·log_probs[n, target[n]], reduced."""
+
+def nll_loss_grad(
+    dloss: _TensorLike,
+    target: _TensorLike,
+    weight: _TensorLike | None = None,
+    *,
+    num_classes: int,
+    ignore_index: int = -100,
+    reduction: str = 'mean',
+) -> Tensor:
+    """Gradient of nll_loss: −dloss·weight[target] (÷ the sum of the counted weights for "mean") at each target
+    class, 0 elsewhere.
+    """
+
+def cross_entropy(
+    logits: _TensorLike,
+    target: _TensorLike,
+    weight: _TensorLike | None = None,
+    *,
+    ignore_index: int = -100,
+    reduction: str = 'mean',
+    label_smoothing: float = 0.0,
+) -> Tensor:
+    """Cross entropy of logits against class indices (integer targets) or class probabilities (floating targets
+    of the logits' shape), as torch: −Σ_c w_c·q_c·log softmax(logits)_c per sample, where q is the target with
+    label smoothing ε — (1 − ε)·onehot(target) + ε/C, or (1 − ε)·probs + ε/C — and w the class ``weight`` (1 if
+    absent).
+    """
+
+def cross_entropy_grad(
+    logits: _TensorLike,
+    target: _TensorLike,
+    dloss: _TensorLike,
+    weight: _TensorLike | None = None,
+    *,
+    ignore_index: int = -100,
+    reduction: str = 'mean',
+    label_smoothing: float = 0.0,
+) -> Tensor:
+    """Gradient of cross_entropy with class-index targets, in one pass over the logits: per sample
+    s·(Q·softmax(logits) − q), where q is the smoothed, weighted target ((1 − ε)·w[t] at class t, ε/C·w_c at
+    every class c), Q = Σ_c q_c and s = dloss (÷ Σ w[target] for "mean"). The softmax is made in place: max,
+    subtract, exp, then one multiply by s·Q/Σ exp; then the target's share is subtracted.
+    """
+
+def mse_loss(x: _TensorLike, target: _TensorLike, *, reduction: str = 'mean') -> Tensor:
+    """(x − target)², elementwise (shapes broadcast), then reduced."""
+
+def l1_loss(x: _TensorLike, target: _TensorLike, *, reduction: str = 'mean') -> Tensor:
+    """|x − target|, elementwise (shapes broadcast), then reduced."""
+
+def huber_loss(x: _TensorLike, target: _TensorLike, *, reduction: str = 'mean', delta: float = 1.0) -> Tensor:
+    """½·d² where |d| < delta, else delta·(|d| − ½·delta), with d = x − target elementwise (shapes broadcast);
+    then reduced.
+    """
+
 def smooth_l1(x: _TensorLike, *, sigma: float = 1.0) -> Tensor:
     """MXNet's smooth L1: 0.5·(σx)² where |x| < 1/σ², else |x| − 0.5/σ²."""
 
 def smooth_l1_grad(x: _TensorLike, dy: _TensorLike, *, sigma: float) -> Tensor:
     """Gradient of smooth_l1: dx = dy·σ²x where |x| < 1/σ², else dy·sign(x)."""
+
+def kl_div(x: _TensorLike, target: _TensorLike, *, reduction: str = 'mean', log_target: bool = False) -> Tensor:
+    """The KL divergence of the distribution ``target`` from log-probabilities ``x``, elementwise (shapes
+    broadcast): target·(log target − x), 0 where target is 0 — or exp(target)·(target − x) with ``log_target``.
+    Reduced by "mean" (over every element, as torch), "batchmean" (the sum over x's first dim: the divergence
+    per sample), "sum" or "none".
+    """
+
+def binary_cross_entropy(
+    probs: _TensorLike,
+    target: _TensorLike,
+    weight: _TensorLike | None = None,
+    *,
+    reduction: str = 'mean',
+) -> Tensor:
+    """−weight·(target·log(probs) + (1 − target)·log(1 − probs)), each log clamped to ≥ −100 as torch; then
+    reduced. ``probs`` must lie in [0, 1]. ``weight`` (broadcast to the input) gets a gradient too.
+    """
+
+def binary_cross_entropy_with_logits(
+    logits: _TensorLike,
+    target: _TensorLike,
+    weight: _TensorLike | None = None,
+    pos_weight: _TensorLike | None = None,
+    *,
+    reduction: str = 'mean',
+) -> Tensor:
+    """−weight·[pos_weight·y·log σ(x) + (1 − y)·log(1 − σ(x))] (pos_weight and weight 1 if absent, each
+    broadcast to the input), computed without overflow as (1 − y)·x + (1 + (pos_weight − 1)·y)·softplus(−x),
+    softplus(z) = log(1 + eᶻ); then reduced. Both weights get gradients too.
+    """
+
+def cosine_embedding_loss(
+    x1: _TensorLike,
+    x2: _TensorLike,
+    target: _TensorLike,
+    *,
+    margin: float = 0.0,
+    reduction: str = 'mean',
+) -> Tensor:
+    """For rows x1, x2 (D,) or batches (N, D) with targets 1 (alike) or −1 (unlike): 1 − cos(x1, x2) where the
+    target is 1, max(0, cos(x1, x2) − margin) where it is −1, 0 for any other target; then reduced. The cosine
+    is x1·x2 / √((|x1|² + ε)(|x2|² + ε)) with ε = 1e-12, as torch.
+    """
+
+def margin_ranking_loss(
+    x1: _TensorLike,
+    x2: _TensorLike,
+    target: _TensorLike,
+    *,
+    margin: float = 0.0,
+    reduction: str = 'mean',
+) -> Tensor:
+    """max(0, −target·(x1 − x2) + margin), elementwise (shapes broadcast; the three must have the same number of
+    dims, as in torch): target 1 asks x1 to rank above x2 by ``margin``, −1 below. Then reduced.
+    """
+
+def triplet_margin_loss(
+    anchor: _TensorLike,
+    positive: _TensorLike,
+    negative: _TensorLike,
+    *,
+    margin: float = 1.0,
+    p: float = 2.0,
+    eps: float = 1e-06,
+    swap: bool = False,
+    reduction: str = 'mean',
+) -> Tensor:
+    """max(0, margin + d(anchor, positive) − d(anchor, negative)) per sample, with d(u, v) = ‖u − v + eps‖_p
+    over the last axis (pairwise_distance); ``swap`` uses min(d(a, n), d(p, n)) for the negative distance. The
+    three inputs have the same number of dims and broadcast. Then reduced.
+    """
 
 # -- opforge.ops.nn
 
@@ -596,51 +811,6 @@ def log_softmax(x: _TensorLike, *, axis: int = -1) -> Tensor:
 
 def log_softmax_grad(y: _TensorLike, dy: _TensorLike, *, axis: int = -1) -> Tensor:
     """Gradient of log_softmax from its output y: dx = dy − exp(y)·Σ dy along ``axis``."""
-
-def nll_loss(
-    log_probs: _TensorLike,
-    target: _TensorLike,
-    *,
-    ignore_index: int = -100,
-    reduction: str = 'mean',
-) -> Tensor:
-    """Negative log-likelihood of class-index targets: −log_probs[n, target[n]], reduced by ``reduction``."""
-
-def nll_loss_grad(
-    dloss: _TensorLike,
-    target: _TensorLike,
-    *,
-    num_classes: int,
-    ignore_index: int = -100,
-    reduction: str = 'mean',
-) -> Tensor:
-    """Gradient of nll_loss: −dloss (÷ the count of valid targets for "mean") at each target class, 0 elsewhere."""
-
-def cross_entropy(
-    logits: _TensorLike,
-    target: _TensorLike,
-    *,
-    ignore_index: int = -100,
-    reduction: str = 'mean',
-    label_smoothing: float = 0.0,
-) -> Tensor:
-    """nll_loss(log_softmax(logits)) with class-index targets; with label smoothing ε the target distribution is
-    (1 − ε)·onehot + ε/C, so each valid term is (1 − ε)·(−log p[target]) + ε·mean_c(−log p[c]).
-    """
-
-def mse_loss(x: _TensorLike, target: _TensorLike, *, reduction: str = 'mean') -> Tensor:
-    """(x − target)², elementwise (shapes broadcast), then the mean, the sum, or nothing ("none")."""
-
-def binary_cross_entropy_with_logits(
-    logits: _TensorLike,
-    target: _TensorLike,
-    pos_weight: _TensorLike | None = None,
-    *,
-    reduction: str = 'mean',
-) -> Tensor:
-    """−[w·y·log σ(x) + (1 − y)·log(1 − σ(x))] with w = pos_weight (1 if absent), computed without overflow as
-    (1 − y)·x + (1 + (w − 1)·y)·softplus(−x), softplus(z) = log(1 + eᶻ); then reduced.
-    """
 
 class _dropout_result(NamedTuple):
     y: Tensor
@@ -841,6 +1011,234 @@ def adam_update(
     (AdamW; Adam's L2 decay is in the moments) — as ``torch.optim.Adam``/``AdamW``.
     """
 
+# -- opforge.ops.pool
+
+def max_pool1d(
+    x: _TensorLike,
+    *,
+    kernel_size: Sequence[int] | int,
+    stride: Sequence[int] | int | None = None,
+    padding: Sequence[int] | int = [0],
+    dilation: Sequence[int] | int = [1],
+    ceil_mode: bool = False,
+) -> Tensor:
+    """The maximum of each window of x (N, C, L) — or (C, L) — windows ``stride`` apart (default: the kernel
+    size), over x padded with -inf.
+    """
+
+def max_pool2d(
+    x: _TensorLike,
+    *,
+    kernel_size: Sequence[int] | int,
+    stride: Sequence[int] | int | None = None,
+    padding: Sequence[int] | int = [0, 0],
+    dilation: Sequence[int] | int = [1, 1],
+    ceil_mode: bool = False,
+) -> Tensor:
+    """The maximum of each kH×kW window of x (N, C, H, W) — or (C, H, W) — windows ``stride`` apart (default:
+    the kernel size), over x padded with -inf.
+    """
+
+def max_pool3d(
+    x: _TensorLike,
+    *,
+    kernel_size: Sequence[int] | int,
+    stride: Sequence[int] | int | None = None,
+    padding: Sequence[int] | int = [0, 0, 0],
+    dilation: Sequence[int] | int = [1, 1, 1],
+    ceil_mode: bool = False,
+) -> Tensor:
+    """The maximum of each kD×kH×kW window of x (N, C, D, H, W) — or (C, D, H, W) — windows ``stride`` apart
+    (default: the kernel size), over x padded with -inf.
+    """
+
+class _max_pool1d_with_indices_result(NamedTuple):
+    y: Tensor
+    indices: Tensor
+
+def max_pool1d_with_indices(
+    x: _TensorLike,
+    *,
+    kernel_size: Sequence[int] | int,
+    stride: Sequence[int] | int | None = None,
+    padding: Sequence[int] | int = [0],
+    dilation: Sequence[int] | int = [1],
+    ceil_mode: bool = False,
+) -> _max_pool1d_with_indices_result:
+    """max_pool1d, and the index (int64, along L) of each window's maximum: PyTorch's ``max_pool1d(...,
+    return_indices=True)``.
+    """
+
+class _max_pool2d_with_indices_result(NamedTuple):
+    y: Tensor
+    indices: Tensor
+
+def max_pool2d_with_indices(
+    x: _TensorLike,
+    *,
+    kernel_size: Sequence[int] | int,
+    stride: Sequence[int] | int | None = None,
+    padding: Sequence[int] | int = [0, 0],
+    dilation: Sequence[int] | int = [1, 1],
+    ceil_mode: bool = False,
+) -> _max_pool2d_with_indices_result:
+    """max_pool2d, and the flat index h·W + w (int64) of each window's maximum: PyTorch's ``max_pool2d(...,
+    return_indices=True)``.
+    """
+
+class _max_pool3d_with_indices_result(NamedTuple):
+    y: Tensor
+    indices: Tensor
+
+def max_pool3d_with_indices(
+    x: _TensorLike,
+    *,
+    kernel_size: Sequence[int] | int,
+    stride: Sequence[int] | int | None = None,
+    padding: Sequence[int] | int = [0, 0, 0],
+    dilation: Sequence[int] | int = [1, 1, 1],
+    ceil_mode: bool = False,
+) -> _max_pool3d_with_indices_result:
+    """max_pool3d, and the flat index (d·H + h)·W + w (int64) of each window's maximum: PyTorch's
+    ``max_pool3d(..., return_indices=True)``.
+    """
+
+def max_pool_grad(
+    x: _TensorLike,
+    dy: _TensorLike,
+    *,
+    kernel_size: Sequence[int] | int,
+    stride: Sequence[int] | int | None = None,
+    padding: Sequence[int] | int = [0],
+    dilation: Sequence[int] | int = [1],
+    ceil_mode: bool = False,
+) -> Tensor:
+    """Gradient of max pooling (1-, 2- or 3-D, by x's rank): each window's dy goes to the window's maximum of x;
+    overlapping windows add up.
+    """
+
+def max_pool_grad_grad(
+    x: _TensorLike,
+    ddx: _TensorLike,
+    *,
+    kernel_size: Sequence[int] | int,
+    stride: Sequence[int] | int | None = None,
+    padding: Sequence[int] | int = [0],
+    dilation: Sequence[int] | int = [1],
+    ceil_mode: bool = False,
+) -> Tensor:
+    """Gradient of max_pool_grad with respect to dy (TensorFlow's MaxPoolGradGrad): ddx, an input-shaped tensor,
+    read at each window's maximum of x.
+    """
+
+def pool_scatter(dy: _TensorLike, indices: _TensorLike, *, input_size: Sequence[int] | int) -> Tensor:
+    """Zeros (N, C, *input_size) to which each dy value is added at the flat spatial index ``indices`` holds for
+    it (as ``max_pool*_with_indices`` return them): the gradient of pooling with indices. Repeats add up.
+    """
+
+def pool_gather(x: _TensorLike, indices: _TensorLike) -> Tensor:
+    """x (N, C, *spatial) read at the flat spatial indices ``indices`` (N, C, *out) holds: the transpose of
+    pool_scatter.
+    """
+
+def avg_pool1d(
+    x: _TensorLike,
+    *,
+    kernel_size: Sequence[int] | int,
+    stride: Sequence[int] | int | None = None,
+    padding: Sequence[int] | int = [0],
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+) -> Tensor:
+    """The mean of each window of x (N, C, L) — or (C, L) — windows ``stride`` apart (default: the kernel size),
+    over x padded with zeros that count in the mean unless ``count_include_pad`` is False; ``divisor_override``
+    replaces the window size.
+    """
+
+def avg_pool2d(
+    x: _TensorLike,
+    *,
+    kernel_size: Sequence[int] | int,
+    stride: Sequence[int] | int | None = None,
+    padding: Sequence[int] | int = [0, 0],
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+) -> Tensor:
+    """The mean of each kH×kW window of x (N, C, H, W) — or (C, H, W) — windows ``stride`` apart (default: the
+    kernel size), over x padded with zeros that count in the mean unless ``count_include_pad`` is False;
+    ``divisor_override`` replaces the window size.
+    """
+
+def avg_pool3d(
+    x: _TensorLike,
+    *,
+    kernel_size: Sequence[int] | int,
+    stride: Sequence[int] | int | None = None,
+    padding: Sequence[int] | int = [0, 0, 0],
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+) -> Tensor:
+    """The mean of each kD×kH×kW window of x (N, C, D, H, W) — or (C, D, H, W) — windows ``stride`` apart
+    (default: the kernel size), over x padded with zeros that count in the mean unless ``count_include_pad`` is
+    False; ``divisor_override`` replaces the window size.
+    """
+
+def avg_pool_grad(
+    dy: _TensorLike,
+    *,
+    input_size: Sequence[int] | int,
+    kernel_size: Sequence[int] | int,
+    stride: Sequence[int] | int | None = None,
+    padding: Sequence[int] | int = [0],
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+) -> Tensor:
+    """Gradient of average pooling (1-, 2- or 3-D, by dy's rank) for an input of spatial size ``input_size``:
+    each window's dy divided as its sum was and spread over the window; overlapping windows add up.
+    """
+
+def adaptive_avg_pool1d(x: _TensorLike, *, output_size: Sequence[int] | int) -> Tensor:
+    """x (N, C, L) — or (C, L) — averaged down (or up) to ``output_size``: output i is the mean of inputs
+    ⌊i·L/o⌋ … ⌈(i+1)·L/o⌉ − 1 (PyTorch's adaptive windows).
+    """
+
+def adaptive_avg_pool2d(x: _TensorLike, *, output_size: Sequence[int] | int) -> Tensor:
+    """x (N, C, H, W) — or (C, H, W) — averaged to ``output_size`` (OH, OW) over PyTorch's adaptive windows
+    (rows ⌊i·H/OH⌋ … ⌈(i+1)·H/OH⌉ − 1, and so for columns); output_size 1 is global average pooling.
+    """
+
+def adaptive_avg_pool_grad(dy: _TensorLike, *, input_size: Sequence[int] | int) -> Tensor:
+    """Gradient of adaptive average pooling (1-, 2- or 3-D, by dy's rank) for an input of spatial size
+    ``input_size``: each output's dy spread evenly over its window; overlapping windows add up.
+    """
+
+def adaptive_avg_pool3d(x: _TensorLike, *, output_size: Sequence[int] | int) -> Tensor:
+    """x (N, C, D, H, W) — or (C, D, H, W) — averaged to ``output_size`` (OD, OH, OW) over PyTorch's adaptive
+    windows.
+    """
+
+def adaptive_max_pool2d(x: _TensorLike, *, output_size: Sequence[int] | int) -> Tensor:
+    """The maximum of each of PyTorch's adaptive windows of x (N, C, H, W) — or (C, H, W) — for ``output_size``
+    (OH, OW): rows ⌊i·H/OH⌋ … ⌈(i+1)·H/OH⌉ − 1, and so for columns.
+    """
+
+class _adaptive_max_pool2d_with_indices_result(NamedTuple):
+    y: Tensor
+    indices: Tensor
+
+def adaptive_max_pool2d_with_indices(
+    x: _TensorLike,
+    *,
+    output_size: Sequence[int] | int,
+) -> _adaptive_max_pool2d_with_indices_result:
+    """adaptive_max_pool2d, and the flat index h·W + w (int64) of each window's maximum: PyTorch's
+    ``adaptive_max_pool2d(..., return_indices=True)``.
+    """
+
 # -- opforge.ops.reduce
 
 def sum(x: _TensorLike, *, axis: Sequence[int] | int | None = None, keepdim: bool = False) -> Tensor:
@@ -919,6 +1317,46 @@ def cumsum(x: _TensorLike, *, axis: int) -> Tensor:
 
 def cumprod(x: _TensorLike, *, axis: int) -> Tensor:
     """Running products along ``axis``: yᵢ = x₀·x₁·…·xᵢ. Integer and bool tensors multiply in int64."""
+
+# -- opforge.ops.resize
+
+def interpolate(
+    x: _TensorLike,
+    *,
+    size: Sequence[int] | int | None = None,
+    scale_factor: Sequence[float] | float | None = None,
+    mode: str = 'nearest',
+    align_corners: bool | None = None,
+    recompute_scale_factor: bool | None = None,
+) -> Tensor:
+    """Resize x (N, C, *spatial) to ``size``, or by ``scale_factor`` (the output ⌊n·s⌋), as PyTorch's
+    ``F.interpolate``: mode "nearest" (output i reads input ⌊i·n/o⌋), "nearest-exact" (⌊(i + ½)·n/o⌋), or
+    "linear"/"bilinear"/"trilinear" for 1/2/3 spatial dims (a blend of the two nearest inputs; ``align_corners``
+    maps the corner pixels' centres onto each other). With a scale factor the positions use it unless
+    ``recompute_scale_factor``.
+    """
+
+def interpolate_grad(
+    dy: _TensorLike,
+    *,
+    input_size: Sequence[int] | int,
+    size: Sequence[int] | int | None = None,
+    scale_factor: Sequence[float] | float | None = None,
+    mode: str = 'nearest',
+    align_corners: bool | None = None,
+    recompute_scale_factor: bool | None = None,
+) -> Tensor:
+    """Gradient of interpolate for an input of spatial size ``input_size``: each output's dy added back to the
+    inputs it read, times the weights it read them with.
+    """
+
+def pixel_shuffle(x: _TensorLike, *, upscale_factor: int) -> Tensor:
+    """x (*, C·r², H, W) rearranged to (*, C, H·r, W·r), r = upscale_factor: y[..., c, h·r + i, w·r + j] =
+    x[..., c·r² + i·r + j, h, w] (sub-pixel convolution's upsampling, as PyTorch).
+    """
+
+def pixel_unshuffle(x: _TensorLike, *, downscale_factor: int) -> Tensor:
+    """The inverse of pixel_shuffle: x (*, C, H·r, W·r) rearranged to (*, C·r², H, W), r = downscale_factor."""
 
 # -- opforge.ops.shape
 

@@ -5,10 +5,11 @@ import numpy as np
 from ..core import dtypes as D
 from ..core.errors import ShapeError
 from ..core.opdef import Sample
+from ..core.sbp import B, P, S
 from ..core.spec import Spec, broadcast_shapes
 from ..dispatch import op
 
-__all__ = ["D", "Sample", "ShapeError", "Spec", "broadcast_shapes", "normalize_axes", "np", "op"]
+__all__ = ["B", "D", "P", "S", "Sample", "ShapeError", "Spec", "broadcast_shapes", "normalize_axes", "np", "op"]
 
 
 def normalize_axes(op_name: str, axes, ndim: int) -> tuple:

@@ -3,7 +3,7 @@ so rules here are written as if nothing were broadcast."""
 
 from opforge import ops as F
 
-from ._common import D, Sample, Spec, broadcast_shapes, np, op
+from ._common import D, P, Sample, Spec, broadcast_shapes, np, op
 
 
 @op("add(Tensor x, Tensor y) -> Tensor out", traits=["broadcast"], inplace={"out": "x"})
@@ -49,6 +49,16 @@ sub.onnx(_onnx_binary("Sub"))
 @sub.grad
 def _(dout):
     return dout, F.neg(dout)
+
+
+def _partial_sbp(x, y):
+    """Sums of partial values are partial values of the sum."""
+    yield (P, P), P
+    yield (P("mean"), P("mean")), P("mean")
+
+
+add.sbp(_partial_sbp)
+sub.sbp(_partial_sbp)
 
 
 @op("minus(Tensor x, Tensor y) -> Tensor out", traits=["broadcast"])
@@ -135,7 +145,8 @@ def _(x, y, out, dout, needs_input_grad):
     dy = None
     if needs_input_grad[1]:
         # d/dy xʸ = xʸ·ln x; 0 where x = 0 (as PyTorch), NaN where x < 0.
-        dy = F.where(x == 0, 0, dout * out * F.log(F.where(x == 0, 1, x)))
+        base = x if x.dtype.kind == "f" else F.cast(x, dtype=out.dtype)  # an int or bool base: ln in floats
+        dy = F.where(x == 0, 0, dout * out * F.log(F.where(x == 0, 1, base)))
     return dx, dy
 
 
@@ -229,8 +240,9 @@ def _(rng):
 # -- comparisons: bool results, no gradient ----------------------------------------------------------------
 
 
-def _compare_spec(x, y):
-    return Spec(broadcast_shapes(x.shape, y.shape), D.bool_)
+def _compare_spec(name: str):
+    """The shape rule of comparison or logical op ``name``: its inputs broadcast, the result is bool."""
+    return lambda x, y: Spec(broadcast_shapes(x.shape, y.shape, op=name), D.bool_)
 
 
 def _compare_samples(rng):
@@ -239,7 +251,7 @@ def _compare_samples(rng):
     yield Sample.of(rng.standard_normal((2, 3)), rng.standard_normal(3))
 
 
-@op("less(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec)
+@op("less(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec("less"))
 def less(x, y):
     """x < y."""
     return np.less(x, y)
@@ -248,7 +260,7 @@ def less(x, y):
 less.fusable()
 
 
-@op("less_equal(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec)
+@op("less_equal(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec("less_equal"))
 def less_equal(x, y):
     """x ≤ y."""
     return np.less_equal(x, y)
@@ -257,7 +269,7 @@ def less_equal(x, y):
 less_equal.fusable()
 
 
-@op("greater(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec)
+@op("greater(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec("greater"))
 def greater(x, y):
     """x > y."""
     return np.greater(x, y)
@@ -266,7 +278,7 @@ def greater(x, y):
 greater.fusable()
 
 
-@op("greater_equal(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec)
+@op("greater_equal(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec("greater_equal"))
 def greater_equal(x, y):
     """x ≥ y."""
     return np.greater_equal(x, y)
@@ -275,7 +287,7 @@ def greater_equal(x, y):
 greater_equal.fusable()
 
 
-@op("equal(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec)
+@op("equal(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec("equal"))
 def equal(x, y):
     """x == y."""
     return np.equal(x, y)
@@ -284,7 +296,7 @@ def equal(x, y):
 equal.fusable()
 
 
-@op("not_equal(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec)
+@op("not_equal(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec("not_equal"))
 def not_equal(x, y):
     """x ≠ y."""
     return np.not_equal(x, y)
@@ -317,7 +329,7 @@ for _compare in (less, less_equal, greater, greater_equal, equal, not_equal):
 # -- logical ops: bool results, no gradient -------------------------------------------------------------------
 
 
-@op("logical_and(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec)
+@op("logical_and(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec("logical_and"))
 def logical_and(x, y):
     """True where both x and y are nonzero (True)."""
     return np.logical_and(x, y)
@@ -326,7 +338,7 @@ def logical_and(x, y):
 logical_and.fusable()
 
 
-@op("logical_or(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec)
+@op("logical_or(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec("logical_or"))
 def logical_or(x, y):
     """True where x or y is nonzero (True)."""
     return np.logical_or(x, y)

@@ -3,10 +3,15 @@
 from ._common import D, Sample, ShapeError, Spec, np, op
 
 
-def _shape_spec(*, shape, dtype=None, **_):
-    if any(d < 0 for d in shape):
-        raise ShapeError(f"shape {list(shape)} has a negative dim")
-    return Spec(tuple(shape), dtype or D.DEFAULT_FLOAT)
+def _shape_spec(name: str):
+    """The shape rule of creation op ``name``: its ``shape`` attr, which must hold no negative size."""
+
+    def infer(*, shape, dtype=None, **_):
+        if any(d is not None and d < 0 for d in shape):
+            raise ShapeError(f"{name}(): argument 'shape' {list(shape)} has a negative size")
+        return Spec(tuple(shape), dtype or D.DEFAULT_FLOAT)
+
+    return infer
 
 
 def _shape_samples(rng):
@@ -15,7 +20,7 @@ def _shape_samples(rng):
     yield Sample.of(shape=[4], dtype="int64")
 
 
-@op("zeros(*, int[] shape, dtype dtype=None) -> Tensor y", traits=["no_grad"], infer=_shape_spec)
+@op("zeros(*, int[] shape, dtype dtype=None) -> Tensor y", traits=["no_grad"], infer=_shape_spec("zeros"))
 def zeros(*, shape, dtype):
     """A tensor of zeros (float32 unless ``dtype`` says otherwise)."""
     return np.zeros(shape, dtype or D.DEFAULT_FLOAT)
@@ -24,7 +29,7 @@ def zeros(*, shape, dtype):
 zeros.onnx(lambda g, *, shape, dtype: g.filled(g.ints(shape), 0, dtype or D.DEFAULT_FLOAT))
 
 
-@op("ones(*, int[] shape, dtype dtype=None) -> Tensor y", traits=["no_grad"], infer=_shape_spec)
+@op("ones(*, int[] shape, dtype dtype=None) -> Tensor y", traits=["no_grad"], infer=_shape_spec("ones"))
 def ones(*, shape, dtype):
     """A tensor of ones (float32 unless ``dtype`` says otherwise)."""
     return np.ones(shape, dtype or D.DEFAULT_FLOAT)
@@ -34,7 +39,7 @@ ones.onnx(lambda g, *, shape, dtype: g.filled(g.ints(shape), 1, dtype or D.DEFAU
 
 
 @op("full(*, int[] shape, float fill_value, dtype dtype=None) -> Tensor y", traits=["no_grad"],
-    infer=_shape_spec)
+    infer=_shape_spec("full"))
 def full(*, shape, fill_value, dtype):
     """A tensor filled with ``fill_value``."""
     return np.full(shape, fill_value, dtype or D.DEFAULT_FLOAT)
@@ -44,7 +49,7 @@ full.onnx(lambda g, *, shape, fill_value, dtype: g.filled(g.ints(shape), fill_va
 
 
 @op("normal(*, int[] shape, float mean=0.0, float std=1.0, dtype dtype=None) -> Tensor y",
-    traits=["no_grad", "random"], infer=_shape_spec)
+    traits=["no_grad", "random"], infer=_shape_spec("normal"))
 def normal(*, shape, mean, std, dtype, rng):
     """Samples of N(mean, std²)."""
     return (mean + std * rng.standard_normal(shape)).astype(dtype or D.DEFAULT_FLOAT)
@@ -63,7 +68,7 @@ def _onnx_random(g, onnx_type, shape, dtype, **attrs):
 
 
 @op("uniform(*, int[] shape, float low=0.0, float high=1.0, dtype dtype=None) -> Tensor y",
-    traits=["no_grad", "random"], infer=_shape_spec)
+    traits=["no_grad", "random"], infer=_shape_spec("uniform"))
 def uniform(*, shape, low, high, dtype, rng):
     """Samples of U[low, high)."""
     return rng.uniform(low, high, shape).astype(dtype or D.DEFAULT_FLOAT)

@@ -12,7 +12,7 @@ import math
 from opforge import ops as F
 
 from ..core.errors import ArgumentError
-from ._common import D, Sample, ShapeError, Spec, broadcast_shapes, normalize_axes, np, op
+from ._common import D, P, Sample, ShapeError, Spec, broadcast_shapes, normalize_axes, np, op
 
 
 def _carry_nan(x, dx):
@@ -40,6 +40,13 @@ def identity(x):
 identity.fusable()
 
 
+def _linear_sbp(*inputs, **_):
+    """A linear map of partial values is the partial values of the map."""
+    yield tuple(P for _ in inputs), P
+    yield tuple(P("mean") for _ in inputs), P("mean")
+
+
+identity.sbp(_linear_sbp)
 identity.onnx(lambda g, x: g.op("Identity", x))
 
 
@@ -63,6 +70,9 @@ scale.onnx(lambda g, x, *, scale: g.op("Mul", x, g.scalar(scale, x)))
 @scale.grad
 def _(dy, *, scale):
     return F.scale(dy, scale=scale)
+
+
+scale.sbp(_linear_sbp)
 
 
 @scale.samples
@@ -193,6 +203,7 @@ def neg(x, out=None):
 neg.fusable()
 
 
+neg.sbp(_linear_sbp)
 neg.onnx(lambda g, x: g.op("Neg", x))
 
 
@@ -504,7 +515,7 @@ def round(x, *, decimals):
     if not D.is_floating(x.dtype):
         if decimals >= 0:
             return x.copy()
-        scale = 10 ** -decimals
+        scale = 10 ** builtins.min(-decimals, 20)  # past 10^20 every int64 rounds to 0 (and 10^(2^62) never ends)
         return (np.rint(x / scale) * scale).astype(x.dtype)
     if decimals == 0:
         return np.round(x)
@@ -1375,7 +1386,8 @@ def _(x, *, axis):
 
 @glu.grad
 def _(x, dy, *, axis):
-    a, b = F.split(x, sections=[x.shape[axis] // 2], axis=axis)  # two halves
+    half = x.shape[axis] // 2
+    a, b = F.split(x, sections=[half, half], axis=axis)  # two halves (sizes, not a chunk size: 0 works too)
     s = F.sigmoid(b)
     return F.concat([dy * s, dy * a * s * (1 - s)], axis=axis)  # ∂/∂a = σ(b), ∂/∂b = a·σ(b)·(1 − σ(b))
 
@@ -1396,6 +1408,8 @@ def _prelu_weight_shape(x_ndim, c):
 def prelu(x, weight):
     """y = x where x > 0, else weight·x; ``weight`` is (1,) or (C,), C the size of dim 1 (1 for an x of fewer
     dims), as torch's."""
+    if weight.ndim != 1:
+        raise ValueError("weight must be 1-d")  # (the shape rule explains; reshape would take a 0-d weight)
     w = weight.reshape(_prelu_weight_shape(x.ndim, weight.size))
     return np.where(x > 0, x, w * x).astype(x.dtype, copy=False)
 

@@ -8,10 +8,10 @@ import string
 from opforge import ops as F
 
 from ..core.errors import ArgumentError
-from ._common import D, Sample, ShapeError, Spec, broadcast_shapes, np, op
+from ._common import B, D, P, S, Sample, ShapeError, Spec, broadcast_shapes, np, op
 
 
-@op("matmul(Tensor<number> x, Tensor<number> y) -> Tensor out")
+@op("matmul(Tensor<number> x, Tensor<number> y) -> Tensor out", traits=["same_dtype"])
 def matmul(x, y, out=None):
     """Matrix product with NumPy's rules: 1-D operands are vectors, leading dims broadcast (batches)."""
     return np.matmul(x, y, out=out)  # out=: the executor's workspace buffer, written by BLAS directly
@@ -67,6 +67,17 @@ def _(x, y, dout):
         dy = F.reshape(dy, shape=dy.shape[:-1])
         dy = F.sum_to(dy, shape=y.shape)
     return dx, dy
+
+
+@matmul.sbp
+def _(x, y):
+    if len(x.shape) < 2 or len(y.shape) != 2:
+        return
+    last = len(x.shape) - 1
+    for a in range(last):
+        yield (S(a), B), S(a)  # rows (and batches) of x
+    yield (B, S(1)), S(last)  # columns of y
+    yield (S(last), S(0)), P  # the contracted dim: each rank's product is a partial sum
 
 
 @matmul.samples
@@ -140,7 +151,8 @@ def _linear_spec(x, weight, bias):
     return Spec(shape, D.promote(*dtypes))
 
 
-@op("linear(Tensor<number> x, Tensor<number> weight, Tensor<number>? bias=None) -> Tensor y")
+@op("linear(Tensor<number> x, Tensor<number> weight, Tensor<number>? bias=None) -> Tensor y",
+    traits=["same_dtype"])
 def linear(x, weight, bias, out=None):
     """``torch.nn.functional.linear``: ``y = x @ weightᵀ + bias``, weight of shape (out_features, in_features),
     over the last dim of ``x`` (any leading dims are a batch)."""
@@ -174,11 +186,25 @@ def _(x, weight, dy, needs_input_grad):
     # y = x·Wᵀ + b over the rows of x: dx = dy·W, dW = Σ_rows dyᵀ·x, db = dy (summed to the bias by the engine).
     dx = F.matmul(dy, weight) if needs_input_grad[0] else None
     dw = None
-    if needs_input_grad[1]:
+    if needs_input_grad[1] and 0 in weight.shape:  # no rows to reshape to (-1, 0): an empty weight, empty dw
+        dw = F.zeros_like(weight)
+    elif needs_input_grad[1]:
         rows_dy = F.reshape(dy, shape=[-1, weight.shape[0]])
         rows_x = F.reshape(x, shape=[-1, weight.shape[1]])
         dw = F.matmul(F.transpose(rows_dy), rows_x)
     return dx, dw, dy if needs_input_grad[2] else None
+
+
+@linear.sbp
+def _(x, weight, bias):
+    if not x.shape or len(weight.shape) != 2:
+        return
+    last = len(x.shape) - 1
+    b = (lambda layout: None) if bias is None else (lambda layout: layout)
+    for a in range(last):
+        yield (S(a), B, b(B)), S(a)  # data parallel: rows of x
+    yield (B, S(0), b(S(0))), S(last)  # column parallel: rows of the weight, the output's features
+    yield (S(last), S(1), b(P)), P  # row parallel: partial sums, the bias added by one rank only
 
 
 @linear.samples
@@ -440,9 +466,9 @@ def _solve_spec(a, b, left):
     if vector and not left:  # as PyTorch, which would read it as a column
         raise ShapeError(f"linalg_solve(): with left=False, b must be a (batch of) matrices (..., k, n), got shape "
                          f"{b.shape}; a row vector is (..., 1, n)")
-    rows = b.shape[-1] if vector or not left else b.shape[-2]
     if not vector and len(b.shape) < 2:
         raise ShapeError(f"linalg_solve(): b must be a vector or a matrix (or a batch of them), got shape {b.shape}")
+    rows = b.shape[-1] if vector or not left else b.shape[-2]
     if n is not None and rows is not None and rows != n:
         side = "its last dim" if vector or not left else "its second to last dim"
         raise ShapeError(f"linalg_solve(): b of shape {b.shape} does not fit a of shape {a.shape}: {side} must be "
@@ -626,7 +652,9 @@ def linalg_svd(a, *, full_matrices):
     matrices); the columns beyond k of full matrices are not determined by a, and their gradient is ignored, as
     in PyTorch."""
     _svd_shapes(a.shape, full_matrices)
-    u, s, vh = np.linalg.svd(a, full_matrices=full_matrices)
+    if not np.isfinite(a).all():  # LAPACK's gesdd never returns on an inf (NumPy 2.4, OpenBLAS), as torch refuses
+        raise ArgumentError("linalg_svd(): a holds inf or NaN; the SVD of a non-finite matrix is not defined")
+    u, s, vh = _lapack("linalg_svd", "the SVD did not converge", np.linalg.svd, a, full_matrices)
     return u, s, vh
 
 

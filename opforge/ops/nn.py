@@ -1,9 +1,9 @@
-"""Neural-network ops: softmax and log_softmax, losses, dropout, embedding, attention (normalisation: norm.py).
+"""Neural-network ops: softmax and log_softmax, dropout, embedding, attention (losses: loss.py, normalisation:
+normalization.py).
 
 Semantics follow ``torch.nn.functional`` (``axis`` for ``dim``). Kernels compute with NumPy; every gradient rule
-is written with ops, so backward passes can be differentiated again. Where a rule needs a scatter or a one-hot
-(nll_loss, embedding) or where a formula pays (softmax, log_softmax), a dedicated grad op carries it, with a
-gradient of its own.
+is written with ops, so backward passes can be differentiated again. Where a rule needs a scatter (embedding) or
+where a formula pays (softmax, log_softmax), a dedicated grad op carries it, with a gradient of its own.
 """
 
 import math
@@ -12,13 +12,6 @@ from opforge import ops as F
 
 from ..core.errors import ArgumentError
 from ._common import D, Sample, ShapeError, Spec, broadcast_shapes, normalize_axes, np, op
-
-_REDUCTIONS = ("mean", "sum", "none")
-
-
-def _check_reduction(reduction: str) -> None:
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"argument 'reduction' must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
 def _same_dims(a: tuple, b: tuple) -> bool:
@@ -55,16 +48,38 @@ def _swap_last(t):
 # A 0-d tensor accepts axis 0 or -1 and is its own (one-element) group: softmax gives 1, log_softmax 0.
 
 
-def _softmax_np(x, axes):
+def _axes(op_name: str, axis: int, ndim: int) -> tuple:
+    """The one axis of a softmax as NumPy's axis tuple (() for a 0-d tensor); the usual last axis skips the checks."""
+    return (ndim - 1,) if axis == -1 and ndim else normalize_axes(op_name, [axis], ndim)
+
+
+# The kernels work in one buffer each (``out``, when the executor hands one), and take the reductions from the ufuncs
+# themselves: np.max would only wrap np.maximum.reduce, at a cost on small tensors.
+
+
+def _sum(a, axes: tuple, b=None):
+    """Σ a, or Σ a·b without making the product, over ``axes``, kept as size-1 dims. Over the last axis (the usual
+    case) einsum's loops sum several times faster than np.add.reduce, which sums each contiguous row pairwise."""
+    if axes == (a.ndim - 1,):
+        return (np.einsum("...i->...", a) if b is None else np.einsum("...i,...i->...", a, b))[..., None]
+    return np.add.reduce(a if b is None else a * b, axis=axes, keepdims=True)
+
+
+def _softmax_np(x, axes, out=None):
     # exp(x − m) / Σ exp(x − m) with m = max x: no exp overflows.
-    e = np.exp(x - np.max(x, axis=axes, keepdims=True, initial=-np.inf))
-    return e / np.sum(e, axis=axes, keepdims=True)
+    if not x.ndim:  # NumPy gives scalars, not arrays, for 0-d results: one element, then back to 0-d
+        return _softmax_np(x.reshape(1), (0,)).reshape(())
+    y = np.subtract(x, np.maximum.reduce(x, axis=axes, keepdims=True, initial=-np.inf), out=out)
+    np.exp(y, out=y)
+    return np.divide(y, _sum(y, axes), out=y)
 
 
-def _log_softmax_np(x, axes):
+def _log_softmax_np(x, axes, out=None):
     # log softmax(x) = (x − m) − log Σ exp(x − m) with m = max x: no exp overflows, the largest term is exp(0).
-    z = x - np.max(x, axis=axes, keepdims=True, initial=-np.inf)
-    return z - np.log(np.sum(np.exp(z), axis=axes, keepdims=True))
+    if not x.ndim:
+        return _log_softmax_np(x.reshape(1), (0,)).reshape(())
+    z = np.subtract(x, np.maximum.reduce(x, axis=axes, keepdims=True, initial=-np.inf), out=out)
+    return np.subtract(z, np.log(_sum(np.exp(z), axes)), out=z)
 
 
 def _softmax_spec(op_name):
@@ -85,10 +100,10 @@ def _softmax_grad_spec(op_name):
     return infer
 
 
-@op("softmax(Tensor<floating> x, *, int axis=-1) -> Tensor y", infer=_softmax_spec("softmax"))
-def softmax(x, *, axis):
+@op("softmax(Tensor<floating> x, *, int axis=-1) -> Tensor y", infer=_softmax_spec("softmax"), inplace={"y": "x"})
+def softmax(x, *, axis, out=None):
     """exp(x) / Σ exp(x) along ``axis``, computed as exp(x − max x) / Σ exp(x − max x) so nothing overflows."""
-    return _softmax_np(x, normalize_axes("softmax", [axis], x.ndim))
+    return _softmax_np(x, _axes("softmax", axis, x.ndim), out)
 
 
 softmax.onnx(lambda g, x, *, axis: g.op("Softmax", x, axis=axis) if x.ndim else g.filled(g.op("Shape", x), 1, x.dtype))
@@ -100,12 +115,15 @@ def _(y, dy, *, axis):
 
 
 @op("softmax_grad(Tensor<floating> y, Tensor<floating> dy, *, int axis=-1) -> Tensor dx",
-    infer=_softmax_grad_spec("softmax_grad"))
-def softmax_grad(y, dy, *, axis):
+    infer=_softmax_grad_spec("softmax_grad"), inplace={"dx": "dy"})
+def softmax_grad(y, dy, *, axis, out=None):
     """Gradient of softmax from its output y: dx = y·(dy − Σ dy·y) along ``axis``."""
-    _validate(softmax_grad, y, dy, axis=axis)
-    axes = normalize_axes("softmax_grad", [axis], y.ndim)
-    return y * (dy - np.sum(dy * y, axis=axes, keepdims=True))
+    if y.shape != dy.shape:
+        _validate(softmax_grad, y, dy, axis=axis)
+    if not y.ndim:  # one element: y·(dy − dy·y)
+        return np.asarray(y * (dy - dy * y))
+    dx = np.subtract(dy, _sum(dy, _axes("softmax_grad", axis, y.ndim), y), out=out)
+    return np.multiply(dx, y, out=dx)
 
 
 @softmax_grad.grad
@@ -117,10 +135,11 @@ def _(y, dy, ddx, *, axis):
     return ddx * (dy - s) - t * dy, F.softmax_grad(y, ddx, axis=axis)
 
 
-@op("log_softmax(Tensor<floating> x, *, int axis=-1) -> Tensor y", infer=_softmax_spec("log_softmax"))
-def log_softmax(x, *, axis):
+@op("log_softmax(Tensor<floating> x, *, int axis=-1) -> Tensor y", infer=_softmax_spec("log_softmax"),
+    inplace={"y": "x"})
+def log_softmax(x, *, axis, out=None):
     """log(softmax(x)) along ``axis``, computed as (x − max x) − log Σ exp(x − max x)."""
-    return _log_softmax_np(x, normalize_axes("log_softmax", [axis], x.ndim))
+    return _log_softmax_np(x, _axes("log_softmax", axis, x.ndim), out)
 
 
 log_softmax.onnx(lambda g, x, *, axis: g.op("LogSoftmax", x, axis=axis) if x.ndim else
@@ -133,12 +152,17 @@ def _(y, dy, *, axis):
 
 
 @op("log_softmax_grad(Tensor<floating> y, Tensor<floating> dy, *, int axis=-1) -> Tensor dx",
-    infer=_softmax_grad_spec("log_softmax_grad"))
-def log_softmax_grad(y, dy, *, axis):
+    infer=_softmax_grad_spec("log_softmax_grad"), inplace={"dx": "y"})
+def log_softmax_grad(y, dy, *, axis, out=None):
     """Gradient of log_softmax from its output y: dx = dy − exp(y)·Σ dy along ``axis``."""
-    _validate(log_softmax_grad, y, dy, axis=axis)
-    axes = normalize_axes("log_softmax_grad", [axis], y.ndim)
-    return dy - np.exp(y) * np.sum(dy, axis=axes, keepdims=True)
+    if y.shape != dy.shape:
+        _validate(log_softmax_grad, y, dy, axis=axis)
+    if not y.ndim:  # one element: dy − exp(y)·dy
+        return np.asarray(dy - np.exp(y) * dy)
+    s = _sum(dy, _axes("log_softmax_grad", axis, y.ndim))
+    e = np.exp(y, out=out)  # y's own buffer, when it dies here: read before it is written, element by element
+    e *= s
+    return np.subtract(dy, e, out=e)
 
 
 @log_softmax_grad.grad
@@ -174,342 +198,6 @@ softmax.samples(_softmax_samples)
 log_softmax.samples(_softmax_samples)
 softmax_grad.samples(_softmax_grad_samples)
 log_softmax_grad.samples(_log_softmax_grad_samples)
-
-
-# -- classification losses with class-index targets -------------------------------------------------------------
-# Layout as torch: scores (C,) with a 0-d target, or (N, C, d1, ...) with a target (N, d1, ...); the class axis is 1
-# (0 for 1-D scores). Targets equal to ignore_index add nothing, and "mean" divides by the number of the others.
-
-
-def _class_axis(ndim: int) -> int:
-    return 1 if ndim > 1 else 0
-
-
-def _loss_spec(op_name):
-    def infer(scores, target, *, reduction, **_):
-        if not scores.shape:
-            raise ShapeError(f"{op_name}(): scores need a class dim, got a 0-d tensor")
-        axis = _class_axis(len(scores.shape))
-        expected = scores.shape[:axis] + scores.shape[axis + 1:]
-        if not _same_dims(expected, target.shape):
-            raise ShapeError(f"{op_name}(): scores of shape {scores.shape} need a target of shape {expected} "
-                             f"(the class dim {axis} removed), got {target.shape}")
-        return Spec(expected if reduction == "none" else (), scores.dtype)
-
-    return infer
-
-
-def _valid_targets(op_name, target, num_classes, ignore_index):
-    """The mask of targets that count; a class index out of range is an error naming the op (as torch)."""
-    valid = target != ignore_index
-    bad = valid & ((target < 0) | (target >= num_classes))
-    if bad.any():
-        raise ArgumentError(f"{op_name}(): target holds class {int(target[bad].flat[0])}, outside [0, {num_classes})"
-                            f" and not ignore_index ({ignore_index})")
-    return valid
-
-
-def _reduce_losses(losses, valid, reduction):
-    if reduction == "none":
-        return losses
-    total = np.sum(losses)
-    if reduction == "sum":
-        return np.asarray(total)
-    with np.errstate(invalid="ignore", divide="ignore"):  # every target ignored: 0/0 = nan, as torch
-        return np.asarray(total / int(np.count_nonzero(valid)))
-
-
-def _picked(scores, target, valid):
-    """scores[n, target[n], ...] along the class axis (0 where the target is ignored)."""
-    axis = _class_axis(scores.ndim)
-    index = np.expand_dims(np.where(valid, target, 0), axis)
-    return np.squeeze(np.take_along_axis(scores, index, axis), axis)
-
-
-@op("nll_loss(Tensor<floating> log_probs, nograd Tensor<int32|int64> target, *, int ignore_index=-100, "
-    "str reduction=\"mean\") -> Tensor loss", infer=_loss_spec("nll_loss"))
-def nll_loss(log_probs, target, *, ignore_index, reduction):
-    """Negative log-likelihood of class-index targets: −log_probs[n, target[n]], reduced by ``reduction``."""
-    _validate(nll_loss, log_probs, target, reduction=reduction)
-    valid = _valid_targets("nll_loss", target, log_probs.shape[_class_axis(log_probs.ndim)], ignore_index)
-    return _reduce_losses(np.where(valid, -_picked(log_probs, target, valid), 0), valid, reduction)
-
-
-def _onnx_nll(g, log_probs, target, ignore_index, reduction):
-    if log_probs.ndim == 1:  # ONNX wants a batch dim: (C,) and a 0-d target become (1, C) and (1,)
-        log_probs = g.op("Unsqueeze", log_probs, g.ints([0]), spec=Spec((1, *log_probs.shape), log_probs.dtype))
-        target = g.op("Unsqueeze", target, g.ints([0]))
-        loss = g.op("NegativeLogLikelihoodLoss", log_probs, g.cast(target, D.int64), reduction=reduction,
-                    ignore_index=ignore_index)
-        return g.op("Squeeze", loss, g.ints([0])) if reduction == "none" else loss
-    return g.op("NegativeLogLikelihoodLoss", log_probs, g.cast(target, D.int64), reduction=reduction,
-                ignore_index=ignore_index)
-
-
-nll_loss.onnx(lambda g, log_probs, target, *, ignore_index, reduction:
-              _onnx_nll(g, log_probs, target, ignore_index, reduction))
-
-
-@nll_loss.check
-def _(*, reduction, **_):
-    _check_reduction(reduction)
-
-
-@nll_loss.grad
-def _(target, dloss, log_probs_spec, *, ignore_index, reduction):
-    num_classes = log_probs_spec.shape[_class_axis(len(log_probs_spec.shape))]
-    return F.nll_loss_grad(dloss, target, num_classes=num_classes, ignore_index=ignore_index,
-                           reduction=reduction), None
-
-
-@op("nll_loss_grad(Tensor<floating> dloss, nograd Tensor<int32|int64> target, *, int num_classes, "
-    "int ignore_index=-100, str reduction=\"mean\") -> Tensor dlog_probs")
-def nll_loss_grad(dloss, target, *, num_classes, ignore_index, reduction):
-    """Gradient of nll_loss: −dloss (÷ the count of valid targets for "mean") at each target class, 0 elsewhere."""
-    _validate(nll_loss_grad, dloss, target, num_classes=num_classes, reduction=reduction)
-    valid = _valid_targets("nll_loss_grad", target, num_classes, ignore_index)
-    axis = _class_axis(target.ndim + 1)
-    scale = -dloss / max(int(np.count_nonzero(valid)), 1) if reduction == "mean" else -dloss
-    weights = np.where(valid, np.broadcast_to(scale, target.shape), 0)
-    dx = np.zeros((*target.shape[:axis], num_classes, *target.shape[axis:]), dloss.dtype)
-    index = np.expand_dims(np.where(valid, target, 0), axis)
-    np.put_along_axis(dx, index, np.expand_dims(weights, axis).astype(dloss.dtype), axis)
-    return dx
-
-
-@nll_loss_grad.check
-def _(*, num_classes, reduction, **_):
-    _check_reduction(reduction)
-    if num_classes < 1:
-        raise ValueError(f"argument 'num_classes' must be >= 1, got {num_classes}")
-
-
-@nll_loss_grad.infer
-def _(dloss, target, *, num_classes, reduction, **_):
-    want = target.shape if reduction == "none" else ()
-    if not _same_dims(dloss.shape, want):
-        raise ShapeError(f"nll_loss_grad(): with reduction={reduction!r} and a target of shape {target.shape}, "
-                         f"dloss must have shape {want}, got {dloss.shape}")
-    axis = _class_axis(len(target.shape) + 1)
-    return Spec((*target.shape[:axis], num_classes, *target.shape[axis:]), dloss.dtype)
-
-
-@nll_loss_grad.grad
-def _(target, ddlog_probs, *, ignore_index, reduction):
-    # nll_loss_grad is linear in dloss, and <ddx, nll_loss_grad(dloss)> = dloss·nll_loss(ddx) term by term:
-    # its adjoint is nll_loss itself.
-    return F.nll_loss(ddlog_probs, target, ignore_index=ignore_index, reduction=reduction), None
-
-
-@op("cross_entropy(Tensor<floating> logits, nograd Tensor<int32|int64> target, *, int ignore_index=-100, "
-    "str reduction=\"mean\", float label_smoothing=0.0) -> Tensor loss", infer=_loss_spec("cross_entropy"))
-def cross_entropy(logits, target, *, ignore_index, reduction, label_smoothing):
-    """nll_loss(log_softmax(logits)) with class-index targets; with label smoothing ε the target distribution is
-    (1 − ε)·onehot + ε/C, so each valid term is (1 − ε)·(−log p[target]) + ε·mean_c(−log p[c])."""
-    _validate(cross_entropy, logits, target, reduction=reduction)
-    axis = _class_axis(logits.ndim)
-    valid = _valid_targets("cross_entropy", target, logits.shape[axis], ignore_index)
-    logp = _log_softmax_np(logits, (axis,))
-    losses = -_picked(logp, target, valid)
-    if label_smoothing:
-        losses = losses * (1 - label_smoothing) - np.mean(logp, axis=axis) * label_smoothing
-    return _reduce_losses(np.where(valid, losses, 0), valid, reduction)
-
-
-@cross_entropy.onnx
-def _(g, logits, target, *, ignore_index, reduction, label_smoothing):
-    axis = _class_axis(logits.ndim)
-    logp = g.op("LogSoftmax", logits, axis=axis)
-    if not label_smoothing:
-        return _onnx_nll(g, logp, target, ignore_index, reduction)
-    # (1 − ε)·(−log p[target]) + ε·mean_c(−log p[c]) for each valid target, then reduced over the valid ones
-    picked = _onnx_nll(g, logp, target, ignore_index, "none")
-    valid = g.op("Not", g.op("Equal", g.cast(target, D.int64), g.const(np.array(ignore_index, np.int64))))
-    smooth = g.op("Neg", g.reduce("ReduceMean", logp, [axis], False))
-    losses = g.op("Add", g.op("Mul", picked, g.scalar(1 - label_smoothing, logits)),
-                  g.op("Mul", smooth, g.scalar(label_smoothing, logits)))
-    losses = g.op("Where", valid, losses, g.scalar(0, logits))
-    if reduction == "none":
-        return losses
-    total = g.reduce("ReduceSum", losses, None, False)
-    if reduction == "sum":
-        return total
-    return g.op("Div", total, g.reduce("ReduceSum", g.cast(valid, logits.dtype), None, False))
-
-
-@cross_entropy.check
-def _(*, reduction, label_smoothing, **_):
-    _check_reduction(reduction)
-    if not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"argument 'label_smoothing' must be in [0, 1], got {label_smoothing}")
-
-
-@cross_entropy.grad
-def _(logits, target, dloss, *, ignore_index, reduction, label_smoothing):
-    # loss = nll_loss(logp) mixed with the smoothing term; as a function of logp the gradient g of the nll part is
-    # nll_loss_grad, and the smoothing term spreads each row's weight Σ_c g evenly over the classes: mean_c g.
-    # Then through logp = log_softmax(logits), recomputed here with ops so double backward reaches the logits.
-    axis = _class_axis(logits.ndim)
-    logp = F.log_softmax(logits, axis=axis)
-    g = F.nll_loss_grad(dloss, target, num_classes=logits.shape[axis], ignore_index=ignore_index,
-                        reduction=reduction)
-    if label_smoothing:
-        g = g * (1 - label_smoothing) + F.mean(g, axis=[axis], keepdim=True) * label_smoothing
-    return F.log_softmax_grad(logp, g, axis=axis), None
-
-
-def _class_target(rng, shape, num_classes, ignore=0):
-    """Random class indices, the first ``ignore`` of them (in flat order) set to -100."""
-    target = rng.integers(0, num_classes, shape).astype(np.int64)
-    target.reshape(-1)[:ignore] = -100
-    return target
-
-
-@nll_loss.samples
-def _(rng):
-    def logp(*shape):
-        return _log_softmax_np(rng.standard_normal(shape), (_class_axis(len(shape)),))
-
-    yield Sample.of(logp(4, 5), _class_target(rng, 4, 5))
-    yield Sample.of(logp(4, 5), _class_target(rng, 4, 5, ignore=1), reduction="sum")
-    yield Sample.of(logp(2, 3, 4), _class_target(rng, (2, 4), 3, ignore=2), reduction="none")
-    yield Sample.of(logp(2, 3, 2, 2), _class_target(rng, (2, 2, 2), 3), ignore_index=1)
-    yield Sample.of(logp(5), _class_target(rng, (), 5))
-
-
-@nll_loss_grad.samples
-def _(rng):
-    yield Sample.of(rng.standard_normal(()), _class_target(rng, 4, 5, ignore=1), num_classes=5)
-    yield Sample.of(rng.standard_normal((2, 4)), _class_target(rng, (2, 4), 3, ignore=2), num_classes=3,
-                    reduction="none")
-    yield Sample.of(rng.standard_normal(()), _class_target(rng, (), 5), num_classes=5, reduction="sum")
-
-
-@cross_entropy.samples
-def _(rng):
-    yield Sample.of(rng.standard_normal((4, 5)), _class_target(rng, 4, 5))
-    yield Sample.of(rng.standard_normal((4, 5)), _class_target(rng, 4, 5, ignore=1), reduction="sum",
-                    label_smoothing=0.2)
-    yield Sample.of(rng.standard_normal((2, 3, 4)), _class_target(rng, (2, 4), 3, ignore=2), reduction="none")
-    yield Sample.of(rng.standard_normal((2, 3, 2, 2)), _class_target(rng, (2, 2, 2), 3, ignore=1),
-                    label_smoothing=0.1)
-    yield Sample.of(rng.standard_normal(5), _class_target(rng, (), 5), label_smoothing=0.3)
-
-
-# -- regression and binary losses --------------------------------------------------------------------------------
-
-
-@op("mse_loss(Tensor<floating> x, Tensor<floating> target, *, str reduction=\"mean\") -> Tensor loss")
-def mse_loss(x, target, *, reduction):
-    """(x − target)², elementwise (shapes broadcast), then the mean, the sum, or nothing ("none")."""
-    d = x - target
-    d = d * d
-    return d if reduction == "none" else np.asarray(np.mean(d) if reduction == "mean" else np.sum(d))
-
-
-@mse_loss.onnx
-def _(g, x, target, *, reduction):
-    dtype = g.outputs[0].dtype
-    d = g.op("Sub", g.cast(x, dtype), g.cast(target, dtype))
-    d = g.op("Mul", d, d)
-    return d if reduction == "none" else g.reduce("ReduceMean" if reduction == "mean" else "ReduceSum", d, None, False)
-
-
-@mse_loss.check
-def _(*, reduction):
-    _check_reduction(reduction)
-
-
-@mse_loss.infer
-def _(x, target, *, reduction):
-    shape = broadcast_shapes(x.shape, target.shape, op="mse_loss")
-    return Spec(shape if reduction == "none" else (), D.promote(x.dtype, target.dtype))
-
-
-@mse_loss.grad
-def _(x, target, dloss, *, reduction):
-    shape = broadcast_shapes(x.shape, target.shape)
-    g = (x - target) * dloss * (2.0 / max(_numel(shape), 1) if reduction == "mean" else 2.0)
-    return g, -g  # the engine sums each down to its input's shape
-
-
-@mse_loss.samples
-def _(rng):
-    yield Sample.of(rng.standard_normal((3, 4)), rng.standard_normal((3, 4)))
-    yield Sample.of(rng.standard_normal((3, 4)), rng.standard_normal(4), reduction="sum")
-    yield Sample.of(rng.standard_normal((2, 3)), rng.standard_normal((2, 3)), reduction="none")
-    yield Sample.of(rng.standard_normal(()), rng.standard_normal(()))
-
-
-@op("binary_cross_entropy_with_logits(Tensor<floating> logits, Tensor<floating> target, "
-    "Tensor<floating>? pos_weight=None, *, str reduction=\"mean\") -> Tensor loss")
-def binary_cross_entropy_with_logits(logits, target, pos_weight, *, reduction):
-    """−[w·y·log σ(x) + (1 − y)·log(1 − σ(x))] with w = pos_weight (1 if absent), computed without overflow as
-    (1 − y)·x + (1 + (w − 1)·y)·softplus(−x), softplus(z) = log(1 + eᶻ); then reduced."""
-    _validate(binary_cross_entropy_with_logits, logits, target, pos_weight, reduction=reduction)
-    sp = np.logaddexp(0, -logits)  # softplus(−x) = −log σ(x)
-    coef = 1 + (pos_weight - 1) * target if pos_weight is not None else 1
-    losses = ((1 - target) * logits + coef * sp).astype(logits.dtype, copy=False)
-    if reduction == "none":
-        return losses
-    return np.asarray(np.mean(losses) if reduction == "mean" else np.sum(losses))
-
-
-@binary_cross_entropy_with_logits.onnx
-def _(g, logits, target, pos_weight, *, reduction):
-    x, y = logits, g.cast(target, logits.dtype)
-    # softplus(−x) = max(−x, 0) + ln(1 + e^−|x|): no overflow
-    sp = g.op("Add", g.op("Relu", g.op("Neg", x)), g.call("log1p", g.op("Exp", g.op("Neg", g.op("Abs", x)))))
-    coef = sp if pos_weight is None else g.op("Mul", sp, g.op("Add", g.scalar(1, x), g.op(
-        "Mul", g.op("Sub", g.cast(pos_weight, x.dtype), g.scalar(1, x)), y)))
-    losses = g.op("Add", g.op("Mul", g.op("Sub", g.scalar(1, x), y), x), coef)
-    if reduction == "none":
-        return losses
-    return g.reduce("ReduceMean" if reduction == "mean" else "ReduceSum", losses, None, False)
-
-
-@binary_cross_entropy_with_logits.check
-def _(*, reduction):
-    _check_reduction(reduction)
-
-
-@binary_cross_entropy_with_logits.infer
-def _(logits, target, pos_weight, *, reduction):
-    if not _same_dims(logits.shape, target.shape):
-        raise ShapeError(f"binary_cross_entropy_with_logits(): target must have the shape of logits {logits.shape}, "
-                         f"got {target.shape}")
-    if pos_weight is not None and not _broadcasts_to(pos_weight.shape, logits.shape):
-        raise ShapeError(f"binary_cross_entropy_with_logits(): pos_weight of shape {pos_weight.shape} must "
-                         f"broadcast to the shape of logits {logits.shape}")
-    return Spec(logits.shape if reduction == "none" else (), logits.dtype)
-
-
-@binary_cross_entropy_with_logits.grad
-def _(logits, target, pos_weight, dloss, *, reduction, needs_input_grad):
-    if reduction == "mean":
-        dloss = dloss * (1.0 / max(_numel(logits.shape), 1))
-    # ∂/∂x = (1 − y) + (1 + (w − 1)·y)·(σ(x) − 1), which is σ(x) − y when w = 1;
-    # ∂/∂y = −x + (w − 1)·softplus(−x);  ∂/∂w = y·softplus(−x).
-    s = F.sigmoid(logits)
-    if pos_weight is None:
-        dx = (s - target) * dloss if needs_input_grad[0] else None
-        dy = -logits * dloss if needs_input_grad[1] else None
-        return dx, dy, None
-    coef = (pos_weight - 1.0) * target + 1.0
-    dx = ((s - 1.0) * coef - target + 1.0) * dloss if needs_input_grad[0] else None
-    # softplus(−x), exact (no linear piece past a threshold, unlike torch's default): its derivative is σ(x) − 1.
-    sp = F.softplus(-logits, threshold=math.inf) if needs_input_grad[1] or needs_input_grad[2] else None
-    dy = ((pos_weight - 1.0) * sp - logits) * dloss if needs_input_grad[1] else None
-    dw = target * sp * dloss if needs_input_grad[2] else None
-    return dx, dy, dw
-
-
-@binary_cross_entropy_with_logits.samples
-def _(rng):
-    yield Sample.of(rng.standard_normal((3, 4)) * 3, rng.uniform(0, 1, (3, 4)))
-    yield Sample.of(rng.standard_normal((3, 4)), rng.uniform(0, 1, (3, 4)), rng.uniform(0.5, 2, 4), reduction="sum")
-    yield Sample.of(rng.standard_normal((2, 3)), rng.uniform(0, 1, (2, 3)), reduction="none")
-    yield Sample.of(rng.standard_normal(()), rng.uniform(0, 1, ()), rng.uniform(0.5, 2, ()))
 
 
 # -- dropout ---------------------------------------------------------------------------------------------------
@@ -621,7 +309,7 @@ def embedding_grad(dy, index, *, num_embeddings, padding_idx):
     _validate(embedding_grad, dy, index, num_embeddings=num_embeddings, padding_idx=padding_idx)
     _check_indices("embedding_grad", index, num_embeddings)
     dw = np.zeros((num_embeddings, dy.shape[-1]), dy.dtype)
-    np.add.at(dw, index.reshape(-1), dy.reshape(-1, dy.shape[-1]))
+    np.add.at(dw, index.reshape(-1), dy.reshape(index.size, dy.shape[-1]))  # (not -1: rows of 0 elements)
     if padding_idx is not None:
         dw[padding_idx % num_embeddings] = 0
     return dw
@@ -771,7 +459,10 @@ def _(q, k, v, attn_mask, dout, *, is_causal, scale, needs_input_grad):
     # dq = dS·k·scale, dk = dSᵀ·q·scale, d(additive mask) = dS. The engine sums broadcast batch dims down.
     scale = _attention_scale(q.shape[-1], scale)
     p = _attention_probs(q, k, attn_mask, is_causal, scale)
-    ds = F.softmax_grad(p, F.matmul(dout, _swap_last(v)), axis=-1)
+    dp = F.matmul(dout, _swap_last(v))
+    if tuple(p.shape) != tuple(dp.shape):  # v has batch dims q and k lack: P broadcasts to them in the forward
+        p = F.broadcast_to(p, shape=dp.shape)
+    ds = F.softmax_grad(p, dp, axis=-1)
     dq = F.matmul(ds, k) * scale if needs_input_grad[0] else None
     dk = F.matmul(_swap_last(ds), q) * scale if needs_input_grad[1] else None
     dv = F.matmul(_swap_last(p), dout) if needs_input_grad[2] else None

@@ -135,17 +135,22 @@ def _onnx_affine(g, y, weight, bias, per_channel=False):
 layer_norm.check(_check_eps)
 
 
-@layer_norm.infer
-def _(x, weight, bias, *, normalized_shape, eps):
+def _last_dims_spec(op_name, x, normalized_shape, **affine):
+    """The shape rule of layer_norm and rms_norm: ``normalized_shape`` ends ``x``'s, the weight (and bias) have it."""
     k = len(normalized_shape)
     if k == 0 or k > len(x.shape) or not _same_dims(tuple(x.shape[len(x.shape) - k:]), tuple(normalized_shape)):
-        raise ShapeError(f"layer_norm(): normalized_shape {list(normalized_shape)} must be the last dims of the "
+        raise ShapeError(f"{op_name}(): normalized_shape {list(normalized_shape)} must be the last dims of the "
                          f"input, whose shape is {x.shape}")
-    for name, t in (("weight", weight), ("bias", bias)):
+    for name, t in affine.items():
         if t is not None and not _same_dims(t.shape, tuple(normalized_shape)):
-            raise ShapeError(f"layer_norm(): {name} must have shape normalized_shape {tuple(normalized_shape)}, "
+            raise ShapeError(f"{op_name}(): {name} must have shape normalized_shape {tuple(normalized_shape)}, "
                              f"got {t.shape}")
     return Spec(x.shape, x.dtype)
+
+
+@layer_norm.infer
+def _(x, weight, bias, *, normalized_shape, eps):
+    return _last_dims_spec("layer_norm", x, normalized_shape, weight=weight, bias=bias)
 
 
 @layer_norm.grad
@@ -193,7 +198,7 @@ rms_norm.check(_check_eps)
 
 @rms_norm.infer
 def _(x, weight, *, normalized_shape, eps):
-    return layer_norm.infer_fn(x, weight, None, normalized_shape=normalized_shape, eps=eps)
+    return _last_dims_spec("rms_norm", x, normalized_shape, weight=weight)
 
 
 @rms_norm.grad
@@ -433,8 +438,10 @@ def _(x, running_mean, running_var, weight, bias, *, training, momentum, eps):
 
 
 @batch_norm.grad
-def _(x, running_mean, running_var, weight, dy, dnew_running_mean, dnew_running_var, *, training, momentum, eps,
-      needs_input_grad):
+def _(x, running_mean_spec, weight, new_running_mean, new_running_var, dy, dnew_running_mean, dnew_running_var, *,
+      training, momentum, eps, needs_input_grad):
+    # The running statistics are read from the outputs (equal to them without training): the layer updates its
+    # buffers in place after the call, and a training step needs none of their values.
     nd = x.ndim
     axes = [0, *range(2, nd)]
     g = dy * _channel(weight, nd) if weight is not None else dy
@@ -443,7 +450,7 @@ def _(x, running_mean, running_var, weight, dy, dnew_running_mean, dnew_running_
         if needs_input_grad[0]:
             # y through the batch statistics, then the statistics outputs: new_mean = (1 − m)·rm + m·mean(x) and
             # new_var = (1 − m)·rv + m·Σ(x − μ)²/(n − 1), whose derivative in x is 2m·(x − μ)/(n − 1).
-            m = momentum if running_mean is not None else 1.0
+            m = momentum if running_mean_spec is not None else 1.0
             n = _numel(x.shape) // x.shape[1]
             xc = x - F.mean(x, axis=axes, keepdim=True)
             dx = (dx + _channel(dnew_running_mean, nd) * (m / n)
@@ -454,9 +461,9 @@ def _(x, running_mean, running_var, weight, dy, dnew_running_mean, dnew_running_
         drv = dnew_running_var * (1.0 - momentum) if needs_input_grad[2] else None
     else:
         # y = (x − rm)·r·weight + bias with r = 1/√(rv + ε); the running statistics also pass through unchanged.
-        r_c = 1.0 / F.sqrt(running_var + eps)
+        r_c = 1.0 / F.sqrt(new_running_var + eps)
         r = _channel(r_c, nd)
-        xhat = (x - _channel(running_mean, nd)) * r
+        xhat = (x - _channel(new_running_mean, nd)) * r
         dx = g * r if needs_input_grad[0] else None
         drm = dnew_running_mean - F.sum(g, axis=axes) * r_c if needs_input_grad[1] else None
         # ∂x̂/∂rv = −½·x̂·r²

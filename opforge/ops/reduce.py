@@ -5,7 +5,7 @@ import math
 
 from opforge import ops as F
 
-from ._common import D, Sample, ShapeError, Spec, broadcast_shapes, normalize_axes, np, op
+from ._common import D, P, S, Sample, ShapeError, Spec, broadcast_shapes, normalize_axes, np, op
 
 
 def _reduced_shape(op_name, shape, axis, keepdim):
@@ -55,6 +55,18 @@ def _(dy, x_spec, *, axis, keepdim):
     return F.broadcast_to(dy, shape=x_spec.shape)
 
 
+def _reduction_sbp(split_reduced):
+    def sbp(x, *, axis, keepdim, **_):
+        axes = normalize_axes("sbp", axis, len(x.shape))
+        kept = [i for i in range(len(x.shape)) if i not in axes]
+        for k in range(len(x.shape)):
+            yield (S(k),), split_reduced if k in axes else S(k if keepdim else kept.index(k))
+        yield (P,), P  # linear: partial sums stay partial sums
+        yield (P("mean"),), P("mean")
+    return sbp
+
+
+sum.sbp(_reduction_sbp(P))
 sum.samples(_reduce_samples)
 
 
@@ -112,6 +124,7 @@ def _(rng):
     yield Sample.of(rng.standard_normal((2, 1)), shape=[2, 3], axis=-1, keepdim=True)
 
 
+mean.sbp(_reduction_sbp(P("mean")))  # each rank's mean of its rows
 mean.samples(_reduce_samples)
 
 
@@ -119,6 +132,8 @@ mean.samples(_reduce_samples)
 def sum_to(x, *, shape):
     """Sums ``x`` down to ``shape``, the inverse of broadcasting ``shape`` up to ``x.shape``."""
     lead = x.ndim - len(shape)
+    if lead < 0 or any(d not in (1, n) for d, n in zip(shape, x.shape[lead:])):
+        raise ValueError("the target shape does not broadcast to the input's")  # (reshape below would take it)
     axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(shape) if d == 1 and x.shape[lead + i] != 1)
     y = np.sum(x, axis=axes, keepdims=True) if axes else x
     return y.reshape(shape)
@@ -357,7 +372,7 @@ def _var_grad(x, dvar, axis, correction, keepdim):
     dims = [x.shape[a] for a in normalize_axes("", axis, x.ndim)]
     if all(isinstance(d, int) for d in dims):
         dof = math.prod(dims) - correction
-        factor = 2.0 / dof if dof else math.inf
+        factor = 2 / dof if dof else math.inf  # int / int: exact for any correction (2.0 / 10**400 overflows)
     else:  # in a program, a dim known only at run time: count the group there
         factor = 2.0 / (F.sum(F.ones_like(x), axis=axis, keepdim=True) - correction)
     return _expand(dvar, x.shape, axis, keepdim) * (x - F.mean(x, axis=axis, keepdim=True)) * factor

@@ -7,7 +7,7 @@ import math
 
 from opforge import ops as F
 
-from ._common import D, Sample, ShapeError, Spec, broadcast_shapes, normalize_axes, np, op
+from ._common import D, P, S, Sample, ShapeError, Spec, broadcast_shapes, normalize_axes, np, op
 
 
 @op("reshape(Tensor x, *, int[] shape) -> Tensor y")
@@ -50,6 +50,13 @@ def _(dy, x_spec):
     return F.reshape(dy, shape=x_spec.shape)
 
 
+@reshape.sbp
+def _(x, *, shape):
+    if x.shape and shape and (shape[0] == x.shape[0] or (shape[0] is None and x.shape[0] is None)):
+        yield (S(0),), S(0)  # the leading dim (a batch) kept as it is
+    yield (P,), P
+
+
 @reshape.samples
 def _(rng):
     yield Sample.of(rng.standard_normal((2, 3)), shape=[3, 2])
@@ -83,6 +90,14 @@ def _(dy, *, perm):
         return F.transpose(dy)
     n = len(perm)
     return F.transpose(dy, perm=[int(i) for i in np.argsort([p % n for p in perm])])
+
+
+@transpose.sbp
+def _(x, *, perm):
+    order = list(reversed(range(len(x.shape)))) if perm is None else [p % len(x.shape) for p in perm]
+    for k in range(len(x.shape)):
+        yield (S(k),), S(order.index(k))
+    yield (P,), P
 
 
 @transpose.samples
@@ -205,6 +220,8 @@ def slice_grad(dy, *, shape, axes, starts, ends, steps):
 
 @slice_grad.infer
 def _(dy, *, shape, axes, starts, ends, steps):
+    if any(d is not None and d < 0 for d in shape):
+        raise ShapeError(f"slice_grad(): argument 'shape' {list(shape)} has a negative size")
     expected = _slice_spec("slice_grad", tuple(shape), axes, starts, ends, steps)
     if len(expected) != len(dy.shape) or any(a is not None and b is not None and a != b
                                              for a, b in zip(expected, dy.shape)):
@@ -693,11 +710,16 @@ def _repeat_plan(op_name, shape, repeats, axis):
         axis = _one_axis(op_name, axis, len(shape))
         n = shape[axis]
     if len(repeats) == 1:
-        return axis, n, None if n is None else n * repeats[0]
-    if n is not None and len(repeats) != n:
+        m = None if n is None else n * repeats[0]
+    elif n is not None and len(repeats) != n:
         raise ShapeError(f"{op_name}(): repeats holds {len(repeats)} counts, but the dim it repeats has {n} "
                          f"elements (shape {shape}, axis {axis}); give one count, or one per element")
-    return axis, len(repeats), builtins.sum(repeats)
+    else:
+        n, m = len(repeats), builtins.sum(repeats)
+    rest = 1 if axis is None else math.prod(d for i, d in enumerate(shape) if i != axis and d is not None)
+    if m is not None and m * rest > 2**62:  # NumPy's repeat overflows its size computation there (and crashes)
+        raise ShapeError(f"{op_name}(): these repeats would give {m * rest} elements, more than any array holds")
+    return axis, n, m
 
 
 def _repeat_check(*, repeats, **_):

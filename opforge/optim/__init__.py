@@ -23,9 +23,9 @@ The updates are the ops of ``opforge.ops.optim`` (``sgd_momentum_buffer``, ``sgd
 from ..ops import optim as _update_ops  # noqa: F401  (registers the update ops)
 from .adam import Adam, AdamW
 from .clip import clip_grad_norm_
-from .lr_scheduler import CosineAnnealingLR, LRScheduler, StepLR
+from .lr_scheduler import CosineAnnealingLR, LambdaLR, LinearLR, LRScheduler, ReduceLROnPlateau, StepLR
 from .optimizer import Optimizer, ParamGroup, grad_of, live, set_grad
 from .sgd import SGD
 
-__all__ = ["SGD", "Adam", "AdamW", "CosineAnnealingLR", "LRScheduler", "Optimizer", "ParamGroup", "StepLR",
-           "clip_grad_norm_", "grad_of", "live", "set_grad"]
+__all__ = ["SGD", "Adam", "AdamW", "CosineAnnealingLR", "LRScheduler", "LambdaLR", "LinearLR", "Optimizer",
+           "ParamGroup", "ReduceLROnPlateau", "StepLR", "clip_grad_norm_", "grad_of", "live", "set_grad"]

@@ -19,15 +19,19 @@ persistable variables had when the run began (updates land at the end), whereas 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import ops as F
 from ..checkpoint import StateDictError, diff_structure
+from ..core import dtypes as D
 from ..core.errors import ArgumentError, describe
 from ..core.grad_mode import enable_grad, no_grad
 from ..creation import tensor
 from ..dispatch import current_interpreter
-from ..tensor import Tensor
+from ..program.trace import python_state_changed
+from ..tensor import Tensor, note_write
 
 
 def grad_of(p: Tensor):
@@ -48,6 +52,17 @@ def live(t: Tensor):
     return current_interpreter().live(t)
 
 
+def _follow(t: Tensor, p: Tensor | None, dtype: bool) -> None:
+    """Optimizer state follows its parameter, in place: to its device (``model.to(device)``) and, for state shaped
+    like it, to its floating dtype (``model.double()``)."""
+    if p is None:
+        return
+    if t._device is not p._device:
+        t._data, t._device = p._device.from_host(t._device.to_host(t._data), copy=True), p._device
+    if dtype and t.dtype != p.dtype and D.is_floating(t.dtype) and D.is_floating(p.dtype):
+        t._data = t._data.astype(p.dtype)
+
+
 class ParamGroup(dict):
     """One group of parameters and its hyper-parameters, a dict as in ``torch.optim`` (``group["momentum"]``).
 
@@ -65,11 +80,12 @@ class ParamGroup(dict):
         return super().__getitem__(key)
 
     def __setitem__(self, key, value):
-        if key == "lr":
+        if key == "lr":  # compiled steps read the tensor at each run: nothing to trace again
             lr = self.lr_tensor
             lr.device.copy_into(lr._data, lr.device.from_host(np.array(float(value))))
-        else:
+        else:  # baked into traced update ops: compiled steps check their guards again
             super().__setitem__(key, value)
+            python_state_changed()
 
     def __contains__(self, key) -> bool:
         return key == "lr" or super().__contains__(key)
@@ -116,10 +132,10 @@ class Optimizer:
         params = group["params"]
         params = [params] if isinstance(params, Tensor) else list(params)
         seen = {id(p) for g in self.param_groups for p in g["params"]}
-        for i, p in enumerate(params):
-            if not isinstance(p, Tensor) or not p.requires_grad or not p.is_leaf:
-                raise ArgumentError(f"{name}(): parameter {i} must be a leaf Tensor that requires grad, "
-                                    f"got {describe(p)}")
+        for i, p in enumerate(params):  # a frozen one (requires_grad False) is kept, and skipped while it has no grad
+            if not isinstance(p, Tensor) or not p.is_leaf:
+                raise ArgumentError(f"{name}(): parameter {i} must be a leaf Tensor, got {describe(p)}"
+                                    + (" made by recorded ops" if isinstance(p, Tensor) else ""))
             if id(p) in seen:
                 raise ArgumentError(f"{name}(): parameter {i} (shape {p.shape}) appears in more than one place")
             seen.add(id(p))
@@ -129,12 +145,25 @@ class Optimizer:
         self.param_groups.append(new)
         for p in params:
             self.state[p] = self._new_state(p, new)
+        python_state_changed()
 
     # -- what subclasses provide -------------------------------------------------------------------------------
 
     def _check(self, hyper: dict) -> None:
+        name = type(self).__name__
+        for key, value in hyper.items():  # from a constructor or a loaded state dict: trust neither
+            for v in value if isinstance(value, (tuple, list)) else (value,):
+                if v is None or isinstance(v, (bool, np.bool_)):
+                    continue
+                try:
+                    finite = isinstance(v, (int, float, np.integer, np.floating)) and math.isfinite(float(v))
+                except OverflowError:  # an int no float can hold (10**400)
+                    finite = False
+                if not finite:
+                    raise ArgumentError(f"{name}(): hyper-parameter {key} must be a finite number, got "
+                                        f"{describe(v)}")
         if not hyper["lr"] >= 0:
-            raise ArgumentError(f"{type(self).__name__}(): lr must be >= 0, got {hyper['lr']}")
+            raise ArgumentError(f"{name}(): lr must be >= 0, got {hyper['lr']}")
 
     def _new_state(self, p: Tensor, group: ParamGroup) -> dict:
         return {}
@@ -153,14 +182,35 @@ class Optimizer:
         if closure is not None:
             with enable_grad():
                 loss = closure()
+        interpreter = current_interpreter()
+        if interpreter.symbolic:
+            interpreter.guard(self)  # the hyper-parameters are baked into the traced update ops
         with no_grad():
             for group in self.param_groups:
+                _follow(group.lr_tensor, group["params"][0] if group["params"] else None, dtype=False)
                 lr = live(group.lr_tensor)
                 for p in group["params"]:
                     g = grad_of(p)
                     if g is not None:
-                        self._update(p, g, lr, group, self.state[p])
+                        state = self.state[p]
+                        for t in state.values():
+                            _follow(t, p, dtype=t.shape == p.shape)
+                        self._update(p, g, lr, group, state)
         return loss
+
+    def _trace_state(self) -> tuple:
+        """What a traced step bakes in: which parameters each group holds, and the hyper-parameters but the
+        learning rate (a tensor read at each run)."""
+        return tuple((tuple(map(id, g["params"])), tuple((k, v) for k, v in dict.items(g) if k != "params"))
+                     for g in self.param_groups)
+
+    def _trace_names(self):
+        """(state tensor, its parameter or None, name): how a traced step names the state it reads."""
+        for i, group in enumerate(self.param_groups):
+            yield group.lr_tensor, None, f"lr.{i}" if len(self.param_groups) > 1 else "lr"
+            for p in group["params"]:
+                for key, t in self.state[p].items():
+                    yield t, p, key
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forget the gradients: ``p.grad = None`` (or zeros) eagerly; while tracing, the program's gradients are
@@ -168,8 +218,11 @@ class Optimizer:
         with no_grad():
             for group in self.param_groups:
                 for p in group["params"]:
-                    g = grad_of(p)
-                    set_grad(p, None if set_to_none or g is None else F.zeros_like(g))
+                    if set_to_none:
+                        set_grad(p, None)  # without reading the gradient: a compiled step need not bring it in
+                    else:
+                        g = grad_of(p)
+                        set_grad(p, None if g is None else F.zeros_like(g))
 
     # -- state dicts ----------------------------------------------------------------------------------------------
 
@@ -210,7 +263,10 @@ class Optimizer:
         params = [p for group in self.param_groups for p in group["params"]]
         for i, entries in state_dict["state"].items():
             for key, value in entries.items():
-                np.copyto(self.state[params[i]][key].numpy(), np.asarray(value))
+                t = self.state[params[i]][key]
+                host = value._device.to_host(value._data) if isinstance(value, Tensor) else np.asarray(value)
+                t._device.copy_into(t._data, t._device.from_host(host))
+                note_write(t._data, "load_state_dict()")
         for group, hyper in zip(self.param_groups, hypers):
             for key, value in hyper.items():
                 group[key] = value

@@ -12,6 +12,7 @@ from __future__ import annotations
 from ..autodiff.rules import call_rule, fit, missing_rule
 from ..core import dtypes as D
 from ..core.errors import ArgumentError, GradientError
+from ..core.grad_mode import set_grad_enabled
 from ..core.opdef import registry
 from ..core.spec import Spec
 from ..dispatch import interpreting
@@ -32,9 +33,18 @@ def _name(program: Program, v, what: str) -> str:
 def append_backward(program: Program, loss, wrt=None, no_grad=()) -> dict:
     """Append the ops computing d(loss)/d(v) for every v in ``wrt`` (default: every persistable float variable).
 
-    Returns ``{variable name: gradient Variable}`` for ``wrt``; gradients are also listed in
-    ``program.grad_names``. Variables in ``no_grad`` and those marked ``stop_gradient`` are not differentiated.
+    Returns ``{"<variable>@GRAD": gradient Variable}`` for ``wrt`` — the names under which ``Executor.run`` returns
+    them; gradients are also listed in ``program.grad_names``. Variables in ``no_grad`` and those marked
+    ``stop_gradient`` are not differentiated.
     """
+    grads = gradients(program, loss, wrt, no_grad)
+    program.grad_names.update(grads)
+    return {f"{n}@GRAD": Variable(program, g) for n, g in grads.items()}
+
+
+def gradients(program: Program, loss, wrt=None, no_grad=()) -> dict:
+    """``append_backward`` without touching ``program.grad_names``: ``{variable name: its gradient's variable
+    name}`` for the variables of ``wrt`` the loss depends on (``of.grad`` and ``loss.backward()`` in traced code)."""
     loss_name = _name(program, loss, "loss")
     block = program.block
     if wrt is None:
@@ -51,16 +61,10 @@ def append_backward(program: Program, loss, wrt=None, no_grad=()) -> dict:
     blocked = {_name(program, v, "no_grad") for v in no_grad}
     program.backward_requests.append((loss_name, tuple(wrt_names), tuple(sorted(blocked))))
     # The rules' ops — also those on constants or with no input at all (zeros of a run-time shape) — are appended
-    # to the program, marked as backward ops.
-    with interpreting(Tracer(program, role="backward")):
+    # to the program, marked as backward ops; they stay differentiable (second order) whatever the grad mode.
+    with interpreting(Tracer(program, role="backward")), set_grad_enabled(True):
         grads = _emit(program, loss_name, wrt_names, blocked)
-    result = {}
-    for n in wrt_names:
-        g = grads.get(n)
-        if g is not None:
-            program.grad_names[n] = g
-            result[n] = Variable(program, g)
-    return result
+    return {n: grads[n] for n in wrt_names if grads.get(n) is not None}
 
 
 def _emit(program: Program, loss_name: str, wrt_names: list, blocked: set) -> dict:

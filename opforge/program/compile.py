@@ -1,4 +1,25 @@
-"""``of.compile``: trace a function once per input signature and run it with the Executor from then on."""
+"""``of.compile``: trace a function once per kind of call and run it with the Executor from then on — meaning what
+the same code means eagerly, or tracing it again.
+
+A call is bound to the function's signature as Python binds it (defaults, ``*args``, ``**kwargs``). Tensors and
+arrays in the arguments (also inside tuples, lists and dicts) are the program's feeds; their shapes, dtypes, device
+and ``requires_grad`` are part of the cache key, as are the values of Python numbers, strings and None (constants of
+the trace) and the identity of modules and optimizers passed in.
+
+A trace also depends on state outside its arguments, and each program is kept with guards on it, checked at every
+call; a program whose guards fail is traced anew:
+
+* the Python state of every module it called and every optimizer that stepped (``model.eval()``, ``dropout.p``, a
+  replaced layer, ``momentum``): compared only after such state changed anywhere (``python_state``);
+* every tensor it read — parameters, buffers, optimizer state: the same array (a tensor whose array was replaced by
+  one of the same shape and dtype, as ``load`` or ``to()`` may do, is simply read from its new array), the same
+  ``requires_grad``;
+* the ``.grad`` of every tensor whose gradient it read: None, or not.
+
+``.grad`` behaves as eagerly: ``loss.backward()`` adds into the gradients tensors have when a run begins (fed into
+the program), and what the code leaves in ``p.grad`` — new gradients, or None after ``zero_grad()`` — is written back
+after the run. In-place updates (optimizer steps, ``p -= lr * g``) land in the tensors' own arrays.
+"""
 
 from __future__ import annotations
 
@@ -7,80 +28,271 @@ import inspect
 
 import numpy as np
 
-from ..core.errors import ArgumentError, describe
+from ..core.devices import default_device
+from ..core.errors import ArgumentError, GradientError, describe
 from ..core.spec import Spec
-from ..tensor import Tensor, wrap
+from ..dispatch import interpreting
+from ..tensor import Tensor, note_writes, wrap, write_records
+from .desc import Program
 from .executor import Executor
-from .trace import trace
+from .trace import Tracer, Variable, python_state, trace_state
+
+_PLAIN = (bool, int, float, str, type(None))  # Python values a trace bakes in: constants of its cache key
+_ENTRIES = 8  # programs kept per kind of call (one per state of the guarded Python state): the oldest goes first
+
+# Extension point, kept apart from the rest: each wrapper (fn -> fn) may replace the function about to be traced by
+# one that runs it differently (opforge.distributed runs it under its sharding interpreter inside `with mesh:`).
+traced_function_wrappers: list = []
 
 
 class CompiledFunction:
-    """A function traced into a program per input signature (shapes and dtypes) and run by an Executor."""
+    """A function traced into a program per kind of call (see the module docstring) and run by an Executor."""
 
     def __init__(self, fn, optimize: bool = True, cache_key=None):
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.optimize = optimize
-        self.cache_key = cache_key  # () -> hashable: Python state the trace depends on (model.training, say)
-        self.params = list(inspect.signature(fn).parameters)
-        self.cache: dict = {}  # signature -> (program, executor)
+        self.cache_key = cache_key  # () -> hashable: more Python state the trace depends on
+        self.signature = inspect.signature(fn)
+        params = list(self.signature.parameters.values())
+        self._names = [p.name for p in params]
+        self._positional = all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+        self.cache: dict = {}  # call key -> [_Entry, ...], one per state of what the traces read (guards)
 
     def __call__(self, *args, **kwargs):
-        bound = dict(zip(self.params, args)) | kwargs if kwargs or len(args) != len(self.params) else \
-            dict(zip(self.params, args))
-        arrays, device = {}, None
-        for name, value in bound.items():
-            if type(value) is Tensor:
-                arrays[name] = value._data
-                device = device or value._device
-            elif isinstance(value, (Tensor, np.ndarray)):
-                arrays[name] = value if isinstance(value, np.ndarray) else value.numpy()
+        arguments = self._bind(args, kwargs)
+        key, feeds, tensors = self._read(arguments)
+        return self._entry(key, arguments, tensors).run(feeds, tensors)
+
+    def program(self, *args, **kwargs) -> Program:
+        """The program traced for arguments like these (traced now if needed; nothing runs)."""
+        arguments = self._bind(args, kwargs)
+        key, _, tensors = self._read(arguments)
+        return self._entry(key, arguments, tensors).program
+
+    # -- calls ------------------------------------------------------------------------------------------------------
+
+    def _bind(self, args: tuple, kwargs: dict) -> dict:
+        """The arguments as Python binds them to the function's parameters: {parameter: value}."""
+        if not kwargs and self._positional and len(args) == len(self._names):
+            return dict(zip(self._names, args))
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise ArgumentError(f"{self.__name__}() (compiled): {e}") from None
+        bound.apply_defaults()
+        return dict(bound.arguments)
+
+    def _read(self, arguments: dict):
+        """(the cache key, {feed name: array}, {feed name: Tensor}) of a call."""
+        key, feeds, tensors = [], {}, {}
+        for name, value in arguments.items():
+            if type(value) is Tensor and value._node is None:  # the common case, kept short
+                feeds[name] = value._data
+                tensors[name] = value
+                key.append((value._data.shape, value._data.dtype, value._device, value._requires_grad))
             else:
-                raise ArgumentError(f"{self.fn.__name__}() compiled: argument '{name}' expected a Tensor or "
-                                    f"array, got {describe(value)}")
-        key = self._key(arrays, device)
-        entry = self.cache.get(key)
-        if entry is None:
-            program = trace(self.fn, device=device, **{n: Spec(a.shape, a.dtype) for n, a in arrays.items()})
-            # Fetch what fn returns, nothing more: gradients the updates consume need not outlive them.
-            exe = Executor(program, fetch=dict(program.outputs), optimize=self.optimize)
-            keys = list(program.outputs)
-            shape = "one" if keys == ["out"] else "tuple" if all(k == f"out{i}" for i, k in enumerate(keys)) \
-                else "dict"
-            entry = self.cache[key] = (program, exe, shape)
-        program, exe, shape = entry
-        out = exe.run_arrays(arrays)
-        device = program.device
-        if shape == "one":
-            return wrap(out["out"], device)
-        if shape == "tuple":
-            return tuple([wrap(v, device) for v in out.values()])
-        return {k: wrap(v, device) for k, v in out.items()}
+                key.append(_leaf_key(value, name, feeds, tensors, self.__name__))
+        if self.cache_key is not None:
+            key.append(self.cache_key())
+        return tuple(key), feeds, tensors
 
-    def _key(self, arrays: dict, device=None) -> tuple:
-        key = tuple([(n, a.shape, a.dtype) for n, a in arrays.items()])
-        if device is not None and device.name != "cpu":
-            key = (key, device.name)
-        return key if self.cache_key is None else (key, self.cache_key())
+    def _entry(self, key: tuple, arguments: dict, tensors: dict) -> _Entry:
+        entries = self.cache.get(key)
+        if entries:
+            for entry in entries:
+                verdict = entry.holds(tensors)
+                if verdict:
+                    return entry
+                if verdict is None:  # what it captured changed for good (a replaced or re-typed tensor): drop it
+                    entries.remove(entry)
+                    break
+        entry = self._trace(arguments, tensors)
+        entries = self.cache.setdefault(key, [])
+        entries.append(entry)
+        if len(entries) > _ENTRIES:  # Python state that changes at every call (a counter) must not pile up programs
+            del entries[0]
+        return entry
 
-    def program(self, *args, **kwargs):
-        """The program traced for arguments like these (traced now if needed)."""
-        self(*args, **kwargs)
-        bound = dict(zip(self.params, args)) | kwargs
-        return self.cache[self._key({n: np.asarray(v) for n, v in bound.items()})][0]
+    # -- tracing ----------------------------------------------------------------------------------------------------
+
+    def _trace(self, arguments: dict, tensors: dict) -> _Entry:
+        devices = {t._device for t in tensors.values()}
+        if len(devices) > 1:
+            raise ArgumentError(f"{self.__name__}() (compiled): the tensor arguments are on several devices "
+                                f"({sorted(map(str, devices))}); a program runs on one")
+        program = Program(devices.pop() if devices else default_device())
+        state = trace_state(program)
+        state.grads_in = True
+
+        def feed(path: str, value):
+            data = value._data if isinstance(value, Tensor) else np.asarray(value)
+            grad = isinstance(value, Tensor) and value._requires_grad
+            program.add_var(path, Spec(data.shape, data.dtype), stop_gradient=not grad)
+            program.feeds.append(path)
+            if grad:
+                state.tensor_of[path] = value
+            return Variable(program, path)
+
+        bound = inspect.BoundArguments(self.signature, {n: _rebuild(v, n, feed, (Tensor, np.ndarray))
+                                                         for n, v in arguments.items()})
+        fn = self.fn
+        for wrapper in traced_function_wrappers:
+            fn = wrapper(fn)
+        with interpreting(Tracer(program)):
+            result = fn(*bound.args, **bound.kwargs)
+        return _Entry(program, result, self.optimize)
+
+
+class _Entry:
+    """One traced program, its executor, and what must hold for it to mean what the function means now."""
+
+    def __init__(self, program: Program, result, optimize: bool):
+        self.program = program
+        state = trace_state(program)
+        fetch = {}
+        self.result = _rebuild(result, "out", lambda path, v: _fetch(program, path, v, fetch), Variable)
+        self.guards = [(owner, owner._trace_state()) for owner in state.guards.values()]
+        self.seen = python_state[0]  # the guards held at this count
+        self.tensors = [(t, name, t._data, t._requires_grad) for t, name in program._tensor_vars.values()
+                        if program.block.vars[name].persistable]
+        # .grad in and out: a parameter's is read from its tensor, an argument's from this call's argument
+        source = {name: (name if name in program.feeds else t) for name, t in state.tensor_of.items()}
+        self.grad_feeds = [(source[n], feed) for n, feed in state.grad_feeds.items()]
+        self.grad_none = [source[n] for n in state.grad_none]
+        self.grad_out = []  # (source, fetch key or None): what the code left in .grad, written back after a run
+        for name, grad in state.grads.items():
+            if grad != state.grad_feeds.get(name):
+                key = None if grad is None else f"{name}@GRAD"
+                if key is not None:
+                    fetch[key] = grad
+                self.grad_out.append((source[name], key))
+        self.updated = [t for t, name in program._tensor_vars.values() if name in program.updates]
+        self.writes = write_records([t._data for t in self.updated])  # a run's updates are in-place writes
+        self.exe = Executor(program, fetch=fetch, optimize=optimize)
+
+    def holds(self, arguments: dict):
+        """True if this program means what the function means now; False if not; None if it never will again."""
+        if self.guards and self.seen != python_state[0]:
+            for owner, traced in self.guards:
+                if owner._trace_state() != traced:
+                    return False
+            self.seen = python_state[0]
+        device = self.program.device
+        for i, (t, name, array, requires_grad) in enumerate(self.tensors):
+            if t._data is not array or t._requires_grad is not requires_grad:
+                data = t._data
+                if (t._requires_grad is not requires_grad or data.shape != array.shape or data.dtype != array.dtype
+                        or t._device is not device):
+                    return None
+                self.exe.scope[name] = self.program.values[name] = data  # the same tensor, a new array: read it
+                self.tensors[i] = (t, name, data, requires_grad)
+                self.writes = write_records([t._data for t in self.updated])
+        if not (self.grad_none or self.grad_feeds):
+            return True
+        return (all(_tensor(source, arguments)._grad is None for source in self.grad_none)
+                and all(_tensor(source, arguments)._grad is not None for source, _ in self.grad_feeds))
+
+    def run(self, feeds: dict, arguments: dict):
+        for source, feed in self.grad_feeds:
+            feeds[feed] = _tensor(source, arguments)._grad._data
+        out = self.exe.run_arrays(feeds)
+        device = self.program.device
+        given = set()
+        for source, key in self.grad_out:
+            t = _tensor(source, arguments)
+            if key is None:
+                t._grad = None
+            else:  # each .grad owns its memory, as eagerly: never a view, never shared with another
+                array = out[key]
+                if array.base is not None or id(array) in given:
+                    array = array.copy()
+                given.add(id(array))
+                t._grad = wrap(array, device)
+        if self.writes:
+            note_writes(self.writes, "a compiled function's update")
+        if type(self.result) is _Fetched:  # one tensor, the commonest result
+            return wrap(out[self.result.key], device)
+        return _rebuild(self.result, "out", lambda path, fetched: wrap(out[fetched.key], device), _Fetched)
+
+
+# -- arguments and results ---------------------------------------------------------------------------------------
+
+
+def _leaf_key(value, path: str, feeds: dict, tensors: dict, fn: str):
+    """The cache-key part of one argument, collecting its tensors and arrays as feeds named by their path."""
+    if isinstance(value, Tensor):
+        if value._node is not None:
+            raise GradientError(
+                f"{fn}() (compiled): argument '{path}' was computed by recorded eager ops (it has a grad_fn); a "
+                "compiled program cannot extend an eager graph: pass it detached, or compute it inside the function")
+        feeds[path] = value._data
+        tensors[path] = value
+        return (value._data.shape, value._data.dtype, value._device, value._requires_grad)
+    if isinstance(value, np.ndarray):
+        feeds[path] = value
+        return (value.shape, value.dtype)
+    if isinstance(value, _PLAIN):
+        return (type(value), value)  # a constant of the trace: another value is another trace
+    if isinstance(value, (tuple, list)):
+        return (type(value), tuple(_leaf_key(v, f"{path}[{i}]", feeds, tensors, fn) for i, v in enumerate(value)))
+    if isinstance(value, dict):
+        return (dict, tuple((k, _leaf_key(v, f"{path}[{k}]", feeds, tensors, fn)) for k, v in value.items()))
+    if hasattr(value, "_trace_state"):  # a module or an optimizer: by identity (its state is guarded when used)
+        return ("object", id(value))
+    raise ArgumentError(
+        f"{fn}() (compiled): argument '{path}' is {describe(value)}; a compiled function takes Tensors, arrays, "
+        "Python numbers, strings and None (constants of the trace), modules and optimizers, and tuples, lists and "
+        "dicts of them. Close over anything else, and give Python state the trace reads to of.compile(cache_key=)"
+    )
+
+
+def _rebuild(value, path: str, leaf, kind):
+    """``value`` with each item of type ``kind`` in it replaced by ``leaf(path, item)`` (containers rebuilt)."""
+    if isinstance(value, kind):
+        return leaf(path, value)
+    if isinstance(value, (tuple, list)):
+        items = [_rebuild(v, f"{path}[{i}]", leaf, kind) for i, v in enumerate(value)]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    if isinstance(value, dict):
+        return {k: _rebuild(v, f"{path}[{k}]", leaf, kind) for k, v in value.items()}
+    return value
+
+
+class _Fetched:
+    """Where a compiled function's result holds a value the program computes: its fetch key."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: str):
+        self.key = key
+
+
+def _fetch(program: Program, path: str, value: Variable, fetch: dict) -> _Fetched:
+    """A result of the traced function becomes a program output, fetched under its path (``out``, ``out[0]``)."""
+    program.outputs[path] = value.name
+    fetch[path] = value.name
+    return _Fetched(path)
+
+
+def _tensor(source, arguments: dict) -> Tensor:
+    return arguments[source] if isinstance(source, str) else source
 
 
 def compile(fn=None, *, optimize: bool = True, cache_key=None):
-    """Decorator: trace ``fn`` per input signature and run it as a compiled program.
+    """Decorator: trace ``fn`` per kind of call and run it as a compiled program (see the module docstring).
 
         @of.compile
         def step(x, y):
-            loss = F.mean(F.square(model(x) - y))
-            (gw,) = of.grad(loss, [w])
-            return loss, gw
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
 
-    ``cache_key``, a function of no arguments, adds Python state the trace depends on to the cache key:
-    ``of.compile(step, cache_key=lambda: model.training)`` traces once for training and once for evaluation.
+    Modules' modes and attributes, optimizers' hyper-parameters, the tensors the function reads and the ``.grad``
+    it reads are guarded automatically. ``cache_key``, a function of no arguments, adds Python state no guard sees
+    (a global flag, a closed-over number): ``of.compile(step, cache_key=lambda: config.scale)``.
     """
     if fn is None:
         return lambda f: CompiledFunction(f, optimize, cache_key)

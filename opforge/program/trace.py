@@ -10,15 +10,17 @@ parameters when they require grad, persistable state when writable, constants ot
 from __future__ import annotations
 
 import inspect
+import weakref
 
 import numpy as np
 
 from ..core import dtypes as D
 from ..core.devices import default_device, get_device
 from ..core.errors import ArgumentError, GradientError, describe
+from ..core.grad_mode import _mode as _grad_mode
 from ..core.opdef import OpDef
 from ..core.spec import Dim, Spec, undim
-from ..dispatch import Interpreter, current_interpreter, interpreting
+from ..dispatch import Interpreter, check_same_dtype, current_interpreter, interpreting
 from ..tensor import Tensor, TensorOps, wrap
 from .desc import OpDesc, Program
 
@@ -80,12 +82,77 @@ class Variable(TensorOps):
         return out
 
     def backward(self) -> None:
-        """Append the backward pass for this (scalar) loss to its program: gradients of every parameter."""
-        self.interpreter.append_backward(self)
+        """Append the backward pass for this (scalar) loss to its program: each parameter's gradient is added to
+        the one it has (its ``.grad``, as the traced code sees it), as eager ``backward()`` does."""
+        self.interpreter.backward(self)
 
-    def numpy(self):
-        raise ArgumentError(f"program variable '{self.name}' has no value while tracing; run the program "
-                            "with of.Executor to get one")
+    def numpy(self, *args, **kwargs):
+        raise ArgumentError(f"program variable '{self.name}' has no value while tracing: the traced function "
+                            "cannot read values (numpy(), item(), float(), np.asarray()) — return them from it "
+                            "instead, or run the program with of.Executor")
+
+    item = tolist = __float__ = __int__ = __index__ = __array__ = numpy
+
+    def register_hook(self, hook):
+        raise ArgumentError(f"register_hook() on program variable '{self.name}': hooks run Python code on values, "
+                            "which a compiled program does not have; call it in eager code")
+
+    retain_grad = register_hook
+
+    def _assign_value(self, what: str, value: Variable) -> Variable:
+        """An in-place op on a variable: it names the new value from now on (programs are written once per
+        variable; an alias made earlier keeps the old value)."""
+        self.name = value.name
+        return self
+
+
+# Bumped whenever Python state that traces read changes (a module's attribute or mode, an optimizer's
+# hyper-parameter): a compiled function compares the ``_trace_state()`` of what it read only when this moved.
+python_state = [0]
+
+
+def python_state_changed() -> None:
+    python_state[0] += 1
+
+
+class GradVariable(Variable):
+    """``p.grad`` in traced code: changed in place (``p.grad.zero_()``), it changes ``p``'s gradient, as eagerly."""
+
+    __slots__ = ("param",)
+
+    def __init__(self, program: Program, name: str, param: Tensor):
+        super().__init__(program, name)
+        self.param = param
+
+    def _assign_value(self, what: str, value: Variable) -> Variable:
+        super()._assign_value(what, value)
+        Tracer(self.program).set_grad(self.param, self)
+        return self
+
+
+class TraceState:
+    """What a trace learns besides its ops, kept per program while it is built: names for the tensors it reads,
+    the Python state its ops depend on (which a compiled function guards on), and the gradient each tensor's
+    ``.grad`` holds as the traced code sees it."""
+
+    def __init__(self):
+        self.names: dict = {}  # id(tensor) -> (tensor, dotted path) from the modules the traced code called
+        self.guards: dict = {}  # id(owner) -> owner whose _trace_state() the ops depend on: modules, optimizers
+        self.tensor_of: dict = {}  # variable name -> the tensor it stands for (whose .grad it has)
+        self.grads: dict = {}  # variable -> its gradient's variable, or None after zero_grad: .grad as code sees it
+        self.grads_in = False  # of.compile: runs start from the .grad each tensor has then (else from none)
+        self.grad_feeds: dict = {}  # variable -> the feed that brings its tensor's .grad into a run
+        self.grad_none: dict = {}  # variable -> tensor read while its .grad was None (a compiled run needs that)
+
+
+_states: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Program -> its TraceState
+
+
+def trace_state(program: Program) -> TraceState:
+    state = _states.get(program)
+    if state is None:
+        state = _states[program] = TraceState()
+    return state
 
 
 class Tracer(Interpreter):
@@ -94,17 +161,48 @@ class Tracer(Interpreter):
     reads (parameters, buffers, optimizer state) become variables of the program (``var_for_tensor``); ``role``
     marks the ops ``append_backward`` emits."""
 
+    symbolic = True
+
     def __init__(self, program: Program, role: str = "forward"):
         self.program = program
         self.role = role
+        self.state = trace_state(program)
 
     def apply(self, op: OpDef, inputs: tuple, attrs: dict):
         if op.validate is not None:
             op.validate(attrs)  # (an attr holding a run-time size is checked by the executor, with the real size)
+        if op.out_device is not None and op.out_device(attrs) is not self.program.device:
+            raise ArgumentError(f"{op.name}(): a program runs on one device ('{self.program.device}'); move data "
+                                "to other devices outside the traced function")
         return _append(self.program, self.role, op, inputs, attrs)
 
+    def enter_module(self, module) -> None:
+        """Name the module's parameters and buffers by their paths in it (``fc1.weight``) and guard the program on
+        the Python state of it and its submodules (modes, attributes), unless an enclosing module did already."""
+        state = self.state
+        if id(module) in state.guards:
+            return
+        for path, sub in module.named_modules():
+            state.guards[id(sub)] = sub
+            for name, t in [*sub._parameters.items(), *sub._buffers.items()]:
+                if t is not None and id(t) not in state.names:
+                    state.names[id(t)] = (t, f"{path}.{name}" if path else name)
+
+    def guard(self, owner) -> None:
+        """Guard on ``owner`` (an optimizer); the state tensors it lists are named after their parameters
+        (``fc1.weight.exp_avg``)."""
+        state = self.state
+        if id(owner) in state.guards:
+            return
+        state.guards[id(owner)] = owner
+        known = self.program._tensor_vars
+        for tensor, param, suffix in owner._trace_names():
+            base = known.get(id(param), (None, "param"))[1] if param is not None else None
+            state.names.setdefault(id(tensor), (tensor, f"{base}.{suffix}" if base else suffix))
+
     def live(self, tensor: Tensor) -> Variable:
-        return Variable(self.program, var_for_tensor(self.program, tensor, state=True))
+        name = var_for_tensor(self.program, tensor, state=True)
+        return Variable(self.program, self.program.updates.get(name, name))  # as updated so far by this trace
 
     def assign(self, target: Tensor, value) -> None:
         program = self.program
@@ -116,36 +214,79 @@ class Tracer(Interpreter):
         program.updates[name] = value.name
 
     def grad_of(self, param: Tensor):
-        name = self.program.grad_names.get(var_for_tensor(self.program, param))
-        return None if name is None else Variable(self.program, name)
+        name = self._grad(var_for_tensor(self.program, param))
+        return None if name is None else GradVariable(self.program, name, param)
 
     def set_grad(self, param: Tensor, grad) -> None:
         name = var_for_tensor(self.program, param)
+        self.state.grads[name] = None if grad is None else grad.name
         if grad is None:  # forgotten (zero_grad): a compiled step need not return it
             self.program.grad_names.pop(name, None)
         else:
             self.program.grad_names[name] = grad.name
 
+    def _grad(self, name: str) -> str | None:
+        """The variable holding the gradient of ``name`` as the traced code sees it now: what this trace made, else
+        (under of.compile) the tensor's ``.grad`` when the run begins, brought in by a feed."""
+        state = self.state
+        if name in state.grads:
+            return state.grads[name]
+        grad = None
+        tensor = state.tensor_of.get(name)
+        if state.grads_in and tensor is not None:
+            if tensor._grad is None:
+                state.grad_none[name] = tensor
+            else:
+                grad = _unique(self.program, f"{name}.grad")
+                self.program.add_var(grad, Spec(tensor.shape, tensor.dtype))
+                self.program.feeds.append(grad)
+                state.grad_feeds[name] = grad
+        state.grads[name] = grad
+        return grad
+
+    def backward(self, loss) -> None:
+        """``loss.backward()`` in traced code: the gradient of every parameter (and differentiable input) it
+        reaches is added to the gradient that parameter has, which becomes its new one."""
+        from .. import ops as F
+        from .backward import gradients
+
+        program, state = self.program, self.state
+        wrt = [v.name for v in program.block.vars.values() if not v.stop_gradient and D.is_floating(v.spec.dtype)
+               and (v.persistable or v.name in state.tensor_of)]
+        for name, g in gradients(program, loss, wrt=wrt).items():
+            old = self._grad(name)
+            if old is not None:
+                with interpreting(Tracer(program, role="backward")):
+                    g = F.add(Variable(program, old), Variable(program, g)).name
+            state.grads[name] = program.grad_names[name] = g
+
     def differentiate(self, outputs, inputs, grad_outputs, allow_unused: bool):
-        """``of.grad`` inside a traced function: append_backward on the program."""
+        """``of.grad`` inside a traced function: the backward ops are appended; no ``.grad`` changes."""
+        from .backward import gradients
+
         outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
         if len(outputs) != 1 or grad_outputs is not None:
             raise GradientError("grad() inside a traced function takes one scalar output and no grad_outputs")
         inputs = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
         names = [var_for_tensor(self.program, t) if isinstance(t, Tensor) else t.name for t in inputs]
-        grads = self.append_backward(outputs[0], wrt=names)
+        grads = gradients(self.program, outputs[0], wrt=names)
         result = []
         for t, n in zip(inputs, names):
             if n not in grads and not allow_unused:
                 raise GradientError(f"grad(): {describe(t)} was not used to compute the output; "
                                     "pass allow_unused=True")
-            result.append(grads.get(n))
+            result.append(None if n not in grads else Variable(self.program, grads[n]))
         return tuple(result)
 
-    def append_backward(self, loss, wrt=None):
-        from .backward import append_backward  # backward builds on tracing: imported where a trace asks for it
 
-        return append_backward(self.program, loss, wrt=wrt)
+def _unique(program: Program, name: str) -> str:
+    """``name``, or ``name.2``, ``name.3``... if the program has that variable already."""
+    if name not in program.block.vars:
+        return name
+    i = 2
+    while f"{name}.{i}" in program.block.vars:
+        i += 1
+    return f"{name}.{i}"
 
 
 def tracing_program() -> Program | None:
@@ -164,6 +305,7 @@ def var_for_tensor(program: Program, tensor: Tensor, state: bool = False) -> str
         if state:
             program.block.vars[entry[1]].persistable = True
         return entry[1]
+    trace = trace_state(program)
     if tensor.device is not program.device:
         raise ArgumentError(f"a program for device '{program.device}' cannot read a tensor on device "
                             f"'{tensor.device}' (shape {tensor.shape}); move it to '{program.device}' first")
@@ -172,11 +314,17 @@ def var_for_tensor(program: Program, tensor: Tensor, state: bool = False) -> str
     # which the executor may fold.
     state = state or (not tensor.requires_grad and getattr(tensor._data.flags, "writeable", True))
     persistable = tensor.requires_grad or state
-    name = program.fresh_name("param" if tensor.requires_grad else "state" if state else "const")
+    path = trace.names.get(id(tensor))
+    if path is not None and path[0] is tensor:  # a module's parameter or buffer: named by its path (fc1.weight)
+        name = _unique(program, path[1])
+    else:
+        name = program.fresh_name("param" if tensor.requires_grad else "state" if state else "const")
     program.add_var(name, Spec(tensor.shape, tensor.dtype), persistable=persistable,
                     stop_gradient=not tensor.requires_grad)
     program.values[name] = tensor._data  # no copy: the executor updates persistable arrays in place
     known[id(tensor)] = (tensor, name)  # keeps the tensor alive, so its id stays its own
+    if tensor.requires_grad:
+        trace.tensor_of[name] = tensor
     return name
 
 
@@ -198,7 +346,19 @@ def _input_name(program: Program, opdef: OpDef, arg: str, value, peer) -> str:
             raise ArgumentError(f"{opdef.name}(): argument '{arg}' is a variable of another program")
         return value.name
     if isinstance(value, Tensor):
-        return var_for_tensor(program, value)
+        name = var_for_tensor(program, value)
+        updated = program.updates.get(name)
+        if updated is None:
+            return name
+        if value.requires_grad and _grad_mode.enabled:
+            raise ArgumentError(
+                f"{opdef.name}(): argument '{arg}' is parameter '{name}', updated earlier in this traced function; "
+                "a compiled function cannot yet differentiate through a parameter's value after its update: "
+                "read it under of.no_grad(), or update it at the end (after the last forward pass)")
+        return updated  # reads after an in-place update see the new value, as eagerly
+    if isinstance(value, (list, tuple)) and any(isinstance(v, TensorOps) for v in value):
+        raise ArgumentError(f"{opdef.name}(): argument '{arg}' expected Tensor, got a {type(value).__name__} "
+                            f"holding tensors (a multi-output op's result? pick one of its outputs)")
     if type(value) in (bool, int, float):
         array = np.asarray(value, dtype=D.scalar_dtype(value, peer))
     elif isinstance(value, (np.ndarray, np.generic)):
@@ -234,14 +394,17 @@ def _append(program: Program, role: str, opdef: OpDef, inputs: tuple, attrs: dic
             slot = [_input_name(program, opdef, p.name, value, peer)]
             specs.append(block.vars[slot[0]].spec)
         names[p.name] = slot
+    if "same_dtype" in opdef.traits:
+        check_same_dtype(opdef, specs)
     out_specs = opdef.infer_specs(specs, {k: undim(v) for k, v in attrs.items()})
     outputs, flat = {}, []
+    stop_gradient = "no_grad" in opdef.traits or not _grad_mode.enabled  # under of.no_grad(), as eagerly
     for o, spec in zip(opdef.outputs, out_specs):
         group = list(spec) if o.is_list else [spec]
         outputs[o.name] = []
         for s in group:
             name = program.fresh_name(opdef.name)
-            program.add_var(name, s, stop_gradient="no_grad" in opdef.traits)
+            program.add_var(name, s, stop_gradient=stop_gradient)
             outputs[o.name].append(name)
             flat.append(Variable(program, name))
     block.ops.append(OpDesc(opdef.name, names, outputs, dict(attrs), role))

@@ -274,8 +274,8 @@ def _check_program(opdef: OpDef, sample: Sample, report: OpReport, tag: str) -> 
     program = trace(fn, **{n: Spec(t.shape, t.dtype) for n, t in feeds.items()})
     fetch = {k: v for k, v in program.outputs.items()}
     if want_grads:
-        grads = append_backward(program, program.outputs["loss"], wrt=wrt)
-        fetch.update({f"d{n}": g for n, g in grads.items()})
+        grads = append_backward(program, program.outputs["loss"], wrt=wrt)  # keyed "<input>@GRAD"
+        fetch.update({f"d{key.removesuffix('@GRAD')}": g for key, g in grads.items()})
     got = Executor(program, fetch=fetch).run(feeds)
     got = {k: program.device.to_host(v) for k, v in got.items()}
     for k, t in enumerate(eager_out):

@@ -1,0 +1,60 @@
+"""``opforge.distributed``: training over several processes (ranks) with MPI — data and tensor parallel.
+
+Needs ``mpi4py`` and an MPI library; ``pip install 'opforge[distributed]'`` installs both (mpi4py and MPICH's
+wheels, which bring ``mpiexec``). Single-process use needs neither: until ``init()`` runs, collectives see one rank.
+
+    import opforge as of
+    world = of.distributed.init()                          # reads the MPI world: world.rank, world.size
+    model = of.distributed.DistributedDataParallel(net)   # gradients all-reduced in buckets during backward
+    sampler = of.distributed.DistributedSampler(n, seed=0) # this rank's shard of every epoch
+
+    # or: one program, with the collectives inserted by the SBP pass
+    mesh = of.distributed.Mesh()                           # every rank of the world, one axis
+    sharded = of.distributed.shard(program, mesh, feeds={"x": S(0)}, params={w: S(1)})
+
+Run with ``mpiexec -n 2 python script.py``. See docs/distributed.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from ..core import sbp  # noqa: F401  (of.distributed.sbp: the layouts and signature rules)
+from ..core.sbp import B, P, S
+from .comm import (
+    INSTALL,
+    SELF,
+    CollectiveMismatchError,
+    Communicator,
+    MPICommunicator,
+    SelfCommunicator,
+    Stats,
+    current_communicator,
+    using_communicator,
+)
+
+# The rest builds on programs, layers and optimizers, which import the op library, which imports this package
+# (collective kernels ask for the current communicator): loaded on first use.
+_LAZY = {
+    "init": "launch", "is_initialized": "launch", "get_rank": "launch", "get_world_size": "launch",
+    "Mesh": "sharding", "shard": "sharding", "ShardingTracer": "sharding",
+    "DistributedDataParallel": "data_parallel", "DistributedSampler": "data_parallel",
+    "save": "data_parallel", "load": "data_parallel",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'opforge.distributed' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = [
+    "INSTALL", "SELF", "B", "CollectiveMismatchError", "Communicator", "DistributedDataParallel",
+    "DistributedSampler", "MPICommunicator", "Mesh", "P", "S", "SelfCommunicator", "Stats",
+    "current_communicator", "get_rank", "get_world_size", "init", "is_initialized", "load", "save", "shard",
+    "using_communicator",
+]

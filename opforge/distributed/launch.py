@@ -1,0 +1,62 @@
+"""``init()``: join the MPI world, and make an uncaught error on any rank end the whole job.
+
+Without the second part, a rank that raises exits while the others wait in their next collective for ever. So
+``init`` replaces ``sys.excepthook`` (and ``threading.excepthook``): the error is printed with its rank, then
+``MPI_Abort`` has ``mpiexec`` stop every rank at once.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import traceback
+
+from .comm import MPICommunicator, _world, current_communicator, mpi, set_world
+
+
+def init(verify: bool = True, timeout: float | None = None) -> MPICommunicator:
+    """Join the MPI world (once; later calls return it) and return its communicator (``.rank``, ``.size``).
+
+    ``verify`` checks before each collective that every rank calls the same one (see ``comm``); ``timeout``
+    (seconds; default ``$OPFORGE_COLLECTIVE_TIMEOUT`` or 300) bounds how long a rank waits for the others there.
+    """
+    world = _world[0]
+    if isinstance(world, MPICommunicator):
+        return world
+    MPI = mpi()
+    world = MPICommunicator(MPI.COMM_WORLD, verify=verify, timeout=timeout)
+    set_world(world)
+    if world.size > 1:
+        _abort_on_uncaught_errors(world)
+    return world
+
+
+def is_initialized() -> bool:
+    return isinstance(_world[0], MPICommunicator)
+
+
+def get_rank() -> int:
+    return current_communicator().rank
+
+
+def get_world_size() -> int:
+    return current_communicator().size
+
+
+def _abort_on_uncaught_errors(world: MPICommunicator) -> None:
+    def abort(kind, error, tb, where="") -> None:
+        text = "".join(traceback.format_exception(kind, error, tb))
+        sys.stderr.write(f"[rank {world.rank}{where}] uncaught {kind.__name__}: aborting the job\n{text}")
+        sys.stderr.flush()
+        world.comm.Abort(1)
+
+    def in_thread(args) -> None:
+        if args.exc_type is SystemExit:
+            return
+        abort(args.exc_type, args.exc_value, args.exc_traceback, f", thread {args.thread.name}")
+
+    sys.excepthook = abort
+    threading.excepthook = in_thread
+
+
+__all__ = ["get_rank", "get_world_size", "init", "is_initialized"]

@@ -1,0 +1,548 @@
+"""The SBP pass: a program for one process becomes the program each rank of a mesh runs, collectives inserted.
+
+``ShardingTracer`` is an interpreter (see ``opforge.dispatch``): a ``Tracer`` that, before appending each op, knows
+the layout of every input (``S(k)``, ``B``, ``P``; see ``sbp``), takes the op's candidate signatures, and picks the
+one needing the fewest bytes moved (ties: fewer inserted ops, then the op's own order of preference), inserting the
+collectives that bring each input to the layout it needs — ops of the program like any other, visible in its
+text. Every value is held *locally*: a split value's Spec is the block a rank holds.
+
+The backward pass needs nothing of it: ``append_backward`` runs each op's gradient rule on the rank's own program,
+and the inserted collectives' rules are their dual collectives, so each rank gets the gradient of the sum of all
+ranks' losses with respect to what it holds. What an optimizer reads (``grad_of``) is then made the gradient of
+the logical loss: a broadcast parameter's gradient is all-reduced (its ranks' copies are one value), and the
+ranks' count is divided out when the loss is itself broadcast or a mean over ranks (``P("mean")``): data
+parallelism's all_reduce(mean) of gradients, and tensor parallelism's gradients of sharded weights, come out of
+one rule. Broadcast parameters' gradients are all-reduced a few at a time, flattened into one buffer per group
+(DistributedDataParallel's buckets, in the program).
+
+Two ways in:
+* ``shard(program, mesh, feeds, params)``: a pass over a traced program for one process (whole shapes): feeds
+  and parameters are cut to this rank's blocks, its forward ops replayed through the interpreter, its backward
+  requests answered again on the sharded forward, its updates kept.
+* ``of.compile`` of a step called under ``with mesh:``: the step is traced with this interpreter from the start
+  (with the rank's own batch: feeds are ``S(0)`` unless the mesh says otherwise).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import math
+
+import numpy as np
+
+from .. import ops as F
+from ..core import dtypes as D
+from ..core.errors import ArgumentError, OpforgeError, ShapeError, describe
+from ..core.opdef import registry
+from ..core.sbp import B, Layout, S, as_layout, normalized, signatures
+from ..core.spec import Dim, Spec, undim
+from ..dispatch import interpreting
+from ..program.backward import append_backward
+from ..program.compile import traced_function_wrappers
+from ..program.desc import Program
+from ..program.trace import Tracer, Variable, _input_name, tracing_program, var_for_tensor
+from ..tensor import Tensor
+from .comm import Communicator, current_communicator, using_communicator
+
+COLLECTIVES = frozenset({"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all"})
+UNKNOWN_DIM = 1024  # an unknown dim (a batch of any size) counts as this many when comparing costs
+
+
+class Mesh:
+    """The ranks of a communicator along one axis (the world's, after ``of.distributed.init()``), with the layouts
+    of the values a compiled step reads: ``feeds`` (by argument name; ``S(0)`` if not given) and ``params``
+    (Tensor -> layout; ``B`` if not given). ``with mesh:`` makes collectives use its communicator and makes
+    ``of.compile`` shard what it traces."""
+
+    def __init__(self, comm: Communicator | None = None, feeds: dict | None = None, params: dict | None = None):
+        self.comm = current_communicator() if comm is None else comm
+        self.feeds = {k: as_layout(v, f"Mesh(): feed {k!r}") for k, v in (feeds or {}).items()}
+        self.params = _param_layouts(params, "Mesh()")
+
+    @property
+    def size(self) -> int:
+        return self.comm.size
+
+    @property
+    def rank(self) -> int:
+        return self.comm.rank
+
+    def __enter__(self) -> Mesh:
+        self._using = using_communicator(self.comm)
+        self._using.__enter__()
+        self._token = _mesh.set(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _mesh.reset(self._token)
+        self._using.__exit__(*exc)
+
+    def __repr__(self) -> str:
+        return f"Mesh({self.size} ranks, this is rank {self.rank})"
+
+
+_mesh = contextvars.ContextVar("opforge.mesh", default=None)
+
+
+def current_mesh() -> Mesh | None:
+    return _mesh.get()
+
+
+def _param_layouts(params, who: str) -> dict:
+    """{id(Tensor) or variable name: Layout}."""
+    out = {}
+    for key, value in (params or {}).items():
+        if not isinstance(key, (Tensor, str)):
+            raise ArgumentError(f"{who}: parameter layouts are keyed by Tensor or variable name, got {describe(key)}")
+        out[id(key) if isinstance(key, Tensor) else key] = as_layout(value, f"{who}: parameter layout")
+    return out
+
+
+class ShardingTracer(Tracer):
+    """A Tracer that gives every value a layout and inserts the collectives each op's signature needs."""
+
+    def __init__(self, program: Program, mesh: Mesh, params: dict | None = None):
+        super().__init__(program)
+        self.mesh = mesh
+        self.params = dict(mesh.params) | dict(params or {})  # id(Tensor) or var name -> Layout
+        self.layouts: dict = {}  # variable name -> Layout
+        self._converted: dict = {}  # (variable, Layout) -> variable holding it in that layout
+        self._reduced: dict = {}  # local gradient variable -> the logical loss's gradient
+        self._final: set = set()  # gradient variables that are already the logical loss's
+        program.layouts = self.layouts  # kept with the program: what each variable is across the ranks
+
+    # -- the interpreter --------------------------------------------------------------------------------------
+
+    def apply(self, op, inputs: tuple, attrs: dict):
+        if op.name in COLLECTIVES:
+            raise ArgumentError(f"{op.name}(): a program being sharded holds no collectives of its own: the SBP pass "
+                                "inserts them (write the program for one process)")
+        if op.validate is not None:
+            op.validate(attrs)
+        names = self._input_names(op, inputs)
+        chosen = self._choose(op, names, attrs)
+        converted = [[self._convert(n, want) for n in slot] if isinstance(slot, list) else
+                     (None if slot is None else self._convert(slot, want))
+                     for slot, want in zip(names, chosen[0])]
+        args = [[Variable(self.program, n) for n in slot] if isinstance(slot, list) else
+                (None if slot is None else Variable(self.program, slot)) for slot in converted]
+        result = super().apply(op, tuple(args), attrs)
+        outs = result if len(op.outputs) > 1 else (result,)
+        for o, value, layout in zip(op.outputs, outs, chosen[1]):
+            for v in value if o.is_list else [value]:
+                self.layouts[v.name] = normalized(layout, len(v.spec.shape))
+        return result
+
+    def live(self, tensor: Tensor) -> Variable:
+        return Variable(self.program, self._var_of(tensor, state=True))
+
+    def assign(self, target: Tensor, value) -> None:
+        name = self._var_of(target, state=not target.requires_grad)
+        if isinstance(value, Variable):
+            value = Variable(self.program, self._convert(value.name, self.layouts[name]))
+        super().assign(target, value)
+
+    def grad_of(self, param: Tensor):
+        g = super().grad_of(param)
+        if g is None:
+            return None
+        wrt = self._var_of(param)
+        if g.name not in self._final and g.name not in self._reduced and self.layouts.get(wrt, B) == B:
+            self._reduce_together()
+        return Variable(self.program, self.logical_grad(wrt, g.name))
+
+    def set_grad(self, param: Tensor, grad) -> None:
+        if grad is not None:
+            self._final.add(grad.name)
+        super().set_grad(param, grad)
+
+    def differentiate(self, outputs, inputs, grad_outputs, allow_unused: bool):
+        grads = super().differentiate(outputs, inputs, grad_outputs, allow_unused)
+        inputs = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+        return tuple(None if g is None else
+                     Variable(self.program, self.logical_grad(self._var_of(t) if isinstance(t, Tensor) else t.name,
+                                                              g.name)) for t, g in zip(inputs, grads))
+
+    # -- layouts of what comes in ------------------------------------------------------------------------------
+
+    def _var_of(self, tensor: Tensor, state: bool = False) -> str:
+        name = var_for_tensor(self.program, tensor, state=state)
+        if name not in self.layouts:
+            layout = self.params.get(id(tensor), self.params.get(name, B))
+            self.layouts[name] = normalized(layout, tensor.ndim)
+        return name
+
+    def _input_names(self, op, inputs: tuple) -> list:
+        """Each input as a variable name (lists for ``Tensor[]``): eager Tensors become parameters or state,
+        Python numbers and arrays constants (broadcast)."""
+        peers = [v.dtype for slot in inputs for v in (slot if isinstance(slot, (list, tuple)) else (slot,))
+                 if isinstance(v, (Variable, Tensor))]
+        peer = D.promote(*peers) if peers else None
+
+        def name(arg, value):
+            if isinstance(value, Tensor):
+                return self._var_of(value)
+            n = _input_name(self.program, op, arg, value, peer)
+            self.layouts.setdefault(n, B)
+            return n
+
+        names = []
+        for p, value in zip(op.inputs, inputs):
+            if p.is_list and isinstance(value, (list, tuple)):
+                names.append([name(f"{p.name}[{i}]", v) for i, v in enumerate(value)])
+            else:
+                names.append(None if value is None else name(p.name, value))
+        return names
+
+    # -- choosing a signature --------------------------------------------------------------------------------
+
+    def _choose(self, op, names: list, attrs: dict) -> tuple:
+        specs = [[self._spec(n) for n in slot] if isinstance(slot, list) else
+                 (None if slot is None else self._spec(slot)) for slot in names]
+        plain = {k: undim(v) for k, v in attrs.items()}
+        best, best_key = None, None
+        for index, (ins, outs) in enumerate(signatures(op, specs, plain)):
+            if len(ins) != len(names) or len(outs) != len(op.outputs):
+                raise ArgumentError(f"op '{op.name}': an SBP signature must give {len(names)} input layout(s) and "
+                                    f"{len(op.outputs)} output layout(s), got {ins} -> {outs}")
+            cost, moves, after = 0.0, 0, []
+            for slot, spec, want in zip(names, specs, ins):
+                if slot is None:
+                    after.append(None)
+                    continue
+                plans = [self._plan(n, want) for n in (slot if isinstance(slot, list) else [slot])]
+                if any(p is None for p in plans):
+                    break
+                cost += sum(p[0] for p in plans)
+                moves += sum(p[1] for p in plans)
+                local = [self._converted_spec(n, s, want) for n, s in
+                         zip(slot if isinstance(slot, list) else [slot], spec if isinstance(spec, list) else [spec])]
+                after.append(local if isinstance(slot, list) else local[0])
+            else:
+                try:  # the op must accept the blocks it would be given
+                    op.infer_specs(after, plain)
+                except OpforgeError:
+                    continue
+                key = (cost, moves, index)
+                if best_key is None or key < best_key:
+                    best, best_key = (ins, outs), key
+        if best is None:
+            shown = ", ".join(f"{n}: {self.layouts.get(n)} {self._spec(n)}" for slot in names if slot is not None
+                              for n in (slot if isinstance(slot, list) else [slot]))
+            raise ShapeError(f"{op.name}(): no SBP signature fits inputs ({shown}) on {self.mesh.size} ranks")
+        return best
+
+    def _spec(self, name: str) -> Spec:
+        return self.program.block.vars[name].spec
+
+    def _converted_spec(self, name: str, spec: Spec, want: Layout) -> Spec:
+        have, n = self.layouts[name], self.mesh.size
+        shape = list(spec.shape)
+        if want is None or have == want:
+            return spec
+        if have.split:
+            shape[have.axis] = None if shape[have.axis] is None else shape[have.axis] * n
+        if want.split:
+            want = normalized(want, len(shape))
+            shape[want.axis] = None if shape[want.axis] is None else shape[want.axis] // n
+        return Spec(tuple(shape), spec.dtype)
+
+    def _plan(self, name: str, want: Layout | None):
+        """(bytes each rank sends, ops inserted) to bring variable ``name`` to layout ``want``; None if it cannot."""
+        have, spec, n = self.layouts[name], self._spec(name), self.mesh.size
+        if want is None or have == want:
+            return (0.0, 0)
+        ndim = len(spec.shape)
+        try:
+            want = normalized(want, ndim)
+        except ArgumentError:
+            return None
+        if have == want:
+            return (0.0, 0)
+        size = math.prod(UNKNOWN_DIM if d is None else d for d in spec.shape) * spec.dtype.itemsize
+
+        def splits(axis):  # a block per rank along axis
+            d = spec.shape[axis]
+            return d is not None and d % n == 0
+
+        if have.split and want == B:
+            return (size * (n - 1), 1)
+        if have.split and want.split:
+            return (size * (n - 1) / n, 1) if splits(want.axis) else None
+        if have.partial and want == B:
+            return (2 * size * (n - 1) / n, 1)
+        if have.partial and want.split:
+            return (size * (n - 1) / n, 1) if splits(want.axis) else None
+        if have == B and want.split:
+            return (0.0, 1) if splits(want.axis) else None
+        if have == B and want.partial:
+            return (0.0, 1) if spec.dtype.kind == "f" else None
+        # the rest goes through B: S -> P, P(sum) <-> P(mean)
+        first = self._plan(name, B)
+        return None if first is None else (first[0], first[1] + 1)
+
+    # -- inserting the collectives ------------------------------------------------------------------------------
+
+    def _convert(self, name: str, want: Layout | None) -> str:
+        have = self.layouts[name]
+        if want is None:
+            return name
+        want = normalized(want, len(self._spec(name).shape))
+        if have == want:
+            return name
+        key = (name, want)
+        if key in self._converted:
+            return self._converted[key]
+        v, n, rank = Variable(self.program, name), self.mesh.size, self.mesh.rank
+        with interpreting(Tracer(self.program)):  # the inserted ops have no signature to choose
+            if have.split and want == B:
+                out = F.all_gather(v, axis=have.axis)
+            elif have.split and want.split:
+                out = F.all_to_all(v, split_axis=want.axis, concat_axis=have.axis)
+            elif have.partial and want == B:
+                out = F.all_reduce(v, op=have.reduce)
+            elif have.partial and want.split:
+                out = F.reduce_scatter(v, axis=want.axis, op=have.reduce)
+            elif have == B and want.split:
+                block = self._spec(name).shape[want.axis] // n
+                out = F.slice(v, axes=[want.axis], starts=[rank * block], ends=[(rank + 1) * block], steps=[1])
+            elif have == B and want.partial:
+                # partial sums: rank 0 holds the value, the others zeros; partial means: every rank holds it
+                out = F.scale(v, scale=1.0 if rank == 0 or want.reduce == "mean" else 0.0)
+            else:
+                out = None
+        if out is None:
+            out_name = self._convert(self._convert(name, B), want)
+        else:
+            out_name = out.name
+            self.layouts[out_name] = want
+        self._converted[key] = out_name
+        return out_name
+
+    def _reduce_together(self, bucket_bytes: int = 1 << 22) -> None:
+        """All-reduce the pending gradients of broadcast parameters a few at a time, each group flattened into one
+        buffer (as DistributedDataParallel's buckets): fewer, larger collectives. The sums are the same, bit for
+        bit, as one all-reduce per gradient."""
+        block = self.program.block
+        pending = [(w, g) for w, g in self.program.grad_names.items()
+                   if g not in self._final and g not in self._reduced and self.layouts.get(w, B) == B
+                   and None not in block.vars[g].spec.shape]
+        groups: dict = {}
+        for w, g in pending:
+            spec = block.vars[g].spec
+            bucket = groups.setdefault(spec.dtype, [[]])
+            size = sum(math.prod(block.vars[n].spec.shape) for _, n in bucket[-1]) * spec.dtype.itemsize
+            if bucket[-1] and size + math.prod(spec.shape) * spec.dtype.itemsize > bucket_bytes:
+                bucket.append([])
+            bucket[-1].append((w, g))
+        op = "mean" if self._loss_counted_by_every_rank() else "sum"
+        for bucket in (b for buckets in groups.values() for b in buckets if len(b) > 1):
+            specs = [block.vars[g].spec for _, g in bucket]
+            with interpreting(Tracer(self.program)):
+                flat = F.concat([F.reshape(Variable(self.program, g), shape=[-1]) for _, g in bucket], axis=0)
+                parts = F.split(F.all_reduce(flat, op=op), sections=[math.prod(s.shape) for s in specs], axis=0)
+                for (_, g), part, spec in zip(bucket, parts, specs):
+                    out = F.reshape(part, shape=list(spec.shape))
+                    self.layouts[out.name] = B
+                    self._reduced[g] = out.name
+                    self._final.add(out.name)
+
+    def _loss_counted_by_every_rank(self) -> bool:
+        """Whether the last loss differentiated was counted by every rank: broadcast, or a mean over ranks."""
+        counted = self.layouts.get(self.program.backward_requests[-1][0], B)
+        return counted == B or (counted.partial and counted.reduce == "mean")
+
+    def logical_grad(self, wrt: str, local: str) -> str:
+        """The gradient of the logical loss w.r.t. variable ``wrt``, from its gradient ``local`` on this rank's
+        program (that of the sum of every rank's loss)."""
+        if local in self._final:
+            return local
+        if local in self._reduced:
+            return self._reduced[local]
+        mean = self._loss_counted_by_every_rank()
+        layout = self.layouts.get(wrt, B)
+        if layout.partial:
+            raise ArgumentError(f"gradient of {wrt!r}: a partial value ({layout}) has no gradient of its own")
+        v = Variable(self.program, local)
+        with interpreting(Tracer(self.program)):
+            if layout == B:  # one value, used by every rank: the ranks' gradients add up
+                out = F.all_reduce(v, op="mean" if mean else "sum")
+            elif mean and self.mesh.size > 1:
+                out = F.scale(v, scale=1.0 / self.mesh.size)
+            else:
+                out = v
+        self.layouts[out.name] = layout
+        self._reduced[local] = out.name
+        self._final.add(out.name)
+        return out.name
+
+
+# -- of.compile under a mesh -------------------------------------------------------------------------------------
+
+def _traced_under_mesh(fn):
+    """What ``of.compile`` traces: ``fn`` itself, or, under ``with mesh:``, ``fn`` run by a ShardingTracer."""
+    mesh = current_mesh()
+    if mesh is None:
+        return fn
+
+    @functools.wraps(fn)
+    def sharded(*args, **kwargs):  # called as of.compile binds the call (positionally, by keyword, *args)
+        program = tracing_program()
+        tracer = ShardingTracer(program, mesh)
+        for name in program.feeds:
+            tracer.layouts[name] = normalized(mesh.feeds.get(name, _default_feed(program, name)),
+                                              len(program.block.vars[name].spec.shape))
+        with interpreting(tracer):
+            return fn(*args, **kwargs)
+
+    return sharded
+
+
+def _default_feed(program: Program, name: str) -> Layout:
+    return S(0) if program.block.vars[name].spec.shape else B
+
+
+traced_function_wrappers.append(_traced_under_mesh)
+
+
+# -- the pass --------------------------------------------------------------------------------------------------
+
+def shard(program: Program, mesh: Mesh, feeds: dict | None = None, params: dict | None = None) -> Program:
+    """The program this rank of ``mesh`` runs, for a program traced for one process.
+
+    ``feeds`` maps feed names to layouts (``B`` if not given): a split feed's Spec becomes the block a rank is
+    fed. ``params`` maps parameters (Tensors or variable names) to layouts (``B`` if not given): a split
+    parameter's value becomes this rank's block (a copy: the sharded program updates its own). Forward ops are
+    replayed with signatures chosen and collectives inserted; each ``append_backward`` the program had is done
+    again on the sharded forward, and what read a gradient reads the logical loss's gradient. The result's
+    ``layouts`` maps each variable to its layout.
+    """
+    if not isinstance(program, Program):
+        raise ArgumentError(f"shard(): expected a Program, got {describe(program)}")
+    if not isinstance(mesh, Mesh):
+        raise ArgumentError(f"shard(): expected a Mesh, got {describe(mesh)}")
+    with using_communicator(mesh.comm):  # the shape rules of collectives ask for the group's size
+        return _Replay(program, mesh, feeds or {}, _param_layouts(params, "shard()")).run()
+
+
+class _Replay:
+    def __init__(self, old: Program, mesh: Mesh, feeds: dict, params: dict):
+        self.old, self.mesh = old, mesh
+        self.new = Program(old.device)
+        by_name = {name: params[id(t)] for t, name in old._tensor_vars.values() if id(t) in params}
+        self.params = {k: v for k, v in params.items() if isinstance(k, str)} | by_name
+        self.feeds = {k: as_layout(v, f"shard(): feed {k!r}") for k, v in feeds.items()}
+        unknown = (set(self.feeds) - set(old.feeds)) | {k for k in self.params if k not in old.block.vars}
+        if unknown:
+            raise ArgumentError(f"shard(): {sorted(unknown)} are not feeds or variables of the program")
+        self.tracer = ShardingTracer(self.new, mesh, self.params)
+        self.names: dict = {}  # old variable -> new variable
+
+    def run(self) -> Program:
+        old, new = self.old, self.new
+        for name in old.feeds:
+            self._declare(name, self.feeds.get(name, B), value=None)
+            new.feeds.append(name)
+        for name, value in old.values.items():
+            self._declare(name, self.params.get(name, B), value)
+        new._tensor_vars = dict(old._tensor_vars)
+        new._counter = old._counter
+        requests = iter(old.backward_requests)
+        ops, i = old.block.ops, 0
+        with interpreting(self.tracer):
+            while i < len(ops):
+                if ops[i].role == "backward":
+                    self._backward(next(requests, None))
+                    while i < len(ops) and ops[i].role == "backward":
+                        i += 1
+                    continue
+                self._replay(ops[i])
+                i += 1
+            for target, value in old.updates.items():
+                v = self._convert(self._new(value), self.tracer.layouts[target])
+                new.updates[target] = v
+            # a partial value is of no use to whoever fetches it: outputs are reduced (split ones stay split)
+            new.outputs = {k: self._whole(self._new(n)) for k, n in old.outputs.items()}
+        new.grad_names = {w: self.names[g] for w, g in old.grad_names.items() if g in self.names}
+        return new
+
+    def _whole(self, name: str) -> str:
+        return self._convert(name, B) if self.tracer.layouts[name].partial else name
+
+    def _convert(self, name: str, layout: Layout) -> str:
+        return self.tracer._convert(name, layout)
+
+    def _declare(self, name: str, layout: Layout, value) -> None:
+        vd = self.old.block.vars[name]
+        layout = normalized(layout, len(vd.spec.shape))
+        n, rank = self.mesh.size, self.mesh.rank
+        shape = list(vd.spec.shape)
+        if layout.split:
+            d = shape[layout.axis]
+            if d is not None and d % n:
+                raise ShapeError(f"shard(): {name!r} {vd.spec} does not split into {n} equal blocks along axis "
+                                 f"{layout.axis}")
+            shape[layout.axis] = None if d is None else d // n
+            if value is not None:
+                block = d // n
+                index = [slice(None)] * len(shape)
+                index[layout.axis] = slice(rank * block, (rank + 1) * block)
+                value = np.array(value[tuple(index)], copy=True)  # the sharded program's own block
+        elif layout.partial:
+            raise ArgumentError(f"shard(): {name!r} cannot start as a partial value ({layout})")
+        self.new.add_var(name, Spec(tuple(shape), vd.spec.dtype), persistable=vd.persistable,
+                         stop_gradient=vd.stop_gradient)
+        if value is not None:
+            self.new.values[name] = value
+        self.names[name] = name
+        self.tracer.layouts[name] = layout
+
+    def _new(self, name: str) -> str:
+        try:
+            return self.names[name]
+        except KeyError:
+            raise ArgumentError(f"shard(): variable {name!r} is read after the backward pass but is none of the "
+                                "gradients it made (the pass redoes the backward pass on the sharded forward)") \
+                from None
+
+    def _attr(self, value):
+        if isinstance(value, Dim):
+            return Dim(self._new(value.var), value.axis)
+        if isinstance(value, tuple):
+            return tuple(self._attr(v) for v in value)
+        return value
+
+    def _replay(self, op) -> None:
+        opdef = registry.get(op.type)
+        inputs = []
+        for p in opdef.inputs:
+            names = [Variable(self.new, self._new(n)) for n in op.inputs[p.name]]
+            inputs.append(names if p.is_list else (names[0] if names else None))
+        attrs = {k: self._attr(v) for k, v in op.attrs.items()}
+        result = self.tracer.apply(opdef, tuple(inputs), attrs)
+        outs = list(result) if len(opdef.outputs) > 1 else [result]
+        flat = [v for o, value in zip(opdef.outputs, outs) for v in (value if o.is_list else [value])]
+        for old_name, v in zip(op.output_names(), flat):
+            self.names[old_name] = v.name
+            self.new.block.vars[v.name].stop_gradient = self.old.block.vars[old_name].stop_gradient
+
+    def _backward(self, request) -> None:
+        if request is None:
+            raise ArgumentError("shard(): the program holds backward ops that no append_backward request made")
+        loss, wrt, blocked = request
+        wanted = [self._new(n) for n in wrt]
+        grads = append_backward(self.new, self._new(loss), wrt=wanted, no_grad=[self._new(n) for n in blocked])
+        by_wrt = {w: g for w, g in self.old.grad_names.items()}
+        self.tracer._reduce_together()
+        for w_old, w in zip(wrt, wanted):
+            g = grads.get(f"{w}@GRAD")  # append_backward names gradients as Executor.run returns them
+            if g is None:
+                continue
+            logical = self.tracer.logical_grad(w, g.name)
+            old_grad = by_wrt.get(w_old)
+            if old_grad is not None:
+                self.names[old_grad] = logical
+
+
+__all__ = ["Mesh", "ShardingTracer", "current_mesh", "shard"]

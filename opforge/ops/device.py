@@ -1,0 +1,37 @@
+"""Moving data between devices. ``to_device`` is an op like any other — recorded by autograd, its gradient the copy
+back (tinygrad's idea) — so ``Tensor.to(device)`` and ``Tensor.cpu()`` differentiate through a move."""
+
+from opforge import ops as F
+
+from ..core.devices import default_device, get_device
+from ._common import Sample, np, op
+
+
+def _destination(attrs: dict):
+    return get_device(attrs["device"], "to_device()")
+
+
+@op("to_device(Tensor x, *, str device) -> Tensor y", traits=["elementwise"], out_device=_destination)
+def to_device(x, *, device):
+    """A copy of x on ``device`` (the name of a registered device). This kernel reads host memory (it serves every
+    device whose arrays are host arrays); a device with memory of its own gives it a kernel of its own."""
+    return get_device(device).from_host(np.asarray(x), copy=True)
+
+
+@to_device.check
+def _(*, device):
+    get_device(device, "to_device()")  # an unknown device is refused at the call, naming the known ones
+
+
+@to_device.grad
+def _(x, dy, *, device):
+    return F.to_device(dy, device=x.device.name)
+
+
+@to_device.samples
+def _(rng):
+    # A copy onto the device the samples live on (the one check_op runs on): a program runs on one device, so a
+    # move elsewhere could not be traced. Moves between devices are tested with a second device.
+    here = default_device().name
+    yield Sample.of(rng.standard_normal((2, 3)), device=here)
+    yield Sample.of(rng.standard_normal(()), device=here)

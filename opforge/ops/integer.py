@@ -1,0 +1,79 @@
+"""The operators ``%``, ``//``, ``&``, ``|`` and ``~``: remainder and floor division (rounding down, as Python and
+PyTorch do), and bitwise logic on integer and bool tensors (on bools, the logical and, or and not)."""
+
+from opforge import ops as F
+
+from ._common import Sample, np, op
+
+
+@op("remainder(Tensor<number> x, Tensor<number> y) -> Tensor out", traits=["broadcast"])
+def remainder(x, y):
+    """x mod y with the sign of y (Python's ``%``, ``torch.remainder``): x − floor(x / y)·y."""
+    return np.remainder(x, y)
+
+
+@remainder.grad
+def _(x, y, dout, needs_input_grad):
+    # d/dx = 1 and d/dy = −floor(x / y) wherever x / y is not an integer (torch's convention at the jumps too)
+    return dout, -dout * F.floor_divide(x, y) if needs_input_grad[1] else None
+
+
+@op("floor_divide(Tensor<number> x, Tensor<number> y) -> Tensor out", traits=["broadcast"])
+def floor_divide(x, y):
+    """floor(x / y) (Python's ``//``; integers stay integers)."""
+    return np.floor_divide(x, y)
+
+
+@floor_divide.grad
+def _(dout):
+    # Piecewise constant: the gradient is 0 wherever it exists (torch has none; floor's convention here).
+    return F.zeros_like(dout), F.zeros_like(dout)
+
+
+def _off_the_jumps(rng, x_shape, y_shape):
+    """x and y (broadcasting to x's shape) whose quotient is 0.2 or more away from an integer: remainder and
+    floor_divide are smooth there."""
+    y = rng.uniform(0.5, 2.0, y_shape) * rng.choice([-1, 1], y_shape)
+    return (rng.integers(-3, 3, x_shape) + rng.uniform(0.2, 0.8, x_shape)) * y, y
+
+
+@remainder.samples
+@floor_divide.samples
+def _(rng):
+    yield Sample.of(*_off_the_jumps(rng, (2, 3), (2, 3)))
+    yield Sample.of(*_off_the_jumps(rng, (2, 3), (3,)))
+    yield Sample.of(*_off_the_jumps(rng, (), ()))
+    yield Sample.of(np.array([7, -7, 7, -7]), np.array([3, 3, -3, -3]))  # integers: Python's signs
+
+
+@op("bitwise_and(Tensor<integer|bool> x, Tensor<integer|bool> y) -> Tensor out", traits=["broadcast", "no_grad"])
+def bitwise_and(x, y):
+    """x & y, bit by bit (the logical and of bools)."""
+    return np.bitwise_and(x, y)
+
+
+@op("bitwise_or(Tensor<integer|bool> x, Tensor<integer|bool> y) -> Tensor out", traits=["broadcast", "no_grad"])
+def bitwise_or(x, y):
+    """x | y, bit by bit (the logical or of bools)."""
+    return np.bitwise_or(x, y)
+
+
+@bitwise_and.samples
+@bitwise_or.samples
+def _(rng):
+    yield Sample.of(rng.integers(-8, 8, (2, 3)), rng.integers(-8, 8, (2, 3)))
+    yield Sample.of(rng.standard_normal((2, 3)) > 0, rng.standard_normal(3) > 0)
+    yield Sample.of(rng.integers(0, 16, (4,)).astype(np.int32), np.array(True))
+
+
+@op("bitwise_not(Tensor<integer|bool> x) -> Tensor y", traits=["elementwise", "no_grad"])
+def bitwise_not(x):
+    """~x, bit by bit (−x − 1 for integers; the logical not of bools)."""
+    return np.invert(x)
+
+
+@bitwise_not.samples
+def _(rng):
+    yield Sample.of(rng.integers(-8, 8, (2, 3)))
+    yield Sample.of(rng.standard_normal(4) > 0)
+    yield Sample.of(np.array(5, dtype=np.int32))

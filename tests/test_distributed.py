@@ -1,0 +1,184 @@
+"""Distribution: data- and tensor-parallel training on 2 ranks (`mpiexec -n 2`, scripts in tests/distributed/),
+what happens when ranks disagree, and the single-process side (no MPI needed)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import opforge as of
+from opforge import nn
+from opforge import ops as F
+from opforge.distributed import B, P, S
+
+ROOT = Path(__file__).resolve().parents[1]
+MPIEXEC = Path(sys.executable).with_name("mpiexec")
+TRAINING_CHECKS = [
+    "eager data parallel sgd equals one process on the whole batch",
+    "compiled data parallel sgd equals one process, and eager data parallel bit for bit",
+    "eager data parallel adam equals one process on the whole batch",
+    "compiled data parallel adam equals one process, and eager data parallel bit for bit",
+    "tensor-parallel MLP equals one process, forward and gradients",
+    "sampler gives each rank its part of every batch, reproducibly",
+    "checkpoint written once by rank 0 and loaded by every rank",
+]
+
+
+def two_ranks(*args, timeout=300, env=None):
+    if not MPIEXEC.exists():
+        pytest.skip("mpiexec is not installed (pip install 'opforge[distributed]')")
+    return subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "OPFORGE_COLLECTIVE_TIMEOUT": "60", **(env or {})})
+
+
+def test_two_ranks_train_as_one_process(tmp_path):
+    """One launch for every check (under pytest-xdist a module fixture would launch once per worker)."""
+    done = two_ranks("tests/distributed/ranks_training.py", str(tmp_path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    for check in TRAINING_CHECKS:
+        assert f"ok {check}" in done.stdout.splitlines(), check
+
+
+def test_a_rank_that_raises_ends_the_job_with_its_error():
+    done = two_ranks("tests/distributed/ranks_failures.py", "raise", timeout=60)  # would hang without the abort
+    assert done.returncode != 0
+    assert "ValueError: rank 1 fails on purpose" in done.stderr and "[rank 1]" in done.stderr
+    assert "got past" not in done.stdout
+
+
+@pytest.mark.parametrize(("mode", "rank_0", "rank_1"), [
+    ("mismatch", "all_reduce(op=sum) on float64[4, 2]", "all_gather(axis=0) on float64[4, 2]"),
+    ("shape", "all_reduce(op=sum) on float64[2, 2]", "all_reduce(op=sum) on float64[3, 2]"),
+])
+def test_ranks_running_different_programs_are_told_not_deadlocked(mode, rank_0, rank_1):
+    done = two_ranks("tests/distributed/ranks_failures.py", mode, timeout=60)
+    assert done.returncode != 0
+    assert "CollectiveMismatchError: the ranks' programs differ at collective #2" in done.stderr
+    assert f"rank 0: {rank_0}" in done.stderr and f"rank 1: {rank_1}" in done.stderr
+
+
+def test_a_rank_that_never_arrives_is_given_up_on():
+    done = two_ranks("tests/distributed/ranks_failures.py", "early", timeout=60,
+                     env={"OPFORGE_COLLECTIVE_TIMEOUT": "2"})
+    assert done.returncode != 0
+    assert "rank 0 waited 2 s for the other ranks at collective #2" in done.stderr
+
+
+def test_without_mpi4py_single_process_use_is_unchanged_and_init_says_how_to_install():
+    code = "\n".join([
+        "import sys; sys.modules['mpi4py'] = None  # as if it were not installed",
+        "import numpy as np, opforge as of",
+        "from opforge import ops as F",
+        "x = of.tensor(np.arange(4.0), requires_grad=True)",
+        "F.all_gather(x).sum().backward()",
+        "assert x.grad.tolist() == [1.0] * 4 and of.distributed.get_world_size() == 1",
+        "try:",
+        "    of.distributed.init()",
+        "except of.OpforgeError as e:",
+        "    print(e)",
+    ])
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "pip install 'opforge[distributed]'" in done.stdout and "mpiexec -n 2" in done.stdout
+
+
+# -- one process: what needs no MPI ---------------------------------------------------------------------------
+
+
+class TwoRanksOnPaper(of.distributed.SelfCommunicator):
+    """Rank 0 of 2 for building programs (the pass only asks the size and the rank; nothing is run)."""
+
+    size = 2
+
+
+def tensor_parallel_program():
+    rng = np.random.default_rng(0)
+    w1, b1, w2, b2 = (of.tensor(rng.standard_normal(s), dtype="float64", requires_grad=True)
+                      for s in [(8, 5), (8,), (3, 8), (3,)])
+
+    def mlp(x, t):
+        return F.mse_loss(F.linear(F.relu(F.linear(x, w1, b1)), w2, b2), t)
+
+    program = of.trace(mlp, x=of.Spec((4, 5), "float64"), t=of.Spec((4, 3), "float64"))
+    of.append_backward(program, program.outputs["out"])
+    return program, {w1: S(0), b1: S(0), w2: S(1)}
+
+
+def test_shard_inserts_collectives_in_the_program_text_deterministically():
+    program, params = tensor_parallel_program()
+    mesh = of.distributed.Mesh(TwoRanksOnPaper())
+    texts = [str(of.distributed.shard(program, mesh, params=params)) for _ in range(2)]
+    assert texts[0] == texts[1]
+    sharded = of.distributed.shard(program, mesh, params=params)
+    layouts = sharded.layouts
+    linears = [op for op in sharded.block.ops if op.type == "linear"]
+    assert [layouts[op.output_names()[0]] for op in linears] == [S(1), P]  # column- then row-parallel
+    assert sharded.block.vars["param.1"].spec.shape == (4, 5)  # this rank's rows of the first weight
+    grads = {w: layouts[g] for w, g in sharded.grad_names.items()}
+    assert grads == {"param.1": S(0), "param.2": S(0), "param.5": S(1), "param.6": B}
+    assert "all_reduce(" in texts[0] and "reduce_scatter(" in texts[0]
+
+
+def test_data_parallel_signatures_need_no_forward_collective():
+    model = nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3))
+    program = of.trace(lambda x, y: F.cross_entropy(model(x), y), x=of.Spec((8, 5), "float32"),
+                       y=of.Spec((8,), "int64"))
+    of.append_backward(program, program.outputs["out"])
+    sharded = of.distributed.shard(program, of.distributed.Mesh(TwoRanksOnPaper()), feeds={"x": S(0), "y": S(0)})
+    forward = [op.type for op in sharded.block.ops if op.role == "forward"]
+    assert forward.count("all_reduce") == 2  # the four gradients (mean over ranks) in one bucket, and the loss
+    loss = next(op for op in sharded.block.ops if sharded.outputs["out"] in op.output_names())
+    assert loss.type == "all_reduce" and loss.attrs == {"op": "mean"}  # the loss fetched: the mean of the ranks'
+    assert sharded.layouts[loss.inputs["x"][0]] == P("mean")
+    assert sharded.block.vars["x"].spec.shape == (4, 5)
+
+
+def test_an_op_without_a_signature_runs_on_whole_values():
+    x = of.Spec((4, 6), "float64")
+    program = of.trace(lambda x: F.cumsum(x, axis=1), x=x)
+    sharded = of.distributed.shard(program, of.distributed.Mesh(TwoRanksOnPaper()), feeds={"x": S(0)})
+    assert [op.type for op in sharded.block.ops] == ["all_gather", "cumsum"]
+
+
+def test_one_rank_data_parallel_is_plain_training():
+    def run(wrap):
+        of.manual_seed(0)
+        model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).double()
+        model = wrap(model)
+        opt = of.optim.SGD(model.parameters(), lr=0.1)
+        x, y = of.tensor(np.linspace(-1, 1, 15).reshape(5, 3)), of.tensor(np.arange(5) % 2)
+        for _ in range(2):
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        return [p.numpy().copy() for p in model.parameters()]
+
+    ddp = run(lambda m: of.distributed.DistributedDataParallel(m, bucket_bytes=64))
+    for a, b in zip(run(lambda m: m), ddp):
+        assert np.array_equal(a, b)
+
+
+def test_layouts_and_their_errors():
+    assert str(S(-1)) == "S(-1)" and str(P("mean")) == "P(mean)" and str(B) == "B"
+    assert of.distributed.sbp.as_layout("S(1)", "x") == S(1)
+    with pytest.raises(of.ArgumentError, match="expected a layout"):
+        of.distributed.Mesh(feeds={"x": "split"})
+    with pytest.raises(of.ArgumentError, match="only P takes an argument"):
+        S(0)("sum")
+
+
+def test_the_docs_name_every_op_that_declares_a_signature():
+    text = (ROOT / "docs" / "distributed.md").read_text()
+    declared = text.split("* declared (`@op.sbp`):", 1)[1].split("* from traits:", 1)[0]
+    named = {op.name for op in of.registry if f"`{op.name}`" in declared}
+    assert named == {op.name for op in of.registry if op.sbp_fn is not None}
+
+
+@pytest.mark.skipif(not os.environ.get("OPFORGE_LONG_TESTS"), reason="about a minute: OPFORGE_LONG_TESTS=1")
+def test_the_data_parallel_example_trains_the_digits_cnn_on_two_ranks():
+    done = two_ranks("examples/data_parallel.py", timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ranks hold identical parameters: True" in done.stdout

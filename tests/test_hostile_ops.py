@@ -1,0 +1,127 @@
+"""Bad calls the issue and the op fuzzing (``test_fuzz_ops.py``) found, each pinned as a regression test."""
+
+import numpy as np
+import pytest
+
+import opforge as of
+from opforge import ops as F
+from opforge.testing import gradcheck
+
+
+def eager_and_traced(call, *arrays):
+    """``call`` on Tensors, and traced on program variables of the same Specs."""
+    yield lambda: call(*(of.tensor(a) for a in arrays))
+    yield lambda: of.trace(call, *(of.Spec(a.shape, a.dtype) for a in arrays))
+
+
+@pytest.mark.parametrize("name", ["zeros", "ones", "normal", "uniform", "full"])
+def test_creation_ops_with_a_negative_shape_name_the_op(name):
+    kwargs = {"fill_value": 1.0} if name == "full" else {}
+    with pytest.raises(of.ShapeError, match=f"{name}\\(\\): argument 'shape' \\[2, -1\\] has a negative size"):
+        getattr(F, name)(shape=[2, -1], **kwargs)
+    with pytest.raises(of.ShapeError, match=f"{name}\\(\\): argument 'shape'"):
+        of.trace(lambda x: x + getattr(F, name)(shape=[-3], **kwargs), of.Spec((3,), "float32"))
+
+
+@pytest.mark.parametrize("name", ["less", "less_equal", "greater", "greater_equal", "equal", "not_equal",
+                                  "logical_and", "logical_or"])
+def test_comparison_and_logical_ops_on_shapes_that_do_not_broadcast_name_the_op(name):
+    for call in eager_and_traced(getattr(F, name), np.ones((2, 3)), np.ones((3, 2))):
+        with pytest.raises(of.ShapeError, match=f"{name}\\(\\): shapes \\(2, 3\\) and \\(3, 2\\) do not broadcast"):
+            call()
+
+
+@pytest.mark.parametrize("call", [lambda: F.scale(of.tensor([1.0]), scale=10**400),
+                                  lambda: F.full(shape=[2], fill_value=10**400),
+                                  lambda: F.leaky_relu(of.tensor([1.0]), alpha=-(10**400)),
+                                  lambda: of.trace(lambda x: F.scale(x, scale=10**400), of.Spec((2,), "float32"))])
+def test_a_float_attr_given_an_int_no_float_holds_is_an_argument_error(call):
+    with pytest.raises(of.ArgumentError, match="expected float, got an int too large for a float"):
+        call()
+
+
+def test_an_int_past_pythons_digit_limit_is_described_not_a_raw_value_error():
+    with pytest.raises(of.ArgumentError, match="argument 'reduction' expected str, got int"):
+        F.mse_loss(of.tensor([1.0]), of.tensor([1.0]), reduction=10**5000)
+
+
+def test_a_dtype_string_numpy_half_parses_is_an_argument_error():
+    with pytest.raises(of.ArgumentError, match="ones\\(\\): argument 'dtype' expected a dtype such as 'float32'"):
+        F.ones(shape=[2], dtype="(-1,)f8")
+
+
+def test_pow_of_an_int_base_differentiates_in_its_exponent():
+    x = of.tensor(np.array([[1, 2], [3, 0]]))
+    y = of.tensor(np.random.default_rng(0).standard_normal((2, 2)), requires_grad=True)
+    gradcheck(lambda y: F.pow(x, y), [y])
+
+
+def test_sum_to_refuses_a_shape_it_would_only_reshape_to():
+    with pytest.raises(of.ShapeError, match="sum_to\\(\\): cannot sum a tensor of shape \\(3, 2\\) to shape"):
+        F.sum_to(of.tensor(np.ones((3, 2))), shape=[2, 3])
+
+
+def test_linear_with_an_empty_weight_has_empty_gradients():
+    x = of.tensor(np.ones((4, 0)), requires_grad=True)
+    w = of.tensor(np.ones((5, 0)), requires_grad=True)
+    F.linear(x, w).sum().backward()
+    assert x.grad.shape == (4, 0) and w.grad.shape == (5, 0)
+
+
+def test_attention_differentiates_when_v_has_batch_dims_q_and_k_lack():
+    rng = np.random.default_rng(0)
+    q, k, v = (of.tensor(rng.standard_normal(s), requires_grad=True) for s in [(2, 3, 4), (2, 5, 4), (2, 2, 5, 2)])
+    gradcheck(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), [q, k, v])
+
+
+@pytest.mark.parametrize("name", ["var", "std"])
+def test_var_and_std_refuse_a_correction_no_float_holds(name):
+    with pytest.raises(of.ArgumentError, match=f"{name}\\(\\): argument 'correction' expected float"):
+        getattr(F, name)(of.tensor(np.ones(3), requires_grad=True), correction=10**400)
+
+
+def test_linalg_solve_refuses_a_0d_b_when_traced():
+    with pytest.raises(of.ShapeError, match="linalg_solve\\(\\): b must be a vector or a matrix"):
+        of.trace(F.linalg_solve, of.Spec((3, 3), "float64"), of.Spec((), "float64"))
+
+
+def test_slice_grad_refuses_a_negative_shape_when_traced():
+    with pytest.raises(of.ShapeError, match="slice_grad\\(\\): argument 'shape' \\[-1\\] has a negative size"):
+        of.trace(lambda dy: F.slice_grad(dy, shape=[-1], axes=[0], starts=[0], ends=[1], steps=[1]),
+                 of.Spec((1,), "float64"))
+
+
+def test_prelu_refuses_a_0d_weight_eagerly_as_its_shape_rule_does():
+    with pytest.raises(of.ShapeError, match="prelu\\(\\): weight must have shape \\(1,\\) or \\(3,\\)"):
+        F.prelu(of.tensor(np.ones((2, 3)), requires_grad=True), of.tensor(np.array(0.25), requires_grad=True))
+
+
+def test_glu_differentiates_over_an_empty_axis():
+    x = of.tensor(np.ones((3, 0)), requires_grad=True)
+    F.sum(F.glu(x)).backward()
+    assert x.grad.shape == (3, 0)
+
+
+def test_rms_norm_names_itself_in_its_shape_errors():
+    with pytest.raises(of.ShapeError, match="rms_norm\\(\\): weight must have shape normalized_shape"):
+        F.rms_norm(of.tensor(np.ones((2, 6))), of.tensor(np.ones((2, 6))), normalized_shape=[6])
+
+
+def test_repeat_interleave_refuses_counts_numpy_would_crash_on():
+    """np.repeat(np.ones(4), 2**62) overflows NumPy's size computation and segfaults (NumPy 2.4)."""
+    with pytest.raises(of.ShapeError, match="repeat_interleave\\(\\): these repeats would give 18446744073709551616"):
+        F.repeat_interleave(of.tensor(np.ones((2, 2))), repeats=[2**62])
+
+
+def test_round_of_ints_to_a_huge_negative_number_of_decimals_ends():
+    """10 ** 2**62 as a Python int would never finish."""
+    assert F.round(of.tensor(np.array([123, -5])), decimals=-(2**62)).numpy().tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("bad", [np.inf, np.nan])
+def test_linalg_svd_refuses_a_non_finite_matrix_instead_of_hanging(bad):
+    """np.linalg.svd of a 3x3 matrix holding -inf never returns (NumPy 2.4 with OpenBLAS)."""
+    a = np.ones((3, 3))
+    a[0, 0] = -bad
+    with pytest.raises(of.ArgumentError, match="linalg_svd\\(\\): a holds inf or NaN"):
+        F.linalg_svd(of.tensor(a))
