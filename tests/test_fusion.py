@@ -120,7 +120,8 @@ def test_a_parameter_update_is_fused_and_written_in_place(monkeypatch):
     x = rng.standard_normal((8, 40)).astype(np.float32)
     w_ref = array.copy()
     step(of.tensor(x))
-    ((program, exe, _),) = step.cache.values()
+    ((entry,),) = step.cache.values()
+    program, exe = entry.program, entry.exe
     plan = exe.plan(x=x)
     fused_call = next(line for line in plan.source.splitlines() if re.search(r"= k\d+\(.*W, out=", line))
     slot = dict(re.findall(r"(v\d+) = scope\['([^']+)'\]", plan.source))
