@@ -6,9 +6,10 @@
     python bench/run.py --frameworks opforge torch
     python bench/run.py --profile mlp:opforge    # pyinstrument profile of that worker's timed repeats, printed
 
-Groups: per_op, chain, mlp, cnn, hvp, memory (the issue's cases 1–6) and conv_softmax (bench/conv_softmax.py's
-cases). Frameworks: numpy (by hand), floor (the MLP's matmuls alone), opforge, opforge.compiled, torch, jax, jax.jit;
-one whose packages are not installed is skipped and said so.
+Groups: per_op, chain, mlp, cnn, hvp, memory (issue 6's cases 1–6), conv_softmax (bench/conv_softmax.py's
+cases), fusion and workspace (issue 12's compiled programs: a fused 10-op expression, the executor's workspace).
+Frameworks: numpy (by hand), floor (the MLP's matmuls alone), opforge, opforge.compiled, torch, jax, jax.jit; one
+whose packages are not installed is skipped and said so.
 
 Writes ``latest.json`` (every sample, check values, thread pools and BLAS kernels per worker), ``latest.md`` (also
 printed) and ``latest.png`` (bar chart) to bench/results/ (--out DIR elsewhere). Exits 1 if a worker failed or two
@@ -192,7 +193,7 @@ def find(groups: list, group: str, case: str, fw: str, ref: str | None = None, s
 
 
 def targets(groups: list) -> list:
-    """The issue's four targets: what was measured against each, and whether it is met."""
+    """The issues' targets: what was measured against each, and whether it is met."""
     out = []
 
     def target(text, parts, limit, note=""):
@@ -224,6 +225,13 @@ def targets(groups: list) -> list:
     jit = [find(groups, "mlp", f"step, batch {b}", "jax.jit", "floor") for b in (64, 512)]
     note = f" (jax.jit {jit[0]:.2f}×, {jit[1]:.2f}×)" if all(j is not None for j in jit) else ""
     target("Compiled MLP step ≤ 1.15× its own matmuls in NumPy, batch 64 and 512", parts, 1.15, note)
+
+    parts = [(name, *both("fusion", name, "opforge.compiled", "torch")) for name in
+             ("10 arithmetic ops", "gelu-tanh × gate (10 ops, 1 tanh)")]
+    target("Compiled 10-op elementwise expression over 1,000,000 float32 ≤ 0.5× PyTorch eager", parts, 0.5)
+
+    hvp = both("hvp", "H·v, batch 64", "opforge.compiled", "torch")
+    target("Compiled Hessian-vector product, batch 64 ≤ 1.0× PyTorch", [("compiled", *hvp)], 1.0)
 
     case = "after 20 MLP steps, batch 512"
     parts = [(name, find(groups, "memory", case, fw, "numpy"), None) for fw, name in

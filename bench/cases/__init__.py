@@ -11,6 +11,8 @@ GROUPS = {
     "hvp": "hvp",
     "memory": "memory",
     "conv_softmax": "conv_softmax_ops",
+    "fusion": "fusion",
+    "workspace": "workspace",
 }
 
 # framework id -> how the report names it

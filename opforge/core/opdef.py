@@ -3,8 +3,8 @@
 An ``OpDef`` is made by ``@of.op(signature)`` (see ``opforge.dispatch``) and grows through its
 decorator methods: ``@op.kernel`` (more kernels), ``@op.infer`` (shape/dtype rule), ``@op.grad``
 (gradient rule), ``@op.check`` (attribute validation), ``@op.samples`` (inputs for the
-conformance suite), ``@op.sbp`` (layouts across ranks) and ``@op.onnx`` (its ONNX export mapping).
-The registry maps op names to ``OpDef``s.
+conformance suite), ``@op.sbp`` (layouts across ranks), ``@op.onnx`` (its ONNX export mapping) and
+``op.fusable()`` (pointwise: the executor may fuse it with its neighbours). The registry maps op names to ``OpDef``s.
 """
 
 from __future__ import annotations
@@ -113,6 +113,7 @@ class OpDef:
         self.samples_fn = None
         self.sbp_fn = None  # layouts the op runs under across ranks (opforge.distributed reads it)
         self.onnx_fn = None  # the ONNX export mapping (see opforge.onnx)
+        self.fusion = None  # set by fusable(): {"commutative": bool} (see opforge.program.fusion)
         self.validate = None
         self._refresh_validate()
         # Set by opforge.dispatch, which generates them from the schema:
@@ -216,6 +217,15 @@ class OpDef:
         """Register the ONNX export mapping: ``fn(g, <inputs>, <attrs>)`` emits nodes through ``g`` (opforge.onnx)."""
         self.onnx_fn = fn
         return fn
+
+    def fusable(self, *, commutative: bool = False) -> OpDef:
+        """Declare the op pointwise: each output element depends only on the input elements at its position (after
+        broadcasting), so its kernels give the same bits on row blocks as on whole arrays, and the executor may run a
+        chain of such ops block by block, in one pass over memory (``opforge.program.fusion``). ``commutative``:
+        swapping the two inputs gives the same result, so the output may also be written into the second input's
+        buffer (an ``inplace`` pair names one input)."""
+        self.fusion = {"commutative": bool(commutative)}
+        return self
 
     def grad(self, fn):
         """Register the gradient rule. Its parameter names say what it needs (see GradRule)."""

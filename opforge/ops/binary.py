@@ -12,6 +12,9 @@ def add(x, y, out=None):
     return np.add(x, y, out=out)
 
 
+add.fusable(commutative=True)
+
+
 def _onnx_binary(onnx_type):
     """The mapping of an arithmetic op: both inputs in the result's dtype (ONNX does not promote), then the node."""
 
@@ -35,6 +38,9 @@ def _(dout):
 def sub(x, y, out=None):
     """x − y."""
     return np.subtract(x, y, out=out)
+
+
+sub.fusable()
 
 
 sub.onnx(_onnx_binary("Sub"))
@@ -61,6 +67,9 @@ def minus(x, y):
     return np.subtract(x, y)
 
 
+minus.fusable()
+
+
 minus.onnx(_onnx_binary("Sub"))
 
 
@@ -73,6 +82,9 @@ def _(dout):
 def mul(x, y, out=None):
     """x · y."""
     return np.multiply(x, y, out=out)
+
+
+mul.fusable(commutative=True)
 
 
 mul.onnx(_onnx_binary("Mul"))
@@ -88,6 +100,9 @@ def _(x, y, dout, needs_input_grad):
 def div(x, y, out=None):
     """x / y (true division: integers give float64, as in NumPy)."""
     return np.true_divide(x, y, out=out)
+
+
+div.fusable()
 
 
 div.onnx(_onnx_binary("Div"))
@@ -115,6 +130,9 @@ def _(rng):
 def pow(x, y):
     """xʸ."""
     return np.power(x, y)
+
+
+pow.fusable()
 
 
 pow.onnx(_onnx_binary("Pow"))
@@ -145,6 +163,9 @@ def maximum(x, y):
     return np.maximum(x, y)
 
 
+maximum.fusable()
+
+
 maximum.onnx(_onnx_binary("Max"))
 
 
@@ -164,6 +185,9 @@ def _(x, y, dout):
 def minimum(x, y):
     """The smaller of x and y, elementwise."""
     return np.minimum(x, y)
+
+
+minimum.fusable()
 
 
 minimum.onnx(_onnx_binary("Min"))
@@ -191,6 +215,9 @@ def _where_spec(condition, x, y):
 def where(condition, x, y):
     """x where condition holds, else y."""
     return np.where(condition, x, y)
+
+
+where.fusable()
 
 
 @where.onnx
@@ -230,10 +257,16 @@ def less(x, y):
     return np.less(x, y)
 
 
+less.fusable()
+
+
 @op("less_equal(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec("less_equal"))
 def less_equal(x, y):
     """x ≤ y."""
     return np.less_equal(x, y)
+
+
+less_equal.fusable()
 
 
 @op("greater(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec("greater"))
@@ -242,10 +275,16 @@ def greater(x, y):
     return np.greater(x, y)
 
 
+greater.fusable()
+
+
 @op("greater_equal(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec("greater_equal"))
 def greater_equal(x, y):
     """x ≥ y."""
     return np.greater_equal(x, y)
+
+
+greater_equal.fusable()
 
 
 @op("equal(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec("equal"))
@@ -254,10 +293,16 @@ def equal(x, y):
     return np.equal(x, y)
 
 
+equal.fusable()
+
+
 @op("not_equal(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec("not_equal"))
 def not_equal(x, y):
     """x ≠ y."""
     return np.not_equal(x, y)
+
+
+not_equal.fusable()
 
 
 def _onnx_compare(onnx_type, negate=False):
@@ -290,10 +335,16 @@ def logical_and(x, y):
     return np.logical_and(x, y)
 
 
+logical_and.fusable()
+
+
 @op("logical_or(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec("logical_or"))
 def logical_or(x, y):
     """True where x or y is nonzero (True)."""
     return np.logical_or(x, y)
+
+
+logical_or.fusable()
 
 
 logical_and.onnx(lambda g, x, y: g.op("And", g.cast(x, D.bool_), g.cast(y, D.bool_), spec=g.outputs[0]))

@@ -37,6 +37,9 @@ def identity(x):
     return x
 
 
+identity.fusable()
+
+
 def _linear_sbp(*inputs, **_):
     """A linear map of partial values is the partial values of the map."""
     yield tuple(P for _ in inputs), P
@@ -56,6 +59,9 @@ def _(dy):
 def scale(x, *, scale):
     """Multiplies by a constant: y = scale · x."""
     return x * scale  # a Python float keeps the array's dtype (NumPy 2 promotion)
+
+
+scale.fusable()
 
 
 scale.onnx(lambda g, x, *, scale: g.op("Mul", x, g.scalar(scale, x)))
@@ -81,6 +87,9 @@ def square(x, out=None):
     return np.square(x, out=out)
 
 
+square.fusable()
+
+
 square.onnx(lambda g, x: g.op("Mul", x, x))
 
 
@@ -93,6 +102,9 @@ def _(x, dy):
 def sqrt(x):
     """y = √x."""
     return np.sqrt(x)
+
+
+sqrt.fusable()
 
 
 sqrt.onnx(lambda g, x: g.op("Sqrt", x))
@@ -115,6 +127,9 @@ def sqrt_grad(y, dy):
     return dy * 0.5 / y
 
 
+sqrt_grad.fusable()
+
+
 @sqrt_grad.grad
 def _(y, dx, ddx):
     # dx = ½·dy/y, so ∂dx/∂y = −dx/y and ∂dx/∂dy = ½/y (TensorFlow's SqrtGradGrad).
@@ -133,6 +148,9 @@ def leaky_relu(x, *, alpha):
     # which costs more than the arithmetic on small tensors.
     scaled = x * alpha
     return np.maximum(x, scaled) if alpha <= 1 else np.minimum(x, scaled)
+
+
+leaky_relu.fusable()
 
 
 @leaky_relu.onnx
@@ -160,6 +178,9 @@ def leaky_relu_grad(x, dy, *, alpha):
     return _carry_nan(x, np.where(x > 0, dy, dy * alpha))
 
 
+leaky_relu_grad.fusable()
+
+
 @leaky_relu_grad.grad
 def _(x, ddx, *, alpha):
     return {"x": None, "dy": F.leaky_relu_grad(x, ddx, alpha=alpha)}  # piecewise linear in x
@@ -179,6 +200,9 @@ def neg(x, out=None):
     return np.negative(x, out=out)
 
 
+neg.fusable()
+
+
 neg.sbp(_linear_sbp)
 neg.onnx(lambda g, x: g.op("Neg", x))
 
@@ -194,6 +218,9 @@ def exp(x, out=None):
     return np.exp(x, out=out)
 
 
+exp.fusable()
+
+
 exp.onnx(lambda g, x: g.op("Exp", x))
 
 
@@ -206,6 +233,9 @@ def _(y, dy):
 def log(x):
     """Natural logarithm."""
     return np.log(x)
+
+
+log.fusable()
 
 
 log.onnx(lambda g, x: g.op("Log", x))
@@ -228,6 +258,9 @@ def tanh(x, out=None):
     return np.tanh(x, out=out)
 
 
+tanh.fusable()
+
+
 tanh.onnx(lambda g, x: g.op("Tanh", x))
 
 
@@ -241,6 +274,9 @@ def _(y, dy):
 def tanh_grad(y, dy, out=None):
     """Gradient of tanh from its output: dx = dy·(1 − y²)."""
     return np.multiply(dy, 1 - y * y, out=out)
+
+
+tanh_grad.fusable()
 
 
 @tanh_grad.grad
@@ -265,6 +301,9 @@ def sigmoid(x):
     return _sigmoid(x)
 
 
+sigmoid.fusable()
+
+
 sigmoid.onnx(lambda g, x: g.op("Sigmoid", x))
 
 
@@ -277,6 +316,9 @@ def _(y, dy):
 def sigmoid_grad(y, dy):
     """Gradient of sigmoid from its output: dx = dy·y·(1 − y)."""
     return dy * y * (1 - y)
+
+
+sigmoid_grad.fusable()
 
 
 @sigmoid_grad.grad
@@ -294,6 +336,9 @@ def _(rng):
 def relu(x, out=None):
     """y = max(x, 0)."""
     return np.maximum(x, 0, out=out)
+
+
+relu.fusable()
 
 
 relu.onnx(lambda g, x: g.op("Relu", x))
@@ -314,6 +359,9 @@ def relu_grad(y, dy, out=None):
     return _carry_nan(y, np.multiply(dy, y > 0, out=out))
 
 
+relu_grad.fusable()
+
+
 @relu_grad.grad
 def _(y, ddx):
     return {"y": None, "dy": F.relu_grad(y, ddx)}  # piecewise constant in y
@@ -331,6 +379,9 @@ def abs(x):
     return np.abs(x)
 
 
+abs.fusable()
+
+
 abs.onnx(lambda g, x: g.op("Abs", x))
 
 
@@ -343,6 +394,9 @@ def _(x, dy):
 def cast(x, *, dtype):
     """Converts to ``dtype`` (a copy, even when the dtype is unchanged)."""
     return x.astype(dtype)
+
+
+cast.fusable()
 
 
 @cast.onnx
@@ -422,6 +476,9 @@ def sign(x):
     return np.greater(x, 0).astype(x.dtype) - np.less(x, 0).astype(x.dtype)
 
 
+sign.fusable()
+
+
 sign.onnx(lambda g, x: g.op("Sign", x))
 
 
@@ -431,6 +488,9 @@ def floor(x):
     return np.floor(x) if D.is_floating(x.dtype) else x.copy()
 
 
+floor.fusable()
+
+
 floor.onnx(lambda g, x: g.op("Floor" if x.dtype.kind == "f" else "Identity", x))
 
 
@@ -438,6 +498,9 @@ floor.onnx(lambda g, x: g.op("Floor" if x.dtype.kind == "f" else "Identity", x))
 def ceil(x):
     """The smallest integer ≥ x (integer tensors are returned unchanged)."""
     return np.ceil(x) if D.is_floating(x.dtype) else x.copy()
+
+
+ceil.fusable()
 
 
 ceil.onnx(lambda g, x: g.op("Ceil" if D.is_floating(x.dtype) else "Identity", x))
@@ -459,6 +522,9 @@ def round(x, *, decimals):
     with np.errstate(over="ignore", invalid="ignore"):  # 10^|d| beyond the dtype: inf, and NaN, as PyTorch
         scale = np.power(x.dtype.type(10.0), builtins.abs(decimals))
         return np.rint(x * scale) / scale if decimals > 0 else np.rint(x / scale) * scale
+
+
+round.fusable()
 
 
 @round.onnx
@@ -496,6 +562,9 @@ def expm1(x):
     return np.expm1(x)
 
 
+expm1.fusable()
+
+
 @expm1.onnx
 def _(g, x):
     # eˣ − 1 loses every digit for small x; there eˣ − 1 = 2t/(1 − t), t = tanh(x/2), is exact (and |t| < ¼).
@@ -514,6 +583,9 @@ def _(y, dy):
 def log1p(x):
     """y = ln(1 + x), exact for small x."""
     return np.log1p(x)
+
+
+log1p.fusable()
 
 
 @log1p.onnx
@@ -542,6 +614,9 @@ def rsqrt(x):
     return 1 / np.sqrt(x)
 
 
+rsqrt.fusable()
+
+
 rsqrt.onnx(lambda g, x: g.op("Reciprocal", g.op("Sqrt", x)))
 
 
@@ -554,6 +629,9 @@ def _(y, dy):
 def reciprocal(x):
     """y = 1/x."""
     return np.reciprocal(x)
+
+
+reciprocal.fusable()
 
 
 reciprocal.onnx(lambda g, x: g.op("Reciprocal", x))
@@ -584,6 +662,9 @@ def sin(x):
     return np.sin(x)
 
 
+sin.fusable()
+
+
 sin.onnx(lambda g, x: g.op("Sin", x))
 
 
@@ -596,6 +677,9 @@ def _(x, dy):
 def cos(x):
     """Cosine."""
     return np.cos(x)
+
+
+cos.fusable()
 
 
 cos.onnx(lambda g, x: g.op("Cos", x))
@@ -618,6 +702,9 @@ def erf(x):
     return _erf(x)
 
 
+erf.fusable()
+
+
 erf.onnx(lambda g, x: g.op("Erf", x))
 
 
@@ -634,6 +721,9 @@ def softplus(x, *, beta, threshold):
     """y = ln(1 + e^(βx))/β, and y = x where βx > threshold (as PyTorch, where the two agree to float precision)."""
     z = x * beta
     return np.where(z > threshold, x, np.logaddexp(0, z) / beta)  # logaddexp: no overflow, exact for z ≪ 0
+
+
+softplus.fusable()
 
 
 @softplus.onnx
@@ -691,6 +781,9 @@ def elu(x, *, alpha):
     return _elu(x, alpha, 1.0)
 
 
+elu.fusable()
+
+
 @elu.onnx
 def _(g, x, *, alpha):
     if x.dtype == D.float32:
@@ -720,6 +813,9 @@ def _(rng):
 def selu(x):
     """y = λ·elu(x, α) with PyTorch's constants λ ≈ 1.0507, α ≈ 1.6733 (self-normalising)."""
     return _elu(x, _SELU_ALPHA, _SELU_SCALE)
+
+
+selu.fusable()
 
 
 @selu.onnx
@@ -754,6 +850,9 @@ def gelu(x, *, approximate):
     return 0.5 * x * (1 + _erf(x * _SQRT_HALF))
 
 
+gelu.fusable()
+
+
 @gelu.onnx
 def _(g, x, *, approximate):
     if g.opset >= 20 and x.dtype == D.float32:
@@ -780,6 +879,9 @@ def gelu_grad(x, dy, *, approximate):
         du = _TANH_K * (1 + 3 * _TANH_C * x * x)  # u′
         return dy * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * du)
     return dy * (0.5 * (1 + _erf(x * _SQRT_HALF)) + x * _INV_SQRT_2PI * np.exp(-0.5 * x * x))
+
+
+gelu_grad.fusable()
 
 
 @gelu_grad.grad
@@ -817,6 +919,9 @@ def _(rng):
 def silu(x):
     """y = x·σ(x), σ the logistic sigmoid (also called swish)."""
     return x * _sigmoid(x)
+
+
+silu.fusable()
 
 
 silu.onnx(lambda g, x: g.op("Mul", x, g.op("Sigmoid", x)))
@@ -860,6 +965,9 @@ def clip(x, min, max):
     dtype = _clip_spec(x, min, max).dtype
     y = x if min is None else np.maximum(x, min)
     return np.asarray(y if max is None else np.minimum(y, max)).astype(dtype, copy=False)
+
+
+clip.fusable()
 
 
 @clip.onnx
@@ -916,6 +1024,9 @@ def isnan(x):
     return np.isnan(x)
 
 
+isnan.fusable()
+
+
 @isnan.onnx
 def _(g, x):
     if x.dtype.kind != "f":
@@ -929,6 +1040,9 @@ def isfinite(x):
     return np.isfinite(x)
 
 
+isfinite.fusable()
+
+
 @isfinite.onnx
 def _(g, x):
     if x.dtype.kind != "f":
@@ -940,6 +1054,9 @@ def _(g, x):
 def logical_not(x):
     """True where x is 0 (or False)."""
     return np.logical_not(x)
+
+
+logical_not.fusable()
 
 
 logical_not.onnx(lambda g, x: g.op("Not", g.cast(x, D.bool_)))
@@ -980,6 +1097,9 @@ def hardtanh(x, *, min_val, max_val):
     return np.clip(x, min_val, max_val)
 
 
+hardtanh.fusable()
+
+
 hardtanh.onnx(lambda g, x, *, min_val, max_val: g.op("Clip", x, g.scalar(min_val, x), g.scalar(max_val, x)))
 
 
@@ -993,6 +1113,9 @@ def _(x, dy, *, min_val, max_val):
 def hardtanh_grad(x, dy, *, min_val, max_val):
     """Gradient of hardtanh: dx = dy where min_val < x < max_val (bounds excluded), else 0; NaN where x is NaN."""
     return _carry_nan(x, np.where((x > min_val) & (x < max_val), dy, 0).astype(dy.dtype, copy=False))
+
+
+hardtanh_grad.fusable()
 
 
 @hardtanh_grad.grad
@@ -1023,6 +1146,9 @@ def relu6(x):
     return np.clip(x, 0, 6)
 
 
+relu6.fusable()
+
+
 relu6.onnx(lambda g, x: g.op("Clip", x, g.scalar(0, x), g.scalar(6, x)))
 
 
@@ -1041,6 +1167,9 @@ def _(rng):
 def hardsigmoid(x):
     """y = min(max(x/6 + ½, 0), 1): 0 below −3, 1 above 3, linear between (gradient 0 at ±3, as PyTorch)."""
     return np.clip(x * (1 / 6) + 0.5, 0, 1)
+
+
+hardsigmoid.fusable()
 
 
 @hardsigmoid.onnx
@@ -1062,6 +1191,9 @@ def hardswish(x):
     return x * np.clip(x * (1 / 6) + 0.5, 0, 1)
 
 
+hardswish.fusable()
+
+
 @hardswish.onnx
 def _(g, x):
     if x.dtype == D.float32:
@@ -1079,6 +1211,9 @@ def hardswish_grad(x, dy):
     """Gradient of hardswish: dx = dy·(x/3 + ½) for −3 < x < 3, 0 for x ≤ −3, dy for x ≥ 3 (PyTorch's values)."""
     slope = np.where(x >= 3, 1, np.where(x > -3, x * (1 / 3) + 0.5, 0)).astype(dy.dtype, copy=False)
     return _carry_nan(x, dy * slope)
+
+
+hardswish_grad.fusable()
 
 
 @hardswish_grad.grad
@@ -1111,6 +1246,9 @@ def mish(x):
     return x * np.tanh(_softplus_np(x))
 
 
+mish.fusable()
+
+
 mish.onnx(lambda g, x: g.op("Mul", x, g.op("Tanh", g.call("softplus", x, beta=1.0, threshold=math.inf))))
 
 
@@ -1125,6 +1263,9 @@ def _(x, dy):
 def logsigmoid(x):
     """y = log σ(x) = −softplus(−x), computed as min(x, 0) − log(1 + e^(−|x|)): no overflow, exact for x ≪ 0."""
     return np.minimum(x, 0) - np.log1p(np.exp(-np.abs(x)))
+
+
+logsigmoid.fusable()
 
 
 @logsigmoid.onnx
@@ -1142,6 +1283,9 @@ def _(x, dy):
 def celu(x, *, alpha):
     """y = x for x > 0, α·(e^(x/α) − 1) otherwise (continuously differentiable elu)."""
     return _elu(x, alpha, 1.0, 1 / alpha)
+
+
+celu.fusable()
 
 
 @celu.onnx

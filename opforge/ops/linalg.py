@@ -12,11 +12,9 @@ from ._common import B, D, P, S, Sample, ShapeError, Spec, broadcast_shapes, np,
 
 
 @op("matmul(Tensor<number> x, Tensor<number> y) -> Tensor out", traits=["same_dtype"])
-def matmul(x, y):
+def matmul(x, y, out=None):
     """Matrix product with NumPy's rules: 1-D operands are vectors, leading dims broadcast (batches)."""
-    import numpy as np
-
-    return np.matmul(x, y)
+    return np.matmul(x, y, out=out)  # out=: the executor's workspace buffer, written by BLAS directly
 
 
 @matmul.onnx
@@ -155,12 +153,16 @@ def _linear_spec(x, weight, bias):
 
 @op("linear(Tensor<number> x, Tensor<number> weight, Tensor<number>? bias=None) -> Tensor y",
     traits=["same_dtype"])
-def linear(x, weight, bias):
+def linear(x, weight, bias, out=None):
     """``torch.nn.functional.linear``: ``y = x @ weightᵀ + bias``, weight of shape (out_features, in_features),
     over the last dim of ``x`` (any leading dims are a batch)."""
-    _linear_spec(x, weight, bias)
-    y = np.matmul(x, weight.T)
-    return y if bias is None else y + bias
+    if out is None:  # eager calls run no shape rule: this one (the executor ran it before handing out=)
+        _linear_spec(x, weight, bias)
+    y = np.matmul(x, weight.T, out=out)
+    if bias is None:
+        return y
+    # the bias added in place where it has y's dtype (the same bits as y + bias, one array fewer)
+    return np.add(y, bias, out=y) if bias.dtype == y.dtype else y + bias
 
 
 @linear.onnx

@@ -69,6 +69,25 @@ def _target(out, like):
     return out if out is not None else np.empty_like(like)
 
 
+# Elements per block where an update adds a scaled tensor: the product stays in cache (as in the executor's fusion).
+_BLOCK = 32768
+
+
+def _add_scaled(base, scale: float, d, out):
+    """base + scale·d written into ``out`` (which may be ``base``), block by block: the product scale·d never takes
+    an array of the parameter's size (SGD's lr·grad, issue 6). The same bits as ``base + scale * d``; with
+    scale = −lr also as ``base − lr * d`` (negation is exact)."""
+    if base.ndim == 0 or base.size <= _BLOCK:
+        return np.add(base, d * scale, out=out)
+    rows = max(1, _BLOCK // (base.size // base.shape[0]))
+    product = np.empty((rows, *base.shape[1:]), np.result_type(d, scale))
+    for start in range(0, base.shape[0], rows):
+        r = slice(start, start + rows)
+        block = d[r]
+        np.add(base[r], np.multiply(block, scale, out=product[:len(block)]), out=out[r])
+    return out
+
+
 def _decayed(grad, param, weight_decay: float):
     """PyTorch's L2 weight decay, folded into the gradient: g + λ·p (no new array when λ = 0)."""
     return grad + weight_decay * param if weight_decay else grad
@@ -95,7 +114,7 @@ def sgd_momentum_buffer(buf, grad, param, step, *, momentum, dampening, weight_d
         np.copyto(out, d)
         return out
     out = np.multiply(buf, momentum, out=_target(out, buf))  # elementwise: each buf value is read, then written
-    return np.add(out, (1 - dampening) * d, out=out)
+    return _add_scaled(out, 1 - dampening, d, out)
 
 
 @sgd_momentum_buffer.infer
@@ -133,8 +152,7 @@ def sgd_update(param, grad, lr, momentum_buffer, *, momentum, weight_decay, nest
     d = _decayed(grad, param, weight_decay)
     if momentum_buffer is not None:
         d = d + momentum * momentum_buffer if nesterov else momentum_buffer
-    change = lr.item() * d  # computed before out (which may be param) is written
-    return np.subtract(param, change, out=_target(out, param))
+    return _add_scaled(param, -lr.item(), d, _target(out, param))  # param − lr·d, in place when out is param
 
 
 @sgd_update.infer

@@ -5,15 +5,25 @@ Preparing (once per distinct set of feed shapes) does the work eager mode repeat
      dims (``Dim``) get their sizes; a mismatch names the op and the variables;
   2. dead-code elimination (only what the fetched values need) and merging of identical pure ops (CSE; ops
      with the ``random`` trait are never merged);
-  3. liveness: each intermediate is dropped right after its last reader; a kernel that takes ``out=`` writes
-     into a dead buffer of the same shape and dtype, or into its declared ``inplace`` input when that input
-     dies at this op;
-  4. code generation: the plan becomes one straight-line Python function calling the kernels.
+  3. elementwise fusion: chains of pointwise ops (``op.fusable()``) become one step that makes one pass over
+     memory, block by block (``opforge.program.fusion``);
+  4. liveness: each intermediate is dropped right after its last reader; a kernel that takes ``out=`` writes
+     into its declared ``inplace`` input when that input dies at this op (or the other input of a commutative
+     op), and otherwise into a buffer of the plan's workspace;
+  5. code generation: the plan becomes one straight-line Python function calling the kernels.
+
+The workspace: a buffer a kernel wrote with ``out=`` is not freed when its variable dies but kept, by Spec, for the
+next op (or run) that needs one like it. glibc returns large freed blocks to the OS and every run would fault them
+in again, page by page (issue 6: ``MALLOC_TOP_PAD_`` alone halved the char-transformer's step); the workspace keeps
+what the plan needs at most at once, no more. A buffer still referenced elsewhere when its variable dies (a view of
+it lives on, or it was handed out) is left alone. Each run takes a workspace of its own (threads never share one),
+and only the executor's last-used plan keeps its workspace between runs.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 
@@ -22,21 +32,28 @@ from ..core.opdef import registry
 from ..core.spec import Dim, Spec
 from ..tensor import Tensor
 from .desc import OpDesc, Program
+from .fusion import FusedOp, escapes, fuse, in_place_inputs, overlap
 from .trace import Variable
+
+# Outputs smaller than this are not kept in the workspace: the allocator serves them from its free lists at no
+# cost, and keeping them would only add a few bytecodes per op.
+WORKSPACE_MIN_BYTES = 16384
 
 
 class Plan:
     """One compiled specialisation of a program: its generated function and what it needs."""
 
     def __init__(self, fn, source: str, specs: dict, steps: int, peak_live_bytes: int, removed: dict,
-                 line_ops: dict | None = None):
+                 line_ops: dict | None = None, workspace_bytes: int = 0, workspaces: list | None = None):
         self.fn = fn
         self.source = source
         self.specs = specs  # variable name -> concrete Spec
         self.steps = steps
         self.peak_live_bytes = peak_live_bytes
-        self.removed = removed  # how many ops each pass took out: {"dead": n, "merged": n, "folded": n}
+        self.removed = removed  # ops each pass took out: {"dead": n, "merged": n, "folded": n, "fused": n}
         self.line_ops = line_ops or {}  # line of the generated source -> "op #i <type> -> <outputs>"
+        self.workspace_bytes = workspace_bytes  # the most the workspace holds: its buffers at most at once
+        self.workspaces = [] if workspaces is None else workspaces  # idle workspaces (runs take and give back)
 
 
 def _resolve(value, specs: dict):
@@ -76,6 +93,7 @@ class Executor:
         self.scope = {n: program.values[n] for n, v in block.vars.items() if v.persistable}
         self.constants = {n: a for n, a in program.values.items() if not block.vars[n].persistable}
         self._plans: dict = {}
+        self._warm = None  # the plan run last: the only one that keeps its workspace between runs
 
     def _fetch_names(self, fetch) -> dict:
         program = self.program
@@ -124,6 +142,10 @@ class Executor:
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plans[key] = self.prepare(arrays)
+        if plan is not self._warm:  # feeds of another shape: the plan run before lets its workspace go
+            if self._warm is not None:
+                self._warm.workspaces.clear()
+            self._warm = plan
         try:
             return plan.fn(arrays, self.scope, self.constants)
         except Exception as e:
@@ -231,15 +253,27 @@ class Executor:
         owned = set(program.feeds) | set(program.values) | set(folded)  # buffers never freed nor overwritten
         fetched = {key: alias.get(n, n) for key, n in self.fetch.items()}
         updates = {target: alias.get(n, n) for target, n in program.updates.items()}
-        last_use = _last_use(ops, [*fetched.values(), *updates.values()])
+        roots = {*fetched.values(), *updates.values()}
         kernels = [self._kernel(op, attrs, specs) for op, attrs in ops]
-        reuse = self._plan_buffers(ops, kernels, specs, last_use, owned)
-        in_place = _in_place_updates(ops, kernels, specs, updates, last_use, reuse)
+        host = program.device.host  # fusion and the workspace work on host (NumPy) arrays
+        if self.optimize and host:
+            before = len(ops)
+            ops, kernels = fuse(ops, kernels, specs, roots)
+            removed["fused"] = before - len(ops)
+        last_use = _last_use(ops, list(roots))
+        reuse = {}  # op index -> the variable whose buffer it writes its output into
+        in_place = _in_place_updates(ops, kernels, specs, updates, last_use, reuse)  # first: each saves a copy
+        self._plan_buffers(ops, kernels, specs, last_use, owned, reuse)
         drops = _drops(ops, last_use, owned)
-        source, env, line_ops = self._emit(ops, kernels, specs, fetched, updates, in_place, reuse, drops, folded)
+        for i, (op, _) in enumerate(ops):
+            if isinstance(op, FusedOp):  # where its members write, now that its output's buffer is known
+                op.prepare(reuse.get(i))
+        workspace = _Workspace(ops, kernels, specs, roots, reuse, drops, enabled=host)
+        source, env, line_ops = self._emit(ops, kernels, specs, fetched, updates, in_place, reuse, drops, folded,
+                                           workspace)
         fn = _compile_plan(source, env)
         peak = _peak_bytes(ops, specs, reuse, drops)
-        return Plan(fn, source, specs, len(ops), peak, removed, line_ops)
+        return Plan(fn, source, specs, len(ops), peak, removed, line_ops, workspace.bytes, env["_wss"])
 
     def _kernel(self, op: OpDesc, attrs: dict, specs: dict):
         """The kernel for an op of the plan: chosen by the program's device and the first input's dtype."""
@@ -248,8 +282,9 @@ class Executor:
         return registry.get(op.type).find_kernel(self.program.device, dtype)
 
     def _emit(self, ops, kernels, specs: dict, fetched: dict, updates: dict, in_place: dict, reuse: dict,
-              drops: list, folded: dict) -> tuple[str, dict, dict]:
-        """The plan as the source of one straight-line function ``run(feed, scope, consts)`` and its globals."""
+              drops: list, folded: dict, workspace: _Workspace) -> tuple[str, dict, dict]:
+        """The plan as the source of one straight-line function ``run(feed, scope, consts)`` (after the functions
+        of its fused groups) and its globals."""
         program, block, device = self.program, self.program.block, self.program.device
         slot = {}
 
@@ -258,70 +293,103 @@ class Executor:
                 slot[name] = f"v{len(slot)}"
             return slot[name]
 
-        env = {"_array": device.array, "_rng": device.generator, "_folded": folded, "_copy_into": device.copy_into}
+        env = {"_array": device.array, "_rng": device.generator, "_folded": folded, "_copy_into": device.copy_into,
+               "_rc": sys.getrefcount, "_empty": device.xp.empty, "_copyto": device.xp.copyto, "_device": device,
+               "_overlap": overlap, "_escapes": escapes, "_wss": []}
+        pools = [f"p{k}" for k in range(len(workspace.specs))]
+        for k, spec in enumerate(workspace.specs):
+            env[f"_e{k}"] = _allocator(device.xp.empty, spec)
+        env["_new_ws"] = lambda: [[] for _ in pools]
         line_ops = {}  # line of the source -> "op #i <type> -> <outputs>", to name a failing op
-        lines = ["def run(feed, scope, consts):"]
+        lines = []
+        for i, (op, _) in enumerate(ops):  # the fused groups' functions come first
+            if isinstance(op, FusedOp):
+                fused, labels = op.source(f"k{i}", workspace.scratch.get(i, []), env)
+                line_ops.update({len(lines) + j + 1: f"op #{i} {op!r}: {label}" for j, label in labels.items()})
+                lines += fused
+        lines.append("def run(feed, scope, consts):")
         lines += [f"    {var(n)} = feed[{n!r}]" for n in program.feeds]
         used = {n for op, _ in ops for n in op.input_names()} | set(fetched.values())
         for n in program.values:
             if n in used:
                 lines.append(f"    {var(n)} = {'scope' if block.vars[n].persistable else 'consts'}[{n!r}]")
         lines += [f"    {var(n)} = _folded[{n!r}]" for n in folded if n in used]
+        if pools:  # this run's workspace: one list of spare buffers per Spec
+            lines.append("    W = _wss.pop() if _wss else _new_ws()")
+            lines.append(f"    {', '.join(pools)}, = W")
+        fused_any = any(isinstance(op, FusedOp) for op, _ in ops)
+        if fused_any and not pools:
+            lines.append("    W = None")
         for i, ((op, attrs), kernel) in enumerate(zip(ops, kernels)):
-            opdef = registry.get(op.type)
-            env[f"k{i}"] = kernel.bind(device)
-            args = [("[" + ", ".join(var(n) for n in op.inputs[p.name]) + "]") if p.is_list else
-                    (var(op.inputs[p.name][0]) if op.inputs[p.name] else "None") for p in opdef.inputs]
-            if attrs:
-                env[f"a{i}"] = attrs
-                args.append(f"**a{i}")
-            if kernel.takes_rng:
-                args.append("rng=_rng()")
-            if i in reuse:
-                args.append(f"out={var(reuse[i])}")
-            call = f"k{i}({', '.join(args)})"
             outs = op.output_names()
-            line_ops[len(lines) + 1] = f"op #{i} {op.type} -> {', '.join(outs)}"
-            if len(outs) == 1 and not opdef.outputs[0].is_list:
+            if i in reuse:
+                out = var(reuse[i])
+            elif i in workspace.take:
+                k = workspace.take[i]
+                out = f"(p{k}.pop() if p{k} else _e{k}())"
+            else:
+                out = None
+            if isinstance(op, FusedOp):
+                env[f"k{i}"] = None  # defined by its source above
+                args = [var(n) for n in op.inputs] + ["W"] + ([f"out={out}"] if out else [])
+                call = f"k{i}({', '.join(args)})"
+                opdef = None
+            else:
+                opdef = registry.get(op.type)
+                env[f"k{i}"] = kernel.bind(device)
+                args = [("[" + ", ".join(var(n) for n in op.inputs[p.name]) + "]") if p.is_list else
+                        (var(op.inputs[p.name][0]) if op.inputs[p.name] else "None") for p in opdef.inputs]
+                if attrs:
+                    env[f"a{i}"] = attrs
+                    args.append(f"**a{i}")
+                if kernel.takes_rng:
+                    args.append("rng=_rng()")
+                if out:
+                    args.append(f"out={out}")
+                call = f"k{i}({', '.join(args)})"
+            line_ops[len(lines) + 1] = f"op #{i} {op.type if opdef else repr(op)} -> {', '.join(outs)}"
+            if opdef is None or (len(outs) == 1 and not opdef.outputs[0].is_list):
                 # a 0-d result may come back as a NumPy scalar: the device makes it an array
                 lines.append(f"    {var(outs[0])} = {'_array(' + call + ')' if specs[outs[0]].shape == () else call}")
             else:
                 env[f"_flatten{i}"] = _flattener(opdef, device)
                 lines.append(f"    {', '.join(var(n) for n in outs)}, = _flatten{i}({call})")
-            lines += [f"    del {var(n)}" for n in drops[i]]  # their last reader ran: drop them now
+            for n in drops[i]:  # their last reader ran: drop them now, keeping workspace buffers for later
+                k = workspace.give.get((i, n))
+                if k is not None:  # nothing else holds it (no view of it lives on): a spare buffer again
+                    lines.append(f"    if _rc({var(n)}) == 2 and {var(n)}.base is None: p{k}.append({var(n)})")
+                lines.append(f"    del {var(n)}")
         for target, n in updates.items():
             if target not in in_place:
                 lines.append(f"    _copy_into({var(target)}, {var(n)})  # the new value of a persistable variable")
+        if pools:
+            lines.append("    _wss.append(W)")
         result = ", ".join(f"{key!r}: {var(n)}" for key, n in fetched.items())
         lines.append(f"    return {{{result}}}")
         return "\n".join(lines) + "\n", env, line_ops
 
     @staticmethod
-    def _plan_buffers(ops, kernels, specs, last_use, owned) -> dict:
-        """Op index -> the dying input whose buffer that op writes its output into (``out=``).
+    def _plan_buffers(ops, kernels, specs, last_use, owned, reuse: dict) -> None:
+        """Adds to ``reuse`` (op index -> variable): the dying input whose buffer an op writes its output into.
 
         An op whose kernel takes ``out=`` writes into its declared ``inplace`` input when that input dies at
         this op (MXNet's kWriteInplace; for ``add_n`` it is the add-to request: the sum accumulates into one
         summand). Only buffers dying at the op itself are reused, so no dead buffer is ever held back and the
         peak stays what liveness alone gives.
         """
-        reuse = {}
         fresh = set()  # variables written by out= kernels: their own writable memory, never a view of another
         for i, ((op, _), kernel) in enumerate(zip(ops, kernels)):
             outs = op.output_names()
-            if kernel.takes_out and len(outs) == 1:
+            if kernel.takes_out and len(outs) == 1 and i not in reuse:
                 want = specs[outs[0]]
-                opdef = registry.get(op.type)
-                for inp in opdef.inplace.values():
-                    reads = op.input_names()
-                    dying = [n for n in op.inputs.get(inp, [])  # read once here: writing it cannot clobber a read
-                             if last_use.get(n) == i and n not in owned and n in fresh and specs[n] == want
-                             and reads.count(n) == 1]
-                    if dying:
-                        reuse[i] = dying[0]
-                        break
+                reads = op.input_names()
+                dying = [n for n in _writable_inputs(op)  # read once here: writing it cannot clobber a read
+                         if last_use.get(n) == i and n not in owned and n in fresh and specs[n] == want
+                         and reads.count(n) == 1]
+                if dying:
+                    reuse[i] = dying[0]
+            if kernel.takes_out and len(outs) == 1:
                 fresh.update(outs)
-        return reuse
 
     # -- introspection ------------------------------------------------------------------------------------------
 
@@ -348,17 +416,106 @@ def _last_use(ops: list, roots: list) -> dict:
 
 def _in_place_updates(ops: list, kernels: list, specs: dict, updates: dict, last_use: dict, reuse: dict) -> dict:
     """A persistable variable's new value is written straight into its buffer (no copy per run) when the op
-    producing it takes out= and runs after the last reader of the old value; ``reuse`` learns those writes.
-    Returns {persistable variable: the variable computed into it}."""
+    producing it takes out= and runs after the last reader of the old value (or is that reader, through an input
+    it may write into); ``reuse`` learns those writes. Returns {persistable variable: the variable computed into
+    it}."""
     in_place = {}
     producer = {n: i for i, (op, _) in enumerate(ops) for n in op.output_names()}
     for target, n in updates.items():
         i = producer.get(n)
         if (i is not None and i not in reuse and kernels[i].takes_out and len(ops[i][0].output_names()) == 1
-                and last_use.get(target, -1) <= i and specs[n] == specs[target]):
+                and last_use.get(target, -1) <= i and specs[n] == specs[target]
+                and (target not in ops[i][0].input_names() or target in _writable_inputs(ops[i][0]))):
             reuse[i] = target
             in_place[target] = n
     return in_place
+
+
+def _writable_inputs(op) -> list:
+    """The inputs of ``op`` (a step of the plan) whose buffer its output may be written into."""
+    return op.inplace_inputs if isinstance(op, FusedOp) else in_place_inputs(op)
+
+
+class _Workspace:
+    """Which outputs the plan allocates from the workspace (``take``: op index -> pool), which dying variables go
+    back to it (``give``: (op index, variable) -> pool), the pools' Specs, and each fused group's scratch pools
+    (``scratch``: op index -> pool or None, one per scratch buffer).
+
+    A pool keeps, between uses, as many buffers of its Spec as the plan has in use at once. The workspace holds at
+    most the plan's peak of live intermediates (``_peak_bytes``: outputs from their op to their last reader, a fused
+    group's scratch while it runs): Specs are pooled largest first while their buffers fit in that. (Memory the
+    allocator got back from a freed array is mostly kept by it too: on the MLP of bench/run.py, batch 512, the
+    process's peak RSS after 20 steps is the same, 58.7 MB, with every Spec pooled as with none.)
+    ``bytes``: what the workspace holds at most."""
+
+    def __init__(self, ops, kernels, specs, roots, reuse, drops, enabled: bool):
+        self.specs, self.take, self.give, self.scratch = [], {}, {}, {}
+        self.bytes = 0
+        if not enabled:
+            return
+        ids, pool_of = {}, {}  # Spec -> pool; variable -> the pool its buffer belongs to
+        use = []  # per op: {pool: buffers in use while it runs}
+        total = []  # per op: bytes of all intermediates live while it runs
+        in_use = {}
+
+        def pool(spec):
+            if spec not in ids:
+                ids[spec] = len(self.specs)
+                self.specs.append(spec)
+            return ids[spec]
+
+        live = 0
+        sizes = {}
+        for i, ((op, _), kernel) in enumerate(zip(ops, kernels)):
+            outs = op.output_names()
+            if i in reuse:
+                if reuse[i] in pool_of:  # written in place: the buffer lives on as the output
+                    pool_of[outs[0]] = pool_of[reuse[i]]
+            else:
+                live += sum(_nbytes(specs[n]) for n in outs)
+                if kernel.takes_out and len(outs) == 1 and outs[0] not in roots and \
+                        _nbytes(specs[outs[0]]) >= WORKSPACE_MIN_BYTES:
+                    self.take[i] = pool_of[outs[0]] = k = pool(specs[outs[0]])
+                    in_use[k] = in_use.get(k, 0) + 1
+            now = dict(in_use)
+            scratch = 0
+            if isinstance(op, FusedOp):
+                self.scratch[i] = [pool(spec) for spec in op.scratch]
+                for k in self.scratch[i]:
+                    now[k] = now.get(k, 0) + 1
+                scratch = op.scratch_bytes()
+            use.append(now)
+            total.append(live + scratch)
+            for n in drops[i]:
+                if n != reuse.get(i):
+                    sizes[n] = _nbytes(specs[n])
+                    live -= sizes[n]
+                    if n in pool_of:
+                        self.give[(i, n)] = k = pool_of[n]
+                        in_use[k] -= 1
+        # pool Specs, largest first, while their buffers fit in the plan's peak
+        peak = max(total, default=0)
+        cap = {k: max((u.get(k, 0) for u in use), default=0) for k in range(len(self.specs))}
+        chosen, held = set(), 0
+        for k in sorted(range(len(self.specs)), key=lambda k: -_nbytes(self.specs[k])):
+            if held + cap[k] * _nbytes(self.specs[k]) <= peak:
+                held += cap[k] * _nbytes(self.specs[k])
+                chosen.add(k)
+        keep = {k: n for n, k in enumerate(sorted(chosen))}  # renumbered: pools that are used
+        self.take = {i: keep[k] for i, k in self.take.items() if k in keep}
+        self.give = {key: keep[k] for key, k in self.give.items() if k in keep}
+        self.scratch = {i: [keep.get(k) for k in ks] for i, ks in self.scratch.items()}
+        self.specs = [self.specs[k] for k in sorted(chosen)]
+        self.bytes = sum(cap[k] * _nbytes(self.specs[keep[k]]) for k in chosen)
+
+
+def _nbytes(spec) -> int:
+    return math.prod(spec.shape) * spec.dtype.itemsize  # Python ints: a static size past 2**63 must not wrap
+
+
+def _allocator(empty, spec):
+    shape, dtype = spec.shape, spec.dtype
+    return lambda: empty(shape, dtype)
 
 
 def _drops(ops: list, last_use: dict, owned: set) -> list:
@@ -373,15 +530,15 @@ def _drops(ops: list, last_use: dict, owned: set) -> list:
 def _peak_bytes(ops: list, specs: dict, reuse: dict, drops: list) -> int:
     """The most bytes of intermediates alive at once under the plan (a buffer written with out= is no new one)."""
     def nbytes(name):
-        s = specs[name]
-        return math.prod(s.shape) * s.dtype.itemsize  # Python ints: a static size past 2**63 must not wrap
+        return _nbytes(specs[name])
 
     live = peak = 0
     for i, (op, _) in enumerate(ops):
         buffer = reuse.get(i)
         if buffer is None:
             live += sum(nbytes(n) for n in op.output_names())
-        peak = max(peak, live)
+        scratch = op.scratch_bytes() if isinstance(op, FusedOp) else 0  # a fused group's, while it runs
+        peak = max(peak, live + scratch)
         live -= sum(nbytes(n) for n in drops[i] if n != buffer)  # a buffer written in place lives on as the output
     return peak
 
