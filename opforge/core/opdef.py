@@ -19,7 +19,7 @@ from . import dtypes as D
 from .devices import Device, get_device
 from .errors import ArgumentError, DispatchError, OpforgeError, SchemaError, ShapeError, describe
 from .schema import Schema
-from .spec import Dim, Spec, broadcast_shapes
+from .spec import Dim, Spec, broadcast_shapes, shapes_agree
 
 TRAITS = {
     "elementwise": "output has the shape and dtype of the first input",
@@ -307,8 +307,7 @@ class OpDef:
         elif "elementwise" in self.traits:
             result = inputs[0]
             for p, s in zip(self.inputs[1:], inputs[1:]):
-                if s is not None and not p.is_list and (len(s.shape) != len(result.shape) or any(
-                        a is not None and b is not None and a != b for a, b in zip(s.shape, result.shape))):
+                if s is not None and not p.is_list and not shapes_agree(s.shape, result.shape):
                     raise ShapeError(f"{self.name}(): argument '{p.name}' has shape {s.shape}, but an elementwise "
                                      f"op needs the shape of '{self.inputs[0].name}', {result.shape}")
         elif "broadcast" in self.traits:

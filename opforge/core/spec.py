@@ -27,15 +27,16 @@ class Spec(NamedTuple):
 
     def matches(self, other: Spec) -> bool:
         """True if a concrete ``other`` fits this spec (None dims match any size)."""
-        return (
-            self.dtype == other.dtype
-            and len(self.shape) == len(other.shape)
-            and all(a is None or b is None or a == b for a, b in zip(self.shape, other.shape))
-        )
+        return self.dtype == other.dtype and shapes_agree(self.shape, other.shape)
 
     def __repr__(self) -> str:
         dims = ", ".join("?" if d is None else str(d) for d in self.shape)
         return f"Spec(({dims}{',' if len(self.shape) == 1 else ''}), {self.dtype})"
+
+
+def shapes_agree(a, b) -> bool:
+    """Whether two shapes can be the same: one rank, and equal sizes wherever both are known (None: unknown)."""
+    return len(a) == len(b) and all(x is None or y is None or x == y for x, y in zip(a, b))
 
 
 def broadcast_shapes(*shapes, op: str = "") -> tuple:

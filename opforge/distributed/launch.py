@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 import traceback
 
 from .comm import MPICommunicator, _world, current_communicator, mpi, set_world
@@ -48,6 +49,9 @@ def _abort_on_uncaught_errors(world: MPICommunicator) -> None:
         text = "".join(traceback.format_exception(kind, error, tb))
         sys.stderr.write(f"[rank {world.rank}{where}] uncaught {kind.__name__}: aborting the job\n{text}")
         sys.stderr.flush()
+        # Abort tears the job down at once, and mpiexec forwards a rank's stderr on its own time: on a loaded
+        # machine the message was lost. A moment's wait lets it through; the job is ending anyway.
+        time.sleep(0.5)
         world.comm.Abort(1)
 
     def in_thread(args) -> None:

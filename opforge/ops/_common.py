@@ -6,10 +6,11 @@ from ..core import dtypes as D
 from ..core.errors import ShapeError
 from ..core.opdef import Sample
 from ..core.sbp import B, P, S
-from ..core.spec import Spec, broadcast_shapes
+from ..core.spec import Spec, broadcast_shapes, shapes_agree
 from ..dispatch import op
 
-__all__ = ["B", "D", "P", "S", "Sample", "ShapeError", "Spec", "broadcast_shapes", "normalize_axes", "np", "op"]
+__all__ = ["B", "D", "P", "S", "Sample", "ShapeError", "Spec", "broadcast_shapes", "normalize_axes", "np", "op",
+           "shapes_agree"]
 
 
 def normalize_axes(op_name: str, axes, ndim: int) -> tuple:

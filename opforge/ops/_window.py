@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 from numpy.lib.stride_tricks import as_strided
 
-from ._common import ShapeError, Spec, np
+from ._common import ShapeError, Spec, np, shapes_agree
 
 # -- attrs -----------------------------------------------------------------------------------------------------------
 
@@ -148,7 +148,7 @@ def pool_windows(op_name: str, size, kernel, stride, padding, dilation, ceil_mod
 
 def check_dy(op_name: str, dy, expected) -> None:
     """The incoming gradient must have the shape of the forward op's output."""
-    if len(dy) != len(expected) or any(a is not None and b is not None and a != b for a, b in zip(dy, expected)):
+    if not shapes_agree(dy, expected):
         raise ShapeError(f"{op_name}(): dy has shape {tuple(dy)}, the forward op's output has {tuple(expected)}")
 
 

@@ -6,7 +6,7 @@ import builtins
 from opforge import ops as F
 
 from ..core.errors import ArgumentError
-from ._common import D, Sample, ShapeError, Spec, broadcast_shapes, np, op
+from ._common import D, Sample, ShapeError, Spec, broadcast_shapes, np, op, shapes_agree
 from .shape import _one_axis
 
 
@@ -85,8 +85,7 @@ def take_grad(dy, index, *, shape, axis):
 
 def _take_grad_spec(dy_shape, index_shape, shape, axis):
     expected = _take_shape("take_grad", tuple(shape), index_shape, axis)
-    if len(dy_shape) != len(expected) or any(a is not None and b is not None and a != b
-                                             for a, b in zip(dy_shape, expected)):
+    if not shapes_agree(dy_shape, expected):
         raise ShapeError(f"take_grad(): dy has shape {dy_shape}, taking {index_shape} from {list(shape)} "
                          f"along axis {axis} gives {expected}")
 

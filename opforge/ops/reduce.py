@@ -5,7 +5,7 @@ import math
 
 from opforge import ops as F
 
-from ._common import D, P, S, Sample, ShapeError, Spec, broadcast_shapes, normalize_axes, np, op
+from ._common import D, P, S, Sample, ShapeError, Spec, broadcast_shapes, normalize_axes, np, op, shapes_agree
 
 
 def _reduced_shape(op_name, shape, axis, keepdim):
@@ -105,8 +105,7 @@ def mean_grad(dy, *, shape, axis, keepdim):
 @mean_grad.infer
 def _(dy, *, shape, axis, keepdim):
     expected = _reduced_shape("mean_grad", tuple(shape), axis, keepdim)
-    if len(expected) != len(dy.shape) or any(a is not None and b is not None and a != b
-                                             for a, b in zip(expected, dy.shape)):
+    if not shapes_agree(expected, dy.shape):
         raise ShapeError(f"mean_grad(): dy has shape {dy.shape}; the mean of shape {list(shape)} over axis "
                          f"{axis} has shape {expected}")
     return Spec(tuple(shape), dy.dtype)

@@ -7,7 +7,7 @@ import math
 
 from opforge import ops as F
 
-from ._common import D, P, S, Sample, ShapeError, Spec, broadcast_shapes, normalize_axes, np, op
+from ._common import D, P, S, Sample, ShapeError, Spec, broadcast_shapes, normalize_axes, np, op, shapes_agree
 
 
 @op("reshape(Tensor x, *, int[] shape) -> Tensor y")
@@ -223,8 +223,7 @@ def _(dy, *, shape, axes, starts, ends, steps):
     if any(d is not None and d < 0 for d in shape):
         raise ShapeError(f"slice_grad(): argument 'shape' {list(shape)} has a negative size")
     expected = _slice_spec("slice_grad", tuple(shape), axes, starts, ends, steps)
-    if len(expected) != len(dy.shape) or any(a is not None and b is not None and a != b
-                                             for a, b in zip(expected, dy.shape)):
+    if not shapes_agree(expected, dy.shape):
         raise ShapeError(f"slice_grad(): dy has shape {dy.shape}, the slice of {list(shape)} has {expected}")
     return Spec(tuple(shape), dy.dtype)
 
@@ -780,8 +779,7 @@ repeat_interleave_grad.check(_repeat_check)
 @repeat_interleave_grad.infer
 def _(dy, *, shape, repeats, axis):
     expected = _repeated_shape("repeat_interleave_grad", tuple(shape), repeats, axis)
-    if len(dy.shape) != len(expected) or any(a is not None and b is not None and a != b
-                                             for a, b in zip(dy.shape, expected)):
+    if not shapes_agree(dy.shape, expected):
         raise ShapeError(f"repeat_interleave_grad(): dy has shape {dy.shape}, repeating {list(shape)} gives "
                          f"{expected}")
     return Spec(tuple(shape), dy.dtype)
@@ -856,8 +854,7 @@ def diagonal_grad(dy, *, shape, offset, axis1, axis2):
 def _diagonal_grad_plan(dy_shape, shape, offset, axis1, axis2):
     plan = _diagonal_plan("diagonal_grad", tuple(shape), offset, axis1, axis2)
     expected = _diagonal_shape(shape, *plan)
-    if len(dy_shape) != len(expected) or any(a is not None and b is not None and a != b
-                                             for a, b in zip(dy_shape, expected)):
+    if not shapes_agree(dy_shape, expected):
         raise ShapeError(f"diagonal_grad(): dy has shape {dy_shape}, the diagonal of {list(shape)} has {expected}")
     return plan
 
@@ -1030,8 +1027,7 @@ def _(*, shape, pad, mode):
 
 def _pad_grad_spec(dy_shape, shape, pad, mode):
     expected = _padded_shape("pad_grad", tuple(shape), pad, mode)
-    if len(dy_shape) != len(expected) or any(a is not None and b is not None and a != b
-                                             for a, b in zip(dy_shape, expected)):
+    if not shapes_agree(dy_shape, expected):
         raise ShapeError(f"pad_grad(): dy has shape {dy_shape}, padding {list(shape)} by {list(pad)} "
                          f"gives {expected}")
 

@@ -12,26 +12,14 @@ from ..core.errors import ArgumentError, describe
 from .optimizer import Optimizer
 
 
-class LRScheduler:
-    """Base class: ``step()`` once per epoch (after the optimizer's steps), as in ``torch.optim.lr_scheduler``.
-    A subclass gives ``get_lr()``, the learning rates for epoch ``last_epoch``."""
+class _Schedule:
+    """What every schedule has: its optimizer, the learning rates it set last, and a state dict (all its own
+    attributes but the optimizer)."""
 
     def __init__(self, optimizer: Optimizer):
         if not isinstance(optimizer, Optimizer):
             raise ArgumentError(f"{type(self).__name__}(): expected an Optimizer, got {describe(optimizer)}")
         self.optimizer = optimizer
-        self.base_lrs = [group["lr"] for group in optimizer.param_groups]
-        self.last_epoch = -1
-        self.step()  # epoch 0: the base learning rates
-
-    def get_lr(self) -> list[float]:
-        raise NotImplementedError
-
-    def step(self) -> None:
-        self.last_epoch += 1
-        for group, lr in zip(self.optimizer.param_groups, self.get_lr()):
-            group["lr"] = lr  # in place, into the tensor compiled steps read
-        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     def get_last_lr(self) -> list[float]:
         return list(self._last_lr)
@@ -44,6 +32,26 @@ class LRScheduler:
         if unknown:
             raise ArgumentError(f"{type(self).__name__}.load_state_dict(): unexpected entries {sorted(unknown)}")
         vars(self).update({k: list(v) if isinstance(v, tuple) else v for k, v in state_dict.items()})
+
+
+class LRScheduler(_Schedule):
+    """Base class: ``step()`` once per epoch (after the optimizer's steps), as in ``torch.optim.lr_scheduler``.
+    A subclass gives ``get_lr()``, the learning rates for epoch ``last_epoch``."""
+
+    def __init__(self, optimizer: Optimizer):
+        super().__init__(optimizer)
+        self.base_lrs = [group["lr"] for group in optimizer.param_groups]
+        self.last_epoch = -1
+        self.step()  # epoch 0: the base learning rates
+
+    def get_lr(self) -> list[float]:
+        raise NotImplementedError
+
+    def step(self) -> None:
+        self.last_epoch += 1
+        for group, lr in zip(self.optimizer.param_groups, self.get_lr()):
+            group["lr"] = lr  # in place, into the tensor compiled steps read
+        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
 
 class StepLR(LRScheduler):
@@ -119,7 +127,7 @@ class LinearLR(LRScheduler):
         return [base * factor for base in self.base_lrs]
 
 
-class ReduceLROnPlateau:
+class ReduceLROnPlateau(_Schedule):
     """Multiply the learning rates by ``factor`` when a metric has stopped improving for ``patience`` steps, as
     torch's ``ReduceLROnPlateau``: ``sched.step(val_loss)`` after each evaluation. ``mode`` "min" (a loss) or "max"
     (an accuracy); improvement beyond ``threshold`` (relative, or absolute with ``threshold_mode="abs"``); after a
@@ -129,8 +137,7 @@ class ReduceLROnPlateau:
     def __init__(self, optimizer: Optimizer, mode: str = "min", factor: float = 0.1, patience: int = 10,
                  threshold: float = 1e-4, threshold_mode: str = "rel", cooldown: int = 0, min_lr=0.0,
                  eps: float = 1e-8):
-        if not isinstance(optimizer, Optimizer):
-            raise ArgumentError(f"ReduceLROnPlateau(): expected an Optimizer, got {describe(optimizer)}")
+        super().__init__(optimizer)
         if mode not in ("min", "max") or threshold_mode not in ("rel", "abs"):
             raise ArgumentError(f"ReduceLROnPlateau(): mode must be 'min' or 'max' and threshold_mode 'rel' or "
                                 f"'abs', got {mode!r} and {threshold_mode!r}")
@@ -140,7 +147,6 @@ class ReduceLROnPlateau:
         min_lrs = list(min_lr) if isinstance(min_lr, (list, tuple)) else [min_lr] * groups
         if len(min_lrs) != groups:
             raise ArgumentError(f"ReduceLROnPlateau(): min_lr must be a number or one per group ({groups})")
-        self.optimizer = optimizer
         self.mode, self.factor, self.patience, self.threshold = mode, float(factor), int(patience), float(threshold)
         self.threshold_mode, self.cooldown, self.min_lrs, self.eps = threshold_mode, int(cooldown), min_lrs, eps
         self.best = math.inf if mode == "min" else -math.inf
@@ -172,15 +178,3 @@ class ReduceLROnPlateau:
                     group["lr"] = new
             self.cooldown_counter, self.num_bad_epochs = self.cooldown, 0
         self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
-
-    def get_last_lr(self) -> list[float]:
-        return list(self._last_lr)
-
-    def state_dict(self) -> dict:
-        return {k: v for k, v in vars(self).items() if k != "optimizer"}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        unknown = set(state_dict) - set(self.state_dict())
-        if unknown:
-            raise ArgumentError(f"ReduceLROnPlateau.load_state_dict(): unexpected entries {sorted(unknown)}")
-        vars(self).update(state_dict)
