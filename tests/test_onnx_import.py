@@ -142,7 +142,7 @@ def test_unsupported_ops_and_attributes_name_node_type_and_opset():
                  [tensor_info("y", [2])])
     message = _error(m)
     assert "'r'" in message and "Relu" in message and "fancy" in message
-    m = model_of([helper.make_node("MaxPool", ["x"], ["y"], name="p", kernel_shape=[2, 2], dilations=[2, 2])],
+    m = model_of([helper.make_node("AveragePool", ["x"], ["y"], name="p", kernel_shape=[2, 2], dilations=[2, 2])],
                  [tensor_info("x", [1, 1, 6, 6])], [tensor_info("y", [1, 1, 4, 4])])
     assert "dilations" in _error(m)
     m = model_of([helper.make_node("Relu", ["x"], ["y"], domain="com.example")], [tensor_info("x", [2])],

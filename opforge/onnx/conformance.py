@@ -16,13 +16,10 @@ from .importers import IMPORTERS
 # Node tests of ops we import that fail, and why. The test suite runs every other selected node test through ONNX's
 # own harness and checks that these still fail (docs/onnx.md lists them).
 KNOWN_FAILING = {
-    **{f"test_{k}": "pooling with dilations" for k in (
-        "averagepool_2d_dilations", "maxpool_2d_dilations", "maxpool_3d_dilations",
-        "maxpool_3d_dilations_use_ref_impl", "maxpool_3d_dilations_use_ref_impl_large",
-        "averagepool_3d_dilations_small", *(f"averagepool_3d_dilations_large_count_include_pad_is_{a}_ceil_mode_is_{b}"
-                                            for a in (0, 1) for b in ("False", "True")))},
-    "test_averagepool_3d_default": "3-d pooling",
-    "test_maxpool_3d_default": "3-d pooling",
+    **{f"test_{k}": "AveragePool with dilations (avg_pool has none, as PyTorch's)" for k in (
+        "averagepool_2d_dilations", "averagepool_3d_dilations_small",
+        *(f"averagepool_3d_dilations_large_count_include_pad_is_{a}_ceil_mode_is_{b}"
+          for a in (0, 1) for b in ("False", "True")))},
     "test_maxpool_with_argmax_2d_precomputed_pads": "MaxPool's Indices output",
     "test_maxpool_with_argmax_2d_precomputed_strides": "MaxPool's Indices output",
     "test_batchnorm_epsilon_training_mode": "BatchNormalization in training mode",
@@ -45,9 +42,6 @@ KNOWN_FAILING = {
 # by a pattern of their names, and why.
 MODEL_KINDS = ("pytorch-converted", "pytorch-operator", "simple")
 KNOWN_FAILING_MODELS = {
-    r"(Pool|Conv)3d": "3-d convolution and pooling",
-    r"(?i)convtranspose": "ConvTranspose",
-    r"MaxPool[12]d_stride_padding_dilation": "pooling with dilations",
     r"sequence_model": "sequences (SequenceConstruct, SplitToSequence, ...)",
     r"strnorm": "strings",
     r"gradient_of": "the preview training domain's Gradient op",

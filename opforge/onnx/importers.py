@@ -514,29 +514,75 @@ def _symmetric(x, pairs, value=0.0):
     return F.pad(x, pad=flat, value=value), [0] * len(pairs)
 
 
+_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+_CONV_TRANSPOSE = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
+_MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
+_AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
+
+
+def _spatial(n, table: dict, rank: int):
+    if rank not in table:
+        raise n.unsupported(f"{rank}-d {n.op_type}")
+    return table[rank]
+
+
 @onnx_op("Conv")
 def _(n):
     x, w, b = n.input(0), n.input(1), n.input(2)
     kernel = tuple(n.attr("kernel_shape", n.spec(1).shape[2:]))
     spatial = len(n.shape(0)) - 2
+    conv = _spatial(n, _CONV, spatial)
     strides, dilations, pairs = _window(n, spatial, kernel)
     x, padding = _symmetric(x, pairs)
-    group = n.attr("group", 1)
-    if spatial == 1:
-        return F.conv1d(x, w, b, stride=list(strides), padding=padding, dilation=list(dilations), groups=group)
-    if spatial == 2:
-        return F.conv2d(x, w, b, stride=list(strides), padding=padding, dilation=list(dilations), groups=group)
-    raise n.unsupported(f"{spatial}-d convolution")
+    return conv(x, w, b, stride=list(strides), padding=padding, dilation=list(dilations), groups=n.attr("group", 1))
 
 
-def _as_2d(n, x):
-    """(x as 4-d, how to shape the result back): 1-d pooling runs as 2-d pooling over a height of 1."""
+@onnx_op("ConvTranspose")
+def _(n):
+    x, w, b = n.input(0), n.input(1), n.input(2)
     spatial = len(n.shape(0)) - 2
-    if spatial == 2:
-        return x, lambda y: y
-    if spatial == 1:
-        return F.unsqueeze(x, axis=2), lambda y: F.squeeze(y, axis=[2])
-    raise n.unsupported(f"{spatial}-d pooling")
+    conv_transpose = _spatial(n, _CONV_TRANSPOSE, spatial)
+    kernel = tuple(n.attr("kernel_shape", n.spec(1).shape[2:]))
+    strides = tuple(n.attr("strides", (1,) * spatial))
+    dilations = tuple(n.attr("dilations", (1,) * spatial))
+    output_padding = tuple(n.attr("output_padding", (0,) * spatial))
+    auto = n.attr("auto_pad", "NOTSET")
+    output_shape = n.attr("output_shape")
+    full = []  # each spatial size with no padding at all: what pads then cut from both ends
+    for i, size in enumerate(n.shape(0)[2:]):
+        if isinstance(size, Dim) and (output_shape is not None or auto in ("SAME_UPPER", "SAME_LOWER")):
+            raise n.unsupported("output_shape or auto_pad over dims known only at run time")
+        full.append(None if isinstance(size, Dim) else
+                    strides[i] * (size - 1) + output_padding[i] + (kernel[i] - 1) * dilations[i] + 1)
+    if output_shape is not None or auto in ("SAME_UPPER", "SAME_LOWER"):
+        # ONNX's rule: the pads that give the requested size, the odd one at the end with SAME_UPPER, else at the
+        # front; a negative total (a size past the full output) pads the end, as output_padding does
+        wanted = output_shape[-spatial:] if output_shape is not None else \
+            [size * s for size, s in zip(n.shape(0)[2:], strides)]
+        totals = [f - o for f, o in zip(full, wanted)]
+        pairs = [(t // 2, t - t // 2) if auto == "SAME_UPPER" else (t - t // 2, t // 2) for t in totals]
+        if any(b_ < 0 for b_, _ in pairs):
+            raise n.unsupported(f"output_shape {list(wanted)} past the full output {full} at the front")
+        output_padding = tuple(p - min(e, 0) for p, (_, e) in zip(output_padding, pairs))
+        full = [f - min(e, 0) for f, (_, e) in zip(full, pairs)]
+        pairs = [(b_, max(e, 0)) for b_, e in pairs]
+    elif auto in ("NOTSET", "VALID"):
+        pads = tuple(n.attr("pads", (0,) * (2 * spatial))) if auto == "NOTSET" else (0,) * (2 * spatial)
+        pairs = list(zip(pads[:spatial], pads[spatial:]))
+    else:
+        raise n.unsupported(f"auto_pad={auto!r}")
+    # our op pads both ends alike: the common part as its padding, the rest cut off the result
+    common = [min(b_, e) for b_, e in pairs]
+    y = conv_transpose(x, w, b, stride=list(strides), padding=common, output_padding=list(output_padding),
+                       groups=n.attr("group", 1), dilation=list(dilations))
+    cut = [(b_ - c, e - c) for (b_, e), c in zip(pairs, common)]
+    if not any(b_ or e for b_, e in cut):
+        return y
+    if any(e and size is None for (_, e), size in zip(cut, full)):
+        raise n.unsupported("pads cut from the end of a dim known only at run time")
+    ends = [2**62 if size is None else size - e for (_, e), size in zip(cut, full)]  # slice takes ends ≥ 0
+    return F.slice(y, axes=[2 + i for i in range(spatial)], starts=[b_ for b_, _ in cut], ends=ends,
+                   steps=[1] * spatial)
 
 
 @onnx_op("MaxPool", "AveragePool")
@@ -547,41 +593,44 @@ def _(n):
         raise n.unsupported("storage_order=1")
     kernel = tuple(n.attr("kernel_shape"))
     spatial = len(kernel)
+    maximum = n.op_type == "MaxPool"
+    pool = _spatial(n, _MAX_POOL if maximum else _AVG_POOL, spatial)
     strides, dilations, pairs = _window(n, spatial, kernel)
-    if any(d != 1 for d in dilations):
-        raise n.unsupported("dilations other than 1")
+    if not maximum and any(d != 1 for d in dilations):
+        raise n.unsupported("AveragePool with dilations (avg_pool has none, as PyTorch's)")
+    reach = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]  # the dilated kernel's extent
     sizes = n.shape(0)[2:]
     if n.attr("ceil_mode", 0):  # more padding at the end, so that the floor of our ops gives ONNX's ceil
         if any(isinstance(d, Dim) for d in sizes):
             raise n.unsupported("ceil_mode=1 over dims known only at run time")
         extra = []
-        for size, k, s, (b, e) in zip(sizes, kernel, strides, pairs):
+        for size, k, s, (b, e) in zip(sizes, reach, strides, pairs):
             out = -(-(size + b + e - k) // s) + 1
             if (out - 1) * s >= size + b:  # a last window starting in the end padding is dropped
                 out -= 1
             extra.append(max((out - 1) * s + k - (size + b + e), 0))
     else:
         extra = [0] * spatial
-    x, back = _as_2d(n, n.input(0))
-    if spatial == 1:
-        kernel, strides, pairs, extra = (1, *kernel), (1, *strides), [(0, 0), *pairs], [0, *extra]
-    pool = {"kernel_size": list(kernel), "stride": list(strides)}
+    x = n.input(0)
+    window = {"kernel_size": list(kernel), "stride": list(strides)}
+    if maximum:
+        window["dilation"] = list(dilations)
     padded = [(0, 0), (0, 0), *((b, e + x_) for (b, e), x_ in zip(pairs, extra))]
-    fits = all(b == e + x_ and b <= k // 2 for (b, e), x_, k in zip(pairs, extra, kernel))
-    if n.op_type == "MaxPool":
+    fits = all(b == e + x_ and 2 * b <= k for (b, e), x_, k in zip(pairs, extra, kernel))
+    if maximum:
         if fits:
-            return back(F.max_pool2d(x, padding=[b for b, _ in pairs], **pool))
-        return back(F.max_pool2d(_pad(x, padded, -math.inf), padding=[0, 0], **pool))
+            return pool(x, padding=[b for b, _ in pairs], **window)
+        return pool(_pad(x, padded, -math.inf), padding=[0] * spatial, **window)
     include = bool(n.attr("count_include_pad", 0))
     if fits and (include or not any(pairs)) and not any(extra):
-        return back(F.avg_pool2d(x, padding=[b for b, _ in pairs], **pool))
+        return pool(x, padding=[b for b, _ in pairs], **window)
     # window sums over the count of what each window covers: the input, and the pads when they count (never the
     # ceil-mode extra)
     ones = F.ones_like(x)
     counted = _pad(ones, [(0, 0), (0, 0), *pairs], 1.0 if include else 0.0)
     counted = _pad(counted, [(0, 0), (0, 0), *((0, x_) for x_ in extra)], 0.0)
-    total = F.avg_pool2d(_pad(x, padded, 0.0), padding=[0, 0], **pool)
-    return back(total / F.avg_pool2d(counted, padding=[0, 0], **pool))
+    total = pool(_pad(x, padded, 0.0), padding=[0] * spatial, **window)
+    return total / pool(counted, padding=[0] * spatial, **window)
 
 
 def _pad(x, pairs, value):
