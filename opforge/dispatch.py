@@ -450,6 +450,14 @@ def _run_eagerly(opdef: OpDef, inputs: tuple, attrs: dict):
     symbolic = _symbolic_owner(inputs)
     if symbolic is not None:
         return symbolic.apply(opdef, inputs, attrs)
+    inputs, device, kernel = prepare_call(opdef, inputs, attrs)
+    return finish_call(opdef, inputs, attrs, device, kernel)
+
+
+def prepare_call(opdef: OpDef, inputs: tuple, attrs: dict):
+    """The checks of an eager call and its kernel: returns the inputs as Tensors (or lists of them, or None), the
+    device the call runs on and the ``Kernel`` chosen for it. ``finish_call`` runs it. (The backward pass's replay
+    of gradient rules, ``autodiff.replay``, records what these two decide, so a replayed call is this call.)"""
     inputs, device = _coerce_inputs(opdef, inputs)
     tensors = [t for v in inputs for t in (v if isinstance(v, list) else (v,)) if t is not None]
     dtype = tensors[0]._data.dtype if tensors else attrs.get("dtype") or D.DEFAULT_FLOAT
@@ -464,7 +472,11 @@ def _run_eagerly(opdef: OpDef, inputs: tuple, attrs: dict):
         shape = tensors[0]._data.shape                       # lifted scalar must not broadcast where a 0-d Tensor
         if any(t._data.shape != shape for t in tensors[1:]):  # is refused
             _kernel_failed(opdef, inputs, attrs, None)
-    kernel = opdef.find_kernel(device, dtype)
+    return inputs, device, opdef.find_kernel(device, dtype)
+
+
+def finish_call(opdef: OpDef, inputs: tuple, attrs: dict, device, kernel):
+    """Run ``kernel`` on the prepared ``inputs``; link the outputs into the autograd graph if they need it."""
     arrays = [[t._data for t in v] if isinstance(v, list) else (None if v is None else v._data) for v in inputs]
     extra = {"rng": device.generator()} if kernel.takes_rng else {}
     try:

@@ -16,6 +16,7 @@ from ..core.errors import ArgumentError, GradientError, describe
 from ..core.grad_mode import set_grad_enabled
 from ..dispatch import EAGER, current_interpreter, owner_of
 from ..tensor import Node, Tensor, _epoch, _leaf_hooks, _node_hooks, check_saved, wrap
+from . import replay
 from .anomaly import AnomalyDetection
 from .rules import call_rule, fit, input_label, missing_rule
 
@@ -136,8 +137,11 @@ def _walk(roots: list, targets: set | None) -> tuple[list, set, dict]:
                         if edge is not None and edge[1] < 0 and edge[0] not in placed:
                             placed.add(edge[0])
                             finals.setdefault(node, []).append(edge[0])
-                elif any(e is not None and (e[0] in runs or e[0] in targets or e in targets) for e in edges):
-                    runs.add(node)
+                else:
+                    for e in edges:
+                        if e is not None and (e[0] in runs or e[0] in targets or e in targets):
+                            runs.add(node)
+                            break
     post.reverse()
     return post, runs, finals
 
@@ -153,6 +157,8 @@ def _backprop(outputs: list, seeds: list, targets: set | None, create_graph: boo
     anomaly = current_interpreter()
     anomaly = anomaly if type(anomaly) is AnomalyDetection else None  # of.detect_anomaly(): check every gradient
     hooked = len(_node_hooks) > 0  # register_hook / retain_grad on some non-leaf (looked up per node only then)
+    target_nodes = {key[0] for key in targets if type(key) is tuple} if targets else ()  # nodes whose output is one
+    replaying = not create_graph and anomaly is None and replay.usable()  # rules replayed on arrays (replay.py)
 
     with set_grad_enabled(create_graph):
         for t, g in zip(outputs, seeds):
@@ -169,7 +175,7 @@ def _backprop(outputs: list, seeds: list, targets: set | None, create_graph: boo
             if grads is not None:
                 if hooked and node in _node_hooks:
                     _run_hooks(_node_hooks[node], grads)
-                if targets:
+                if node in target_nodes:
                     for i, g in enumerate(grads):
                         if g is not None and (node, i) in targets:
                             found[(node, i)] = g
@@ -178,7 +184,9 @@ def _backprop(outputs: list, seeds: list, targets: set | None, create_graph: boo
                         _cannot_run(node, roots)
                     if node.epoch != _epoch[0]:  # an in-place write since the node was made: on what it saved?
                         check_saved(node)
-                    if anomaly is None:
+                    if replaying:
+                        input_grads = replay.run(node, grads)
+                    elif anomaly is None:
                         input_grads = call_rule(node, grads, create_graph)
                     else:
                         input_grads = _call_checked(node, grads, create_graph, anomaly)

@@ -68,6 +68,9 @@ class Sample(NamedTuple):
         return cls(tuple(np.asarray(a) if isinstance(a, np.generic) else a for a in args), kwargs)
 
 
+definitions = [0]  # bumped when any op gets a kernel or a gradient rule: what was derived from the old ones is stale
+
+
 class OpDef:
     def __init__(self, schema: Schema, traits=(), *, inplace=None, doc: str = "", defined_at: str = ""):
         self.name = schema.name
@@ -157,6 +160,7 @@ class OpDef:
             self.kernels[(device, dt)] = kernel
         self._kernel_cache.clear()
         self.kernel_table.clear()
+        definitions[0] += 1
 
     def infer(self, fn):
         """Register the shape/dtype rule: input Specs (and attrs as keywords) -> output Spec(s)."""
@@ -230,6 +234,7 @@ class OpDef:
     def grad(self, fn):
         """Register the gradient rule. Its parameter names say what it needs (see GradRule)."""
         self.grad_rule = self._parse_rule(fn)
+        definitions[0] += 1
         for listener in self.rule_listeners:  # dispatch regenerates the recording code for this rule
             listener(self)
         return fn

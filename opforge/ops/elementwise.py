@@ -19,6 +19,8 @@ def _carry_nan(x, dx):
     """``dx`` (a fresh array, changed in place) with NaN wherever ``x`` is NaN. A sum over ``x`` tells cheaply
     whether it holds a NaN at all (or both infinities, which only costs the exact pass that follows)."""
     if np.isnan(np.add.reduce(x, axis=None)):
+        if type(dx) is not np.ndarray:  # a NumPy scalar (ufuncs of 0-d arrays give one), which cannot be written
+            dx = np.asarray(dx).copy()
         np.copyto(dx, np.nan, where=np.isnan(x))
     return dx
 
