@@ -217,3 +217,16 @@ def test_nan_reaches_prelu_gradients():
 def test_wrong_calls_name_the_op(call, message):
     with pytest.raises(of.OpforgeError, match=message):
         call()
+
+
+@pytest.mark.parametrize("n", [8192, 8192 * 3 + 5, 100_003])
+def test_relu_over_large_arrays_is_numpys_maximum(n):
+    # relu takes a faster path (rows of zeros) from 8,192 elements: the same values, NaN, ±0 and ±inf included.
+    x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+    x[::7], x[1::11], x[2::13], x[3::17] = np.nan, -0.0, np.inf, -np.inf
+    got = F.relu(of.tensor(x)).numpy()
+    want = np.maximum(x, 0)
+    assert np.array_equal(got, want, equal_nan=True) and np.array_equal(np.signbit(got), np.signbit(want))
+    y = of.tensor(x.reshape(-1, 1) if n % 2 else x.reshape(2, -1), requires_grad=True)
+    step = of.compile(lambda t: F.relu(t * 1.0))
+    assert np.array_equal(step(y).numpy().reshape(-1), want, equal_nan=True)
