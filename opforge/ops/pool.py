@@ -86,13 +86,15 @@ def _first_maxima(views, y=None):
     if y is None:
         y = _window_max(views, win.scratch("max", views[0].shape, views[0].dtype))
     hits = [v == y for v in views]
-    if sum(np.count_nonzero(h) for h in hits) == y.size and not np.isnan(y).any():
-        return hits  # one tap per window holds its maximum: no tie to break (the common case)
     nan = np.isnan(y)  # such a window's hits are all False so far (NaN equals nothing)
-    for v, hit in zip(reversed(views), reversed(hits)):
-        last_nan = np.isnan(v) & nan
-        hit |= last_nan
-        nan ^= last_nan
+    any_nan = nan.any()
+    if not any_nan and sum(np.count_nonzero(h) for h in hits) == y.size:
+        return hits  # one tap per window holds its maximum: no tie to break (the common case)
+    if any_nan:
+        for v, hit in zip(reversed(views), reversed(hits)):
+            last_nan = np.isnan(v) & nan
+            hit |= last_nan
+            nan ^= last_nan
     free = np.ones(y.shape, bool)
     for hit in hits:
         hit &= free
