@@ -159,6 +159,7 @@ def _backprop(outputs: list, seeds: list, targets: set | None, create_graph: boo
     hooked = len(_node_hooks) > 0  # register_hook / retain_grad on some non-leaf (looked up per node only then)
     target_nodes = {key[0] for key in targets if type(key) is tuple} if targets else ()  # nodes whose output is one
     replaying = not create_graph and anomaly is None and replay.usable()  # rules replayed on arrays (replay.py)
+    replay_rule = replay.run
 
     with set_grad_enabled(create_graph):
         for t, g in zip(outputs, seeds):
@@ -185,7 +186,7 @@ def _backprop(outputs: list, seeds: list, targets: set | None, create_graph: boo
                     if node.epoch != _epoch[0]:  # an in-place write since the node was made: on what it saved?
                         check_saved(node)
                     if replaying:
-                        input_grads = replay.run(node, grads)
+                        input_grads = replay_rule(node, grads)
                     elif anomaly is None:
                         input_grads = call_rule(node, grads, create_graph)
                     else:

@@ -63,15 +63,16 @@ def usable() -> bool:
     sees every call of a rule), and debug mode is off (it checks every call against the shape rule)."""
     from .. import dispatch
 
+    if _tapes_of[0] != definitions[0]:  # a kernel or a rule changed: what was recorded may call the old one
+        _tapes.clear()
+        _tapes_of[0] = definitions[0]
     return enabled and not dispatch._debug and current_interpreter() is EAGER
 
 
 def run(node, grads: list) -> list:
     """The gradients of ``node``'s flat inputs from its outputs' ``grads`` (as ``call_rule`` with
-    ``create_graph=False`` returns them, already fitted to the inputs' shapes and dtypes)."""
-    if _tapes_of[0] != definitions[0]:  # a kernel or a rule changed: what was recorded may call the old one
-        _tapes.clear()
-        _tapes_of[0] = definitions[0]
+    ``create_graph=False`` returns them, already fitted to the inputs' shapes and dtypes). The backward pass asks
+    ``usable()`` first, which also forgets tapes recorded under other op definitions."""
     attrs, edges = node.attrs, node.edges
     key = (node.op, tuple(attrs.values()) if attrs else (), node.in_meta, node.out_meta, node.in_layout,
            # which inputs want a gradient, and which outputs got one (a node with one input that requires none
