@@ -205,3 +205,21 @@ def test_create_graph_and_custom_interpreters_see_the_rules_themselves():
 def test_set_replay_returns_the_previous_setting():
     assert replay.set_replay(False) is True
     assert replay.set_replay(True) is False
+
+
+def test_recording_leaves_no_reference_cycles():
+    # A cycle through the recorder kept every value of the recorded rule (a layer's weight gradient) alive until the
+    # cyclic collector ran: +12 MB peak on the benchmark MLP.
+    import gc
+
+    x = of.tensor(np.linspace(-1, 1, 8), requires_grad=True)
+    w = of.tensor(np.ones((3, 8)), requires_grad=True)
+    gc.collect()
+    gc.disable()
+    try:
+        replay._tapes.clear()
+        for _ in range(3):
+            of.grad(F.sum(F.tanh(F.linear(x, w)) * 2.0), [x, w])
+        assert gc.collect() == 0
+    finally:
+        gc.enable()

@@ -240,6 +240,19 @@ def _record(node, grads: list):
 
 # -- the replay function ----------------------------------------------------------------------------------------
 
+def _arg(source, env: dict, constants: list) -> str:
+    """The replay function's expression for one kernel argument (a module function: a recursive closure would be a
+    reference cycle holding the recording's values until the cyclic collector runs)."""
+    if source is None:
+        return "None"
+    if isinstance(source, list):
+        return "[" + "".join(_arg(x, env, constants) + ", " for x in source) + "]"
+    if type(source) is int:
+        return f"a{source}"
+    env[f"c{source[1]}"] = constants[source[1]]
+    return f"c{source[1]}"
+
+
 _names = itertools.count()
 
 
@@ -262,19 +275,9 @@ def _compile(name: str, recorder: _Recorder, reads: list, returned: list):
     lines = ["def replay(node, grads):", "    s, so = node.saved, node.saved_out"]
     lines += [f"    a{i} = {reads[i][1]}" for i in range(given) if i in live]
 
-    def arg(s):
-        if s is None:
-            return "None"
-        if isinstance(s, list):
-            return "[" + "".join(arg(x) + ", " for x in s) + "]"
-        if type(s) is int:
-            return f"a{s}"
-        env[f"c{s[1]}"] = recorder.constants[s[1]]
-        return f"c{s[1]}"
-
     for n, (op, kernel, device, out_device, attrs, sources, first, count) in enumerate(steps):
         env[f"k{n}"], env[f"d{n}"], env[f"od{n}"], env[f"op{n}"] = kernel.bind(device), device, out_device, op
-        call = f"k{n}({''.join(arg(s) + ', ' for s in sources)}"
+        call = f"k{n}({''.join(_arg(s, env, recorder.constants) + ', ' for s in sources)}"
         if attrs:
             env[f"at{n}"] = attrs
             call += f"**at{n}, "
@@ -303,7 +306,7 @@ def _compile(name: str, recorder: _Recorder, reads: list, returned: list):
     source = "\n".join(lines) + "\n"
     filename = f"<opforge.replay.{name}.{next(_names)}>"
     exec(compile(source, filename, "exec"), env)
-    replay = env["replay"]
+    replay = env.pop("replay")  # not left in its own globals: no cycle to keep a dropped tape alive
     replay.source = source
     replay.default_device = recorder.default_device
     return replay
