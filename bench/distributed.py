@@ -8,10 +8,12 @@ variant runs ``--rounds`` rounds of ``--steps`` steps on 1 rank (rank 0 alone, r
 turns, so that both see the same machine (this shared one drifts by tens of percent within a minute); a 2-rank
 round's time is the slower rank's, and the table gives medians over rounds. Variants:
 
-* opforge eager, ``DistributedDataParallel`` with bucketed all-reduces started during backward (overlap);
+* opforge eager, ``DistributedDataParallel`` as it comes: 25 MiB buckets (PyTorch's default), so one bucket here,
+  all-reduced as soon as the last gradient is final;
+* opforge eager, 1 MiB buckets (four here), each all-reduce started during backward (overlap);
 * opforge eager, the same buckets all-reduced after backward (no overlap);
-* opforge eager with overlap, without the call-order check (``init(verify=False)``), whose fingerprint exchange
-  before each bucket's all-reduce is a rendezvous with the other rank in the middle of backward;
+* opforge eager, 1 MiB buckets with overlap, without the call-order check (``init(verify=False)``), whose
+  fingerprint exchange before each bucket's all-reduce is a rendezvous with the other rank in mid-backward;
 * opforge compiled under a ``Mesh`` (the program's bucketed all_reduce, after backward);
 * PyTorch ``DistributedDataParallel`` over gloo (loopback TCP), 1 MiB buckets, for comparison;
 * the ceiling: each rank trains on its own, no communication — how much the machine itself lets 2 ranks scale
@@ -146,9 +148,10 @@ def worker(args) -> None:
                     "wait_s": float(world.all_reduce(np.array(statistics.median(waited)), "max"))}
         return out
 
-    def eager(overlap):
+    def eager(overlap, bucket_bytes=1 << 20):
         def make(comm):
-            model = of.distributed.DistributedDataParallel(mlp(), comm=comm, overlap=overlap)
+            model = of.distributed.DistributedDataParallel(mlp(), comm=comm, overlap=overlap,
+                                                           bucket_bytes=bucket_bytes)
             opt = of.optim.SGD(model.parameters(), lr=0.01)
             xt, yt = of.tensor(x), of.tensor(y)
 
@@ -194,11 +197,12 @@ def worker(args) -> None:
         return step
 
     variants = {
-        "opforge eager, bucketed overlap": measure(eager(True)),
-        "opforge eager, no overlap": measure(eager(False)),
+        "opforge eager DDP, default buckets (one here)": measure(eager(True, 25 << 20)),
+        "opforge eager, 1 MiB buckets, overlap": measure(eager(True)),
+        "opforge eager, 1 MiB buckets, no overlap": measure(eager(False)),
     }
     world.verify = False  # no fingerprint exchange before each collective: no rendezvous in mid-backward
-    variants["opforge eager, bucketed overlap, unchecked order"] = measure(eager(True))
+    variants["opforge eager, 1 MiB buckets, overlap, unchecked order"] = measure(eager(True))
     world.verify = True
     variants |= {
         "opforge compiled under a Mesh": measure(compiled),

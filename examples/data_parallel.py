@@ -85,7 +85,8 @@ def main() -> int:
             f"{accuracy(model, images[test], labels[test]):.2%}, {len(losses) / (time.perf_counter() - began):5.0f} "
             "steps/s", flush=True)
         if epoch == 1:
-            (program, _, _), = compiled_step.cache.values()
+            with mesh:
+                program = compiled_step.program(x, y)  # the one traced for these arguments (nothing runs)
             kinds = [op.type for op in program.block.ops]
             say(f"   the compiled step: {len(kinds)} ops, {kinds.count('all_reduce')} of them all_reduce "
                 f"(the gradients of {len(list(model.parameters()))} parameters, flattened into one buffer)")
