@@ -189,7 +189,7 @@ class _View:
 
     def fresh(self, t: Tensor, read: str, array: bool = False) -> Tensor:
         """A new Tensor for value ``t``, which the replay reads as ``read`` (a Tensor there, or its ``array``)."""
-        copy = wrap(t._data, t._device)
+        copy = wrap(t._data, t._device, t._requires_grad)  # as the rule would see t (gradient recording is off)
         self.recorder.slot(copy)
         self.reads.append((f"_wrap({read}, node.device)", read) if array else (read, f"{read}._data"))
         return copy
