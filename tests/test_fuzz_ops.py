@@ -237,3 +237,10 @@ def test_a_program_with_an_impossible_static_size_fails_with_an_opforge_error():
     prog = of.trace(lambda x: F.broadcast_to(x, shape=[10**28, 3]), x=Spec(x.shape, x.dtype))
     with pytest.raises(of.OpforgeError):
         of.Executor(prog).run(x=x)
+
+
+def test_interpolate_with_a_size_no_float_holds_is_a_shape_error():
+    # Found by the long fuzz run: the output size floor(n·scale) raised a raw OverflowError, traced and eager.
+    dy = of.tensor(np.ones((1, 1, 4)))
+    with pytest.raises(of.ShapeError, match=r"interpolate_grad.*int of 1329 bits.*too large"):
+        F.interpolate_grad(dy, input_size=[10**400], scale_factor=[2.0])

@@ -46,7 +46,13 @@ def _sizes(op_name, shape, size, scale_factor, mode) -> tuple:
     win.fit_rank(op_name, nd, size=size, scale_factor=scale_factor)
     if size is not None:
         return win.expand(size, nd)
-    return tuple(None if n is None else math.floor(n * s) for n, s in zip(shape[2:], win.expand(scale_factor, nd)))
+    try:
+        return tuple(None if n is None else math.floor(n * s) for n, s in zip(shape[2:], win.expand(scale_factor, nd)))
+    except OverflowError:  # a size no float holds (an input_size of 10**400): no output size to compute
+        shown = [n if n is None or abs(n).bit_length() <= 64 else f"an int of {abs(n).bit_length()} bits"
+                 for n in shape[2:]]  # str() of a huge int is slow, or refused
+        raise ShapeError(f"{op_name}(): the spatial size {shown} times scale_factor {list(scale_factor)} is too "
+                         "large to compute") from None
 
 
 def _maps(n_in, n_out, mode, align_corners, scale) -> list:
