@@ -327,6 +327,13 @@ class Executor:
             elif i in workspace.take:
                 k = workspace.take[i]
                 out = f"(p{k}.pop() if p{k} else _e{k}())"
+                if not isinstance(op, FusedOp):
+                    # A workspace buffer is C-ordered. Given inputs in another order (a convolution's result is a
+                    # batch-last view), NumPy walks the two against each other: 3-4x slower than letting the
+                    # kernel make its output in its inputs' order (relu, max_pool2d, sum on the digits CNN).
+                    ordered = " and ".join(f"{var(n)}.flags.c_contiguous" for names in op.inputs.values()
+                                           for n in names)
+                    out = f"({out} if {ordered} else None)" if ordered else out
             else:
                 out = None
             if isinstance(op, FusedOp):
@@ -357,7 +364,9 @@ class Executor:
             for n in drops[i]:  # their last reader ran: drop them now, keeping workspace buffers for later
                 k = workspace.give.get((i, n))
                 if k is not None:  # nothing else holds it (no view of it lives on): a spare buffer again
-                    lines.append(f"    if _rc({var(n)}) == 2 and {var(n)}.base is None: p{k}.append({var(n)})")
+                    v = var(n)  # (and C-ordered: an output the kernel made in its inputs' order is not pooled)
+                    spare = f"_rc({v}) == 2 and {v}.base is None and {v}.flags.c_contiguous"
+                    lines.append(f"    if {spare}: p{k}.append({v})")
                 lines.append(f"    del {var(n)}")
         for target, n in updates.items():
             if target not in in_place:
