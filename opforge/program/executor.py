@@ -320,6 +320,7 @@ class Executor:
         fused_any = any(isinstance(op, FusedOp) for op, _ in ops)
         if fused_any and not pools:
             lines.append("    W = None")
+        taken = {}  # variable -> the condition under which its buffer came from the workspace (when it may not)
         for i, ((op, attrs), kernel) in enumerate(zip(ops, kernels)):
             outs = op.output_names()
             if i in reuse:
@@ -327,13 +328,20 @@ class Executor:
             elif i in workspace.take:
                 k = workspace.take[i]
                 out = f"(p{k}.pop() if p{k} else _e{k}())"
-                if not isinstance(op, FusedOp):
-                    # A workspace buffer is C-ordered. Given inputs in another order (a convolution's result is a
-                    # batch-last view), NumPy walks the two against each other: 3-4x slower than letting the
-                    # kernel make its output in its inputs' order (relu, max_pool2d, sum on the digits CNN).
+                traits = () if isinstance(op, FusedOp) else registry.get(op.type).traits
+                if "elementwise" in traits or "broadcast" in traits:
+                    # A workspace buffer is C-ordered. An elementwise kernel given inputs in another order (a
+                    # convolution's result is a batch-last view) would walk the two against each other, and force
+                    # that order on every op after it: the digits CNN's relu, max-pool and their gradients took 3-4x
+                    # their eager time. Such a call makes its output in its inputs' order instead, and only a
+                    # buffer taken from the workspace goes back to it.
                     ordered = " and ".join(f"{var(n)}.flags.c_contiguous" for names in op.inputs.values()
                                            for n in names)
-                    out = f"({out} if {ordered} else None)" if ordered else out
+                    if ordered:
+                        lines.append(f"    c{i} = {ordered}")
+                        out = f"({out} if c{i} else None)"
+                        for n in outs:
+                            taken[n] = f"c{i} and "
             else:
                 out = None
             if isinstance(op, FusedOp):
@@ -364,9 +372,8 @@ class Executor:
             for n in drops[i]:  # their last reader ran: drop them now, keeping workspace buffers for later
                 k = workspace.give.get((i, n))
                 if k is not None:  # nothing else holds it (no view of it lives on): a spare buffer again
-                    v = var(n)  # (and C-ordered: an output the kernel made in its inputs' order is not pooled)
-                    spare = f"_rc({v}) == 2 and {v}.base is None and {v}.flags.c_contiguous"
-                    lines.append(f"    if {spare}: p{k}.append({v})")
+                    v = var(n)
+                    lines.append(f"    if {taken.get(n, '')}_rc({v}) == 2 and {v}.base is None: p{k}.append({v})")
                 lines.append(f"    del {var(n)}")
         for target, n in updates.items():
             if target not in in_place:
