@@ -27,6 +27,7 @@ import itertools
 
 import numpy as np
 
+from .. import dispatch
 from ..core.devices import default_device
 from ..core.grad_mode import _mode as _grad_mode
 from ..core.grad_mode import set_grad_enabled
@@ -61,8 +62,6 @@ def set_replay(on: bool) -> bool:
 def usable() -> bool:
     """Whether this backward pass may replay: nothing but eager interprets op calls here (a custom interpreter
     sees every call of a rule), and debug mode is off (it checks every call against the shape rule)."""
-    from .. import dispatch
-
     if _tapes_of[0] != definitions[0]:  # a kernel or a rule changed: what was recorded may call the old one
         _tapes.clear()
         _tapes_of[0] = definitions[0]
@@ -220,11 +219,10 @@ def _record(node, grads: list):
         with set_grad_enabled(False), interpreting(recorder):
             result = call_rule(view, view.grads, False)
             for i, (edge, g) in enumerate(zip(node.edges, result)):
-                if edge is None or g is None:
-                    result[i] = None
-                elif type(g) is not Tensor or node.in_meta[i] != (g._data.shape, g._data.dtype):
-                    shape, dtype = node.in_meta[i]
-                    result[i] = fit(node.op, input_label(node.op, i, node.in_layout), g, shape, dtype, Tensor)
+                # fit returns a gradient of the input's shape and dtype as it is; the sum-down or cast it adds is
+                # recorded with the rule (the engine's own fit is then a no-op)
+                result[i] = None if edge is None or g is None else \
+                    fit(node.op, input_label(node.op, i, node.in_layout), g, *node.in_meta[i], Tensor)
         if _host_reads.count != reads:
             raise _Refused("the rule read values out to NumPy")
         returned = []

@@ -323,34 +323,23 @@ class Executor:
         taken = {}  # variable -> the condition under which its buffer came from the workspace (when it may not)
         for i, ((op, attrs), kernel) in enumerate(zip(ops, kernels)):
             outs = op.output_names()
+            opdef = None if isinstance(op, FusedOp) else registry.get(op.type)
+            out = None
             if i in reuse:
                 out = var(reuse[i])
             elif i in workspace.take:
                 k = workspace.take[i]
                 out = f"(p{k}.pop() if p{k} else _e{k}())"
-                traits = () if isinstance(op, FusedOp) else registry.get(op.type).traits
-                if "elementwise" in traits or "broadcast" in traits:
-                    # A workspace buffer is C-ordered. An elementwise kernel given inputs in another order (a
-                    # convolution's result is a batch-last view) would walk the two against each other, and force
-                    # that order on every op after it: the digits CNN's relu, max-pool and their gradients took 3-4x
-                    # their eager time. Such a call makes its output in its inputs' order instead, and only a
-                    # buffer taken from the workspace goes back to it.
-                    ordered = " and ".join(f"{var(n)}.flags.c_contiguous" for names in op.inputs.values()
-                                           for n in names)
-                    if ordered:
-                        lines.append(f"    c{i} = {ordered}")
-                        out = f"({out} if c{i} else None)"
-                        for n in outs:
-                            taken[n] = f"c{i} and "
-            else:
-                out = None
-            if isinstance(op, FusedOp):
+                ordered = _inputs_c_ordered(op, opdef, var)
+                if ordered:  # the buffer only for C-ordered inputs; only a buffer taken goes back
+                    lines.append(f"    c{i} = {ordered}")
+                    out = f"({out} if c{i} else None)"
+                    taken.update((n, f"c{i} and ") for n in outs)
+            if opdef is None:
                 env[f"k{i}"] = None  # defined by its source above
                 args = [var(n) for n in op.inputs] + ["W"] + ([f"out={out}"] if out else [])
                 call = f"k{i}({', '.join(args)})"
-                opdef = None
             else:
-                opdef = registry.get(op.type)
                 env[f"k{i}"] = kernel.bind(device)
                 args = [("[" + ", ".join(var(n) for n in op.inputs[p.name]) + "]") if p.is_list else
                         (var(op.inputs[p.name][0]) if op.inputs[p.name] else "None") for p in opdef.inputs]
@@ -523,6 +512,18 @@ class _Workspace:
         self.scratch = {i: [keep.get(k) for k in ks] for i, ks in self.scratch.items()}
         self.specs = [self.specs[k] for k in sorted(chosen)]
         self.bytes = sum(cap[k] * _nbytes(self.specs[keep[k]]) for k in chosen)
+
+
+def _inputs_c_ordered(op, opdef, var) -> str:
+    """For an elementwise or broadcast op, the generated test that its inputs are all C-ordered ("" for others).
+
+    A workspace buffer is C-ordered. An elementwise kernel given inputs in another order (a convolution's result is a
+    batch-last view) would walk the two against each other, and force that order on every op after it: the digits
+    CNN's relu, max-pool and their gradients took 3-4x their eager time. Such a call makes its output in its inputs'
+    order instead. (Matmul writes C order whatever its operands' order: it keeps its buffer.)"""
+    if opdef is None or not ("elementwise" in opdef.traits or "broadcast" in opdef.traits):
+        return ""
+    return " and ".join(f"{var(n)}.flags.c_contiguous" for names in op.inputs.values() for n in names)
 
 
 def _nbytes(spec) -> int:
