@@ -494,7 +494,7 @@ def test_dropout_edge_probabilities(dtype):
 
 def _plain_softmax(x, axis):
     e = np.exp(x - np.max(x, axis=axis, keepdims=True))
-    return e / np.sum(e, axis=axis, keepdims=True)
+    return e * (1 / np.sum(e, axis=axis, keepdims=True))  # one reciprocal per row, as the kernel (and torch)
 
 
 def _plain_log_softmax(x, axis):
@@ -505,8 +505,8 @@ def _plain_log_softmax(x, axis):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize(("shape", "axis"), [((64, 100), -1), ((3, 5, 4), 1), ((6,), 0)])
 def test_softmax_kernels_equal_the_plain_formulas(shape, axis, dtype):
-    # The kernels work in place in one buffer and sum rows with einsum: the textbook formulas' values, summed in
-    # another order (bit for bit where the axis is not the last, and np.add.reduce sums as np.sum).
+    # The kernels work in place in one buffer and sum rows with einsum or vecdot: the textbook formulas' values,
+    # summed in another order (bit for bit where the axis is not the last, and np.add.reduce sums as np.sum).
     rng = np.random.default_rng(8)
     x, dy = (rng.standard_normal(shape).astype(dtype) for _ in range(2))
     y, logp = _plain_softmax(x, axis), _plain_log_softmax(x, axis)
@@ -520,6 +520,38 @@ def test_softmax_kernels_equal_the_plain_formulas(shape, axis, dtype):
         if axis % len(shape) != len(shape) - 1:
             np.testing.assert_array_equal(g.numpy(), w)
         np.testing.assert_allclose(g.numpy(), w, rtol=2e-6 if dtype == np.float32 else 1e-14, atol=1e-7)
+
+
+@pytest.mark.parametrize("shape", [(128, 10), (1000, 3), (64, 1000), (40, 31), (40, 32), (8, 5), (16, 1), (4, 20, 7),
+                                   (0, 5), (20, 0)])
+def test_max_last_equals_numpys_row_max(shape):
+    # max_last takes other routes than np.maximum.reduce (a transposed copy, reduceat): the same values, nan and
+    # -inf included, for every layout; a strided view takes NumPy's own route.
+    from opforge.ops._common import max_last
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(shape).astype(np.float32)
+    if x.size:
+        x.reshape(-1)[rng.integers(0, x.size, 3)] = [np.nan, -np.inf, np.inf]
+    for a in (x, x[..., ::-1], np.asfortranarray(x)):
+        got = max_last(a)
+        want = np.maximum.reduce(a, axis=-1, keepdims=True, initial=-np.inf)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+
+
+def test_row_buffers_restores_numpys_buffer_size():
+    from opforge.ops._common import row_buffers
+
+    before = np.getbufsize()
+    with row_buffers(1000):
+        assert np.getbufsize() == 1008  # under two rows, a multiple of 16 as NumPy asks
+    assert np.getbufsize() == before
+    with pytest.raises(ZeroDivisionError), row_buffers(2000):
+        1 / 0
+    assert np.getbufsize() == before
+    with row_buffers(10):  # short rows keep NumPy's buffer (its buffering pays there)
+        assert np.getbufsize() == before
 
 
 def _composite_cross_entropy(x, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):

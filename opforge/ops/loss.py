@@ -14,7 +14,7 @@ from opforge import ops as F
 
 from ..core.errors import ArgumentError
 from ..core.spec import Dim
-from ._common import B, D, P, S, Sample, ShapeError, Spec, broadcast_shapes, np, op
+from ._common import B, D, P, S, Sample, ShapeError, Spec, broadcast_shapes, max_last, np, op, row_buffers
 from .nn import _broadcasts_to, _log_softmax_np, _same_dims, _sum, _validate
 from .reduce import norm_grad_rule, vector_norm
 
@@ -323,7 +323,8 @@ def cross_entropy(logits, target, weight, *, ignore_index, reduction, label_smoo
     rw = _row_weights(t, valid, w, x.dtype)
     # −log p[t] = lse − z[t] with z = x − max x and lse = log Σ exp z: nothing overflows, and no log-probabilities
     # are made (z is exponentiated in place).
-    z = x - np.maximum.reduce(x, axis=1, keepdims=True, initial=-np.inf)
+    with row_buffers(classes):
+        z = x - max_last(x)
     losses = -z[np.arange(rows), t]
     if eps:
         smooth = np.add.reduce(z, axis=1) if w is None else z @ w
@@ -455,11 +456,11 @@ def cross_entropy_grad(logits, target, dloss, weight, *, ignore_index, reduction
         sq = hot + spread * (classes if w is None else w.sum())
     else:
         sq = hot
-    p = np.subtract(x, np.maximum.reduce(x, axis=1, keepdims=True, initial=-np.inf),
-                    out=out if out is not None and x is logits else None)
-    np.exp(p, out=p)
-    sq = sq / _sum(p, (1,))[:, 0]
-    p *= sq.reshape(-1, 1) if sq.ndim else sq
+    with row_buffers(classes):
+        p = np.subtract(x, max_last(x), out=out if out is not None and x is logits else None)
+        np.exp(p, out=p)
+        sq = sq / _sum(p, (1,))[:, 0]
+        p *= sq.reshape(-1, 1) if sq.ndim else sq
     p[np.arange(rows), t] -= hot
     if eps:
         spread = spread.reshape(-1, 1) if np.ndim(spread) else spread
