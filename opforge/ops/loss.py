@@ -138,7 +138,8 @@ def _targets(op_name: str, target, num_classes: int, ignore_index: int):
     """Flat class indices and the mask of those that count (None when all do; the others then read class 0). An
     index out of range that is not ignore_index is an error naming the op, as in torch."""
     t = target.reshape(-1)
-    if not t.size or (np.minimum.reduce(t) >= 0 and np.maximum.reduce(t) < num_classes
+    # 0 <= t < num_classes for all t, in one reduce: read as unsigned, a negative index is larger than any class
+    if not t.size or (np.maximum.reduce(t.view(f"u{t.itemsize}")) < num_classes
                       and not 0 <= ignore_index < num_classes):
         return t, None
     valid = t != ignore_index
