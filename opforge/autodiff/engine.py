@@ -18,7 +18,7 @@ from ..dispatch import EAGER, current_interpreter, owner_of
 from ..tensor import Node, Tensor, _epoch, _leaf_hooks, _node_hooks, check_saved, wrap
 from . import replay
 from .anomaly import AnomalyDetection
-from .rules import call_rule, fit, input_label, missing_rule
+from .rules import call_rule, fit_inputs, input_label, missing_rule
 
 
 def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False) -> None:
@@ -185,18 +185,15 @@ def _backprop(outputs: list, seeds: list, targets: set | None, create_graph: boo
                         _cannot_run(node, roots)
                     if node.epoch != _epoch[0]:  # an in-place write since the node was made: on what it saved?
                         check_saved(node)
-                    if replaying:
+                    if replaying:  # fitted to the inputs' shapes and dtypes already
                         input_grads = replay_rule(node, grads)
                     elif anomaly is None:
-                        input_grads = call_rule(node, grads, create_graph)
+                        input_grads = fit_inputs(node, call_rule(node, grads, create_graph), Tensor)
                     else:
-                        input_grads = _call_checked(node, grads, create_graph, anomaly)
+                        input_grads = fit_inputs(node, _call_checked(node, grads, create_graph, anomaly), Tensor)
                     for i, (edge, g) in enumerate(zip(node.edges, input_grads)):
                         if edge is None or g is None:
                             continue
-                        if type(g) is not Tensor or node.in_meta[i] != (g._data.shape, g._data.dtype):
-                            shape, dtype = node.in_meta[i]
-                            g = fit(node.op, input_label(node.op, i, node.in_layout), g, shape, dtype, Tensor)
                         if anomaly is not None:
                             anomaly.check_gradient(node, input_label(node.op, i, node.in_layout), g)
                         target, index = edge

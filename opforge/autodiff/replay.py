@@ -42,7 +42,7 @@ from ..dispatch import (
     prepare_call,
 )
 from ..tensor import _SCALARS, Tensor, _host_reads, wrap
-from .rules import call_rule, fit, input_label
+from .rules import call_rule, fit, fit_inputs, input_label
 
 enabled = True  # set_replay(False) turns the fast path off (every rule runs as written)
 _tapes: dict = {}  # key -> 1 (seen once), a replay function, or _REFUSED
@@ -70,8 +70,9 @@ def usable() -> bool:
 
 def run(node, grads: list) -> list:
     """The gradients of ``node``'s flat inputs from its outputs' ``grads`` (as ``call_rule`` with
-    ``create_graph=False`` returns them, already fitted to the inputs' shapes and dtypes). The backward pass asks
-    ``usable()`` first, which also forgets tapes recorded under other op definitions."""
+    ``create_graph=False`` returns them), fitted to the inputs' shapes and dtypes: a tape recorded the fit with the
+    rule, and a rule run as written is fitted here. The backward pass asks ``usable()`` first, which also forgets
+    tapes recorded under other op definitions."""
     attrs, edges = node.attrs, node.edges
     key = (node.op, tuple(attrs.values()) if attrs else (), node.in_meta, node.out_meta, node.in_layout,
            # which inputs want a gradient, and which outputs got one (a node with one input that requires none
@@ -81,23 +82,27 @@ def run(node, grads: list) -> list:
     try:
         tape = _tapes.get(key)
     except TypeError:  # an unhashable attr (a list): not worth a key of its own
-        return call_rule(node, grads, False)
+        return _as_written(node, grads)
     if tape is None or tape is _REFUSED:
         if tape is None:
             if len(_tapes) >= _MAX_TAPES:
                 _tapes.clear()
             _tapes[key] = 1
-        return call_rule(node, grads, False)
+        return _as_written(node, grads)
     if tape == 1:
         tape = _tapes[key] = _record(node, grads)
         if tape is _REFUSED:
-            return call_rule(node, grads, False)
+            return _as_written(node, grads)
     if tape.default_device is not None and default_device() is not tape.default_device:
-        return call_rule(node, grads, False)  # a call with no tensor input ran on the then default device
+        return _as_written(node, grads)  # a call with no tensor input ran on the then default device
     try:
         return tape(node, grads)
     except Exception:  # a kernel refused these values: the rule, run as written, says so as eager says it
-        return call_rule(node, grads, False)
+        return _as_written(node, grads)
+
+
+def _as_written(node, grads: list) -> list:
+    return fit_inputs(node, call_rule(node, grads, False), Tensor)
 
 
 # -- recording ----------------------------------------------------------------------------------------------------

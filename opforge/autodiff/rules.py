@@ -148,6 +148,17 @@ def fit(op, label: str, g, shape: tuple, dtype, value_type: type):
     return g
 
 
+def fit_inputs(node, grads: list, value_type: type) -> list:
+    """``grads`` (one per flat input of the eager ``node``, as ``call_rule`` returns them) with each one that goes
+    somewhere fitted to its input (``fit``), in place; a gradient of the input's shape and dtype is left as it is."""
+    in_meta = node.in_meta
+    for i, (edge, g) in enumerate(zip(node.edges, grads)):
+        if edge is not None and g is not None and (type(g) is not value_type
+                                                   or in_meta[i] != (g._data.shape, g._data.dtype)):
+            grads[i] = fit(node.op, input_label(node.op, i, node.in_layout), g, *in_meta[i], value_type)
+    return grads
+
+
 def _same(a: tuple, b: tuple) -> bool:
     """Whether two shapes can be equal (None, a size known only at run time, matches any size)."""
     return len(a) == len(b) and all(x is None or y is None or x == y for x, y in zip(a, b))
