@@ -338,7 +338,7 @@ def _(y, dy):
 @op("sigmoid_grad(Tensor<floating> y, Tensor<floating> dy) -> Tensor dx", traits=["elementwise"])
 def sigmoid_grad(y, dy):
     """Gradient of sigmoid from its output: dx = dy·y·(1 − y)."""
-    return dy * y * (1 - y)
+    return dy * y * np.subtract(_ONE.get(y.dtype, 1), y)
 
 
 sigmoid_grad.fusable()
@@ -394,7 +394,7 @@ def relu_grad(y, dy, out=None):
     A dedicated op for speed: ``np.where`` on a random mask is branchy and several times slower than a
     multiply by the mask, which is the backward of every ReLU network. (A NaN in ``dy`` where y ≤ 0 stays NaN.)
     """
-    return _carry_nan(y, np.multiply(dy, y > 0, out=out))
+    return _carry_nan(y, np.multiply(dy, np.greater(y, _ZERO.get(y.dtype, 0)), out=out))
 
 
 relu_grad.fusable()
