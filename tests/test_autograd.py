@@ -314,3 +314,29 @@ def test_each_grad_owns_its_memory():
     assert x.grad is not y.grad and not np.shares_memory(x.grad.numpy(), y.grad.numpy())
     x.grad.numpy()[0] = 100.0  # writable, and private
     assert y.grad.numpy().tolist() == [1.0, 1.0]
+
+
+def test_generated_attach_sets_what_node_and_wrap_output_set():
+    # The straight-line attach writes a Node's and its output Tensor's fields one by one (faster than calling
+    # Node() and wrap_output()): a field added to either must be set there too, with the same kind of value.
+    from opforge.tensor import Node, Tensor, _epoch, wrap_output
+
+    x = of.tensor(np.linspace(-1, 1, 6, dtype=np.float32), requires_grad=True)
+    y = F.relu(x)
+    made = Node(y._node.op, {}, ((x, -1),), (-1,), ((x.shape, x.dtype),), (-1,), ((x.shape, x.dtype),), {},
+                {"y": [(0, y._data)]}, x._device)
+    assert hasattr(y._node.op.attach, "source")  # relu's attach is the generated straight-line one
+    for name in Node.__slots__:
+        assert hasattr(made, name) == hasattr(y._node, name), name
+        if hasattr(made, name) and name != "__weakref__":
+            assert type(getattr(made, name)) is type(getattr(y._node, name)), name
+    assert y._node.epoch == _epoch[0] and y._node.edges == ((x, -1),)
+    assert y._node.in_meta == ((x.shape, x.dtype),) and y._node.out_meta == ((y.shape, y.dtype),)
+    assert y._node.saved_out["y"][0][1] is y._data
+    wrapped = wrap_output(y._data, y._node, 0, x._device)
+    for name in Tensor.__slots__:
+        assert hasattr(wrapped, name) == hasattr(y, name), name
+        if hasattr(wrapped, name) and name != "__weakref__":
+            assert getattr(wrapped, name) is getattr(y, name) or getattr(wrapped, name) == getattr(y, name), name
+    (g,) = of.grad(F.sum(y), [x])
+    np.testing.assert_array_equal(g.numpy(), (x.numpy() > 0).astype(np.float32))
