@@ -524,13 +524,14 @@ def test_softmax_kernels_equal_the_plain_formulas(shape, axis, dtype):
 
 @pytest.mark.parametrize("shape", [(128, 10), (1000, 3), (64, 1000), (40, 31), (40, 32), (8, 5), (16, 1), (4, 20, 7),
                                    (0, 5), (20, 0)])
-def test_max_last_equals_numpys_row_max(shape):
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_max_last_equals_numpys_row_max(shape, dtype):
     # max_last takes other routes than np.maximum.reduce (a transposed copy, reduceat): the same values, nan and
     # -inf included, for every layout; a strided view takes NumPy's own route.
     from opforge.ops._common import max_last
 
     rng = np.random.default_rng(3)
-    x = rng.standard_normal(shape).astype(np.float32)
+    x = rng.standard_normal(shape).astype(dtype)
     if x.size:
         x.reshape(-1)[rng.integers(0, x.size, 3)] = [np.nan, -np.inf, np.inf]
     for a in (x, x[..., ::-1], np.asfortranarray(x)):

@@ -254,10 +254,6 @@ def _(rng):
     yield Sample.of(rng.uniform(0.5, 3.0, ()))
 
 
-_ROW = 1024
-_ZERO_ROWS: dict = {}  # dtype -> a read-only row of zeros
-
-
 def _read_only_0d(value, dtype):
     a = np.full((), value, dtype)
     a.flags.writeable = False
@@ -355,6 +351,8 @@ def _(rng):
     yield Sample.of(np.array(0.3), np.array(-1.2))
 
 
+_ROW = 1024
+_ZERO_ROWS: dict = {}  # dtype -> a read-only row of zeros
 
 
 @op("relu(Tensor x) -> Tensor y", traits=["elementwise"], inplace={"y": "x"})
