@@ -389,7 +389,7 @@ def _attention_np(q, k, v, attn_mask, is_causal, scale):
     if allowed is not None:
         s = np.where(allowed, s, -np.inf)
     # A "safe" softmax, as torch's: a row where every score is −inf attends to nothing and gives zeros.
-    m = np.max(s, axis=-1, keepdims=True, initial=-np.inf)
+    m = max_last(s)
     alive = m > -np.inf
     e = np.exp(s - np.where(alive, m, 0))
     return np.matmul(e / np.where(alive, np.sum(e, axis=-1, keepdims=True), 1), v)
