@@ -141,21 +141,23 @@ def _symbolic_owner(values) -> Interpreter | None:
 
 # -- the @of.op decorator ------------------------------------------------------------------------------------
 
-def op(signature: str, traits=(), *, inplace=None, replace: bool = False, infer=None, out_device=None):
+def op(signature: str, traits=(), *, inplace=None, saves=(), replace: bool = False, infer=None, out_device=None):
     """Define an op from its signature; the decorated function becomes its kernel for every dtype — a "cpu"
     kernel, or, if it takes ``xp`` (its device's array module), a kernel for every device.
 
     Returns the ``OpDef``, whose ``.kernel``, ``.infer``, ``.grad``, ``.check`` and ``.samples`` methods
     complete the definition, and which is callable like ``opforge.ops.<name>`` (``help()`` and
     ``inspect.signature`` on it show the op's own signature). ``out_device(attrs)``, for an op that moves data,
-    gives the device its outputs live on (by default, its inputs').
+    gives the device its outputs live on (by default, its inputs'). ``saves`` names arrays the kernel may leave
+    for the gradient rule when the call is recorded (see ``OpDef.saves``).
     """
     schema = parse_signature(signature)
 
     def define(kernel_fn) -> OpDef:
         code = getattr(kernel_fn, "__code__", None)
         where = f"{code.co_filename}:{code.co_firstlineno}" if code else repr(kernel_fn)
-        opdef = OpDef(schema, traits, inplace=inplace, doc=inspect.getdoc(kernel_fn) or "", defined_at=where)
+        opdef = OpDef(schema, traits, inplace=inplace, saves=saves, doc=inspect.getdoc(kernel_fn) or "",
+                      defined_at=where)
         _check_kernel_signature(opdef, kernel_fn)
         opdef.add_kernel(kernel_fn, None, None)
         opdef.out_device = out_device
@@ -179,7 +181,7 @@ def _check_kernel_signature(opdef: OpDef, fn) -> None:
     except (TypeError, ValueError):
         return  # a builtin or ufunc: trust it
     try:
-        extra = {name: None for name in ("rng", "out", "xp") if name in sig.parameters}
+        extra = {name: None for name in ("rng", "out", "xp", "save") if name in sig.parameters}
         sig.bind(*(None for _ in opdef.inputs), **{p.name: None for p in opdef.attrs}, **extra)
     except TypeError as e:
         wanted = ", ".join(opdef.input_names)
@@ -248,22 +250,30 @@ def _fast_path(opdef: OpDef, env: dict, inputs_src: str, attrs_src: str) -> list
                      for p in inputs)
     kw = "".join(f", {p.name}={p.name}" for p in opdef.attrs)
     rng = f", rng={device}.generator()" if "random" in opdef.traits else ""
+    needs = "" if "no_grad" in opdef.traits else " or ".join(
+        f"({p.name} is not None and {p.name}._requires_grad)" if p.optional else f"{p.name}._requires_grad"
+        for p in inputs if p.differentiable)
+    saving = bool(opdef.saves and needs)  # the kernel gets a dict for its residuals when the call is recorded
     lines += [
         "        try:",
         f"            _of_k = _of_op.kernel_table[{device}.name][{first}._data.dtype]",
         "        except KeyError:",
         f"            _of_k = _of_find(_of_op, {device}, {first}._data.dtype)",
+    ]
+    if saving:
+        lines += [f"        _of_save = {{}} if _of_gm.enabled and ({needs}) else None"]
+    lines += [
         "        try:",
-        f"            _of_out = _of_k({args}{kw}{rng})",
+        f"            _of_out = _of_k({args}{kw}{rng}{', save=_of_save' if saving else ''})",
         "        except Exception as _of_e:",
         f"            _of_fail(_of_op, {inputs_src}, {attrs_src}, _of_e)",
     ]
-    if "no_grad" not in opdef.traits:
-        needs = " or ".join(f"({p.name} is not None and {p.name}._requires_grad)" if p.optional
-                            else f"{p.name}._requires_grad" for p in inputs if p.differentiable)
-        if needs:
-            lines += [f"        if _of_gm.enabled and ({needs}):",
-                      f"            return _of_op.attach({inputs_src}, {attrs_src}, _of_out)"]
+    if saving:
+        lines += ["        if _of_save is not None:",
+                  f"            return _of_op.attach({inputs_src}, {attrs_src}, _of_out, _of_save)"]
+    elif needs:
+        lines += [f"        if _of_gm.enabled and ({needs}):",
+                  f"            return _of_op.attach({inputs_src}, {attrs_src}, _of_out)"]
     if len(opdef.outputs) == 1:
         lines += ["        if type(_of_out) is not _of_nd:",
                   f"            _of_out = {device}.array(_of_out)",
@@ -366,7 +376,7 @@ def _generate_attach(opdef: OpDef) -> None:
     plain = (inputs and not inputs[0].optional and not any(p.is_list for p in inputs)
              and len(opdef.outputs) == 1 and not opdef.outputs[0].is_list and opdef.out_device is None)
     if not plain:
-        opdef.attach = lambda inputs, attrs, out: _attach(opdef, inputs, attrs, out)
+        opdef.attach = lambda inputs, attrs, out, residuals=None: _attach(opdef, inputs, attrs, out, residuals)
         return
     rule = opdef.grad_rule
     names = [p.name for p in inputs]
@@ -389,7 +399,7 @@ def _generate_attach(opdef: OpDef) -> None:
     # Node(...) and wrap_output(...) written out field by field: a tenth of a µs less per recorded call (a third
     # of what recording adds to a small op); tests/test_autograd.py checks that they set what the two set.
     source = "\n".join([
-        "def attach(inputs, attrs, out):",
+        "def attach(inputs, attrs, out, residuals=None):",
         f"    {', '.join(names)}, = inputs",
         "    if type(out) is not _of_nd:",
         f"        out = {device}.array(out)",
@@ -408,6 +418,7 @@ def _generate_attach(opdef: OpDef) -> None:
         f"    node.saved_out = {saved_out}",
         "    node.device = device",
         "    node.epoch = _of_epoch[0]",
+        "    node.residuals = residuals",
         "    t = _of_new(_of_T)",
         "    t._data = out",
         "    t._requires_grad = True",
@@ -424,7 +435,7 @@ def _generate_attach(opdef: OpDef) -> None:
     opdef.attach.source = source
 
 
-def _attach(opdef: OpDef, inputs: tuple, attrs: dict, out):
+def _attach(opdef: OpDef, inputs: tuple, attrs: dict, out, residuals: dict | None = None):
     """Wrap the outputs of a call that autograd must see, and link them to a new graph Node (any schema)."""
     flat, in_layout = [], []
     for p, v in zip(opdef.inputs, inputs):
@@ -456,7 +467,7 @@ def _attach(opdef: OpDef, inputs: tuple, attrs: dict, out):
     node = Node(
         opdef, attrs, tuple(edges), tuple(in_layout),
         tuple(None if t is None else (t._data.shape, t._data.dtype) for t, _ in flat),
-        out_layout, tuple((a.shape, a.dtype) for a in outs), saved, saved_out, device,
+        out_layout, tuple((a.shape, a.dtype) for a in outs), saved, saved_out, device, residuals,
     )
     tensors = [wrap_output(a, node, i, device) if D.is_floating(a.dtype) else wrap(a, device)
                for i, a in enumerate(outs)]
@@ -499,6 +510,14 @@ def finish_call(opdef: OpDef, inputs: tuple, attrs: dict, device, kernel):
     """Run ``kernel`` on the prepared ``inputs``; link the outputs into the autograd graph if they need it."""
     arrays = [[t._data for t in v] if isinstance(v, list) else (None if v is None else v._data) for v in inputs]
     extra = {"rng": device.generator()} if kernel.takes_rng else {}
+    recorded = (
+        "no_grad" not in opdef.traits
+        and _grad_mode.enabled
+        and any(p.differentiable and t is not None and t._requires_grad
+                for p, v in zip(opdef.inputs, inputs) for t in (v if isinstance(v, list) else (v,)))
+    )
+    if opdef.saves:
+        extra["save"] = {} if recorded else None
     try:
         out = kernel.bind(device)(*arrays, **attrs, **extra)
     except Exception as e:
@@ -507,13 +526,8 @@ def finish_call(opdef: OpDef, inputs: tuple, attrs: dict, device, kernel):
         device = opdef.out_device(attrs)
     if _debug:
         _check_outputs(opdef, inputs, attrs, out, device)
-    if (
-        "no_grad" not in opdef.traits
-        and _grad_mode.enabled
-        and any(p.differentiable and t is not None and t._requires_grad
-                for p, v in zip(opdef.inputs, inputs) for t in (v if isinstance(v, list) else (v,)))
-    ):
-        return opdef.attach(inputs, attrs, out)
+    if recorded:
+        return opdef.attach(inputs, attrs, out, extra.get("save"))
     flat, layout = _flatten_outputs(opdef, out, device)
     return _restructure(opdef, [wrap(a, device) for a in flat], layout)
 

@@ -30,10 +30,12 @@ class Node:
     program's ``OpDesc``): ``saved_inputs``, ``saved_output``, ``zeros``, ``spec`` and ``needs_input_grad``.
     """
 
+    # origin: the user's call site (of.detect_anomaly())
     __slots__ = ("__weakref__", "attrs", "device", "edges", "epoch", "in_layout", "in_meta", "op", "origin",
-                 "out_layout", "out_meta", "saved", "saved_out")  # origin: the user's call site (of.detect_anomaly())
+                 "out_layout", "out_meta", "residuals", "saved", "saved_out")
 
-    def __init__(self, op, attrs, edges, in_layout, in_meta, out_layout, out_meta, saved, saved_out, device):
+    def __init__(self, op, attrs, edges, in_layout, in_meta, out_layout, out_meta, saved, saved_out, device,
+                 residuals=None):
         self.op = op
         self.attrs = attrs
         self.edges = edges
@@ -45,6 +47,7 @@ class Node:
         self.saved_out = saved_out  # name -> [(flat output index, array), ...] (one pair unless a Tensor[])
         self.device = device  # where the call ran: its outputs, and the gradients of its inputs, live there
         self.epoch = _epoch[0]  # in-place writes after this one may have changed what it saved (see check_saved)
+        self.residuals = residuals  # name -> array the kernel saved for the rule (op.saves), or None
 
     # -- the view of the call a gradient rule reads ---------------------------------------------------------
 
@@ -59,6 +62,15 @@ class Node:
         tensors = [wrap_output(array, node, k, self.device) if node is not None else wrap(array, self.device)
                    for k, array in entries]
         return tensors if self.op.outputs[i].is_list else tensors[0]
+
+    def residual(self, name: str, create_graph: bool):
+        """What the kernel saved as ``name`` (a Tensor), or None: when it saved nothing, and when the backward
+        pass is recorded (the array has no history, so a rule must compute from its inputs to be differentiated
+        again)."""
+        residuals = self.residuals
+        if create_graph or not residuals or name not in residuals:
+            return None
+        return wrap(residuals[name], self.device)
 
     def zeros(self, k: int) -> Tensor:
         """The gradient of flat output ``k`` when none reached it (a multi-output op, some outputs unused)."""

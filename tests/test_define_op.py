@@ -111,6 +111,80 @@ def test_unknown_traits_are_refused():
             return x
 
 
+# -- residuals: what a kernel saves for its gradient rule ------------------------------------------------------
+
+
+def _define_cube(scratch_ops, seen: list):
+    """cube(x) = x³, whose kernel saves x² for the rule (3·x²·dy); ``seen`` logs each kernel call's save= and
+    each rule call's residual."""
+    scratch_ops.append("cube_saving")
+
+    @of.op("cube_saving(Tensor<floating> x) -> Tensor y", traits=["elementwise"], saves=("square",))
+    def cube(x, save=None):
+        seen.append(("kernel", save is not None))
+        square = x * x
+        if save is not None:
+            save["square"] = square
+        return square * x
+
+    @cube.grad
+    def _(x, dy, square):
+        seen.append(("rule", square is not None))
+        return dy * 3 * (square if square is not None else x * x)
+
+    return F.cube_saving
+
+
+def test_a_recorded_call_keeps_what_its_kernel_saved_for_a_first_order_backward(scratch_ops):
+    seen = []
+    cube = _define_cube(scratch_ops, seen)
+    x0 = np.array([1.0, -2.0, 0.5])
+    x = of.tensor(x0, requires_grad=True)
+    y = cube(x)
+    assert seen == [("kernel", True)] and set(y._node.residuals) == {"square"}
+    (g,) = of.grad(F.sum(y), [x], retain_graph=True)
+    (again,) = of.grad(F.sum(y), [x])  # kept with the graph: a second backward pass reads it again
+    np.testing.assert_allclose(g.numpy(), 3 * x0 ** 2)
+    np.testing.assert_array_equal(again.numpy(), g.numpy())
+    assert y._node.residuals is None  # freed with the graph
+    assert [s for s in seen if s[0] == "rule"] == [("rule", True), ("rule", True)]
+    for _ in range(3):  # replayed on arrays from the second call on: the residual is read there too
+        (h,) = of.grad(F.sum(cube(x)), [x])
+        np.testing.assert_array_equal(h.numpy(), g.numpy())
+
+
+def test_residuals_are_not_made_unrecorded_nor_used_where_the_backward_is_differentiated_or_compiled(scratch_ops):
+    seen = []
+    cube = _define_cube(scratch_ops, seen)
+    x0 = np.array([1.0, -2.0, 0.5])
+    cube(of.tensor(x0))
+    with of.no_grad():
+        cube(of.tensor(x0, requires_grad=True))
+    assert seen == [("kernel", False), ("kernel", False)]
+    seen.clear()
+    x = of.tensor(x0, requires_grad=True)
+    (g,) = of.grad(F.sum(cube(x)), [x], create_graph=True)  # the rule computes from x, so g has a history
+    (gg,) = of.grad(F.sum(g), [x])
+    np.testing.assert_allclose(gg.numpy(), 6 * x0)
+    assert ("rule", True) not in seen
+    seen.clear()
+    step = of.compile(lambda x: of.grad(F.sum(cube(x)), [x])[0])
+    np.testing.assert_allclose(step(of.tensor(x0)).numpy(), 3 * x0 ** 2)
+    assert ("rule", True) not in seen and ("kernel", True) not in seen
+
+
+def test_saves_must_be_new_names_and_every_kernel_must_take_save(scratch_ops):
+    with pytest.raises(of.SchemaError, match="must be new names"):
+        @of.op("saves_clash(Tensor x) -> Tensor y", traits=["elementwise"], saves=("x",))
+        def clash(x, save=None):
+            return x
+    with pytest.raises(of.SchemaError, match="must take save="):
+        @of.op("saves_no_kw(Tensor x) -> Tensor y", traits=["elementwise"], saves=("s",))
+        def no_kw(x):
+            return x
+    assert "saves_clash" not in of.registry and "saves_no_kw" not in of.registry
+
+
 # -- kernels and dispatch ------------------------------------------------------------------------------------
 
 

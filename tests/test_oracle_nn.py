@@ -73,7 +73,7 @@ def torch_cross_entropy(logits, target, weight, **attrs):
     return TF.cross_entropy(logits, target, _constant(weight), **attrs)
 
 
-def torch_cross_entropy_grad(logits, target, dloss, weight, **attrs):
+def torch_cross_entropy_grad(logits, target, dloss, weight, exp_rows=None, row_sums=None, **attrs):
     """torch's VJP of cross_entropy with respect to the logits, with create_graph=True so that it can be
     differentiated again."""
     x = logits if logits.requires_grad else logits.detach().requires_grad_()
@@ -553,6 +553,31 @@ def test_row_buffers_restores_numpys_buffer_size():
     assert np.getbufsize() == before
     with row_buffers(10):  # short rows keep NumPy's buffer (its buffering pays there)
         assert np.getbufsize() == before
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+@pytest.mark.parametrize(("shape", "attrs"), [
+    ((128, 10), {}), ((64, 1000), {"label_smoothing": 0.1}), ((16, 7), {"reduction": "sum", "ignore_index": 2}),
+    ((4, 5, 3), {"reduction": "none"}), ((20, 6), {"weighted": True, "label_smoothing": 0.2}), ((5,), {})])
+def test_cross_entropy_backward_from_the_forward_residuals_is_bit_for_bit_the_recomputed_one(shape, attrs, dtype):
+    # A recorded cross_entropy keeps exp(logits − max) and its row sums; its backward pass then skips max, subtract,
+    # exp and sum. The same arithmetic on the same values: equal to cross_entropy_grad from the logits alone.
+    rng = np.random.default_rng(5)
+    attrs = dict(attrs)
+    weight = of.tensor(rng.uniform(0.5, 2, shape[1 if len(shape) > 1 else 0]).astype(dtype)) \
+        if attrs.pop("weighted", False) else None
+    x = rng.standard_normal(shape).astype(dtype)
+    samples = shape[:1] + shape[2:] if len(shape) > 1 else ()
+    target = of.tensor(rng.integers(0, shape[1 if len(shape) > 1 else 0], samples))
+    logits = of.tensor(x, requires_grad=True)
+    loss = F.cross_entropy(logits, target, weight, **attrs)
+    assert loss._node.residuals is not None and set(loss._node.residuals) == {"exp_rows", "row_sums"}
+    dloss = of.tensor(rng.standard_normal(loss.shape).astype(dtype))
+    (got,) = of.grad(loss, [logits], grad_outputs=dloss)
+    assert loss._node.residuals is None  # freed with the graph
+    want = F.cross_entropy_grad(of.tensor(x), target, dloss, weight, **attrs)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
 
 
 def _composite_cross_entropy(x, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):

@@ -208,6 +208,7 @@ def _backprop(outputs: list, seeds: list, targets: set | None, create_graph: boo
                     if not retain_graph:
                         node.saved = None
                         node.saved_out = None
+                        node.residuals = None
             if finals:
                 for leaf in finals.get(node, ()):
                     g = found.pop(leaf, None)

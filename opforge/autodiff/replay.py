@@ -170,7 +170,7 @@ class _Recorder(Interpreter):
 
 class _View:
     """``node`` as ``call_rule`` reads it, with a fresh Tensor for each value the rule gets, numbered by the recorder
-    in ``_given``'s order (saved inputs, saved outputs, gradients): two of them may be one Tensor in this call and
+    in order (saved inputs, saved outputs, gradients, residuals): two of them may be one Tensor in this call and
     two in the next, so the replay must not take one for the other."""
 
     def __init__(self, node, recorder: _Recorder, grads: list):
@@ -190,6 +190,10 @@ class _View:
                                for j, (_, a) in enumerate(node.saved_out[name])]
                         for name, _ in rule.saved_outputs}
         self.grads = [None if g is None else self.fresh(g, f"grads[{k}]") for k, g in enumerate(grads)]
+        residuals = node.residuals or {}
+        self.residuals = {name: self.fresh(wrap(residuals[name], node.device), f"node.residuals[{name!r}]",
+                                           array=True) if name in residuals else None
+                          for name in rule.residuals}
 
     def fresh(self, t: Tensor, read: str, array: bool = False) -> Tensor:
         """A new Tensor for value ``t``, which the replay reads as ``read`` (a Tensor there, or its ``array``)."""
@@ -204,6 +208,9 @@ class _View:
     def saved_output(self, name: str, i: int, create_graph: bool):
         tensors = self.outputs[name]
         return tensors if self.op.outputs[i].is_list else tensors[0]
+
+    def residual(self, name: str, create_graph: bool):
+        return self.residuals[name]  # a later node without it makes the replay fail: its rule then runs as written
 
     def zeros(self, k: int):
         raise _Refused("an output no gradient reached")

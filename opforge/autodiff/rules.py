@@ -48,6 +48,8 @@ def call_rule(call, out_grads: list, create_graph: bool = False) -> list:
         kwargs[name] = attrs[name]
     if rule.wants_needs:
         kwargs["needs_input_grad"] = call.needs_input_grad()
+    for name in rule.residuals:
+        kwargs[name] = call.residual(name, create_graph)
     try:
         if not create_graph:
             return flatten_input_grads(op, rule.fn(**kwargs), call.in_layout)

@@ -54,6 +54,7 @@ class GradRule(NamedTuple):
     spec_params: tuple  # (name, "in"|"out", position): "<name>_spec" gives a Spec, keeps no data
     attrs: tuple  # attribute names the rule takes
     wants_needs: bool  # takes needs_input_grad
+    residuals: tuple = ()  # names of the op's saves the rule takes (see OpDef.saves)
 
 
 class Sample(NamedTuple):
@@ -72,7 +73,7 @@ definitions = [0]  # bumped when any op gets a kernel or a gradient rule: what w
 
 
 class OpDef:
-    def __init__(self, schema: Schema, traits=(), *, inplace=None, doc: str = "", defined_at: str = ""):
+    def __init__(self, schema: Schema, traits=(), *, inplace=None, saves=(), doc: str = "", defined_at: str = ""):
         self.name = schema.name
         self.schema = schema
         unknown = [t for t in traits if t not in TRAITS]
@@ -105,6 +106,16 @@ class OpDef:
                 len(self.outputs) != 1 or self.outputs[0].is_list):
             raise SchemaError(f"op '{self.name}': traits elementwise/broadcast describe one output, and the op has "
                               f"{list(self.output_names)}; drop the trait and give the shapes with @{self.name}.infer")
+        # Residuals: arrays a kernel leaves, when its call is recorded for autograd, for the gradient rule to reuse
+        # (JAX's custom_vjp residuals, torch's save_for_backward). Kernels take save= (a dict to fill, or None);
+        # a rule parameter of that name gets the array as a Tensor in a first-order eager backward, None elsewhere
+        # (in programs, and under create_graph, where an array with no history cannot be differentiated).
+        self.saves = tuple(saves)
+        taken = set(self.input_names) | set(self.output_names) | {p.name for p in schema.params} | \
+            {"d" + o for o in self.output_names}
+        if set(self.saves) & taken or len(set(self.saves)) != len(self.saves) or "needs_input_grad" in self.saves:
+            raise SchemaError(f"op '{self.name}': saves {list(self.saves)} must be new names, each once (not an "
+                              f"input, output, attr or output gradient)")
         self.doc = doc
         self.defined_at = defined_at
         self.kernels: dict = {}  # (device, dtype or None) -> Kernel
@@ -156,6 +167,9 @@ class OpDef:
         kernel = Kernel(fn, device, dtypes, "out" in params, "rng" in params, takes_xp)
         if "random" in self.traits and not kernel.takes_rng:
             raise SchemaError(f"op '{self.name}' has the trait 'random': its kernels must take rng=")
+        if self.saves and "save" not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            raise SchemaError(f"op '{self.name}' saves {list(self.saves)} for its gradient rule: its kernels must "
+                              "take save= (a dict to put them in, or None when the call is not recorded)")
         for dt in dtypes or (None,):
             self.kernels[(device, dt)] = kernel
         self._kernel_cache.clear()
@@ -244,9 +258,11 @@ class OpDef:
         inputs = {n: i for i, n in enumerate(self.input_names)}
         outputs = {n: i for i, n in enumerate(self.output_names)}
         attrs = {p.name for p in self.attrs}
-        saved_in, saved_out, douts, specs, rule_attrs, needs = [], [], [], [], [], False
+        saved_in, saved_out, douts, specs, rule_attrs, needs, residuals = [], [], [], [], [], False, []
         for n in names:
-            if n in inputs:
+            if n in self.saves:
+                residuals.append(n)
+            elif n in inputs:
                 saved_in.append((n, inputs[n]))
             elif n in outputs:
                 saved_out.append((n, outputs[n]))
@@ -265,9 +281,10 @@ class OpDef:
                     f"gradient rule of op '{self.name}': parameter '{n}' is none of: inputs "
                     f"{list(inputs)}, outputs {list(outputs)}, output gradients "
                     f"{['d' + o for o in outputs]}, attrs {sorted(attrs)}, '<input>_spec', 'needs_input_grad'"
+                    + (f", saves {list(self.saves)}" if self.saves else "")
                 )
         return GradRule(fn, names, tuple(saved_in), tuple(saved_out), tuple(douts), tuple(specs),
-                        tuple(rule_attrs), needs)
+                        tuple(rule_attrs), needs, tuple(residuals))
 
     # -- queries -----------------------------------------------------------------------------------------
 

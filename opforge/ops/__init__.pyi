@@ -698,6 +698,8 @@ def cross_entropy_grad(
     target: _TensorLike,
     dloss: _TensorLike,
     weight: _TensorLike | None = None,
+    exp_rows: _TensorLike | None = None,
+    row_sums: _TensorLike | None = None,
     *,
     ignore_index: int = -100,
     reduction: str = 'mean',

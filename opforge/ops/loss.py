@@ -301,8 +301,8 @@ def _(target, weight, ddlog_probs, *, ignore_index, reduction):
 
 @op("cross_entropy(Tensor<floating> logits, Tensor<number> target, nograd Tensor<floating>? weight=None, *, "
     "int ignore_index=-100, str reduction=\"mean\", float label_smoothing=0.0) -> Tensor loss",
-    infer=_class_loss_spec("cross_entropy"))
-def cross_entropy(logits, target, weight, *, ignore_index, reduction, label_smoothing):
+    infer=_class_loss_spec("cross_entropy"), saves=("exp_rows", "row_sums"))
+def cross_entropy(logits, target, weight, *, ignore_index, reduction, label_smoothing, save=None):
     """Cross entropy of logits against class indices (integer targets) or class probabilities (floating targets of
     the logits' shape), as torch: −Σ_c w_c·q_c·log softmax(logits)_c per sample, where q is the target with label
     smoothing ε — (1 − ε)·onehot(target) + ε/C, or (1 − ε)·probs + ε/C — and w the class ``weight`` (1 if absent).
@@ -310,6 +310,10 @@ def cross_entropy(logits, target, weight, *, ignore_index, reduction, label_smoo
     With class indices, targets equal to ``ignore_index`` add nothing and "mean" divides by Σ w[target] over the
     others; with probabilities, "mean" divides by the number of samples and the targets get a gradient too.
     ``weight`` gets none, as in torch.
+
+    With class indices, a recorded call keeps exp(logits − max) and its row sums for the backward pass, which then
+    makes the softmax with one multiply instead of max, subtract, exp and sum again (torch keeps log_softmax's
+    output alike): memory of one more array the logits' size until the backward pass.
     """
     soft = D.is_floating(target.dtype)
     _check_class_call(cross_entropy, logits, target, weight, {"reduction": reduction, "ignore_index": ignore_index},
@@ -330,7 +334,10 @@ def cross_entropy(logits, target, weight, *, ignore_index, reduction, label_smoo
     if eps:
         smooth = np.add.reduce(z, axis=1) if w is None else z @ w
     np.exp(z, out=z)
-    lse = np.log(_sum(z, (1,))[:, 0])
+    sums = _sum(z, (1,))[:, 0]
+    if save is not None:  # what cross_entropy_grad would compute again from the logits: the same values
+        save["exp_rows"], save["row_sums"] = z, sums
+    lse = np.log(sums)
     losses += lse
     if w is not None:
         losses *= rw
@@ -407,10 +414,11 @@ def _(*, reduction, label_smoothing, **_):
 
 
 @cross_entropy.grad
-def _(logits, target, weight, dloss, *, ignore_index, reduction, label_smoothing, needs_input_grad):
+def _(logits, target, weight, dloss, exp_rows, row_sums, *, ignore_index, reduction, label_smoothing,
+      needs_input_grad):
     if not D.is_floating(target.dtype):
-        return F.cross_entropy_grad(logits, target, dloss, weight, ignore_index=ignore_index, reduction=reduction,
-                                    label_smoothing=label_smoothing), None, None
+        return F.cross_entropy_grad(logits, target, dloss, weight, exp_rows, row_sums, ignore_index=ignore_index,
+                                    reduction=reduction, label_smoothing=label_smoothing), None, None
     # Probability targets y: with q = w·((1 − ε)·y + ε/C) the loss is −Σ_c q·log p, whose gradient is log_softmax's
     # for an incoming −s·q (s = dloss per sample); the target's is −s·(1 − ε)·w·log p.
     axis = _class_axis(logits.ndim)
@@ -431,18 +439,23 @@ def _(logits, target, weight, dloss, *, ignore_index, reduction, label_smoothing
 
 
 @op("cross_entropy_grad(Tensor<floating> logits, nograd Tensor<int32|int64> target, Tensor<floating> dloss, "
-    "nograd Tensor<floating>? weight=None, *, int ignore_index=-100, str reduction=\"mean\", "
+    "nograd Tensor<floating>? weight=None, nograd Tensor<floating>? exp_rows=None, "
+    "nograd Tensor<floating>? row_sums=None, *, int ignore_index=-100, str reduction=\"mean\", "
     "float label_smoothing=0.0) -> Tensor dlogits", inplace={"dlogits": "logits"})
-def cross_entropy_grad(logits, target, dloss, weight, *, ignore_index, reduction, label_smoothing, out=None):
+def cross_entropy_grad(logits, target, dloss, weight, exp_rows, row_sums, *, ignore_index, reduction,
+                       label_smoothing, out=None):
     """Gradient of cross_entropy with class-index targets, in one pass over the logits: per sample
     s·(Q·softmax(logits) − q), where q is the smoothed, weighted target ((1 − ε)·w[t] at class t, ε/C·w_c at every
     class c), Q = Σ_c q_c and s = dloss (÷ Σ w[target] for "mean"). The softmax is made in place: max, subtract,
-    exp, then one multiply by s·Q/Σ exp; then the target's share is subtracted."""
+    exp, then one multiply by s·Q/Σ exp; then the target's share is subtracted.
+
+    ``exp_rows`` and ``row_sums``, exp(logits − max) as rows (samples, classes) and their sums, are what
+    cross_entropy's forward pass kept: given, the softmax is one multiply of them (the same values)."""
     axis = _class_axis(logits.ndim)
     samples = logits.shape[:axis] + logits.shape[axis + 1:]
     if (logits.ndim == 0 or target.shape != samples or dloss.shape != (samples if reduction == "none" else ())
             or (weight is not None and weight.shape != logits.shape[axis:axis + 1])):
-        _validate(cross_entropy_grad, logits, target, dloss, weight, reduction=reduction)
+        _validate(cross_entropy_grad, logits, target, dloss, weight, exp_rows, row_sums, reduction=reduction)
     x = _rows(logits)
     rows, classes = x.shape
     w = None if weight is None else weight.astype(x.dtype, copy=False)
@@ -458,10 +471,16 @@ def cross_entropy_grad(logits, target, dloss, weight, *, ignore_index, reduction
     else:
         sq = hot
     with row_buffers(classes):
-        p = np.subtract(x, max_last(x), out=out if out is not None and x is logits else None)
-        np.exp(p, out=p)
-        sq = sq / _sum(p, (1,))[:, 0]
-        p *= sq.reshape(-1, 1) if sq.ndim else sq
+        if exp_rows is not None and row_sums is not None:
+            if exp_rows.shape != x.shape or row_sums.shape != (rows,):
+                raise ShapeError(f"cross_entropy_grad(): exp_rows and row_sums must have shapes {x.shape} and "
+                                 f"{(rows,)} (the logits as rows), got {exp_rows.shape} and {row_sums.shape}")
+            p = np.multiply(exp_rows, (sq / row_sums).reshape(-1, 1))  # the forward's arrays are read only
+        else:
+            p = np.subtract(x, max_last(x), out=out if out is not None and x is logits else None)
+            np.exp(p, out=p)
+            sq = sq / _sum(p, (1,))[:, 0]
+            p *= sq.reshape(-1, 1) if sq.ndim else sq
     p[np.arange(rows), t] -= hot
     if eps:
         spread = spread.reshape(-1, 1) if np.ndim(spread) else spread
@@ -477,18 +496,28 @@ def _(*, reduction, label_smoothing, **_):
 
 
 @cross_entropy_grad.infer
-def _(logits, target, dloss, weight, *, reduction, **_):
+def _(logits, target, dloss, weight, exp_rows, row_sums, *, reduction, **_):
     _class_loss_spec("cross_entropy_grad")(logits, target, weight, reduction=reduction)
     axis = _class_axis(len(logits.shape))
     want = logits.shape[:axis] + logits.shape[axis + 1:] if reduction == "none" else ()
     if not _same_dims(dloss.shape, want):
         raise ShapeError(f"cross_entropy_grad(): with reduction={reduction!r} and logits of shape {logits.shape}, "
                          f"dloss must have shape {want}, got {dloss.shape}")
+    if (exp_rows is None) != (row_sums is None):
+        raise ArgumentError("cross_entropy_grad(): exp_rows and row_sums come together (the forward pass's pair), "
+                            f"got {'exp_rows' if row_sums is None else 'row_sums'} alone")
+    if exp_rows is not None:
+        classes = logits.shape[axis]
+        if len(exp_rows.shape) != 2 or not _same_dims(exp_rows.shape[1:], (classes,)) or len(row_sums.shape) != 1:
+            raise ShapeError(f"cross_entropy_grad(): exp_rows must be the logits as rows (samples, {classes}) and "
+                             f"row_sums one value per row, got shapes {exp_rows.shape} and {row_sums.shape}")
     return Spec(logits.shape, logits.dtype)
 
 
 @cross_entropy_grad.grad
 def _(logits, target, weight, dloss, ddlogits, *, ignore_index, reduction, label_smoothing, needs_input_grad):
+    # exp_rows and row_sums (the forward's arrays, given only in a first-order eager backward) get no gradient:
+    # a backward pass that is differentiated again is recorded with create_graph, where they are never given.
     # dlogits = s·(Q·p − q) per sample, with p = softmax(logits) and q, Q, s as in the kernel. It is linear in dloss
     # and depends on the logits through p only: d logits = softmax_grad(p, s·Q·ddx), and d dloss = Σ_c ddx·(Q·p − q)
     # per sample, summed for "sum" and "mean" (÷ Σ w[target] there).
@@ -523,7 +552,7 @@ def _(logits, target, weight, dloss, ddlogits, *, ignore_index, reduction, label
             ddloss = F.sum(ddloss) if reduction == "sum" else F.sum(ddloss) / total
         if reduction == "mean":  # every target ignored: nan, as torch's (and as 0/0), with derivatives 0
             ddloss = F.where(none_counted, math.nan, ddloss)
-    return dlogits, None, ddloss, None
+    return dlogits, None, ddloss, None, None, None
 
 
 def _class_target(rng, shape, num_classes, ignore=0):

@@ -144,6 +144,9 @@ class _OpCall:
 
         return F.zeros_like(Variable(self.program, self.desc.output_names()[k]))
 
+    def residual(self, name: str, linked: bool):
+        return None  # a program keeps no kernel residuals: the rule computes from its inputs (OpDef.saves)
+
     def spec(self, where: str, i: int):
         params, slots = (self.op.inputs, self.desc.inputs) if where == "in" else (self.op.outputs, self.desc.outputs)
         block = self.program.block
