@@ -44,7 +44,7 @@ class Node:
         self.out_layout = out_layout
         self.out_meta = out_meta  # per flattened output: (shape, dtype)
         self.saved = saved  # name -> Tensor (or list) of inputs the rule names; None once freed
-        self.saved_out = saved_out  # name -> [(flat output index, array), ...] (one pair unless a Tensor[])
+        self.saved_out = saved_out  # name -> ((flat output index, array), ...) (one pair unless a Tensor[])
         self.device = device  # where the call ran: its outputs, and the gradients of its inputs, live there
         self.epoch = _epoch[0]  # in-place writes after this one may have changed what it saved (see check_saved)
         self.residuals = residuals  # name -> array the kernel saved for the rule (op.saves), or None

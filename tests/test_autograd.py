@@ -3,6 +3,7 @@
 import gc
 import threading
 import weakref
+from collections.abc import Mapping
 
 import numpy as np
 import pytest
@@ -328,8 +329,13 @@ def test_generated_attach_sets_what_node_and_wrap_output_set():
     assert hasattr(y._node.op.attach, "source")  # relu's attach is the generated straight-line one
     for name in Node.__slots__:
         assert hasattr(made, name) == hasattr(y._node, name), name
-        if hasattr(made, name) and name != "__weakref__":
+        if name in ("saved", "saved_out"):  # mappings; nothing to save is one shared read-only mapping there
+            assert isinstance(getattr(y._node, name), Mapping), name
+        elif hasattr(made, name) and name != "__weakref__":
             assert type(getattr(made, name)) is type(getattr(y._node, name)), name
+    assert not y._node.saved and y._node.saved_out["y"] == ((0, y._data),)
+    with pytest.raises(TypeError):
+        y._node.saved["x"] = x  # the shared empty mapping cannot be written
     assert y._node.epoch == _epoch[0] and y._node.edges == ((x, -1),)
     assert y._node.in_meta == ((x.shape, x.dtype),) and y._node.out_meta == ((y.shape, y.dtype),)
     assert y._node.saved_out["y"][0][1] is y._data
@@ -340,3 +346,4 @@ def test_generated_attach_sets_what_node_and_wrap_output_set():
             assert getattr(wrapped, name) is getattr(y, name) or getattr(wrapped, name) == getattr(y, name), name
     (g,) = of.grad(F.sum(y), [x])
     np.testing.assert_array_equal(g.numpy(), (x.numpy() > 0).astype(np.float32))
+
