@@ -580,6 +580,16 @@ def test_cross_entropy_backward_from_the_forward_residuals_is_bit_for_bit_the_re
     np.testing.assert_array_equal(got.numpy(), want.numpy())
 
 
+def test_cross_entropy_grad_refuses_residuals_that_do_not_fit():
+    x = of.tensor(np.random.default_rng(1).standard_normal((4, 5)).astype(np.float32))
+    target, dloss = of.tensor(np.array([0, 1, 2, 3])), of.tensor(np.float32(1.0))
+    with pytest.raises(of.ArgumentError, match=r"exp_rows and row_sums come together.*exp_rows alone"):
+        F.cross_entropy_grad(x, target, dloss, None, of.tensor(np.ones((4, 5), np.float32)))
+    with pytest.raises(of.ShapeError, match=r"must have shapes \(4, 5\) and \(4,\).*got \(4, 4\) and \(4,\)"):
+        F.cross_entropy_grad(x, target, dloss, None, of.tensor(np.ones((4, 4), np.float32)),
+                             of.tensor(np.ones(4, np.float32)))
+
+
 def _composite_cross_entropy(x, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
     """cross_entropy from log_softmax and nll_loss, as torch composes it: the unfused path, in ops."""
     logp = F.log_softmax(x, axis=1 if x.ndim > 1 else 0)

@@ -454,7 +454,8 @@ def cross_entropy_grad(logits, target, dloss, weight, exp_rows, row_sums, *, ign
     axis = _class_axis(logits.ndim)
     samples = logits.shape[:axis] + logits.shape[axis + 1:]
     if (logits.ndim == 0 or target.shape != samples or dloss.shape != (samples if reduction == "none" else ())
-            or (weight is not None and weight.shape != logits.shape[axis:axis + 1])):
+            or (weight is not None and weight.shape != logits.shape[axis:axis + 1])
+            or (exp_rows is None) != (row_sums is None)):
         _validate(cross_entropy_grad, logits, target, dloss, weight, exp_rows, row_sums, reduction=reduction)
     x = _rows(logits)
     rows, classes = x.shape
