@@ -391,8 +391,10 @@ def _attention_np(q, k, v, attn_mask, is_causal, scale):
     # A "safe" softmax, as torch's: a row where every score is −inf attends to nothing and gives zeros.
     m = max_last(s)
     alive = m > -np.inf
-    e = np.exp(s - np.where(alive, m, 0))
-    return np.matmul(e / np.where(alive, np.sum(e, axis=-1, keepdims=True), 1), v)
+    with row_buffers(s.shape[-1]):
+        e = np.exp(s - np.where(alive, m, 0))
+        e /= np.where(alive, np.sum(e, axis=-1, keepdims=True), 1)
+    return np.matmul(e, v)
 
 
 def _attention_probs(q, k, attn_mask, is_causal, scale):
