@@ -927,14 +927,17 @@ def _lift(value, like):
     kind = type(value)
     if kind is not float and kind is not int and kind is not bool:
         return value
-    key = (kind, value, like.dtype, like.device.name)
+    if type(like) is Tensor:  # its fields, not its properties (a program Variable has the properties only)
+        dtype, device = like._data.dtype, like._device
+    else:
+        dtype, device = like.dtype, like.device
+    key = (kind, value, dtype, device.name)
     constant = _SCALARS.get(key)
     if constant is None:
         if len(_SCALARS) > 4096:
             _SCALARS.clear()
-        device = like.device
         try:
-            array = np.array(value, D.scalar_dtype(value, like.dtype))
+            array = np.array(value, D.scalar_dtype(value, dtype))
         except OverflowError:  # an int no dtype here holds: the op refuses it, naming itself and the argument
             return value
         array.flags.writeable = False
