@@ -74,11 +74,12 @@ def run(node, grads: list) -> list:
     rule, and a rule run as written is fitted here. The backward pass asks ``usable()`` first, which also forgets
     tapes recorded under other op definitions."""
     attrs, edges = node.attrs, node.edges
+    n = len(edges)
     key = (node.op, tuple(attrs.values()) if attrs else (), node.in_meta, node.out_meta, node.in_layout,
            # which inputs want a gradient, and which outputs got one (a node with one input that requires none
            # is never made, and a node runs only once some output's gradient reached it)
-           1 if len(edges) == 1 else tuple(map(bool, edges)), 1 if len(grads) == 1 else tuple(map(type, grads)),
-           node.device.name)
+           1 if n == 1 else (edges[0] is not None, edges[1] is not None) if n == 2 else tuple(map(bool, edges)),
+           1 if len(grads) == 1 else tuple(map(type, grads)), node.device.name)
     try:
         tape = _tapes.get(key)
     except TypeError:  # an unhashable attr (a list): not worth a key of its own
