@@ -191,11 +191,12 @@ def _backprop(outputs: list, seeds: list, targets: set | None, create_graph: boo
                         input_grads = fit_inputs(node, call_rule(node, grads, create_graph), Tensor)
                     else:
                         input_grads = fit_inputs(node, _call_checked(node, grads, create_graph, anomaly), Tensor)
-                    for i, (edge, g) in enumerate(zip(node.edges, input_grads)):
+                        for i, (edge, g) in enumerate(zip(node.edges, input_grads)):
+                            if edge is not None and g is not None:
+                                anomaly.check_gradient(node, input_label(node.op, i, node.in_layout), g)
+                    for edge, g in zip(node.edges, input_grads):
                         if edge is None or g is None:
                             continue
-                        if anomaly is not None:
-                            anomaly.check_gradient(node, input_label(node.op, i, node.in_layout), g)
                         target, index = edge
                         if index < 0:
                             if targets is None or target in targets:

@@ -290,8 +290,10 @@ def _(y, dy):
 def tanh_grad(y, dy, out=None):
     """Gradient of tanh from its output: dx = dy·(1 − y²)."""
     t = np.multiply(y, y)
-    if type(t) is np.ndarray:  # 1 − y² in y²'s buffer, from a 1 of y's dtype (no Python-scalar promotion)
-        return np.multiply(dy, np.subtract(_ONE.get(t.dtype, 1), t, out=t), out=out)
+    if type(t) is np.ndarray:  # 1 − y², then dx, in y²'s buffer, from a 1 of y's dtype (no Python-scalar promotion)
+        np.subtract(_ONE.get(t.dtype, 1), t, out=t)
+        mine = out is None and t.shape == dy.shape and t.dtype == dy.dtype  # dx may take y²'s buffer too
+        return np.multiply(dy, t, out=t if mine else out)
     return np.multiply(dy, 1 - t, out=out)  # 0-d: NumPy made a scalar
 
 
