@@ -223,3 +223,17 @@ def test_recording_leaves_no_reference_cycles():
         assert gc.collect() == 0
     finally:
         gc.enable()
+
+
+def test_a_replayed_gradient_is_a_tensor_as_wrap_makes_it():
+    # The replay writes the Tensors it makes field by field (wrap(), written out): every field wrap sets, alike.
+    from opforge.tensor import Tensor, wrap
+
+    x = of.tensor(np.linspace(-1, 1, 6, dtype=np.float32), requires_grad=True)
+    grads = [of.grad(F.sum(F.tanh(x)), [x])[0] for _ in range(3)]  # the third is replayed
+    made = wrap(grads[-1]._data, x._device)
+    for name in Tensor.__slots__:
+        assert hasattr(made, name) == hasattr(grads[-1], name), name
+        if hasattr(made, name) and name not in ("__weakref__", "_data"):
+            assert getattr(made, name) == getattr(grads[-1], name), name
+    np.testing.assert_array_equal(grads[-1].numpy(), grads[0].numpy())

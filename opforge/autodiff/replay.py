@@ -282,7 +282,7 @@ def _compile(name: str, recorder: _Recorder, reads: list, returned: list):
                     if type(s) is int:
                         live.add(s)
     steps.reverse()
-    env = {"_nd": np.ndarray, "_wrap": wrap, "_flat": _flatten_outputs}
+    env = {"_nd": np.ndarray, "_wrap": wrap, "_flat": _flatten_outputs, "_new": object.__new__, "_T": Tensor}
     lines = ["def replay(node, grads):", "    s, so = node.saved, node.saved_out"]
     lines += [f"    a{i} = {reads[i][1]}" for i in range(given) if i in live]
 
@@ -312,7 +312,10 @@ def _compile(name: str, recorder: _Recorder, reads: list, returned: list):
             env[f"dev{s}"] = recorder.devices[s]
             results.append(f"t{s}")
     made = sorted({s for s in returned if s is not None and s >= given})
-    lines += [f"    t{s} = _wrap(a{s}, dev{s})" for s in made]  # one Tensor per value, shared where the rule shares
+    for s in made:  # one Tensor per value, shared where the rule shares: wrap(), written out (a call less)
+        lines += [f"    t{s} = _new(_T)", f"    t{s}._data = a{s}", f"    t{s}._requires_grad = False",
+                  f"    t{s}._node = None", f"    t{s}._index = 0", f"    t{s}._device = dev{s}",
+                  f"    t{s}._grad = None"]
     lines.append(f"    return [{', '.join(results)}]")
     source = "\n".join(lines) + "\n"
     filename = f"<opforge.replay.{name}.{next(_names)}>"
