@@ -1,5 +1,7 @@
 """What op definitions share: the decorator, sample helpers and small shape helpers for infer rules."""
 
+import math
+
 import numpy as np
 
 from ..core import dtypes as D
@@ -50,6 +52,25 @@ def max_last(x):
     else:
         m = np.maximum.reduceat(x.reshape(-1), np.arange(0, x.size, width))
     return m.reshape(*x.shape[:-1], 1)
+
+
+def max_over(x, axes: tuple):
+    """max x over ``axes`` (normalised, sorted), kept as size-1 dims (−inf for an empty axis): max_last's route
+    for the last axis alone."""
+    if axes == (x.ndim - 1,):
+        return max_last(x)
+    return np.maximum.reduce(x, axis=axes, keepdims=True, initial=-np.inf)
+
+
+def row_width(x, axes) -> int:
+    """The elements of one group when ``axes`` are x's last axes and x is C-contiguous (a group is a row of memory,
+    and a column of per-group values broadcasts over it: what row_buffers takes); else 0."""
+    if len(axes) == 1 and axes[0] in (-1, x.ndim - 1) and x.ndim:  # the usual last axis, without the general test
+        return x.shape[-1] if x.flags.c_contiguous else 0
+    axes = tuple(a % x.ndim for a in axes) if x.ndim else ()
+    if not axes or axes != tuple(range(x.ndim - len(axes), x.ndim)) or not x.flags.c_contiguous:
+        return 0
+    return math.prod(x.shape[a] for a in axes)
 
 
 class row_buffers:

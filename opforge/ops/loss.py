@@ -14,7 +14,7 @@ from opforge import ops as F
 
 from ..core.errors import ArgumentError
 from ..core.spec import Dim
-from ._common import B, D, P, S, Sample, ShapeError, Spec, broadcast_shapes, max_last, np, op, row_buffers
+from ._common import B, D, P, S, Sample, ShapeError, Spec, broadcast_shapes, max_last, np, op, row_buffers, row_width
 from .nn import _broadcasts_to, _log_softmax_np, _same_dims, _sum, _validate
 from .reduce import norm_grad_rule, vector_norm
 
@@ -328,7 +328,7 @@ def cross_entropy(logits, target, weight, *, ignore_index, reduction, label_smoo
     rw = _row_weights(t, valid, w, x.dtype)
     # −log p[t] = lse − z[t] with z = x − max x and lse = log Σ exp z: nothing overflows, and no log-probabilities
     # are made (z is exponentiated in place).
-    with row_buffers(classes):
+    with row_buffers(row_width(x, (1,))):
         z = x - max_last(x)
     losses = -z[np.arange(rows), t]
     if eps:
@@ -471,7 +471,7 @@ def cross_entropy_grad(logits, target, dloss, weight, exp_rows, row_sums, *, ign
         sq = hot + spread * (classes if w is None else w.sum())
     else:
         sq = hot
-    with row_buffers(classes):
+    with row_buffers(row_width(x, (1,))):
         if exp_rows is not None and row_sums is not None:
             if exp_rows.shape != x.shape or row_sums.shape != (rows,):
                 raise ShapeError(f"cross_entropy_grad(): exp_rows and row_sums must have shapes {x.shape} and "

@@ -9,27 +9,16 @@ where the same formula written with ops took a dozen ops, each a pass over the d
 second derivative) is written with ops, normalize_grad among them, so every order is reached.
 """
 
-import math
-
 from opforge import ops as F
 
-from ._common import D, Sample, ShapeError, Spec, normalize_axes, np, op, row_buffers
+from ._common import D, Sample, ShapeError, Spec, normalize_axes, np, op, row_buffers, row_width
 from .nn import _numel, _same_dims, _validate
 
 # -- the shared backward ---------------------------------------------------------------------------------------------
 
 
-def _row_width(x, axes) -> int:
-    """The elements of one group when ``axes`` are x's last axes and x is C-contiguous (a group is a row of memory,
-    and a column of per-group values broadcasts over it: see row_buffers); else 0."""
-    axes = tuple(a % x.ndim for a in axes) if x.ndim else ()
-    if not axes or axes != tuple(range(x.ndim - len(axes), x.ndim)) or not x.flags.c_contiguous:
-        return 0
-    return math.prod(x.shape[a] for a in axes)
-
-
 def _normalize_np(x, axes, eps, center=True):
-    with row_buffers(_row_width(x, axes)):  # reductions along rows read the same either way: the same bits
+    with row_buffers(row_width(x, axes)):  # reductions along rows read the same either way: the same bits
         xc = x - np.mean(x, axis=axes, keepdims=True) if center else x
         return xc / np.sqrt(np.mean(xc * xc, axis=axes, keepdims=True) + eps)
 
@@ -56,7 +45,7 @@ def normalize_grad(x, g, *, axes, eps, center):
     def mean(a):  # np.add.reduce: np.mean's own overhead is most of the cost on small inputs
         return np.add.reduce(a, axis=axes, keepdims=True) * inv_n
 
-    with row_buffers(_row_width(x, axes)):
+    with row_buffers(row_width(x, axes)):
         xc = x - mean(x) if center else x
         r = 1 / np.sqrt(mean(np.square(xc)) + eps)
         xhat = np.multiply(xc, r, out=xc if center else None)

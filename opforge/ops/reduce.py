@@ -5,7 +5,7 @@ import math
 
 from opforge import ops as F
 
-from ._common import D, P, S, Sample, ShapeError, Spec, broadcast_shapes, max_last, normalize_axes, np, op, shapes_agree
+from ._common import D, P, S, Sample, ShapeError, Spec, broadcast_shapes, max_over, normalize_axes, np, op, shapes_agree
 
 
 def _reduced_shape(op_name, shape, axis, keepdim):
@@ -446,7 +446,7 @@ for _stat in (var, std):
 def logsumexp(x, *, axis, keepdim):
     """ln Σ eˣ over ``axis``, computed as m + ln Σ e^(x − m) with m the group's largest element (no overflow)."""
     axes = normalize_axes("logsumexp", axis, x.ndim)
-    m = max_last(x) if axes == (x.ndim - 1,) else np.max(x, axis=axes, keepdims=True, initial=-np.inf)
+    m = max_over(x, axes)
     m = np.where(np.isfinite(m), m, 0)  # a group of −inf (or holding ±inf, NaN): shifting would make NaN
     with np.errstate(divide="ignore"):  # ln 0 = −inf, for an empty or all-(−inf) group
         y = np.log(np.sum(np.exp(x - m), axis=axes, keepdims=True)) + m
