@@ -15,7 +15,7 @@ from opforge import ops as F
 from ..core.errors import ArgumentError
 from ..core.spec import Dim
 from ._common import B, D, P, S, Sample, ShapeError, Spec, broadcast_shapes, max_last, np, op, row_buffers, row_width
-from .nn import _broadcasts_to, _log_softmax_np, _same_dims, _sum, _validate
+from .nn import _broadcasts_to, _exp_sums, _log_softmax_np, _same_dims, _sum, _validate
 from .reduce import norm_grad_rule, vector_norm
 
 # -- reductions ------------------------------------------------------------------------------------------------
@@ -299,6 +299,21 @@ def _(target, weight, ddlog_probs, *, ignore_index, reduction):
     return F.nll_loss(ddlog_probs, target, weight, ignore_index=ignore_index, reduction=reduction), None, None
 
 
+def _minus_log_softmax_at(x, t, e, sums, c):
+    """−log softmax(x)[n, t[n]] from e = exp(x − c) and its row sums: log(Σ e / e[t]), a ratio of at least 1, so
+    nothing cancels however large the logits (log Σ e − (x[t] − c) would lose digits to the size of x[t] when c is
+    0). Where e[t] is under the smallest normal number the loss is large (over 87 in float32), and that difference
+    is exact enough; the ratio's e[t] would not be."""
+    rows = np.arange(len(t))
+    e_t = e[rows, t]
+    tiny = np.finfo(e.dtype).tiny
+    if np.minimum.reduce(e_t, initial=np.inf) >= tiny:
+        return np.log(sums / e_t)
+    z_t = x[rows, t] if c is None else x[rows, t] - c[:, 0]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(e_t >= tiny, np.log(sums / e_t), np.log(sums) - z_t)
+
+
 @op("cross_entropy(Tensor<floating> logits, Tensor<number> target, nograd Tensor<floating>? weight=None, *, "
     "int ignore_index=-100, str reduction=\"mean\", float label_smoothing=0.0) -> Tensor loss",
     infer=_class_loss_spec("cross_entropy"), saves=("exp_rows", "row_sums"))
@@ -326,19 +341,21 @@ def cross_entropy(logits, target, weight, *, ignore_index, reduction, label_smoo
         return _soft_cross_entropy(x, _rows(target).astype(x.dtype, copy=False), w, eps, reduction, target.shape)
     t, valid = _targets("cross_entropy", target, classes, ignore_index)
     rw = _row_weights(t, valid, w, x.dtype)
-    # −log p[t] = lse − z[t] with z = x − max x and lse = log Σ exp z: nothing overflows, and no log-probabilities
-    # are made (z is exponentiated in place).
-    with row_buffers(row_width(x, (1,))):
-        z = x - max_last(x)
-    losses = -z[np.arange(rows), t]
-    if eps:
+    if eps:  # the smoothing term needs Σ_c z_c with z = x − max x (no cancellation however large the logits)
+        with row_buffers(row_width(x, (1,))):
+            z = x - max_last(x)
+        losses = -z[np.arange(rows), t]
         smooth = np.add.reduce(z, axis=1) if w is None else z @ w
-    np.exp(z, out=z)
-    sums = _sum(z, (1,))[:, 0]
+        np.exp(z, out=z)  # in place: exp(x − max), the same values as _exp_sums(x, (1,), shift=True)
+        e, sums = z, _sum(z, (1,))[:, 0]
+        lse = np.log(sums)
+        losses += lse
+    else:
+        e, sums, c = _exp_sums(x, (1,))  # exp(x − c) and its row sums: c is 0 in most rows, else the row's max
+        sums = sums[:, 0]
+        losses = _minus_log_softmax_at(x, t, e, sums, c)
     if save is not None:  # what cross_entropy_grad would compute again from the logits: the same values
-        save["exp_rows"], save["row_sums"] = z, sums
-    lse = np.log(sums)
-    losses += lse
+        save["exp_rows"], save["row_sums"] = e, sums
     if w is not None:
         losses *= rw
     if eps:  # −Σ_c w_c·log p_c = lse·Σ_c w_c − Σ_c w_c·z_c
@@ -471,17 +488,17 @@ def cross_entropy_grad(logits, target, dloss, weight, exp_rows, row_sums, *, ign
         sq = hot + spread * (classes if w is None else w.sum())
     else:
         sq = hot
+    dst = out if out is not None and x is logits else None  # the executor's buffer, when it has the rows' layout
+    if exp_rows is not None and row_sums is not None:
+        if exp_rows.shape != x.shape or row_sums.shape != (rows,):
+            raise ShapeError(f"cross_entropy_grad(): exp_rows and row_sums must have shapes {x.shape} and "
+                             f"{(rows,)} (the logits as rows), got {exp_rows.shape} and {row_sums.shape}")
+        e, sq = exp_rows, sq / row_sums  # the forward's arrays are read only
+    else:
+        e, sums, _ = _exp_sums(x, (1,), shift=bool(eps))  # as the forward pass made them
+        sq, dst = sq / sums[:, 0], e if dst is None else dst
     with row_buffers(row_width(x, (1,))):
-        if exp_rows is not None and row_sums is not None:
-            if exp_rows.shape != x.shape or row_sums.shape != (rows,):
-                raise ShapeError(f"cross_entropy_grad(): exp_rows and row_sums must have shapes {x.shape} and "
-                                 f"{(rows,)} (the logits as rows), got {exp_rows.shape} and {row_sums.shape}")
-            p = np.multiply(exp_rows, (sq / row_sums).reshape(-1, 1))  # the forward's arrays are read only
-        else:
-            p = np.subtract(x, max_last(x), out=out if out is not None and x is logits else None)
-            np.exp(p, out=p)
-            sq = sq / _sum(p, (1,))[:, 0]
-            p *= sq.reshape(-1, 1) if sq.ndim else sq
+        p = np.multiply(e, sq.reshape(-1, 1), out=dst)
     p[np.arange(rows), t] -= hot
     if eps:
         spread = spread.reshape(-1, 1) if np.ndim(spread) else spread
