@@ -53,8 +53,20 @@ def test_detach_requires_grad_and_no_grad():
         return v * 2
 
     assert not f(x).requires_grad
+    assert (x * 2).requires_grad  # the decorator restores the mode after each call
     with pytest.raises(of.GradientError, match="does not require grad"):
         of.grad(of.tensor([1.0]).sum(), [x])
+    off, on = of.no_grad(), of.enable_grad()
+    with off:  # one object entered inside itself restores each level on the way out
+        with on:
+            assert (x * 2).requires_grad
+            with off:
+                assert not (x * 2).requires_grad
+            assert (x * 2).requires_grad
+        assert not (x * 2).requires_grad
+    with pytest.raises(ZeroDivisionError), off:
+        1 / 0
+    assert (x * 2).requires_grad
 
 
 def test_grad_options():
@@ -346,4 +358,27 @@ def test_generated_attach_sets_what_node_and_wrap_output_set():
             assert getattr(wrapped, name) is getattr(y, name) or getattr(wrapped, name) == getattr(y, name), name
     (g,) = of.grad(F.sum(y), [x])
     np.testing.assert_array_equal(g.numpy(), (x.numpy() > 0).astype(np.float32))
+
+
+def test_generated_op_function_makes_the_tensor_wrap_makes():
+    # An op's fast path writes its unrecorded result's fields one by one (a call less than wrap()): the same ones.
+    from opforge.tensor import Tensor, wrap
+
+    x = of.tensor(np.linspace(-1, 1, 6, dtype=np.float32))
+    y = F.leaky_relu(x, alpha=0.1)
+    wrapped = wrap(y._data, x._device)
+    for name in Tensor.__slots__:
+        assert hasattr(wrapped, name) == hasattr(y, name), name
+        if hasattr(wrapped, name) and name != "__weakref__":
+            assert getattr(wrapped, name) is getattr(y, name) or getattr(wrapped, name) == getattr(y, name), name
+
+
+def test_a_kernel_table_hit_still_refuses_a_dtype_the_schema_does_not_allow():
+    # The fast path checks the first input's dtype only when its kernel is not cached yet (only allowed dtypes are
+    # cached): a float call first, then an integer one, must still be refused in the op's words.
+    F.leaky_relu(of.tensor(np.ones(3, np.float32)), alpha=0.1)
+    with pytest.raises(of.ArgumentError, match=r"leaky_relu\(\): argument 'x' expected dtype"):
+        F.leaky_relu(of.tensor(np.ones(3, np.int64)), alpha=0.1)
+    with pytest.raises(of.ArgumentError, match=r"leaky_relu\(\): argument 'x' expected dtype"):
+        F.leaky_relu(of.tensor(np.ones(3, np.int64)), alpha=0.1)
 

@@ -156,7 +156,9 @@ def _backprop(outputs: list, seeds: list, targets: set | None, create_graph: boo
     given: set = set()  # gradients already stored as some leaf's .grad (each .grad owns its memory)
     anomaly = current_interpreter()
     anomaly = anomaly if type(anomaly) is AnomalyDetection else None  # of.detect_anomaly(): check every gradient
-    hooked = len(_node_hooks) > 0  # register_hook / retain_grad on some non-leaf (looked up per node only then)
+    # register_hook / retain_grad on some non-leaf (looked up per node only then). The mapping's own dict: its len()
+    # is a Python method (0.4 µs); an entry whose node just died only costs a lookup that misses.
+    hooked = bool(_node_hooks.data)
     target_nodes = {key[0] for key in targets if type(key) is tuple} if targets else ()  # nodes whose output is one
     replaying = not create_graph and anomaly is None and replay.usable()  # rules replayed on arrays (replay.py)
     replay_rule = replay.run
