@@ -229,13 +229,25 @@ def _fast_path(opdef: OpDef, env: dict, inputs_src: str, attrs_src: str) -> list
 
     cond = " and ".join(given(p, f"type({p.name}) is _of_T") for p in inputs)
     cond += "".join(" and " + given(p, f"{p.name}._device is {first}._device") for p in inputs[1:])
-    lines = [f"    if {cond}:"]
+    device = "_of_d"
+    lines = [f"    if {cond}:", f"        _of_d = {first}._device"]
+    checks = {}  # input -> the lines refusing a dtype its parameter does not allow
     for p in inputs:
         if p.dtypes is not None:
             env[f"_of_dt_{p.name}"] = frozenset(p.dtypes)  # hashing beats comparing with each allowed dtype
             test = f"{p.name}._data.dtype not in _of_dt_{p.name}"
-            lines += [f"        if {f'{p.name} is not None and ' if p.optional else ''}{test}:",
-                      f"            _of_bad_dtype(_of_op, {p.name!r}, {p.name})"]
+            checks[p.name] = [f"        if {f'{p.name} is not None and ' if p.optional else ''}{test}:",
+                              f"            _of_bad_dtype(_of_op, {p.name!r}, {p.name})"]
+    # The kernel table holds only dtypes of the first input that passed its check (_find_kernel adds them after
+    # it): a hit needs no check of its own, a miss makes it first, as before any other input's.
+    lines += [
+        "        try:",
+        f"            _of_k = _of_op.kernel_table[{device}.name][{first}._data.dtype]",
+        "        except KeyError:",
+        *["    " + line for line in checks.pop(first, [])],
+        f"            _of_k = _of_find(_of_op, {device}, {first}._data.dtype)",
+    ]
+    lines += [line for p in inputs for line in checks.get(p.name, [])]
     if "same_dtype" in opdef.traits and len(inputs) > 1:  # NumPy would promote: the trait says one float dtype
         differ = " or ".join(f"({p.name} is not None and {p.name}._data.dtype is not {first}._data.dtype)"
                              if p.optional else f"{p.name}._data.dtype is not {first}._data.dtype"
@@ -246,7 +258,6 @@ def _fast_path(opdef: OpDef, env: dict, inputs_src: str, attrs_src: str) -> list
                            f"{p.name}._data.shape != {first}._data.shape{')' if p.optional else ''}"
                            for p in inputs[1:])
         lines += [f"        if {same}:", f"            _of_fail(_of_op, {inputs_src}, {attrs_src}, None)"]
-    device = f"{first}._device"
     args = ", ".join(f"None if {p.name} is None else {p.name}._data" if p.optional else f"{p.name}._data"
                      for p in inputs)
     kw = "".join(f", {p.name}={p.name}" for p in opdef.attrs)
@@ -255,12 +266,6 @@ def _fast_path(opdef: OpDef, env: dict, inputs_src: str, attrs_src: str) -> list
         f"({p.name} is not None and {p.name}._requires_grad)" if p.optional else f"{p.name}._requires_grad"
         for p in inputs if p.differentiable)
     saving = bool(opdef.saves and needs)  # the kernel gets a dict for its residuals when the call is recorded
-    lines += [
-        "        try:",
-        f"            _of_k = _of_op.kernel_table[{device}.name][{first}._data.dtype]",
-        "        except KeyError:",
-        f"            _of_k = _of_find(_of_op, {device}, {first}._data.dtype)",
-    ]
     if saving:
         lines += [f"        _of_save = {{}} if _of_gm.enabled and ({needs}) else None"]
     lines += [
@@ -275,10 +280,17 @@ def _fast_path(opdef: OpDef, env: dict, inputs_src: str, attrs_src: str) -> list
     elif needs:
         lines += [f"        if _of_gm.enabled and ({needs}):",
                   f"            return _of_op.attach({inputs_src}, {attrs_src}, _of_out)"]
-    if len(opdef.outputs) == 1:
+    if len(opdef.outputs) == 1:  # wrap(), written out: a call less on every op
         lines += ["        if type(_of_out) is not _of_nd:",
                   f"            _of_out = {device}.array(_of_out)",
-                  f"        return _of_wrap(_of_out, {device})"]
+                  "        _of_t = _of_new(_of_T)",
+                  "        _of_t._data = _of_out",
+                  "        _of_t._requires_grad = False",
+                  "        _of_t._node = None",
+                  "        _of_t._index = 0",
+                  f"        _of_t._device = {device}",
+                  "        _of_t._grad = None",
+                  "        return _of_t"]
     else:
         lines.append(f"        return _of_wrap_all(_of_op, _of_out, {device})")
     return lines
@@ -305,7 +317,7 @@ def _generate_api(opdef: OpDef):
         "_of_eager": None if _debug else EAGER, "_of_innermost": _innermost.get, "_of_run": _run_eagerly,
         "_of_find": _find_kernel, "_of_fail": _kernel_failed, "_of_check": check_attr, "_of_bad_dtype": _bad_dtype,
         "_of_wrap_all": _wrap_outputs, "_of_absent": _ABSENT, "_of_renamed": _renamed,
-        "_of_same_dtype": check_same_dtype,
+        "_of_same_dtype": check_same_dtype, "_of_new": object.__new__,
     }
     for p in schema.params:
         if p.has_default:
