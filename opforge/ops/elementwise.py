@@ -16,13 +16,41 @@ from ._common import D, P, Sample, ShapeError, Spec, broadcast_shapes, normalize
 
 
 def _carry_nan(x, dx):
-    """``dx`` (a fresh array, changed in place) with NaN wherever ``x`` is NaN. A sum over ``x`` tells cheaply
-    whether it holds a NaN at all (or both infinities, which only costs the exact pass that follows)."""
-    if np.isnan(np.add.reduce(x, axis=None)):
+    """``dx`` (a fresh array, changed in place) with NaN wherever ``x`` is NaN. The max over ``x`` tells cheaply
+    whether it holds a NaN at all (max propagates NaN; it takes 2.5 µs over 64×512 float32, the sum 5.6)."""
+    if x.dtype.kind in "fc" and x.size and np.isnan(np.maximum.reduce(x, axis=None)):
         if type(dx) is not np.ndarray:  # a NumPy scalar (ufuncs of 0-d arrays give one), which cannot be written
             dx = np.asarray(dx).copy()
         np.copyto(dx, np.nan, where=np.isnan(x))
     return dx
+
+
+_TYPED: dict = {}  # number -> {dtype: the number as a read-only 0-d array of that dtype}
+
+
+def _typed(number, dtype):
+    """``number`` as a read-only 0-d array of ``dtype`` (a NumPy float type): a kernel's Python scalar costs NumPy
+    0.2 µs of promotion per call (half of leaky_relu's kernel on 16 elements), the 0-d array of the operand's dtype
+    less, with the same values (NumPy casts the Python number to that dtype either way). Hot kernels read
+    ``_TYPED[number][dtype]`` first and call this on a miss."""
+    per_dtype = _TYPED.get(number)
+    if per_dtype is None:
+        if len(_TYPED) > 1024:  # attrs that change at every call must not grow it without bound
+            _TYPED.clear()
+        per_dtype = _TYPED[number] = {}
+    a = per_dtype.get(dtype)
+    if a is None:
+        if dtype.kind == "f":
+            a = np.full((), number, dtype)
+            a.flags.writeable = False
+        else:  # bfloat16 and the like: the Python number, whose promotion NumPy leaves to the dtype's own rules
+            a = number
+        per_dtype[dtype] = a
+    return a
+
+
+# The ufuncs of the hottest small kernels, looked up once (a module attribute lookup is 20 ns of a 0.5 µs kernel).
+_maximum, _minimum, _multiply = np.maximum, np.minimum, np.multiply
 
 
 def _nan_at_nan(x, g):
@@ -148,8 +176,12 @@ def leaky_relu(x, *, alpha):
     """y = x where x > 0, else alpha · x."""
     # max(x, αx) is x for x > 0 and αx for x < 0 whenever α ≤ 1 (min when α > 1): two ufuncs, no np.where,
     # which costs more than the arithmetic on small tensors.
-    scaled = x * alpha
-    return np.maximum(x, scaled) if alpha <= 1 else np.minimum(x, scaled)
+    try:
+        a = _TYPED[alpha][x.dtype]
+    except KeyError:
+        a = _typed(alpha, x.dtype)
+    scaled = _multiply(x, a)
+    return _maximum(x, scaled) if alpha <= 1 else _minimum(x, scaled)
 
 
 leaky_relu.fusable()
