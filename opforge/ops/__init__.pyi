@@ -707,8 +707,9 @@ def cross_entropy_grad(
 ) -> Tensor:
     """Gradient of cross_entropy with class-index targets, in one pass over the logits: per sample
     s·(Q·softmax(logits) − q), where q is the smoothed, weighted target ((1 − ε)·w[t] at class t, ε/C·w_c at
-    every class c), Q = Σ_c q_c and s = dloss (÷ Σ w[target] for "mean"). The softmax is made in place: max,
-    subtract, exp, then one multiply by s·Q/Σ exp; then the target's share is subtracted.
+    every class c), Q = Σ_c q_c and s = dloss (÷ Σ w[target] for "mean"). The softmax is made as softmax makes
+    it (exp(logits − c), c = 0 where nothing overflows, else the row's max), then one multiply by s·Q/Σ exp;
+    then the target's share is subtracted.
     """
 
 def mse_loss(x: _TensorLike, target: _TensorLike, *, reduction: str = 'mean') -> Tensor:

@@ -326,9 +326,10 @@ def cross_entropy(logits, target, weight, *, ignore_index, reduction, label_smoo
     others; with probabilities, "mean" divides by the number of samples and the targets get a gradient too.
     ``weight`` gets none, as in torch.
 
-    With class indices, a recorded call keeps exp(logits − max) and its row sums for the backward pass, which then
-    makes the softmax with one multiply instead of max, subtract, exp and sum again (torch keeps log_softmax's
-    output alike): memory of one more array the logits' size until the backward pass.
+    With class indices, a recorded call keeps exp(logits − c) and its row sums for the backward pass (c is 0 in
+    the rows where nothing overflows, else the row's max: softmax's rule), which then makes the softmax with one
+    multiply instead of exp and sum again (torch keeps log_softmax's output alike): memory of one more array the
+    logits' size until the backward pass.
     """
     soft = D.is_floating(target.dtype)
     _check_class_call(cross_entropy, logits, target, weight, {"reduction": reduction, "ignore_index": ignore_index},
@@ -463,10 +464,11 @@ def cross_entropy_grad(logits, target, dloss, weight, exp_rows, row_sums, *, ign
                        label_smoothing, out=None):
     """Gradient of cross_entropy with class-index targets, in one pass over the logits: per sample
     s·(Q·softmax(logits) − q), where q is the smoothed, weighted target ((1 − ε)·w[t] at class t, ε/C·w_c at every
-    class c), Q = Σ_c q_c and s = dloss (÷ Σ w[target] for "mean"). The softmax is made in place: max, subtract,
-    exp, then one multiply by s·Q/Σ exp; then the target's share is subtracted.
+    class c), Q = Σ_c q_c and s = dloss (÷ Σ w[target] for "mean"). The softmax is made as softmax makes it
+    (exp(logits − c), c = 0 where nothing overflows, else the row's max), then one multiply by s·Q/Σ exp; then
+    the target's share is subtracted.
 
-    ``exp_rows`` and ``row_sums``, exp(logits − max) as rows (samples, classes) and their sums, are what
+    ``exp_rows`` and ``row_sums``, exp(logits − c) as rows (samples, classes) and their sums, are what
     cross_entropy's forward pass kept: given, the softmax is one multiply of them (the same values)."""
     axis = _class_axis(logits.ndim)
     samples = logits.shape[:axis] + logits.shape[axis + 1:]
