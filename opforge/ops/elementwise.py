@@ -385,7 +385,7 @@ def _(rng):
     yield Sample.of(np.array(0.3), np.array(-1.2))
 
 
-_ROW = 1024
+_ROW = 16384  # over NumPy's ufunc buffer (8192 elements): rows that fit in it twice would be copied through it
 _ZERO_ROWS: dict = {}  # dtype -> a read-only row of zeros
 
 
@@ -393,17 +393,18 @@ _ZERO_ROWS: dict = {}  # dtype -> a read-only row of zeros
 def relu(x, out=None):
     """y = max(x, 0)."""
     n = x.size
-    if n >= 8 * _ROW and x.dtype.kind == "f" and x.flags.c_contiguous and (out is None or out.flags.c_contiguous):
+    if n >= 4096 and x.dtype.kind == "f" and x.flags.c_contiguous and (out is None or out.flags.c_contiguous):
         # NumPy's maximum takes its vector loop only when no operand is a broadcast scalar: against rows of zeros
-        # it is 2.5x faster on 1M float32 here (same results: the same comparison, element by element).
+        # it is 3.5x faster on 64×512 float32 here (2.8 against 10 µs; the same comparison, element by element).
         zeros = _ZERO_ROWS.get(x.dtype)
         if zeros is None:
             zeros = _ZERO_ROWS[x.dtype] = np.zeros(_ROW, x.dtype)
             zeros.flags.writeable = False
         y = np.empty_like(x) if out is None else out
         flat_x, flat_y, body = x.reshape(-1), y.reshape(-1), n - n % _ROW
-        np.maximum(flat_x[:body].reshape(-1, _ROW), zeros, out=flat_y[:body].reshape(-1, _ROW))
-        np.maximum(flat_x[body:], 0, out=flat_y[body:])
+        if body:
+            np.maximum(flat_x[:body].reshape(-1, _ROW), zeros, out=flat_y[:body].reshape(-1, _ROW))
+        np.maximum(flat_x[body:], zeros[:n - body], out=flat_y[body:])
         return y
     return np.maximum(x, _ZERO.get(x.dtype, 0), out=out)
 

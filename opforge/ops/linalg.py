@@ -156,7 +156,10 @@ def _linear_spec(x, weight, bias):
 def linear(x, weight, bias, out=None):
     """``torch.nn.functional.linear``: ``y = x @ weightᵀ + bias``, weight of shape (out_features, in_features),
     over the last dim of ``x`` (any leading dims are a batch)."""
-    if out is None:  # eager calls run no shape rule: this one (the executor ran it before handing out=)
+    # Eager calls run no shape rule: a cheap look, and the rule itself (for its error) only when that fails. A 1-D
+    # bias broadcasts over the rows of the right width; anything else takes the rule.
+    if (not x.ndim or weight.ndim != 2 or x.shape[-1] != weight.shape[1]
+            or (bias is not None and bias.shape != weight.shape[:1])):
         _linear_spec(x, weight, bias)
     y = np.matmul(x, weight.T, out=out)
     if bias is None:

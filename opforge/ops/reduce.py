@@ -131,10 +131,12 @@ mean.samples(_reduce_samples)
 def sum_to(x, *, shape):
     """Sums ``x`` down to ``shape``, the inverse of broadcasting ``shape`` up to ``x.shape``."""
     lead = x.ndim - len(shape)
+    if lead == 1 and tuple(shape) == x.shape[1:]:  # a bias's gradient: the sum over the batch axis
+        return np.add.reduce(x, axis=0)
     if lead < 0 or any(d not in (1, n) for d, n in zip(shape, x.shape[lead:])):
         raise ValueError("the target shape does not broadcast to the input's")  # (reshape below would take it)
     axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(shape) if d == 1 and x.shape[lead + i] != 1)
-    y = np.sum(x, axis=axes, keepdims=True) if axes else x
+    y = np.add.reduce(x, axis=axes, keepdims=True) if axes else x  # np.sum's own reduce, without its wrapper
     return y.reshape(shape)
 
 
