@@ -206,6 +206,25 @@ def test_dead_code_and_duplicates_are_removed_but_random_ops_are_not_merged():
     assert plan.source.count("rng=_rng()") == 2
 
 
+def test_a_reshape_to_the_shape_it_has_is_its_input():
+    # A rule's reshape(-1, n) of a 2-D gradient changes nothing: the plan reads the input, with the same results,
+    # also where the input is a feed fetched back, a dying buffer written in place, or the batch size changes.
+    def f(x):
+        y = F.reshape(F.exp(x), shape=[-1, 3]) * 2.0
+        return {"y": y, "x": F.reshape(x, shape=[-1, 3]), "t": F.reshape(F.tanh(x), shape=[3, -1])}
+
+    prog = of.trace(f, x=of.Spec((None, 3), "float64"))
+    exe = of.Executor(prog)
+    for rows in (2, 3):
+        x = np.arange(rows * 3.0).reshape(rows, 3) / 10
+        plan = exe.plan(x=x)
+        assert plan.removed["identity"] == (2 if rows == 2 else 3)  # (3, 3) -> [3, -1] is one too
+        got = exe.run(x=x)
+        np.testing.assert_array_equal(got["y"], np.exp(x) * 2.0)
+        np.testing.assert_array_equal(got["x"], x)
+        np.testing.assert_array_equal(got["t"], np.tanh(x).reshape(3, -1))
+
+
 def test_intermediates_are_freed_after_their_last_reader():
     prog = build(mlp_loss(params(sizes=(3, 64, 64))))
     plan = of.Executor(prog).plan(x=np.zeros((256, 3)))

@@ -50,7 +50,7 @@ class Plan:
         self.specs = specs  # variable name -> concrete Spec
         self.steps = steps
         self.peak_live_bytes = peak_live_bytes
-        self.removed = removed  # ops each pass took out: {"dead": n, "merged": n, "folded": n, "fused": n}
+        self.removed = removed  # ops each pass took out: {"dead", "merged", "identity", "folded", "fused": n}
         self.line_ops = line_ops or {}  # line of the generated source -> "op #i <type> -> <outputs>"
         self.workspace_bytes = workspace_bytes  # the most the workspace holds: its buffers at most at once
         self.workspaces = [] if workspaces is None else workspaces  # idle workspaces (runs take and give back)
@@ -186,10 +186,10 @@ class Executor:
                 specs[n] = s
         # 2. dead code and duplicates
         fetched = set(self.fetch.values()) | set(program.updates.values())  # updates are roots too
-        removed = {"dead": 0, "merged": 0}
+        removed = {"dead": 0, "merged": 0, "identity": 0}
         folded = {}
         if self.optimize:
-            ops, removed["merged"], alias = self._merge(ops)
+            ops, removed["merged"], removed["identity"], alias = self._merge(ops, specs)
             fetched = {alias.get(n, n) for n in fetched}
             ops, removed["dead"] = self._prune(ops, fetched)
             ops, folded = self._fold(ops)
@@ -218,12 +218,20 @@ class Executor:
         return kept, {n: v for n, v in values.items() if n not in self.constants}
 
     @staticmethod
-    def _merge(ops: list):
-        """Common-subexpression elimination: an op identical to an earlier pure one reuses its outputs."""
-        seen, alias, kept, merged = {}, {}, [], 0
+    def _merge(ops: list, specs: dict):
+        """Common-subexpression elimination: an op identical to an earlier pure one reuses its outputs. And a reshape
+        to the shape its input has already (gradient rules flatten batch dims that a 2-D input does not have) is
+        its input: it goes, and its readers read the input."""
+        seen, alias, kept, merged, identities = {}, {}, [], 0, 0
         for op, attrs in ops:
             inputs = {k: [alias.get(n, n) for n in names] for k, names in op.inputs.items()}
             op = OpDesc(op.type, inputs, op.outputs, op.attrs, op.role)
+            if op.type == "reshape":
+                (source,), (result,) = op.input_names(), op.output_names()
+                if specs[source] == specs[result]:
+                    alias[result] = source
+                    identities += 1
+                    continue
             if "random" in registry.get(op.type).traits:
                 kept.append((op, attrs))
                 continue
@@ -235,7 +243,7 @@ class Executor:
                 continue
             seen[key] = op
             kept.append((op, attrs))
-        return kept, merged, alias
+        return kept, merged, identities, alias
 
     @staticmethod
     def _prune(ops: list, needed: set):
