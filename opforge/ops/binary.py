@@ -5,11 +5,15 @@ from opforge import ops as F
 
 from ._common import D, P, Sample, Spec, broadcast_shapes, np, op
 
+# The ufuncs of the hottest kernels, looked up once, and called without out= when there is none: on 16 elements
+# the two cost 0.05 of a 0.3 µs kernel (every tiny op of an eager chain is one of these).
+_add, _subtract, _multiply, _divide = np.add, np.subtract, np.multiply, np.true_divide
+
 
 @op("add(Tensor x, Tensor y) -> Tensor out", traits=["broadcast"], inplace={"out": "x"})
 def add(x, y, out=None):
     """x + y."""
-    return np.add(x, y, out=out)
+    return _add(x, y) if out is None else _add(x, y, out=out)
 
 
 add.fusable(commutative=True)
@@ -37,7 +41,7 @@ def _(dout):
 @op("sub(Tensor x, Tensor y) -> Tensor out", traits=["broadcast"], inplace={"out": "x"})
 def sub(x, y, out=None):
     """x − y."""
-    return np.subtract(x, y, out=out)
+    return _subtract(x, y) if out is None else _subtract(x, y, out=out)
 
 
 sub.fusable()
@@ -81,7 +85,7 @@ def _(dout):
 @op("mul(Tensor x, Tensor y) -> Tensor out", traits=["broadcast"], inplace={"out": "x"})
 def mul(x, y, out=None):
     """x · y."""
-    return np.multiply(x, y, out=out)
+    return _multiply(x, y) if out is None else _multiply(x, y, out=out)
 
 
 mul.fusable(commutative=True)
@@ -99,7 +103,7 @@ def _(x, y, dout, needs_input_grad):
 @op("div(Tensor x, Tensor y) -> Tensor out", traits=["broadcast"], inplace={"out": "x"})
 def div(x, y, out=None):
     """x / y (true division: integers give float64, as in NumPy)."""
-    return np.true_divide(x, y, out=out)
+    return _divide(x, y) if out is None else _divide(x, y, out=out)
 
 
 div.fusable()
