@@ -237,3 +237,26 @@ def test_a_replayed_gradient_is_a_tensor_as_wrap_makes_it():
         if hasattr(made, name) and name not in ("__weakref__", "_data"):
             assert getattr(made, name) == getattr(grads[-1], name), name
     np.testing.assert_array_equal(grads[-1].numpy(), grads[0].numpy())
+
+
+def test_a_tape_that_made_a_tensor_on_the_default_device_is_not_replayed_after_the_default_changed(scratch_ops):
+    # The rule makes a tensor with no tensor input (on the default device then). Recorded while "cpu" is the
+    # default, its tape must not run while another device is: the rule runs as written and says what it says.
+    scratch_ops.append("twice_by_a_made_two")
+    of.register_device("replay_twin", kernels_of="cpu")  # registering the same device again is allowed
+
+    @of.op("twice_by_a_made_two(Tensor x) -> Tensor y", traits=["elementwise"], replace=True)
+    def twice(x):
+        return x * 2
+
+    @twice.grad
+    def _(dy):
+        return dy * of.full((), 2.0, dtype=dy.dtype)  # made on the default device
+
+    x = of.tensor(np.ones(3), requires_grad=True)
+    for _ in range(3):  # seen, recorded, replayed
+        (g,) = of.grad(F.sum(twice(x)), [x])
+        np.testing.assert_array_equal(g.numpy(), [2.0, 2.0, 2.0])
+    assert _tapes_of(of.registry.get("twice_by_a_made_two"))
+    with of.using_device("replay_twin"), pytest.raises(of.OpforgeError, match="replay_twin"):
+        of.grad(F.sum(twice(x)), [x])  # as written: a cpu tensor times a replay_twin one is refused

@@ -45,9 +45,10 @@ from ..tensor import _SCALARS, Tensor, _host_reads, wrap
 from .rules import call_rule, fit, fit_inputs, input_label
 
 enabled = True  # set_replay(False) turns the fast path off (every rule runs as written)
-_tapes: dict = {}  # key -> 1 (seen once), a replay function, or _REFUSED
+_tapes: dict = {}  # key -> _SEEN_ONCE, a replay function, or _REFUSED
 _tapes_of = [definitions[0]]  # the op definitions the tapes were recorded under
 _REFUSED = object()
+_SEEN_ONCE = object()
 _MAX_TAPES = 4096  # shapes that keep changing must not grow the table without bound
 
 
@@ -84,22 +85,28 @@ def run(node, grads: list) -> list:
         tape = _tapes.get(key)
     except TypeError:  # an unhashable attr (a list): not worth a key of its own
         return _as_written(node, grads)
-    if tape is None or tape is _REFUSED:
-        if tape is None:
-            if len(_tapes) >= _MAX_TAPES:
-                _tapes.clear()
-            _tapes[key] = 1
-        return _as_written(node, grads)
-    if tape == 1:
-        tape = _tapes[key] = _record(node, grads)
-        if tape is _REFUSED:
-            return _as_written(node, grads)
-    if tape.default_device is not None and default_device() is not tape.default_device:
-        return _as_written(node, grads)  # a call with no tensor input ran on the then default device
+    if tape is None or tape is _REFUSED or tape is _SEEN_ONCE:
+        return _untaped(key, tape, node, grads)
     try:
         return tape(node, grads)
     except Exception:  # a kernel refused these values: the rule, run as written, says so as eager says it
         return _as_written(node, grads)
+
+
+def _untaped(key, tape, node, grads: list) -> list:
+    """A key without a tape: met the first time (noted), the second (recorded now), or refused."""
+    if tape is None:
+        if len(_tapes) >= _MAX_TAPES:
+            _tapes.clear()
+        _tapes[key] = _SEEN_ONCE
+    elif tape is _SEEN_ONCE:
+        tape = _tapes[key] = _record(node, grads)
+        if tape is not _REFUSED:
+            try:
+                return tape(node, grads)
+            except Exception:
+                pass
+    return _as_written(node, grads)
 
 
 def _as_written(node, grads: list) -> list:
@@ -284,6 +291,9 @@ def _compile(name: str, recorder: _Recorder, reads: list, returned: list):
     steps.reverse()
     env = {"_nd": np.ndarray, "_wrap": wrap, "_flat": _flatten_outputs, "_new": object.__new__, "_T": Tensor}
     lines = ["def replay(node, grads):", "    s, so = node.saved, node.saved_out"]
+    if recorder.default_device is not None:  # a call with no tensor input ran on the then default device
+        env.update(_default_device=default_device, _dd=recorder.default_device, _Moved=_DefaultDeviceMoved)
+        lines.append("    if _default_device() is not _dd: raise _Moved")  # run() then runs the rule as written
     lines += [f"    a{i} = {reads[i][1]}" for i in range(given) if i in live]
 
     for n, (op, kernel, device, out_device, attrs, sources, first, count) in enumerate(steps):
@@ -322,8 +332,11 @@ def _compile(name: str, recorder: _Recorder, reads: list, returned: list):
     exec(compile(source, filename, "exec"), env)
     replay = env.pop("replay")  # not left in its own globals: no cycle to keep a dropped tape alive
     replay.source = source
-    replay.default_device = recorder.default_device
     return replay
+
+
+class _DefaultDeviceMoved(Exception):
+    """Raised by a tape whose rule made a tensor on the default device, which is another one now."""
 
 
 __all__ = ["run", "set_replay", "usable"]
