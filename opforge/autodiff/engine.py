@@ -34,13 +34,15 @@ def grad(outputs, inputs, grad_outputs=None, create_graph=False, retain_graph=No
     On program variables (inside a traced function) the program's interpreter answers instead, by appending the
     backward ops to the program: ``of.grad`` reads the same in eager and compiled code.
     """
-    interpreter = owner_of([outputs, inputs])
-    if interpreter is not EAGER:
-        return interpreter.differentiate(outputs, inputs, grad_outputs, allow_unused)
+    if type(outputs) is not Tensor or (type(inputs) is not list and type(inputs) is not tuple) or \
+            any(type(t) is not Tensor for t in inputs):  # the common eager call skips the look for program values
+        interpreter = owner_of([outputs, inputs])
+        if interpreter is not EAGER:
+            return interpreter.differentiate(outputs, inputs, grad_outputs, allow_unused)
     outputs = _as_list(outputs, "grad", "outputs")
     inputs = _as_list(inputs, "grad", "inputs")
     for i, t in enumerate(inputs):
-        if not t.requires_grad:
+        if not t._requires_grad:
             raise GradientError(f"grad(): inputs[{i}] does not require grad, so no gradient reaches it")
     seeds = _seeds(outputs, grad_outputs, "grad")
     targets = {_key(t) for t in inputs}
@@ -62,6 +64,8 @@ def grad(outputs, inputs, grad_outputs=None, create_graph=False, retain_graph=No
 
 
 def _as_list(value, fn: str, arg: str) -> list:
+    if type(value) is Tensor:
+        return [value]
     items = [value] if isinstance(value, Tensor) else list(value) if isinstance(value, (list, tuple)) else None
     if items is None or not all(isinstance(t, Tensor) for t in items):
         raise ArgumentError(f"{fn}(): argument '{arg}' expected a Tensor or a sequence of Tensors, "
@@ -70,6 +74,10 @@ def _as_list(value, fn: str, arg: str) -> list:
 
 
 def _seeds(outputs: list, given, fn: str) -> list:
+    if type(given) is Tensor and len(outputs) == 1:  # one output, its gradient given: checked here, shortly
+        t = outputs[0]
+        if t._requires_grad and given._data.shape == t._data.shape:
+            return [given]
     if given is None:
         given = [None] * len(outputs)
     else:
