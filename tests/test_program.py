@@ -225,6 +225,28 @@ def test_a_reshape_to_the_shape_it_has_is_its_input():
         np.testing.assert_array_equal(got["t"], np.tanh(x).reshape(3, -1))
 
 
+def test_ops_of_the_shapes_alone_are_computed_once_per_plan():
+    # The seed of a loss's backward pass (ones_like) depends on the loss's shape, not its value: the plan makes it
+    # once. It stays the plan's own constant (nothing writes into it) and every run gives the eager gradient.
+    w = of.tensor(np.array([0.5, -1.0, 2.0]), requires_grad=True)
+
+    def f(x):
+        loss = F.sum(F.tanh(x * w))
+        return {"loss": loss, "dw": of.grad(loss, [w])[0], "zeros": F.zeros_like(x) + x}
+
+    prog = of.trace(f, x=of.Spec((3,), "float64"))
+    exe = of.Executor(prog)
+    plan = exe.plan(x=np.ones(3))
+    assert plan.removed["folded"] >= 2
+    assert not [label for label in plan.line_ops.values() if "ones_like ->" in label or "zeros_like ->" in label]
+    for x in (np.ones(3), np.array([0.1, 0.2, -3.0]), np.ones(3)):
+        got = exe.run(x=x)
+        ox = of.tensor(x)
+        (dw,) = of.grad(F.sum(F.tanh(ox * w)), [w])
+        np.testing.assert_array_equal(got["dw"], dw.numpy())
+        np.testing.assert_array_equal(got["zeros"], x)
+
+
 def test_intermediates_are_freed_after_their_last_reader():
     prog = build(mlp_loss(params(sizes=(3, 64, 64))))
     plan = of.Executor(prog).plan(x=np.zeros((256, 3)))

@@ -27,6 +27,7 @@ TRAITS = {
     "same_dtype": "floating inputs must share one dtype (no silent promotion: PyTorch's matmul refuses it too)",
     "no_grad": "not differentiable: outputs never require grad, autograd skips the op",
     "random": "draws from the seeded generator; never merged with an identical op",
+    "shape_only": "the output depends on the inputs' shapes and dtypes, not their values: a plan computes it once",
 }
 
 

@@ -499,7 +499,7 @@ def _like_spec(x, *, dtype=None):
     return Spec(x.shape, dtype if dtype is not None else x.dtype)
 
 
-@op("zeros_like(Tensor x, *, dtype dtype=None) -> Tensor y", traits=["no_grad"], infer=_like_spec)
+@op("zeros_like(Tensor x, *, dtype dtype=None) -> Tensor y", traits=["no_grad", "shape_only"], infer=_like_spec)
 def zeros_like(x, *, dtype):
     """Zeros of the shape (and, unless ``dtype`` is given, the dtype) of ``x``."""
     return np.zeros(x.shape, dtype or x.dtype)
@@ -508,7 +508,7 @@ def zeros_like(x, *, dtype):
 zeros_like.onnx(lambda g, x, *, dtype: g.filled(g.op("Shape", x), 0, dtype or x.dtype))
 
 
-@op("ones_like(Tensor x, *, dtype dtype=None) -> Tensor y", traits=["no_grad"], infer=_like_spec)
+@op("ones_like(Tensor x, *, dtype dtype=None) -> Tensor y", traits=["no_grad", "shape_only"], infer=_like_spec)
 def ones_like(x, *, dtype):
     """Ones of the shape (and, unless ``dtype`` is given, the dtype) of ``x``."""
     return np.ones(x.shape, dtype or x.dtype)

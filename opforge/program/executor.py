@@ -192,24 +192,32 @@ class Executor:
             ops, removed["merged"], removed["identity"], alias = self._merge(ops, specs)
             fetched = {alias.get(n, n) for n in fetched}
             ops, removed["dead"] = self._prune(ops, fetched)
-            ops, folded = self._fold(ops)
+            ops, folded = self._fold(ops, specs)
             removed["folded"] = len(folded)
         else:
             alias = {}
         return self._generate(ops, specs, alias, removed, folded)
 
-    def _fold(self, ops: list):
+    def _fold(self, ops: list, specs: dict):
         """Constant folding: run now, once, every pure op whose inputs are all constants (not parameters,
-        which change between runs)."""
+        which change between runs), and every op whose result depends on its inputs' specs alone (``shape_only``:
+        the loss's seed gradient, ones_like), given arrays of those specs."""
         values = dict(self.constants)
+        device = self.program.device
         kept = []
         for op, attrs in ops:
             opdef = registry.get(op.type)
-            if "random" not in opdef.traits and op.input_names() and all(n in values for n in op.input_names()):
-                args = [[values[n] for n in op.inputs[p.name]] if p.is_list else
-                        (values[op.inputs[p.name][0]] if op.inputs[p.name] else None) for p in opdef.inputs]
-                first = next(values[n] for n in op.input_names())
-                device = self.program.device
+            if "shape_only" in opdef.traits and op.input_names():
+                known = {n: values[n] if n in values else device.xp.empty(specs[n].shape, specs[n].dtype)
+                         for n in op.input_names()}
+            elif "random" not in opdef.traits and op.input_names() and all(n in values for n in op.input_names()):
+                known = values
+            else:
+                known = None
+            if known is not None:
+                args = [[known[n] for n in op.inputs[p.name]] if p.is_list else
+                        (known[op.inputs[p.name][0]] if op.inputs[p.name] else None) for p in opdef.inputs]
+                first = next(known[n] for n in op.input_names())
                 result = opdef.find_kernel(device, first.dtype).bind(device)(*args, **attrs)
                 for n, v in zip(op.output_names(), _flattener(opdef, device)(result)):
                     values[n] = v
