@@ -522,7 +522,9 @@ def test_softmax_kernels_equal_the_plain_formulas(shape, axis, dtype):
         assert g.dtype == dtype
         if axis % len(shape) != len(shape) - 1:
             np.testing.assert_array_equal(g.numpy(), w)
-        np.testing.assert_allclose(g.numpy(), w, rtol=2e-6 if dtype == np.float32 else 1e-14, atol=1e-7)
+        # a row sum's rounding (~n·eps·max|term|) scaled by a probability: a few 1e-7 in float32 at 100 columns
+        np.testing.assert_allclose(g.numpy(), w, rtol=2e-6 if dtype == np.float32 else 1e-14,
+                                   atol=5e-7 if dtype == np.float32 else 1e-15)
 
 
 def _hostile_logits(dtype):

@@ -71,15 +71,27 @@ def _axes(op_name: str, axis: int, ndim: int) -> tuple:
 # they take the max from max_last and broadcast within row_buffers (_common.py says why both pay).
 
 
+_ONES: dict = {}  # (length, dtype) -> a read-only row of ones
+
+
 def _sum(a, axes: tuple, b=None):
     """Σ a, or Σ a·b without making the product, over ``axes``, kept as size-1 dims. Over the last axis (the usual
-    case) einsum's loops sum several times faster than np.add.reduce, which sums each contiguous row pairwise, and
-    np.vecdot (BLAS dot per row, for float32/64) takes half einsum's time for Σ a·b, with no larger error."""
+    case) of float32/64, np.vecdot: a BLAS dot per row (with a row of ones for Σ a), half einsum's time for Σ a·b
+    and 0.7 of it for Σ a (2.5 against 3.6 µs for 64×1000), with no larger error, and each row summed by the same
+    call whatever the other rows. Other dtypes take einsum's loops, several times faster than np.add.reduce, which
+    sums each contiguous row pairwise."""
     if axes == (a.ndim - 1,):
+        if a.dtype.char in "fd" and (b is None or b.dtype == a.dtype):
+            if b is None:
+                b = _ONES.get((a.shape[-1], a.dtype))
+                if b is None:
+                    if len(_ONES) > 64:
+                        _ONES.clear()
+                    b = _ONES[(a.shape[-1], a.dtype)] = np.ones(a.shape[-1], a.dtype)
+                    b.flags.writeable = False
+            return np.vecdot(a, b)[..., None]
         if b is None:
             return np.einsum("...i->...", a)[..., None]
-        if a.dtype == b.dtype and a.dtype.char in "fd":
-            return np.vecdot(a, b)[..., None]
         return np.einsum("...i,...i->...", a, b)[..., None]
     return np.add.reduce(a if b is None else a * b, axis=axes, keepdims=True)
 
@@ -96,9 +108,9 @@ def _exp_sums(x, axes, shift: bool = False):
     a softmax. The groups that fail the test (overflow, every value very negative, −∞ or nan) are done again with
     their max; each group's values depend on that group alone."""
     if not shift and x.dtype.char in "fd":
-        with overflow_ignored():  # an overflow sends its group to the max below
+        with overflow_ignored():  # an overflow (in exp or in the sum) sends its group to the max below
             e = np.exp(x)
-        s = _sum(e, axes)
+            s = _sum(e, axes)
         lo, hi = (np.minimum.reduce(s, axis=None), np.maximum.reduce(s, axis=None)) if s.size else (1, 1)
         if lo >= 1 and hi < np.inf:  # a nan fails both
             return e, s, None
