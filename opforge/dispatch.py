@@ -422,7 +422,8 @@ def _generate_attach(opdef: OpDef) -> None:
         "    if type(out) is not _of_nd:",
         f"        out = {device}.array(out)",
         f"    device = {device}",
-        "    if out.dtype.kind != 'f' and out.dtype is not _of_bf16:",  # D.is_floating, inlined
+        "    dtype = out.dtype",
+        "    if dtype.kind != 'f' and dtype is not _of_bf16:",  # D.is_floating, inlined
         "        return _of_wrap(out, device)",
         "    node = _of_new(_of_Node)",
         "    node.op = _of_op",
@@ -431,7 +432,7 @@ def _generate_attach(opdef: OpDef) -> None:
         "    node.in_layout = _of_layout",
         "    node.in_meta = (" + "".join(meta(p) + ", " for p in inputs) + ")",
         "    node.out_layout = _of_out_layout",
-        "    node.out_meta = ((out.shape, out.dtype),)",
+        "    node.out_meta = ((out.shape, dtype),)",
         f"    node.saved = {saved}",
         f"    node.saved_out = {saved_out}",
         "    node.device = device",
