@@ -274,12 +274,15 @@ def _fast_path(opdef: OpDef, env: dict, inputs_src: str, attrs_src: str) -> list
         "        except Exception as _of_e:",
         f"            _of_fail(_of_op, {inputs_src}, {attrs_src}, _of_e)",
     ]
+    # a plain op's attach takes its inputs as arguments (the schema decides that, not the rule: stable)
+    attach = (f"_of_op.attach_args({''.join(p.name + ', ' for p in inputs)}" if _plain(opdef)
+              else f"_of_op.attach({inputs_src}, ")
     if saving:
         lines += ["        if _of_save is not None:",
-                  f"            return _of_op.attach({inputs_src}, {attrs_src}, _of_out, _of_save)"]
+                  f"            return {attach}{attrs_src}, _of_out, _of_save)"]
     elif needs:
         lines += [f"        if _of_gm.enabled and ({needs}):",
-                  f"            return _of_op.attach({inputs_src}, {attrs_src}, _of_out)"]
+                  f"            return {attach}{attrs_src}, _of_out)"]
     if len(opdef.outputs) == 1:  # wrap(), written out: a call less on every op
         lines += ["        if type(_of_out) is not _of_nd:",
                   f"            _of_out = {device}.array(_of_out)",
@@ -386,9 +389,7 @@ def _generate_attach(opdef: OpDef) -> None:
     there is one output (most ops), else the general ``_attach``. Regenerated when the gradient rule changes,
     since the rule's parameter names say which inputs and outputs the Node keeps."""
     inputs = opdef.inputs
-    plain = (inputs and not inputs[0].optional and not any(p.is_list for p in inputs)
-             and len(opdef.outputs) == 1 and not opdef.outputs[0].is_list and opdef.out_device is None)
-    if not plain:
+    if not _plain(opdef):
         opdef.attach = lambda inputs, attrs, out, residuals=None: _attach(opdef, inputs, attrs, out, residuals)
         return
     rule = opdef.grad_rule
@@ -412,46 +413,57 @@ def _generate_attach(opdef: OpDef) -> None:
     # small ops: 4.8 -> 3.9 µs per op forward+backward, three alternating runs of its worker each).
     saved = "{" + ", ".join(f"{n!r}: {names[i]}" for n, i in (rule.saved_inputs if rule else ())) + "}"
     saved = "_of_nothing" if saved == "{}" else saved
-    saved_out = "{" + ", ".join(f"{n!r}: ((0, out),)" for n, _ in (rule.saved_outputs if rule else ())) + "}"
+    saved_out = "{" + ", ".join(f"{n!r}: ((0, _of_y),)" for n, _ in (rule.saved_outputs if rule else ())) + "}"
     saved_out = "_of_nothing" if saved_out == "{}" else saved_out
     # Node(...) and wrap_output(...) written out field by field: a tenth of a µs less per recorded call (a third
-    # of what recording adds to a small op); tests/test_autograd.py checks that they set what the two set.
+    # of what recording adds to a small op); tests/test_autograd.py checks that they set what the two set. The
+    # inputs come as arguments (a tuple to pack and unpack costs 0.05 µs more); every other name has the _of_
+    # prefix, so that no input name can shadow it.
     source = "\n".join([
-        "def attach(inputs, attrs, out, residuals=None):",
-        f"    {', '.join(names)}, = inputs",
-        "    if type(out) is not _of_nd:",
-        f"        out = {device}.array(out)",
-        f"    device = {device}",
-        "    dtype = out.dtype",
-        "    if dtype.kind != 'f' and dtype is not _of_bf16:",  # D.is_floating, inlined
-        "        return _of_wrap(out, device)",
-        "    node = _of_new(_of_Node)",
-        "    node.op = _of_op",
-        "    node.attrs = attrs",
-        "    node.edges = (" + "".join(edge(p) + ", " for p in inputs) + ")",
-        "    node.in_layout = _of_layout",
-        "    node.in_meta = (" + "".join(meta(p) + ", " for p in inputs) + ")",
-        "    node.out_layout = _of_out_layout",
-        "    node.out_meta = ((out.shape, dtype),)",
-        f"    node.saved = {saved}",
-        f"    node.saved_out = {saved_out}",
-        "    node.device = device",
-        "    node.epoch = _of_epoch[0]",
-        "    node.residuals = residuals",
-        "    t = _of_new(_of_T)",
-        "    t._data = out",
-        "    t._requires_grad = True",
-        "    t._node = node",
-        "    t._index = 0",
-        "    t._device = device",
-        "    t._grad = None",
-        "    return t",
+        f"def attach_args({''.join(n + ', ' for n in names)}_of_attrs, _of_y, _of_residuals=None):",
+        "    if type(_of_y) is not _of_nd:",
+        f"        _of_y = {device}.array(_of_y)",
+        f"    _of_device = {device}",
+        "    _of_dtype = _of_y.dtype",
+        "    if _of_dtype.kind != 'f' and _of_dtype is not _of_bf16:",  # D.is_floating, inlined
+        "        return _of_wrap(_of_y, _of_device)",
+        "    _of_node = _of_new(_of_Node)",
+        "    _of_node.op = _of_op",
+        "    _of_node.attrs = _of_attrs",
+        "    _of_node.edges = (" + "".join(edge(p) + ", " for p in inputs) + ")",
+        "    _of_node.in_layout = _of_layout",
+        "    _of_node.in_meta = (" + "".join(meta(p) + ", " for p in inputs) + ")",
+        "    _of_node.out_layout = _of_out_layout",
+        "    _of_node.out_meta = ((_of_y.shape, _of_dtype),)",
+        f"    _of_node.saved = {saved}",
+        f"    _of_node.saved_out = {saved_out}",
+        "    _of_node.device = _of_device",
+        "    _of_node.epoch = _of_epoch[0]",
+        "    _of_node.residuals = _of_residuals",
+        "    _of_t = _of_new(_of_T)",
+        "    _of_t._data = _of_y",
+        "    _of_t._requires_grad = True",
+        "    _of_t._node = _of_node",
+        "    _of_t._index = 0",
+        "    _of_t._device = _of_device",
+        "    _of_t._grad = None",
+        "    return _of_t",
     ]) + "\n"
     env = {"_of_op": opdef, "_of_nd": np.ndarray, "_of_wrap": wrap, "_of_new": object.__new__, "_of_T": Tensor,
            "_of_Node": Node, "_of_layout": (-1,) * len(inputs), "_of_out_layout": (-1,), "_of_bf16": D.bfloat16,
            "_of_epoch": _epoch, "_of_nothing": _NOTHING}
-    opdef.attach = _exec(source, f"<opforge.attach.{opdef.name}>", env, "attach")
-    opdef.attach.source = source
+    attach_args = _exec(source, f"<opforge.attach.{opdef.name}>", env, "attach_args")
+    attach_args.source = source
+    opdef.attach_args = attach_args  # what the op's generated function calls: its inputs as arguments, no tuple
+    opdef.attach = lambda inputs, attrs, out, residuals=None: attach_args(*inputs, attrs, out, residuals)
+
+
+def _plain(opdef: OpDef) -> bool:
+    """An op whose recorded calls the generated straight-line attach links: no list input, the first input not
+    optional, one output (not a list), on its inputs' device."""
+    inputs = opdef.inputs
+    return bool(inputs and not inputs[0].optional and not any(p.is_list for p in inputs)
+                and len(opdef.outputs) == 1 and not opdef.outputs[0].is_list and opdef.out_device is None)
 
 
 _NOTHING = MappingProxyType({})  # what a Node saves when its rule needs nothing: one shared, read-only mapping

@@ -338,7 +338,7 @@ def test_generated_attach_sets_what_node_and_wrap_output_set():
     y = F.relu(x)
     made = Node(y._node.op, {}, ((x, -1),), (-1,), ((x.shape, x.dtype),), (-1,), ((x.shape, x.dtype),), {},
                 {"y": [(0, y._data)]}, x._device)
-    assert hasattr(y._node.op.attach, "source")  # relu's attach is the generated straight-line one
+    assert hasattr(y._node.op.attach_args, "source")  # relu's attach is the generated straight-line one
     for name in Node.__slots__:
         assert hasattr(made, name) == hasattr(y._node, name), name
         if name in ("saved", "saved_out"):  # mappings; nothing to save is one shared read-only mapping there
@@ -358,6 +358,27 @@ def test_generated_attach_sets_what_node_and_wrap_output_set():
             assert getattr(wrapped, name) is getattr(y, name) or getattr(wrapped, name) == getattr(y, name), name
     (g,) = of.grad(F.sum(y), [x])
     np.testing.assert_array_equal(g.numpy(), (x.numpy() > 0).astype(np.float32))
+
+
+def test_generated_attach_takes_any_input_names(scratch_ops):
+    # The straight-line attach gets the inputs under their schema names: names it uses itself must not clash.
+    scratch_ops.append("names_like_locals")
+
+    @of.op("names_like_locals(Tensor t, Tensor device) -> Tensor node", traits=["elementwise"])
+    def names_like_locals(t, device):
+        return t * device
+
+    @names_like_locals.grad
+    def _(t, device, dnode):
+        return dnode * device, dnode * t
+
+    a = of.tensor(np.array([1.0, 2.0]), requires_grad=True)
+    b = of.tensor(np.array([3.0, -1.0]), requires_grad=True)
+    y = F.names_like_locals(a, b)
+    assert y._node.saved["t"] is a and y._node.saved["device"] is b
+    ga, gb = of.grad(F.sum(y), [a, b])
+    np.testing.assert_array_equal(ga.numpy(), [3.0, -1.0])
+    np.testing.assert_array_equal(gb.numpy(), [1.0, 2.0])
 
 
 def test_generated_op_function_makes_the_tensor_wrap_makes():
