@@ -804,7 +804,9 @@ def triplet_margin_loss(
 # -- opforge.ops.nn
 
 def softmax(x: _TensorLike, *, axis: int = -1) -> Tensor:
-    """exp(x) / Σ exp(x) along ``axis``, computed as exp(x − max x) / Σ exp(x − max x) so nothing overflows."""
+    """exp(x) / Σ exp(x) along ``axis``. Computed so where Σ exp(x) is finite and at least 1 (float32/64), else
+    as exp(x − max x) / Σ exp(x − max x): nothing overflows, and each group's path depends on that group alone.
+    """
 
 def softmax_grad(y: _TensorLike, dy: _TensorLike, *, axis: int = -1) -> Tensor:
     """Gradient of softmax from its output y: dx = y·(dy − Σ dy·y) along ``axis``."""

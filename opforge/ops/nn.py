@@ -164,7 +164,8 @@ def _softmax_grad_spec(op_name):
 
 @op("softmax(Tensor<floating> x, *, int axis=-1) -> Tensor y", infer=_softmax_spec("softmax"), inplace={"y": "x"})
 def softmax(x, *, axis, out=None):
-    """exp(x) / Σ exp(x) along ``axis``, computed as exp(x − max x) / Σ exp(x − max x) so nothing overflows."""
+    """exp(x) / Σ exp(x) along ``axis``. Computed so where Σ exp(x) is finite and at least 1 (float32/64), else
+    as exp(x − max x) / Σ exp(x − max x): nothing overflows, and each group's path depends on that group alone."""
     return _softmax_np(x, _axes("softmax", axis, x.ndim), out)
 
 
