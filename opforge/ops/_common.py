@@ -3,6 +3,7 @@
 import math
 
 import numpy as np
+from numpy._core.umath import _extobj_contextvar, _make_extobj
 
 from ..core import dtypes as D
 from ..core.errors import ShapeError
@@ -73,56 +74,40 @@ def row_width(x, axes) -> int:
     return math.prod(x.shape[a] for a in axes)
 
 
-try:  # NumPy keeps the ufunc settings as one object in a context variable; swapping it is 0.2 µs, where the
-    # public setbufsize builds it in Python (0.7 µs, twice per use). Other NumPy versions get the public call.
-    from numpy._core.umath import _extobj_contextvar, _make_extobj
-except ImportError:  # pragma: no cover
-    _extobj_contextvar = _make_extobj = None
-
-
-class overflow_ignored:
-    """``with overflow_ignored():`` around a ufunc whose overflow the kernel detects and handles itself (a probe
-    that is redone another way where it overflowed): no RuntimeWarning for the user, whose other settings hold."""
+class _ufunc_settings:
+    """A ``with`` block under other ufunc settings (the others, such as the user's ``np.errstate``, kept);
+    subclasses say which in ``__init__``, leaving ``old`` None to change nothing. NumPy (2.0 on, as pyproject asks)
+    keeps these settings as one object in a context variable, per thread and task: swapping that object costs
+    0.2 µs, where np.setbufsize or np.seterr build it in Python (0.7 µs each way)."""
 
     __slots__ = ("old",)
-
-    def __enter__(self):
-        if _make_extobj is not None:
-            self.old = _extobj_contextvar.set(_make_extobj(over="ignore"))
-        else:  # pragma: no cover
-            self.old = np.seterr(over="ignore")
-        return self
-
-    def __exit__(self, *exc):
-        if _make_extobj is not None:
-            _extobj_contextvar.reset(self.old)
-        else:  # pragma: no cover
-            np.seterr(**self.old)
-
-
-class row_buffers:
-    """``with row_buffers(width):`` around ufuncs that broadcast a column over rows of ``width`` elements: a ufunc
-    buffer shorter than two rows while the rows are long enough for it to matter (512 ≤ width ≤ 4096; from 4097
-    NumPy's default buffer holds less than two rows already). Shorter rows, where buffering pays, keep NumPy's.
-    The size lives in NumPy's per-context state (threads and tasks keep their own; the other settings in it, such
-    as ``np.errstate``, are kept), and only speed depends on it."""
-
-    __slots__ = ("old",)
-
-    def __init__(self, width: int):
-        if not 512 <= width <= 4096:
-            self.old = None
-        elif _make_extobj is not None:
-            self.old = _extobj_contextvar.set(_make_extobj(bufsize=-(-width // 16) * 16))
-        else:  # pragma: no cover
-            self.old = np.setbufsize(-(-width // 16) * 16)
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         if self.old is not None:
-            if _make_extobj is not None:
-                _extobj_contextvar.reset(self.old)
-            else:  # pragma: no cover
-                np.setbufsize(self.old)
+            _extobj_contextvar.reset(self.old)
+
+
+class overflow_ignored(_ufunc_settings):
+    """``with overflow_ignored():`` around a ufunc whose overflow the kernel detects and handles itself (a probe
+    that is redone another way where it overflowed): no RuntimeWarning for the user."""
+
+    __slots__ = ()
+
+    def __init__(self):
+        self.old = _extobj_contextvar.set(_make_extobj(over="ignore"))
+
+
+class row_buffers(_ufunc_settings):
+    """``with row_buffers(width):`` around ufuncs that broadcast a column over rows of ``width`` elements: a ufunc
+    buffer shorter than two rows while the rows are long enough for it to matter (512 ≤ width ≤ 4096; from 4097
+    NumPy's default buffer holds less than two rows already). Shorter rows, where buffering pays, keep NumPy's.
+    Only speed depends on it."""
+
+    __slots__ = ()
+
+    def __init__(self, width: int):
+        self.old = _extobj_contextvar.set(_make_extobj(bufsize=-(-width // 16) * 16)) if 512 <= width <= 4096 \
+            else None
