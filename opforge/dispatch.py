@@ -34,7 +34,7 @@ from .core.grad_mode import _mode as _grad_mode
 from .core.opdef import OpDef, flat_ranges, registry, split_by_layout
 from .core.schema import check_attr, parse_signature
 from .core.spec import Spec
-from .tensor import Node, Tensor, TensorOps, _epoch, as_array, note_write, wrap, wrap_output
+from .tensor import Node, Tensor, TensorOps, _epoch, as_array, note_write, tensor_source, wrap, wrap_output
 
 # -- interpreters -----------------------------------------------------------------------------------------------
 
@@ -286,13 +286,7 @@ def _fast_path(opdef: OpDef, env: dict, inputs_src: str, attrs_src: str) -> list
     if len(opdef.outputs) == 1:  # wrap(), written out: a call less on every op
         lines += ["        if type(_of_out) is not _of_nd:",
                   f"            _of_out = {device}.array(_of_out)",
-                  "        _of_t = _of_new(_of_T)",
-                  "        _of_t._data = _of_out",
-                  "        _of_t._requires_grad = False",
-                  "        _of_t._node = None",
-                  "        _of_t._index = 0",
-                  f"        _of_t._device = {device}",
-                  "        _of_t._grad = None",
+                  *tensor_source("_of_t", "_of_out", device, indent=8),
                   "        return _of_t"]
     else:
         lines.append(f"        return _of_wrap_all(_of_op, _of_out, {device})")
@@ -440,13 +434,7 @@ def _generate_attach(opdef: OpDef) -> None:
         "    _of_node.device = _of_device",
         "    _of_node.epoch = _of_epoch[0]",
         "    _of_node.residuals = _of_residuals",
-        "    _of_t = _of_new(_of_T)",
-        "    _of_t._data = _of_y",
-        "    _of_t._requires_grad = True",
-        "    _of_t._node = _of_node",
-        "    _of_t._index = 0",
-        "    _of_t._device = _of_device",
-        "    _of_t._grad = None",
+        *tensor_source("_of_t", "_of_y", "_of_device", "_of_node"),
         "    return _of_t",
     ]) + "\n"
     env = {"_of_op": opdef, "_of_nd": np.ndarray, "_of_wrap": wrap, "_of_new": object.__new__, "_of_T": Tensor,

@@ -223,6 +223,16 @@ def wrap_output(data, node: Node, index: int, device: Device) -> Tensor:
     return t
 
 
+def tensor_source(var: str, data: str, device: str, node: str = "None", index: str = "0", indent: int = 4) -> list:
+    """Lines of generated code that make Tensor ``var`` as ``wrap`` (``node`` "None") or ``wrap_output`` do, field
+    by field: the generated op functions, attach and replay tapes save a call that way, with object.__new__ and
+    Tensor as ``_of_new`` and ``_of_T`` in their globals. The one list of the fields they write."""
+    pad = " " * indent
+    return [f"{pad}{var} = _of_new(_of_T)", f"{pad}{var}._data = {data}",
+            f"{pad}{var}._requires_grad = {'False' if node == 'None' else 'True'}", f"{pad}{var}._node = {node}",
+            f"{pad}{var}._index = {index}", f"{pad}{var}._device = {device}", f"{pad}{var}._grad = None"]
+
+
 class TensorOps:
     """Operators and methods shared by eager Tensors and program Variables: each one calls a registered op,
     so nothing bypasses autograd or tracing. Subclasses provide ``dtype`` and ``device``."""

@@ -41,7 +41,7 @@ from ..dispatch import (
     interpreting,
     prepare_call,
 )
-from ..tensor import _SCALARS, Tensor, _host_reads, wrap
+from ..tensor import _SCALARS, Tensor, _host_reads, tensor_source, wrap
 from .rules import call_rule, fit, fit_inputs, input_label
 
 enabled = True  # set_replay(False) turns the fast path off (every rule runs as written)
@@ -289,7 +289,7 @@ def _compile(name: str, recorder: _Recorder, reads: list, returned: list):
                     if type(s) is int:
                         live.add(s)
     steps.reverse()
-    env = {"_nd": np.ndarray, "_wrap": wrap, "_flat": _flatten_outputs, "_new": object.__new__, "_T": Tensor}
+    env = {"_nd": np.ndarray, "_wrap": wrap, "_flat": _flatten_outputs, "_of_new": object.__new__, "_of_T": Tensor}
     lines = ["def replay(node, grads):", "    s, so = node.saved, node.saved_out"]
     if recorder.default_device is not None:  # a call with no tensor input ran on the then default device
         env.update(_default_device=default_device, _dd=recorder.default_device, _Moved=_DefaultDeviceMoved)
@@ -323,9 +323,7 @@ def _compile(name: str, recorder: _Recorder, reads: list, returned: list):
             results.append(f"t{s}")
     made = sorted({s for s in returned if s is not None and s >= given})
     for s in made:  # one Tensor per value, shared where the rule shares: wrap(), written out (a call less)
-        lines += [f"    t{s} = _new(_T)", f"    t{s}._data = a{s}", f"    t{s}._requires_grad = False",
-                  f"    t{s}._node = None", f"    t{s}._index = 0", f"    t{s}._device = dev{s}",
-                  f"    t{s}._grad = None"]
+        lines += tensor_source(f"t{s}", f"a{s}", f"dev{s}")
     lines.append(f"    return [{', '.join(results)}]")
     source = "\n".join(lines) + "\n"
     filename = f"<opforge.replay.{name}.{next(_names)}>"
