@@ -63,6 +63,22 @@ def max_over(x, axes: tuple):
     return np.maximum.reduce(x, axis=axes, keepdims=True, initial=-np.inf)
 
 
+_ROWS: dict = {}  # (value, length, dtype) -> a read-only row of that value
+
+
+def constant_row(value, length: int, dtype):
+    """A read-only row of ``length`` copies of ``value`` in ``dtype``, made once: what a kernel broadcasts or dots
+    against where NumPy's own handling of a scalar would be slower (relu's zeros, a row sum's ones)."""
+    key = (value, length, dtype)
+    row = _ROWS.get(key)
+    if row is None:
+        if len(_ROWS) > 64:  # lengths that keep changing must not grow it without bound
+            _ROWS.clear()
+        row = _ROWS[key] = np.full(length, value, dtype)
+        row.flags.writeable = False
+    return row
+
+
 def row_width(x, axes) -> int:
     """The elements of one group when ``axes`` are x's last axes and x is C-contiguous (a group is a row of memory,
     and a column of per-group values broadcasts over it: what row_buffers takes); else 0."""

@@ -12,7 +12,7 @@ import math
 from opforge import ops as F
 
 from ..core.errors import ArgumentError
-from ._common import D, P, Sample, ShapeError, Spec, broadcast_shapes, normalize_axes, np, op
+from ._common import D, P, Sample, ShapeError, Spec, broadcast_shapes, constant_row, normalize_axes, np, op
 
 
 def _carry_nan(x, dx):
@@ -286,18 +286,10 @@ def _(rng):
     yield Sample.of(rng.uniform(0.5, 3.0, ()))
 
 
-def _read_only_0d(value, dtype):
-    a = np.full((), value, dtype)
-    a.flags.writeable = False
-    return a
-
-
-# A Python 0 or 1 costs NumPy 0.25 µs of scalar promotion per call (half of relu's kernel on 16 elements); a 0-d
-# array of the operand's dtype gives the same values (NumPy casts the Python number to that dtype either way) for
-# less (0.1 µs against 0.37 for a NumPy scalar). Only the float dtypes: bool keeps the Python 0 (its relu is
-# int64, as NumPy's).
-_ZERO = {np.dtype(t): _read_only_0d(0, t) for t in (np.float16, np.float32, np.float64)}
-_ONE = {dtype: _read_only_0d(1, dtype) for dtype in _ZERO}
+# 0 and 1 as _typed gives them, one dict read away in the hottest kernels (relu, tanh_grad). Only the float dtypes:
+# bool keeps the Python 0 (its relu is int64, as NumPy's).
+_ZERO = {np.dtype(t): _typed(0, np.dtype(t)) for t in (np.float16, np.float32, np.float64)}
+_ONE = {dtype: _typed(1, dtype) for dtype in _ZERO}
 
 
 @op("tanh(Tensor<floating> x) -> Tensor y", traits=["elementwise"], inplace={"y": "x"})
@@ -389,7 +381,6 @@ def _(rng):
 
 
 _ROW = 16384  # over NumPy's ufunc buffer (8192 elements): rows that fit in it twice would be copied through it
-_ZERO_ROWS: dict = {}  # dtype -> a read-only row of zeros
 
 
 @op("relu(Tensor x) -> Tensor y", traits=["elementwise"], inplace={"y": "x"})
@@ -399,10 +390,7 @@ def relu(x, out=None):
     if n >= 4096 and x.dtype.kind == "f" and x.flags.c_contiguous and (out is None or out.flags.c_contiguous):
         # NumPy's maximum takes its vector loop only when no operand is a broadcast scalar: against rows of zeros
         # it is 3.5x faster on 64×512 float32 here (2.8 against 10 µs; the same comparison, element by element).
-        zeros = _ZERO_ROWS.get(x.dtype)
-        if zeros is None:
-            zeros = _ZERO_ROWS[x.dtype] = np.zeros(_ROW, x.dtype)
-            zeros.flags.writeable = False
+        zeros = constant_row(0, _ROW, x.dtype)
         y = np.empty_like(x) if out is None else out
         flat_x, flat_y, body = x.reshape(-1), y.reshape(-1), n - n % _ROW
         if body:

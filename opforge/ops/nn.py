@@ -17,6 +17,7 @@ from ._common import (
     ShapeError,
     Spec,
     broadcast_shapes,
+    constant_row,
     max_last,
     max_over,
     normalize_axes,
@@ -71,9 +72,6 @@ def _axes(op_name: str, axis: int, ndim: int) -> tuple:
 # they take the max from max_last and broadcast within row_buffers (_common.py says why both pay).
 
 
-_ONES: dict = {}  # (length, dtype) -> a read-only row of ones
-
-
 def _sum(a, axes: tuple, b=None):
     """Σ a, or Σ a·b without making the product, over ``axes``, kept as size-1 dims. Over the last axis (the usual
     case) of float32/64, np.vecdot: a BLAS dot per row (with a row of ones for Σ a), half einsum's time for Σ a·b
@@ -82,14 +80,7 @@ def _sum(a, axes: tuple, b=None):
     sums each contiguous row pairwise."""
     if axes == (a.ndim - 1,):
         if a.dtype.char in "fd" and (b is None or b.dtype == a.dtype):
-            if b is None:
-                b = _ONES.get((a.shape[-1], a.dtype))
-                if b is None:
-                    if len(_ONES) > 64:
-                        _ONES.clear()
-                    b = _ONES[(a.shape[-1], a.dtype)] = np.ones(a.shape[-1], a.dtype)
-                    b.flags.writeable = False
-            return np.vecdot(a, b)[..., None]
+            return np.vecdot(a, constant_row(1, a.shape[-1], a.dtype) if b is None else b)[..., None]
         if b is None:
             return np.einsum("...i->...", a)[..., None]
         return np.einsum("...i,...i->...", a, b)[..., None]
