@@ -16,6 +16,12 @@ __all__ = ["B", "D", "P", "S", "Sample", "ShapeError", "Spec", "broadcast_shapes
            "shapes_agree"]
 
 
+# The ufuncs of the hottest small kernels, bound once: a module attribute lookup is 20 ns of a 0.3–0.5 µs kernel on
+# 16 elements (every tiny op of an eager chain is one of these), and so is passing out=None.
+_add, _subtract, _multiply, _divide = np.add, np.subtract, np.multiply, np.true_divide
+_maximum, _minimum = np.maximum, np.minimum
+
+
 def normalize_axes(op_name: str, axes, ndim: int) -> tuple:
     """Axes (None = all) -> sorted non-negative tuple; an axis out of range is a ShapeError naming the op.
 

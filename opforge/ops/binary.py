@@ -3,11 +3,7 @@ so rules here are written as if nothing were broadcast."""
 
 from opforge import ops as F
 
-from ._common import D, P, Sample, Spec, broadcast_shapes, np, op
-
-# The ufuncs of the hottest kernels, looked up once, and called without out= when there is none: on 16 elements
-# the two cost 0.05 of a 0.3 µs kernel (every tiny op of an eager chain is one of these).
-_add, _subtract, _multiply, _divide = np.add, np.subtract, np.multiply, np.true_divide
+from ._common import D, P, Sample, Spec, _add, _divide, _multiply, _subtract, broadcast_shapes, np, op
 
 
 @op("add(Tensor x, Tensor y) -> Tensor out", traits=["broadcast"], inplace={"out": "x"})
