@@ -560,6 +560,52 @@ def test_linear_is_matmul_with_the_transposed_weight_and_a_bias():
     np.testing.assert_allclose(F.linear(of.tensor(x), of.tensor(w), of.tensor(b)).numpy(), x @ w.T + b)
 
 
+@pytest.mark.parametrize(("x_shape", "bias"), [((64, 784), True), ((2, 4, 784), True), ((33, 784), False)],
+                         ids=["64-rows", "8-rows-in-a-batch", "33-rows-no-bias"])
+def test_linear_with_few_float32_rows_computes_the_transposed_product(x_shape, bias):
+    # OpenBLAS's float32 x·Wᵀ is slow for a row-major result of few rows: linear computes W·xᵀ and copies it out
+    # with the bias added. The result is that product's, bit for bit, eager and compiled alike, and as accurate.
+    from opforge.ops import linalg
+
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    w = (rng.standard_normal((512, 784)) / 28).astype(np.float32)
+    b = rng.standard_normal(512).astype(np.float32) if bias else None
+    assert linalg._few_rows(x, w, b, None)
+    rows = x.reshape(-1, 784)
+    by_hand = np.matmul(w, rows.T).T + (0 if b is None else b)
+    args = [of.tensor(a) for a in (x, w, b) if a is not None]
+    eager = F.linear(*args).numpy()
+    np.testing.assert_array_equal(eager.reshape(-1, 512), by_hand)
+    assert eager.shape == (*x_shape[:-1], 512) and eager.flags.c_contiguous
+    exact = x.astype(np.float64) @ w.T.astype(np.float64) + (0 if b is None else b)
+    np.testing.assert_allclose(eager, exact, rtol=0, atol=2e-5)
+    t_args = [torch.from_numpy(a) for a in (x, w, b) if a is not None]
+    np.testing.assert_allclose(eager, torch.nn.functional.linear(*t_args).numpy(), rtol=0, atol=2e-5)
+    feeds = {"x": x, "w": w} if b is None else {"x": x, "w": w, "b": b}
+    # relu after it: linear's result is then the plan's own, written into a buffer of its workspace (out=)
+    fn = (lambda x, w: {"y": F.relu(F.linear(x, w))}) if b is None else \
+        (lambda x, w, b: {"y": F.relu(F.linear(x, w, b))})
+    executor = of.Executor(of.trace(fn, **{n: of.Spec(a.shape, a.dtype) for n, a in feeds.items()}))
+    for _ in range(2):
+        np.testing.assert_array_equal(executor.run(**feeds)["y"], np.maximum(eager, 0))
+
+
+def test_linear_takes_the_transposed_product_only_where_it_was_measured_faster():
+    from opforge.ops import linalg
+
+    def few(rows, features=512, inputs=784, dtype=np.float32, **kw):
+        x = np.zeros((rows, inputs), dtype)
+        return linalg._few_rows(x, np.zeros((features, inputs), dtype), kw.get("bias"), kw.get("out"))
+
+    assert few(8) and few(64) and few(8, features=256, inputs=256)
+    assert not few(7) and not few(65) and not few(64, dtype=np.float64)
+    assert not few(64, features=255) and not few(64, inputs=255)
+    assert not few(64, bias=np.zeros(512, np.float64))  # a float64 bias promotes: the plain path
+    assert not few(64, bias=np.zeros((64, 512), np.float32))  # a bias per row and feature (it broadcasts)
+    assert not few(64, out=np.zeros((512, 64), np.float32).T)  # an out= that is not C-ordered
+
+
 def test_einsum_third_derivative_through_a_diagonal():
     # y = Σᵢ a_ii³ (via einsum "ii,ii,ii->"): the gradient einsums and diagonal masks are themselves differentiable.
     a = np.random.default_rng(9).standard_normal((3, 3))
