@@ -178,7 +178,7 @@ _COPY_BLOCK = 128
 def _few_rows(x, weight, bias, out) -> bool:
     """Whether linear takes _few_rows_linear: float32, 8 to 64 rows, in and out features both >= 256 (where the
     measured gain holds), x and out C-contiguous, and no bias or one float32 value per feature."""
-    return (x.dtype == weight.dtype == np.float32 and 256 <= weight.shape[0] and 256 <= weight.shape[1]
+    return (x.dtype == weight.dtype == np.float32 and min(weight.shape) >= 256
             and 8 * weight.shape[1] <= x.size <= 64 * weight.shape[1] and x.flags.c_contiguous
             and (bias is None or (bias.dtype == np.float32 and bias.shape == weight.shape[:1]))
             and (out is None or out.flags.c_contiguous))
