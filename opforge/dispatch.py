@@ -23,7 +23,7 @@ import os
 import weakref
 from collections import namedtuple
 from contextlib import contextmanager
-from types import MappingProxyType
+from types import FunctionType, MappingProxyType
 
 import numpy as np
 
@@ -205,6 +205,27 @@ def _exec(source: str, filename: str, env: dict, name: str):
     return env[name]
 
 
+# The code of a generated function until its first call: it compiles the function's source and takes on its code.
+# The function object stays the one ``opforge.ops`` and every importer hold. A process calls few of the ops, and
+# compiling all of them took a fifth of ``import opforge``.
+_UNCOMPILED = next(c for c in compile("def _(*args, **kwargs):\n    return _of_compile()(*args, **kwargs)\n",
+                                      "<opforge.ops>", "exec").co_consts if hasattr(c, "co_code"))
+
+
+def _exec_on_first_call(source: str, filename: str, env: dict, name: str):
+    """The function ``name`` that ``source`` defines, compiled when first called (see _UNCOMPILED)."""
+    fn = FunctionType(_UNCOMPILED, env, name)
+
+    def compile_now():
+        compiled = _exec(source, filename, env, name)
+        fn.__code__, fn.__defaults__, fn.__kwdefaults__ = compiled.__code__, compiled.__defaults__, \
+            compiled.__kwdefaults__
+        return fn
+
+    env["_of_compile"] = compile_now
+    return fn
+
+
 def _attr_checks(opdef: OpDef, env: dict) -> list:
     """Lines that type-check (and normalise) each attr; a value already of the exact type skips the call."""
     lines = []
@@ -337,7 +358,7 @@ def _generate_api(opdef: OpDef):
         lines += _fast_path(opdef, env, inputs_src, attrs_src)
     lines.append(f"    return _of_run(_of_op, {inputs_src}, {attrs_src})")
     source = "\n".join(lines) + "\n"
-    fn = _exec(source, f"<opforge.ops.{opdef.name}>", env, opdef.name)
+    fn = _exec_on_first_call(source, f"<opforge.ops.{opdef.name}>", env, opdef.name)
     _api_functions.add(fn)
     fn.__module__ = "opforge.ops"
     fn.__qualname__ = opdef.name
@@ -381,11 +402,25 @@ def _docstring(opdef: OpDef) -> str:
 def _generate_attach(opdef: OpDef) -> None:
     """Give the op its ``attach(inputs, attrs, out)``: generated straight-line code when no input is a list and
     there is one output (most ops), else the general ``_attach``. Regenerated when the gradient rule changes,
-    since the rule's parameter names say which inputs and outputs the Node keeps."""
-    inputs = opdef.inputs
+    since the rule's parameter names say which inputs and outputs the Node keeps.
+
+    The straight-line code is compiled at the op's first recorded call, not here: a process records few of the
+    ops, and an op given its rule after its definition (most) would compile it twice. Compiling every op's at
+    import took 40% of ``import opforge``."""
     if not _plain(opdef):
         opdef.attach = lambda inputs, attrs, out, residuals=None: _attach(opdef, inputs, attrs, out, residuals)
         return
+
+    def attach_args(*args):  # until the first recorded call
+        return _compile_attach(opdef)(*args)
+
+    opdef.attach_args = attach_args  # what the op's generated function calls: its inputs as arguments, no tuple
+    opdef.attach = lambda inputs, attrs, out, residuals=None: opdef.attach_args(*inputs, attrs, out, residuals)
+
+
+def _compile_attach(opdef: OpDef):
+    """The op's straight-line attach, compiled; it replaces the stand-in in ``opdef.attach_args``."""
+    inputs = opdef.inputs
     rule = opdef.grad_rule
     names = [p.name for p in inputs]
     device = f"{names[0]}._device"
@@ -442,8 +477,8 @@ def _generate_attach(opdef: OpDef) -> None:
            "_of_epoch": _epoch, "_of_nothing": _NOTHING}
     attach_args = _exec(source, f"<opforge.attach.{opdef.name}>", env, "attach_args")
     attach_args.source = source
-    opdef.attach_args = attach_args  # what the op's generated function calls: its inputs as arguments, no tuple
-    opdef.attach = lambda inputs, attrs, out, residuals=None: attach_args(*inputs, attrs, out, residuals)
+    opdef.attach_args = attach_args
+    return attach_args
 
 
 def _plain(opdef: OpDef) -> bool:

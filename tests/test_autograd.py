@@ -381,6 +381,36 @@ def test_generated_attach_takes_any_input_names(scratch_ops):
     np.testing.assert_array_equal(gb.numpy(), [1.0, 2.0])
 
 
+def test_generated_code_is_compiled_at_first_use_and_stays_the_same_function(scratch_ops):
+    # An op's function and its attach are compiled at their first call (import opforge compiles none of them):
+    # the function object is the one already handed out, with its signature, before and after.
+    import inspect
+
+    scratch_ops.append("compiled_late")
+
+    @of.op("compiled_late(Tensor x, *, float k=2.0) -> Tensor y", traits=["elementwise"])
+    def compiled_late(x, *, k):
+        return x * k
+
+    @compiled_late.grad
+    def _(x, dy, *, k):
+        return dy * k
+
+    fn = F.compiled_late
+    assert fn.__code__.co_name != "compiled_late" and "def compiled_late(x, *, k=" in fn.source
+    assert list(inspect.signature(fn).parameters) == ["x", "k"] and fn.__doc__.startswith("compiled_late(")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'scale'"):
+        fn(of.tensor([1.0]), scale=3.0)  # refused as the compiled function refuses it
+    assert fn.__code__.co_name == "compiled_late" and F.compiled_late is fn
+    attach = compiled_late.attach_args
+    assert not hasattr(attach, "source")  # not compiled until a call is recorded
+    x = of.tensor(np.array([1.0, -2.0]), requires_grad=True)
+    y = fn(x, k=3.0)
+    assert hasattr(compiled_late.attach_args, "source") and y._node.op is compiled_late
+    (g,) = of.grad(F.sum(fn(x, k=3.0)), [x])
+    assert g.tolist() == [3.0, 3.0] and fn(x).tolist() == [2.0, -4.0]
+
+
 def test_generated_op_function_makes_the_tensor_wrap_makes():
     # An op's fast path writes its unrecorded result's fields one by one (a call less than wrap()): the same ones.
     from opforge.tensor import Tensor, wrap
