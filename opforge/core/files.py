@@ -2,10 +2,7 @@
 reading ``.npz`` archives that nobody vouches for without trusting the sizes they claim."""
 
 import contextlib
-import hashlib
 import os
-import secrets
-import zipfile
 
 import numpy as np
 
@@ -37,7 +34,13 @@ def write_content_addressed(directory: str, stem: str, suffix: str, write) -> tu
     return name, digest
 
 
+# zipfile and hashlib are imported where they are used: zipfile brings lzma, bz2 and shutil with it, and these
+# took 4.9 MB of every process's memory at ``import opforge`` (bench/run.py's memory group), saving or not.
+
+
 def sha256_of(path: str) -> str:
+    import hashlib
+
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):
@@ -49,7 +52,7 @@ def _write_temporary(directory: str, name: str, write) -> str:
     if not os.path.isdir(directory):  # else open() would name the temporary file, which the caller never chose
         raise FileNotFoundError(f"cannot write {os.path.join(directory, name)!r}: the folder {directory!r} does not "
                                 "exist (create it first)")
-    tmp = os.path.join(directory, f".{name}.{secrets.token_hex(4)}.tmp")
+    tmp = os.path.join(directory, f".{name}.{os.urandom(4).hex()}.tmp")
     try:
         with open(tmp, "xb") as f:  # created with the usual permissions (umask), unlike tempfile's 0600
             write(f)
@@ -74,6 +77,8 @@ def _rename(tmp: str, path: str) -> None:
 
 def write_npz(f, arrays: dict) -> None:
     """What ``np.savez`` writes (uncompressed .npy members in a zip), with pickling refused for every member."""
+    import zipfile
+
     with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
         for name, array in arrays.items():
             with archive.open(name + ".npy", "w", force_zip64=True) as member:
@@ -114,6 +119,8 @@ class NpzReader:
     """
 
     def __init__(self, path):
+        import zipfile
+
         self.path = os.fspath(path)
         with _as_archive_error(self.path):
             size = os.path.getsize(self.path)
