@@ -28,6 +28,7 @@ the others (--rounds), and the repeats of both are pooled.
 from __future__ import annotations
 
 import argparse
+import compileall
 import datetime
 import importlib
 import importlib.util
@@ -461,6 +462,10 @@ def main(argv=None) -> int:
             print(Path(path).read_text())
         return 0
 
+    # The workers import opforge from this checkout. Where PYTHONDONTWRITEBYTECODE is set (this machine sets it) no
+    # bytecode gets cached, and every worker would compile the package from source, which an installed package
+    # never does: 145 ms of each import here, and 3 MB of the memory group's peak RSS. Compiled once, as pip does.
+    compileall.compile_dir(HERE.parent / "opforge", quiet=1)
     groups, all_workers, problems = [], [], []
     for group in args.cases:
         module = importlib.import_module(f"cases.{GROUPS[group]}")
