@@ -169,7 +169,7 @@ def op(signature: str, traits=(), *, inplace=None, saves=(), replace: bool = Fal
         opdef.fn = _generate_api(opdef)
         opdef.__signature__, opdef.__doc__, opdef.__name__ = opdef.fn.__signature__, opdef.fn.__doc__, opdef.name
         _generate_attach(opdef)
-        opdef.rule_listeners.append(_generate_attach)
+        opdef.rule_listeners += [_generate_attach, _generate_api]  # a plain op's function runs attach's lines
         registry.add(opdef, replace=replace)
         return opdef
 
@@ -212,9 +212,15 @@ _UNCOMPILED = next(c for c in compile("def _(*args, **kwargs):\n    return _of_c
                                       "<opforge.ops>", "exec").co_consts if hasattr(c, "co_code"))
 
 
-def _exec_on_first_call(source: str, filename: str, env: dict, name: str):
-    """The function ``name`` that ``source`` defines, compiled when first called (see _UNCOMPILED)."""
-    fn = FunctionType(_UNCOMPILED, env, name)
+def _exec_on_first_call(source: str, filename: str, env: dict, name: str, fn=None):
+    """The function ``name`` that ``source`` defines, compiled when first called (see _UNCOMPILED). Given ``fn``
+    (written before), that same function object takes on the new source, compiled at its next call."""
+    if fn is None:
+        fn = FunctionType(_UNCOMPILED, env, name)
+    else:
+        fn.__globals__.update(env)
+        env = fn.__globals__
+        fn.__code__, fn.__defaults__, fn.__kwdefaults__ = _UNCOMPILED, None, None
 
     def compile_now():
         compiled = _exec(source, filename, env, name)
@@ -295,15 +301,17 @@ def _fast_path(opdef: OpDef, env: dict, inputs_src: str, attrs_src: str) -> list
         "        except Exception as _of_e:",
         f"            _of_fail(_of_op, {inputs_src}, {attrs_src}, _of_e)",
     ]
-    # a plain op's attach takes its inputs as arguments (the schema decides that, not the rule: stable)
-    attach = (f"_of_op.attach_args({''.join(p.name + ', ' for p in inputs)}" if _plain(opdef)
-              else f"_of_op.attach({inputs_src}, ")
-    if saving:
-        lines += ["        if _of_save is not None:",
-                  f"            return {attach}{attrs_src}, _of_out, _of_save)"]
-    elif needs:
-        lines += [f"        if _of_gm.enabled and ({needs}):",
-                  f"            return {attach}{attrs_src}, _of_out)"]
+    # a plain op records its call with attach's own lines, in place (its function is written again when its rule
+    # changes: the rule says what the Node keeps); the others call their attach
+    if needs:
+        lines.append("        if _of_save is not None:" if saving else f"        if _of_gm.enabled and ({needs}):")
+        if _plain(opdef):
+            lines += [f"            _of_attrs = {attrs_src}", "            _of_y = _of_out",
+                      f"            _of_residuals = {'_of_save' if saving else 'None'}",
+                      *_attach_lines(opdef, env, indent=12)]
+        else:
+            lines.append(f"            return _of_op.attach({inputs_src}, {attrs_src}, _of_out"
+                         f"{', _of_save' if saving else ''})")
     if len(opdef.outputs) == 1:  # wrap(), written out: a call less on every op
         lines += ["        if type(_of_out) is not _of_nd:",
                   f"            _of_out = {device}.array(_of_out)",
@@ -319,7 +327,8 @@ _RENAMED = {"dim": "axis", "keepdims": "keepdim"}
 
 
 def _generate_api(opdef: OpDef):
-    """Write and compile the function ``opforge.ops.<name>`` for this op."""
+    """Write the function ``opforge.ops.<name>`` for this op (compiled at its first call), or write it again:
+    ``opdef.fn``, once there, stays the function object everyone holds."""
     schema = opdef.schema
     params, star = [], False
     for p in schema.params:
@@ -358,7 +367,7 @@ def _generate_api(opdef: OpDef):
         lines += _fast_path(opdef, env, inputs_src, attrs_src)
     lines.append(f"    return _of_run(_of_op, {inputs_src}, {attrs_src})")
     source = "\n".join(lines) + "\n"
-    fn = _exec_on_first_call(source, f"<opforge.ops.{opdef.name}>", env, opdef.name)
+    fn = _exec_on_first_call(source, f"<opforge.ops.{opdef.name}>", env, opdef.name, getattr(opdef, "fn", None))
     _api_functions.add(fn)
     fn.__module__ = "opforge.ops"
     fn.__qualname__ = opdef.name
@@ -411,8 +420,9 @@ def _generate_attach(opdef: OpDef) -> None:
         opdef.attach = lambda inputs, attrs, out, residuals=None: _attach(opdef, inputs, attrs, out, residuals)
         return
 
-    def attach_args(*args):  # until the first recorded call
-        return _compile_attach(opdef)(*args)
+    def attach_args(*args):  # until the first recorded call (a caller that kept it gets the compiled one after)
+        current = opdef.attach_args
+        return (_compile_attach(opdef) if current is attach_args else current)(*args)
 
     opdef.attach_args = attach_args  # what the op's generated function calls: its inputs as arguments, no tuple
     opdef.attach = lambda inputs, attrs, out, residuals=None: opdef.attach_args(*inputs, attrs, out, residuals)
@@ -420,10 +430,27 @@ def _generate_attach(opdef: OpDef) -> None:
 
 def _compile_attach(opdef: OpDef):
     """The op's straight-line attach, compiled; it replaces the stand-in in ``opdef.attach_args``."""
+    env = {"_of_op": opdef, "_of_nd": np.ndarray, "_of_wrap": wrap, "_of_new": object.__new__, "_of_T": Tensor}
+    names = "".join(p.name + ", " for p in opdef.inputs)
+    source = "\n".join([f"def attach_args({names}_of_attrs, _of_y, _of_residuals=None):",
+                        *_attach_lines(opdef, env, indent=4)]) + "\n"
+    attach_args = _exec(source, f"<opforge.attach.{opdef.name}>", env, "attach_args")
+    attach_args.source = source
+    opdef.attach_args = attach_args
+    return attach_args
+
+
+def _attach_lines(opdef: OpDef, env: dict, indent: int) -> list:
+    """The body of a plain op's attach: it links ``_of_y``, the kernel's result for the inputs (under their schema
+    names), ``_of_attrs`` and ``_of_residuals``, into the graph and returns the output Tensor. The op's function
+    runs these same lines in place of a call to attach (a call less on every recorded op); ``env`` gets the names
+    they read."""
     inputs = opdef.inputs
     rule = opdef.grad_rule
     names = [p.name for p in inputs]
     device = f"{names[0]}._device"
+    env.update({"_of_Node": Node, "_of_layout": (-1,) * len(inputs), "_of_out_layout": (-1,), "_of_bf16": D.bfloat16,
+                "_of_epoch": _epoch, "_of_nothing": _NOTHING})
 
     def edge(p):
         if not p.differentiable:
@@ -445,40 +472,32 @@ def _compile_attach(opdef: OpDef):
     saved_out = "{" + ", ".join(f"{n!r}: ((0, _of_y),)" for n, _ in (rule.saved_outputs if rule else ())) + "}"
     saved_out = "_of_nothing" if saved_out == "{}" else saved_out
     # Node(...) and wrap_output(...) written out field by field: a tenth of a µs less per recorded call (a third
-    # of what recording adds to a small op); tests/test_autograd.py checks that they set what the two set. The
-    # inputs come as arguments (a tuple to pack and unpack costs 0.05 µs more); every other name has the _of_
-    # prefix, so that no input name can shadow it.
-    source = "\n".join([
-        f"def attach_args({''.join(n + ', ' for n in names)}_of_attrs, _of_y, _of_residuals=None):",
-        "    if type(_of_y) is not _of_nd:",
-        f"        _of_y = {device}.array(_of_y)",
-        f"    _of_device = {device}",
-        "    _of_dtype = _of_y.dtype",
-        "    if _of_dtype.kind != 'f' and _of_dtype is not _of_bf16:",  # D.is_floating, inlined
-        "        return _of_wrap(_of_y, _of_device)",
-        "    _of_node = _of_new(_of_Node)",
-        "    _of_node.op = _of_op",
-        "    _of_node.attrs = _of_attrs",
-        "    _of_node.edges = (" + "".join(edge(p) + ", " for p in inputs) + ")",
-        "    _of_node.in_layout = _of_layout",
-        "    _of_node.in_meta = (" + "".join(meta(p) + ", " for p in inputs) + ")",
-        "    _of_node.out_layout = _of_out_layout",
-        "    _of_node.out_meta = ((_of_y.shape, _of_dtype),)",
-        f"    _of_node.saved = {saved}",
-        f"    _of_node.saved_out = {saved_out}",
-        "    _of_node.device = _of_device",
-        "    _of_node.epoch = _of_epoch[0]",
-        "    _of_node.residuals = _of_residuals",
-        *tensor_source("_of_t", "_of_y", "_of_device", "_of_node"),
-        "    return _of_t",
-    ]) + "\n"
-    env = {"_of_op": opdef, "_of_nd": np.ndarray, "_of_wrap": wrap, "_of_new": object.__new__, "_of_T": Tensor,
-           "_of_Node": Node, "_of_layout": (-1,) * len(inputs), "_of_out_layout": (-1,), "_of_bf16": D.bfloat16,
-           "_of_epoch": _epoch, "_of_nothing": _NOTHING}
-    attach_args = _exec(source, f"<opforge.attach.{opdef.name}>", env, "attach_args")
-    attach_args.source = source
-    opdef.attach_args = attach_args
-    return attach_args
+    # of what recording adds to a small op); tests/test_autograd.py checks that they set what the two set. Every
+    # name but the inputs' has the _of_ prefix, so that no input name can shadow it.
+    lines = [
+        "if type(_of_y) is not _of_nd:",
+        f"    _of_y = {device}.array(_of_y)",
+        f"_of_device = {device}",
+        "_of_dtype = _of_y.dtype",
+        "if _of_dtype.kind != 'f' and _of_dtype is not _of_bf16:",  # D.is_floating, inlined
+        "    return _of_wrap(_of_y, _of_device)",
+        "_of_node = _of_new(_of_Node)",
+        "_of_node.op = _of_op",
+        "_of_node.attrs = _of_attrs",
+        "_of_node.edges = (" + "".join(edge(p) + ", " for p in inputs) + ")",
+        "_of_node.in_layout = _of_layout",
+        "_of_node.in_meta = (" + "".join(meta(p) + ", " for p in inputs) + ")",
+        "_of_node.out_layout = _of_out_layout",
+        "_of_node.out_meta = ((_of_y.shape, _of_dtype),)",
+        f"_of_node.saved = {saved}",
+        f"_of_node.saved_out = {saved_out}",
+        "_of_node.device = _of_device",
+        "_of_node.epoch = _of_epoch[0]",
+        "_of_node.residuals = _of_residuals",
+        *(line[4:] for line in tensor_source("_of_t", "_of_y", "_of_device", "_of_node")),
+        "return _of_t",
+    ]
+    return [" " * indent + line for line in lines]
 
 
 def _plain(opdef: OpDef) -> bool:

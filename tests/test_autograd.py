@@ -338,13 +338,16 @@ def test_generated_attach_sets_what_node_and_wrap_output_set():
     y = F.relu(x)
     made = Node(y._node.op, {}, ((x, -1),), (-1,), ((x.shape, x.dtype),), (-1,), ((x.shape, x.dtype),), {},
                 {"y": [(0, y._data)]}, x._device)
-    assert hasattr(y._node.op.attach_args, "source")  # relu's attach is the generated straight-line one
-    for name in Node.__slots__:
-        assert hasattr(made, name) == hasattr(y._node, name), name
-        if name in ("saved", "saved_out"):  # mappings; nothing to save is one shared read-only mapping there
-            assert isinstance(getattr(y._node, name), Mapping), name
-        elif hasattr(made, name) and name != "__weakref__":
-            assert type(getattr(made, name)) is type(getattr(y._node, name)), name
+    assert "_of_node = _of_new(_of_Node)" in F.relu.source  # relu's call records with attach's lines, inline
+    attached = y._node.op.attach_args(x, {}, y._data)  # and attach itself (for other callers) runs the same lines
+    for node in (y._node, attached._node):
+        for name in Node.__slots__:
+            assert hasattr(made, name) == hasattr(node, name), name
+            if name in ("saved", "saved_out"):  # mappings; nothing to save is one shared read-only mapping there
+                assert isinstance(getattr(node, name), Mapping), name
+            elif hasattr(made, name) and name != "__weakref__":
+                assert type(getattr(made, name)) is type(getattr(node, name)), name
+    assert hasattr(y._node.op.attach_args, "source")  # compiled by that call
     assert not y._node.saved and y._node.saved_out["y"] == ((0, y._data),)
     with pytest.raises(TypeError):
         y._node.saved["x"] = x  # the shared empty mapping cannot be written
@@ -402,13 +405,25 @@ def test_generated_code_is_compiled_at_first_use_and_stays_the_same_function(scr
     with pytest.raises(TypeError, match="unexpected keyword argument 'scale'"):
         fn(of.tensor([1.0]), scale=3.0)  # refused as the compiled function refuses it
     assert fn.__code__.co_name == "compiled_late" and F.compiled_late is fn
-    attach = compiled_late.attach_args
-    assert not hasattr(attach, "source")  # not compiled until a call is recorded
     x = of.tensor(np.array([1.0, -2.0]), requires_grad=True)
-    y = fn(x, k=3.0)
-    assert hasattr(compiled_late.attach_args, "source") and y._node.op is compiled_late
+    y = fn(x, k=3.0)  # recorded by the function's own lines (attach's, inline)
+    assert y._node.op is compiled_late and y._node.saved["x"] is x
     (g,) = of.grad(F.sum(fn(x, k=3.0)), [x])
     assert g.tolist() == [3.0, 3.0] and fn(x).tolist() == [2.0, -4.0]
+    stand_in = compiled_late.attach_args  # attach, for other callers: compiled at its first call, once
+    assert not hasattr(stand_in, "source")
+    assert stand_in(x, {"k": 3.0}, np.array([3.0, -6.0]))._node.op is compiled_late
+    compiled = compiled_late.attach_args
+    assert hasattr(compiled, "source") and stand_in(x, {"k": 3.0}, np.ones(2))._node.op is compiled_late
+    assert compiled_late.attach_args is compiled  # the kept stand-in did not compile it again
+
+    @compiled_late.grad  # a new rule (it keeps nothing): the function, the same object, records for it
+    def _(dy, *, k):
+        return dy * (2 * k)
+
+    assert F.compiled_late is fn and fn.__code__.co_name != "compiled_late"
+    y = fn(x, k=3.0)
+    assert not y._node.saved and of.grad(F.sum(y), [x])[0].tolist() == [6.0, 6.0]
 
 
 def test_generated_op_function_makes_the_tensor_wrap_makes():
