@@ -205,31 +205,12 @@ def _exec(source: str, filename: str, env: dict, name: str):
     return env[name]
 
 
-# The code of a generated function until its first call: it compiles the function's source and takes on its code.
-# The function object stays the one ``opforge.ops`` and every importer hold. A process calls few of the ops, and
-# compiling all of them took a fifth of ``import opforge``.
+# The code of an op's function until its first call, which writes and compiles the function's source
+# (_compile_api) and gives the function that code: the function object stays the one ``opforge.ops`` and every
+# importer hold. A process calls few of the ops: writing and compiling all of them took 70 of the 350 ms of
+# ``import opforge``, and a rule given after the op's definition (most) would have them written twice.
 _UNCOMPILED = next(c for c in compile("def _(*args, **kwargs):\n    return _of_compile()(*args, **kwargs)\n",
                                       "<opforge.ops>", "exec").co_consts if hasattr(c, "co_code"))
-
-
-def _exec_on_first_call(source: str, filename: str, env: dict, name: str, fn=None):
-    """The function ``name`` that ``source`` defines, compiled when first called (see _UNCOMPILED). Given ``fn``
-    (written before), that same function object takes on the new source, compiled at its next call."""
-    if fn is None:
-        fn = FunctionType(_UNCOMPILED, env, name)
-    else:
-        fn.__globals__.update(env)
-        env = fn.__globals__
-        fn.__code__, fn.__defaults__, fn.__kwdefaults__ = _UNCOMPILED, None, None
-
-    def compile_now():
-        compiled = _exec(source, filename, env, name)
-        fn.__code__, fn.__defaults__, fn.__kwdefaults__ = compiled.__code__, compiled.__defaults__, \
-            compiled.__kwdefaults__
-        return fn
-
-    env["_of_compile"] = compile_now
-    return fn
 
 
 def _attr_checks(opdef: OpDef, env: dict) -> list:
@@ -327,8 +308,38 @@ _RENAMED = {"dim": "axis", "keepdims": "keepdim"}
 
 
 def _generate_api(opdef: OpDef):
-    """Write the function ``opforge.ops.<name>`` for this op (compiled at its first call), or write it again:
-    ``opdef.fn``, once there, stays the function object everyone holds."""
+    """Give the op its function ``opforge.ops.<name>``, or have the one it has take on the op's current rule (a
+    plain op's function records its calls with lines written for the rule). Either way its code is written and
+    compiled at its next call (_UNCOMPILED); ``fn.source`` then holds it."""
+    inputs = opdef.inputs
+    opdef.fast_path = bool(inputs and not inputs[0].optional and not any(p.is_list for p in inputs)
+                           and not any(o.is_list for o in opdef.outputs) and opdef.out_device is None)
+    fn = opdef.fn
+    if fn is not None:
+        fn.__code__, fn.__defaults__, fn.__kwdefaults__ = _UNCOMPILED, None, None
+        return fn
+    fn = FunctionType(_UNCOMPILED, {"_of_compile": lambda: _compile_api(opdef)}, opdef.name)
+    _api_functions.add(fn)
+    fn.__module__ = "opforge.ops"
+    fn.__qualname__ = opdef.name
+    fn.__doc__ = _docstring(opdef)
+    fn.__signature__ = _python_signature(opdef)
+    fn.opdef = opdef
+    return fn
+
+
+def _compile_api(opdef: OpDef):
+    fn = opdef.fn
+    source = api_source(opdef, fn.__globals__)
+    compiled = _exec(source, f"<opforge.ops.{opdef.name}>", fn.__globals__, opdef.name)
+    fn.__code__, fn.__defaults__, fn.__kwdefaults__ = compiled.__code__, compiled.__defaults__, compiled.__kwdefaults__
+    fn.source = source
+    return fn
+
+
+def api_source(opdef: OpDef, env: dict | None = None) -> str:
+    """The source of the op's function, as it is written now; ``env`` gets the names it reads."""
+    env = {} if env is None else env
     schema = opdef.schema
     params, star = [], False
     for p in schema.params:
@@ -339,13 +350,13 @@ def _generate_api(opdef: OpDef):
     names = {p.name for p in schema.params}
     renamed = [(alias, ours) for alias, ours in _RENAMED.items() if ours in names and alias not in names]
     params += ([] if star or not renamed else ["*"]) + [f"{alias}=_of_absent" for alias, _ in renamed]
-    env = {
+    env.update({
         "_of_op": opdef, "_of_T": Tensor, "_of_nd": np.ndarray, "_of_wrap": wrap, "_of_gm": _grad_mode,
         "_of_eager": None if _debug else EAGER, "_of_innermost": _innermost.get, "_of_run": _run_eagerly,
         "_of_find": _find_kernel, "_of_fail": _kernel_failed, "_of_check": check_attr, "_of_bad_dtype": _bad_dtype,
         "_of_wrap_all": _wrap_outputs, "_of_absent": _ABSENT, "_of_renamed": _renamed,
         "_of_same_dtype": check_same_dtype, "_of_new": object.__new__,
-    }
+    })
     for p in schema.params:
         if p.has_default:
             env[f"_of_default_{p.name}"] = p.default
@@ -360,22 +371,10 @@ def _generate_api(opdef: OpDef):
              f"        return _of_i.apply(_of_op, {inputs_src}, {attrs_src})",
              "    if _of_op.validate is not None:",
              f"        _of_op.validate({attrs_src})"]
-    inputs = schema.inputs
-    opdef.fast_path = bool(inputs and not inputs[0].optional and not any(p.is_list for p in inputs)
-                           and not any(o.is_list for o in opdef.outputs) and opdef.out_device is None)
     if opdef.fast_path:
         lines += _fast_path(opdef, env, inputs_src, attrs_src)
     lines.append(f"    return _of_run(_of_op, {inputs_src}, {attrs_src})")
-    source = "\n".join(lines) + "\n"
-    fn = _exec_on_first_call(source, f"<opforge.ops.{opdef.name}>", env, opdef.name, getattr(opdef, "fn", None))
-    _api_functions.add(fn)
-    fn.__module__ = "opforge.ops"
-    fn.__qualname__ = opdef.name
-    fn.__doc__ = _docstring(opdef)
-    fn.__signature__ = _python_signature(opdef)
-    fn.opdef = opdef
-    fn.source = source
-    return fn
+    return "\n".join(lines) + "\n"
 
 
 def _python_signature(opdef: OpDef) -> inspect.Signature:
@@ -413,9 +412,8 @@ def _generate_attach(opdef: OpDef) -> None:
     there is one output (most ops), else the general ``_attach``. Regenerated when the gradient rule changes,
     since the rule's parameter names say which inputs and outputs the Node keeps.
 
-    The straight-line code is compiled at the op's first recorded call, not here: a process records few of the
-    ops, and an op given its rule after its definition (most) would compile it twice. Compiling every op's at
-    import took 40% of ``import opforge``."""
+    The straight-line code is compiled at the first call of ``attach_args``, not here: the op's own function
+    records its calls with these lines written into it, so other callers (few) are left."""
     if not _plain(opdef):
         opdef.attach = lambda inputs, attrs, out, residuals=None: _attach(opdef, inputs, attrs, out, residuals)
         return

@@ -89,10 +89,12 @@ def test_attr_checks_run_while_tracing_too():
 
 
 def test_generated_functions_have_no_dead_guards_and_optional_inputs_get_the_fast_path():
+    from opforge.dispatch import api_source
+
     for op in of.registry:
-        assert "if True" not in op.fn.source
+        assert "if True" not in api_source(op)
     linear = of.registry.get("linear")
-    assert linear.fast_path and "type(x) is _of_T" in linear.fn.source
+    assert linear.fast_path and "type(x) is _of_T" in api_source(linear)
     x, w = of.tensor(np.ones((2, 3))), of.tensor(np.ones((4, 3)), requires_grad=True)
     y = F.linear(x, w, None)
     assert y.shape == (2, 4) and y.requires_grad
