@@ -287,9 +287,8 @@ def _fast_path(opdef: OpDef, env: dict, inputs_src: str, attrs_src: str) -> list
     if needs:
         lines.append("        if _of_save is not None:" if saving else f"        if _of_gm.enabled and ({needs}):")
         if _plain(opdef):
-            lines += [f"            _of_attrs = {attrs_src}", "            _of_y = _of_out",
-                      f"            _of_residuals = {'_of_save' if saving else 'None'}",
-                      *_attach_lines(opdef, env, indent=12)]
+            lines += _attach_lines(opdef, env, 12, y="_of_out", attrs=attrs_src,
+                                   residuals="_of_save" if saving else "None", device=device)
         else:
             lines.append(f"            return _of_op.attach({inputs_src}, {attrs_src}, _of_out"
                          f"{', _of_save' if saving else ''})")
@@ -422,7 +421,7 @@ def _generate_attach(opdef: OpDef) -> None:
         current = opdef.attach_args
         return (_compile_attach(opdef) if current is attach_args else current)(*args)
 
-    opdef.attach_args = attach_args  # what the op's generated function calls: its inputs as arguments, no tuple
+    opdef.attach_args = attach_args  # its inputs as arguments, no tuple (the op's own function runs its lines)
     opdef.attach = lambda inputs, attrs, out, residuals=None: opdef.attach_args(*inputs, attrs, out, residuals)
 
 
@@ -438,15 +437,16 @@ def _compile_attach(opdef: OpDef):
     return attach_args
 
 
-def _attach_lines(opdef: OpDef, env: dict, indent: int) -> list:
-    """The body of a plain op's attach: it links ``_of_y``, the kernel's result for the inputs (under their schema
-    names), ``_of_attrs`` and ``_of_residuals``, into the graph and returns the output Tensor. The op's function
-    runs these same lines in place of a call to attach (a call less on every recorded op); ``env`` gets the names
-    they read."""
+def _attach_lines(opdef: OpDef, env: dict, indent: int, y: str = "_of_y", attrs: str = "_of_attrs",
+                  residuals: str = "_of_residuals", device: str | None = None) -> list:
+    """The body of a plain op's attach: it links ``y``, the kernel's result for the inputs (under their schema
+    names), ``attrs`` and ``residuals`` (expressions or names) into the graph and returns the output Tensor.
+    ``device``: a name already holding the first input's device. The op's function runs these same lines, with
+    its own names, in place of a call to attach (a call less on every recorded op); ``env`` gets the names they
+    read."""
     inputs = opdef.inputs
     rule = opdef.grad_rule
     names = [p.name for p in inputs]
-    device = f"{names[0]}._device"
     env.update({"_of_Node": Node, "_of_layout": (-1,) * len(inputs), "_of_out_layout": (-1,), "_of_bf16": D.bfloat16,
                 "_of_epoch": _epoch, "_of_nothing": _NOTHING})
 
@@ -467,32 +467,33 @@ def _attach_lines(opdef: OpDef, env: dict, indent: int) -> list:
     # small ops: 4.8 -> 3.9 µs per op forward+backward, three alternating runs of its worker each).
     saved = "{" + ", ".join(f"{n!r}: {names[i]}" for n, i in (rule.saved_inputs if rule else ())) + "}"
     saved = "_of_nothing" if saved == "{}" else saved
-    saved_out = "{" + ", ".join(f"{n!r}: ((0, _of_y),)" for n, _ in (rule.saved_outputs if rule else ())) + "}"
+    saved_out = "{" + ", ".join(f"{n!r}: ((0, {y}),)" for n, _ in (rule.saved_outputs if rule else ())) + "}"
     saved_out = "_of_nothing" if saved_out == "{}" else saved_out
     # Node(...) and wrap_output(...) written out field by field: a tenth of a µs less per recorded call (a third
     # of what recording adds to a small op); tests/test_autograd.py checks that they set what the two set. Every
     # name but the inputs' has the _of_ prefix, so that no input name can shadow it.
-    lines = [
-        "if type(_of_y) is not _of_nd:",
-        f"    _of_y = {device}.array(_of_y)",
-        f"_of_device = {device}",
-        "_of_dtype = _of_y.dtype",
+    lines = [] if device else [f"_of_device = {names[0]}._device"]
+    device = device or "_of_device"
+    lines += [
+        f"if type({y}) is not _of_nd:",
+        f"    {y} = {device}.array({y})",
+        f"_of_dtype = {y}.dtype",
         "if _of_dtype.kind != 'f' and _of_dtype is not _of_bf16:",  # D.is_floating, inlined
-        "    return _of_wrap(_of_y, _of_device)",
+        f"    return _of_wrap({y}, {device})",
         "_of_node = _of_new(_of_Node)",
         "_of_node.op = _of_op",
-        "_of_node.attrs = _of_attrs",
+        f"_of_node.attrs = {attrs}",
         "_of_node.edges = (" + "".join(edge(p) + ", " for p in inputs) + ")",
         "_of_node.in_layout = _of_layout",
         "_of_node.in_meta = (" + "".join(meta(p) + ", " for p in inputs) + ")",
         "_of_node.out_layout = _of_out_layout",
-        "_of_node.out_meta = ((_of_y.shape, _of_dtype),)",
+        f"_of_node.out_meta = (({y}.shape, _of_dtype),)",
         f"_of_node.saved = {saved}",
         f"_of_node.saved_out = {saved_out}",
-        "_of_node.device = _of_device",
+        f"_of_node.device = {device}",
         "_of_node.epoch = _of_epoch[0]",
-        "_of_node.residuals = _of_residuals",
-        *(line[4:] for line in tensor_source("_of_t", "_of_y", "_of_device", "_of_node")),
+        f"_of_node.residuals = {residuals}",
+        *(line[4:] for line in tensor_source("_of_t", y, device, "_of_node")),
         "return _of_t",
     ]
     return [" " * indent + line for line in lines]
