@@ -5,10 +5,36 @@ argument checking, dispatch, eager autograd to any order and gradient checks fro
     from opforge import ops as F
 """
 
-from . import data, distributed, linalg, nn, onnx, ops, optim, testing  # onnx: onnx, onnxruntime load on use
-from .autodiff import backward, detect_anomaly, grad
-from .checkpoint import load, save
-from .core import (
+# -- start-up: each layer is loaded after the layers it is built on, and imports none above it ---------------------
+# At run time the layers call each other in a loop — Tensor operators are ops, ops return Tensors, gradient rules call
+# ops — which is closed here by binding late, in two stated calls (Chainer's install_variable_arithmetics, JAX's
+# register_jax_array_methods), not by import circles.
+# isort: off
+import importlib
+
+from . import core  # noqa: F401  dtypes, Spec, schemas, OpDef and op declaration, the registry, the interpreter stack, devices
+from . import ops  # the namespace opforge.ops (F): each declared op's function, as it gets one (imports core alone)
+from . import tensor  # Tensor and the autograd Node: its operators and methods call F
+from . import dispatch  # makes each op's function (fast path, eager calls, recording for autograd)
+
+dispatch.install()  # binding 1: from here on every declared op has its function, and EAGER its meaning
+# The op library: declarations (signature, kernels, shape and gradient rules) that import core alone, one module per
+# family. half first: it gives every op declared after it (the library's, then yours) its half-precision kernels.
+_OP_FAMILIES = ("half", "creation", "elementwise", "binary", "integer", "reduce", "shape", "linalg", "loss", "nn",
+                "normalization", "conv", "accumulate", "optim", "collective", "device", "pool", "resize",
+                "embedding_bags", "feature_dropout", "indexing", "similarity", "sorting")
+for _family in _OP_FAMILIES:
+    importlib.import_module(f"{__name__}.ops.{_family}")
+from . import autodiff  # noqa: E402  (the eager backward pass, replay, anomaly detection)
+
+tensor.bind_engine(autodiff.backward)  # binding 2: Tensor.backward runs the autograd engine
+from . import creation, program, nn, optim, checkpoint, data, linalg, testing, distributed, onnx  # noqa: E402, F401
+# isort: on
+
+from ._version import __version__  # noqa: E402
+from .autodiff import backward, detect_anomaly, grad  # noqa: E402
+from .checkpoint import load, save  # noqa: E402
+from .core import (  # noqa: E402
     AnomalyError,
     ArgumentError,
     Device,
@@ -30,19 +56,18 @@ from .core import (
     set_grad_enabled,
     using_device,
 )
-from .core.dtypes import bfloat16, bool_, float16, float32, float64, int32, int64
-from .creation import arange, cat, full, ones, ones_like, rand, randn, stack, tensor, zeros, zeros_like
-from .dispatch import op, set_debug
-from .program import Executor, Program, Variable, append_backward, compile, trace
-from .tensor import Tensor
-
-__version__ = "0.1.0"
+from .core.declare import op  # noqa: E402
+from .core.dtypes import bfloat16, bool_, float16, float32, float64, int32, int64  # noqa: E402
+from .creation import arange, cat, full, ones, ones_like, rand, randn, stack, tensor, zeros, zeros_like  # noqa: E402
+from .dispatch import set_debug  # noqa: E402
+from .program import Executor, Program, Variable, append_backward, compile, trace  # noqa: E402
+from .tensor import Tensor  # noqa: E402
 
 __all__ = [
     "AnomalyError", "ArgumentError", "Device", "DispatchError", "Executor", "GradientError", "OpforgeError",
-    "Program", "Sample", "SchemaError", "ShapeError", "Spec", "Tensor", "Variable", "append_backward", "arange",
-    "backward", "bfloat16", "bool_", "cat", "compile", "data", "default_device", "detect_anomaly", "distributed",
-    "enable_grad", "float16", "float32", "float64", "full", "get_device", "grad", "int32", "int64",
+    "Program", "Sample", "SchemaError", "ShapeError", "Spec", "Tensor", "Variable", "__version__", "append_backward",
+    "arange", "backward", "bfloat16", "bool_", "cat", "compile", "data", "default_device", "detect_anomaly",
+    "distributed", "enable_grad", "float16", "float32", "float64", "full", "get_device", "grad", "int32", "int64",
     "is_grad_enabled", "linalg", "load", "manual_seed", "nn", "no_grad", "ones", "ones_like", "onnx", "op", "ops",
     "optim", "rand", "randn", "register_device", "registry", "save", "set_debug", "set_grad_enabled", "stack",
     "tensor", "testing", "trace", "using_device", "zeros", "zeros_like",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import ops as F
 from .core import dtypes as D
 from .core.devices import manual_seed, using_device
 from .tensor import Tensor, as_array
@@ -83,5 +84,3 @@ def arange(start, stop=None, step=1, dtype=None, requires_grad: bool = False, de
 
 __all__ = ["arange", "as_array", "cat", "full", "manual_seed", "ones", "ones_like", "rand", "randn", "stack", "tensor",
            "zeros", "zeros_like"]
-
-from . import ops as F  # noqa: E402  (creation ops are registered there)

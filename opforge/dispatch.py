@@ -1,102 +1,69 @@
-"""Turn an op definition into a callable, and give every op call its meaning through one boundary.
+"""Give every declared op its callable, and every op call its meaning through one boundary.
 
-**Interpreters** (JAX's ``Trace.process_primitive``). What a call of an op *means* is decided by the innermost
-interpreter of the running thread (or asyncio task): a ``contextvars`` stack whose bottom is ``EAGER`` (run the
-kernel now, link results that require grad into the autograd graph). Tracing pushes one that appends the call to a
-program instead (``opforge.program.trace``); device placement or sharding can push theirs. Each answers
-``apply(op, inputs, attrs)``, and the few questions layers and optimizers ask about state (``live``, ``assign``,
-``grad_of``, ``set_grad``), so ``nn`` and ``optim`` read the same eagerly and compiled.
+**The functional API.** ``make_functions`` *generates* ``opforge.ops.<name>`` for each declared op (see
+``opforge.core.declare``) as real Python source, once: the function has the schema's exact signature, type-checks
+attrs inline, asks one cheap question ("is the innermost interpreter eager?", ``opforge.core.interpreters``) and,
+when every input is a Tensor on one device, runs a straight-line path to the kernel. Everything unusual (Python
+scalars, arrays, ``Tensor[]`` inputs, symbolic values, errors) goes through ``run_eagerly``, so the fast path stays
+short. ``install`` makes this module the function maker and gives ``EAGER`` its meaning; ``opforge/__init__.py``
+calls it once, right after this module loads.
 
-**The functional API.** ``op(signature)`` is the public ``@of.op`` decorator. For each op it *generates*
-``opforge.ops.<name>`` as real Python source, once: the function has the schema's exact signature, type-checks
-attrs inline, asks one cheap question ("is the innermost interpreter eager?") and, when every input is a Tensor on
-one device, runs a straight-line path to the kernel. Everything unusual (Python scalars, arrays, ``Tensor[]``
-inputs, symbolic values, errors) goes through ``EagerInterpreter.apply``, so the fast path stays short.
+**One home per decision.** The kernel a call runs is ``OpDef.kernel_for``'s choice, on both paths here, in replay
+and in the executor; what may come in a tensor slot, and what a Python number or array becomes there, is
+``coerce_inputs``'s rule, for eager calls, tracing and sharding alike.
 """
 
 from __future__ import annotations
 
-import contextvars
-import inspect
-import linecache
 import os
 import weakref
-from collections import namedtuple
-from contextlib import contextmanager
 from types import FunctionType, MappingProxyType
 
 import numpy as np
 
+from .core import codegen
 from .core import dtypes as D
+from .core.declare import give_functions
 from .core.devices import default_device
-from .core.errors import ArgumentError, GradientError, OpforgeError, SchemaError, describe
+from .core.errors import ArgumentError, OpforgeError, SchemaError, describe
 from .core.grad_mode import _mode as _grad_mode
-from .core.opdef import OpDef, flat_ranges, registry, split_by_layout
-from .core.schema import check_attr, parse_signature
+from .core.interpreters import EAGER, EagerInterpreter, Interpreter, _innermost, current_interpreter, interpreting
+from .core.opdef import OpDef, flat_ranges, split_by_layout
+from .core.schema import check_attr
 from .core.spec import Spec
 from .tensor import Node, Tensor, TensorOps, _epoch, as_array, note_write, tensor_source, wrap, wrap_output
 
-# -- interpreters -----------------------------------------------------------------------------------------------
+
+def install() -> None:
+    """Make this module the giver of op functions (to the ops declared so far, and to each one declared after)
+    and of ``EAGER``'s meaning. Called once, by ``opforge/__init__.py``."""
+    EAGER.bind(_apply_eagerly, _assign_in_place)
+    give_functions(make_functions)
 
 
-class Interpreter:
-    """One meaning of op calls. Subclasses answer ``apply``; the state questions default to eager answers."""
-
-    symbolic = False  # whether op calls give symbolic values (program variables) rather than eager Tensors
-
-    def apply(self, op: OpDef, inputs: tuple, attrs: dict):
-        """Give the call ``op(*inputs, **attrs)`` its meaning; ``inputs`` has one entry per schema input."""
-        raise NotImplementedError
-
-    def live(self, tensor: Tensor):
-        """``tensor`` as ops should read it: itself eagerly; under a tracer, the program's persistable variable for
-        it, read afresh at each run (a buffer, a learning rate)."""
-        return tensor
-
-    def assign(self, target: Tensor, value) -> None:
-        """Make ``value`` the new content of ``target`` (eagerly: now, in place)."""
-        data = value._data if isinstance(value, Tensor) else target._device.from_host(np.asarray(value))
-        if tuple(data.shape) != target.shape:
-            raise ArgumentError(f"assign(): value of shape {tuple(data.shape)} for a tensor of shape {target.shape}")
-        target._device.copy_into(target._data, data)
-        note_write(target._data, "an in-place update (assign)")  # what saved the old value must not backward
-
-    def grad_of(self, param: Tensor):
-        """The gradient of ``param`` that an optimizer step reads (eagerly: ``param.grad``)."""
-        return param.grad
-
-    def set_grad(self, param: Tensor, grad) -> None:
-        """Make ``grad`` the gradient of ``param`` from here on (eagerly: ``param.grad``)."""
-        param.grad = grad
-
-    def differentiate(self, outputs, inputs, grad_outputs, allow_unused: bool):
-        """``of.grad`` on values this interpreter owns (eager Tensors are differentiated by the autograd engine)."""
-        raise GradientError(f"grad(): {type(self).__name__} cannot differentiate its values")
-
-    def enter_module(self, module) -> None:
-        """A module (``nn.Module``) is called: Python state it holds (its mode, its attributes) may decide what ops
-        run. Eagerly nothing to do; a tracer guards the program on that state."""
-
-    def guard(self, owner) -> None:
-        """Ops about to run depend on Python state ``owner`` holds (an optimizer's hyper-parameters), which its
-        ``_trace_state()`` describes. Eagerly nothing to do; a tracer guards the program on it."""
+def make_functions(opdef: OpDef) -> None:
+    """Give a declared op its function (``opforge.ops.<name>``) and the code that records its calls for autograd;
+    both are written again when its gradient rule changes (the rule says what a recorded call keeps)."""
+    opdef.fn = _generate_api(opdef)
+    _generate_attach(opdef)
+    opdef.rule_listeners += [_generate_attach, _generate_api]  # a plain op's function runs attach's lines
 
 
-class EagerInterpreter(Interpreter):
-    """Runs the kernel now; outputs of a call on inputs that require grad are linked to a new autograd Node."""
-
-    def apply(self, op: OpDef, inputs: tuple, attrs: dict):
-        if op.validate is not None:
-            op.validate(attrs)
-        return _run_eagerly(op, inputs, attrs)
-
-    def __repr__(self) -> str:
-        return "EAGER"
+def _apply_eagerly(op: OpDef, inputs: tuple, attrs: dict):
+    """``EAGER.apply``: run the call now (its attrs checked as every call's are)."""
+    if op.validate is not None:
+        op.validate(attrs)
+    return _run_eagerly(op, inputs, attrs)
 
 
-EAGER = EagerInterpreter()  # the bottom of every stack; the generated fast path tests for it by identity
-_innermost = contextvars.ContextVar("opforge.interpreter", default=EAGER)
-current_interpreter = _innermost.get
+def _assign_in_place(target: Tensor, value) -> None:
+    """``EAGER.assign``: write ``value`` into ``target``'s memory now, counting the write."""
+    data = value._data if isinstance(value, Tensor) else target._device.from_host(np.asarray(value))
+    if tuple(data.shape) != target.shape:
+        raise ArgumentError(f"assign(): value of shape {tuple(data.shape)} for a tensor of shape {target.shape}")
+    target._device.copy_into(target._data, data)
+    note_write(target._data, "an in-place update (assign)")  # what saved the old value must not backward
+
 
 _debug = False  # set_debug(): every eager call checks its kernel's outputs against the op's shape rule
 _api_functions: weakref.WeakSet = weakref.WeakSet()  # every generated API function (set_debug turns off their fast
@@ -116,16 +83,6 @@ def set_debug(enabled: bool = True) -> bool:
     return previous
 
 
-@contextmanager
-def interpreting(interpreter: Interpreter):
-    """Make ``interpreter`` the innermost one in this thread (or task) for the ``with`` block."""
-    token = _innermost.set(interpreter)
-    try:
-        yield interpreter
-    finally:
-        _innermost.reset(token)
-
-
 def owner_of(values) -> Interpreter:
     """The interpreter that values belong to: a program's tracer for its variables (even after the trace ended),
     ``EAGER`` for Tensors. ``of.grad`` asks it, since differentiating depends on what the values are."""
@@ -140,69 +97,9 @@ def _symbolic_owner(values) -> Interpreter | None:
     return None
 
 
-# -- the @of.op decorator ------------------------------------------------------------------------------------
-
-def op(signature: str, traits=(), *, inplace=None, saves=(), replace: bool = False, infer=None, out_device=None):
-    """Define an op from its signature; the decorated function becomes its kernel for every dtype — a "cpu"
-    kernel, or, if it takes ``xp`` (its device's array module), a kernel for every device.
-
-    Returns the ``OpDef``, whose ``.kernel``, ``.infer``, ``.grad``, ``.check`` and ``.samples`` methods
-    complete the definition, and which is callable like ``opforge.ops.<name>`` (``help()`` and
-    ``inspect.signature`` on it show the op's own signature). ``out_device(attrs)``, for an op that moves data,
-    gives the device its outputs live on (by default, its inputs'). ``saves`` names arrays the kernel may leave
-    for the gradient rule when the call is recorded (see ``OpDef.saves``).
-    """
-    schema = parse_signature(signature)
-
-    def define(kernel_fn) -> OpDef:
-        code = getattr(kernel_fn, "__code__", None)
-        where = f"{code.co_filename}:{code.co_firstlineno}" if code else repr(kernel_fn)
-        opdef = OpDef(schema, traits, inplace=inplace, saves=saves, doc=inspect.getdoc(kernel_fn) or "",
-                      defined_at=where)
-        _check_kernel_signature(opdef, kernel_fn)
-        opdef.add_kernel(kernel_fn, None, None)
-        opdef.out_device = out_device
-        if infer is not None:
-            opdef.infer(infer)
-        if len(opdef.outputs) > 1:
-            opdef.result_type = namedtuple(f"{opdef.name}_result", opdef.output_names)
-        opdef.fn = _generate_api(opdef)
-        opdef.__signature__, opdef.__doc__, opdef.__name__ = opdef.fn.__signature__, opdef.fn.__doc__, opdef.name
-        _generate_attach(opdef)
-        opdef.rule_listeners += [_generate_attach, _generate_api]  # a plain op's function runs attach's lines
-        registry.add(opdef, replace=replace)
-        return opdef
-
-    return define
-
-
-def _check_kernel_signature(opdef: OpDef, fn) -> None:
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return  # a builtin or ufunc: trust it
-    try:
-        extra = {name: None for name in ("rng", "out", "xp", "save") if name in sig.parameters}
-        sig.bind(*(None for _ in opdef.inputs), **{p.name: None for p in opdef.attrs}, **extra)
-    except TypeError as e:
-        wanted = ", ".join(opdef.input_names)
-        attrs = ", ".join(p.name for p in opdef.attrs)
-        raise SchemaError(
-            f"kernel of op '{opdef.name}' must take the inputs ({wanted}) positionally"
-            f"{' and the attrs (' + attrs + ') by keyword' if attrs else ''}; it has the signature "
-            f"{fn.__name__}{sig}: {e}"
-        ) from None
-
-
 # -- generating the functional API ----------------------------------------------------------------------------
 
 _ATTR_FAST_TYPE = {"int": "int", "float": "float", "bool": "bool", "str": "str"}
-
-
-def _exec(source: str, filename: str, env: dict, name: str):
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # for tracebacks
-    exec(compile(source, filename, "exec"), env)
-    return env[name]
 
 
 # The code of an op's function until its first call, which writes and compiles the function's source
@@ -321,8 +218,8 @@ def _generate_api(opdef: OpDef):
     _api_functions.add(fn)
     fn.__module__ = "opforge.ops"
     fn.__qualname__ = opdef.name
-    fn.__doc__ = _docstring(opdef)
-    fn.__signature__ = _python_signature(opdef)
+    fn.__doc__ = opdef.__doc__
+    fn.__signature__ = opdef.__signature__
     fn.opdef = opdef
     return fn
 
@@ -330,7 +227,7 @@ def _generate_api(opdef: OpDef):
 def _compile_api(opdef: OpDef):
     fn = opdef.fn
     source = api_source(opdef, fn.__globals__)
-    compiled = _exec(source, f"<opforge.ops.{opdef.name}>", fn.__globals__, opdef.name)
+    compiled = codegen.define(source, "ops", opdef.name, fn.__globals__, opdef.name)
     fn.__code__, fn.__defaults__, fn.__kwdefaults__ = compiled.__code__, compiled.__defaults__, compiled.__kwdefaults__
     fn.source = source
     return fn
@@ -376,34 +273,6 @@ def api_source(opdef: OpDef, env: dict | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _python_signature(opdef: OpDef) -> inspect.Signature:
-    kinds = inspect.Parameter
-    params = []
-    for p in opdef.schema.params:
-        kind = kinds.KEYWORD_ONLY if p.keyword_only else kinds.POSITIONAL_OR_KEYWORD
-        annotation = {"Tensor": "Tensor", "int": "int", "float": "float", "bool": "bool", "str": "str",
-                      "dtype": "dtype"}[p.type]
-        if p.is_list:
-            annotation = f"list[{annotation}]"
-        if p.optional:
-            annotation += " | None"
-        default = (list(p.default) if isinstance(p.default, tuple) else p.default) if p.has_default \
-            else kinds.empty
-        params.append(kinds(p.name, kind, default=default, annotation=annotation))
-    ret = "Tensor" if len(opdef.outputs) == 1 else f"tuple[{', '.join('Tensor' for _ in opdef.outputs)}]"
-    return inspect.Signature(params, return_annotation=ret)
-
-
-def _docstring(opdef: OpDef) -> str:
-    parts = [str(opdef.schema)]
-    if opdef.doc:
-        parts.append(opdef.doc)
-    if opdef.traits:
-        parts.append("Traits: " + ", ".join(sorted(opdef.traits)) + ".")
-    parts.append(f"Defined at {opdef.defined_at}.")
-    return "\n\n".join(parts)
-
-
 # -- linking results into the autograd graph ---------------------------------------------------------------------
 
 def _generate_attach(opdef: OpDef) -> None:
@@ -431,8 +300,7 @@ def _compile_attach(opdef: OpDef):
     names = "".join(p.name + ", " for p in opdef.inputs)
     source = "\n".join([f"def attach_args({names}_of_attrs, _of_y, _of_residuals=None):",
                         *_attach_lines(opdef, env, indent=4)]) + "\n"
-    attach_args = _exec(source, f"<opforge.attach.{opdef.name}>", env, "attach_args")
-    attach_args.source = source
+    attach_args = codegen.define(source, "attach", opdef.name, env, "attach_args")
     opdef.attach_args = attach_args
     return attach_args
 
@@ -566,7 +434,6 @@ def prepare_call(opdef: OpDef, inputs: tuple, attrs: dict):
     of gradient rules, ``autodiff.replay``, records what these two decide, so a replayed call is this call.)"""
     inputs, device = _coerce_inputs(opdef, inputs)
     tensors = [t for v in inputs for t in (v if isinstance(v, list) else (v,)) if t is not None]
-    dtype = tensors[0]._data.dtype if tensors else attrs.get("dtype") or D.DEFAULT_FLOAT
     for p, v in zip(opdef.inputs, inputs):
         if p.dtypes is not None:
             for t in v if isinstance(v, list) else (v,):
@@ -578,7 +445,7 @@ def prepare_call(opdef: OpDef, inputs: tuple, attrs: dict):
         shape = tensors[0]._data.shape                       # lifted scalar must not broadcast where a 0-d Tensor
         if any(t._data.shape != shape for t in tensors[1:]):  # is refused
             _kernel_failed(opdef, inputs, attrs, None)
-    return inputs, device, opdef.find_kernel(device, dtype)
+    return inputs, device, opdef.kernel_for(device, [t._data.dtype for t in tensors[:1]], attrs)
 
 
 def finish_call(opdef: OpDef, inputs: tuple, attrs: dict, device, kernel):
@@ -608,8 +475,8 @@ def finish_call(opdef: OpDef, inputs: tuple, attrs: dict, device, kernel):
 
 
 def _coerce_inputs(opdef: OpDef, inputs: tuple):
-    """Python scalars, arrays and lists in tensor slots become Tensors on the inputs' device (which must be one);
-    anything else is refused here. Returns the inputs and that device (the default device if none has one)."""
+    """The inputs of an eager call as Tensors on the inputs' device (which must be one; the default device if none
+    has one), by ``coerce_inputs``'s rule. Returns them and that device."""
     device, first = None, None
     for p, v in zip(opdef.inputs, inputs):
         for t in v if p.is_list and isinstance(v, (list, tuple)) else (v,):
@@ -622,39 +489,55 @@ def _coerce_inputs(opdef: OpDef, inputs: tuple):
                         f"argument '{p.name}' on '{t._device}'"
                     )
     device = device or default_device()
-    peers = {v._data.dtype for v in inputs if type(v) is Tensor}
-    peer = (peers.pop() if len(peers) == 1 else D.promote(*peers)) if peers else None
+    return tuple(coerce_inputs(opdef, inputs, _as_is, lambda arg, array: wrap(device.from_host(array), device))), \
+        device
+
+
+def _as_is(arg: str, value):
+    return value
+
+
+def coerce_inputs(opdef: OpDef, inputs: tuple, take, lift) -> list:
+    """What may come in each tensor slot of a call, and what it becomes: the one rule of eager calls, tracing and
+    sharding. Returns one entry per schema input — ``take(arg, value)`` of a tensor (an eager Tensor, a program
+    variable), ``lift(arg, array)`` of a Python number, NumPy value or nested list of numbers made a host array (a
+    Python number takes the dtype it gets beside the call's tensors, ``core.dtypes.scalar_dtype``), a list of them
+    for a ``Tensor[]`` input, None for an absent optional one — and refuses anything else, naming the op and the
+    argument (``arg``: the argument's name, ``xs[2]`` inside a list)."""
+    peers = [v.dtype for slot in inputs for v in (slot if isinstance(slot, (list, tuple)) else (slot,))
+             if isinstance(v, TensorOps)]
+    peer = (peers[0] if len(peers) == 1 else D.promote(*peers)) if peers else None
     out = []
     for p, v in zip(opdef.inputs, inputs):
         if p.is_list:
             if not isinstance(v, (list, tuple)):
                 raise ArgumentError(f"{opdef.name}(): argument '{p.name}' expected a list of Tensors, "
                                     f"got {describe(v)}")
-            out.append([_as_tensor(opdef, f"{p.name}[{i}]", t, peer, device) for i, t in enumerate(v)])
+            out.append([_coerce(opdef, f"{p.name}[{i}]", t, peer, take, lift) for i, t in enumerate(v)])
         elif v is None:
             if not p.optional:
                 raise ArgumentError(f"{opdef.name}(): argument '{p.name}' expected Tensor, got None")
             out.append(None)
         else:
-            out.append(_as_tensor(opdef, p.name, v, peer, device))
-    return tuple(out), device
+            out.append(_coerce(opdef, p.name, v, peer, take, lift))
+    return out
 
 
-def _as_tensor(opdef: OpDef, name: str, value, peer, device) -> Tensor:
-    if isinstance(value, Tensor):
-        return value
+def _coerce(opdef: OpDef, arg: str, value, peer, take, lift):
+    if isinstance(value, TensorOps):
+        return take(arg, value)
     if type(value) in (bool, int, float):  # a Python number is weak: it takes its peer's dtype
-        return wrap(device.from_host(scalar_array(opdef, name, value, peer)), device)
+        return lift(arg, scalar_array(opdef, arg, value, peer))
     if isinstance(value, (np.ndarray, np.generic)) or (
             isinstance(value, (list, tuple)) and not any(isinstance(v, TensorOps) for v in value)):
         try:  # NumPy values keep their dtype; nested lists of numbers become an array
-            return wrap(device.from_host(as_array(value)), device)
+            return lift(arg, as_array(value))
         except ArgumentError as e:
-            raise ArgumentError(f"{opdef.name}(): argument '{name}': {e}") from None
+            raise ArgumentError(f"{opdef.name}(): argument '{arg}': {e}") from None
     if isinstance(value, (list, tuple)):
-        raise ArgumentError(f"{opdef.name}(): argument '{name}' expected Tensor, got a {type(value).__name__} "
+        raise ArgumentError(f"{opdef.name}(): argument '{arg}' expected Tensor, got a {type(value).__name__} "
                             f"holding tensors (a multi-output op's result? pick one of its outputs)")
-    raise ArgumentError(f"{opdef.name}(): argument '{name}' expected Tensor, got {describe(value)}")
+    raise ArgumentError(f"{opdef.name}(): argument '{arg}' expected Tensor, got {describe(value)}")
 
 
 def scalar_array(opdef: OpDef, name: str, value, peer) -> np.ndarray:
@@ -694,7 +577,8 @@ def check_same_dtype(opdef: OpDef, values) -> None:
 
 
 def _find_kernel(opdef: OpDef, device, dtype):
-    fn = opdef.find_kernel(device, dtype).bind(device)
+    """The fast path's kernel for a first input of ``dtype`` on ``device``, kept in the op's kernel table."""
+    fn = opdef.kernel_for(device, (dtype,), None).bind(device)
     opdef.kernel_table.setdefault(device.name, {})[dtype] = fn
     return fn
 
@@ -782,5 +666,6 @@ def _restructure(opdef: OpDef, flat: list, layout: tuple):
 if os.environ.get("OPFORGE_DEBUG", "") not in ("", "0"):
     set_debug(True)
 
-__all__ = ["EAGER", "EagerInterpreter", "Interpreter", "check_same_dtype", "current_interpreter", "interpreting", "op",
-           "owner_of", "set_debug"]
+# The interpreter stack lives in core (opforge.core.interpreters); its names are here too, where they always were.
+__all__ = ["EAGER", "EagerInterpreter", "Interpreter", "check_same_dtype", "coerce_inputs", "current_interpreter",
+           "install", "interpreting", "make_functions", "owner_of", "set_debug"]

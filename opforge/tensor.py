@@ -11,10 +11,12 @@ import weakref
 
 import numpy as np
 
+from . import ops as F  # the op namespace: it imports core alone, and is filled as ops are declared
 from .core import dtypes as D
 from .core.devices import CPU, Device, default_device, get_device
 from .core.errors import ArgumentError, GradientError, ShapeError, describe
 from .core.grad_mode import _mode as _grad_mode
+from .core.interpreters import current_interpreter as _interpreter
 from .core.opdef import flat_ranges, split_by_layout
 from .core.spec import Spec
 
@@ -669,7 +671,7 @@ class Tensor(TensorOps):
 
     def __repr__(self) -> str:
         body = np.array2string(self._device.to_host(self._data), separator=", ", prefix="tensor(")
-        extra = [f"dtype={self.dtype}"] if self.dtype not in (D.float32, D.int64, D.bool_) else []
+        extra = [f"dtype={self.dtype}"] if self.dtype not in (D.DEFAULT_FLOAT, D.DEFAULT_INT, D.bool_) else []
         if self._node is not None:
             extra.append(f"grad_fn={self._node.op.name}")
         elif self._requires_grad:
@@ -744,10 +746,8 @@ class Tensor(TensorOps):
         return _HookHandle(hooks, hook)
 
     def backward(self, gradient=None, retain_graph=None, create_graph=False) -> None:
-        from .autodiff import backward
-
-        backward([self], None if gradient is None else [gradient],
-                 retain_graph=retain_graph, create_graph=create_graph)
+        _engine.backward([self], None if gradient is None else [gradient],
+                         retain_graph=retain_graph, create_graph=create_graph)
 
 class _Size(int):
     """``Tensor.size``: the number of elements (an int, as NumPy's ``size``) that can also be called as PyTorch's
@@ -828,15 +828,6 @@ def _is_device_name(name: str) -> bool:
         return True
     except ArgumentError:
         return False
-
-
-def _interpreter():
-    """The innermost interpreter (``dispatch.current_interpreter()``; dispatch is built on this module)."""
-    global _interpreter
-    from .dispatch import current_interpreter
-
-    _interpreter = current_interpreter
-    return current_interpreter()
 
 
 def _in_place(t, what: str, compute):
@@ -1109,4 +1100,16 @@ def _host_tensor(array: np.ndarray, device) -> Tensor:
     return wrap(device.from_host(array), device)
 
 
-from . import ops as F  # noqa: E402  (the ops need Tensor defined first; methods look them up at call time)
+class _Engine:
+    """The autograd engine ``Tensor.backward`` runs: ``opforge.autodiff`` is built on this module, so it gives its
+    ``backward`` here (``bind_engine``) when opforge loads (``opforge/__init__.py`` states the order)."""
+
+    backward = None
+
+
+_engine = _Engine()
+
+
+def bind_engine(backward) -> None:
+    _engine.backward = backward
+

@@ -17,7 +17,7 @@ from opforge.core import dtypes as D
 from opforge.program import assign, executor, fusion
 from opforge.testing.conformance import default_samples
 
-FUSABLE = sorted(op.name for op in of.registry if op.fusion is not None)
+FUSABLE = sorted(op.name for op in of.registry if "pointwise" in op.traits)
 
 
 def _samples(opdef):
@@ -267,13 +267,12 @@ def test_a_plan_for_other_shapes_lets_the_last_one_s_workspace_go():
 def test_a_kernel_failing_inside_a_fused_group_is_named(scratch_ops):
     scratch_ops.append("picky")
 
-    @of.op("picky(Tensor x) -> Tensor y", traits=["elementwise"])
+    @of.op("picky(Tensor x) -> Tensor y", traits=["elementwise", "pointwise"])
     def picky(x):
         if (x < 0).any():
             raise ValueError("no negative values, please")
         return np.sqrt(x)
 
-    picky.fusable()
     program = of.trace(lambda x: F.picky(x * 2.0) + 1.0, x=of.Spec((10,), "float64"))
     exe = of.Executor(program)
     assert exe.plan(x=np.ones(10)).removed["fused"] == 2

@@ -14,7 +14,7 @@ import sys
 
 from ..core import dtypes as D
 from ..core.errors import AnomalyError
-from ..dispatch import EAGER, Interpreter, interpreting
+from ..core.interpreters import EAGER, Interpreter, interpreting
 from ..tensor import Tensor
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -12,9 +12,11 @@ differentiated again (second, third ... derivatives).
 
 from __future__ import annotations
 
+from .. import ops as F
 from ..core.errors import ArgumentError, GradientError, describe
 from ..core.grad_mode import set_grad_enabled
-from ..dispatch import EAGER, current_interpreter, owner_of
+from ..core.interpreters import EAGER, current_interpreter
+from ..dispatch import owner_of
 from ..tensor import Node, Tensor, _epoch, _leaf_hooks, _node_hooks, check_saved, wrap
 from . import replay
 from .anomaly import AnomalyDetection
@@ -159,17 +161,14 @@ def _backprop(outputs: list, seeds: list, targets: set | None, create_graph: boo
     without, add every leaf's gradient into its ``.grad`` as soon as it is final."""
     roots = [t._node for t in outputs if t._node is not None]
     order, runs, finals = _walk(roots, targets)
+    input_grads_of = _rule_caller(create_graph)
     pending: dict = {}  # node -> gradients of its flat outputs, summed as they arrive
     found: dict = {}  # target key (or, in backward(), leaf) -> its summed gradient
     given: set = set()  # gradients already stored as some leaf's .grad (each .grad owns its memory)
-    anomaly = current_interpreter()
-    anomaly = anomaly if type(anomaly) is AnomalyDetection else None  # of.detect_anomaly(): check every gradient
     # register_hook / retain_grad on some non-leaf (looked up per node only then). The mapping's own dict: its len()
     # is a Python method (0.4 µs); an entry whose node just died only costs a lookup that misses.
     hooked = bool(_node_hooks.data)
     target_nodes = {key[0] for key in targets if type(key) is tuple} if targets else ()  # nodes whose output is one
-    replaying = not create_graph and anomaly is None and replay.usable()  # rules replayed on arrays (replay.py)
-    replay_rule = replay.run
 
     with set_grad_enabled(create_graph):
         for t, g in zip(outputs, seeds):
@@ -195,16 +194,7 @@ def _backprop(outputs: list, seeds: list, targets: set | None, create_graph: boo
                         _cannot_run(node, roots)
                     if node.epoch != _epoch[0]:  # an in-place write since the node was made: on what it saved?
                         check_saved(node)
-                    if replaying:  # fitted to the inputs' shapes and dtypes already
-                        input_grads = replay_rule(node, grads)
-                    elif anomaly is None:
-                        input_grads = fit_inputs(node, call_rule(node, grads, create_graph), Tensor)
-                    else:
-                        input_grads = fit_inputs(node, _call_checked(node, grads, create_graph, anomaly), Tensor)
-                        for i, (edge, g) in enumerate(zip(node.edges, input_grads)):
-                            if edge is not None and g is not None:
-                                anomaly.check_gradient(node, input_label(node.op, i, node.in_layout), g)
-                    for edge, g in zip(node.edges, input_grads):
+                    for edge, g in zip(node.edges, input_grads_of(node, grads)):  # each input's gradient goes on
                         if edge is None or g is None:
                             continue
                         target, index = edge
@@ -226,6 +216,29 @@ def _backprop(outputs: list, seeds: list, targets: set | None, create_graph: boo
                     if g is not None:
                         _into_grad(leaf, g, given)
     return found
+
+
+def _rule_caller(create_graph: bool):
+    """How this backward pass turns a node's output gradients into its inputs' (fitted to their shapes and dtypes),
+    chosen once per pass: under ``of.detect_anomaly()``, the rule checked for non-finite values; when the pass is
+    not recorded, the rule replayed on arrays (``replay.py``); else the rule as written."""
+    interpreter = current_interpreter()
+    if type(interpreter) is AnomalyDetection:
+        def checked(node: Node, grads: list) -> list:
+            input_grads = fit_inputs(node, _call_checked(node, grads, create_graph, interpreter), Tensor)
+            for i, (edge, g) in enumerate(zip(node.edges, input_grads)):
+                if edge is not None and g is not None:
+                    interpreter.check_gradient(node, input_label(node.op, i, node.in_layout), g)
+            return input_grads
+
+        return checked
+    if not create_graph and replay.usable():
+        return replay.run
+
+    def as_written(node: Node, grads: list) -> list:
+        return fit_inputs(node, call_rule(node, grads, create_graph), Tensor)
+
+    return as_written
 
 
 def _call_checked(node: Node, grads: list, create_graph: bool, anomaly: AnomalyDetection) -> list:
@@ -300,5 +313,3 @@ def _path(node: Node, roots: list) -> list:
         node = came_from.get(node)
     return [*names, "output"]
 
-
-from .. import ops as F  # noqa: E402  (the engine computes seeds with ops)

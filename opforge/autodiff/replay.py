@@ -23,24 +23,16 @@ both ways).
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 
 from .. import dispatch
+from ..core import codegen
 from ..core.devices import default_device
 from ..core.grad_mode import _mode as _grad_mode
 from ..core.grad_mode import set_grad_enabled
+from ..core.interpreters import EAGER, Interpreter, current_interpreter, interpreting
 from ..core.opdef import definitions
-from ..dispatch import (
-    EAGER,
-    Interpreter,
-    _flatten_outputs,
-    current_interpreter,
-    finish_call,
-    interpreting,
-    prepare_call,
-)
+from ..dispatch import _flatten_outputs, finish_call, prepare_call
 from ..tensor import _SCALARS, Tensor, _host_reads, tensor_source, wrap
 from .rules import call_rule, fit, fit_inputs, input_label
 
@@ -271,9 +263,6 @@ def _arg(source, env: dict, constants: list) -> str:
     return f"c{source[1]}"
 
 
-_names = itertools.count()
-
-
 def _compile(name: str, recorder: _Recorder, reads: list, returned: list):
     """Python source for the recorded steps, compiled: ``replay(node, grads) -> [gradient Tensor or None, ...]``
     (``reads``: how it finds each value the rule was given in the node and the gradients)."""
@@ -326,10 +315,8 @@ def _compile(name: str, recorder: _Recorder, reads: list, returned: list):
         lines += tensor_source(f"t{s}", f"a{s}", f"dev{s}")
     lines.append(f"    return [{', '.join(results)}]")
     source = "\n".join(lines) + "\n"
-    filename = f"<opforge.replay.{name}.{next(_names)}>"
-    exec(compile(source, filename, "exec"), env)
-    replay = env.pop("replay")  # not left in its own globals: no cycle to keep a dropped tape alive
-    replay.source = source
+    replay = codegen.define(source, "replay", name, env, "replay", unique=True)
+    del env["replay"]  # not left in its own globals: no cycle to keep a dropped tape alive
     return replay
 
 

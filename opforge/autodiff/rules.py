@@ -1,30 +1,56 @@
 """Calling a gradient rule on a recorded call and checking what it returns — one copy, for eager autograd and
 program mode alike.
 
-A recorded call is seen through a small view that both kinds of record provide — an eager ``Node``
-(``opforge.tensor``) and a program ``OpDesc`` (``opforge.program.backward``):
-
-    call.op, call.attrs, call.in_layout, call.out_layout
-    call.saved_inputs()                    {rule parameter: forward input} for the inputs the rule names
-    call.saved_output(name, i, linked)     forward output i (a Tensor, a Variable, or a list of them)
-    call.zeros(k)                          a zero gradient for flat output k that no gradient reached
-    call.spec(where, i)                    Spec(s) of schema input ("in") or output ("out") i
-    call.needs_input_grad()                per schema input: whether its gradient is wanted
-
-The rule itself is written with ops, so the same call computes gradients eagerly (Tensors), records them for
-higher orders (``create_graph``), or emits gradient ops into a program (Variables).
+A recorded call is seen through a small interface, ``RecordedCall``, that each kind of record provides — an eager
+``Node`` (``opforge.tensor``), the view a replay recording gives of one (``autodiff.replay``) and a program's
+``OpDesc`` (``opforge.program.backward``). The rule itself is written with ops, so the same call computes gradients
+eagerly (Tensors), records them for higher orders (``create_graph``), or emits gradient ops into a program
+(Variables).
 """
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
+from .. import ops as F
 from ..core import dtypes as D
 from ..core.errors import GradientError, OpforgeError, describe
-from ..core.opdef import flat_ranges
+from ..core.opdef import OpDef, flat_ranges
 from ..core.spec import Dim, broadcast_shapes
 from ..tensor import _host_reads
 
 
-def call_rule(call, out_grads: list, create_graph: bool = False) -> list:
+@runtime_checkable
+class RecordedCall(Protocol):
+    """What ``call_rule`` reads of a recorded call. Every record a rule runs on provides all of it
+    (tests/test_autograd.py checks each kind), so no caller can miss a member another one reads."""
+
+    op: OpDef
+    attrs: dict
+    in_layout: tuple  # per schema input: -1 for a Tensor (or None), k for a list of k
+    out_layout: tuple  # per schema output, likewise
+
+    def saved_inputs(self) -> dict:
+        """{rule parameter: forward input} for the inputs the rule names."""
+
+    def saved_output(self, name: str, i: int, create_graph: bool):
+        """Forward output ``i`` (a Tensor, a Variable, or a list of them); linked to the call when the backward
+        pass is itself recorded."""
+
+    def residual(self, name: str, create_graph: bool):
+        """What the kernel saved under ``name`` for the rule (a Tensor), or None (see ``OpDef.saves``)."""
+
+    def zeros(self, k: int):
+        """A zero gradient for flat output ``k``, which no gradient reached."""
+
+    def spec(self, where: str, i: int):
+        """Spec(s) of schema input (``where`` "in") or output ("out") ``i``."""
+
+    def needs_input_grad(self) -> tuple:
+        """Per schema input: whether its gradient is wanted."""
+
+
+def call_rule(call: RecordedCall, out_grads: list, create_graph: bool = False) -> list:
     """Run ``call.op``'s gradient rule; ``out_grads`` holds one gradient (or None) per flat output. Returns one
     gradient (or None) per flat input, in the order of ``call.in_layout``."""
     op = call.op
@@ -194,5 +220,3 @@ def missing_rule(op_name: str, path: list, fix: str) -> GradientError:
         f"({' -> '.join(path)}); give it one with @{op_name}.grad, mark it traits=['no_grad'], or {fix}"
     )
 
-
-from .. import ops as F  # noqa: E402  (fit computes with ops; the op library imports nothing from autodiff)

@@ -1,16 +1,17 @@
 """``OpDef``: everything opforge knows about one op, gathered from its one definition.
 
-An ``OpDef`` is made by ``@of.op(signature)`` (see ``opforge.dispatch``) and grows through its
+An ``OpDef`` is made by ``@of.op(signature)`` (see ``opforge.core.declare``) and grows through its
 decorator methods: ``@op.kernel`` (more kernels), ``@op.infer`` (shape/dtype rule), ``@op.grad``
 (gradient rule), ``@op.check`` (attribute validation), ``@op.samples`` (inputs for the
-conformance suite), ``@op.sbp`` (layouts across ranks), ``@op.onnx`` (its ONNX export mapping) and
-``op.fusable()`` (pointwise: the executor may fuse it with its neighbours). The registry maps op names to ``OpDef``s.
+conformance suite), ``@op.sbp`` (layouts across ranks) and ``@op.onnx`` (its ONNX export mapping). Its traits say
+what kind of op it is (``TRAITS``). The registry maps op names to ``OpDef``s.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+from collections import namedtuple
 from typing import NamedTuple
 
 import numpy as np
@@ -28,6 +29,11 @@ TRAITS = {
     "no_grad": "not differentiable: outputs never require grad, autograd skips the op",
     "random": "draws from the seeded generator; never merged with an identical op",
     "shape_only": "the output depends on the inputs' shapes and dtypes, not their values: a plan computes it once",
+    "pointwise": "each output element depends only on the input elements at its position (after broadcasting), so "
+                 "the kernels give the same bits on row blocks as on whole arrays: the executor may run a chain of "
+                 "such ops block by block, in one pass over memory (opforge.program.fusion)",
+    "commutative": "a pointwise op of two inputs that gives the same result with them swapped: its output may also "
+                   "be written into the second input's buffer",
 }
 
 
@@ -74,7 +80,8 @@ definitions = [0]  # bumped when any op gets a kernel or a gradient rule: what w
 
 
 class OpDef:
-    def __init__(self, schema: Schema, traits=(), *, inplace=None, saves=(), doc: str = "", defined_at: str = ""):
+    def __init__(self, schema: Schema, traits=(), *, inplace=None, saves=(), doc: str = "", defined_at: str = "",
+                 out_device=None):
         self.name = schema.name
         self.schema = schema
         unknown = [t for t in traits if t not in TRAITS]
@@ -83,6 +90,8 @@ class OpDef:
         self.traits = frozenset(traits)
         if "elementwise" in self.traits and "broadcast" in self.traits:
             raise SchemaError(f"op '{self.name}': traits 'elementwise' and 'broadcast' exclude each other")
+        if "commutative" in self.traits and ("pointwise" not in self.traits or len(schema.inputs) != 2):
+            raise SchemaError(f"op '{self.name}': the trait 'commutative' describes a pointwise op of two inputs")
         self.inputs = schema.inputs
         self.attrs = schema.attrs
         self.outputs = schema.outputs
@@ -128,15 +137,15 @@ class OpDef:
         self.samples_fn = None
         self.sbp_fn = None  # layouts the op runs under across ranks (opforge.distributed reads it)
         self.onnx_fn = None  # the ONNX export mapping (see opforge.onnx)
-        self.fusion = None  # set by fusable(): {"commutative": bool} (see opforge.program.fusion)
         self.validate = None
         self._refresh_validate()
-        # Set by opforge.dispatch, which generates them from the schema:
+        self.out_device = out_device  # attrs -> the Device outputs live on, for an op moving data (else its inputs')
+        # the named tuple of a multi-output op's results
+        self.result_type = namedtuple(f"{self.name}_result", self.output_names) if len(self.outputs) > 1 else None
+        # Set by the function maker (opforge.dispatch), which generates them from the schema:
         self.fn = None  # the functional API, ``opforge.ops.<name>``
         self.fast_path = False  # whether ``fn`` has a straight-line path for calls on Tensors of one device
-        self.result_type = None  # the named tuple of a multi-output op's results
         self.attach = None  # (inputs, attrs, kernel result) -> outputs linked to a new autograd Node
-        self.out_device = None  # attrs -> the Device outputs live on, for an op that moves data (else its inputs')
         self.rule_listeners: list = []  # called when the gradient rule changes (dispatch regenerates ``attach``)
 
     # -- decorator methods --------------------------------------------------------------------------------
@@ -238,12 +247,12 @@ class OpDef:
         return fn
 
     def fusable(self, *, commutative: bool = False) -> OpDef:
-        """Declare the op pointwise: each output element depends only on the input elements at its position (after
-        broadcasting), so its kernels give the same bits on row blocks as on whole arrays, and the executor may run a
-        chain of such ops block by block, in one pass over memory (``opforge.program.fusion``). ``commutative``:
-        swapping the two inputs gives the same result, so the output may also be written into the second input's
-        buffer (an ``inplace`` pair names one input)."""
-        self.fusion = {"commutative": bool(commutative)}
+        """Give the op the trait ``pointwise`` (and ``commutative`` if asked) after its definition: the same as
+        naming them in ``traits=`` (see ``TRAITS``), for an op defined elsewhere."""
+        traits = self.traits | {"pointwise"} | ({"commutative"} if commutative else set())
+        if "commutative" in traits and len(self.inputs) != 2:
+            raise SchemaError(f"op '{self.name}': the trait 'commutative' describes a pointwise op of two inputs")
+        self.traits = frozenset(traits)
         return self
 
     def grad(self, fn):
@@ -292,6 +301,13 @@ class OpDef:
     @property
     def differentiable(self) -> bool:
         return "no_grad" not in self.traits and self.grad_rule is not None
+
+    def kernel_for(self, device, dtypes, attrs) -> Kernel:
+        """The kernel a call runs — the one rule eager dispatch (both paths), replay and the executor follow: its
+        device's kernel for the dtype of its first tensor input (``dtypes``: its tensor inputs' dtypes, in order);
+        for a call with no tensor input, for the dtype its ``dtype`` attr asks for, else the default float."""
+        dtype = dtypes[0] if dtypes else (attrs.get("dtype") or D.DEFAULT_FLOAT)
+        return self.find_kernel(device, dtype)
 
     def find_kernel(self, device, dtype) -> Kernel:
         """The kernel for ``device`` (a Device or its name) and ``dtype``: the device's own, else one for every
@@ -414,7 +430,9 @@ def split_by_layout(flat: list, layout: tuple) -> list:
 
 
 class Registry:
-    """Op name -> OpDef. Listeners (the ``opforge.ops`` namespace) hear of every new or replaced op."""
+    """Op name -> OpDef. Listeners (the ``opforge.ops`` namespace, half-precision kernels) hear of every new or
+    replaced op, and of an op again when it gets its function after it was added (``announce``): they must take
+    hearing of one op twice."""
 
     def __init__(self):
         self.ops: dict[str, OpDef] = {}
@@ -428,6 +446,11 @@ class Registry:
                 "pass replace=True to of.op(...) to redefine it"
             )
         self.ops[op.name] = op
+        for listener in self.listeners:
+            listener(op)
+
+    def announce(self, op: OpDef) -> None:
+        """Tell the listeners of ``op`` again: it changed in a way they publish (it got its function)."""
         for listener in self.listeners:
             listener(op)
 

@@ -17,8 +17,6 @@ Run with ``mpiexec -n 2 python script.py``. See docs/distributed.md.
 
 from __future__ import annotations
 
-import importlib
-
 from ..core import sbp  # noqa: F401  (of.distributed.sbp: the layouts and signature rules)
 from ..core.sbp import B, P, S
 from .comm import (
@@ -32,29 +30,13 @@ from .comm import (
     current_communicator,
     using_communicator,
 )
-
-# The rest builds on programs, layers and optimizers, which import the op library, which imports this package
-# (collective kernels ask for the current communicator): loaded on first use.
-_LAZY = {
-    "init": "launch", "is_initialized": "launch", "get_rank": "launch", "get_world_size": "launch",
-    "Mesh": "sharding", "shard": "sharding", "ShardingTracer": "sharding",
-    "DistributedDataParallel": "data_parallel", "DistributedSampler": "data_parallel",
-    "save": "data_parallel", "load": "data_parallel",
-}
-
-
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'opforge.distributed' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
+from .data_parallel import DistributedDataParallel, DistributedSampler, load, save
+from .launch import get_rank, get_world_size, init, is_initialized
+from .sharding import Mesh, ShardingTracer, shard
 
 __all__ = [
     "INSTALL", "SELF", "B", "CollectiveMismatchError", "Communicator", "DistributedDataParallel",
-    "DistributedSampler", "MPICommunicator", "Mesh", "P", "S", "SelfCommunicator", "Stats",
+    "DistributedSampler", "MPICommunicator", "Mesh", "P", "S", "SelfCommunicator", "ShardingTracer", "Stats",
     "current_communicator", "get_rank", "get_world_size", "init", "is_initialized", "load", "save", "shard",
     "using_communicator",
 ]

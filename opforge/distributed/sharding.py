@@ -32,16 +32,16 @@ import math
 import numpy as np
 
 from .. import ops as F
-from ..core import dtypes as D
 from ..core.errors import ArgumentError, OpforgeError, ShapeError, describe
+from ..core.interpreters import interpreting
 from ..core.opdef import registry
 from ..core.sbp import B, Layout, S, as_layout, normalized, signatures
 from ..core.spec import Dim, Spec, undim
-from ..dispatch import interpreting
+from ..dispatch import coerce_inputs
 from ..program.backward import append_backward
 from ..program.compile import traced_function_wrappers
 from ..program.desc import Program
-from ..program.trace import Tracer, Variable, _input_name, tracing_program, var_for_tensor
+from ..program.trace import Tracer, Variable, _input_name, constant_name, tracing_program, var_for_tensor
 from ..tensor import Tensor
 from .comm import Communicator, current_communicator, using_communicator
 
@@ -176,24 +176,19 @@ class ShardingTracer(Tracer):
     def _input_names(self, op, inputs: tuple) -> list:
         """Each input as a variable name (lists for ``Tensor[]``): eager Tensors become parameters or state,
         Python numbers and arrays constants (broadcast)."""
-        peers = [v.dtype for slot in inputs for v in (slot if isinstance(slot, (list, tuple)) else (slot,))
-                 if isinstance(v, (Variable, Tensor))]
-        peer = D.promote(*peers) if peers else None
-
-        def name(arg, value):
+        def take(arg, value):
             if isinstance(value, Tensor):
                 return self._var_of(value)
-            n = _input_name(self.program, op, arg, value, peer)
-            self.layouts.setdefault(n, B)
-            return n
+            return self._broadcast_unless_known(_input_name(self.program, op, arg, value))
 
-        names = []
-        for p, value in zip(op.inputs, inputs):
-            if p.is_list and isinstance(value, (list, tuple)):
-                names.append([name(f"{p.name}[{i}]", v) for i, v in enumerate(value)])
-            else:
-                names.append(None if value is None else name(p.name, value))
-        return names
+        def lift(arg, array):
+            return self._broadcast_unless_known(constant_name(self.program, array))
+
+        return coerce_inputs(op, inputs, take, lift)
+
+    def _broadcast_unless_known(self, name: str) -> str:
+        self.layouts.setdefault(name, B)
+        return name
 
     # -- choosing a signature --------------------------------------------------------------------------------
 
@@ -429,7 +424,7 @@ def shard(program: Program, mesh: Mesh, feeds: dict | None = None, params: dict 
 class _Replay:
     def __init__(self, old: Program, mesh: Mesh, feeds: dict, params: dict):
         self.old, self.mesh = old, mesh
-        self.new = Program(old.device)
+        self.new = Program(old.device, name=old.name)
         by_name = {name: params[id(t)] for t, name in old._tensor_vars.values() if id(t) in params}
         self.params = {k: v for k, v in params.items() if isinstance(k, str)} | by_name
         self.feeds = {k: as_layout(v, f"shard(): feed {k!r}") for k, v in feeds.items()}

@@ -26,7 +26,7 @@ import numpy as np
 from ..core import dtypes as D
 from ..core.devices import Device
 from ..core.errors import ArgumentError, OpforgeError, describe
-from ..dispatch import EAGER, current_interpreter
+from ..core.interpreters import EAGER, current_interpreter
 from ..program.trace import python_state_changed
 from ..tensor import Tensor, _to_args, note_write
 

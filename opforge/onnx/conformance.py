@@ -10,8 +10,8 @@ import sys
 import numpy as np
 
 from ..core.errors import OpforgeError
-from .importer import _DTYPES
 from .importers import IMPORTERS
+from .types import _DTYPES
 
 # Node tests of ops we import that fail, and why. The test suite runs every other selected node test through ONNX's
 # own harness and checks that these still fail (docs/onnx.md lists them).

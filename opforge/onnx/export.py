@@ -13,6 +13,7 @@ import re
 
 import numpy as np
 
+from .._version import __version__
 from ..core import dtypes as D
 from ..core.errors import ArgumentError, OpforgeError, describe
 from ..core.files import atomic_write
@@ -311,8 +312,6 @@ def _name_outputs(g: Graph, program: Program, helper) -> list:
 
 
 def _version() -> str:
-    from .. import __version__
-
     return __version__
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from .. import ops as F
 from ..core import dtypes as D
 from ..core.spec import Dim
-from .importer import dtype_of
+from .types import dtype_of
 
 IMPORTERS: dict = {}
 

@@ -3,14 +3,18 @@
 import math
 
 import numpy as np
-from numpy._core.umath import _extobj_contextvar, _make_extobj
 
 from ..core import dtypes as D
+from ..core.declare import op
 from ..core.errors import ShapeError
 from ..core.opdef import Sample
 from ..core.sbp import B, P, S
 from ..core.spec import Spec, broadcast_shapes, shapes_agree
-from ..dispatch import op
+
+try:  # NumPy's own handle on its ufunc settings (private: the fast way to change them for a with block)
+    from numpy._core.umath import _extobj_contextvar, _make_extobj
+except ImportError:  # a NumPy that moved them: the public functions below set the same settings, only slower
+    _extobj_contextvar = _make_extobj = None
 
 __all__ = ["B", "D", "P", "S", "Sample", "ShapeError", "Spec", "broadcast_shapes", "normalize_axes", "np", "op",
            "shapes_agree"]
@@ -100,7 +104,8 @@ class _ufunc_settings:
     """A ``with`` block under other ufunc settings (the others, such as the user's ``np.errstate``, kept);
     subclasses say which in ``__init__``, leaving ``old`` None to change nothing. NumPy (2.0 on, as pyproject asks)
     keeps these settings as one object in a context variable, per thread and task: swapping that object costs
-    0.2 µs, where np.setbufsize or np.seterr build it in Python (0.7 µs each way)."""
+    0.2 µs, where np.setbufsize or np.seterr build it in Python (0.7 µs each way). Without that private handle
+    (``_extobj_contextvar`` None) ``old`` holds the public context that was entered."""
 
     __slots__ = ("old",)
 
@@ -109,7 +114,10 @@ class _ufunc_settings:
 
     def __exit__(self, *exc):
         if self.old is not None:
-            _extobj_contextvar.reset(self.old)
+            if _extobj_contextvar is None:
+                self.old.__exit__(*exc)
+            else:
+                _extobj_contextvar.reset(self.old)
 
 
 class overflow_ignored(_ufunc_settings):
@@ -119,7 +127,11 @@ class overflow_ignored(_ufunc_settings):
     __slots__ = ()
 
     def __init__(self):
-        self.old = _extobj_contextvar.set(_make_extobj(over="ignore"))
+        if _extobj_contextvar is None:
+            self.old = np.errstate(over="ignore")
+            self.old.__enter__()
+        else:
+            self.old = _extobj_contextvar.set(_make_extobj(over="ignore"))
 
 
 class row_buffers(_ufunc_settings):
@@ -131,5 +143,23 @@ class row_buffers(_ufunc_settings):
     __slots__ = ()
 
     def __init__(self, width: int):
-        self.old = _extobj_contextvar.set(_make_extobj(bufsize=-(-width // 16) * 16)) if 512 <= width <= 4096 \
-            else None
+        if not 512 <= width <= 4096:
+            self.old = None
+        elif _extobj_contextvar is None:
+            self.old = _bufsize(-(-width // 16) * 16)
+            self.old.__enter__()
+        else:
+            self.old = _extobj_contextvar.set(_make_extobj(bufsize=-(-width // 16) * 16))
+
+
+class _bufsize:
+    """np.setbufsize for a with block: row_buffers' public way."""
+
+    def __init__(self, size: int):
+        self.size, self.previous = size, None
+
+    def __enter__(self):
+        self.previous = np.setbufsize(self.size)
+
+    def __exit__(self, *exc):
+        np.setbufsize(self.previous)

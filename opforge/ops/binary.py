@@ -6,13 +6,12 @@ from opforge import ops as F
 from ._common import D, P, Sample, Spec, _add, _divide, _multiply, _subtract, broadcast_shapes, np, op
 
 
-@op("add(Tensor x, Tensor y) -> Tensor out", traits=["broadcast"], inplace={"out": "x"})
+@op("add(Tensor x, Tensor y) -> Tensor out", traits=["broadcast", "pointwise", "commutative"], inplace={"out": "x"})
 def add(x, y, out=None):
     """x + y."""
     return _add(x, y) if out is None else _add(x, y, out=out)
 
 
-add.fusable(commutative=True)
 
 
 def _onnx_binary(onnx_type):
@@ -34,13 +33,12 @@ def _(dout):
     return dout, dout
 
 
-@op("sub(Tensor x, Tensor y) -> Tensor out", traits=["broadcast"], inplace={"out": "x"})
+@op("sub(Tensor x, Tensor y) -> Tensor out", traits=["broadcast", "pointwise"], inplace={"out": "x"})
 def sub(x, y, out=None):
     """x − y."""
     return _subtract(x, y) if out is None else _subtract(x, y, out=out)
 
 
-sub.fusable()
 
 
 sub.onnx(_onnx_binary("Sub"))
@@ -61,13 +59,12 @@ add.sbp(_partial_sbp)
 sub.sbp(_partial_sbp)
 
 
-@op("minus(Tensor x, Tensor y) -> Tensor out", traits=["broadcast"])
+@op("minus(Tensor x, Tensor y) -> Tensor out", traits=["broadcast", "pointwise"])
 def minus(x, y):
     """x − y, with the gradient of PaddlePaddle's design example: identity and scale(−1)."""
     return np.subtract(x, y)
 
 
-minus.fusable()
 
 
 minus.onnx(_onnx_binary("Sub"))
@@ -78,13 +75,12 @@ def _(dout):
     return F.identity(dout), F.scale(dout, scale=-1.0)
 
 
-@op("mul(Tensor x, Tensor y) -> Tensor out", traits=["broadcast"], inplace={"out": "x"})
+@op("mul(Tensor x, Tensor y) -> Tensor out", traits=["broadcast", "pointwise", "commutative"], inplace={"out": "x"})
 def mul(x, y, out=None):
     """x · y."""
     return _multiply(x, y) if out is None else _multiply(x, y, out=out)
 
 
-mul.fusable(commutative=True)
 
 
 mul.onnx(_onnx_binary("Mul"))
@@ -96,13 +92,12 @@ def _(x, y, dout, needs_input_grad):
     return dout * y if needs_input_grad[0] else None, dout * x if needs_input_grad[1] else None
 
 
-@op("div(Tensor x, Tensor y) -> Tensor out", traits=["broadcast"], inplace={"out": "x"})
+@op("div(Tensor x, Tensor y) -> Tensor out", traits=["broadcast", "pointwise"], inplace={"out": "x"})
 def div(x, y, out=None):
     """x / y (true division: integers give float64, as in NumPy)."""
     return _divide(x, y) if out is None else _divide(x, y, out=out)
 
 
-div.fusable()
 
 
 div.onnx(_onnx_binary("Div"))
@@ -126,13 +121,12 @@ def _(rng):
     yield Sample.of(rng.standard_normal(()), rng.uniform(0.5, 2.0, (2, 1)))
 
 
-@op("pow(Tensor x, Tensor y) -> Tensor out", traits=["broadcast"])
+@op("pow(Tensor x, Tensor y) -> Tensor out", traits=["broadcast", "pointwise"])
 def pow(x, y):
     """xʸ."""
     return np.power(x, y)
 
 
-pow.fusable()
 
 
 pow.onnx(_onnx_binary("Pow"))
@@ -157,13 +151,12 @@ def _(rng):
     yield Sample.of(rng.uniform(0.5, 2.0, (2, 3)), np.array(2.0))
 
 
-@op("maximum(Tensor x, Tensor y) -> Tensor out", traits=["broadcast"])
+@op("maximum(Tensor x, Tensor y) -> Tensor out", traits=["broadcast", "pointwise"])
 def maximum(x, y):
     """The larger of x and y, elementwise."""
     return np.maximum(x, y)
 
 
-maximum.fusable()
 
 
 maximum.onnx(_onnx_binary("Max"))
@@ -181,13 +174,12 @@ def _(x, y, dout):
     return _winner_grads(x, y, dout, x < y, y < x)
 
 
-@op("minimum(Tensor x, Tensor y) -> Tensor out", traits=["broadcast"])
+@op("minimum(Tensor x, Tensor y) -> Tensor out", traits=["broadcast", "pointwise"])
 def minimum(x, y):
     """The smaller of x and y, elementwise."""
     return np.minimum(x, y)
 
 
-minimum.fusable()
 
 
 minimum.onnx(_onnx_binary("Min"))
@@ -211,13 +203,12 @@ def _where_spec(condition, x, y):
     return Spec(broadcast_shapes(condition.shape, x.shape, y.shape, op="where"), D.promote(x.dtype, y.dtype))
 
 
-@op("where(nograd Tensor<bool> condition, Tensor x, Tensor y) -> Tensor out", infer=_where_spec)
+@op("where(nograd Tensor<bool> condition, Tensor x, Tensor y) -> Tensor out", infer=_where_spec, traits=["pointwise"])
 def where(condition, x, y):
     """x where condition holds, else y."""
     return np.where(condition, x, y)
 
 
-where.fusable()
 
 
 @where.onnx
@@ -251,58 +242,55 @@ def _compare_samples(rng):
     yield Sample.of(rng.standard_normal((2, 3)), rng.standard_normal(3))
 
 
-@op("less(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec("less"))
+@op("less(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad", "pointwise"], infer=_compare_spec("less"))
 def less(x, y):
     """x < y."""
     return np.less(x, y)
 
 
-less.fusable()
 
 
-@op("less_equal(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec("less_equal"))
+@op("less_equal(Tensor x, Tensor y) -> Tensor<bool> out",
+    traits=["no_grad", "pointwise"], infer=_compare_spec("less_equal"))
 def less_equal(x, y):
     """x ≤ y."""
     return np.less_equal(x, y)
 
 
-less_equal.fusable()
 
 
-@op("greater(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec("greater"))
+@op("greater(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad", "pointwise"], infer=_compare_spec("greater"))
 def greater(x, y):
     """x > y."""
     return np.greater(x, y)
 
 
-greater.fusable()
 
 
-@op("greater_equal(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec("greater_equal"))
+@op("greater_equal(Tensor x, Tensor y) -> Tensor<bool> out",
+    traits=["no_grad", "pointwise"], infer=_compare_spec("greater_equal"))
 def greater_equal(x, y):
     """x ≥ y."""
     return np.greater_equal(x, y)
 
 
-greater_equal.fusable()
 
 
-@op("equal(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec("equal"))
+@op("equal(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad", "pointwise"], infer=_compare_spec("equal"))
 def equal(x, y):
     """x == y."""
     return np.equal(x, y)
 
 
-equal.fusable()
 
 
-@op("not_equal(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec("not_equal"))
+@op("not_equal(Tensor x, Tensor y) -> Tensor<bool> out",
+    traits=["no_grad", "pointwise"], infer=_compare_spec("not_equal"))
 def not_equal(x, y):
     """x ≠ y."""
     return np.not_equal(x, y)
 
 
-not_equal.fusable()
 
 
 def _onnx_compare(onnx_type, negate=False):
@@ -329,22 +317,22 @@ for _compare in (less, less_equal, greater, greater_equal, equal, not_equal):
 # -- logical ops: bool results, no gradient -------------------------------------------------------------------
 
 
-@op("logical_and(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec("logical_and"))
+@op("logical_and(Tensor x, Tensor y) -> Tensor<bool> out",
+    traits=["no_grad", "pointwise"], infer=_compare_spec("logical_and"))
 def logical_and(x, y):
     """True where both x and y are nonzero (True)."""
     return np.logical_and(x, y)
 
 
-logical_and.fusable()
 
 
-@op("logical_or(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad"], infer=_compare_spec("logical_or"))
+@op("logical_or(Tensor x, Tensor y) -> Tensor<bool> out",
+    traits=["no_grad", "pointwise"], infer=_compare_spec("logical_or"))
 def logical_or(x, y):
     """True where x or y is nonzero (True)."""
     return np.logical_or(x, y)
 
 
-logical_or.fusable()
 
 
 logical_and.onnx(lambda g, x, y: g.op("And", g.cast(x, D.bool_), g.cast(y, D.bool_), spec=g.outputs[0]))

@@ -15,7 +15,7 @@ all_to_all with its axes swapped. On one rank every collective is an identity, w
 
 from opforge import ops as F
 
-from ..distributed.comm import REDUCE_OPS, current_communicator
+from ..core.comm import REDUCE_OPS, current_communicator
 from ._common import Sample, ShapeError, Spec, op
 
 

@@ -72,13 +72,12 @@ def _nan_at_nan(x, g):
 # -- the seed designs' examples --------------------------------------------------------------------------------
 
 
-@op("identity(Tensor x) -> Tensor y", traits=["elementwise"])
+@op("identity(Tensor x) -> Tensor y", traits=["elementwise", "pointwise"])
 def identity(x):
     """Returns its input unchanged (a new tensor sharing the data)."""
     return x
 
 
-identity.fusable()
 
 
 def _linear_sbp(*inputs, **_):
@@ -96,13 +95,12 @@ def _(dy):
     return F.identity(dy)
 
 
-@op("scale(Tensor<floating> x, *, float scale) -> Tensor y", traits=["elementwise"])
+@op("scale(Tensor<floating> x, *, float scale) -> Tensor y", traits=["elementwise", "pointwise"])
 def scale(x, *, scale):
     """Multiplies by a constant: y = scale · x."""
     return x * scale  # a Python float keeps the array's dtype (NumPy 2 promotion)
 
 
-scale.fusable()
 
 
 scale.onnx(lambda g, x, *, scale: g.op("Mul", x, g.scalar(scale, x)))
@@ -122,13 +120,12 @@ def _(rng):
     yield Sample.of(rng.standard_normal(()), scale=2.0)
 
 
-@op("square(Tensor x) -> Tensor y", traits=["elementwise"], inplace={"y": "x"})
+@op("square(Tensor x) -> Tensor y", traits=["elementwise", "pointwise"], inplace={"y": "x"})
 def square(x, out=None):
     """y = x²."""
     return np.square(x, out=out)
 
 
-square.fusable()
 
 
 square.onnx(lambda g, x: g.op("Mul", x, x))
@@ -139,13 +136,12 @@ def _(x, dy):
     return dy * 2 * x  # a composition: no dedicated grad op needed
 
 
-@op("sqrt(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
+@op("sqrt(Tensor<floating> x) -> Tensor y", traits=["elementwise", "pointwise"])
 def sqrt(x):
     """y = √x."""
     return np.sqrt(x)
 
 
-sqrt.fusable()
 
 
 sqrt.onnx(lambda g, x: g.op("Sqrt", x))
@@ -162,13 +158,12 @@ def _(rng):
     yield Sample.of(rng.uniform(0.5, 2.0, ()))
 
 
-@op("sqrt_grad(Tensor<floating> y, Tensor dy) -> Tensor dx", traits=["elementwise"])
+@op("sqrt_grad(Tensor<floating> y, Tensor dy) -> Tensor dx", traits=["elementwise", "pointwise"])
 def sqrt_grad(y, dy):
     """Gradient of sqrt from its output: dx = dy / (2·y)."""
     return dy * 0.5 / y
 
 
-sqrt_grad.fusable()
 
 
 @sqrt_grad.grad
@@ -182,7 +177,7 @@ def _(rng):
     yield Sample.of(rng.uniform(0.5, 2.0, (2, 3)), rng.standard_normal((2, 3)))
 
 
-@op("leaky_relu(Tensor<floating> x, *, float alpha=0.01) -> Tensor y", traits=["elementwise"])
+@op("leaky_relu(Tensor<floating> x, *, float alpha=0.01) -> Tensor y", traits=["elementwise", "pointwise"])
 def leaky_relu(x, *, alpha):
     """y = x where x > 0, else alpha · x."""
     # max(x, αx) is x for x > 0 and αx for x < 0 whenever α ≤ 1 (min when α > 1): two ufuncs, no np.where,
@@ -195,7 +190,6 @@ def leaky_relu(x, *, alpha):
     return _maximum(x, scaled) if alpha <= 1 else _minimum(x, scaled)
 
 
-leaky_relu.fusable()
 
 
 @leaky_relu.onnx
@@ -217,13 +211,13 @@ def _(rng):
     yield Sample.of(rng.standard_normal(()), alpha=1.5)
 
 
-@op("leaky_relu_grad(Tensor<floating> x, Tensor<floating> dy, *, float alpha) -> Tensor dx", traits=["elementwise"])
+@op("leaky_relu_grad(Tensor<floating> x, Tensor<floating> dy, *, float alpha) -> Tensor dx",
+    traits=["elementwise", "pointwise"])
 def leaky_relu_grad(x, dy, *, alpha):
     """Gradient of leaky_relu: dx = dy where x > 0, else alpha · dy (NaN where x is NaN)."""
     return _carry_nan(x, np.where(x > 0, dy, dy * alpha))
 
 
-leaky_relu_grad.fusable()
 
 
 @leaky_relu_grad.grad
@@ -239,13 +233,12 @@ def _(rng):
 # -- the base set --------------------------------------------------------------------------------------------
 
 
-@op("neg(Tensor x) -> Tensor y", traits=["elementwise"], inplace={"y": "x"})
+@op("neg(Tensor x) -> Tensor y", traits=["elementwise", "pointwise"], inplace={"y": "x"})
 def neg(x, out=None):
     """y = −x."""
     return np.negative(x, out=out)
 
 
-neg.fusable()
 
 
 neg.sbp(_linear_sbp)
@@ -257,13 +250,12 @@ def _(dy):
     return F.neg(dy)
 
 
-@op("exp(Tensor<floating> x) -> Tensor y", traits=["elementwise"], inplace={"y": "x"})
+@op("exp(Tensor<floating> x) -> Tensor y", traits=["elementwise", "pointwise"], inplace={"y": "x"})
 def exp(x, out=None):
     """y = eˣ."""
     return np.exp(x, out=out)
 
 
-exp.fusable()
 
 
 exp.onnx(lambda g, x: g.op("Exp", x))
@@ -274,13 +266,12 @@ def _(y, dy):
     return dy * y
 
 
-@op("log(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
+@op("log(Tensor<floating> x) -> Tensor y", traits=["elementwise", "pointwise"])
 def log(x):
     """Natural logarithm."""
     return np.log(x)
 
 
-log.fusable()
 
 
 log.onnx(lambda g, x: g.op("Log", x))
@@ -303,13 +294,12 @@ _ZERO = {np.dtype(t): _typed(0, np.dtype(t)) for t in (np.float16, np.float32, n
 _ONE = {dtype: _typed(1, dtype) for dtype in _ZERO}
 
 
-@op("tanh(Tensor<floating> x) -> Tensor y", traits=["elementwise"], inplace={"y": "x"})
+@op("tanh(Tensor<floating> x) -> Tensor y", traits=["elementwise", "pointwise"], inplace={"y": "x"})
 def tanh(x, out=None):
     """Hyperbolic tangent."""
     return np.tanh(x, out=out)
 
 
-tanh.fusable()
 
 
 tanh.onnx(lambda g, x: g.op("Tanh", x))
@@ -320,7 +310,7 @@ def _(y, dy):
     return F.tanh_grad(y, dy)  # one kernel instead of three ops: the backward of a tanh chain is this op
 
 
-@op("tanh_grad(Tensor<floating> y, Tensor<floating> dy) -> Tensor dx", traits=["elementwise"],
+@op("tanh_grad(Tensor<floating> y, Tensor<floating> dy) -> Tensor dx", traits=["elementwise", "pointwise"],
     inplace={"dx": "dy"})
 def tanh_grad(y, dy, out=None):
     """Gradient of tanh from its output: dx = dy·(1 − y²)."""
@@ -335,7 +325,6 @@ def tanh_grad(y, dy, out=None):
     return _multiply(dy, 1 - t, out=out)  # 0-d: NumPy made a scalar
 
 
-tanh_grad.fusable()
 
 
 @tanh_grad.grad
@@ -354,13 +343,12 @@ def _sigmoid(x):
     return np.where(x >= 0, 1 / (1 + z), z / (1 + z))
 
 
-@op("sigmoid(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
+@op("sigmoid(Tensor<floating> x) -> Tensor y", traits=["elementwise", "pointwise"])
 def sigmoid(x):
     """y = 1 / (1 + e⁻ˣ), computed without overflow for large |x|."""
     return _sigmoid(x)
 
 
-sigmoid.fusable()
 
 
 sigmoid.onnx(lambda g, x: g.op("Sigmoid", x))
@@ -371,13 +359,12 @@ def _(y, dy):
     return F.sigmoid_grad(y, dy)
 
 
-@op("sigmoid_grad(Tensor<floating> y, Tensor<floating> dy) -> Tensor dx", traits=["elementwise"])
+@op("sigmoid_grad(Tensor<floating> y, Tensor<floating> dy) -> Tensor dx", traits=["elementwise", "pointwise"])
 def sigmoid_grad(y, dy):
     """Gradient of sigmoid from its output: dx = dy·y·(1 − y)."""
     return dy * y * np.subtract(_ONE.get(y.dtype, 1), y)
 
 
-sigmoid_grad.fusable()
 
 
 @sigmoid_grad.grad
@@ -394,7 +381,7 @@ def _(rng):
 _ROW = 16384  # over NumPy's ufunc buffer (8192 elements): rows that fit in it twice would be copied through it
 
 
-@op("relu(Tensor x) -> Tensor y", traits=["elementwise"], inplace={"y": "x"})
+@op("relu(Tensor x) -> Tensor y", traits=["elementwise", "pointwise"], inplace={"y": "x"})
 def relu(x, out=None):
     """y = max(x, 0)."""
     n = x.size
@@ -411,7 +398,6 @@ def relu(x, out=None):
     return np.maximum(x, _ZERO.get(x.dtype, 0), out=out)
 
 
-relu.fusable()
 
 
 relu.onnx(lambda g, x: g.op("Relu", x))
@@ -422,7 +408,7 @@ def _(y, dy):
     return F.relu_grad(y, dy)
 
 
-@op("relu_grad(Tensor y, Tensor dy) -> Tensor dx", traits=["elementwise"], inplace={"dx": "dy"})
+@op("relu_grad(Tensor y, Tensor dy) -> Tensor dx", traits=["elementwise", "pointwise"], inplace={"dx": "dy"})
 def relu_grad(y, dy, out=None):
     """Gradient of relu from its output: dx = dy where y > 0, else 0 (NaN where y is NaN).
 
@@ -432,7 +418,6 @@ def relu_grad(y, dy, out=None):
     return _carry_nan(y, np.multiply(dy, np.greater(y, _ZERO.get(y.dtype, 0)), out=out))
 
 
-relu_grad.fusable()
 
 
 @relu_grad.grad
@@ -446,13 +431,12 @@ def _(rng):
     yield Sample.of(np.array(0.5), np.array(-1.5))
 
 
-@op("abs(Tensor x) -> Tensor y", traits=["elementwise"])
+@op("abs(Tensor x) -> Tensor y", traits=["elementwise", "pointwise"])
 def abs(x):
     """|x|."""
     return np.abs(x)
 
 
-abs.fusable()
 
 
 abs.onnx(lambda g, x: g.op("Abs", x))
@@ -463,13 +447,12 @@ def _(x, dy):
     return _nan_at_nan(x, F.where(x > 0, dy, F.where(x < 0, -dy, 0)))  # 0 at x = 0, as PyTorch
 
 
-@op("cast(Tensor x, *, dtype dtype) -> Tensor y")
+@op("cast(Tensor x, *, dtype dtype) -> Tensor y", traits=["pointwise"])
 def cast(x, *, dtype):
     """Converts to ``dtype`` (a copy, even when the dtype is unchanged)."""
     return x.astype(dtype)
 
 
-cast.fusable()
 
 
 @cast.onnx
@@ -543,43 +526,40 @@ def _number_samples(rng):
     yield Sample.of(rng.integers(-5, 5, (4,)))
 
 
-@op("sign(Tensor<number> x) -> Tensor y", traits=["elementwise"])
+@op("sign(Tensor<number> x) -> Tensor y", traits=["elementwise", "pointwise"])
 def sign(x):
     """−1, 0 or 1 as x is negative, zero or positive (0 for NaN, as PyTorch)."""
     return np.greater(x, 0).astype(x.dtype) - np.less(x, 0).astype(x.dtype)
 
 
-sign.fusable()
 
 
 sign.onnx(lambda g, x: g.op("Sign", x))
 
 
-@op("floor(Tensor<number> x) -> Tensor y", traits=["elementwise"])
+@op("floor(Tensor<number> x) -> Tensor y", traits=["elementwise", "pointwise"])
 def floor(x):
     """The largest integer ≤ x (integer tensors are returned unchanged)."""
     return np.floor(x) if D.is_floating(x.dtype) else x.copy()
 
 
-floor.fusable()
 
 
 floor.onnx(lambda g, x: g.op("Floor" if x.dtype.kind == "f" else "Identity", x))
 
 
-@op("ceil(Tensor<number> x) -> Tensor y", traits=["elementwise"])
+@op("ceil(Tensor<number> x) -> Tensor y", traits=["elementwise", "pointwise"])
 def ceil(x):
     """The smallest integer ≥ x (integer tensors are returned unchanged)."""
     return np.ceil(x) if D.is_floating(x.dtype) else x.copy()
 
 
-ceil.fusable()
 
 
 ceil.onnx(lambda g, x: g.op("Ceil" if D.is_floating(x.dtype) else "Identity", x))
 
 
-@op("round(Tensor<number> x, *, int decimals=0) -> Tensor y", traits=["elementwise"])
+@op("round(Tensor<number> x, *, int decimals=0) -> Tensor y", traits=["elementwise", "pointwise"])
 def round(x, *, decimals):
     """The nearest integer, halves to the even one (round(2.5) = 2), as PyTorch; with ``decimals`` the nearest
     multiple of 10^−decimals, computed as PyTorch does: rint(x·10^d)/10^d, or rint(x/10^−d)·10^−d for d < 0
@@ -597,7 +577,6 @@ def round(x, *, decimals):
         return np.rint(x * scale) / scale if decimals > 0 else np.rint(x / scale) * scale
 
 
-round.fusable()
 
 
 @round.onnx
@@ -629,13 +608,12 @@ def _(rng):
     yield Sample.of(rng.integers(-500, 500, (4,)), decimals=-2)
 
 
-@op("expm1(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
+@op("expm1(Tensor<floating> x) -> Tensor y", traits=["elementwise", "pointwise"])
 def expm1(x):
     """y = eˣ − 1, exact for small x."""
     return np.expm1(x)
 
 
-expm1.fusable()
 
 
 @expm1.onnx
@@ -652,13 +630,12 @@ def _(y, dy):
     return dy * (y + 1)  # d/dx (eˣ − 1) = eˣ = y + 1
 
 
-@op("log1p(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
+@op("log1p(Tensor<floating> x) -> Tensor y", traits=["elementwise", "pointwise"])
 def log1p(x):
     """y = ln(1 + x), exact for small x."""
     return np.log1p(x)
 
 
-log1p.fusable()
 
 
 @log1p.onnx
@@ -681,13 +658,12 @@ def _(rng):
     yield Sample.of(rng.uniform(-0.5, 2.0, ()))
 
 
-@op("rsqrt(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
+@op("rsqrt(Tensor<floating> x) -> Tensor y", traits=["elementwise", "pointwise"])
 def rsqrt(x):
     """y = 1/√x."""
     return 1 / np.sqrt(x)
 
 
-rsqrt.fusable()
 
 
 rsqrt.onnx(lambda g, x: g.op("Reciprocal", g.op("Sqrt", x)))
@@ -698,13 +674,12 @@ def _(y, dy):
     return dy * (-0.5) * y * y * y  # d/dx x^(−½) = −½·x^(−3/2) = −½·y³
 
 
-@op("reciprocal(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
+@op("reciprocal(Tensor<floating> x) -> Tensor y", traits=["elementwise", "pointwise"])
 def reciprocal(x):
     """y = 1/x."""
     return np.reciprocal(x)
 
 
-reciprocal.fusable()
 
 
 reciprocal.onnx(lambda g, x: g.op("Reciprocal", x))
@@ -729,13 +704,12 @@ def _(rng):
     yield Sample.of(rng.uniform(0.5, 3.0, ()))
 
 
-@op("sin(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
+@op("sin(Tensor<floating> x) -> Tensor y", traits=["elementwise", "pointwise"])
 def sin(x):
     """Sine."""
     return np.sin(x)
 
 
-sin.fusable()
 
 
 sin.onnx(lambda g, x: g.op("Sin", x))
@@ -746,13 +720,12 @@ def _(x, dy):
     return dy * F.cos(x)
 
 
-@op("cos(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
+@op("cos(Tensor<floating> x) -> Tensor y", traits=["elementwise", "pointwise"])
 def cos(x):
     """Cosine."""
     return np.cos(x)
 
 
-cos.fusable()
 
 
 cos.onnx(lambda g, x: g.op("Cos", x))
@@ -769,13 +742,12 @@ def _erf(x):
     return erf(x)
 
 
-@op("erf(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
+@op("erf(Tensor<floating> x) -> Tensor y", traits=["elementwise", "pointwise"])
 def erf(x):
     """The error function, erf(x) = 2/√π ∫₀ˣ e^(−t²) dt."""
     return _erf(x)
 
 
-erf.fusable()
 
 
 erf.onnx(lambda g, x: g.op("Erf", x))
@@ -789,14 +761,14 @@ def _(x, dy):
 # -- activations ----------------------------------------------------------------------------------------------------
 
 
-@op("softplus(Tensor<floating> x, *, float beta=1.0, float threshold=20.0) -> Tensor y", traits=["elementwise"])
+@op("softplus(Tensor<floating> x, *, float beta=1.0, float threshold=20.0) -> Tensor y",
+    traits=["elementwise", "pointwise"])
 def softplus(x, *, beta, threshold):
     """y = ln(1 + e^(βx))/β, and y = x where βx > threshold (as PyTorch, where the two agree to float precision)."""
     z = x * beta
     return np.where(z > threshold, x, np.logaddexp(0, z) / beta)  # logaddexp: no overflow, exact for z ≪ 0
 
 
-softplus.fusable()
 
 
 @softplus.onnx
@@ -848,13 +820,12 @@ def _elu_grad(x, dy, alpha, scale, beta=1.0):
     return F.where(x > 0, dy if scale == 1 else dy * scale, dy * (alpha * scale * beta) * F.exp(exponent))
 
 
-@op("elu(Tensor<floating> x, *, float alpha=1.0) -> Tensor y", traits=["elementwise"])
+@op("elu(Tensor<floating> x, *, float alpha=1.0) -> Tensor y", traits=["elementwise", "pointwise"])
 def elu(x, *, alpha):
     """y = x for x > 0, α·(eˣ − 1) otherwise."""
     return _elu(x, alpha, 1.0)
 
 
-elu.fusable()
 
 
 @elu.onnx
@@ -882,13 +853,12 @@ def _(rng):
     yield Sample.of(rng.standard_normal(()), alpha=2.0)
 
 
-@op("selu(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
+@op("selu(Tensor<floating> x) -> Tensor y", traits=["elementwise", "pointwise"])
 def selu(x):
     """y = λ·elu(x, α) with PyTorch's constants λ ≈ 1.0507, α ≈ 1.6733 (self-normalising)."""
     return _elu(x, _SELU_ALPHA, _SELU_SCALE)
 
 
-selu.fusable()
 
 
 @selu.onnx
@@ -915,7 +885,7 @@ def _check_approximate(*, approximate):
         raise ValueError(f"argument 'approximate' must be \"none\" or \"tanh\", got {approximate!r}")
 
 
-@op('gelu(Tensor<floating> x, *, str approximate="none") -> Tensor y', traits=["elementwise"])
+@op('gelu(Tensor<floating> x, *, str approximate="none") -> Tensor y', traits=["elementwise", "pointwise"])
 def gelu(x, *, approximate):
     """y = x·Φ(x) with Φ the standard normal CDF; approximate="tanh": ½x·(1 + tanh(√(2/π)·(x + 0.044715x³)))."""
     if approximate == "tanh":
@@ -923,7 +893,6 @@ def gelu(x, *, approximate):
     return 0.5 * x * (1 + _erf(x * _SQRT_HALF))
 
 
-gelu.fusable()
 
 
 @gelu.onnx
@@ -944,7 +913,7 @@ def _(x, dy, *, approximate):
 
 
 @op('gelu_grad(Tensor<floating> x, Tensor<floating> dy, *, str approximate="none") -> Tensor dx',
-    traits=["broadcast"])
+    traits=["broadcast", "pointwise"])
 def gelu_grad(x, dy, *, approximate):
     """Gradient of gelu: dx = dy·gelu′(x); gelu′ = Φ + x·φ exactly, φ the standard normal density."""
     if approximate == "tanh":
@@ -954,7 +923,6 @@ def gelu_grad(x, dy, *, approximate):
     return dy * (0.5 * (1 + _erf(x * _SQRT_HALF)) + x * _INV_SQRT_2PI * np.exp(-0.5 * x * x))
 
 
-gelu_grad.fusable()
 
 
 @gelu_grad.grad
@@ -988,13 +956,12 @@ def _(rng):
     yield Sample.of(rng.standard_normal(5) * 2, rng.standard_normal(5), approximate="tanh")
 
 
-@op("silu(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
+@op("silu(Tensor<floating> x) -> Tensor y", traits=["elementwise", "pointwise"])
 def silu(x):
     """y = x·σ(x), σ the logistic sigmoid (also called swish)."""
     return x * _sigmoid(x)
 
 
-silu.fusable()
 
 
 silu.onnx(lambda g, x: g.op("Mul", x, g.op("Sigmoid", x)))
@@ -1030,7 +997,8 @@ def _clip_dtype(x, bounds):
     return D.promote(*higher) if higher else dtype
 
 
-@op("clip(Tensor<number> x, Tensor<number>? min=None, Tensor<number>? max=None) -> Tensor y", infer=_clip_spec)
+@op("clip(Tensor<number> x, Tensor<number>? min=None, Tensor<number>? max=None) -> Tensor y",
+    infer=_clip_spec, traits=["pointwise"])
 def clip(x, min, max):
     """x limited to [min, max], as ``torch.clamp``: either bound may be None, and each is a number or a tensor that
     broadcasts with ``x`` (min > max gives max). The dtype follows torch too: a number, or a 0-d tensor, changes
@@ -1040,7 +1008,6 @@ def clip(x, min, max):
     return np.asarray(y if max is None else np.minimum(y, max)).astype(dtype, copy=False)
 
 
-clip.fusable()
 
 
 @clip.onnx
@@ -1091,13 +1058,12 @@ def _bool_spec(x):
     return Spec(x.shape, D.bool_)
 
 
-@op("isnan(Tensor x) -> Tensor<bool> y", traits=["no_grad"], infer=_bool_spec)
+@op("isnan(Tensor x) -> Tensor<bool> y", traits=["no_grad", "pointwise"], infer=_bool_spec)
 def isnan(x):
     """True where x is NaN."""
     return np.isnan(x)
 
 
-isnan.fusable()
 
 
 @isnan.onnx
@@ -1107,13 +1073,12 @@ def _(g, x):
     return g.op("IsNaN", x, spec=Spec(x.shape, D.bool_))
 
 
-@op("isfinite(Tensor x) -> Tensor<bool> y", traits=["no_grad"], infer=_bool_spec)
+@op("isfinite(Tensor x) -> Tensor<bool> y", traits=["no_grad", "pointwise"], infer=_bool_spec)
 def isfinite(x):
     """True where x is neither infinite nor NaN (always, for integers and bools)."""
     return np.isfinite(x)
 
 
-isfinite.fusable()
 
 
 @isfinite.onnx
@@ -1123,13 +1088,12 @@ def _(g, x):
     return g.op("Not", g.op("Or", g.op("IsNaN", x), g.op("IsInf", x)))
 
 
-@op("logical_not(Tensor x) -> Tensor<bool> y", traits=["no_grad"], infer=_bool_spec)
+@op("logical_not(Tensor x) -> Tensor<bool> y", traits=["no_grad", "pointwise"], infer=_bool_spec)
 def logical_not(x):
     """True where x is 0 (or False)."""
     return np.logical_not(x)
 
 
-logical_not.fusable()
 
 
 logical_not.onnx(lambda g, x: g.op("Not", g.cast(x, D.bool_)))
@@ -1164,13 +1128,13 @@ def _check_bounds(*, min_val, max_val):
         raise ValueError(f"argument 'min_val' must not exceed 'max_val', got {min_val} > {max_val}")
 
 
-@op("hardtanh(Tensor<floating> x, *, float min_val=-1.0, float max_val=1.0) -> Tensor y", traits=["elementwise"])
+@op("hardtanh(Tensor<floating> x, *, float min_val=-1.0, float max_val=1.0) -> Tensor y",
+    traits=["elementwise", "pointwise"])
 def hardtanh(x, *, min_val, max_val):
     """x limited to [min_val, max_val]; the gradient is 0 at the bounds (as PyTorch), unlike clip's."""
     return np.clip(x, min_val, max_val)
 
 
-hardtanh.fusable()
 
 
 hardtanh.onnx(lambda g, x, *, min_val, max_val: g.op("Clip", x, g.scalar(min_val, x), g.scalar(max_val, x)))
@@ -1182,13 +1146,12 @@ def _(x, dy, *, min_val, max_val):
 
 
 @op("hardtanh_grad(Tensor<floating> x, Tensor<floating> dy, *, float min_val=-1.0, float max_val=1.0) -> Tensor dx",
-    traits=["elementwise"])
+    traits=["elementwise", "pointwise"])
 def hardtanh_grad(x, dy, *, min_val, max_val):
     """Gradient of hardtanh: dx = dy where min_val < x < max_val (bounds excluded), else 0; NaN where x is NaN."""
     return _carry_nan(x, np.where((x > min_val) & (x < max_val), dy, 0).astype(dy.dtype, copy=False))
 
 
-hardtanh_grad.fusable()
 
 
 @hardtanh_grad.grad
@@ -1213,13 +1176,12 @@ def _(rng):
     yield Sample.of(_away_from([0, 6], rng, 5, -2, 8), rng.standard_normal(5), min_val=0.0, max_val=6.0)
 
 
-@op("relu6(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
+@op("relu6(Tensor<floating> x) -> Tensor y", traits=["elementwise", "pointwise"])
 def relu6(x):
     """y = min(max(x, 0), 6): hardtanh on [0, 6], with its zero gradient at 0 and 6."""
     return np.clip(x, 0, 6)
 
 
-relu6.fusable()
 
 
 relu6.onnx(lambda g, x: g.op("Clip", x, g.scalar(0, x), g.scalar(6, x)))
@@ -1236,13 +1198,12 @@ def _(rng):
     yield Sample.of(_away_from([0, 6], rng, (), -3, 9))
 
 
-@op("hardsigmoid(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
+@op("hardsigmoid(Tensor<floating> x) -> Tensor y", traits=["elementwise", "pointwise"])
 def hardsigmoid(x):
     """y = min(max(x/6 + ½, 0), 1): 0 below −3, 1 above 3, linear between (gradient 0 at ±3, as PyTorch)."""
     return np.clip(x * (1 / 6) + 0.5, 0, 1)
 
 
-hardsigmoid.fusable()
 
 
 @hardsigmoid.onnx
@@ -1258,13 +1219,12 @@ def _(x, dy):
     return F.hardtanh_grad(x, dy * (1 / 6), min_val=-3.0, max_val=3.0)
 
 
-@op("hardswish(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
+@op("hardswish(Tensor<floating> x) -> Tensor y", traits=["elementwise", "pointwise"])
 def hardswish(x):
     """y = x·hardsigmoid(x) = x·min(max(x + 3, 0), 6)/6."""
     return x * np.clip(x * (1 / 6) + 0.5, 0, 1)
 
 
-hardswish.fusable()
 
 
 @hardswish.onnx
@@ -1279,14 +1239,13 @@ def _(x, dy):
     return F.hardswish_grad(x, dy)
 
 
-@op("hardswish_grad(Tensor<floating> x, Tensor<floating> dy) -> Tensor dx", traits=["elementwise"])
+@op("hardswish_grad(Tensor<floating> x, Tensor<floating> dy) -> Tensor dx", traits=["elementwise", "pointwise"])
 def hardswish_grad(x, dy):
     """Gradient of hardswish: dx = dy·(x/3 + ½) for −3 < x < 3, 0 for x ≤ −3, dy for x ≥ 3 (PyTorch's values)."""
     slope = np.where(x >= 3, 1, np.where(x > -3, x * (1 / 3) + 0.5, 0)).astype(dy.dtype, copy=False)
     return _carry_nan(x, dy * slope)
 
 
-hardswish_grad.fusable()
 
 
 @hardswish_grad.grad
@@ -1313,13 +1272,12 @@ def _softplus_np(x):
     return np.logaddexp(0, x)  # log(1 + eˣ) without overflow, exact for x ≪ 0
 
 
-@op("mish(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
+@op("mish(Tensor<floating> x) -> Tensor y", traits=["elementwise", "pointwise"])
 def mish(x):
     """y = x·tanh(softplus(x)), softplus(x) = log(1 + eˣ)."""
     return x * np.tanh(_softplus_np(x))
 
 
-mish.fusable()
 
 
 mish.onnx(lambda g, x: g.op("Mul", x, g.op("Tanh", g.call("softplus", x, beta=1.0, threshold=math.inf))))
@@ -1332,13 +1290,12 @@ def _(x, dy):
     return dy * (t + x * (1 - t * t) * F.sigmoid(x))
 
 
-@op("logsigmoid(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
+@op("logsigmoid(Tensor<floating> x) -> Tensor y", traits=["elementwise", "pointwise"])
 def logsigmoid(x):
     """y = log σ(x) = −softplus(−x), computed as min(x, 0) − log(1 + e^(−|x|)): no overflow, exact for x ≪ 0."""
     return np.minimum(x, 0) - np.log1p(np.exp(-np.abs(x)))
 
 
-logsigmoid.fusable()
 
 
 @logsigmoid.onnx
@@ -1352,13 +1309,12 @@ def _(x, dy):
     return dy * F.sigmoid(-x)  # d/dx log σ(x) = 1 − σ(x) = σ(−x), exact for large x too
 
 
-@op("celu(Tensor<floating> x, *, float alpha=1.0) -> Tensor y", traits=["elementwise"])
+@op("celu(Tensor<floating> x, *, float alpha=1.0) -> Tensor y", traits=["elementwise", "pointwise"])
 def celu(x, *, alpha):
     """y = x for x > 0, α·(e^(x/α) − 1) otherwise (continuously differentiable elu)."""
     return _elu(x, alpha, 1.0, 1 / alpha)
 
 
-celu.fusable()
 
 
 @celu.onnx

@@ -28,8 +28,8 @@ from ..checkpoint import StateDictError, diff_structure
 from ..core import dtypes as D
 from ..core.errors import ArgumentError, describe
 from ..core.grad_mode import enable_grad, no_grad
+from ..core.interpreters import current_interpreter
 from ..creation import tensor
-from ..dispatch import current_interpreter
 from ..program.trace import python_state_changed
 from ..tensor import Tensor, note_write
 

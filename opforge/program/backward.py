@@ -9,13 +9,14 @@ holds backward ops gives second-order gradients.
 
 from __future__ import annotations
 
+from .. import ops as F
 from ..autodiff.rules import call_rule, fit, missing_rule
 from ..core import dtypes as D
 from ..core.errors import ArgumentError, GradientError
 from ..core.grad_mode import set_grad_enabled
+from ..core.interpreters import interpreting
 from ..core.opdef import registry
 from ..core.spec import Spec
-from ..dispatch import interpreting
 from .desc import OpDesc, Program
 from .trace import Tracer, Variable
 
@@ -140,8 +141,6 @@ class _OpCall:
         return self._values(self.op.outputs, self.desc.outputs, i, lambda n: Variable(self.program, n))
 
     def zeros(self, k: int):
-        from .. import ops as F
-
         return F.zeros_like(Variable(self.program, self.desc.output_names()[k]))
 
     def residual(self, name: str, linked: bool):
@@ -162,8 +161,6 @@ class _OpCall:
 
 
 def _seed(program: Program, loss_name: str) -> str:
-    from .. import ops as F
-
     return F.ones_like(Variable(program, loss_name)).name
 
 
@@ -173,8 +170,6 @@ def _total(program: Program, name: str, contributions: dict) -> str | None:
     if not parts:
         return None
     if len(parts) > 1:
-        from .. import ops as F
-
         parts[:] = [F.add_n([Variable(program, p) for p in parts]).name]
     return parts[0]
 

@@ -30,8 +30,8 @@ import numpy as np
 
 from ..core.devices import default_device
 from ..core.errors import ArgumentError, GradientError, describe
+from ..core.interpreters import interpreting
 from ..core.spec import Spec
-from ..dispatch import interpreting
 from ..tensor import Tensor, note_writes, wrap, write_records
 from .desc import Program
 from .executor import Executor
@@ -121,7 +121,7 @@ class CompiledFunction:
         if len(devices) > 1:
             raise ArgumentError(f"{self.__name__}() (compiled): the tensor arguments are on several devices "
                                 f"({sorted(map(str, devices))}); a program runs on one")
-        program = Program(devices.pop() if devices else default_device())
+        program = Program(devices.pop() if devices else default_device(), name=self.__name__)
         state = trace_state(program)
         state.grads_in = True
 

@@ -81,8 +81,9 @@ class Block:
 class Program:
     """A program of op descriptions: what ``of.trace`` records and ``of.append_backward`` extends."""
 
-    def __init__(self, device=CPU):
+    def __init__(self, device=CPU, name: str = "program"):
         self.device = device  # where the program's values live and its kernels run
+        self.name = name  # what it was traced from (a function's name): its plans' code is named after it
         self.blocks = [Block()]
         self.feeds: list[str] = []  # variable names given to Executor.run
         self.outputs: dict = {}  # result name -> variable name

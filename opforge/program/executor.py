@@ -5,7 +5,7 @@ Preparing (once per distinct set of feed shapes) does the work eager mode repeat
      dims (``Dim``) get their sizes; a mismatch names the op and the variables;
   2. dead-code elimination (only what the fetched values need) and merging of identical pure ops (CSE; ops
      with the ``random`` trait are never merged);
-  3. elementwise fusion: chains of pointwise ops (``op.fusable()``) become one step that makes one pass over
+  3. elementwise fusion: chains of pointwise ops (the trait ``pointwise``) become one step that makes one pass over
      memory, block by block (``opforge.program.fusion``);
   4. liveness: each intermediate is dropped right after its last reader; a kernel that takes ``out=`` writes
      into its declared ``inplace`` input when that input dies at this op (or the other input of a commutative
@@ -27,6 +27,7 @@ import sys
 
 import numpy as np
 
+from ..core import codegen
 from ..core.errors import ArgumentError, OpforgeError, ShapeError
 from ..core.opdef import registry
 from ..core.spec import Dim, Spec
@@ -218,7 +219,7 @@ class Executor:
                 args = [[known[n] for n in op.inputs[p.name]] if p.is_list else
                         (known[op.inputs[p.name][0]] if op.inputs[p.name] else None) for p in opdef.inputs]
                 first = next(known[n] for n in op.input_names())
-                result = opdef.find_kernel(device, first.dtype).bind(device)(*args, **attrs)
+                result = opdef.kernel_for(device, (first.dtype,), attrs).bind(device)(*args, **attrs)
                 for n, v in zip(op.output_names(), _flattener(opdef, device)(result)):
                     values[n] = v
                 continue
@@ -287,15 +288,14 @@ class Executor:
         workspace = _Workspace(ops, kernels, specs, roots, reuse, drops, enabled=host)
         source, env, line_ops = self._emit(ops, kernels, specs, fetched, updates, in_place, reuse, drops, folded,
                                            workspace)
-        fn = _compile_plan(source, env)
+        fn = _compile_plan(source, env, program.name)
         peak = _peak_bytes(ops, specs, reuse, drops)
         return Plan(fn, source, specs, len(ops), peak, removed, line_ops, workspace.bytes, env["_wss"])
 
     def _kernel(self, op: OpDesc, attrs: dict, specs: dict):
-        """The kernel for an op of the plan: chosen by the program's device and the first input's dtype."""
+        """The kernel for an op of the plan: the one an eager call on the program's device would run."""
         first = next((specs[n] for n in op.input_names()), None)
-        dtype = first.dtype if first is not None else (attrs.get("dtype") or np.dtype("float32"))
-        return registry.get(op.type).find_kernel(self.program.device, dtype)
+        return registry.get(op.type).kernel_for(self.program.device, () if first is None else (first.dtype,), attrs)
 
     def _emit(self, ops, kernels, specs: dict, fetched: dict, updates: dict, in_place: dict, reuse: dict,
               drops: list, folded: dict, workspace: _Workspace) -> tuple[str, dict, dict]:
@@ -576,16 +576,16 @@ def _peak_bytes(ops: list, specs: dict, reuse: dict, drops: list) -> int:
     return peak
 
 
-def _compile_plan(source: str, env: dict):
-    exec(compile(source, "<opforge.program>", "exec"), env)
-    return env["run"]
+def _compile_plan(source: str, env: dict, name: str):
+    """The plan's function, under a file name of its own that names the program (``<opforge.plan.step.3>``)."""
+    return codegen.define(source, "plan", name, env, "run", unique=True)
 
 
 def _name_failed_op(plan: Plan, error: Exception) -> OpforgeError:
     """A kernel raised inside the generated code: say which op of the program it was."""
-    tb, line = error.__traceback__, None
+    tb, line, filename = error.__traceback__, None, codegen.filename_of(plan.fn)
     while tb is not None:
-        if tb.tb_frame.f_code.co_filename == "<opforge.program>":
+        if tb.tb_frame.f_code.co_filename == filename:
             line = tb.tb_lineno
         tb = tb.tb_next
     text = plan.source.splitlines()[line - 1].strip() if line else "?"

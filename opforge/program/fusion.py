@@ -1,9 +1,9 @@
 """Elementwise fusion: a chain of pointwise ops over one shape runs as one pass over memory, block by block.
 
-An op declares itself pointwise with ``op.fusable()`` (``opforge.core.opdef``): each output element depends only on
-the input elements at its position. The executor groups such ops where every intermediate result has the group's
-shape and is read only inside the group (not fetched, not read by another op), and runs the group as one step:
-the members' own kernels, in order, on blocks of rows small enough to stay in cache. Inputs are read from memory
+An op declares itself pointwise with the trait ``pointwise`` (``opforge.core.opdef.TRAITS``): each output element
+depends only on the input elements at its position. The executor groups such ops where every intermediate result has
+the group's shape and is read only inside the group (not fetched, not read by another op), and runs the group as one
+step: the members' own kernels, in order, on blocks of rows small enough to stay in cache. Inputs are read from memory
 once per block, intermediates live in a few block-sized scratch buffers from the executor's workspace, and the
 result is written once. The kernels run unchanged on row slices, so a fused result is bit for bit the unfused one.
 
@@ -241,7 +241,7 @@ def in_place_slots(op) -> list:
     input, and the other input of a commutative op."""
     opdef = registry.get(op.type)
     slots = list(opdef.inplace.values())
-    if opdef.fusion is not None and opdef.fusion["commutative"] and slots:
+    if "commutative" in opdef.traits and slots:
         slots += [p.name for p in opdef.inputs if p.name not in slots]
     return slots
 
@@ -264,7 +264,7 @@ def fuse(ops: list, kernels: list, specs: dict, keep: set) -> tuple[list, list]:
     def fusable(i) -> bool:
         op = ops[i][0]
         opdef = registry.get(op.type)
-        return (opdef.fusion is not None and len(opdef.outputs) == 1 and not opdef.outputs[0].is_list
+        return ("pointwise" in opdef.traits and len(opdef.outputs) == 1 and not opdef.outputs[0].is_list
                 and not any(p.is_list for p in opdef.inputs))
 
     group_of, groups = {}, []

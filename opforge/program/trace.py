@@ -14,13 +14,15 @@ import weakref
 
 import numpy as np
 
+from .. import ops as F
 from ..core import dtypes as D
 from ..core.devices import default_device, get_device
 from ..core.errors import ArgumentError, GradientError, describe
 from ..core.grad_mode import _mode as _grad_mode
+from ..core.interpreters import Interpreter, current_interpreter, interpreting
 from ..core.opdef import OpDef
 from ..core.spec import Dim, Spec, undim
-from ..dispatch import Interpreter, check_same_dtype, current_interpreter, interpreting, scalar_array
+from ..dispatch import check_same_dtype, coerce_inputs
 from ..tensor import Tensor, TensorOps, wrap
 from .desc import OpDesc, Program
 
@@ -75,8 +77,6 @@ class Variable(TensorOps):
 
     def detach(self) -> Variable:
         """The same value, cut from differentiation: an identity whose output is marked stop_gradient."""
-        from .. import ops as F
-
         out = F.identity(self)
         self.program.block.vars[out.name].stop_gradient = True
         return out
@@ -247,7 +247,6 @@ class Tracer(Interpreter):
     def backward(self, loss) -> None:
         """``loss.backward()`` in traced code: the gradient of every parameter (and differentiable input) it
         reaches is added to the gradient that parameter has, which becomes its new one."""
-        from .. import ops as F
         from .backward import gradients
 
         program, state = self.program, self.state
@@ -340,33 +339,29 @@ def assign(target: Tensor, value) -> None:
     current_interpreter().assign(target, value)
 
 
-def _input_name(program: Program, opdef: OpDef, arg: str, value, peer) -> str:
+def _input_name(program: Program, opdef: OpDef, arg: str, value) -> str:
+    """The variable an op of ``program`` reads for a tensor input ``value`` (a Variable, or an eager Tensor the
+    traced code reads)."""
     if isinstance(value, Variable):
         if value.program is not program:
             raise ArgumentError(f"{opdef.name}(): argument '{arg}' is a variable of another program")
         return value.name
-    if isinstance(value, Tensor):
-        name = var_for_tensor(program, value)
-        updated = program.updates.get(name)
-        if updated is None:
-            return name
-        if value.requires_grad and _grad_mode.enabled:
-            raise ArgumentError(
-                f"{opdef.name}(): argument '{arg}' is parameter '{name}', updated earlier in this traced function; "
-                "a compiled function cannot yet differentiate through a parameter's value after its update: "
-                "read it under of.no_grad(), or update it at the end (after the last forward pass)")
-        return updated  # reads after an in-place update see the new value, as eagerly
-    if isinstance(value, (list, tuple)) and any(isinstance(v, TensorOps) for v in value):
-        raise ArgumentError(f"{opdef.name}(): argument '{arg}' expected Tensor, got a {type(value).__name__} "
-                            f"holding tensors (a multi-output op's result? pick one of its outputs)")
-    if type(value) in (bool, int, float):
-        array = scalar_array(opdef, arg, value, peer)
-    elif isinstance(value, (np.ndarray, np.generic)):
-        array = np.array(value)
-        D.as_dtype(array.dtype, op=opdef.name, arg=arg)
-    else:
-        raise ArgumentError(f"{opdef.name}(): argument '{arg}' expected Tensor, got {describe(value)}")
-    array.flags.writeable = False  # a literal of the traced code: a true constant
+    name = var_for_tensor(program, value)
+    updated = program.updates.get(name)
+    if updated is None:
+        return name
+    if value.requires_grad and _grad_mode.enabled:
+        raise ArgumentError(
+            f"{opdef.name}(): argument '{arg}' is parameter '{name}', updated earlier in this traced function; "
+            "a compiled function cannot yet differentiate through a parameter's value after its update: "
+            "read it under of.no_grad(), or update it at the end (after the last forward pass)")
+    return updated  # reads after an in-place update see the new value, as eagerly
+
+
+def constant_name(program: Program, array: np.ndarray) -> str:
+    """The variable of a literal of the traced code (a Python number or array, lifted as eagerly): a read-only
+    constant, which the executor may fold."""
+    array.flags.writeable = False
     device = program.device
     return var_for_tensor(program, wrap(device.from_host(array), device))
 
@@ -374,24 +369,17 @@ def _input_name(program: Program, opdef: OpDef, arg: str, value, peer) -> str:
 def _append(program: Program, role: str, opdef: OpDef, inputs: tuple, attrs: dict):
     """Append ``opdef`` applied to ``inputs`` to ``program``; return output Variables shaped like eager results."""
     block = program.block
-    peers = [v.dtype for slot in inputs for v in (slot if isinstance(slot, (list, tuple)) else (slot,))
-             if isinstance(v, (Variable, Tensor))]
-    peer = D.promote(*peers) if peers else None
+    slots = coerce_inputs(opdef, inputs, lambda arg, v: _input_name(program, opdef, arg, v),
+                          lambda arg, array: constant_name(program, array))
     names, specs = {}, []
-    for p, value in zip(opdef.inputs, inputs):
-        if p.is_list:
-            if not isinstance(value, (list, tuple)):
-                raise ArgumentError(f"{opdef.name}(): argument '{p.name}' expected a list of Tensors, "
-                                    f"got {describe(value)}")
-            slot = [_input_name(program, opdef, f"{p.name}[{i}]", v, peer) for i, v in enumerate(value)]
-            specs.append([block.vars[n].spec for n in slot])
-        elif value is None:
-            if not p.optional:
-                raise ArgumentError(f"{opdef.name}(): argument '{p.name}' expected Tensor, got None")
+    for p, slot in zip(opdef.inputs, slots):
+        if slot is None:
             slot = []
             specs.append(None)
+        elif p.is_list:
+            specs.append([block.vars[n].spec for n in slot])
         else:
-            slot = [_input_name(program, opdef, p.name, value, peer)]
+            slot = [slot]
             specs.append(block.vars[slot[0]].spec)
         names[p.name] = slot
     if "same_dtype" in opdef.traits:
@@ -427,7 +415,8 @@ def trace(fn, *specs, device=None, **named_specs) -> Program:
     if len(specs) > len(params):
         raise ArgumentError(f"trace(): {fn.__name__} takes {len(params)} arguments, {len(specs)} Specs given")
     given = dict(zip(params, specs)) | named_specs
-    program = Program(default_device() if device is None else get_device(device, "trace()"))
+    program = Program(default_device() if device is None else get_device(device, "trace()"),
+                      name=getattr(fn, "__name__", type(fn).__name__))
     args = {}
     for name, spec in given.items():
         if not isinstance(spec, Spec):
