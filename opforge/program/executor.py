@@ -321,7 +321,8 @@ class Executor:
         for i, (op, _) in enumerate(ops):  # the fused groups' functions come first
             if isinstance(op, FusedOp):
                 fused, labels = op.source(f"k{i}", workspace.scratch.get(i, []), env)
-                line_ops.update({len(lines) + j + 1: f"op #{i} {op!r}: {label}" for j, label in labels.items()})
+                group = f"op #{i} {op!r}"  # (once: its text grows with the group)
+                line_ops.update({len(lines) + j + 1: f"{group}: {label}" for j, label in labels.items()})
                 lines += fused
         lines.append("def run(feed, scope, consts):")
         lines += [f"    {var(n)} = feed[{n!r}]" for n in program.feeds]

@@ -75,7 +75,12 @@ class FusedOp:
         return [self.output]
 
     def __repr__(self) -> str:
-        return f"fused({', '.join(op.output_names()[0] for op, _, _ in self.members)})"
+        # bounded: the executor labels each member's line of generated code with it
+        names = [op.output_names()[0] for op, _, _ in (self.members if len(self.members) <= 6 else
+                                                          [*self.members[:3], *self.members[-2:]])]
+        if len(self.members) > 6:
+            names.insert(3, f"... {len(self.members) - 5} more ...")
+        return f"fused({', '.join(names)})"
 
     def scratch_bytes(self) -> int:
         return sum(math.prod(s.shape) * s.dtype.itemsize for s in self.scratch)
@@ -89,16 +94,17 @@ class FusedOp:
         its way to the root (read by the next member, once, through an in-place slot, and so on up to the root),
         once the input it may share its memory with (``out_input``) has been read for the last time."""
         specs, members = self.specs, self.members
-        last = {}
+        last, readers = {}, {}  # value -> the last member reading it; -> the members reading it
         for j, (op, _, _) in enumerate(members):
-            for n in op.input_names():
+            for n in dict.fromkeys(op.input_names()):
                 last[n] = j
+                readers.setdefault(n, []).append(j)
         on_path = {len(members) - 1}  # members whose result goes to the root through in-place slots only
         for j in range(len(members) - 2, -1, -1):
             out = members[j][0].output_names()[0]
-            readers = [k for k, (op, _, _) in enumerate(members) if out in op.input_names()]
-            if len(readers) == 1 and readers[0] in on_path and members[readers[0]][0].input_names().count(out) == 1 \
-                    and out in in_place_inputs(members[readers[0]][0]):
+            reader = readers.get(out, [])
+            if len(reader) == 1 and reader[0] in on_path and members[reader[0]][0].input_names().count(out) == 1 \
+                    and out in in_place_inputs(members[reader[0]][0]):
                 on_path.add(j)
         scratch, plan = [], []
         held = {n: n for n in self.donated if n != out_input}  # value -> the buffer it is in
@@ -304,8 +310,9 @@ def fuse(ops: list, kernels: list, specs: dict, keep: set) -> tuple[list, list]:
         inside = {n for m in members for n in ops[m][0].output_names()}
         inputs = list(dict.fromkeys(n for m in members for n in ops[m][0].input_names() if n not in inside))
         output = op.output_names()[0]
+        member_set = set(members)
         fused = FusedOp([(ops[m][0], ops[m][1], kernels[m]) for m in members], inputs, output, specs[output],
-                        specs, {n for n in inputs if n in donated and readers[n] <= set(members)})
+                        specs, {n for n in inputs if n in donated and readers[n] <= member_set})
         new_ops.append((fused, {}))
         new_kernels.append(Kernel(None, None, None, True, False, False))
     return new_ops, new_kernels
