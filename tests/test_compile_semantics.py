@@ -5,6 +5,7 @@ long programs in near-linear time. Eager is the oracle: each test runs the same 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import opforge as of
 from opforge import ops as F
@@ -13,6 +14,16 @@ from opforge.program.desc import OpDesc
 
 def ramp(*shape, start=1.0):
     return of.tensor(np.arange(start, start + np.prod(shape), dtype=np.float32).reshape(shape))
+
+
+def assert_same(eager, compiled):
+    if isinstance(eager, (tuple, list)):
+        assert len(eager) == len(compiled)
+        for e, c in zip(eager, compiled):
+            assert_same(e, c)
+        return
+    np.testing.assert_array_equal(np.asarray(compiled.numpy() if isinstance(compiled, of.Tensor) else compiled),
+                                  np.asarray(eager.numpy() if isinstance(eager, of.Tensor) else eager))
 
 
 # -- 6. planning a long chain of pointwise ops ----------------------------------------------------------------------
@@ -52,3 +63,24 @@ def test_planning_a_chain_of_ten_thousand_pointwise_ops_is_near_linear(monkeypat
     with of.no_grad():
         eager = _chain(10000)(of.tensor(x))
     np.testing.assert_allclose(of.compile(_chain(10000))(of.tensor(x)).numpy(), eager.numpy(), rtol=1e-6)
+
+
+# -- 5. compiling a module -------------------------------------------------------------------------------------------
+
+
+def test_a_compiled_module_runs_the_module_compiled_with_its_own_parameters():
+    layer = of.nn.Linear(3, 2)
+    compiled = of.compile(layer)
+    x = ramp(4, 3)
+    assert_same(layer(x), compiled(x))
+    assert compiled.__name__ == "Linear" and compiled.__wrapped__ is layer
+    assert compiled.weight is layer.weight and all(a is b for a, b in zip(compiled.parameters(), layer.parameters()))
+    with of.no_grad():
+        layer.weight.mul_(2.0)  # the module's own parameters: the compiled module reads them as they are now
+    assert_same(layer(x), compiled(x))
+    assert_same(layer(x), compiled(x=x))  # calls bind as the module's forward does
+    assert len(compiled.cache) == 1
+    with pytest.raises(AttributeError, match="'Linear' object has no attribute 'no_such_thing'"):
+        compiled.no_such_thing
+    with pytest.raises(of.ArgumentError, match="compile\\(\\): expected a function or a module, got"):
+        of.compile(3)

@@ -49,15 +49,31 @@ class CompiledFunction:
     """A function traced into a program per kind of call (see the module docstring) and run by an Executor."""
 
     def __init__(self, fn, optimize: bool = True, cache_key=None):
-        functools.update_wrapper(self, fn)
+        if not callable(fn):
+            raise ArgumentError(f"compile(): expected a function or a module, got {describe(fn)}")
+        module = hasattr(fn, "forward") and hasattr(fn, "_trace_state")
+        if hasattr(fn, "__name__"):
+            functools.update_wrapper(self, fn)
+        else:  # a module or another callable object: named after its type (its own attributes are not copied)
+            self.__name__ = self.__qualname__ = type(fn).__name__
+            self.__doc__ = type(fn).__doc__
+            self.__wrapped__ = fn
         self.fn = fn
         self.optimize = optimize
         self.cache_key = cache_key  # () -> hashable: more Python state the trace depends on
-        self.signature = inspect.signature(fn)
+        self.signature = inspect.signature(fn.forward if module else fn)  # a module binds calls as its forward
         params = list(self.signature.parameters.values())
         self._names = [p.name for p in params]
         self._positional = all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
         self.cache: dict = {}  # call key -> [_Entry, ...], one per state of what the traces read (guards)
+
+    def __getattr__(self, name: str):
+        """A compiled module is used as the module itself is (``parameters()``, ``train()``, ``state_dict()``),
+        as torch's compiled modules are."""
+        wrapped = self.__dict__.get("__wrapped__")
+        if wrapped is None or not hasattr(wrapped, "_trace_state"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(wrapped, name)
 
     def __call__(self, *args, **kwargs):
         arguments = self._bind(args, kwargs)
