@@ -26,6 +26,174 @@ def assert_same(eager, compiled):
                                   np.asarray(eager.numpy() if isinstance(eager, of.Tensor) else eager))
 
 
+def run_both(fn, make_args, calls=2):
+    """Call ``fn`` eagerly and compiled ``calls`` times on fresh arguments from ``make_args()`` (the same values
+    both ways); compare the results and what each call left in the arguments."""
+    compiled = of.compile(fn)
+    for _ in range(calls):
+        eager_args, compiled_args = make_args(), make_args()
+        assert_same(fn(*eager_args), compiled(*compiled_args))
+        assert_same(eager_args, compiled_args)
+    return compiled
+
+
+# -- 1. in-place updates of arguments --------------------------------------------------------------------------------
+
+
+def add_then_mul(a, b):
+    with of.no_grad():
+        a.add_(b)
+    return a * b
+
+
+def test_an_in_place_update_of_an_argument_lands_in_its_memory():
+    run_both(add_then_mul, lambda: (ramp(3), ramp(3, start=10.0)))
+    compiled, a, b = of.compile(add_then_mul), ramp(3), ramp(3, start=10.0)
+    alias = a.numpy()  # the argument's own memory, as eagerly: not a new array bound to it
+    for _ in range(3):  # traced once, each run updates
+        compiled(a, b)
+    assert_same(ramp(3) + 3 * ramp(3, start=10.0), alias)
+    assert len(compiled.cache) == 1 and a.numpy() is alias
+
+
+def test_an_argument_passed_twice_is_one_tensor_as_eagerly():
+    compiled = of.compile(add_then_mul)
+    for same in (True, False, True):
+        eager_a, a = ramp(3), ramp(3)
+        eager_b, b = (eager_a, a) if same else (ramp(3), ramp(3))
+        assert_same(add_then_mul(eager_a, eager_b), compiled(a, b))  # f(a, a): 2a * 2a
+        assert_same(eager_a, a)
+    assert len(compiled.cache) == 2  # a call with an argument passed twice is traced apart
+
+
+def test_a_parameter_passed_twice_gets_both_gradients():
+    def loss(w, v):
+        loss = (w * v * 3.0).sum()
+        loss.backward()
+        return loss
+
+    eager_w, w = ramp(3), ramp(3)
+    eager_w.requires_grad_(True), w.requires_grad_(True)
+    assert_same(loss(eager_w, eager_w), of.compile(loss)(w, w))
+    assert_same(eager_w.grad, w.grad)  # 6w, not 3w
+
+
+@pytest.mark.parametrize("update", [
+    lambda a, b: a.mul_(b),
+    lambda a, b: a.sub_(b, alpha=2),
+    lambda a, b: a.copy_(b * 2),
+    lambda a, b: a.clamp_(min=2.0, max=4.0),
+    lambda a, b: a.fill_(7.0),
+    lambda a, b: a.zero_(),
+], ids=["mul_", "sub_", "copy_", "clamp_", "fill_", "zero_"])
+def test_every_in_place_method_updates_the_argument(update):
+    def fn(a, b):
+        with of.no_grad():
+            update(a, b)
+            update(b, a)  # b then reads a's new value
+        return a + b
+
+    run_both(fn, lambda: (ramp(2, 3), ramp(2, 3, start=-2.0)))
+
+
+def test_in_place_operators_update_the_argument():
+    def fn(a, b):
+        a += b
+        a *= 2.0
+        b -= a
+        b /= 4.0
+        return a, b
+
+    run_both(fn, lambda: (ramp(4), ramp(4, start=5.0)))
+
+
+def test_an_array_argument_is_updated_in_place_too():
+    def fn(a, b):
+        a += b  # NumPy's += writes into the array eagerly
+        return b * 2.0
+
+    compiled, a, b = of.compile(fn), np.ones(3, np.float32), np.full(3, 2.0, np.float32)
+    compiled(a, b)
+    np.testing.assert_array_equal(a, [3.0, 3.0, 3.0])
+
+
+def test_returning_an_argument_returns_that_tensor():
+    def fn(a, b):
+        with of.no_grad():
+            a.add_(b)
+        return a, b, a * 1.0
+
+    a, b = ramp(3), ramp(3)
+    out = of.compile(fn)(a, b)
+    assert out[0] is a and out[1] is b and out[2] is not a
+
+
+def test_item_assignment_is_refused_in_both_modes():
+    def fn(a):
+        a[0] = 5.0
+        return a
+
+    with pytest.raises(of.ArgumentError, match="does not support item assignment"):
+        fn(ramp(3))
+    with pytest.raises(of.ArgumentError, match="does not support item assignment"):
+        of.compile(fn)(ramp(3))
+
+
+def test_an_update_eager_code_would_not_write_into_memory_is_refused():
+    w = ramp(3)
+    w.requires_grad_(True)
+
+    def update_a_leaf(a):  # eagerly: "a leaf tensor that requires grad cannot be changed in place"
+        a.add_(1.0)
+        return a
+
+    with pytest.raises(of.GradientError, match="leaf tensor that requires grad"):
+        update_a_leaf(w)
+    with pytest.raises(of.GradientError, match=r"argument 'a'.*leaf tensor that requires grad"):
+        of.compile(update_a_leaf)(w)
+
+    def take_a_history(a):  # eagerly: a becomes a non-leaf with a grad_fn, its memory untouched
+        a.add_(w)
+        return a
+
+    with pytest.raises(of.GradientError, match=r"argument 'a'.*new value requires grad"):
+        of.compile(take_a_history)(ramp(3))
+
+    def read_after_update(a):  # the update is recorded without gradients, the read with them
+        with of.no_grad():
+            a.add_(1.0)
+        return (a * 2.0).sum()
+
+    with pytest.raises(of.ArgumentError, match=r"argument 'a'.*updated earlier"):
+        of.compile(read_after_update)(w)
+
+
+def test_an_update_through_shared_memory_is_refused_not_half_done():
+    def fn(a, b):
+        with of.no_grad():
+            a.add_(1.0)
+        return b * 1.0  # eagerly b, a view of a, shows the new value
+
+    x = ramp(2, 3)
+    view = x[0]
+    assert np.shares_memory(view.numpy(), x.numpy())
+    before = x.numpy().copy()
+    with pytest.raises(of.ArgumentError, match="argument 'a' is changed in place and shares memory with argument 'b'"):
+        of.compile(fn)(x, view)
+    assert_same(before, x)
+
+    compiled = of.compile(fn)
+    compiled(ramp(2, 3), ramp(3))
+    with pytest.raises(of.ArgumentError, match=r"argument 'a' is changed in place, and its memory .* is read-only"):
+        compiled(F.broadcast_to(ramp(3), shape=(2, 3)), ramp(3))  # eagerly: refused, the memory is read-only
+
+    buffer = ramp(3)
+    compiled = of.compile(lambda a: add_then_mul(a, buffer))  # reads the tensor it is passed
+    compiled(ramp(3))
+    with pytest.raises(of.ArgumentError, match="argument 'a' is changed in place and shares memory with a tensor"):
+        compiled(buffer)
+
+
 # -- 6. planning a long chain of pointwise ops ----------------------------------------------------------------------
 
 

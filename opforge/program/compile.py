@@ -18,7 +18,11 @@ call; a program whose guards fail is traced anew:
 
 ``.grad`` behaves as eagerly: ``loss.backward()`` adds into the gradients tensors have when a run begins (fed into
 the program), and what the code leaves in ``p.grad`` — new gradients, or None after ``zero_grad()`` — is written back
-after the run. In-place updates (optimizer steps, ``p -= lr * g``) land in the tensors' own arrays.
+after the run. In-place updates (optimizer steps, ``p -= lr * g``) land in the tensors' own arrays; so does an
+argument's (``a.add_(b)``, ``a += b``), written into its memory after the run. One tensor passed as two arguments is
+one tensor (``f(a, a)`` is traced apart from ``f(a, b)``). An update the program cannot make as eager code does
+fails, saying why: of a leaf that requires grad, with a value that requires grad, into memory other arguments or
+captured tensors share.
 """
 
 from __future__ import annotations
@@ -32,10 +36,10 @@ from ..core.devices import default_device
 from ..core.errors import ArgumentError, GradientError, describe
 from ..core.interpreters import interpreting
 from ..core.spec import Spec
-from ..tensor import Tensor, note_writes, wrap, write_records
+from ..tensor import Tensor, _owner, note_write, note_writes, wrap, write_records
 from .desc import Program
 from .executor import Executor
-from .trace import Tracer, Variable, python_state, trace_state
+from .trace import ArgumentVariable, Tracer, Variable, python_state, trace_state
 
 _PLAIN = (bool, int, float, str, type(None))  # Python values a trace bakes in: constants of its cache key
 _ENTRIES = 8  # programs kept per kind of call (one per state of the guarded Python state): the oldest goes first
@@ -109,6 +113,10 @@ class CompiledFunction:
                 key.append((value._data.shape, value._data.dtype, value._device, value._requires_grad))
             else:
                 key.append(_leaf_key(value, name, feeds, tensors, self.__name__))
+        if len(feeds) > 1:  # one tensor passed twice (f(a, a)) is one value, seen changed through both names
+            passed = [id(tensors.get(path, array)) for path, array in feeds.items()]
+            if len(set(passed)) < len(passed):
+                key.append(("passed again", tuple(passed.index(p) for p in passed)))
         if self.cache_key is not None:
             key.append(self.cache_key())
         return tuple(key), feeds, tensors
@@ -140,15 +148,19 @@ class CompiledFunction:
         program = Program(devices.pop() if devices else default_device(), name=self.__name__)
         state = trace_state(program)
         state.grads_in = True
+        fed = {}  # id(argument) -> its variable: an argument passed twice is one variable
 
         def feed(path: str, value):
+            if id(value) in fed:
+                return fed[id(value)]
             data = value._data if isinstance(value, Tensor) else np.asarray(value)
             grad = isinstance(value, Tensor) and value._requires_grad
             program.add_var(path, Spec(data.shape, data.dtype), stop_gradient=not grad)
             program.feeds.append(path)
             if grad:
                 state.tensor_of[path] = value
-            return Variable(program, path)
+            fed[id(value)] = ArgumentVariable(program, path, value)
+            return fed[id(value)]
 
         bound = inspect.BoundArguments(self.signature, {n: _rebuild(v, n, feed, (Tensor, np.ndarray))
                                                          for n, v in arguments.items()})
@@ -157,17 +169,21 @@ class CompiledFunction:
             fn = wrapper(fn)
         with interpreting(Tracer(program)):
             result = fn(*bound.args, **bound.kwargs)
-        return _Entry(program, result, self.optimize)
+        return _Entry(self.__name__, program, result, self.optimize, [v for v in fed.values() if v.updated])
 
 
 class _Entry:
     """One traced program, its executor, and what must hold for it to mean what the function means now."""
 
-    def __init__(self, program: Program, result, optimize: bool):
+    def __init__(self, name: str, program: Program, result, optimize: bool, updated_arguments: list):
+        self.name = name  # the compiled function's
         self.program = program
         state = trace_state(program)
         fetch = {}
-        self.result = _rebuild(result, "out", lambda path, v: _fetch(program, path, v, fetch), Variable)
+        self.result = _rebuild(result, "out", lambda path, v: _result(program, path, v, fetch), Variable)
+        # arguments changed in place: their new values are fetched and written into their memory after a run
+        self.argument_updates = [(v.path, f"{v.path}@updated") for v in updated_arguments]
+        fetch.update({key: v.name for v, (_, key) in zip(updated_arguments, self.argument_updates)})
         self.guards = [(owner, owner._trace_state()) for owner in state.guards.values()]
         self.seen = python_state[0]  # the guards held at this count
         self.tensors = [(t, name, t._data, t._requires_grad) for t, name in program._tensor_vars.values()
@@ -185,6 +201,7 @@ class _Entry:
                 self.grad_out.append((source[name], key))
         self.updated = [t for t, name in program._tensor_vars.values() if name in program.updates]
         self.writes = write_records([t._data for t in self.updated])  # a run's updates are in-place writes
+        self.captured = {id(_owner(t._data)) for t, _ in program._tensor_vars.values()}  # their memory
         self.exe = Executor(program, fetch=fetch, optimize=optimize)
 
     def holds(self, arguments: dict):
@@ -204,16 +221,23 @@ class _Entry:
                 self.exe.scope[name] = self.program.values[name] = data  # the same tensor, a new array: read it
                 self.tensors[i] = (t, name, data, requires_grad)
                 self.writes = write_records([t._data for t in self.updated])
+                self.captured = {id(_owner(t._data)) for t, _ in self.program._tensor_vars.values()}
         if not (self.grad_none or self.grad_feeds):
             return True
         return (all(_tensor(source, arguments)._grad is None for source in self.grad_none)
                 and all(_tensor(source, arguments)._grad is not None for source, _ in self.grad_feeds))
 
     def run(self, feeds: dict, arguments: dict):
+        if self.argument_updates:
+            self._check_updates(feeds, arguments)
         for source, feed in self.grad_feeds:
             feeds[feed] = _tensor(source, arguments)._grad._data
         out = self.exe.run_arrays(feeds)
         device = self.program.device
+        for path, key in self.argument_updates:  # (after the run: the program read the arguments as passed)
+            device.copy_into(feeds[path], out[key])
+            if path in arguments:
+                note_write(feeds[path], "a compiled function's in-place update of an argument")
         given = set()
         for source, key in self.grad_out:
             t = _tensor(source, arguments)
@@ -229,7 +253,30 @@ class _Entry:
             note_writes(self.writes, "a compiled function's update")
         if type(self.result) is _Fetched:  # one tensor, the commonest result
             return wrap(out[self.result.key], device)
-        return _rebuild(self.result, "out", lambda path, fetched: wrap(out[fetched.key], device), _Fetched)
+        return _rebuild(self.result, "out", lambda path, r: arguments[r.path] if type(r) is _Argument else
+                        wrap(out[r.key], device), (_Fetched, _Argument))
+
+    def _check_updates(self, feeds: dict, arguments: dict) -> None:
+        """Refuse a run whose in-place update of an argument the program cannot follow as eager code does: into
+        memory that another argument, or a tensor the function reads, shares (a view of it, or a view of the same
+        tensor): eagerly they would see the new value at once, the program reads them as they were."""
+        for path, _ in self.argument_updates:
+            array, passed = feeds[path], arguments.get(path, feeds[path])
+            if not getattr(array.flags, "writeable", True):
+                raise ArgumentError(f"{self.name}() (compiled): argument '{path}' is changed in place, and its memory "
+                                    f"(shape {array.shape}) is read-only (a broadcast view or a constant)")
+            owner = id(_owner(array))
+            for other, a in feeds.items():
+                if id(_owner(a)) == owner and arguments.get(other, a) is not passed:
+                    raise ArgumentError(
+                        f"{self.name}() (compiled): argument '{path}' is changed in place and shares "
+                        f"memory with argument '{other}' (a view of it, or of the same memory); a compiled "
+                        "function cannot show the change through the other: pass tensors that do not share memory")
+            if owner in self.captured:
+                raise ArgumentError(
+                    f"{self.name}() (compiled): argument '{path}' is changed in place and shares memory "
+                    "with a tensor the function reads (a parameter, a buffer, a captured tensor); a compiled "
+                    "function cannot show the change through it: pass a copy, or run the function eagerly")
 
 
 # -- arguments and results ---------------------------------------------------------------------------------------
@@ -284,9 +331,22 @@ class _Fetched:
         self.key = key
 
 
-def _fetch(program: Program, path: str, value: Variable, fetch: dict) -> _Fetched:
-    """A result of the traced function becomes a program output, fetched under its path (``out``, ``out[0]``)."""
+class _Argument:
+    """Where a compiled function's result is one of its tensor arguments itself (``return a``, after ``a.add_(b)``
+    or not): the call returns that tensor, as eagerly."""
+
+    __slots__ = ("path",)
+
+    def __init__(self, path: str):
+        self.path = path
+
+
+def _result(program: Program, path: str, value: Variable, fetch: dict):
+    """A result of the traced function: an argument tensor itself, or a program output fetched under its path
+    (``out``, ``out[0]``)."""
     program.outputs[path] = value.name
+    if isinstance(value, ArgumentVariable) and isinstance(value.argument, Tensor):
+        return _Argument(value.path)
     fetch[path] = value.name
     return _Fetched(path)
 

@@ -130,6 +130,64 @@ class GradVariable(Variable):
         return self
 
 
+class ArgumentVariable(Variable):
+    """An argument of a compiled function while it is traced (``path`` names its feed). Changed in place
+    (``a.add_(b)``, ``a += b``, ``a.copy_(b)``), it names the new value from then on, and ``of.compile`` writes that
+    value into the argument's own memory after each run, as eagerly; where eagerly the argument would not take the
+    value in its memory (it requires grad, or the value does), the trace fails, saying so."""
+
+    __slots__ = ("argument", "path")
+
+    def __init__(self, program: Program, path: str, argument):
+        super().__init__(program, path)
+        self.argument = argument  # the Tensor or array passed
+        self.path = path
+
+    def _requires_grad(self) -> bool:
+        return isinstance(self.argument, Tensor) and self.argument._requires_grad
+
+    def _assign_value(self, what: str, value: Variable) -> Variable:
+        if _grad_mode.enabled and self._requires_grad():
+            raise GradientError(
+                f"{what} on argument '{self.path}': a leaf tensor that requires grad (shape {self.argument.shape}) "
+                "cannot be changed in place while gradients are recorded; update it inside `with of.no_grad():`, "
+                "or compute a new tensor")
+        data = self.argument._data if isinstance(self.argument, Tensor) else self.argument
+        if not getattr(data.flags, "writeable", True):
+            raise ArgumentError(f"{what} on argument '{self.path}': its memory (shape {data.shape}) is read-only "
+                                "(a broadcast view or a constant); compute a new tensor instead")
+        if _grad_mode.enabled and _differentiable(self.program, value.name):
+            raise GradientError(
+                f"{what} on argument '{self.path}': the new value requires grad, so eagerly the argument would "
+                "become a non-leaf tensor with a grad_fn, which a compiled function cannot hand back; update it "
+                "inside `with of.no_grad():`, or return the new value instead")
+        return super()._assign_value(what, value)
+
+    @property
+    def updated(self) -> bool:
+        """Whether the traced code changed the argument in place."""
+        return self.name != self.path
+
+
+def _differentiable(program: Program, name: str) -> bool:
+    """Whether variable ``name`` would require grad eagerly: it was computed, through ops recorded with gradients,
+    from a tensor that requires grad (a parameter, an argument)."""
+    block, tensor_of = program.block, trace_state(program).tensor_of
+    producer = {n: op for op in block.ops for n in op.output_names()}
+    todo, seen = [name], set()
+    while todo:
+        n = todo.pop()
+        if n in seen or block.vars[n].stop_gradient:
+            continue
+        if n in tensor_of:
+            return True
+        seen.add(n)
+        op = producer.get(n)
+        if op is not None:
+            todo += op.input_names()
+    return False
+
+
 class TraceState:
     """What a trace learns besides its ops, kept per program while it is built: names for the tensors it reads,
     the Python state its ops depend on (which a compiled function guards on), and the gradient each tensor's
@@ -345,6 +403,11 @@ def _input_name(program: Program, opdef: OpDef, arg: str, value) -> str:
     if isinstance(value, Variable):
         if value.program is not program:
             raise ArgumentError(f"{opdef.name}(): argument '{arg}' is a variable of another program")
+        if type(value) is ArgumentVariable and value.updated and value._requires_grad() and _grad_mode.enabled:
+            raise ArgumentError(
+                f"{opdef.name}(): argument '{arg}' is argument '{value.path}' of the compiled function, which "
+                "requires grad and was updated earlier in it; a compiled function cannot yet differentiate through "
+                "an argument's value after its update: read it under of.no_grad(), or update it at the end")
         return value.name
     name = var_for_tensor(program, value)
     updated = program.updates.get(name)
