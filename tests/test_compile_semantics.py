@@ -252,3 +252,29 @@ def test_a_compiled_module_runs_the_module_compiled_with_its_own_parameters():
         compiled.no_such_thing
     with pytest.raises(of.ArgumentError, match="compile\\(\\): expected a function or a module, got"):
         of.compile(3)
+
+
+# -- 3. captured views ------------------------------------------------------------------------------------------------
+
+
+def test_a_captured_read_only_view_is_read_through_at_each_run():
+    base = ramp(3)
+    view = F.broadcast_to(base, shape=(2, 3))  # read-only memory, yet it changes with its base
+
+    def fn(x):
+        return x + view * 2.0  # view * 2.0 reads nothing else: it was folded once, as if the view were a constant
+
+    compiled, x = of.compile(fn), ramp(2, 3)
+    assert_same(fn(x), compiled(x))
+    base.add_(1.0)
+    assert_same(fn(x), compiled(x))
+    assert len(compiled.cache) == 1
+
+    def write_into_the_view(x):
+        view.add_(x)  # eagerly refused: the view's memory is read-only
+        return x
+
+    with pytest.raises(of.ArgumentError, match="read-only"):
+        write_into_the_view(ramp(2, 3))
+    with pytest.raises(of.ArgumentError, match="read-only"):
+        of.compile(write_into_the_view)(ramp(2, 3))

@@ -264,6 +264,9 @@ class Tracer(Interpreter):
 
     def assign(self, target: Tensor, value) -> None:
         program = self.program
+        if not getattr(target._data.flags, "writeable", True):  # as eagerly, before the program would write it
+            raise ArgumentError(f"assign(): the memory of this tensor (shape {target.shape}) is read-only (a "
+                                "broadcast view or a constant); compute a new tensor instead")
         name = var_for_tensor(program, target, state=not target.requires_grad)
         if not isinstance(value, Variable):
             raise ArgumentError(f"assign(): while tracing, the value must be a program variable, got {describe(value)}")
@@ -367,9 +370,11 @@ def var_for_tensor(program: Program, tensor: Tensor, state: bool = False) -> str
         raise ArgumentError(f"a program for device '{program.device}' cannot read a tensor on device "
                             f"'{tensor.device}' (shape {tensor.shape}); move it to '{program.device}' first")
     # A writable array the function closed over (a buffer, a frozen weight) may change between runs: it is
-    # state, read at each run. Only read-only arrays (Python numbers lifted while tracing) are constants,
+    # state, read at each run; so is a read-only view of other memory (F.broadcast_to(base)), which changes with
+    # its base. Only read-only arrays that own their memory (Python numbers lifted while tracing) are constants,
     # which the executor may fold.
-    state = state or (not tensor.requires_grad and getattr(tensor._data.flags, "writeable", True))
+    data = tensor._data
+    state = state or (not tensor.requires_grad and (getattr(data.flags, "writeable", True) or data.base is not None))
     persistable = tensor.requires_grad or state
     path = trace.names.get(id(tensor))
     if path is not None and path[0] is tensor:  # a module's parameter or buffer: named by its path (fc1.weight)
