@@ -278,3 +278,31 @@ def test_a_captured_read_only_view_is_read_through_at_each_run():
         write_into_the_view(ramp(2, 3))
     with pytest.raises(of.ArgumentError, match="read-only"):
         of.compile(write_into_the_view)(ramp(2, 3))
+
+
+# -- 4. the bound on the cache ----------------------------------------------------------------------------------------
+
+
+def test_the_cache_is_bounded_and_calls_past_it_run_eagerly(monkeypatch):
+    traced = []
+
+    def fn(x):
+        traced.append(isinstance(x, of.Variable))
+        return x * 2.0
+
+    compiled = of.compile(fn, max_cache=3)
+    with pytest.warns(UserWarning, match=r"fn\(\) \(compiled\): 3 programs traced, the limit") as warned:
+        for n in [1, 2, 3, 4, 5, 1, 6]:
+            assert_same(fn(ramp(n)), compiled(ramp(n)))
+    assert len(warned) == 1  # once
+    assert sum(map(len, compiled.cache.values())) == 3
+    assert traced.count(True) == 3  # shapes 1-3 traced once each; 4, 5 and 6 ran eagerly, 1 compiled again
+
+    monkeypatch.setattr(of.program.CompiledFunction, "max_cache", 1)  # the default for every compiled function
+    compiled = of.compile(fn)
+    compiled(ramp(1))
+    with pytest.warns(UserWarning, match="limit of its cache"):
+        compiled(ramp(2))
+    assert len(compiled.cache) == 1
+    with pytest.raises(of.ArgumentError, match="max_cache must be an int >= 0"):
+        of.compile(fn, max_cache=-1)

@@ -129,7 +129,7 @@ def test_threads_training_eagerly_while_another_compiles_give_what_they_give_alo
         model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 1))
         opt = of.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
-        @of.compile
+        @of.compile(max_cache=30)  # each of its 30 batch sizes traced (past the default limit: run eagerly)
         def step(x, y):
             loss = F.mean(F.square(model(x) - y))
             opt.zero_grad()

@@ -16,6 +16,9 @@ call; a program whose guards fail is traced anew:
   ``requires_grad``;
 * the ``.grad`` of every tensor whose gradient it read: None, or not.
 
+The cache is bounded (``max_cache`` programs, 8 by default, as torch's recompile limit): a call that would trace
+once more runs the function eagerly instead, with one warning.
+
 ``.grad`` behaves as eagerly: ``loss.backward()`` adds into the gradients tensors have when a run begins (fed into
 the program), and what the code leaves in ``p.grad`` — new gradients, or None after ``zero_grad()`` — is written back
 after the run. In-place updates (optimizer steps, ``p -= lr * g``) land in the tensors' own arrays; so does an
@@ -29,11 +32,12 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 
 import numpy as np
 
 from ..core.devices import default_device
-from ..core.errors import ArgumentError, GradientError, describe
+from ..core.errors import ArgumentError, GradientError, OpforgeError, describe
 from ..core.interpreters import interpreting
 from ..core.spec import Spec
 from ..tensor import Tensor, _owner, note_write, note_writes, wrap, write_records
@@ -42,7 +46,6 @@ from .executor import Executor
 from .trace import ArgumentVariable, Tracer, Variable, python_state, trace_state
 
 _PLAIN = (bool, int, float, str, type(None))  # Python values a trace bakes in: constants of its cache key
-_ENTRIES = 8  # programs kept per kind of call (one per state of the guarded Python state): the oldest goes first
 
 # Extension point, kept apart from the rest: each wrapper (fn -> fn) may replace the function about to be traced by
 # one that runs it differently (opforge.distributed runs it under its sharding interpreter inside `with mesh:`).
@@ -52,7 +55,12 @@ traced_function_wrappers: list = []
 class CompiledFunction:
     """A function traced into a program per kind of call (see the module docstring) and run by an Executor."""
 
-    def __init__(self, fn, optimize: bool = True, cache_key=None):
+    # The most programs a compiled function keeps (torch's recompile limit is 8 too): each new shape, dtype, constant
+    # or state of what the traces read is one more, and they must not pile up. A call that needs a program past it
+    # runs the function eagerly, with one warning. of.compile(fn, max_cache=n) sets one function's limit.
+    max_cache = 8
+
+    def __init__(self, fn, optimize: bool = True, cache_key=None, max_cache: int | None = None):
         if not callable(fn):
             raise ArgumentError(f"compile(): expected a function or a module, got {describe(fn)}")
         module = hasattr(fn, "forward") and hasattr(fn, "_trace_state")
@@ -70,6 +78,12 @@ class CompiledFunction:
         self._names = [p.name for p in params]
         self._positional = all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
         self.cache: dict = {}  # call key -> [_Entry, ...], one per state of what the traces read (guards)
+        if max_cache is not None:
+            if type(max_cache) is not int or max_cache < 0:
+                raise ArgumentError(f"compile(): max_cache must be an int >= 0 (programs kept), got "
+                                    f"{describe(max_cache)}")
+            self.max_cache = max_cache
+        self._warned = False  # that calls past max_cache run eagerly
 
     def __getattr__(self, name: str):
         """A compiled module is used as the module itself is (``parameters()``, ``train()``, ``state_dict()``),
@@ -82,13 +96,18 @@ class CompiledFunction:
     def __call__(self, *args, **kwargs):
         arguments = self._bind(args, kwargs)
         key, feeds, tensors = self._read(arguments)
-        return self._entry(key, arguments, tensors).run(feeds, tensors)
+        entry = self._entry(key, arguments, tensors)
+        if entry is None:
+            return self._eagerly(args, kwargs)
+        return entry.run(feeds, tensors)
 
     def program(self, *args, **kwargs) -> Program:
-        """The program traced for arguments like these (traced now if needed; nothing runs)."""
+        """The program traced for arguments like these (traced now if needed, and kept if the cache has room;
+        nothing runs)."""
         arguments = self._bind(args, kwargs)
         key, _, tensors = self._read(arguments)
-        return self._entry(key, arguments, tensors).program
+        entry = self._entry(key, arguments, tensors)
+        return (entry or self._trace(arguments, tensors)).program
 
     # -- calls ------------------------------------------------------------------------------------------------------
 
@@ -121,7 +140,9 @@ class CompiledFunction:
             key.append(self.cache_key())
         return tuple(key), feeds, tensors
 
-    def _entry(self, key: tuple, arguments: dict, tensors: dict) -> _Entry:
+    def _entry(self, key: tuple, arguments: dict, tensors: dict) -> _Entry | None:
+        """The program for this call: one kept, or one traced now; None if it needs a new one and the cache is
+        full."""
         entries = self.cache.get(key)
         if entries:
             for entry in entries:
@@ -131,12 +152,25 @@ class CompiledFunction:
                 if verdict is None:  # what it captured changed for good (a replaced or re-typed tensor): drop it
                     entries.remove(entry)
                     break
+        if sum(map(len, self.cache.values())) >= self.max_cache:
+            return None
         entry = self._trace(arguments, tensors)
-        entries = self.cache.setdefault(key, [])
-        entries.append(entry)
-        if len(entries) > _ENTRIES:  # Python state that changes at every call (a counter) must not pile up programs
-            del entries[0]
+        self.cache.setdefault(key, []).append(entry)
         return entry
+
+    def _eagerly(self, args: tuple, kwargs: dict):
+        """A call past the cache's limit runs the function itself, eagerly: what a compiled call must mean anyway."""
+        if any(wrapper(self.fn) is not self.fn for wrapper in traced_function_wrappers):
+            raise OpforgeError(f"{self.__name__}() (compiled): this call needs a new program, and the cache holds "
+                               f"{self.max_cache} (max_cache); under a distribution mesh the function cannot run "
+                               "eagerly instead: raise max_cache")
+        if not self._warned:
+            self._warned = True
+            warnings.warn(f"{self.__name__}() (compiled): {self.max_cache} programs traced, the limit of its cache "
+                          "(max_cache); calls that need another run eagerly from now on. Each new shape, dtype, "
+                          "Python constant or state of what the traces read takes one: of.compile(fn, max_cache=n) "
+                          "raises the limit", stacklevel=3)
+        return self.fn(*args, **kwargs)
 
     # -- tracing ----------------------------------------------------------------------------------------------------
 
@@ -355,7 +389,7 @@ def _tensor(source, arguments: dict) -> Tensor:
     return arguments[source] if isinstance(source, str) else source
 
 
-def compile(fn=None, *, optimize: bool = True, cache_key=None):
+def compile(fn=None, *, optimize: bool = True, cache_key=None, max_cache: int | None = None):
     """Decorator: trace ``fn`` per kind of call and run it as a compiled program (see the module docstring).
 
         @of.compile
@@ -369,10 +403,13 @@ def compile(fn=None, *, optimize: bool = True, cache_key=None):
     Modules' modes and attributes, optimizers' hyper-parameters, the tensors the function reads and the ``.grad``
     it reads are guarded automatically. ``cache_key``, a function of no arguments, adds Python state no guard sees
     (a global flag, a closed-over number): ``of.compile(step, cache_key=lambda: config.scale)``.
+
+    ``max_cache``: the most programs kept (``CompiledFunction.max_cache``, 8, if not given); a call that needs one
+    more runs ``fn`` eagerly, with one warning. ``fn`` may be a module: calls bind as its ``forward``.
     """
     if fn is None:
-        return lambda f: CompiledFunction(f, optimize, cache_key)
-    return CompiledFunction(fn, optimize, cache_key)
+        return lambda f: CompiledFunction(f, optimize, cache_key, max_cache)
+    return CompiledFunction(fn, optimize, cache_key, max_cache)
 
 
 __all__ = ["CompiledFunction", "compile"]
