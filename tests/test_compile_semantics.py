@@ -181,6 +181,9 @@ def test_an_update_through_shared_memory_is_refused_not_half_done():
     with pytest.raises(of.ArgumentError, match="argument 'a' is changed in place and shares memory with argument 'b'"):
         of.compile(fn)(x, view)
     assert_same(before, x)
+    array = np.ones(3, np.float32)
+    with pytest.raises(of.ArgumentError, match="argument 'a' is changed in place and shares memory with argument 'b'"):
+        of.compile(fn)(array, array)  # one array twice: two variables, unlike one tensor twice
 
     compiled = of.compile(fn)
     compiled(ramp(2, 3), ramp(3))

@@ -132,10 +132,10 @@ class CompiledFunction:
                 key.append((value._data.shape, value._data.dtype, value._device, value._requires_grad))
             else:
                 key.append(_leaf_key(value, name, feeds, tensors, self.__name__))
-        if len(feeds) > 1:  # one tensor passed twice (f(a, a)) is one value, seen changed through both names
-            passed = [id(tensors.get(path, array)) for path, array in feeds.items()]
-            if len(set(passed)) < len(passed):
-                key.append(("passed again", tuple(passed.index(p) for p in passed)))
+        if len(tensors) > 1 and len({id(t) for t in tensors.values()}) < len(tensors):
+            # one tensor passed twice (f(a, a)) is one variable: an update shows through both names
+            passed = [id(t) for t in tensors.values()]
+            key.append(("passed again", tuple(passed.index(p) for p in passed)))
         if self.cache_key is not None:
             key.append(self.cache_key())
         return tuple(key), feeds, tensors
@@ -182,19 +182,22 @@ class CompiledFunction:
         program = Program(devices.pop() if devices else default_device(), name=self.__name__)
         state = trace_state(program)
         state.grads_in = True
-        fed = {}  # id(argument) -> its variable: an argument passed twice is one variable
+        fed = {}  # feed -> its variable; a tensor passed twice is one variable (an array, two: as NumPy's are)
+        of_tensor = {}  # id(tensor) -> its variable
 
         def feed(path: str, value):
-            if id(value) in fed:
-                return fed[id(value)]
+            if isinstance(value, Tensor) and id(value) in of_tensor:
+                return of_tensor[id(value)]
             data = value._data if isinstance(value, Tensor) else np.asarray(value)
             grad = isinstance(value, Tensor) and value._requires_grad
             program.add_var(path, Spec(data.shape, data.dtype), stop_gradient=not grad)
             program.feeds.append(path)
             if grad:
                 state.tensor_of[path] = value
-            fed[id(value)] = ArgumentVariable(program, path, value)
-            return fed[id(value)]
+            fed[path] = ArgumentVariable(program, path, value)
+            if isinstance(value, Tensor):
+                of_tensor[id(value)] = fed[path]
+            return fed[path]
 
         bound = inspect.BoundArguments(self.signature, {n: _rebuild(v, n, feed, (Tensor, np.ndarray))
                                                          for n, v in arguments.items()})
@@ -295,13 +298,14 @@ class _Entry:
         memory that another argument, or a tensor the function reads, shares (a view of it, or a view of the same
         tensor): eagerly they would see the new value at once, the program reads them as they were."""
         for path, _ in self.argument_updates:
-            array, passed = feeds[path], arguments.get(path, feeds[path])
+            array, tensor = feeds[path], arguments.get(path)
             if not getattr(array.flags, "writeable", True):
                 raise ArgumentError(f"{self.name}() (compiled): argument '{path}' is changed in place, and its memory "
                                     f"(shape {array.shape}) is read-only (a broadcast view or a constant)")
             owner = id(_owner(array))
             for other, a in feeds.items():
-                if id(_owner(a)) == owner and arguments.get(other, a) is not passed:
+                one_variable = other == path or (tensor is not None and arguments.get(other) is tensor)
+                if not one_variable and id(_owner(a)) == owner:
                     raise ArgumentError(
                         f"{self.name}() (compiled): argument '{path}' is changed in place and shares "
                         f"memory with argument '{other}' (a view of it, or of the same memory); a compiled "
