@@ -4,6 +4,8 @@ long programs in near-linear time. Eager is the oracle: each test runs the same 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -255,6 +257,47 @@ def test_a_compiled_module_runs_the_module_compiled_with_its_own_parameters():
         compiled.no_such_thing
     with pytest.raises(of.ArgumentError, match="compile\\(\\): expected a function or a module, got"):
         of.compile(3)
+
+
+# -- 2. guards on what modules hold -----------------------------------------------------------------------------------
+
+
+class Holder(of.nn.Module):
+    """State a forward reads through containers, an array and a config object: changed without an assignment."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = []  # a plain list, not a ModuleList
+        self.cfg = {"scale": 2.0, "unused": [1, 2]}
+        self.mask = np.ones(3, np.float32)
+        self.config = SimpleNamespace(shift=1.0, offsets=(0.0, [0.5]))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return (x * self.cfg["scale"] + self.config.shift + self.config.offsets[1][0]) * self.mask
+
+
+def test_guards_see_the_contents_of_lists_dicts_arrays_and_config_objects():
+    model = Holder()
+    compiled, x = of.compile(model, max_cache=16), ramp(2, 3)
+    changes = [
+        lambda: model.layers.append(of.nn.Linear(3, 3)),
+        lambda: model.cfg.__setitem__("scale", 3.0),
+        lambda: model.cfg.__setitem__("scale", -0.0),  # == 0.0, yet another result: 1 / -0.0
+        lambda: model.cfg.__setitem__("scale", 0.0),
+        lambda: model.mask.__setitem__(0, 5.0),
+        lambda: setattr(model.config, "shift", -1.0),
+        lambda: model.config.offsets[1].__setitem__(0, 9.0),
+        lambda: model.cfg["unused"].append(3),  # not read, but the guard cannot know: traced again, still right
+        lambda: model.layers.pop(),
+    ]
+    assert_same(model(x), compiled(x))
+    for i, change in enumerate(changes):
+        change()
+        assert_same(model(x), compiled(x))
+        assert_same(model(x), compiled(x))  # and unchanged, the program is reused
+        assert sum(map(len, compiled.cache.values())) == i + 2
 
 
 # -- 3. captured views ------------------------------------------------------------------------------------------------

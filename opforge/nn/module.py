@@ -27,7 +27,7 @@ from ..core import dtypes as D
 from ..core.devices import Device
 from ..core.errors import ArgumentError, OpforgeError, describe
 from ..core.interpreters import EAGER, current_interpreter
-from ..program.trace import python_state_changed
+from ..program.trace import contents, python_state_changed
 from ..tensor import Tensor, _to_args, note_write
 
 
@@ -87,6 +87,13 @@ class Module:
         submodules are here, and the other attributes. A compiled function traces again when it changes."""
         return tuple((k, _traced_value(v)) for k, v in self.__dict__.items()
                      if k not in ("_parameters", "_buffers", "_modules", "_non_persistent"))
+
+    def _trace_contents(self) -> dict:
+        """{attribute: its contents} for the attributes whose contents can change without an assignment (a list, a
+        dict, an array, a config object: ``m.layers.append(...)``, ``m.cfg["scale"] = 3``, ``m.mask[0] = 5``),
+        which ``_trace_state`` sees by identity only. A compiled function compares them at every call."""
+        registries = ("_parameters", "_buffers", "_modules", "_non_persistent")
+        return {k: c for k, v in self.__dict__.items() if k not in registries and (c := contents(v)) is not None}
 
     # -- registration ------------------------------------------------------------------------------------------
 

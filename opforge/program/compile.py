@@ -11,6 +11,8 @@ call; a program whose guards fail is traced anew:
 
 * the Python state of every module it called and every optimizer that stepped (``model.eval()``, ``dropout.p``, a
   replaced layer, ``momentum``): compared only after such state changed anywhere (``python_state``);
+* what those modules' attributes hold that can change without an assignment (``m.layers.append(layer)``,
+  ``m.cfg["scale"] = 3.0``, ``m.mask[0] = 5`` on an array, ``m.config.eps = 1e-6``): compared at every call;
 * every tensor it read — parameters, buffers, optimizer state: the same array (a tensor whose array was replaced by
   one of the same shape and dtype, as ``load`` or ``to()`` may do, is simply read from its new array), the same
   ``requires_grad``;
@@ -43,7 +45,7 @@ from ..core.spec import Spec
 from ..tensor import Tensor, _owner, note_write, note_writes, wrap, write_records
 from .desc import Program
 from .executor import Executor
-from .trace import ArgumentVariable, Tracer, Variable, python_state, trace_state
+from .trace import ArgumentVariable, Tracer, Variable, contents, python_state, trace_state
 
 _PLAIN = (bool, int, float, str, type(None))  # Python values a trace bakes in: constants of its cache key
 
@@ -223,6 +225,9 @@ class _Entry:
         fetch.update({key: v.name for v, (_, key) in zip(updated_arguments, self.argument_updates)})
         self.guards = [(owner, owner._trace_state()) for owner in state.guards.values()]
         self.seen = python_state[0]  # the guards held at this count
+        # attributes whose contents change unseen by python_state (a list appended to): compared at every call
+        self.contents = [(owner, name, traced) for owner in state.guards.values() if hasattr(owner, "_trace_contents")
+                         for name, traced in owner._trace_contents().items()]
         self.tensors = [(t, name, t._data, t._requires_grad) for t, name in program._tensor_vars.values()
                         if program.block.vars[name].persistable]
         # .grad in and out: a parameter's is read from its tensor, an argument's from this call's argument
@@ -248,6 +253,9 @@ class _Entry:
                 if owner._trace_state() != traced:
                     return False
             self.seen = python_state[0]
+        for owner, name, traced in self.contents:
+            if contents(owner.__dict__.get(name)) != traced:
+                return False
         device = self.program.device
         for i, (t, name, array, requires_grad) in enumerate(self.tensors):
             if t._data is not array or t._requires_grad is not requires_grad:

@@ -10,6 +10,7 @@ parameters when they require grad, persistable state when writable, constants ot
 from __future__ import annotations
 
 import inspect
+import types
 import weakref
 
 import numpy as np
@@ -113,6 +114,55 @@ python_state = [0]
 
 def python_state_changed() -> None:
     python_state[0] += 1
+
+
+def contents(value):
+    """What a guard compares, at every call, of a value a trace may have read whose contents can change without an
+    assignment (which ``python_state`` would see): the items of a list, a dict or a set and the bytes of an array, all
+    the way down, and the attributes of a plain object (a config; the objects those hold, by identity). None for a
+    value with no such contents: a number or a string (compared by value when assigned), a tensor (read at each run),
+    a module or an optimizer (guarded itself), a function."""
+    return _contents(value, set(), False) if _mutable(value) else None
+
+
+def _mutable(value) -> bool:
+    if isinstance(value, (list, dict, set, np.ndarray)) or _plain_object(value):
+        return True
+    return isinstance(value, (tuple, frozenset)) and any(_mutable(v) for v in value)
+
+
+def _plain_object(value) -> bool:
+    """An object that holds data in its attributes (a config, a namespace): not a function, a class, a module, a
+    tensor, or something guarded itself."""
+    return (hasattr(value, "__dict__") and not callable(value) and not isinstance(value, (type, types.ModuleType))
+            and not hasattr(value, "_trace_state"))
+
+
+def _contents(value, active: set, in_object: bool):
+    kind = type(value)
+    if kind is float:  # exactly: -0.0 is not 0.0, and nan is nan
+        return (kind, value.hex())
+    if value is None or kind in (bool, int, str, bytes, complex):
+        return (kind, value)
+    if isinstance(value, (np.ndarray, np.generic)):
+        return (kind, value.shape, value.dtype.str, value.tobytes())
+    if not isinstance(value, (list, tuple, dict, set, frozenset)) and (in_object or not _plain_object(value)):
+        # a tensor, a module, a function...; and what an object's attributes hold (a logger's manager, which holds
+        # every logger): by identity
+        return ("object", id(value))
+    if id(value) in active:  # a container that holds itself
+        return ("cycle", id(value))
+    active.add(id(value))
+    if isinstance(value, dict):
+        items = tuple((_contents(k, active, in_object), _contents(v, active, in_object)) for k, v in value.items())
+    elif isinstance(value, (set, frozenset)):
+        items = frozenset(_contents(v, active, in_object) for v in value)
+    elif isinstance(value, (list, tuple)):
+        items = tuple(_contents(v, active, in_object) for v in value)
+    else:
+        items = (id(value), _contents(vars(value), active, True))
+    active.discard(id(value))
+    return (kind, items)
 
 
 class GradVariable(Variable):
