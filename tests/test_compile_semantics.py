@@ -4,6 +4,7 @@ long programs in near-linear time. Eager is the oracle: each test runs the same 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
@@ -298,6 +299,41 @@ def test_guards_see_the_contents_of_lists_dicts_arrays_and_config_objects():
         assert_same(model(x), compiled(x))
         assert_same(model(x), compiled(x))  # and unchanged, the program is reused
         assert sum(map(len, compiled.cache.values())) == i + 2
+
+
+class _Counter:
+    """Bookkeeping a module holds that changes at every call without changing what a trace computes (as a
+    communicator's count of collectives): an object that is not a configuration, compared by identity."""
+
+    def __init__(self):
+        self.calls = 0
+
+
+class Counting(of.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.counter = _Counter()
+        self.settings = _Settings(scale=2.0)
+
+    def forward(self, x):
+        self.counter.calls += 1
+        return x * self.settings.scale
+
+
+@dataclass
+class _Settings:
+    scale: float
+
+
+def test_state_that_is_not_a_configuration_does_not_trace_again_and_a_dataclass_is_one():
+    model = Counting()
+    compiled, x = of.compile(model), ramp(2, 3)
+    for _ in range(4):
+        assert_same(model(x), compiled(x))
+    assert sum(map(len, compiled.cache.values())) == 1  # the counter moved at every call: still one program
+    model.settings.scale = 3.0  # a dataclass is a configuration: its fields are guarded
+    assert_same(model(x), compiled(x))
+    assert sum(map(len, compiled.cache.values())) == 2
 
 
 # -- 3. captured views ------------------------------------------------------------------------------------------------

@@ -9,7 +9,9 @@ parameters when they require grad, persistable state when writable, constants ot
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import sys
 import types
 import weakref
 
@@ -119,7 +121,8 @@ def python_state_changed() -> None:
 def contents(value):
     """What a guard compares, at every call, of a value a trace may have read whose contents can change without an
     assignment (which ``python_state`` would see): the items of a list, a dict or a set and the bytes of an array, all
-    the way down, and the attributes of a plain object (a config; the objects those hold, by identity). None for a
+    the way down, and the attributes of a configuration object (a dataclass, a namespace; the objects those hold, by
+    identity). None for a
     value with no such contents: a number or a string (compared by value when assigned), a tensor (read at each run),
     a module or an optimizer (guarded itself), a function."""
     return _contents(value, set(), False) if _mutable(value) else None
@@ -132,10 +135,16 @@ def _mutable(value) -> bool:
 
 
 def _plain_object(value) -> bool:
-    """An object that holds data in its attributes (a config, a namespace): not a function, a class, a module, a
-    tensor, or something guarded itself."""
-    return (hasattr(value, "__dict__") and not callable(value) and not isinstance(value, (type, types.ModuleType))
-            and not hasattr(value, "_trace_state"))
+    """A configuration object: a dataclass instance, a ``types.SimpleNamespace`` or an ``argparse.Namespace``,
+    whose attributes are its data. Any other object is compared by identity: its attributes may be state that changes
+    at every call without changing what a trace computes (a communicator's count of collectives, a logger's
+    handlers), and comparing them would trace anew each time."""
+    if isinstance(value, type):
+        return False
+    if dataclasses.is_dataclass(value) or type(value) is types.SimpleNamespace:
+        return True
+    argparse = sys.modules.get("argparse")
+    return argparse is not None and type(value) is argparse.Namespace
 
 
 def _contents(value, active: set, in_object: bool):
