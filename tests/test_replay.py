@@ -260,3 +260,42 @@ def test_a_tape_that_made_a_tensor_on_the_default_device_is_not_replayed_after_t
     assert _tapes_of(of.registry.get("twice_by_a_made_two"))
     with of.using_device("replay_twin"), pytest.raises(of.OpforgeError, match="replay_twin"):
         of.grad(F.sum(twice(x)), [x])  # as written: a cpu tensor times a replay_twin one is refused
+
+
+# -- a tape is keyed on everything its result depends on (issue 30) ----------------------------------------------------
+
+
+def _leaf_grad(x, y, seed) -> np.ndarray:
+    x.grad = None
+    y.backward(seed)
+    return x.grad.numpy().copy()
+
+
+def test_a_gradient_of_another_dtype_does_not_replay_the_tape_recorded_for_the_first():
+    # float32 gradients record the tape (no cast in it: none was needed); a float64 one must still leave a float32
+    # .grad on the float32 leaf, as the rule run as written does, and a float32 one after it be replayed again.
+    x = of.tensor(np.array([0.5, -1.0, 2.0], np.float32), requires_grad=True)
+    seeds = [of.tensor(np.ones(3, dt)) for dt in (np.float32, np.float32, np.float32, np.float64, np.float64,
+                                                   np.float64, np.float32)]
+    got = [_leaf_grad(x, F.tanh(x * 2.0), s) for s in seeds]
+    previous = replay.set_replay(False)
+    try:
+        want = [_leaf_grad(x, F.tanh(x * 2.0), s) for s in seeds]
+    finally:
+        replay.set_replay(previous)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype == np.float32 and _same(g, w)
+
+
+def test_attrs_that_compare_equal_but_differ_get_tapes_of_their_own():
+    # alpha = -0.0 and alpha = 0.0 compare equal; the gradient of leaky_relu at x < 0 is alpha·dy, a zero of
+    # alpha's sign. A NaN attr (which never equals itself) finds its own tape.
+    x = of.tensor([-1.0, 2.0], requires_grad=True)
+    for alpha, sign in [(0.0, False), (0.0, False), (0.0, False), (-0.0, True), (-0.0, True)]:
+        (g,) = of.grad(F.sum(F.leaky_relu(x, alpha=alpha)), [x])
+        assert g.numpy()[0] == 0 and np.signbit(g.numpy()[0]) == sign, alpha
+    before = len(replay._tapes)
+    for _ in range(4):
+        (g,) = of.grad(F.sum(F.leaky_relu(x, alpha=float("nan"))), [x])
+        assert np.isnan(g.numpy()[0])
+    assert len(replay._tapes) <= before + 1  # one key for every NaN, not one per call

@@ -31,6 +31,7 @@ from ..core.devices import default_device
 from ..core.grad_mode import _mode as _grad_mode
 from ..core.grad_mode import set_grad_enabled
 from ..core.interpreters import EAGER, Interpreter, current_interpreter, interpreting
+from ..core.keys import exact
 from ..core.opdef import definitions
 from ..dispatch import _flatten_outputs, finish_call, prepare_call
 from ..tensor import _SCALARS, Tensor, _host_reads, tensor_source, wrap
@@ -42,6 +43,7 @@ _tapes_of = [definitions[0]]  # the op definitions the tapes were recorded under
 _REFUSED = object()
 _SEEN_ONCE = object()
 _MAX_TAPES = 4096  # shapes that keep changing must not grow the table without bound
+_float_attrs: dict = {}  # op definition -> whether it has float or float[] attrs
 
 
 def set_replay(on: bool) -> bool:
@@ -66,13 +68,22 @@ def run(node, grads: list) -> list:
     ``create_graph=False`` returns them), fitted to the inputs' shapes and dtypes: a tape recorded the fit with the
     rule, and a rule run as written is fitted here. The backward pass asks ``usable()`` first, which also forgets
     tapes recorded under other op definitions."""
-    attrs, edges = node.attrs, node.edges
+    op, attrs, edges = node.op, node.attrs, node.edges
     n = len(edges)
-    key = (node.op, tuple(attrs.values()) if attrs else (), node.in_meta, node.out_meta, node.in_layout,
+    floats = _float_attrs.get(op)
+    if floats is None:
+        floats = _float_attrs[op] = any(p.type == "float" for p in op.attrs)
+    # Everything the tape's result depends on: the attrs (a tape bakes them in; floats by exact(), as -0.0 == 0.0
+    # and a NaN is equal to no other), ...
+    key = (op, (tuple(map(exact, attrs.values())) if floats else tuple(attrs.values())) if attrs else (),
+           node.in_meta, node.out_meta, node.in_layout,
            # which inputs want a gradient, and which outputs got one (a node with one input that requires none
            # is never made, and a node runs only once some output's gradient reached it)
            1 if n == 1 else (edges[0] is not None, edges[1] is not None) if n == 2 else tuple(map(bool, edges)),
-           1 if len(grads) == 1 else tuple(map(type, grads)), node.device.name)
+           # ... and the dtypes and shapes of the gradients that came: a tape recorded for float32 ones has no cast
+           # back to float32 for a float64 one, and its lifted constants are float32
+           (grads[0]._data.dtype, grads[0]._data.shape) if len(grads) == 1 else tuple(map(_meta, grads)),
+           node.device.name)
     try:
         tape = _tapes.get(key)
     except TypeError:  # an unhashable attr (a list): not worth a key of its own
@@ -83,6 +94,10 @@ def run(node, grads: list) -> list:
         return tape(node, grads)
     except Exception:  # a kernel refused these values: the rule, run as written, says so as eager says it
         return _as_written(node, grads)
+
+
+def _meta(g):
+    return None if g is None else (g._data.dtype, g._data.shape)
 
 
 def _untaped(key, tape, node, grads: list) -> list:
