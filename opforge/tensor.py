@@ -17,6 +17,7 @@ from .core.devices import CPU, Device, default_device, get_device
 from .core.errors import ArgumentError, GradientError, ShapeError, describe
 from .core.grad_mode import _mode as _grad_mode
 from .core.interpreters import current_interpreter as _interpreter
+from .core.keys import exact
 from .core.opdef import flat_ranges, split_by_layout
 from .core.spec import Spec
 
@@ -919,7 +920,8 @@ def as_array(data, dtype=None) -> np.ndarray:
     raise ArgumentError(f"tensor(): cannot make a tensor from {describe(data)} (dtype {array.dtype})")
 
 
-_SCALARS: dict = {}  # (type, value, peer dtype, device) -> Tensor of a read-only 0-d array: constants cost nothing
+_SCALARS: dict = {}  # (type, exact(value), peer dtype, device) -> Tensor of a read-only 0-d array: constants cost
+# nothing. exact(): -0.0 must not find 0.0's tensor (1 / (x + -0.0) is -inf at x = -0.0), and NaN must find its own.
 
 
 def _lift(value, like):
@@ -932,7 +934,7 @@ def _lift(value, like):
         dtype, device = like._data.dtype, like._device
     else:
         dtype, device = like.dtype, like.device
-    key = (kind, value, dtype, device.name)
+    key = (kind, value if kind is not float or (value and value == value) else exact(value), dtype, device.name)
     constant = _SCALARS.get(key)
     if constant is None:
         if len(_SCALARS) > 4096:

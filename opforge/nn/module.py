@@ -27,6 +27,7 @@ from ..core import dtypes as D
 from ..core.devices import Device
 from ..core.errors import ArgumentError, OpforgeError, describe
 from ..core.interpreters import EAGER, current_interpreter
+from ..core.keys import exact
 from ..program.trace import contents, python_state_changed
 from ..tensor import Tensor, _to_args, note_write
 
@@ -45,10 +46,11 @@ def Parameter(data, requires_grad: bool = True) -> Tensor:  # named like torch.n
 
 def _traced_value(v):
     """An attribute as a trace may have read it: numbers, strings and such by value, anything else by identity."""
+    # with its type and by exact(): 2 → 2.0 changes an int tensor's product, 0.0 → -0.0 the sign of a zero
     if v is None or type(v) in (bool, int, float, str):
-        return v
+        return type(v), exact(v)
     if type(v) is tuple and all(x is None or type(x) in (bool, int, float, str) for x in v):
-        return v
+        return tuple((type(x), exact(x)) for x in v)
     return ("object", id(v))
 
 

@@ -40,7 +40,8 @@ def _carry_nan(x, dx):
     return dx
 
 
-_TYPED: dict = {}  # number -> {dtype: the number as a read-only 0-d array of that dtype}
+_TYPED: dict = {}  # number -> {dtype: the number as a read-only 0-d array of that dtype}; never 0 (nor NaN, which
+# finds no entry anyway): -0.0 would find 0's entry, and leaky_relu(x, alpha=-0.0) give -0.0 at x < 0, not 0.0
 
 
 def _typed(number, dtype):
@@ -50,9 +51,11 @@ def _typed(number, dtype):
     ``_TYPED[number][dtype]`` first and call this on a miss."""
     per_dtype = _TYPED.get(number)
     if per_dtype is None:
-        if len(_TYPED) > 1024:  # attrs that change at every call must not grow it without bound
-            _TYPED.clear()
-        per_dtype = _TYPED[number] = {}
+        per_dtype = {}
+        if number and number == number:  # not 0 nor NaN (see _TYPED)
+            if len(_TYPED) > 1024:  # attrs that change at every call must not grow it without bound
+                _TYPED.clear()
+            _TYPED[number] = per_dtype
     a = per_dtype.get(dtype)
     if a is None:
         if dtype.kind == "f":

@@ -41,6 +41,7 @@ import numpy as np
 from ..core.devices import default_device
 from ..core.errors import ArgumentError, GradientError, OpforgeError, describe
 from ..core.interpreters import interpreting
+from ..core.keys import exact
 from ..core.spec import Spec
 from ..tensor import Tensor, _owner, note_write, note_writes, wrap, write_records
 from .desc import Program
@@ -342,7 +343,7 @@ def _leaf_key(value, path: str, feeds: dict, tensors: dict, fn: str):
         feeds[path] = value
         return (value.shape, value.dtype)
     if isinstance(value, _PLAIN):
-        return (type(value), value)  # a constant of the trace: another value is another trace
+        return (type(value), exact(value))  # a constant of the trace: another value (-0.0 too) is another trace
     if isinstance(value, (tuple, list)):
         return (type(value), tuple(_leaf_key(v, f"{path}[{i}]", feeds, tensors, fn) for i, v in enumerate(value)))
     if isinstance(value, dict):

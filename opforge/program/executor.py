@@ -29,6 +29,7 @@ import numpy as np
 
 from ..core import codegen
 from ..core.errors import ArgumentError, OpforgeError, ShapeError
+from ..core.keys import exact
 from ..core.opdef import registry
 from ..core.spec import Dim, Spec
 from ..tensor import Tensor
@@ -73,7 +74,7 @@ def _freeze(value):
         return tuple(_freeze(v) for v in value)
     if isinstance(value, np.dtype):
         return str(value)
-    return value
+    return exact(value)  # attrs alpha=-0.0 and alpha=0.0 are two ops, not one
 
 
 class Executor:
