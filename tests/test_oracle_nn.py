@@ -882,3 +882,46 @@ def test_wrong_calls_name_the_op(call, message):
         call()
     assert message in str(info.value)
 
+
+# -- values whose squares overflow (issue 30) ---------------------------------------------------------------------
+
+
+def _rows_close(got, want, rtol):
+    """Equal within ``rtol`` of each row's largest value (a row's values differ by orders of magnitude)."""
+    scale = np.max(np.abs(want), axis=-1, keepdims=True)
+    assert np.all(np.abs(got - want) <= rtol * scale), np.max(np.abs(got - want) / scale)
+
+
+def test_layer_norm_of_float32_rows_whose_squares_overflow_is_the_float64_result():
+    # |x|² overflows past ~1.8e19: computed as written the variance was inf and the row came out 0 (torch: NaN).
+    # It is the float64 result, rounded; the gradients too. A row holding an infinity stays NaN.
+    big = 1e20
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((5, 6))
+    x[0] *= big
+    x[1] = x[1] * big + 3 * big  # a mean that is large too
+    x[2, :3] *= big  # large and small values in one row
+    x[3] *= big / 100  # a row that overflows nothing
+    w, b, dy = rng.standard_normal(6), rng.standard_normal(6), rng.standard_normal((5, 6))
+    x = x.astype(np.float32)
+    tx, tw, tb = (torch.tensor(a.astype(np.float64), requires_grad=True) for a in (x, w, b))
+    ty = TF.layer_norm(tx, [6], tw, tb)
+    ty.backward(torch.tensor(dy))
+    ox = of.tensor(x, requires_grad=True)
+    ow, ob = (of.tensor(a.astype(np.float32), requires_grad=True) for a in (w, b))
+    oy = F.layer_norm(ox, ow, ob, normalized_shape=[6])
+    oy.backward(of.tensor(dy.astype(np.float32)))
+    _rows_close(oy.numpy().astype(np.float64), ty.detach().numpy(), 1e-5)
+    for got, want in [(ox.grad, tx.grad), (ow.grad, tw.grad), (ob.grad, tb.grad)]:
+        assert got.dtype == of.float32
+        _rows_close(got.numpy().astype(np.float64), want.numpy(), 1e-4)
+    with np.errstate(invalid="ignore"):
+        x[4, 0] = np.inf
+        assert np.isnan(F.layer_norm(of.tensor(x), normalized_shape=[6]).numpy()[4]).all()
+
+
+def test_layer_norm_in_float64_past_1e154_is_the_scaled_result():
+    # float64 squares overflow past ~1.3e154: x̂ of x is x̂ of x/s (with eps/s², here 0), which torch computes
+    x = np.random.default_rng(1).standard_normal((3, 6)) * 1e200
+    want = TF.layer_norm(torch.tensor(x / 1e200), [6], eps=0.0).numpy()
+    np.testing.assert_allclose(F.layer_norm(of.tensor(x), normalized_shape=[6]).numpy(), want, rtol=1e-12)

@@ -11,7 +11,7 @@ second derivative) is written with ops, normalize_grad among them, so every orde
 
 from opforge import ops as F
 
-from ._common import D, Sample, ShapeError, Spec, normalize_axes, np, op, row_buffers, row_width
+from ._common import D, Sample, ShapeError, Spec, normalize_axes, np, op, overflow_ignored, row_buffers, row_width
 from .nn import _numel, _same_dims, _validate
 
 # -- the shared backward ---------------------------------------------------------------------------------------------
@@ -19,8 +19,33 @@ from .nn import _numel, _same_dims, _validate
 
 def _normalize_np(x, axes, eps, center=True):
     with row_buffers(row_width(x, axes)):  # reductions along rows read the same either way: the same bits
-        xc = x - np.mean(x, axis=axes, keepdims=True) if center else x
-        return xc / np.sqrt(np.mean(xc * xc, axis=axes, keepdims=True) + eps)
+        with overflow_ignored():  # a group whose statistics overflow is redone by _big_groups
+            xc = x - np.mean(x, axis=axes, keepdims=True) if center else x
+            var = np.mean(xc * xc, axis=axes, keepdims=True)
+            overflowed = not np.isfinite(np.add.reduce(var, axis=None))
+        if overflowed:
+            big = _big_groups(x, axes, eps, center, var)
+            if big is not None:
+                with np.errstate(all="ignore"):
+                    return np.where(big[0], big[1], xc / np.sqrt(var + eps))
+        return xc / np.sqrt(var + eps)
+
+
+def _big_groups(x, axes, eps, center, var):
+    """For the groups whose variance overflowed although their values are finite (the square of |x| ≳ 1e19 in
+    float32, 1e154 in float64, was inf; x̂ came out 0): (where they are, x̂ there, r there), computed on x / s
+    with s = max |x| of the group, where nothing overflows: x̂ = (x/s − μ/s)·r_s, r_s = 1/√(σ²/s² + ε/s²), and
+    r = r_s / s. None where no group did (a NaN or an infinity in x leaves its group NaN, as elsewhere)."""
+    with np.errstate(all="ignore"):
+        s = np.max(np.abs(x), axis=axes, keepdims=True)
+        big = ~np.isfinite(var) & np.isfinite(s)
+        if not big.any():
+            return None
+        s = np.where(big, s, 1).astype(x.dtype, copy=False)  # s > 0 in those groups: something overflowed
+        xs = x / s
+        xc = xs - np.mean(xs, axis=axes, keepdims=True) if center else xs
+        r = 1 / np.sqrt(np.mean(xc * xc, axis=axes, keepdims=True) + eps / s / s)
+        return big, xc * r, r / s
 
 
 def _check_eps(*, eps, **_):
@@ -46,9 +71,17 @@ def normalize_grad(x, g, *, axes, eps, center):
         return np.add.reduce(a, axis=axes, keepdims=True) * inv_n
 
     with row_buffers(row_width(x, axes)):
-        xc = x - mean(x) if center else x
-        r = 1 / np.sqrt(mean(np.square(xc)) + eps)
-        xhat = np.multiply(xc, r, out=xc if center else None)
+        with overflow_ignored():  # as in _normalize_np
+            xc = x - mean(x) if center else x
+            var = mean(np.square(xc))
+            big = None if np.isfinite(np.add.reduce(var, axis=None)) else _big_groups(x, axes, eps, center, var)
+        if big is None:
+            r = 1 / np.sqrt(var + eps)
+            xhat = np.multiply(xc, r, out=xc if center else None)
+        else:
+            with np.errstate(all="ignore"):
+                r = np.where(big[0], big[2], 1 / np.sqrt(var + eps))
+                xhat = np.where(big[0], big[1], xc * r)
         dx = g * xhat
         np.multiply(xhat, mean(dx), out=dx)  # x̂·mean(g·x̂)
         np.subtract(g - mean(g) if center else g, dx, out=dx)
