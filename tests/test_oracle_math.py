@@ -607,3 +607,42 @@ def test_rules_build_programs_with_unknown_dims(name):
 def test_wrong_calls_name_the_op(call, message):
     with pytest.raises(of.OpforgeError, match=message):
         call()
+
+
+# -- integer division by zero (issue 30) ------------------------------------------------------------------------------
+
+
+_INT_DIVISIONS = [
+    pytest.param(F.floor_divide, torch.floor_divide, "floor_divide", id="floor_divide"),
+    pytest.param(F.remainder, torch.remainder, "remainder", id="remainder"),
+    pytest.param(lambda x, y: x // y, lambda x, y: x // y, "floor_divide", id="//"),
+    pytest.param(lambda x, y: x % y, lambda x, y: x % y, "remainder", id="%"),
+]
+
+
+@pytest.mark.parametrize(("of_fn", "torch_fn", "op_name"), _INT_DIVISIONS)
+@pytest.mark.parametrize("y", [np.array([2, 0, -3]), np.array(0, np.int32), np.array([[1], [0]], np.int32)],
+                         ids=["vector", "0-d", "broadcast"])
+def test_integer_division_by_zero_raises_eagerly_and_compiled(of_fn, torch_fn, op_name, y):
+    # NumPy gives 0 (and a warning); torch raises RuntimeError("ZeroDivisionError"), Python ZeroDivisionError.
+    x = np.array([7, -7, 5])
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        torch_fn(torch.tensor(x), torch.tensor(y))
+    for run in (of_fn, of.compile(of_fn)):
+        with pytest.raises(of.DivisionByZeroError, match=rf"^{op_name}\(\): integer division by zero") as caught:
+            run(of.tensor(x), of.tensor(y))
+        assert isinstance(caught.value, ZeroDivisionError) and isinstance(caught.value, ValueError)
+    with pytest.raises(of.DivisionByZeroError):
+        of_fn(of.tensor(x), 0)  # a Python 0
+
+
+def test_integer_division_by_zero_of_nothing_and_float_division_by_zero_do_not_raise():
+    empty = np.zeros((0, 3), np.int64)
+    assert F.floor_divide(of.tensor(empty), of.tensor([0, 1, 2])).shape == (0, 3)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for x, y in [(np.array([1.0, -1.0]), np.array(0.0)), (np.array([1, -1]), np.array(0.0)),
+                     (np.array([1.0, -1.0]), np.array(0))]:
+            for of_fn, torch_fn in [(F.floor_divide, torch.floor_divide), (F.remainder, torch.remainder)]:
+                got = of_fn(of.tensor(x), of.tensor(y)).numpy()
+                want = torch_fn(torch.tensor(x), torch.tensor(y)).numpy()
+                np.testing.assert_array_equal(got, want)

@@ -25,6 +25,11 @@ class AnomalyError(OpforgeError, FloatingPointError):
     """Under ``of.detect_anomaly()``: an op's forward or backward produced NaN or infinity."""
 
 
+class DivisionByZeroError(OpforgeError, ValueError, ZeroDivisionError):
+    """An integer division or remainder by zero (``//``, ``%``): no integer is the answer. Also a
+    ``ZeroDivisionError``, which Python's ``1 // 0`` raises (torch raises a RuntimeError saying so)."""
+
+
 class GradientError(OpforgeError, RuntimeError):
     """Autograd cannot go on: a missing gradient rule, a rule that returned the wrong thing, a freed graph."""
 

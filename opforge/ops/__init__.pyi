@@ -573,10 +573,12 @@ def masked_fill(x: _TensorLike, mask: _TensorLike, value: _TensorLike) -> Tensor
 # -- opforge.ops.integer
 
 def remainder(x: _TensorLike, y: _TensorLike) -> Tensor:
-    """x mod y with the sign of y (Python's ``%``, ``torch.remainder``): x − floor(x / y)·y."""
+    """x mod y with the sign of y (Python's ``%``, ``torch.remainder``): x − floor(x / y)·y. Integers divided by
+    0 raise ``DivisionByZeroError``, as Python and torch do.
+    """
 
 def floor_divide(x: _TensorLike, y: _TensorLike) -> Tensor:
-    """floor(x / y) (Python's ``//``; integers stay integers)."""
+    """floor(x / y) (Python's ``//``; integers stay integers, and raise ``DivisionByZeroError`` divided by 0)."""
 
 def bitwise_and(x: _TensorLike, y: _TensorLike) -> Tensor:
     """x & y, bit by bit (the logical and of bools)."""

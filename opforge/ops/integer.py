@@ -3,12 +3,23 @@ PyTorch do), and bitwise logic on integer and bool tensors (on bools, the logica
 
 from opforge import ops as F
 
+from ..core.errors import DivisionByZeroError
 from ._common import Sample, np, op
+
+
+def _no_integer_zero(op_name: str, x, y) -> None:
+    """Integers divided by 0: NumPy gives 0 (and a warning); Python and torch raise, and so does opforge."""
+    if y.dtype.kind in "iub" and x.dtype.kind in "iub" and x.size and not y.all():
+        at = tuple(int(i) for i in np.argwhere(y == 0)[0])
+        raise DivisionByZeroError(f"{op_name}(): integer division by zero: argument 'y' ({y.dtype}) is 0"
+                                  f"{f' at index {at}' if at else ''}; divide floats to get inf or NaN there")
 
 
 @op("remainder(Tensor<number> x, Tensor<number> y) -> Tensor out", traits=["broadcast"])
 def remainder(x, y):
-    """x mod y with the sign of y (Python's ``%``, ``torch.remainder``): x − floor(x / y)·y."""
+    """x mod y with the sign of y (Python's ``%``, ``torch.remainder``): x − floor(x / y)·y. Integers divided by 0
+    raise ``DivisionByZeroError``, as Python and torch do."""
+    _no_integer_zero("remainder", x, y)
     return np.remainder(x, y)
 
 
@@ -20,7 +31,8 @@ def _(x, y, dout, needs_input_grad):
 
 @op("floor_divide(Tensor<number> x, Tensor<number> y) -> Tensor out", traits=["broadcast"])
 def floor_divide(x, y):
-    """floor(x / y) (Python's ``//``; integers stay integers)."""
+    """floor(x / y) (Python's ``//``; integers stay integers, and raise ``DivisionByZeroError`` divided by 0)."""
+    _no_integer_zero("floor_divide", x, y)
     return np.floor_divide(x, y)
 
 
