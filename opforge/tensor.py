@@ -716,7 +716,8 @@ class Tensor(TensorOps):
 
     def register_hook(self, hook):
         """Call ``hook(grad)`` with this tensor's gradient each time one is computed, before it is used; a hook that
-        returns a tensor replaces the gradient. Returns a handle whose ``remove()`` unregisters it."""
+        returns a tensor replaces the gradient (it must have the gradient's shape, dtype and device: anything else is
+        a GradientError naming the hook, as in torch). Returns a handle whose ``remove()`` unregisters it."""
         if not callable(hook):
             raise ArgumentError(f"register_hook(): expected a callable, got {describe(hook)}")
         if not self._requires_grad:

@@ -128,6 +128,34 @@ def test_retain_grad_and_hooks():
         same(ours, theirs)
 
 
+def _to_double(g):
+    return g.double()
+
+
+@pytest.mark.parametrize(("hook", "torch_says"), [
+    (lambda g: g.sum(), "changed the size of value"),
+    (_to_double, "changed the type of value"),
+    (lambda g: g.numpy(), "expected Variable, but hook returned"),
+], ids=["shape", "dtype", "array"])
+@pytest.mark.parametrize("where", ["leaf", "non-leaf", "leaf, of.grad"])
+def test_a_hook_that_changes_the_gradients_shape_or_dtype_is_refused_naming_it(hook, torch_says, where):
+    # It left a () .grad on a (3,) tensor (issue 30); torch refuses, naming the hook.
+    results = []
+    for t in pair([1.0, -2.0, 3.0], dtype=np.float32, requires_grad=True):
+        h = t if where.startswith("leaf") else t * 2
+        h.register_hook(hook)
+        y = (h * h).sum()
+        try:
+            of.grad(y, [t]) if where == "leaf, of.grad" and isinstance(t, of.Tensor) else y.backward()
+        except Exception as e:  # both frameworks' errors are compared below
+            results.append(e)
+    ours, theirs = results
+    assert torch_says in str(theirs)
+    name = hook.__qualname__
+    assert isinstance(ours, of.GradientError) and f"hook {name!r} (defined at {__file__}:" in str(ours)
+    assert "a hook returns None (keep the gradient) or a Tensor of the gradient's shape, dtype and device" in str(ours)
+
+
 def test_module_dict_and_functional():
     import opforge.nn.functional as nnF
 

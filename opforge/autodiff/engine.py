@@ -54,8 +54,7 @@ def grad(outputs, inputs, grad_outputs=None, create_graph=False, retain_graph=No
         g = found.get(_key(t))
         if g is not None and t._node is None and _leaf_hooks:
             for fn in list(_leaf_hooks.get(id(t), ())):
-                new = fn(g)
-                g = g if new is None else new
+                g = _call_hook(fn, g)
         if g is None and not allow_unused:
             raise GradientError(
                 f"grad(): inputs[{i}] (shape {t.shape}) was not used to compute the outputs; "
@@ -273,18 +272,33 @@ def _run_hooks(hooks: dict, grads: list) -> None:
     for index, fns in hooks.items():
         if grads[index] is not None:
             for fn in list(fns):
-                new = fn(grads[index])
-                if new is not None:
-                    grads[index] = new
+                grads[index] = _call_hook(fn, grads[index])
+
+
+def _call_hook(fn, g: Tensor) -> Tensor:
+    """The gradient after a ``register_hook`` hook saw it: ``g`` if the hook returned None, else what it returned,
+    which must be a Tensor of g's shape, dtype and device (as torch checks): anything else would flow on as the
+    gradient, and leave a ``.grad`` of another shape, or fail far from the hook."""
+    new = fn(g)
+    if new is None:
+        return g
+    if not isinstance(new, Tensor) or new._data.shape != g._data.shape or new._data.dtype != g._data.dtype \
+            or new._device is not g._device:
+        code = getattr(fn, "__code__", None)
+        where = f" (defined at {code.co_filename}:{code.co_firstlineno})" if code is not None else ""
+        raise GradientError(
+            f"hook {getattr(fn, '__qualname__', type(fn).__name__)!r}{where} returned {describe(new)} for a gradient "
+            f"of shape {tuple(g.shape)}, dtype {g.dtype} on '{g.device}': a hook returns None (keep the gradient) or "
+            "a Tensor of the gradient's shape, dtype and device (to replace it)"
+        )
+    return new
 
 
 def _into_grad(leaf: Tensor, g: Tensor, given: set) -> None:
     """Add a leaf's final gradient into ``leaf.grad``; then run the hooks registered for that moment."""
     if _leaf_hooks:
         for fn in list(_leaf_hooks.get(id(leaf), ())):
-            new = fn(g)
-            if new is not None:
-                g = new
+            g = _call_hook(fn, g)
     if leaf._grad is not None:
         leaf._grad = leaf._grad + g
     elif g.requires_grad or (g._data.base is None and g not in given):
