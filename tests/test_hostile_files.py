@@ -67,11 +67,14 @@ def op_index(doc, kind):
 
 # -- Program.save is one atomic unit -----------------------------------------------------------------------------
 
-def test_save_names_its_values_by_content_and_removes_the_old_ones_only(tmp_path):
+def test_save_names_its_values_uniquely_and_removes_the_old_ones_only(tmp_path):
     path = tmp_path / "p.json"
     small_program(seed=0).save(path)
     first = doc_of(path)["values"]
     assert first.startswith("p.") and first.endswith(".npz") and len(first) == len("p..npz") + 16
+    small_program(seed=0).save(path)  # the same values again: another name (a name is one save's alone)
+    assert doc_of(path)["values"] != first and not (tmp_path / first).exists()
+    first = doc_of(path)["values"]
     (tmp_path / "p.0123456789abcdef.npz").write_bytes(b"a concurrent save's values, its JSON not written yet")
     (tmp_path / "p.npz").write_bytes(b"someone else's file")
     small_program(seed=1).save(path)
@@ -158,14 +161,88 @@ def test_a_save_between_its_two_steps_survives_a_concurrent_save_of_the_same_pat
     a, b = small_program(seed=1), small_program(seed=2, extra_op=True)
     write_json = serialize.atomic_write
 
-    def b_saves_first(path, write):  # A has written its values, not yet its JSON: B saves, then A goes on
-        monkeypatch.setattr(serialize, "atomic_write", write_json)
+    def b_saves_first(path, write, before_rename=None):  # A has written its values, not yet its JSON: B saves,
+        monkeypatch.setattr(serialize, "atomic_write", write_json)  # then A goes on
         b.save(saved)
-        write_json(path, write)
+        write_json(path, write, before_rename)
 
     monkeypatch.setattr(serialize, "atomic_write", b_saves_first)
     a.save(saved)
     assert _same_program(of.Program.load(saved), a)  # the last rename wins, its values intact
+
+
+def test_a_save_between_the_json_and_the_removal_of_the_old_values_leaves_a_program_that_loads(saved, monkeypatch):
+    # A saves p over q: its JSON is in place, the old values (q's) not yet removed, when B saves q again. With
+    # values named by their content B's values file had q's name again, and A then removed it: the JSON named a
+    # file that was gone.
+    from opforge.program import serialize
+
+    q = small_program()
+    write_json = serialize.atomic_write
+
+    def then_b_saves(path, write, before_rename=None):
+        write_json(path, write, before_rename)
+        monkeypatch.setattr(serialize, "atomic_write", write_json)
+        q.save(saved)
+
+    monkeypatch.setattr(serialize, "atomic_write", then_b_saves)
+    small_program(seed=1).save(saved)
+    assert _same_program(of.Program.load(saved), q)
+    assert sorted(p.name for p in saved.parent.iterdir()) == sorted(["p.json", doc_of(saved)["values"]])
+
+
+def _save_in_turn(path, seeds, rounds):
+    programs = [small_program(seed=s) for s in seeds]
+    for i in range(rounds):
+        programs[i % len(programs)].save(path)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="forks two savers")
+def test_processes_saving_one_path_at_once_leave_a_program_that_loads(tmp_path):
+    import multiprocessing
+
+    path = tmp_path / "p.json"
+    small_program().save(path)
+    context = multiprocessing.get_context("fork")
+    savers = [context.Process(target=_save_in_turn, args=(path, seeds, 60)) for seeds in ([0, 1], [1, 0])]
+    for p in savers:
+        p.start()
+    for p in savers:
+        p.join(timeout=120)
+        assert p.exitcode == 0
+    loaded = of.Program.load(path)
+    assert _same_program(loaded, small_program(seed=0)) or _same_program(loaded, small_program(seed=1))
+    # what the race may leave besides: values files of saves whose JSON another replaced unread (no .tmp file)
+    assert all(p.name.startswith("p.") and p.suffix in (".json", ".npz") for p in tmp_path.iterdir())
+
+
+def test_a_save_whose_json_cannot_be_written_removes_its_values(saved, monkeypatch):
+    from opforge.program import serialize
+
+    before = sorted(p.name for p in saved.parent.iterdir())
+
+    def disk_full(path, write, before_rename=None):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(serialize, "atomic_write", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        small_program(seed=1).save(saved)
+    assert sorted(p.name for p in saved.parent.iterdir()) == before
+    assert _same_program(of.Program.load(saved), small_program())
+
+
+@pytest.mark.parametrize("stem", ["p" * 250, "é" * 125], ids=["ascii", "two-byte"])
+def test_saves_to_names_of_255_bytes(tmp_path, stem):
+    # The temporary file's name added 14 bytes to the name, and the values file's 21: past the 255 bytes file
+    # systems allow. Both now keep at most 64 bytes of it.
+    assert len(os.fsencode(stem + ".json")) == 255
+    path = tmp_path / (stem + ".json")
+    small_program().save(path)
+    assert _same_program(of.Program.load(path), small_program())
+    small_program(seed=1).save(path)  # over it: the old values file is recognised as this path's, and removed
+    assert len(list(tmp_path.iterdir())) == 2
+    of.save({"w": np.arange(3.0)}, tmp_path / (stem + ".npz"))
+    np.testing.assert_array_equal(of.load(tmp_path / (stem + ".npz"))["w"], np.arange(3.0))
 
 
 # -- a values file holds values for persistable variables and constants, and nothing else ------------------------

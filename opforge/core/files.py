@@ -10,18 +10,29 @@ from . import dtypes as D
 from .errors import OpforgeError
 
 
-def atomic_write(path: str, write) -> None:
+def atomic_write(path: str, write, before_rename=None) -> None:
     """Call ``write(file)`` on a temporary file beside ``path``, fsync it, rename it to ``path`` and fsync the
-    directory: ``path`` holds either its old content or the complete new one, never a part."""
+    directory: ``path`` holds either its old content or the complete new one, never a part. ``before_rename()``,
+    if given, runs right before the rename (to read what is about to be replaced)."""
     directory = os.path.dirname(os.path.abspath(path))
     tmp = _write_temporary(directory, os.path.basename(path), write)
+    if before_rename is not None:
+        try:
+            before_rename()
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
     _rename(tmp, path)
 
 
-def write_content_addressed(directory: str, stem: str, suffix: str, write) -> tuple[str, str]:
-    """Write a file as ``atomic_write`` does, named ``<stem>.<first 16 hex digits of its SHA-256><suffix>`` in
-    ``directory``; return that name and the full hex digest. A file that names it (a program's JSON naming its
-    values) can then be replaced by one atomic rename, the old pair and the new one both complete meanwhile."""
+def write_uniquely_named(directory: str, stem: str, suffix: str, write) -> tuple[str, str]:
+    """Write a file as ``atomic_write`` does, named ``<stem>.<16 random hex digits><suffix>`` in ``directory`` (the
+    stem cut to ``NAME_PART`` bytes): a name no other writer uses. Return that name and the file's SHA-256. A file
+    that names it (a program's JSON naming its values) can then be replaced by one atomic rename, the old pair and
+    the new one both complete meanwhile, and the file be removed by whoever replaces that one name, without
+    pulling it from under another writer (a name made of the content would be shared by two writers of the same
+    content)."""
     tmp = _write_temporary(directory, stem + suffix, write)
     try:
         digest = sha256_of(tmp)
@@ -29,9 +40,21 @@ def write_content_addressed(directory: str, stem: str, suffix: str, write) -> tu
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    name = f"{stem}.{digest[:16]}{suffix}"
+    name = f"{shortened(stem)}.{os.urandom(8).hex()}{suffix}"
     _rename(tmp, os.path.join(directory, name))
     return name, digest
+
+
+NAME_PART = 64  # bytes of a given name that a made-up name (a temporary file, a values file) keeps
+
+
+def shortened(name: str, limit: int = NAME_PART) -> str:
+    """``name`` cut to at most ``limit`` bytes as the file system stores it (at a character boundary): a name made
+    from a valid one plus a few characters must stay valid, and file systems allow 255 bytes (eCryptfs 143)."""
+    name = name[:limit]
+    while len(os.fsencode(name)) > limit:
+        name = name[:-1]
+    return name
 
 
 # zipfile and hashlib are imported where they are used: zipfile brings lzma, bz2 and shutil with it, and these
@@ -52,7 +75,7 @@ def _write_temporary(directory: str, name: str, write) -> str:
     if not os.path.isdir(directory):  # else open() would name the temporary file, which the caller never chose
         raise FileNotFoundError(f"cannot write {os.path.join(directory, name)!r}: the folder {directory!r} does not "
                                 "exist (create it first)")
-    tmp = os.path.join(directory, f".{name}.{os.urandom(4).hex()}.tmp")
+    tmp = os.path.join(directory, f".{shortened(name)}.{os.urandom(4).hex()}.tmp")  # valid where name is
     try:
         with open(tmp, "xb") as f:  # created with the usual permissions (umask), unlike tempfile's 0600
             write(f)

@@ -1,11 +1,16 @@
 """Saving and loading programs: versioned JSON for the ops, an ``.npz`` beside it for the values.
 
-A save is one atomic unit. The values go first, to a file named after their SHA-256 (``model.<16 hex>.npz``), and
-then the JSON, which names that file and records its digest, replaces the old JSON in one rename. Killed at any
-moment, a save leaves the old JSON with the old values file it names, or the new JSON with the new one. After the
-rename the save removes the values file the old JSON named, and nothing else: a concurrent save of the same path
-may be between its two steps, its values file named by no JSON yet. (So a save killed between its two steps leaves
-its values file behind, as a killed ``of.save`` leaves its ``.tmp`` file.)
+A save is one atomic unit. The values go first, to a file of a name no other save uses (``model.<16 random hex
+digits>.npz``), and then the JSON, which names that file and records its SHA-256, replaces the old JSON in one
+rename. Killed at any moment, a save leaves the old JSON with the old values file it names, or the new JSON with the
+new one. After the rename the save removes the values file that the JSON it replaced named (read right before the
+rename), and nothing else; a save whose JSON could not be written removes its own. Saves of one path may run at
+once (threads, processes): a values file is named by one save's JSON only, which is renamed into place once, so
+once that JSON is replaced no JSON names the file again and it can go; no JSON ever names a removed file. (Names
+made of the content could not promise it: two saves of the same values share a name, and one removed the file that
+the other's JSON had just named again.) Where another save's rename falls between that read and the rename, its
+values stay behind, as a save killed between its two steps leaves its values file, and a killed ``of.save`` its
+``.tmp`` file.
 
 Nothing in the files is trusted. Nothing is executed: the JSON is data, and arrays holding Python objects are
 refused. Loading checks the whole program before returning it: every field's type; every variable declared once;
@@ -28,7 +33,7 @@ import numpy as np
 
 from ..core import dtypes as D
 from ..core.errors import OpforgeError, describe
-from ..core.files import NpzReader, atomic_write, sha256_of, write_content_addressed, write_npz
+from ..core.files import NpzReader, atomic_write, sha256_of, shortened, write_npz, write_uniquely_named
 from ..core.opdef import registry
 from ..core.schema import Param, check_attr
 from ..core.spec import Dim, Spec, undim
@@ -57,24 +62,25 @@ def _encode(value):
 
 
 def _old_values(path: Path) -> str | None:
-    """The values file the JSON at ``path`` names, if the file is one a save of ``path`` writes (or wrote before
-    values were named by their hash): never another file a damaged JSON might name."""
+    """The values file the JSON at ``path`` names, if the file is one a save of ``path`` writes (or wrote before:
+    ``<stem>.npz``, the hex digits of a hash, a long stem kept whole): never another file a damaged JSON might name."""
     try:
         name = json.loads(path.read_text(encoding="utf-8")).get("values")
     except (OSError, ValueError, RecursionError, AttributeError):
         return None
-    ours = re.fullmatch(re.escape(path.stem) + r"(\.[0-9a-f]{16})?\.npz", name) if isinstance(name, str) else None
+    stems = "|".join(re.escape(stem) for stem in {path.stem, shortened(path.stem)})
+    ours = re.fullmatch(f"({stems})" + r"(\.[0-9a-f]{16})?\.npz", name) if isinstance(name, str) else None
     return name if ours else None
 
 
 def save(program: Program, path) -> None:
-    """Write ``path`` (JSON) and, beside it, the values it names (``<stem>.<hash>.npz``); see the module docstring."""
+    """Write ``path`` (JSON) and, beside it, the values it names (``<stem>.<16 hex>.npz``); see the module
+    docstring."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     directory, stem = str(path.parent), path.stem
-    old = _old_values(path)
     values = {k: program.device.to_host(v) for k, v in program.values.items()}
-    values_name, digest = write_content_addressed(directory, stem, ".npz", lambda f: write_npz(f, values))
+    values_name, digest = write_uniquely_named(directory, stem, ".npz", lambda f: write_npz(f, values))
     block = program.block
     doc = {
         "format": FORMAT,
@@ -91,7 +97,15 @@ def save(program: Program, path) -> None:
         "ops": [{"type": op.type, "inputs": op.inputs, "outputs": op.outputs, "role": op.role,
                  "attrs": {k: _encode(v) for k, v in op.attrs.items()}} for op in block.ops],
     }
-    atomic_write(str(path), lambda f: f.write(json.dumps(doc, indent=1).encode()))
+    replaced = []  # the values file the JSON about to be replaced names (see the module docstring)
+    try:
+        atomic_write(str(path), lambda f: f.write(json.dumps(doc, indent=1).encode()),
+                     before_rename=lambda: replaced.append(_old_values(path)))
+    except BaseException:  # no JSON names the values (their name is this save's alone): they would stay for good
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(directory, values_name))
+        raise
+    old = replaced[0]
     if old is not None and old != values_name:
         with contextlib.suppress(OSError):  # gone already (removed by a concurrent save)
             os.unlink(os.path.join(directory, old))
