@@ -378,6 +378,35 @@ def test_clip_with_tensor_bounds_at_ties():
         check_vjp(of_fn, torch_fn, args)
 
 
+_NAN = float("nan")
+
+
+@pytest.mark.parametrize("tensors", [False, True], ids=["number-bounds", "tensor-bounds"])
+@pytest.mark.parametrize(("lo", "hi"), [(_NAN, None), (None, _NAN), (_NAN, 1.0), (0.0, _NAN), (_NAN, _NAN),
+                                        (0.0, None), (None, 1.0), (0.0, 1.0)])
+def test_clip_with_nan_follows_torch_but_for_a_nan_in_x(lo, hi, tensors):
+    # Decided in issue 30, said in clip's docstring: where a bound is NaN, y is NaN and neither x nor that bound
+    # gets a gradient (torch's rule, its comparisons all false). A NaN in x gives x a NaN gradient there (torch: 0),
+    # as for every elementwise op; the bounds get torch's gradients there too.
+    x = np.array([-1.0, 0.0, 0.5, 1.0, 2.0, np.nan])
+    u = np.random.default_rng(0).uniform(0.5, 1.5, x.shape)
+    got, want = [], []
+    for fw, out in ((OPFORGE, got), (TORCH, want)):
+        tx = fw.tensor(x, requires_grad=True)
+        bounds = [None if b is None else fw.tensor(np.array(b), requires_grad=True) if tensors else b
+                  for b in (lo, hi)]
+        with np.errstate(invalid="ignore"):
+            y = F.clip(tx, *bounds) if fw is OPFORGE else torch.clamp(tx, *bounds)
+            leaves = [tx, *(b for b in bounds if tensors and b is not None)]
+            grads = fw.grad([y], leaves, grad_outputs=[fw.tensor(u)])
+        out += [fw.numpy(y), *(fw.numpy(g) for g in grads)]
+    np.testing.assert_array_equal(got[0], want[0])  # values (NaN where torch has NaN)
+    np.testing.assert_array_equal(got[1][:-1], want[1][:-1])  # dx away from x's NaN
+    assert np.isnan(got[1][-1]) and want[1][-1] == 0  # the one place opforge departs
+    for g, w in zip(got[2:], want[2:]):
+        np.testing.assert_array_equal(g, w)
+
+
 @pytest.mark.parametrize(("of_fn", "torch_fn"), [
     pytest.param(F.elu, TF.elu, id="elu"),
     pytest.param(lambda x: F.elu(x, alpha=0.3), lambda x: TF.elu(x, alpha=0.3), id="elu-alpha=0.3"),

@@ -1005,7 +1005,12 @@ def _clip_dtype(x, bounds):
 def clip(x, min, max):
     """x limited to [min, max], as ``torch.clamp``: either bound may be None, and each is a number or a tensor that
     broadcasts with ``x`` (min > max gives max). The dtype follows torch too: a number, or a 0-d tensor, changes
-    it only where it is of a higher kind (an integer tensor clipped at 2.5 becomes float32, at 2 stays integer)."""
+    it only where it is of a higher kind (an integer tensor clipped at 2.5 becomes float32, at 2 stays integer).
+
+    NaN, as torch: a NaN bound makes y NaN there; x gets no gradient there (y does not depend on it), nor does the
+    bound (torch's rule: min gets the gradient where x < min, max where x > max, each comparison false with NaN).
+    A NaN in x itself gives x a NaN gradient there, where torch gives 0: every elementwise op of opforge carries
+    a NaN input into its gradient (see ``opforge/ops/elementwise.py``), and clip does not make an exception."""
     dtype = _clip_spec(x, min, max).dtype
     y = x if min is None else np.maximum(x, min)
     return np.asarray(y if max is None else np.minimum(y, max)).astype(dtype, copy=False)
@@ -1028,7 +1033,8 @@ def _(g, x, min, max):
 @clip.grad
 def _(x, min, max, dy, needs_input_grad):
     # torch.clamp's rule: x gets the gradient where min ≤ x ≤ max (bounds included), min where x < min, max where
-    # x > max; with min > max (y = max everywhere) min gets none and max gets it all.
+    # x > max; with min > max (y = max everywhere) min gets none and max gets it all. Written as those comparisons
+    # (not as "not x ≥ min"), so that a NaN bound gets none, as in torch.
     above_min = None if min is None else x >= min
     below_max = None if max is None else x <= max
     inside = F.logical_and(above_min, below_max) if min is not None and max is not None else \
@@ -1036,9 +1042,9 @@ def _(x, min, max, dy, needs_input_grad):
     dx = _nan_at_nan(x, F.where(inside, dy, 0)) if needs_input_grad[0] else None
     dmin = dmax = None
     if min is not None and needs_input_grad[1]:
-        dmin = F.where(F.logical_not(above_min) if max is None else F.logical_and(x < min, min < max), dy, 0)
+        dmin = F.where(x < min if max is None else F.logical_and(x < min, min < max), dy, 0)
     if max is not None and needs_input_grad[2]:
-        dmax = F.where(F.logical_not(below_max) if min is None else F.logical_or(x > max, max < min), dy, 0)
+        dmax = F.where(x > max if min is None else F.logical_or(x > max, max < min), dy, 0)
     return dx, dmin, dmax
 
 
