@@ -42,6 +42,7 @@ from .core import (  # noqa: E402
     DivisionByZeroError,
     GradientError,
     OpforgeError,
+    OutOfMemoryError,
     Sample,
     SchemaError,
     ShapeError,
@@ -66,10 +67,10 @@ from .tensor import Tensor  # noqa: E402
 
 __all__ = [
     "AnomalyError", "ArgumentError", "Device", "DispatchError", "DivisionByZeroError", "Executor", "GradientError",
-    "OpforgeError", "Program", "Sample", "SchemaError", "ShapeError", "Spec", "Tensor", "Variable", "__version__",
-    "append_backward", "arange", "backward", "bfloat16", "bool_", "cat", "compile", "data", "default_device",
-    "detect_anomaly", "distributed", "enable_grad", "float16", "float32", "float64", "full", "get_device", "grad",
-    "int32", "int64",
+    "OpforgeError", "OutOfMemoryError", "Program", "Sample", "SchemaError", "ShapeError", "Spec", "Tensor", "Variable",
+    "__version__", "append_backward", "arange", "backward", "bfloat16", "bool_", "cat", "compile", "data",
+    "default_device", "detect_anomaly", "distributed", "enable_grad", "float16", "float32", "float64", "full",
+    "get_device", "grad", "int32", "int64",
     "is_grad_enabled", "linalg", "load", "manual_seed", "nn", "no_grad", "ones", "ones_like", "onnx", "op", "ops",
     "optim", "rand", "randn", "register_device", "registry", "save", "set_debug", "set_grad_enabled", "stack",
     "tensor", "testing", "trace", "using_device", "zeros", "zeros_like",

@@ -25,7 +25,7 @@ from .core import codegen
 from .core import dtypes as D
 from .core.declare import give_functions
 from .core.devices import default_device
-from .core.errors import ArgumentError, OpforgeError, SchemaError, describe
+from .core.errors import ArgumentError, OpforgeError, SchemaError, describe, out_of_memory
 from .core.grad_mode import _mode as _grad_mode
 from .core.interpreters import EAGER, EagerInterpreter, Interpreter, _innermost, current_interpreter, interpreting
 from .core.opdef import OpDef, flat_ranges, split_by_layout
@@ -593,7 +593,7 @@ def _bad_dtype(opdef: OpDef, name: str, value) -> None:
 
 # Exceptions that say something about the kernel's code or the machine, not about the call's inputs: passed on as
 # they are (with a note naming the op), never explained as a shape mistake.
-_NOT_ABOUT_INPUTS = (NameError, ImportError, NotImplementedError, RecursionError, MemoryError, SyntaxError)
+_NOT_ABOUT_INPUTS = (NameError, ImportError, NotImplementedError, RecursionError, SyntaxError)
 
 
 def _kernel_failed(opdef: OpDef, inputs: tuple, attrs: dict, error: Exception | None):
@@ -605,6 +605,8 @@ def _kernel_failed(opdef: OpDef, inputs: tuple, attrs: dict, error: Exception | 
         raise error
     specs = [[Spec(t.shape, t.dtype) for t in v] if isinstance(v, list) else
              (None if v is None else Spec(v.shape, v.dtype)) for v in inputs]
+    if isinstance(error, MemoryError):  # NumPy's or CuPy's: named with the op, the shapes and the bytes
+        raise out_of_memory(opdef, specs, attrs, error) from None
     opdef.check_shapes(specs, attrs, error)
 
 

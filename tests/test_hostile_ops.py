@@ -125,3 +125,45 @@ def test_linalg_svd_refuses_a_non_finite_matrix_instead_of_hanging(bad):
     a[0, 0] = -bad
     with pytest.raises(of.ArgumentError, match="linalg_svd\\(\\): a holds inf or NaN"):
         F.linalg_svd(of.tensor(a))
+
+
+# -- allocations no machine can make (issue 30) ------------------------------------------------------------------
+
+_HUGE = 10**13  # elements: tens of terabytes, refused by any machine (and by memory_ceiling first)
+
+
+@pytest.mark.parametrize(("call", "name", "output"), [
+    (lambda: F.zeros(shape=[_HUGE]), "zeros", f"'y' ({_HUGE},) float32: {4 * _HUGE} bytes (36.38 TiB)"),
+    (lambda: of.ones(_HUGE, dtype="float64"), "ones", f"'y' ({_HUGE},) float64: {8 * _HUGE} bytes"),
+    (lambda: of.arange(_HUGE), "arange", f"'y' ({_HUGE},) int64"),
+    (lambda: of.randn(_HUGE), "normal", f"'y' ({_HUGE},) float32"),
+    (lambda: F.tile(of.tensor([1.0, 2.0]), reps=[_HUGE]), "tile", f"'y' ({2 * _HUGE},) float32"),
+    (lambda: F.one_hot(of.tensor([1, 2]), num_classes=_HUGE), "one_hot", f"'y' (2, {_HUGE}) int64"),
+    (lambda: F.pad(of.tensor([1.0]), pad=[_HUGE, 0]), "pad", f"'y' ({_HUGE + 1},) float32"),
+    (lambda: F.broadcast_to(of.tensor([1.0]), shape=[_HUGE]) * 2, "mul", f"'out' ({_HUGE},) float32"),
+    (lambda: F.outer(of.zeros(10**7), of.zeros(10**7)), "outer", "'out' (10000000, 10000000) float32"),
+])
+def test_an_allocation_no_machine_can_make_is_an_out_of_memory_error_naming_the_op(call, name, output):
+    from fuzzing import memory_ceiling
+
+    with memory_ceiling(), pytest.raises(of.OutOfMemoryError) as caught:
+        call()
+    assert isinstance(caught.value, MemoryError) and isinstance(caught.value, of.OpforgeError)
+    message = str(caught.value)
+    assert message.startswith(f"{name}(): out of memory: output {output}"), message
+    assert "inputs: " in message and "(MemoryError: " in message
+
+
+def test_a_compiled_allocation_no_machine_can_make_names_the_op_of_the_program():
+    from fuzzing import memory_ceiling
+
+    tile = of.compile(lambda x, n: F.tile(x, reps=[n]))
+    ones = of.compile(lambda x: F.sum(F.ones_like(F.broadcast_to(x, shape=[_HUGE, 2]))))  # folded at plan time
+    for run, expected in [
+        (lambda: tile(of.tensor([1.0, 2.0]), _HUGE),
+         rf"^Executor\.run\(\): op #0 tile -> \S+: tile\(\): out of memory: output 'y' \({2 * _HUGE},\) float32"),
+        (lambda: ones(of.tensor([1.0, 2.0])),
+         rf"^Executor \(folding constants\): ones_like\(\): out of memory: output 'y' \({_HUGE}, 2\) float32"),
+    ]:
+        with memory_ceiling(), pytest.raises(of.OutOfMemoryError, match=expected):
+            run()

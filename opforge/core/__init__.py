@@ -9,6 +9,7 @@ from .errors import (
     DivisionByZeroError,
     GradientError,
     OpforgeError,
+    OutOfMemoryError,
     SchemaError,
     ShapeError,
 )
@@ -20,7 +21,7 @@ from .spec import Spec, broadcast_shapes
 __all__ = [
     "CPU", "TRAITS", "AnomalyError", "ArgumentError", "Device", "DispatchError", "DivisionByZeroError",
     "GradientError", "OpDef",
-    "OpforgeError", "Sample", "Schema", "SchemaError", "ShapeError", "Spec", "broadcast_shapes",
+    "OpforgeError", "OutOfMemoryError", "Sample", "Schema", "SchemaError", "ShapeError", "Spec", "broadcast_shapes",
     "default_device", "dtypes", "enable_grad", "get_device", "is_grad_enabled", "manual_seed", "no_grad",
     "parse_signature", "register_device", "registry", "set_grad_enabled", "using_device",
 ]

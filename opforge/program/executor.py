@@ -28,7 +28,7 @@ import sys
 import numpy as np
 
 from ..core import codegen
-from ..core.errors import ArgumentError, OpforgeError, ShapeError
+from ..core.errors import ArgumentError, OpforgeError, OutOfMemoryError, ShapeError, out_of_memory
 from ..core.keys import exact
 from ..core.opdef import registry
 from ..core.spec import Dim, Spec
@@ -46,7 +46,8 @@ class Plan:
     """One compiled specialisation of a program: its generated function and what it needs."""
 
     def __init__(self, fn, source: str, specs: dict, steps: int, peak_live_bytes: int, removed: dict,
-                 line_ops: dict | None = None, workspace_bytes: int = 0, workspaces: list | None = None):
+                 line_ops: dict | None = None, workspace_bytes: int = 0, workspaces: list | None = None,
+                 line_calls: dict | None = None):
         self.fn = fn
         self.source = source
         self.specs = specs  # variable name -> concrete Spec
@@ -54,6 +55,7 @@ class Plan:
         self.peak_live_bytes = peak_live_bytes
         self.removed = removed  # ops each pass took out: {"dead", "merged", "identity", "folded", "fused": n}
         self.line_ops = line_ops or {}  # line of the generated source -> "op #i <type> -> <outputs>"
+        self.line_calls = line_calls or {}  # line of the generated source -> (OpDesc, attrs) of an op's call
         self.workspace_bytes = workspace_bytes  # the most the workspace holds: its buffers at most at once
         self.workspaces = [] if workspaces is None else workspaces  # idle workspaces (runs take and give back)
 
@@ -207,24 +209,27 @@ class Executor:
         values = dict(self.constants)
         device = self.program.device
         kept = []
-        for op, attrs in ops:
-            opdef = registry.get(op.type)
-            if "shape_only" in opdef.traits and op.input_names():
-                known = {n: values[n] if n in values else device.xp.empty(specs[n].shape, specs[n].dtype)
-                         for n in op.input_names()}
-            elif "random" not in opdef.traits and op.input_names() and all(n in values for n in op.input_names()):
-                known = values
-            else:
-                known = None
-            if known is not None:
-                args = [[known[n] for n in op.inputs[p.name]] if p.is_list else
-                        (known[op.inputs[p.name][0]] if op.inputs[p.name] else None) for p in opdef.inputs]
-                first = next(known[n] for n in op.input_names())
-                result = opdef.kernel_for(device, (first.dtype,), attrs).bind(device)(*args, **attrs)
-                for n, v in zip(op.output_names(), _flattener(opdef, device)(result)):
-                    values[n] = v
-                continue
-            kept.append((op, attrs))
+        try:
+            for op, attrs in ops:
+                opdef = registry.get(op.type)
+                if "shape_only" in opdef.traits and op.input_names():
+                    known = {n: values[n] if n in values else device.xp.empty(specs[n].shape, specs[n].dtype)
+                             for n in op.input_names()}
+                elif "random" not in opdef.traits and op.input_names() and all(n in values for n in op.input_names()):
+                    known = values
+                else:
+                    known = None
+                if known is not None:
+                    args = [[known[n] for n in op.inputs[p.name]] if p.is_list else
+                            (known[op.inputs[p.name][0]] if op.inputs[p.name] else None) for p in opdef.inputs]
+                    first = next(known[n] for n in op.input_names())
+                    result = opdef.kernel_for(device, (first.dtype,), attrs).bind(device)(*args, **attrs)
+                    for n, v in zip(op.output_names(), _flattener(opdef, device)(result)):
+                        values[n] = v
+                    continue
+                kept.append((op, attrs))
+        except MemoryError as e:  # the kernel's, or the stand-in input of a shape_only op: too large
+            raise _out_of_memory(op, attrs, specs, e, "Executor (folding constants): ") from None
         return kept, {n: v for n, v in values.items() if n not in self.constants}
 
     @staticmethod
@@ -287,11 +292,11 @@ class Executor:
             if isinstance(op, FusedOp):  # where its members write, now that its output's buffer is known
                 op.prepare(reuse.get(i))
         workspace = _Workspace(ops, kernels, specs, roots, reuse, drops, enabled=host)
-        source, env, line_ops = self._emit(ops, kernels, specs, fetched, updates, in_place, reuse, drops, folded,
-                                           workspace)
+        source, env, line_ops, line_calls = self._emit(ops, kernels, specs, fetched, updates, in_place, reuse, drops,
+                                                       folded, workspace)
         fn = _compile_plan(source, env, program.name)
         peak = _peak_bytes(ops, specs, reuse, drops)
-        return Plan(fn, source, specs, len(ops), peak, removed, line_ops, workspace.bytes, env["_wss"])
+        return Plan(fn, source, specs, len(ops), peak, removed, line_ops, workspace.bytes, env["_wss"], line_calls)
 
     def _kernel(self, op: OpDesc, attrs: dict, specs: dict):
         """The kernel for an op of the plan: the one an eager call on the program's device would run."""
@@ -299,7 +304,7 @@ class Executor:
         return registry.get(op.type).kernel_for(self.program.device, () if first is None else (first.dtype,), attrs)
 
     def _emit(self, ops, kernels, specs: dict, fetched: dict, updates: dict, in_place: dict, reuse: dict,
-              drops: list, folded: dict, workspace: _Workspace) -> tuple[str, dict, dict]:
+              drops: list, folded: dict, workspace: _Workspace) -> tuple[str, dict, dict, dict]:
         """The plan as the source of one straight-line function ``run(feed, scope, consts)`` (after the functions
         of its fused groups) and its globals."""
         program, block, device = self.program, self.program.block, self.program.device
@@ -318,6 +323,7 @@ class Executor:
             env[f"_e{k}"] = _allocator(device.xp.empty, spec)
         env["_new_ws"] = lambda: [[] for _ in pools]
         line_ops = {}  # line of the source -> "op #i <type> -> <outputs>", to name a failing op
+        line_calls = {}  # line of the source -> (op, attrs) of a registered op's call: its shapes, if it fails
         lines = []
         for i, (op, _) in enumerate(ops):  # the fused groups' functions come first
             if isinstance(op, FusedOp):
@@ -370,6 +376,8 @@ class Executor:
                     args.append(f"out={out}")
                 call = f"k{i}({', '.join(args)})"
             line_ops[len(lines) + 1] = f"op #{i} {op.type if opdef else repr(op)} -> {', '.join(outs)}"
+            if opdef is not None:
+                line_calls[len(lines) + 1] = (op, attrs)
             if opdef is None or (len(outs) == 1 and not opdef.outputs[0].is_list):
                 # a 0-d result may come back as a NumPy scalar: the device makes it an array
                 lines.append(f"    {var(outs[0])} = {'_array(' + call + ')' if specs[outs[0]].shape == () else call}")
@@ -389,7 +397,7 @@ class Executor:
             lines.append("    _wss.append(W)")
         result = ", ".join(f"{key!r}: {var(n)}" for key, n in fetched.items())
         lines.append(f"    return {{{result}}}")
-        return "\n".join(lines) + "\n", env, line_ops
+        return "\n".join(lines) + "\n", env, line_ops, line_calls
 
     @staticmethod
     def _plan_buffers(ops, kernels, specs, last_use, owned, reuse: dict) -> None:
@@ -592,7 +600,19 @@ def _name_failed_op(plan: Plan, error: Exception) -> OpforgeError:
         tb = tb.tb_next
     text = plan.source.splitlines()[line - 1].strip() if line else "?"
     op = plan.line_ops.get(line, "an op")
+    if isinstance(error, MemoryError):
+        if line in plan.line_calls:
+            return _out_of_memory(*plan.line_calls[line], plan.specs, error, f"Executor.run(): {op}: ")
+        return OutOfMemoryError(f"Executor.run(): {op} ran out of memory ({text}): {type(error).__name__}: {error}")
     return OpforgeError(f"Executor.run(): {op} failed ({text}): {type(error).__name__}: {error}")
+
+
+def _out_of_memory(op: OpDesc, attrs: dict, specs: dict, error: MemoryError, where: str) -> OutOfMemoryError:
+    """The OutOfMemoryError for a kernel of the plan, with the Specs of its inputs."""
+    opdef = registry.get(op.type)
+    ins = [[specs[n] for n in op.inputs[p.name]] if p.is_list else
+           (specs[op.inputs[p.name][0]] if op.inputs[p.name] else None) for p in opdef.inputs]
+    return out_of_memory(opdef, ins, attrs, error, where)
 
 
 def _flattener(opdef, device):
