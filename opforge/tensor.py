@@ -392,9 +392,32 @@ class TensorOps:
         """The number of elements."""
         return int(np.prod(self.shape, dtype=np.int64))
 
-    def transpose(self, *perm):
-        perm = perm[0] if len(perm) == 1 and not isinstance(perm[0], int) else perm
-        return F.transpose(self, perm=perm or None)
+    def transpose(self, *dims, dim0=None, dim1=None):
+        """``transpose(dim0, dim1)`` swaps two dims, as in PyTorch. NumPy's forms that PyTorch does not have keep
+        NumPy's meaning: no argument reverses the dims (``.T``), one tuple or list of every axis permutes them."""
+        dims += tuple(d for d in (dim0, dim1) if d is not None)
+        if not dims:
+            return F.transpose(self)
+        if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
+            return F.transpose(self, perm=list(dims[0]))
+        if len(dims) != 2 or not all(_is_int(d) for d in dims):
+            raise ArgumentError(
+                f"transpose(): takes two dims to swap, as torch's transpose(dim0, dim1), got {dims!r}; to reorder "
+                f"all the dims use permute(...) (or NumPy's transpose with one tuple of axes)")
+        n = len(self.shape)
+        for d in dims:
+            if not -max(n, 1) <= d < max(n, 1):
+                raise ShapeError(f"transpose(): dim {d} is out of range for a tensor of rank {n}")
+        perm = list(range(n))
+        if n:
+            a, b = dims[0] % n, dims[1] % n
+            perm[a], perm[b] = b, a
+        return F.transpose(self, perm=perm)
+
+    def permute(self, *dims):
+        """``permute(2, 0, 1)`` or ``permute((2, 0, 1))``: dim i of the result is dim ``dims[i]`` of this tensor."""
+        dims = dims[0] if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
+        return F.permute(self, dims=list(dims))
 
     @property
     def T(self):
@@ -822,6 +845,10 @@ def _to_args(t, args: tuple, kwargs: dict):
             dtype = a
     return (None if device is None else get_device(device, "to()"),
             None if dtype is None else D.as_dtype(dtype, op="to", arg="dtype"))
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
 def _is_device_name(name: str) -> bool:
