@@ -39,7 +39,9 @@ def test_tensor_methods_as_in_pytorch():
     same(x.argmax(), t.argmax())
     same(x.argmax(axis=1), t.argmax(dim=1))
     same(x.max(), t.max())
-    same(x.min(axis=0), t.min(dim=0).values)  # values only (NumPy's and Paddle's max): argmin has the indices
+    same(x.min(dim=0).values, t.min(dim=0).values)  # min(dim) and max(dim) give (values, indices), as in torch
+    same(x.max(1)[1], t.max(1)[1])
+    same(x.amin(axis=0), t.amin(dim=0))  # the values alone
     same(x.clamp(-2, 3), t.clamp(-2, 3))
     same(x.clamp(min=0), t.clamp(min=0))
     same(x.long(), t.long())

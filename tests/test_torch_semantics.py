@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import opforge as of
+from opforge import ops as F
 
 
 def same(ours, theirs, rtol=1e-6):
@@ -46,3 +47,57 @@ def test_transpose_keeps_numpys_forms_that_torch_lacks_and_refuses_the_rest():
         x.transpose(2, 0, 1)
     with pytest.raises(of.ShapeError, match=r"transpose\(\): dim 3 is out of range for a tensor of rank 3"):
         x.transpose(0, 3)
+
+
+# -- max(dim) and min(dim) give (values, indices) ----------------------------------------------------------------
+
+_TIES = np.array([[1.0, 3.0, 3.0, -2.0], [np.nan, 0.5, np.nan, 7.0], [4.0, 4.0, 4.0, 4.0]])
+
+
+@pytest.mark.parametrize("name", ["max", "min"])
+@pytest.mark.parametrize("dim, keepdim", [(0, False), (1, False), (-1, True), (0, True)])
+def test_max_and_min_along_a_dim_give_values_and_indices_as_torch(name, dim, keepdim):
+    x = of.tensor(_TIES, requires_grad=True)
+    t = torch.tensor(_TIES, requires_grad=True)
+    ours, theirs = getattr(x, name)(dim, keepdim), getattr(t, name)(dim, keepdim)
+    same(ours.values, theirs.values)
+    same(ours.indices, theirs.indices)
+    same(ours[1], theirs[1])  # output.max(1)[1]: the indices, by position too
+    values, indices = getattr(x, name)(dim=dim, keepdim=keepdim)  # unpacks as torch's
+    same(values, theirs.values)
+    same(indices, theirs.indices)
+    weights = np.arange(1.0, 1.0 + theirs.values.numel()).reshape(theirs.values.shape)
+    (ours.values * of.tensor(weights)).sum().backward()  # the gradient goes to the chosen index only
+    (theirs.values * torch.tensor(weights)).sum().backward()
+    same(x.grad, t.grad)
+
+
+@pytest.mark.parametrize("name", ["max", "min"])
+def test_max_and_min_other_forms_as_torch(name):
+    x, t = of.tensor(_TIES, requires_grad=True), torch.tensor(_TIES, requires_grad=True)
+    same(getattr(x, name)(), getattr(t, name)())  # no dim: the value, a 0-d tensor
+    finite = np.nan_to_num(_TIES)
+    x, t = of.tensor(finite, requires_grad=True), torch.tensor(finite, requires_grad=True)
+    getattr(x, name)().backward()
+    getattr(t, name)().backward()
+    same(x.grad, t.grad)  # ties share the gradient evenly
+    other = np.full(4, 2.0)
+    same(getattr(x, name)(of.tensor(other)), getattr(t, name)(torch.tensor(other)))  # elementwise
+    ints = np.array([[3, 1], [2, 9]])
+    same(getattr(of.tensor(ints), name)(1).indices, getattr(torch.tensor(ints), name)(1).indices)
+    zero_d = getattr(of.tensor(2.5), name)(0)
+    same(zero_d.values, getattr(torch.tensor(2.5), name)(0).values)
+    same(zero_d.indices, getattr(torch.tensor(2.5), name)(0).indices)
+    same(getattr(x, "a" + name)(axis=(0, 1)), getattr(t, "a" + name)(dim=(0, 1)))
+    with pytest.raises(of.ArgumentError, match=rf"{name}\(\): dim must be one int.*a{name}"):
+        getattr(x, name)((0, 1))
+
+
+def test_sort_and_topk_give_named_values_and_indices_as_torch():
+    x, t = of.tensor(_TIES), torch.tensor(_TIES)
+    distinct = np.random.default_rng(0).standard_normal((3, 5))  # torch leaves the order of topk's ties open
+    for ours, theirs in ((F.sort(x, axis=1), t.sort(dim=1, stable=True)),
+                         (F.sort(x, axis=0, descending=True), t.sort(dim=0, descending=True, stable=True)),
+                         (F.topk(of.tensor(distinct), k=2), torch.tensor(distinct).topk(2))):
+        same(ours.values, theirs.values)
+        same(ours.indices, theirs.indices)
