@@ -294,7 +294,7 @@ ORACLE: dict[str, Oracle] = {
         Sample.of(randn(2, 3, 2, 2), None, None, None, None, training=True, eps=0.01),
         Sample.of(randn(2, 3, 2, 2), randn(3), uniform(0.5, 2, 3), randn(3), None),
     )),
-    "dropout": Oracle(lambda x, p, training: TF.dropout(x, p=p, training=training), extra=(
+    "dropout_with_mask": Oracle(lambda x, p, training: TF.dropout(x, p=p, training=training), extra=(
         Sample.of(randn(2, 3), p=0.9, training=False),
     )),
     "embedding": Oracle(lambda i, w, padding_idx: TF.embedding(i, w, padding_idx=padding_idx), extra=(
@@ -447,7 +447,7 @@ def test_batch_norm_matches_torch_functional(sample):
 def test_dropout_backward_uses_the_forward_mask():
     x = of.tensor(randn(40, 50), requires_grad=True)
     of.manual_seed(7)
-    y, mask = F.dropout(x, p=0.3)
+    y, mask = F.dropout_with_mask(x, p=0.3)
     m = mask.numpy()
     assert m.dtype == np.bool_ and 0.6 < m.mean() < 0.8  # about 70% kept
     np.testing.assert_allclose(y.numpy(), np.where(m, x.numpy() / 0.7, 0.0), rtol=1e-15)
@@ -466,10 +466,10 @@ def test_dropout_backward_uses_the_forward_mask():
 def test_dropout_is_reproduced_by_manual_seed():
     x = of.tensor(randn(8, 9))
     of.manual_seed(3)
-    first = F.dropout(x, p=0.5)
-    again = F.dropout(x, p=0.5)
+    first = F.dropout_with_mask(x, p=0.5)
+    again = F.dropout_with_mask(x, p=0.5)
     of.manual_seed(3)
-    replay = F.dropout(x, p=0.5)
+    replay = F.dropout_with_mask(x, p=0.5)
     np.testing.assert_array_equal(first.mask.numpy(), replay.mask.numpy())
     np.testing.assert_array_equal(first.y.numpy(), replay.y.numpy())
     assert not np.array_equal(first.mask.numpy(), again.mask.numpy())
@@ -478,12 +478,12 @@ def test_dropout_is_reproduced_by_manual_seed():
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_dropout_edge_probabilities(dtype):
     x = of.tensor(randn(5, 6).astype(dtype), requires_grad=True)
-    y, mask = F.dropout(x, p=1.0)  # torch gives zeros (not 0·inf), and a zero gradient
+    y, mask = F.dropout_with_mask(x, p=1.0)  # torch gives zeros (not 0·inf), and a zero gradient
     assert y.dtype == dtype and not mask.numpy().any() and not y.numpy().any()
     (g,) = of.grad([y.sum()], [x])
     assert not g.numpy().any()
     for kwargs in ({"p": 0.0}, {"p": 0.7, "training": False}):  # the identity: nothing dropped, nothing scaled
-        y, mask = F.dropout(x, **kwargs)
+        y, mask = F.dropout_with_mask(x, **kwargs)
         assert mask.numpy().all()
         np.testing.assert_array_equal(y.numpy(), x.numpy())
         np.testing.assert_array_equal(of.grad([y.sum()], [x])[0].numpy(), np.ones((5, 6), dtype))
@@ -861,7 +861,7 @@ WRONG_CALLS = [
     (lambda: F.batch_norm(_t(1, 3), None, None, training=True), "more than one value per channel"),
     (lambda: F.batch_norm(_t(4), None, None, training=True), "the input must be (N, C, ...)"),
     (lambda: F.batch_norm(_t(4, 3), _t(3), _t(3), momentum=2.0), "argument 'momentum' must be in [0, 1]"),
-    (lambda: F.dropout(_t(3), p=1.5), "dropout(): argument 'p' must be a probability"),
+    (lambda: F.dropout(_t(3), p=1.5), "dropout_with_mask(): argument 'p' must be a probability"),
     (lambda: F.embedding(of.tensor(np.array([0, 5])), _t(5, 2)), "embedding(): index holds 5, outside [0, 5)"),
     (lambda: F.embedding(_IDX, _t(5, 2, 2)), "embedding(): weight must be 2-D"),
     (lambda: F.embedding(_IDX, _t(5, 2), padding_idx=5), "padding_idx 5 is out of range for 5 embeddings"),

@@ -101,3 +101,35 @@ def test_sort_and_topk_give_named_values_and_indices_as_torch():
                          (F.topk(of.tensor(distinct), k=2), torch.tensor(distinct).topk(2))):
         same(ours.values, theirs.values)
         same(ours.indices, theirs.indices)
+
+
+# -- F.dropout returns a Tensor ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, shape", [("dropout", (40, 50)), ("dropout1d", (8, 30, 5)),
+                                         ("dropout2d", (8, 30, 2, 2)), ("dropout3d", (8, 30, 2, 1, 2))])
+def test_functional_dropouts_return_a_tensor_as_torch(name, shape):
+    array = np.random.default_rng(0).uniform(1, 2, shape)
+    x = of.tensor(array, requires_grad=True)
+    of.manual_seed(0)
+    y = getattr(F, name)(x, 0.3)  # torch's positional form: (input, p, training=True)
+    u = getattr(torch.nn.functional, name)(torch.tensor(array), 0.3)
+    assert type(y) is of.Tensor and type(u) is torch.Tensor and y.shape == tuple(u.shape) and y.dtype == x.dtype
+    kept = y.numpy() != 0
+    assert abs(kept.mean() - 0.7) < 0.1
+    np.testing.assert_allclose(y.numpy()[kept], array[kept] / 0.7)
+    y.sum().backward()  # backward uses the forward's draw
+    np.testing.assert_allclose(x.grad.numpy(), np.where(kept, 1 / 0.7, 0.0))
+    same(getattr(F, name)(of.tensor(array), 0.3, False), getattr(torch.nn.functional, name)(torch.tensor(array), 0.3,
+                                                                                              False))
+    z = of.tensor(array)
+    assert getattr(F, name)(z, p=0.5, inplace=True) is z and (z.numpy() == 0).any()  # written into z, as torch
+
+
+def test_dropout_layers_and_compiled_dropout_give_tensors():
+    x = of.randn(4, 6, 3, 3)
+    for layer in (of.nn.Dropout(0.5), of.nn.Dropout2d(0.5), of.nn.Dropout(0.5, inplace=True)):
+        assert type(layer(of.randn(4, 6, 3, 3))) is of.Tensor
+        assert layer.eval()(x) is x
+    step = of.compile(lambda t: F.dropout(t, 0.5) * 2)
+    assert type(step(x)) is of.Tensor and step(x).shape == x.shape

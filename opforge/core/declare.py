@@ -47,6 +47,14 @@ def op(signature: str, traits=(), *, inplace=None, saves=(), replace: bool = Fal
     return define
 
 
+def function(fn):
+    """Publish ``fn`` in ``opforge.ops`` beside the ops: a function of the functional API written with ops that has
+    no schema of its own, such as torch's ``F.dropout`` (the ``y`` of the op ``dropout_with_mask``, whose mask
+    stays inside). Its gradients are its ops'; it is defined in its family module, next to them."""
+    registry.add_function(fn)
+    return fn
+
+
 def give_functions(maker) -> None:
     """Make ``maker`` the one that gives each declared op its function: now, to every op declared so far that has
     none, and from now on at each declaration (``opforge.dispatch``'s, bound once as opforge loads)."""
@@ -107,4 +115,4 @@ def docstring(opdef: OpDef) -> str:
     return "\n\n".join(parts)
 
 
-__all__ = ["check_kernel_signature", "docstring", "give_functions", "op", "python_signature"]
+__all__ = ["check_kernel_signature", "docstring", "function", "give_functions", "op", "python_signature"]

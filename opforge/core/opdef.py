@@ -437,8 +437,24 @@ class Registry:
     def __init__(self):
         self.ops: dict[str, OpDef] = {}
         self.listeners: list = []
+        # name -> a function of the functional API written with ops, with no schema of its own (torch's F.dropout:
+        # the y of the op dropout_with_mask); opforge.ops publishes them beside the ops (core.declare.function)
+        self.functions: dict = {}
+        self.function_listeners: list = []
+
+    def add_function(self, fn) -> None:
+        name = fn.__name__
+        if name in self.ops:
+            raise SchemaError(f"function '{name}' would hide the op of that name (defined at "
+                              f"{self.ops[name].defined_at}); give it another name")
+        self.functions[name] = fn
+        for listener in self.function_listeners:
+            listener(name, fn)
 
     def add(self, op: OpDef, replace: bool = False) -> None:
+        if op.name in self.functions:
+            raise SchemaError(f"op '{op.name}' would hide the function of that name in opforge.ops "
+                              f"({self.functions[op.name].__module__}); give it another name")
         old = self.ops.get(op.name)
         if old is not None and not replace:
             raise SchemaError(

@@ -388,19 +388,19 @@ class Dropout(Module):
     """Zero each element with probability p and scale the rest by 1/(1 − p) in training; the identity in eval.
     Draws come from the generator ``of.manual_seed`` seeds."""
 
-    def __init__(self, p: float = 0.5):
+    def __init__(self, p: float = 0.5, inplace: bool = False):
         super().__init__()
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
             raise ArgumentError(f"Dropout(): p must be a probability in [0, 1], got {p!r}")
-        self.p = float(p)
+        self.p, self.inplace = float(p), bool(inplace)
 
     def forward(self, x):
         if not self.training or self.p == 0.0:
             return x
-        return F.dropout(x, p=self.p, training=True)[0]
+        return F.dropout(x, p=self.p, training=True, inplace=self.inplace)
 
     def extra_repr(self) -> str:
-        return f"p={self.p}"
+        return f"p={self.p}" + (", inplace=True" if self.inplace else "")
 
 
 class Embedding(Module):
@@ -1122,7 +1122,7 @@ class _ChannelDropout(Dropout):
     def forward(self, x):
         if not self.training or self.p == 0.0:
             return x
-        return type(self)._op(x, p=self.p, training=True)[0]
+        return type(self)._op(x, p=self.p, training=True, inplace=self.inplace)
 
 
 class Dropout1d(_ChannelDropout):

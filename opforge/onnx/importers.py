@@ -361,7 +361,7 @@ def _(n):
     training = bool(n.const(2, "training_mode")) if n.opset >= 12 and n.has(2) else False
     if n.opset < 7:
         n.attr("is_test")
-    y, mask = F.dropout(x, p=ratio, training=training)
+    y, mask = F.dropout_with_mask(x, p=ratio, training=training)
     return [y, mask]
 
 

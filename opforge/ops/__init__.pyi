@@ -485,30 +485,30 @@ def embedding_bag(
 
 # -- opforge.ops.feature_dropout
 
-class _dropout1d_result(NamedTuple):
+class _dropout1d_with_mask_result(NamedTuple):
     y: Tensor
     mask: Tensor
 
-def dropout1d(x: _TensorLike, *, p: float = 0.5, training: bool = True) -> _dropout1d_result:
+def dropout1d_with_mask(x: _TensorLike, *, p: float = 0.5, training: bool = True) -> _dropout1d_with_mask_result:
     """Zeroes each channel of x (N, C, L) or (C, L) with probability ``p`` and scales the kept ones by 1/(1 − p)
     (the identity when not ``training``); also returns the mask of kept channels.
     """
 
-class _dropout2d_result(NamedTuple):
+class _dropout2d_with_mask_result(NamedTuple):
     y: Tensor
     mask: Tensor
 
-def dropout2d(x: _TensorLike, *, p: float = 0.5, training: bool = True) -> _dropout2d_result:
+def dropout2d_with_mask(x: _TensorLike, *, p: float = 0.5, training: bool = True) -> _dropout2d_with_mask_result:
     """Zeroes each channel of x (N, C, H, W) with probability ``p`` and scales the kept ones by 1/(1 − p) (the
     identity when not ``training``); also returns the mask of kept channels. A 3-D input is read as (N, C, L),
     as PyTorch reads it now (it warns that it will read (C, H, W) in a future release).
     """
 
-class _dropout3d_result(NamedTuple):
+class _dropout3d_with_mask_result(NamedTuple):
     y: Tensor
     mask: Tensor
 
-def dropout3d(x: _TensorLike, *, p: float = 0.5, training: bool = True) -> _dropout3d_result:
+def dropout3d_with_mask(x: _TensorLike, *, p: float = 0.5, training: bool = True) -> _dropout3d_with_mask_result:
     """Zeroes each channel of x (N, C, D, H, W) or (C, D, H, W) with probability ``p`` and scales the kept ones
     by 1/(1 − p) (the identity when not ``training``); also returns the mask of kept channels.
     """
@@ -819,13 +819,14 @@ def log_softmax(x: _TensorLike, *, axis: int = -1) -> Tensor:
 def log_softmax_grad(y: _TensorLike, dy: _TensorLike, *, axis: int = -1) -> Tensor:
     """Gradient of log_softmax from its output y: dx = dy − exp(y)·Σ dy along ``axis``."""
 
-class _dropout_result(NamedTuple):
+class _dropout_with_mask_result(NamedTuple):
     y: Tensor
     mask: Tensor
 
-def dropout(x: _TensorLike, *, p: float = 0.5, training: bool = True) -> _dropout_result:
+def dropout_with_mask(x: _TensorLike, *, p: float = 0.5, training: bool = True) -> _dropout_with_mask_result:
     """Zeroes each element with probability ``p`` and scales the kept ones by 1/(1 − p) (identity when not
-    ``training``). Also returns the boolean ``mask`` of kept elements.
+    ``training``). Also returns the boolean ``mask`` of kept elements (torch's ``native_dropout``);
+    ``F.dropout(x, p, training)`` returns ``y`` alone, as ``torch.nn.functional.dropout`` does.
     """
 
 def embedding(index: _TensorLike, weight: _TensorLike, *, padding_idx: int | None = None) -> Tensor:

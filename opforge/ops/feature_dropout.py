@@ -1,14 +1,16 @@
 """Channel-wise dropout: dropout1d, dropout2d, dropout3d zero whole channels (``torch.nn.functional``'s). As
-``dropout``, each returns the mask it drew (one bool per channel, shaped to broadcast against ``x``), so that the
-backward pass uses the forward pass's draw and nothing else."""
+``dropout_with_mask``, each op (``dropout2d_with_mask``...) returns the mask it drew (one bool per channel, shaped to
+broadcast against ``x``), so that the backward pass uses the forward pass's draw and nothing else; ``F.dropout2d``
+returns ``y`` alone, as torch's does."""
 
 from opforge import ops as F
 
-from ._common import D, Sample, ShapeError, Spec, np, op
-from .nn import _dropout_scale
+from ._common import D, Sample, ShapeError, Spec, function, np, op
+from .nn import _dropout_scale, functional_dropout
 
 # op -> (the ranks it takes, the rank of an input without a batch dim)
-_RANKS = {"dropout1d": ((2, 3), 2), "dropout2d": ((3, 4), None), "dropout3d": ((4, 5), 4)}
+_RANKS = {"dropout1d_with_mask": ((2, 3), 2), "dropout2d_with_mask": ((3, 4), None),
+          "dropout3d_with_mask": ((4, 5), 4)}
 
 
 def _mask_shape(op_name, shape):
@@ -29,29 +31,29 @@ def _drop_channels(op_name, x, p, training, rng):
     return np.where(keep, x * _dropout_scale(p, training), 0).astype(x.dtype, copy=False), keep
 
 
-@op("dropout1d(Tensor<floating> x, *, float p=0.5, bool training=True) -> (Tensor y, Tensor<bool> mask)",
+@op("dropout1d_with_mask(Tensor<floating> x, *, float p=0.5, bool training=True) -> (Tensor y, Tensor<bool> mask)",
     traits=["random"])
-def dropout1d(x, *, p, training, rng):
+def dropout1d_with_mask(x, *, p, training, rng):
     """Zeroes each channel of x (N, C, L) or (C, L) with probability ``p`` and scales the kept ones by 1/(1 − p)
     (the identity when not ``training``); also returns the mask of kept channels."""
-    return _drop_channels("dropout1d", x, p, training, rng)
+    return _drop_channels("dropout1d_with_mask", x, p, training, rng)
 
 
-@op("dropout2d(Tensor<floating> x, *, float p=0.5, bool training=True) -> (Tensor y, Tensor<bool> mask)",
+@op("dropout2d_with_mask(Tensor<floating> x, *, float p=0.5, bool training=True) -> (Tensor y, Tensor<bool> mask)",
     traits=["random"])
-def dropout2d(x, *, p, training, rng):
+def dropout2d_with_mask(x, *, p, training, rng):
     """Zeroes each channel of x (N, C, H, W) with probability ``p`` and scales the kept ones by 1/(1 − p) (the
     identity when not ``training``); also returns the mask of kept channels. A 3-D input is read as (N, C, L), as
     PyTorch reads it now (it warns that it will read (C, H, W) in a future release)."""
-    return _drop_channels("dropout2d", x, p, training, rng)
+    return _drop_channels("dropout2d_with_mask", x, p, training, rng)
 
 
-@op("dropout3d(Tensor<floating> x, *, float p=0.5, bool training=True) -> (Tensor y, Tensor<bool> mask)",
+@op("dropout3d_with_mask(Tensor<floating> x, *, float p=0.5, bool training=True) -> (Tensor y, Tensor<bool> mask)",
     traits=["random"])
-def dropout3d(x, *, p, training, rng):
+def dropout3d_with_mask(x, *, p, training, rng):
     """Zeroes each channel of x (N, C, D, H, W) or (C, D, H, W) with probability ``p`` and scales the kept ones by
     1/(1 − p) (the identity when not ``training``); also returns the mask of kept channels."""
-    return _drop_channels("dropout3d", x, p, training, rng)
+    return _drop_channels("dropout3d_with_mask", x, p, training, rng)
 
 
 def _check(*, p, training):
@@ -80,8 +82,12 @@ def _samples(low_rank):
     return samples
 
 
-for _op in (dropout1d, dropout2d, dropout3d):
+for _op in (dropout1d_with_mask, dropout2d_with_mask, dropout3d_with_mask):
     _op.check(_check)
     _op.infer(_infer(_op.name))
     _op.grad(_grad)
     _op.samples(_samples(_RANKS[_op.name][0][0]))
+
+
+dropout1d, dropout2d, dropout3d = (function(functional_dropout(op)) for op in (
+    dropout1d_with_mask, dropout2d_with_mask, dropout3d_with_mask))

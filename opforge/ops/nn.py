@@ -18,6 +18,7 @@ from ._common import (
     Spec,
     broadcast_shapes,
     constant_row,
+    function,
     max_last,
     max_over,
     normalize_axes,
@@ -267,11 +268,12 @@ def _dropout_scale(p: float, training: bool) -> float:
     return 0.0 if p == 1.0 else 1.0 / (1.0 - p)
 
 
-@op("dropout(Tensor<floating> x, *, float p=0.5, bool training=True) -> (Tensor y, Tensor<bool> mask)",
+@op("dropout_with_mask(Tensor<floating> x, *, float p=0.5, bool training=True) -> (Tensor y, Tensor<bool> mask)",
     traits=["random"])
-def dropout(x, *, p, training, rng):
+def dropout_with_mask(x, *, p, training, rng):
     """Zeroes each element with probability ``p`` and scales the kept ones by 1/(1 − p) (identity when not
-    ``training``). Also returns the boolean ``mask`` of kept elements.
+    ``training``). Also returns the boolean ``mask`` of kept elements (torch's ``native_dropout``);
+    ``F.dropout(x, p, training)`` returns ``y`` alone, as ``torch.nn.functional.dropout`` does.
 
     The mask is an output so that backward uses exactly the mask of the forward pass: the gradient rule reads it
     (dx = dy·mask/(1 − p)) instead of drawing again, and no hidden state ties a backward to its forward. It is
@@ -284,7 +286,7 @@ def dropout(x, *, p, training, rng):
     return np.where(keep, x * _dropout_scale(p, training), 0).astype(x.dtype, copy=False), keep
 
 
-@dropout.onnx
+@dropout_with_mask.onnx
 def _(g, x, *, p, training):
     if not training or p == 0.0:
         return g.op("Identity", x), g.filled(g.op("Shape", x), True, D.bool_)
@@ -292,29 +294,46 @@ def _(g, x, *, p, training):
     return y, mask
 
 
-@dropout.check
+@dropout_with_mask.check
 def _(*, p, training):
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"argument 'p' must be a probability in [0, 1], got {p}")
 
 
-@dropout.infer
+@dropout_with_mask.infer
 def _(x, *, p, training):
     return Spec(x.shape, x.dtype), Spec(x.shape, D.bool_)
 
 
-@dropout.grad
+@dropout_with_mask.grad
 def _(mask, dy, *, p, training):
     return F.where(mask, dy * _dropout_scale(p, training), 0.0)
 
 
-@dropout.samples
+@dropout_with_mask.samples
 def _(rng):
     # Numeric gradient checks call the op again and again: only calls that draw nothing give them a fixed mask.
     # tests/test_oracle_nn.py checks p > 0 (the same mask in backward, reproducibility with of.manual_seed).
     yield Sample.of(rng.standard_normal((3, 4)), p=0.5, training=False)
     yield Sample.of(rng.standard_normal(5), p=0.0)
     yield Sample.of(rng.standard_normal(()), training=False)
+
+
+def functional_dropout(op):
+    """torch's functional form of the dropout op ``op`` (one of the ``*_with_mask`` ops): ``y`` alone, the mask
+    kept inside the op for backward; ``inplace=True`` writes ``y`` into ``x`` (an in-place op, as ``x.copy_``)."""
+    name = op.name.removesuffix("_with_mask")
+
+    def dropout(x, p=0.5, training=True, inplace=False):
+        y = op(x, p=p, training=training)[0]
+        return x.copy_(y) if inplace else y
+
+    dropout.__name__ = dropout.__qualname__ = name
+    dropout.__doc__ = f"``torch.nn.functional.{name}``: ``{op.name}``'s output ``y``, without the mask."
+    return dropout
+
+
+dropout = function(functional_dropout(dropout_with_mask))
 
 
 # -- embedding -------------------------------------------------------------------------------------------------
