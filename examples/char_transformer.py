@@ -50,14 +50,15 @@ class Block(nn.Module):
     def __init__(self, d_model: int, heads: int):
         super().__init__()
         self.ln1 = nn.LayerNorm(d_model)
-        self.attn = nn.MultiheadAttention(d_model, heads)
+        self.attn = nn.MultiheadAttention(d_model, heads, batch_first=True)  # (N, T, E) inputs
         self.ln2 = nn.LayerNorm(d_model)
         # GELU with GPT-2's tanh approximation: a fifth less time per step here than erf's
         self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(approximate="tanh"),
                                  nn.Linear(4 * d_model, d_model))
 
     def forward(self, x):
-        x = x + self.attn(self.ln1(x), is_causal=True)[0]  # position i attends to positions j <= i
+        h = self.ln1(x)
+        x = x + self.attn(h, h, h, need_weights=False, is_causal=True)[0]  # i attends to j <= i
         return x + self.mlp(self.ln2(x))
 
 

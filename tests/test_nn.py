@@ -393,19 +393,24 @@ MHA_CASES = {
 }
 
 
+@pytest.mark.parametrize("batch_first", [False, True])  # torch's default layout (L, N, E), and (N, L, E)
+@pytest.mark.parametrize("need_weights", [True, False])  # torch's default returns the weights (averaged)
 @pytest.mark.parametrize("case", list(MHA_CASES))
-def test_multihead_attention_matches_torch(case):
+def test_multihead_attention_matches_torch(case, need_weights, batch_first):
     ours_kw, theirs_kw = MHA_CASES[case]
     of.manual_seed(3)
-    ours = nn.MultiheadAttention(8, 2, dtype=F64)
-    theirs = to_torch(ours, TNN.MultiheadAttention(8, 2, batch_first=True))
-    x = randn(2, 5, 8)
+    ours = nn.MultiheadAttention(8, 2, batch_first=batch_first, dtype=F64)
+    theirs = to_torch(ours, TNN.MultiheadAttention(8, 2, batch_first=batch_first))
+    x = randn(2, 5, 8) if batch_first else randn(5, 2, 8)
     xo, xt = of.tensor(x, requires_grad=True), t(x).requires_grad_()
-    yo, none = ours(xo, **ours_kw)
-    yt, _ = theirs(xt, xt, xt, need_weights=False, **theirs_kw)
-    assert none is None
+    yo, wo = ours(xo, xo, xo, need_weights=need_weights, **ours_kw)
+    yt, wt = theirs(xt, xt, xt, need_weights=need_weights, **theirs_kw)
     close(yo, yt)
-    u = randn(2, 5, 8, seed=1)
+    if need_weights:
+        close(wo, wt)
+    else:
+        assert wo is None and wt is None
+    u = randn(*x.shape, seed=1)
     F.sum(yo * of.tensor(u)).backward()
     (yt * t(u)).sum().backward()
     close(xo.grad, xt.grad)
@@ -414,24 +419,62 @@ def test_multihead_attention_matches_torch(case):
         close(p.grad, grads[n].grad)
 
 
-def test_multihead_cross_attention_matches_torch():
+def test_multihead_attention_defaults_to_torchs_layout_and_signature():
+    of.manual_seed(5)
+    ours = nn.MultiheadAttention(6, 3, 0.0, False, dtype=F64)  # torch's order: dropout, then bias
+    theirs = to_torch(ours, TNN.MultiheadAttention(6, 3, 0.0, False))
+    x = randn(4, 2, 6)  # (L, N, E): what torch reads by default
+    close(ours(of.tensor(x), of.tensor(x), of.tensor(x))[0], theirs(t(x), t(x), t(x))[0])
+    single = randn(4, 6)  # one unbatched sequence (L, E)
+    yo, wo = ours(of.tensor(single), of.tensor(single), of.tensor(single), average_attn_weights=False)
+    yt, wt = theirs(t(single), t(single), t(single), average_attn_weights=False)
+    close(yo, yt)
+    close(wo, wt)
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_multihead_cross_attention_matches_torch(batch_first):
     of.manual_seed(4)
-    ours = nn.MultiheadAttention(6, 3, bias=False, dtype=F64)
-    theirs = to_torch(ours, TNN.MultiheadAttention(6, 3, bias=False, batch_first=True))
+    ours = nn.MultiheadAttention(6, 3, bias=False, batch_first=batch_first, dtype=F64)
+    theirs = to_torch(ours, TNN.MultiheadAttention(6, 3, bias=False, batch_first=batch_first))
     q, k, v = randn(2, 4, 6), randn(2, 7, 6, seed=1), randn(2, 7, 6, seed=2)
-    close(ours(of.tensor(q), of.tensor(k), of.tensor(v))[0], theirs(t(q), t(k), t(v), need_weights=False)[0])
+    if not batch_first:
+        q, k, v = (a.transpose(1, 0, 2) for a in (q, k, v))
+    for need_weights in (True, False):
+        yo, wo = ours(of.tensor(q), of.tensor(k), of.tensor(v), need_weights=need_weights)
+        yt, wt = theirs(t(q), t(k), t(v), need_weights=need_weights)
+        close(yo, yt)
+        assert (wo is None) == (wt is None) == (not need_weights)
+        if need_weights:
+            close(wo, wt)
+
+
+def test_multihead_attention_dropout_drops_weights_in_training_only():
+    of.manual_seed(6)
+    mha = nn.MultiheadAttention(8, 2, dropout=0.5, batch_first=True)
+    x = of.randn(2, 5, 8)
+    _, weights = mha(x, x, x, average_attn_weights=False)
+    assert (weights.numpy() == 0).any()  # dropped, and the kept ones scaled by 2 (as torch returns them)
+    mha.eval()
+    _, weights = mha(x, x, x)
+    np.testing.assert_allclose(weights.numpy().sum(-1), 1, rtol=1e-6)
 
 
 def test_multihead_attention_errors():
     with pytest.raises(of.ArgumentError, match="divisible by num_heads"):
         nn.MultiheadAttention(6, 4)
-    with pytest.raises(of.ArgumentError, match="batch_first=True"):
-        nn.MultiheadAttention(6, 2, batch_first=False)
+    with pytest.raises(of.ArgumentError, match="dropout must be a probability"):
+        nn.MultiheadAttention(6, 2, 1.5)
+    with pytest.raises(of.ArgumentError, match="add_bias_kv=True is not supported"):
+        nn.MultiheadAttention(6, 2, add_bias_kv=True)
+    with pytest.raises(of.ArgumentError, match="kdim=4 other than embed_dim"):
+        nn.MultiheadAttention(6, 2, kdim=4)
     mha = nn.MultiheadAttention(6, 2)
-    with pytest.raises(of.ShapeError, match=r"query must be \(N, L, 6\)"):
-        mha(of.randn(4, 6))
-    with pytest.raises(of.ArgumentError, match="need_weights"):
-        mha(of.randn(1, 4, 6), need_weights=True)
+    with pytest.raises(of.ShapeError, match=r"query must be \(L, N, E\) \(batch_first=False\) or \(L, E\) "
+                                            r"unbatched, .* E = embed_dim = 6; got shape \(2, 4, 5\)"):
+        mha(of.randn(2, 4, 5))
+    with pytest.raises(of.ShapeError, match=r"key must be \(N, L, E\) \(batch_first=True\)"):
+        nn.MultiheadAttention(6, 2, batch_first=True)(of.randn(2, 4, 6), of.randn(4, 6))
 
 
 def test_dropout_in_training_zeroes_about_p_and_is_seeded():
@@ -569,7 +612,7 @@ class TinyTransformer(nn.Module):
     def __init__(self, vocab=11, e=8, heads=2):
         super().__init__()
         self.embed = nn.Embedding(vocab, e, dtype=F64)
-        self.attn = nn.MultiheadAttention(e, heads, dtype=F64)
+        self.attn = nn.MultiheadAttention(e, heads, batch_first=True, dtype=F64)
         self.norm = nn.LayerNorm(e, dtype=F64)
         self.out = nn.Linear(e, vocab, dtype=F64)
 

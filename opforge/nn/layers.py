@@ -437,25 +437,40 @@ class Embedding(Module):
 
 
 class MultiheadAttention(Module):
-    """Multi-head attention over (N, L, E) inputs (PyTorch's ``batch_first=True``), with PyTorch's parameters:
-    ``in_proj_weight`` (3E, E) and ``in_proj_bias`` (3E,) project the query, key and value, ``out_proj`` the result.
+    """Multi-head attention with PyTorch's signature, defaults and parameters: ``in_proj_weight`` (3E, E) and
+    ``in_proj_bias`` (3E,) project the query, key and value, ``out_proj`` the result. Inputs are (L, N, E), as
+    PyTorch's default ``batch_first=False``; (N, L, E) with ``batch_first=True``; (L, E) for one unbatched sequence.
 
-    ``mha(query, key=None, value=None, ...)`` returns ``(output, None)`` as PyTorch does with need_weights=False
-    (key and value default to the query: self-attention). Masks follow PyTorch's MultiheadAttention: a boolean
-    ``attn_mask`` (L, S) or (N·heads, L, S) or ``key_padding_mask`` (N, S) is True where attending is *not*
-    allowed; a float mask is added to the scores. ``is_causal=True`` lets position i attend to positions j <= i
-    (no mask needed).
+    ``mha(query, key, value, ...)`` returns ``(output, weights)`` as PyTorch does: with ``need_weights=True`` (the
+    default) the attention weights (N, L, S), averaged over the heads unless ``average_attn_weights=False``
+    (N, heads, L, S); with ``need_weights=False`` ``None``, and the output comes from one fused
+    ``scaled_dot_product_attention``. Key and value default to the query (self-attention). Masks follow PyTorch's:
+    a boolean ``attn_mask`` (L, S) or (N·heads, L, S) or ``key_padding_mask`` (N, S) is True where attending is
+    *not* allowed; a float mask is added to the scores. ``is_causal=True`` lets position i attend to positions
+    j <= i (PyTorch takes it only as a hint beside the causal ``attn_mask``; here it also works alone).
+    ``dropout`` drops attention weights in training. ``add_bias_kv``, ``add_zero_attn`` and a ``kdim``/``vdim``
+    other than ``embed_dim`` are not supported, and say so.
     """
 
-    def __init__(self, embed_dim: int, num_heads: int, bias: bool = True, batch_first: bool = True, dtype=None):
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
+                 add_bias_kv: bool = False, add_zero_attn: bool = False, kdim=None, vdim=None,
+                 batch_first: bool = False, dtype=None):
         super().__init__()
         self.embed_dim = _count(embed_dim, "embed_dim", "MultiheadAttention")
         self.num_heads = _count(num_heads, "num_heads", "MultiheadAttention")
         if embed_dim % num_heads:
             raise ArgumentError(f"MultiheadAttention(): embed_dim ({embed_dim}) must be divisible by num_heads "
                                 f"({num_heads})")
-        if not batch_first:
-            raise ArgumentError("MultiheadAttention(): only batch_first=True, (N, L, E) inputs, is supported")
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout <= 1.0:
+            raise ArgumentError(f"MultiheadAttention(): dropout must be a probability in [0, 1], got {dropout!r}")
+        for name, value in (("add_bias_kv", add_bias_kv), ("add_zero_attn", add_zero_attn)):
+            if value:
+                raise ArgumentError(f"MultiheadAttention(): {name}=True is not supported")
+        for name, value in (("kdim", kdim), ("vdim", vdim)):
+            if value not in (None, embed_dim):
+                raise ArgumentError(f"MultiheadAttention(): {name}={value!r} other than embed_dim ({embed_dim}) is "
+                                    "not supported (PyTorch then has separate q/k/v projection weights)")
+        self.dropout, self.batch_first = float(dropout), bool(batch_first)
         self.head_dim = embed_dim // num_heads
         self.in_proj_weight = _param(3 * embed_dim, embed_dim, dtype=dtype)
         self.in_proj_bias = _param(3 * embed_dim, dtype=dtype) if bias else None
@@ -473,8 +488,9 @@ class MultiheadAttention(Module):
         """(N, L, E) -> (N, heads, L, head_dim)."""
         return F.permute(F.reshape(t, shape=[n, length, self.num_heads, self.head_dim]), dims=[0, 2, 1, 3])
 
-    def _mask(self, attn_mask, key_padding_mask, is_causal, n, length, source):
-        """One mask for scaled_dot_product_attention (True or 0 where attending is allowed), or None."""
+    def _mask(self, attn_mask, key_padding_mask, is_causal, n, length, source, spell_causal):
+        """One mask for the scores (True or 0 where attending is allowed), or None; the causal mask is spelled
+        out where ``spell_causal`` or another mask is given, else left to ``scaled_dot_product_attention``."""
         allowed, added = [], []
         for mask, name in ((attn_mask, "attn_mask"), (key_padding_mask, "key_padding_mask")):
             if mask is None:
@@ -492,7 +508,7 @@ class MultiheadAttention(Module):
                 added.append(mask)
             else:
                 raise ArgumentError(f"MultiheadAttention: {name} must be bool or floating, got {describe(mask)}")
-        if is_causal and (allowed or added):  # the op takes is_causal alone: spell the causal mask out
+        if is_causal and (allowed or added or spell_causal):  # the op takes is_causal alone: spell the mask out
             rows = F.reshape(F.arange(start=0, stop=length, dtype="int64"), shape=[length, 1])
             allowed.append(rows >= F.arange(start=0, stop=source, dtype="int64"))
         for extra in allowed[1:]:
@@ -504,18 +520,24 @@ class MultiheadAttention(Module):
             total = total + extra
         return total if not allowed else total + F.where(allowed[0], 0.0, -math.inf)
 
-    def forward(self, query, key=None, value=None, key_padding_mask=None, need_weights: bool = False,
-                attn_mask=None, is_causal: bool = False):
-        if need_weights:
-            raise ArgumentError("MultiheadAttention: need_weights=True is not supported (the attention weights are "
-                                "not returned by scaled_dot_product_attention)")
-        self_attention = key is None and value is None
+    def forward(self, query, key=None, value=None, key_padding_mask=None, need_weights: bool = True,
+                attn_mask=None, average_attn_weights: bool = True, is_causal: bool = False):
+        self_attention = (key is None or key is query) and (value is None or value is query)
         key = query if key is None else key
         value = key if value is None else value
+        batched = len(query.shape) == 3
+        layout = "(N, L, E)" if self.batch_first else "(L, N, E)"
         for name, t in (("query", query), ("key", key), ("value", value)):
-            if len(t.shape) != 3 or t.shape[-1] != self.embed_dim:
-                raise ShapeError(f"MultiheadAttention: {name} must be (N, L, {self.embed_dim}), got shape "
-                                 f"{tuple(t.shape)}")
+            if len(t.shape) not in (2, 3) or len(t.shape) != len(query.shape) or t.shape[-1] != self.embed_dim:
+                raise ShapeError(f"MultiheadAttention: {name} must be {layout} (batch_first={self.batch_first}) or "
+                                 f"(L, E) unbatched, of the query's rank, with E = embed_dim = {self.embed_dim}; "
+                                 f"got shape {tuple(t.shape)}")
+        if not batched:  # one sequence: a batch of one
+            query, key, value = (F.unsqueeze(t, axis=0) for t in (query, key, value))
+            if key_padding_mask is not None:
+                key_padding_mask = F.unsqueeze(key_padding_mask, axis=0)
+        elif not self.batch_first:  # (L, N, E) -> (N, L, E)
+            query, key, value = (F.transpose(t, perm=[1, 0, 2]) for t in (query, key, value))
         n, length, source, e = query.shape[0], query.shape[1], key.shape[1], self.embed_dim
         if self_attention:  # one projection for all three
             q, k, v = F.split(F.linear(query, self.in_proj_weight, self.in_proj_bias), sections=[e, e, e], axis=-1)
@@ -523,14 +545,36 @@ class MultiheadAttention(Module):
             ws = F.split(self.in_proj_weight, sections=[e, e, e], axis=0)
             bs = F.split(self.in_proj_bias, sections=[e, e, e]) if self.in_proj_bias is not None else [None] * 3
             q, k, v = (F.linear(t, w, b) for t, w, b in zip((query, key, value), ws, bs))
-        mask = self._mask(attn_mask, key_padding_mask, is_causal, n, length, source)
-        out = F.scaled_dot_product_attention(self._heads(q, n, length), self._heads(k, n, source),
-                                             self._heads(v, n, source), mask, is_causal=is_causal and mask is None)
-        out = F.reshape(F.permute(out, dims=[0, 2, 1, 3]), shape=[n, length, e])
-        return self.out_proj(out), None
+        q, k, v = self._heads(q, n, length), self._heads(k, n, source), self._heads(v, n, source)
+        dropout = self.dropout if self.training else 0.0
+        explicit = need_weights or dropout > 0.0  # the weights themselves are needed: no fused op
+        mask = self._mask(attn_mask, key_padding_mask, is_causal, n, length, source, explicit)
+        weights = None
+        if explicit:
+            scores = F.matmul(q, F.transpose(k, perm=[0, 1, 3, 2])) * (1.0 / math.sqrt(self.head_dim))
+            if mask is not None:
+                scores = F.where(mask, scores, -math.inf) if mask.dtype == D.bool_ else scores + mask
+            weights = F.softmax(scores, axis=-1)
+            if dropout > 0.0:
+                weights = F.dropout(weights, p=dropout)
+            out = F.matmul(weights, v)
+            if need_weights:
+                weights = F.mean(weights, axis=[1]) if average_attn_weights else weights
+            else:
+                weights = None
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, mask, is_causal=is_causal and mask is None)
+        out = self.out_proj(F.reshape(F.permute(out, dims=[0, 2, 1, 3]), shape=[n, length, e]))
+        if not batched:
+            out = F.squeeze(out, axis=[0])
+            weights = None if weights is None else F.squeeze(weights, axis=[0])
+        elif not self.batch_first:
+            out = F.transpose(out, perm=[1, 0, 2])
+        return out, weights
 
     def extra_repr(self) -> str:
-        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}"
+        return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}"
+                + (f", dropout={self.dropout}" if self.dropout else "") + f", batch_first={self.batch_first}")
 
 
 # -- shape and pooling -----------------------------------------------------------------------------------------
