@@ -526,7 +526,9 @@ def coerce_inputs(opdef: OpDef, inputs: tuple, take, lift) -> list:
 def _coerce(opdef: OpDef, arg: str, value, peer, take, lift):
     if isinstance(value, TensorOps):
         return take(arg, value)
-    if type(value) in (bool, int, float):  # a Python number is weak: it takes its peer's dtype
+    if isinstance(value, np.generic) and value.dtype.kind in "biuf":
+        value = value.item()  # a NumPy number is a number, as in PyTorch
+    if type(value) in (bool, int, float):  # a number is weak: it takes its peer's dtype (core.dtypes)
         return lift(arg, scalar_array(opdef, arg, value, peer))
     if isinstance(value, (np.ndarray, np.generic)) or (
             isinstance(value, (list, tuple)) and not any(isinstance(v, TensorOps) for v in value)):

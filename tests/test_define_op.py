@@ -287,10 +287,10 @@ def test_trait_inference_with_unknown_dims():
 
 
 @pytest.mark.parametrize("a, b, expected", [
-    ("bool", "int32", "int32"), ("int32", "int64", "int64"), ("int32", "float32", "float64"),
-    ("int64", "float32", "float64"), ("float32", "float64", "float64"), ("bool", "float32", "float32"),
+    ("bool", "int32", "int32"), ("int32", "int64", "int64"), ("int32", "float32", "float32"),
+    ("int64", "float32", "float32"), ("float32", "float64", "float64"), ("bool", "float32", "float32"),
 ])
-def test_broadcast_promotes_dtypes_by_numpy_2_rules(a, b, expected):
+def test_broadcast_promotes_dtypes_by_torchs_rules(a, b, expected):
     (out,) = F.add.opdef.infer_specs([of.Spec((2,), np.dtype(a)), of.Spec((2,), np.dtype(b))], {})
     assert out.dtype == np.dtype(expected)
     real = F.add(of.tensor(np.ones(2, a)), of.tensor(np.ones(2, b)))

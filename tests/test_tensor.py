@@ -34,7 +34,7 @@ def test_python_scalars_take_the_dtype_of_the_tensor_they_meet():
     assert (x64 + 1.5).dtype == of.float64
     i32 = of.tensor(np.array([1, 2], np.int32))
     assert (i32 + 1).dtype == of.int32
-    assert (i32 * 2.5).dtype == of.float64  # float32 constant meets int32: NumPy 2 promotion
+    assert (i32 * 2.5).dtype == of.float32  # a float meets int32: the default float dtype (PyTorch's promotion)
 
 
 def test_creation_functions_are_seeded_ops():

@@ -133,3 +133,126 @@ def test_dropout_layers_and_compiled_dropout_give_tensors():
         assert layer.eval()(x) is x
     step = of.compile(lambda t: F.dropout(t, 0.5) * 2)
     assert type(step(x)) is of.Tensor and step(x).shape == x.shape
+
+
+# -- type promotion: torch's result_type ---------------------------------------------------------------------------
+
+DTYPES = ["bool", "int32", "int64", "float16", "float32", "float64"]
+_VALUES = {"b": [True, False, True], "i": [3, 1, 2], "f": [0.5, 1.5, 2.5]}  # no zero: x / y is finite
+_PYTHON = {"b": True, "i": 2, "f": 2.5}
+FORMS = ["tensor", "0-d tensor", "Python number", "NumPy number"]
+
+
+def _operand(form, dtype, lib):
+    """An operand in ``form`` of ``dtype``, for opforge (lib=of) or torch."""
+    kind = np.dtype(dtype).kind
+    if form == "tensor":
+        return lib.tensor(np.array(_VALUES[kind], dtype))
+    if form == "0-d tensor":
+        return lib.tensor(np.array(_VALUES[kind][0], dtype))
+    if form == "Python number":
+        return _PYTHON[kind]
+    return np.dtype(dtype).type(_PYTHON[kind])
+
+
+_CONDITION = np.array([True, False, False])
+BINARY = {
+    "add": lambda a, b: a + b,
+    "mul": lambda a, b: a * b,
+    "sub": lambda a, b: a - b,
+    "div": lambda a, b: a / b,
+    "floor_divide": lambda a, b: a // b,
+    "remainder": lambda a, b: a % b,
+    "less": lambda a, b: a < b,
+    "equal": lambda a, b: a == b,
+    "where": lambda a, b: (F.where(of.tensor(_CONDITION), a, b) if isinstance(a, of.Tensor) or isinstance(b, of.Tensor)
+                           else torch.where(torch.tensor(_CONDITION), a, b)),
+    "clamp": lambda a, b: a.clamp(min=b),
+}
+
+
+def _compare_with_torch(op, a, b, form_a, form_b):
+    fn = BINARY[op]
+    try:
+        theirs = fn(_operand(form_a, a, torch), _operand(form_b, b, torch))
+    except (RuntimeError, TypeError):
+        return None  # torch refuses (bool - bool, ...): nothing to mean differently
+    try:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ours = fn(_operand(form_a, a, of), _operand(form_b, b, of))
+    except of.ArgumentError as e:  # a loud refusal is allowed: remainder, // and clamp take no bool tensor
+        assert "expected dtype" in str(e) and "got bool" in str(e), str(e)
+        return None
+    want = str(theirs.dtype).removeprefix("torch.")
+    assert str(ours.dtype) == want, f"{op}({a} {form_a}, {b} {form_b}): {ours.dtype}, torch {want}"
+    rtol = 1e-3 if "float16" in (a, b) else 1e-6
+    np.testing.assert_allclose(ours.numpy().astype(np.float64), theirs.numpy().astype(np.float64), rtol=rtol,
+                               err_msg=f"{op}({a} {form_a}, {b} {form_b})")
+    return want
+
+
+@pytest.mark.parametrize("op", list(BINARY))
+@pytest.mark.parametrize("form", FORMS)
+def test_binary_ops_promote_as_torch(op, form):
+    """Each dtype pair, a tensor with dims meeting a tensor, a 0-d tensor, a Python number or a NumPy number of the
+    other dtype, on either side: the dtype (and the values) torch gives."""
+    compared = 0
+    for a in DTYPES:
+        for b in DTYPES:
+            if form == "NumPy number" and b == "bool":
+                continue  # torch reads np.bool_ as a float (a quirk); opforge as a bool, like True: see docs
+            compared += _compare_with_torch(op, a, b, "tensor", form) is not None
+            if op != "clamp" and form != "NumPy number":  # a NumPy number on the left is NumPy's own operator
+                compared += _compare_with_torch(op, b, a, form, "tensor") is not None
+    assert compared >= 20  # most pairs compared (torch refuses a few, bool - bool...)
+
+
+def test_result_type_is_torchs():
+    from opforge.core import dtypes as D
+
+    for a in DTYPES:
+        for b in DTYPES:
+            for shape_a, shape_b in (((2,), (2,)), ((2,), ()), ((), (2,)), ((), ())):
+                x, y = np.zeros(shape_a, a), np.zeros(shape_b, b)
+                want = str(torch.result_type(torch.tensor(x), torch.tensor(y))).removeprefix("torch.")
+                assert str(D.result_type(x, y)) == want, (a, shape_a, b, shape_b)
+    for value in (True, 2, 2.5):
+        for a in DTYPES:
+            x = np.zeros(2, a)
+            want = str(torch.result_type(torch.tensor(x), value)).removeprefix("torch.")
+            assert str((of.tensor(x) + value).dtype if a != "bool" or value is not True else
+                       F.logical_or(of.tensor(x), value).dtype) == want
+
+
+def test_tensor_creation_dtypes_are_torchs():
+    for data in ([0.5, 0.5], np.array([0.5]), np.float64(2.0), np.float32(2), [1, 2], [True, 2], [1, 2.5], True,
+                 np.array([1, 2], np.int32), np.int32(3), [[1, 2], [3, 4.0]], 7, 2.5):
+        assert str(of.tensor(data).dtype) == str(torch.tensor(data).dtype).removeprefix("torch."), data
+
+
+def test_the_reported_promotions():
+    assert (of.tensor(np.array([1, 2])) + of.tensor([0.5, 0.5])).dtype == of.float32
+    assert (of.tensor([1.0, 2.0]) * np.float64(2)).dtype == of.float32
+    assert (np.float64(2) * of.tensor([1.0, 2.0])).dtype == of.float32
+    assert (of.tensor([1.0, 2.0]) * np.int64(2)).dtype == of.float32
+    assert (of.tensor([1, 2]) / 2).dtype == of.float32  # true division of integers: the default float dtype
+    x = of.tensor([1.0, 2.0], requires_grad=True)
+    scale = of.tensor(3.0, dtype="float64", requires_grad=True)
+    y = x * scale  # a 0-d float64 tensor does not upcast a float32 one ...
+    assert y.dtype == of.float32
+    y.sum().backward()  # ... and each gradient has its input's dtype
+    assert x.grad.dtype == of.float32 and scale.grad.dtype == of.float64 and scale.grad.item() == 3.0
+
+
+def test_compiled_code_promotes_as_eager_code():
+    ints, floats = of.tensor(np.array([1, 2, 3], np.int32)), of.tensor([0.5, 1.5, 2.5])
+    zero_d = of.tensor(2.0, dtype="float64")
+
+    def fn(i, f, z):
+        return i + f, f * z, i * z, i / 2, f * np.float64(3), i * 2.5, F.where(i > 1, i, 0.5)
+
+    eager, compiled = fn(ints, floats, zero_d), of.compile(fn)(ints, floats, zero_d)
+    assert [str(t.dtype) for t in eager] == ["float32", "float32", "float64", "float32", "float32", "float32",
+                                            "float32"]
+    for ours, again in zip(eager, compiled):
+        same(again, ours.numpy())

@@ -24,7 +24,7 @@ from .spec import Dim, Spec, broadcast_shapes, shapes_agree
 
 TRAITS = {
     "elementwise": "output has the shape and dtype of the first input",
-    "broadcast": "inputs broadcast together; output dtype is their promoted dtype",
+    "broadcast": "inputs broadcast together; output dtype is their result type (PyTorch's promotion)",
     "same_dtype": "floating inputs must share one dtype (no silent promotion: PyTorch's matmul refuses it too)",
     "no_grad": "not differentiable: outputs never require grad, autograd skips the op",
     "random": "draws from the seeded generator; never merged with an identical op",
@@ -352,7 +352,7 @@ class OpDef:
         elif "broadcast" in self.traits:
             specs = [s for s in inputs if s is not None]
             shape = broadcast_shapes(*(s.shape for s in specs), op=self.name)
-            result = Spec(shape, D.promote(*(s.dtype for s in specs)))
+            result = Spec(shape, D.result_type(*specs))
         else:
             raise SchemaError(self.missing_infer_message())
         result = tuple(result) if isinstance(result, (tuple, list)) and not isinstance(result, Spec) else (result,)

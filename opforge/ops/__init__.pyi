@@ -35,7 +35,7 @@ def mul(x: _TensorLike, y: _TensorLike) -> Tensor:
     """x · y."""
 
 def div(x: _TensorLike, y: _TensorLike) -> Tensor:
-    """x / y (true division: integers give float64, as in NumPy)."""
+    """x / y: true division, as ``torch.div``; integers and bools give the default float dtype, float32."""
 
 def pow(x: _TensorLike, y: _TensorLike) -> Tensor:
     """xʸ."""
@@ -410,9 +410,9 @@ def silu(x: _TensorLike) -> Tensor:
 
 def clip(x: _TensorLike, min: _TensorLike | None = None, max: _TensorLike | None = None) -> Tensor:
     """x limited to [min, max], as ``torch.clamp``: either bound may be None, and each is a number or a tensor
-    that broadcasts with ``x`` (min > max gives max). The dtype follows torch too: a number, or a 0-d tensor,
-    changes it only where it is of a higher kind (an integer tensor clipped at 2.5 becomes float32, at 2 stays
-    integer).
+    that broadcasts with ``x`` (min > max gives max). The dtype is torch's result type too: a number, or a 0-d
+    tensor, changes it only where it is of a higher kind (an integer tensor clipped at 2.5 becomes float32, at 2
+    stays integer).
     """
 
 def isnan(x: _TensorLike) -> Tensor:

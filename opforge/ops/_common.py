@@ -17,13 +17,21 @@ except ImportError:  # a NumPy that moved them: the public functions below set t
     _extobj_contextvar = _make_extobj = None
 
 __all__ = ["B", "D", "P", "S", "Sample", "ShapeError", "Spec", "broadcast_shapes", "function", "normalize_axes", "np",
-           "op", "shapes_agree"]
+           "op", "promoted", "shapes_agree"]
 
 
 # The ufuncs of the hottest small kernels, bound once: a module attribute lookup is 20 ns of a 0.3–0.5 µs kernel on
 # 16 elements (every tiny op of an eager chain is one of these), and so is passing out=None.
 _add, _subtract, _multiply, _divide = np.add, np.subtract, np.multiply, np.true_divide
 _maximum, _minimum = np.maximum, np.minimum
+
+
+def promoted(*arrays, dtype=None) -> list:
+    """The arrays in ``dtype``, by default their result dtype (``D.result_type``: PyTorch's promotion). A kernel that
+    combines inputs of several dtypes calls it where they differ, since NumPy's own promotion is another (int64 with
+    float32 is float64 there, and a 0-d float64 array upcasts a float32 one)."""
+    dtype = D.result_type(*arrays) if dtype is None else dtype
+    return [a if a.dtype == dtype else a.astype(dtype) for a in arrays]
 
 
 def normalize_axes(op_name: str, axes, ndim: int) -> tuple:

@@ -2,7 +2,7 @@
 
 from opforge import ops as F  # noqa: F401
 
-from ._common import D, Sample, ShapeError, Spec, broadcast_shapes, np, op
+from ._common import D, Sample, ShapeError, Spec, broadcast_shapes, np, op, promoted
 
 
 @op("add_n(Tensor[] xs) -> Tensor y", inplace={"y": "xs"})
@@ -12,6 +12,9 @@ def add_n(xs, out=None):
     Given ``out`` (a dead buffer, possibly one of the summands: MXNet's add-to request), the sum accumulates
     into it instead of allocating.
     """
+    first = xs[0].dtype
+    if not all(x.dtype is first for x in xs):  # NumPy would promote otherwise than PyTorch
+        xs = promoted(*xs, dtype=D.promote(*(x.dtype for x in xs)))
     if out is None:
         total = np.asarray(np.add(xs[0], xs[1])) if len(xs) > 1 else xs[0].copy()  # 0-d: an array, not a scalar
         rest = xs[2:]

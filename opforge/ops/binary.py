@@ -3,12 +3,14 @@ so rules here are written as if nothing were broadcast."""
 
 from opforge import ops as F
 
-from ._common import D, P, Sample, Spec, _add, _divide, _multiply, _subtract, broadcast_shapes, np, op
+from ._common import D, P, Sample, Spec, _add, _divide, _multiply, _subtract, broadcast_shapes, np, op, promoted
 
 
 @op("add(Tensor x, Tensor y) -> Tensor out", traits=["broadcast", "pointwise", "commutative"], inplace={"out": "x"})
 def add(x, y, out=None):
     """x + y."""
+    if x.dtype is not y.dtype:  # NumPy would promote otherwise than PyTorch
+        x, y = promoted(x, y)
     return _add(x, y) if out is None else _add(x, y, out=out)
 
 
@@ -36,6 +38,8 @@ def _(dout):
 @op("sub(Tensor x, Tensor y) -> Tensor out", traits=["broadcast", "pointwise"], inplace={"out": "x"})
 def sub(x, y, out=None):
     """x − y."""
+    if x.dtype is not y.dtype:
+        x, y = promoted(x, y)
     return _subtract(x, y) if out is None else _subtract(x, y, out=out)
 
 
@@ -62,6 +66,8 @@ sub.sbp(_partial_sbp)
 @op("minus(Tensor x, Tensor y) -> Tensor out", traits=["broadcast", "pointwise"])
 def minus(x, y):
     """x − y, with the gradient of PaddlePaddle's design example: identity and scale(−1)."""
+    if x.dtype is not y.dtype:
+        x, y = promoted(x, y)
     return np.subtract(x, y)
 
 
@@ -78,6 +84,8 @@ def _(dout):
 @op("mul(Tensor x, Tensor y) -> Tensor out", traits=["broadcast", "pointwise", "commutative"], inplace={"out": "x"})
 def mul(x, y, out=None):
     """x · y."""
+    if x.dtype is not y.dtype:
+        x, y = promoted(x, y)
     return _multiply(x, y) if out is None else _multiply(x, y, out=out)
 
 
@@ -94,7 +102,10 @@ def _(x, y, dout, needs_input_grad):
 
 @op("div(Tensor x, Tensor y) -> Tensor out", traits=["broadcast", "pointwise"], inplace={"out": "x"})
 def div(x, y, out=None):
-    """x / y (true division: integers give float64, as in NumPy)."""
+    """x / y: true division, as ``torch.div``; integers and bools give the default float dtype, float32."""
+    if x.dtype is not y.dtype or x.dtype.kind in "biu":
+        dtype = _div_dtype(x, y)
+        x, y = x.astype(dtype, copy=False), y.astype(dtype, copy=False)
     return _divide(x, y) if out is None else _divide(x, y, out=out)
 
 
@@ -103,10 +114,14 @@ def div(x, y, out=None):
 div.onnx(_onnx_binary("Div"))
 
 
+def _div_dtype(x, y):
+    dtype = D.result_type(x, y)
+    return dtype if D.is_floating(dtype) else D.DEFAULT_FLOAT
+
+
 @div.infer
 def _(x, y):
-    dtype = D.promote(x.dtype, y.dtype)
-    return Spec(broadcast_shapes(x.shape, y.shape, op="div"), dtype if D.is_floating(dtype) else D.float64)
+    return Spec(broadcast_shapes(x.shape, y.shape, op="div"), _div_dtype(x, y))
 
 
 @div.grad
@@ -124,6 +139,8 @@ def _(rng):
 @op("pow(Tensor x, Tensor y) -> Tensor out", traits=["broadcast", "pointwise"])
 def pow(x, y):
     """xʸ."""
+    if x.dtype is not y.dtype:
+        x, y = promoted(x, y)
     return np.power(x, y)
 
 
@@ -154,6 +171,8 @@ def _(rng):
 @op("maximum(Tensor x, Tensor y) -> Tensor out", traits=["broadcast", "pointwise"])
 def maximum(x, y):
     """The larger of x and y, elementwise."""
+    if x.dtype is not y.dtype:
+        x, y = promoted(x, y)
     return np.maximum(x, y)
 
 
@@ -177,6 +196,8 @@ def _(x, y, dout):
 @op("minimum(Tensor x, Tensor y) -> Tensor out", traits=["broadcast", "pointwise"])
 def minimum(x, y):
     """The smaller of x and y, elementwise."""
+    if x.dtype is not y.dtype:
+        x, y = promoted(x, y)
     return np.minimum(x, y)
 
 
@@ -200,12 +221,14 @@ def _(rng):
 
 
 def _where_spec(condition, x, y):
-    return Spec(broadcast_shapes(condition.shape, x.shape, y.shape, op="where"), D.promote(x.dtype, y.dtype))
+    return Spec(broadcast_shapes(condition.shape, x.shape, y.shape, op="where"), D.result_type(x, y))
 
 
 @op("where(nograd Tensor<bool> condition, Tensor x, Tensor y) -> Tensor out", infer=_where_spec, traits=["pointwise"])
 def where(condition, x, y):
     """x where condition holds, else y."""
+    if x.dtype is not y.dtype:
+        x, y = promoted(x, y)
     return np.where(condition, x, y)
 
 
@@ -245,6 +268,8 @@ def _compare_samples(rng):
 @op("less(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad", "pointwise"], infer=_compare_spec("less"))
 def less(x, y):
     """x < y."""
+    if x.dtype is not y.dtype:
+        x, y = promoted(x, y)
     return np.less(x, y)
 
 
@@ -254,6 +279,8 @@ def less(x, y):
     traits=["no_grad", "pointwise"], infer=_compare_spec("less_equal"))
 def less_equal(x, y):
     """x ≤ y."""
+    if x.dtype is not y.dtype:
+        x, y = promoted(x, y)
     return np.less_equal(x, y)
 
 
@@ -262,6 +289,8 @@ def less_equal(x, y):
 @op("greater(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad", "pointwise"], infer=_compare_spec("greater"))
 def greater(x, y):
     """x > y."""
+    if x.dtype is not y.dtype:
+        x, y = promoted(x, y)
     return np.greater(x, y)
 
 
@@ -271,6 +300,8 @@ def greater(x, y):
     traits=["no_grad", "pointwise"], infer=_compare_spec("greater_equal"))
 def greater_equal(x, y):
     """x ≥ y."""
+    if x.dtype is not y.dtype:
+        x, y = promoted(x, y)
     return np.greater_equal(x, y)
 
 
@@ -279,6 +310,8 @@ def greater_equal(x, y):
 @op("equal(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad", "pointwise"], infer=_compare_spec("equal"))
 def equal(x, y):
     """x == y."""
+    if x.dtype is not y.dtype:
+        x, y = promoted(x, y)
     return np.equal(x, y)
 
 
@@ -288,6 +321,8 @@ def equal(x, y):
     traits=["no_grad", "pointwise"], infer=_compare_spec("not_equal"))
 def not_equal(x, y):
     """x ≠ y."""
+    if x.dtype is not y.dtype:
+        x, y = promoted(x, y)
     return np.not_equal(x, y)
 
 
@@ -295,7 +330,7 @@ def not_equal(x, y):
 
 def _onnx_compare(onnx_type, negate=False):
     def mapping(g, x, y):
-        dtype = D.promote(x.dtype, y.dtype)
+        dtype = D.result_type(x, y)  # what the kernel compares in
         if dtype == D.bool_ and onnx_type != "Equal":
             dtype = D.int32  # ONNX orders numbers only
         out = g.op(onnx_type, g.cast(x, dtype), g.cast(y, dtype), spec=g.outputs[0])

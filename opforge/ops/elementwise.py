@@ -983,37 +983,25 @@ def _clip_spec(x, min, max):
     if min is None and max is None:
         raise ArgumentError("clip(): arguments 'min' and 'max' are both None: give at least one bound")
     bounds = [b for b in (min, max) if b is not None]
-    return Spec(broadcast_shapes(x.shape, *(b.shape for b in bounds), op="clip"), _clip_dtype(x, bounds))
-
-
-def _kind(dtype) -> int:
-    return {"b": 0, "i": 1, "u": 1}.get(dtype.kind, 2)
-
-
-def _clip_dtype(x, bounds):
-    """``torch.clamp``'s result type: ``x`` and the bounds that have dims promote together; a 0-d bound (a Python
-    number becomes one) counts only where it is of a higher kind (bool < integer < floating), as in PyTorch."""
-    if not len(x.shape):
-        return D.promote(x.dtype, *(b.dtype for b in bounds))
-    dtype = D.promote(x.dtype, *(b.dtype for b in bounds if len(b.shape)))
-    higher = [b.dtype for b in bounds if not len(b.shape) and _kind(b.dtype) > _kind(dtype)]
-    return D.promote(*higher) if higher else dtype
+    return Spec(broadcast_shapes(x.shape, *(b.shape for b in bounds), op="clip"), D.result_type(x, *bounds))
 
 
 @op("clip(Tensor<number> x, Tensor<number>? min=None, Tensor<number>? max=None) -> Tensor y",
     infer=_clip_spec, traits=["pointwise"])
 def clip(x, min, max):
     """x limited to [min, max], as ``torch.clamp``: either bound may be None, and each is a number or a tensor that
-    broadcasts with ``x`` (min > max gives max). The dtype follows torch too: a number, or a 0-d tensor, changes
-    it only where it is of a higher kind (an integer tensor clipped at 2.5 becomes float32, at 2 stays integer).
+    broadcasts with ``x`` (min > max gives max). The dtype is torch's result type too: a number, or a 0-d tensor,
+    changes it only where it is of a higher kind (an integer tensor clipped at 2.5 becomes float32, at 2 stays
+    integer).
 
     NaN, as torch: a NaN bound makes y NaN there; x gets no gradient there (y does not depend on it), nor does the
     bound (torch's rule: min gets the gradient where x < min, max where x > max, each comparison false with NaN).
     A NaN in x itself gives x a NaN gradient there, where torch gives 0: every elementwise op of opforge carries
     a NaN input into its gradient (see ``opforge/ops/elementwise.py``), and clip does not make an exception."""
     dtype = _clip_spec(x, min, max).dtype
+    x, min, max = (None if a is None else a.astype(dtype, copy=False) for a in (x, min, max))
     y = x if min is None else np.maximum(x, min)
-    return np.asarray(y if max is None else np.minimum(y, max)).astype(dtype, copy=False)
+    return np.asarray(y if max is None else np.minimum(y, max))
 
 
 

@@ -4,7 +4,7 @@ PyTorch do), and bitwise logic on integer and bool tensors (on bools, the logica
 from opforge import ops as F
 
 from ..core.errors import DivisionByZeroError
-from ._common import Sample, np, op
+from ._common import Sample, np, op, promoted
 
 
 def _no_integer_zero(op_name: str, x, y) -> None:
@@ -20,6 +20,8 @@ def remainder(x, y):
     """x mod y with the sign of y (Python's ``%``, ``torch.remainder``): x − floor(x / y)·y. Integers divided by 0
     raise ``DivisionByZeroError``, as Python and torch do."""
     _no_integer_zero("remainder", x, y)
+    if x.dtype is not y.dtype:  # NumPy would promote otherwise than PyTorch
+        x, y = promoted(x, y)
     return np.remainder(x, y)
 
 
@@ -33,6 +35,8 @@ def _(x, y, dout, needs_input_grad):
 def floor_divide(x, y):
     """floor(x / y) (Python's ``//``; integers stay integers, and raise ``DivisionByZeroError`` divided by 0)."""
     _no_integer_zero("floor_divide", x, y)
+    if x.dtype is not y.dtype:  # NumPy would promote otherwise than PyTorch
+        x, y = promoted(x, y)
     return np.floor_divide(x, y)
 
 
@@ -61,12 +65,16 @@ def _(rng):
 @op("bitwise_and(Tensor<integer|bool> x, Tensor<integer|bool> y) -> Tensor out", traits=["broadcast", "no_grad"])
 def bitwise_and(x, y):
     """x & y, bit by bit (the logical and of bools)."""
+    if x.dtype is not y.dtype:  # NumPy would promote otherwise than PyTorch
+        x, y = promoted(x, y)
     return np.bitwise_and(x, y)
 
 
 @op("bitwise_or(Tensor<integer|bool> x, Tensor<integer|bool> y) -> Tensor out", traits=["broadcast", "no_grad"])
 def bitwise_or(x, y):
     """x | y, bit by bit (the logical or of bools)."""
+    if x.dtype is not y.dtype:  # NumPy would promote otherwise than PyTorch
+        x, y = promoted(x, y)
     return np.bitwise_or(x, y)
 
 

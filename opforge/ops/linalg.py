@@ -8,12 +8,14 @@ import string
 from opforge import ops as F
 
 from ..core.errors import ArgumentError
-from ._common import B, D, P, S, Sample, ShapeError, Spec, broadcast_shapes, np, op
+from ._common import B, D, P, S, Sample, ShapeError, Spec, broadcast_shapes, np, op, promoted
 
 
 @op("matmul(Tensor<number> x, Tensor<number> y) -> Tensor out", traits=["same_dtype"])
 def matmul(x, y, out=None):
     """Matrix product with NumPy's rules: 1-D operands are vectors, leading dims broadcast (batches)."""
+    if x.dtype is not y.dtype:  # an integer with a floating operand (the trait refuses two float dtypes)
+        x, y = promoted(x, y)
     return np.matmul(x, y, out=out)  # out=: the executor's workspace buffer, written by BLAS directly
 
 
@@ -95,6 +97,8 @@ def _(rng):
 def outer(x, y):
     """The outer product of two vectors: ``out[i, j] = x[i]·y[j]``."""
     _outer_check(x.shape, y.shape)
+    if x.dtype is not y.dtype:
+        x, y = promoted(x, y)
     return np.multiply.outer(x, y)
 
 
@@ -139,7 +143,6 @@ def _linear_spec(x, weight, bias):
         raise ShapeError(f"linear(): x has {k1} features (last dim of {x.shape}), weight {weight.shape} "
                          f"takes {k2}: weight is (out_features, in_features)")
     shape = (*x.shape[:-1], n)
-    dtypes = [x.dtype, weight.dtype]
     if bias is not None:
         try:
             ok = broadcast_shapes(shape, bias.shape) == shape
@@ -147,8 +150,7 @@ def _linear_spec(x, weight, bias):
             ok = False
         if not ok:
             raise ShapeError(f"linear(): bias of shape {bias.shape} does not broadcast to the output shape {shape}")
-        dtypes.append(bias.dtype)
-    return Spec(shape, D.promote(*dtypes))
+    return Spec(shape, D.result_type(*(s for s in (x, weight, bias) if s is not None)))
 
 
 @op("linear(Tensor<number> x, Tensor<number> weight, Tensor<number>? bias=None) -> Tensor y",
@@ -161,6 +163,8 @@ def linear(x, weight, bias, out=None):
     if (not x.ndim or weight.ndim != 2 or x.shape[-1] != weight.shape[1]
             or (bias is not None and bias.shape != weight.shape[:1])):
         _linear_spec(x, weight, bias)
+    if x.dtype is not weight.dtype or (bias is not None and bias.dtype is not x.dtype):
+        x, weight, bias = (*promoted(*(a for a in (x, weight, bias) if a is not None)), None)[:3]
     if _few_rows(x, weight, bias, out):
         return _few_rows_linear(x, weight, bias, out)
     y = np.matmul(x, weight.T, out=out)
@@ -339,6 +343,7 @@ def einsum(operands, *, equation):
     used once, in alphabetical order. ``...`` stands for the broadcast leading dims, a size-1 dim broadcasts, and a
     letter repeated in one operand takes its diagonal (``"ii->i"``, ``"ii->"`` is the trace)."""
     terms, out, _ = _einsum_explicit(equation, [a.shape for a in operands])
+    operands = promoted(*operands, dtype=D.promote(*(a.dtype for a in operands)))
     return np.einsum(f"{','.join(terms)}->{out}", *operands, optimize=len(operands) > 2)
 
 

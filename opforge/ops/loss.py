@@ -1005,6 +1005,7 @@ def _(x1, x2, target, dloss, *, margin, reduction, needs_input_grad):
     cos = F.sum(x1 * x2, axis=[-1], keepdim=True) * r
     t = F.unsqueeze(target, axis=-1)
     counts = F.where(t == 1, -1.0, F.where(F.logical_and(t == -1, cos >= margin), 1.0, 0.0))
+    counts = F.cast(counts, dtype=cos.dtype)  # numbers next to a bool take float32: a 0-d dloss would not upcast
     s = _spread(dloss, reduction, _loss_shape(x1, x2)[:-1])
     g = counts * (F.unsqueeze(s, axis=-1) if s.ndim else s)
     return (g * (x2 * r - x1 * (cos / a)) if needs_input_grad[0] else None,

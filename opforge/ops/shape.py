@@ -398,7 +398,7 @@ def _same_dims(op_name, dims):
 @op("concat(Tensor[] xs, *, int axis=0) -> Tensor y")
 def concat(xs, *, axis):
     """Joins tensors along an existing dim ``axis``; the other dims must agree (``torch.cat``)."""
-    return np.concatenate(xs, axis=axis)
+    return np.concatenate(xs, axis=axis, dtype=D.promote(*(x.dtype for x in xs)))
 
 
 @concat.onnx
@@ -447,7 +447,7 @@ def _(rng):
 @op("stack(Tensor[] xs, *, int axis=0) -> Tensor y")
 def stack(xs, *, axis):
     """Joins tensors of one shape along a new dim ``axis`` (in [-ndim-1, ndim], counted in the result)."""
-    return np.stack(xs, axis=axis)
+    return np.stack(xs, axis=axis, dtype=D.promote(*(x.dtype for x in xs)))
 
 
 @stack.onnx
