@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections import namedtuple
 
 import numpy as np
 
@@ -357,11 +356,11 @@ class TensorOps:
         """As torch's ``max``: ``max()`` is the largest value; ``max(dim)`` the named tuple ``(values, indices)``
         along one dim (the first largest where values tie; NaN counts as the largest); ``max(other)`` the
         elementwise maximum. ``axis=`` is another spelling of ``dim=``; ``amax`` gives values over several dims."""
-        return _extreme(self, "max", dim, keepdim, axis)
+        return F.max(self, dim, keepdim, axis=axis)
 
     def min(self, dim=None, keepdim=False, *, axis=None):
         """As torch's ``min``: ``min()``, ``min(dim)`` -> ``(values, indices)``, ``min(other)`` (see ``max``)."""
-        return _extreme(self, "min", dim, keepdim, axis)
+        return F.min(self, dim, keepdim, axis=axis)
 
     def amax(self, axis=None, keepdim=False, **kwargs):
         """The largest values over ``axis`` (one or several dims; all when None): ``torch.amax``, NumPy's ``max``."""
@@ -827,8 +826,8 @@ def _to_arrays(value):
     return value
 
 
-_NUMPY_REDUCTIONS = {np.sum: "sum", np.mean: "mean", np.max: "max", np.amax: "max", np.min: "min",
-                     np.amin: "min", np.prod: "prod", np.std: "std", np.var: "var", np.argmax: "argmax",
+_NUMPY_REDUCTIONS = {np.sum: "sum", np.mean: "mean", np.max: "amax", np.amax: "amax", np.min: "amin",
+                     np.amin: "amin", np.prod: "prod", np.std: "std", np.var: "var", np.argmax: "argmax",
                      np.argmin: "argmin"}
 
 
@@ -856,34 +855,6 @@ def _to_args(t, args: tuple, kwargs: dict):
             dtype = a
     return (None if device is None else get_device(device, "to()"),
             None if dtype is None else D.as_dtype(dtype, op="to", arg="dtype"))
-
-
-_RETURN_TYPES = {name: namedtuple(name, ("values", "indices")) for name in ("max", "min")}  # as torch.return_types
-
-
-def _extreme(x, name: str, dim, keepdim: bool, axis):
-    """``x.max(...)`` or ``x.min(...)``, in each of torch's three forms (see ``TensorOps.max``)."""
-    if axis is not None:
-        if dim is not None:
-            raise ArgumentError(f"{name}(): give dim or axis (two spellings of one argument), not both")
-        dim = axis
-    if dim is None:
-        return getattr(F, name)(x, keepdim=keepdim)
-    if isinstance(dim, (TensorOps, np.ndarray)):
-        return (F.maximum if name == "max" else F.minimum)(x, dim)
-    if not _is_int(dim):
-        raise ArgumentError(f"{name}(): dim must be one int (the values and indices along it, as torch's "
-                            f"{name}(dim)) or a tensor (the elementwise {name}imum), got {describe(dim)}; "
-                            f"for the {name}imum over several dims use a{name}(axis=...)")
-    rank = len(x.shape)
-    rows = x if rank else F.reshape(x, shape=[1])
-    indices = getattr(F, "arg" + name)(rows, axis=dim, keepdim=True)
-    values = F.gather(rows, indices, axis=dim)  # its gradient goes to the index alone, as torch's
-    if not rank:
-        values, indices = F.reshape(values, shape=[]), F.reshape(indices, shape=[])
-    elif not keepdim:
-        values, indices = F.squeeze(values, axis=[dim]), F.squeeze(indices, axis=[dim])
-    return _RETURN_TYPES[name](values, indices)
 
 
 def _is_int(value) -> bool:

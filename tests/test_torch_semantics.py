@@ -66,6 +66,11 @@ def test_max_and_min_along_a_dim_give_values_and_indices_as_torch(name, dim, kee
     values, indices = getattr(x, name)(dim=dim, keepdim=keepdim)  # unpacks as torch's
     same(values, theirs.values)
     same(indices, theirs.indices)
+    for ours_f, theirs_f in ((getattr(F, name)(x, dim, keepdim), getattr(torch, name)(t, dim, keepdim)),
+                             (getattr(F, name)(x, axis=dim, keepdim=keepdim),  # torch's alias of dim=
+                              getattr(torch, name)(t, axis=dim, keepdim=keepdim))):
+        same(ours_f.values, theirs_f.values)
+        same(ours_f.indices, theirs_f.indices)
     weights = np.arange(1.0, 1.0 + theirs.values.numel()).reshape(theirs.values.shape)
     (ours.values * of.tensor(weights)).sum().backward()  # the gradient goes to the chosen index only
     (theirs.values * torch.tensor(weights)).sum().backward()

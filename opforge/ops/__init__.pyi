@@ -1270,21 +1270,13 @@ def sum_to(x: _TensorLike, *, shape: Sequence[int] | int) -> Tensor:
 def prod(x: _TensorLike, *, axis: Sequence[int] | int | None = None, keepdim: bool = False) -> Tensor:
     """Product over ``axis`` (all axes when None). Integer and bool tensors multiply in int64."""
 
-def max(x: _TensorLike, *, axis: Sequence[int] | int | None = None, keepdim: bool = False) -> Tensor:
-    """Largest element over ``axis`` (all axes when None); NaN if the group holds one. The values only, unlike
-    PyTorch's ``max(x, dim)``: ``argmax`` gives the indices.
-    """
-
-def min(x: _TensorLike, *, axis: Sequence[int] | int | None = None, keepdim: bool = False) -> Tensor:
-    """Smallest element over ``axis`` (all axes when None); NaN if the group holds one. The values only, unlike
-    PyTorch's ``min(x, dim)``: ``argmin`` gives the indices.
-    """
-
 def amax(x: _TensorLike, *, axis: Sequence[int] | int | None = None, keepdim: bool = False) -> Tensor:
-    """Largest element over ``axis``, as ``torch.amax`` (the same op as ``max``, under PyTorch's name)."""
+    """Largest element over ``axis`` (all axes when None), as ``torch.amax`` and NumPy's ``max``; NaN if the
+    group holds one. ``F.max(x, dim)`` gives torch's (values, indices) along one dim.
+    """
 
 def amin(x: _TensorLike, *, axis: Sequence[int] | int | None = None, keepdim: bool = False) -> Tensor:
-    """Smallest element over ``axis``, as ``torch.amin`` (the same op as ``min``, under PyTorch's name)."""
+    """Smallest element over ``axis`` (all axes when None), as ``torch.amin`` and NumPy's ``min``."""
 
 def argmax(x: _TensorLike, *, axis: int | None = None, keepdim: bool = False) -> Tensor:
     """Index of the largest element along ``axis`` (of the flattened tensor when None); the first one on ties."""

@@ -2,10 +2,26 @@
 
 import builtins
 import math
+from collections import namedtuple
 
 from opforge import ops as F
 
-from ._common import D, P, S, Sample, ShapeError, Spec, broadcast_shapes, max_over, normalize_axes, np, op, shapes_agree
+from ..core.errors import ArgumentError, describe
+from ._common import (
+    D,
+    P,
+    S,
+    Sample,
+    ShapeError,
+    Spec,
+    broadcast_shapes,
+    function,
+    max_over,
+    normalize_axes,
+    np,
+    op,
+    shapes_agree,
+)
 
 
 def _reduced_shape(op_name, shape, axis, keepdim):
@@ -233,8 +249,8 @@ def _(rng):
     yield Sample.of(rng.integers(-3, 4, (2, 3)), axis=0)
 
 
-# max/min and amax/amin: the same reductions under NumPy's and PyTorch's names, so two ops share these parts.
-# The gradient goes to the elements equal to the result, shared equally among ties (as torch.amax/amin).
+# amax/amin: the largest (smallest) values over axes. The gradient goes to the elements equal to the result, shared
+# equally among ties (as torch.amax/amin). F.max/F.min are torch.max/min's three forms, written with ops (below).
 
 
 def _extreme_spec(op_name):
@@ -255,38 +271,69 @@ def _extreme_samples(rng):
     yield Sample.of(rng.integers(-3, 4, (3, 4)), axis=0)
 
 
-@op("max(Tensor x, *, int[] axis=None, bool keepdim=False) -> Tensor y")
-def max(x, *, axis, keepdim):
-    """Largest element over ``axis`` (all axes when None); NaN if the group holds one. The values only, unlike
-    PyTorch's ``max(x, dim)``: ``argmax`` gives the indices."""
-    return np.max(x, axis=normalize_axes("max", axis, x.ndim), keepdims=keepdim)
-
-
-@op("min(Tensor x, *, int[] axis=None, bool keepdim=False) -> Tensor y")
-def min(x, *, axis, keepdim):
-    """Smallest element over ``axis`` (all axes when None); NaN if the group holds one. The values only, unlike
-    PyTorch's ``min(x, dim)``: ``argmin`` gives the indices."""
-    return np.min(x, axis=normalize_axes("min", axis, x.ndim), keepdims=keepdim)
-
-
 @op("amax(Tensor x, *, int[] axis=None, bool keepdim=False) -> Tensor y")
 def amax(x, *, axis, keepdim):
-    """Largest element over ``axis``, as ``torch.amax`` (the same op as ``max``, under PyTorch's name)."""
+    """Largest element over ``axis`` (all axes when None), as ``torch.amax`` and NumPy's ``max``; NaN if the group
+    holds one. ``F.max(x, dim)`` gives torch's (values, indices) along one dim."""
     return np.max(x, axis=normalize_axes("amax", axis, x.ndim), keepdims=keepdim)
 
 
 @op("amin(Tensor x, *, int[] axis=None, bool keepdim=False) -> Tensor y")
 def amin(x, *, axis, keepdim):
-    """Smallest element over ``axis``, as ``torch.amin`` (the same op as ``min``, under PyTorch's name)."""
+    """Smallest element over ``axis`` (all axes when None), as ``torch.amin`` and NumPy's ``min``."""
     return np.min(x, axis=normalize_axes("amin", axis, x.ndim), keepdims=keepdim)
 
 
-for _extreme in (max, min, amax, amin):
+for _extreme, _onnx_type in ((amax, "ReduceMax"), (amin, "ReduceMin")):
     _extreme.infer(_extreme_spec(_extreme.name))
     _extreme.grad(_extreme_grad)
     _extreme.samples(_extreme_samples)
-for _extreme, _onnx_type in ((max, "ReduceMax"), (min, "ReduceMin"), (amax, "ReduceMax"), (amin, "ReduceMin")):
     _extreme.onnx(lambda g, x, *, axis, keepdim, _t=_onnx_type: g.reduce(_t, x, axis, keepdim))
+
+
+_RETURN_TYPES = {name: namedtuple(name, ("values", "indices")) for name in ("max", "min")}  # as torch.return_types
+
+
+def _torch_extreme(name: str, x, dim, keepdim: bool, axis):
+    """torch.max or torch.min (``name``) in each of its three forms, written with ops (see ``max``)."""
+    if axis is not None:
+        if dim is not None:
+            raise ArgumentError(f"{name}(): give dim or axis (two spellings of one argument), not both")
+        dim = axis
+    if dim is None:
+        return (F.amax if name == "max" else F.amin)(x, keepdim=keepdim)
+    if not isinstance(dim, (int, np.integer)) or isinstance(dim, (bool, np.bool_)):
+        if hasattr(dim, "shape") and hasattr(dim, "dtype"):  # a tensor or an array: the elementwise form
+            return (F.maximum if name == "max" else F.minimum)(x, dim)
+        raise ArgumentError(f"{name}(): dim must be one int (the values and indices along it, as torch's "
+                            f"{name}(x, dim)) or a tensor (the elementwise {name}imum), got {describe(dim)}; "
+                            f"for the {name}imum over several dims use a{name}(x, axis=...)")
+    rank = len(x.shape)
+    rows = x if rank else F.reshape(x, shape=[1])
+    indices = (F.argmax if name == "max" else F.argmin)(rows, axis=dim, keepdim=True)
+    values = F.gather(rows, indices, axis=dim)  # its gradient goes to the index alone, as torch's
+    if not rank:
+        values, indices = F.reshape(values, shape=[]), F.reshape(indices, shape=[])
+    elif not keepdim:
+        values, indices = F.squeeze(values, axis=[dim]), F.squeeze(indices, axis=[dim])
+    return _RETURN_TYPES[name](values, indices)
+
+
+@function
+def max(x, dim=None, keepdim=False, *, axis=None):
+    """``torch.max`` (and ``Tensor.max``): ``max(x)`` the largest value (the gradient shared among ties, as
+    ``amax``); ``max(x, dim, keepdim=False)`` the named tuple ``(values, indices)`` along one dim, the first largest
+    where values tie, NaN counting as the largest (the gradient to that index alone); ``max(x, other)`` the
+    elementwise ``maximum``. ``axis=`` is another spelling of ``dim=``, as in torch. Not an op of its own: it calls
+    amax, argmax and gather, or maximum."""
+    return _torch_extreme("max", x, dim, keepdim, axis)
+
+
+@function
+def min(x, dim=None, keepdim=False, *, axis=None):
+    """``torch.min`` (and ``Tensor.min``): ``min(x)``, ``min(x, dim)`` -> ``(values, indices)``, ``min(x, other)``
+    (see ``max``)."""
+    return _torch_extreme("min", x, dim, keepdim, axis)
 
 
 def _arg_extreme(op_name, find, x, axis, keepdim):
