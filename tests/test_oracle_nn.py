@@ -288,7 +288,7 @@ ORACLE: dict[str, Oracle] = {
         Sample.of(randn(3, 5) * 10 + 4, randn(5), randn(5), normalized_shape=[5], eps=1e-3),
         Sample.of(randn(2, 3), None, None, normalized_shape=[2, 3]),
     )),
-    "batch_norm": Oracle(torch_batch_norm, outputs=3, extra=(
+    "batch_norm_with_stats": Oracle(torch_batch_norm, outputs=3, extra=(
         Sample.of(randn(3, 2, 4), randn(2), uniform(0.5, 2, 2), randn(2), randn(2), training=True, momentum=0.0),
         Sample.of(randn(3, 2, 4), randn(2), uniform(0.5, 2, 2), None, randn(2), training=True, momentum=1.0),
         Sample.of(randn(2, 3, 2, 2), None, None, None, None, training=True, eps=0.01),
@@ -325,7 +325,7 @@ def test_table_covers_every_nn_op_and_loss():
                 if op.defined_at.replace("\\", "/").split(":")[0].endswith(f"ops/{module}.py")}
 
     nn_ops = defined_in("nn") | defined_in("loss")
-    nn_ops |= {"layer_norm", "batch_norm"}  # in ops/normalization.py; its other ops: test_oracle_normalization.py
+    nn_ops |= {"layer_norm", "batch_norm_with_stats"}  # ops/normalization.py; its others: test_oracle_normalization.py
     assert len(nn_ops) >= 25
     covered = set(ORACLE) | set(BASE_ORACLE)  # MXNet's smooth_l1 sits with the elementwise ops' table
     assert nn_ops <= covered, f"no oracle for {sorted(nn_ops - covered)}"
@@ -418,20 +418,21 @@ def test_bce_weights_formula_is_torchs(reduction, weights):
 
 
 def _batch_norm_cases():
-    return [c for c in [*_declared_samples("batch_norm"), *ORACLE["batch_norm"].extra]]
+    return [c for c in [*_declared_samples("batch_norm_with_stats"), *ORACLE["batch_norm_with_stats"].extra]]
 
 
 @pytest.mark.parametrize("sample", _batch_norm_cases())
 def test_batch_norm_matches_torch_functional(sample):
     # torch.nn.functional.batch_norm itself: y, and the running statistics it updates in place (training), which
-    # opforge returns as new_running_mean / new_running_var instead. Without running statistics opforge returns
-    # the batch mean and unbiased variance (the update with momentum 1).
+    # the op batch_norm_with_stats returns as new_running_mean / new_running_var instead (F.batch_norm writes them
+    # in place: tests/test_torch_semantics.py). Without running statistics the op returns the batch mean and
+    # unbiased variance (the update with momentum 1).
     args = [*sample.args, *[None] * (5 - len(sample.args))]
     x, rm, rv, w, b = (None if a is None else torch.tensor(a) for a in args)
     attrs = {"training": False, "momentum": 0.1, "eps": 1e-5, **sample.kwargs}
     rm_t, rv_t = (None, None) if rm is None else (rm.clone(), rv.clone())
     y = TF.batch_norm(x, rm_t, rv_t, w, b, **attrs)
-    got = F.batch_norm(*(None if a is None else of.tensor(a) for a in args), **sample.kwargs)
+    got = F.batch_norm_with_stats(*(None if a is None else of.tensor(a) for a in args), **sample.kwargs)
     assert_same(got.y.numpy(), y.numpy(), "y")
     if rm is None:
         rm_t, rv_t = x.mean(_bn_axes(x)), x.var(_bn_axes(x), unbiased=True)
@@ -808,7 +809,7 @@ def test_float32_stays_float32():
     assert F.cross_entropy(of.tensor(x32), of.tensor(t), label_smoothing=0.1).dtype == np.float32
     assert F.softmax(of.tensor(x32)).dtype == np.float32
     assert F.layer_norm(of.tensor(x32), normalized_shape=[5]).dtype == np.float32
-    y, rm, rv = F.batch_norm(of.tensor(x32), None, None, training=True)
+    y, rm, rv = F.batch_norm_with_stats(of.tensor(x32), None, None, training=True)
     assert y.dtype == rm.dtype == rv.dtype == np.float32
     want = TF.cross_entropy(torch.tensor(x32), torch.tensor(t), label_smoothing=0.1)
     np.testing.assert_allclose(F.cross_entropy(of.tensor(x32), of.tensor(t), label_smoothing=0.1).numpy(),

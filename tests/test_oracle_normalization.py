@@ -66,7 +66,7 @@ ORACLE: dict[str, Oracle] = {
         Sample.of(randn(3, 4, 5), None, None, num_groups=4),
         Sample.of(randn(2, 4), randn(4), randn(4), num_groups=2),
     )),
-    "instance_norm": Oracle(torch_instance_norm, extra=(
+    "instance_norm_affine": Oracle(torch_instance_norm, extra=(
         Sample.of(randn(2, 3, 4, 2) * 3 - 1, randn(3), randn(3), eps=1e-3),
         Sample.of(randn(1, 2, 3, 2, 2), None, randn(2)),
     )),
@@ -123,7 +123,7 @@ def test_hvp(name, sample, output):
 def test_table_covers_the_normalisation_ops():
     ours = {op.name for op in of.registry
             if op.defined_at.replace("\\", "/").split(":")[0].endswith("normalization.py")}
-    assert ours - {"layer_norm", "batch_norm"} <= set(ORACLE)  # those two: test_oracle_nn.py
+    assert ours - {"layer_norm", "batch_norm_with_stats"} <= set(ORACLE)  # those two: test_oracle_nn.py
 
 
 def _torch_normalized(x, axes, center=True, eps=1e-5):
@@ -167,7 +167,7 @@ def test_backward_is_one_normalize_grad():
     (lambda: F.group_norm(of.zeros(6), num_groups=2), r"group_norm\(\): the input must be \(N, C, \.\.\.\)"),
     (lambda: F.group_norm(of.zeros((2, 6)), of.zeros(3), num_groups=2), r"weight must have shape \(6,\)"),
     (lambda: F.group_norm(of.zeros((2, 6)), num_groups=0), r"argument 'num_groups' must be >= 1"),
-    (lambda: F.instance_norm(of.zeros((2, 3))), r"instance_norm\(\): the input must be \(N, C, L, \.\.\.\)"),
+    (lambda: F.instance_norm(of.zeros((2, 3))), r"instance_norm_affine\(\): the input must be \(N, C, L, \.\.\.\)"),
     (lambda: F.rms_norm(of.zeros((2, 3)), normalized_shape=[2]), r"normalized_shape \[2\] must be the last dims"),
     (lambda: F.rms_norm(of.zeros((2, 3)), normalized_shape=[3], eps=-1.0), r"argument 'eps' must be >= 0"),
     (lambda: F.normalize_grad(of.zeros((2, 3)), of.zeros(3), axes=[1], eps=0.0), r"g must have the shape of x"),

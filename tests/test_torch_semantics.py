@@ -261,3 +261,39 @@ def test_compiled_code_promotes_as_eager_code():
                                             "float32"]
     for ours, again in zip(eager, compiled):
         same(again, ours.numpy())
+
+
+# -- F.batch_norm and F.instance_norm: y, the running statistics updated in place ---------------------------------
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_functional_batch_norm_returns_y_and_updates_the_statistics_in_place(training):
+    rng = np.random.default_rng(0)
+    x, w, b = rng.standard_normal((4, 3, 2)), rng.standard_normal(3), rng.standard_normal(3)
+    stats = rng.standard_normal(3), rng.uniform(0.5, 2, 3)
+    rm, rv = of.tensor(stats[0]), of.tensor(stats[1])
+    trm, trv = torch.tensor(stats[0]), torch.tensor(stats[1])
+    y = F.batch_norm(of.tensor(x), rm, rv, of.tensor(w), of.tensor(b), training, 0.3)  # torch's positional order
+    u = torch.nn.functional.batch_norm(torch.tensor(x), trm, trv, torch.tensor(w), torch.tensor(b), training, 0.3)
+    assert type(y) is of.Tensor
+    same(y, u)
+    same(rm, trm)  # updated in place when training, as torch's
+    same(rv, trv)
+
+
+@pytest.mark.parametrize("use_input_stats", [True, False])
+def test_functional_instance_norm_takes_torchs_positional_order(use_input_stats):
+    rng = np.random.default_rng(1)
+    x, w, b = rng.standard_normal((2, 3, 5)), rng.standard_normal(3), rng.standard_normal(3)
+    stats = rng.standard_normal(3), rng.uniform(0.5, 2, 3)
+    rm, rv = of.tensor(stats[0]), of.tensor(stats[1])
+    trm, trv = torch.tensor(stats[0]), torch.tensor(stats[1])
+    # (x, running_mean, running_var, weight, bias, use_input_stats, momentum, eps): the statistics come first
+    y = F.instance_norm(of.tensor(x), rm, rv, of.tensor(w), of.tensor(b), use_input_stats, 0.2)
+    u = torch.nn.functional.instance_norm(torch.tensor(x), trm, trv, torch.tensor(w), torch.tensor(b),
+                                          use_input_stats, 0.2)
+    same(y, u)
+    same(rm, trm)
+    same(rv, trv)
+    same(F.instance_norm(of.tensor(x), weight=of.tensor(w)), torch.nn.functional.instance_norm(
+        torch.tensor(x), weight=torch.tensor(w)))

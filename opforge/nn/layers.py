@@ -15,6 +15,7 @@ from .. import ops as F
 from ..core import dtypes as D
 from ..core.errors import ArgumentError, ShapeError, describe
 from ..core.grad_mode import no_grad
+from ..ops.normalization import instance_stats
 from ..program import assign, live
 from ..tensor import Tensor
 from . import init
@@ -248,9 +249,9 @@ class _BatchNorm(Module):
         if len(x.shape) not in self._dims:
             raise ShapeError(f"{type(self).__name__}: expected a {self._layout} input, got shape {tuple(x.shape)}")
         update = self.training and self.track_running_stats
-        y, mean, var = F.batch_norm(x, _live(self.running_mean), _live(self.running_var), self.weight, self.bias,
-                                    training=self.training or not self.track_running_stats,
-                                    momentum=self.momentum, eps=self.eps)
+        y, mean, var = F.batch_norm_with_stats(x, _live(self.running_mean), _live(self.running_var), self.weight,
+                                               self.bias, training=self.training or not self.track_running_stats,
+                                               momentum=self.momentum, eps=self.eps)
         if update:
             with no_grad():
                 assign(self.running_mean, mean)
@@ -355,18 +356,16 @@ class _InstanceNorm(_BatchNorm):
         if len(x.shape) not in self._dims:
             raise ShapeError(f"{type(self).__name__}: expected a {self._layout} input, got shape {tuple(x.shape)}")
         if not self.training and self.track_running_stats:  # the running statistics normalise, as batch_norm's
-            return F.batch_norm(x, _live(self.running_mean), _live(self.running_var), self.weight, self.bias,
-                                eps=self.eps).y
+            return F.batch_norm_with_stats(x, _live(self.running_mean), _live(self.running_var), self.weight,
+                                           self.bias, eps=self.eps).y
         if self.training and self.track_running_stats:
             with no_grad():
-                spatial = list(range(2, len(x.shape)))
                 m = self.momentum
-                mean = F.mean(x, axis=[0, *spatial])
-                var = F.mean(F.var(x, axis=spatial, correction=1), axis=[0])
+                mean, var = instance_stats(x)
                 assign(self.running_mean, _live(self.running_mean) * (1 - m) + mean * m)
                 assign(self.running_var, _live(self.running_var) * (1 - m) + var * m)
                 assign(self.num_batches_tracked, _live(self.num_batches_tracked) + 1)
-        return F.instance_norm(x, self.weight, self.bias, eps=self.eps)
+        return F.instance_norm_affine(x, self.weight, self.bias, eps=self.eps)
 
 
 class InstanceNorm1d(_InstanceNorm):

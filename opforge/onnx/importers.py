@@ -376,13 +376,13 @@ def _(n):
     if n.attr("training_mode", 0) or n.outputs > 1:
         raise n.unsupported("training mode (batch statistics as outputs)")
     x, scale, bias, mean, var = (n.input(i) for i in range(5))
-    y, _, _ = F.batch_norm(x, mean, var, scale, bias, training=False, eps=n.attr("epsilon", 1e-5))
+    y, _, _ = F.batch_norm_with_stats(x, mean, var, scale, bias, training=False, eps=n.attr("epsilon", 1e-5))
     return y
 
 
 @onnx_op("InstanceNormalization")
 def _(n):
-    return F.instance_norm(n.input(0), n.input(1), n.input(2), eps=n.attr("epsilon", 1e-5))
+    return F.instance_norm_affine(n.input(0), n.input(1), n.input(2), eps=n.attr("epsilon", 1e-5))
 
 
 @onnx_op("GroupNormalization")

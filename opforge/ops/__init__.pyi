@@ -915,7 +915,7 @@ def group_norm(
     optional).
     """
 
-def instance_norm(
+def instance_norm_affine(
     x: _TensorLike,
     weight: _TensorLike | None = None,
     bias: _TensorLike | None = None,
@@ -923,15 +923,16 @@ def instance_norm(
     eps: float = 1e-05,
 ) -> Tensor:
     """Normalises each channel of each sample of an (N, C, L, ...) input over its other dims (L, ...); then y =
-    x̂·weight + bias per channel (each (C,), optional). Running statistics are nn.InstanceNorm's business.
+    x̂·weight + bias per channel (each (C,), optional). ``F.instance_norm`` is torch's functional form, with
+    running statistics.
     """
 
-class _batch_norm_result(NamedTuple):
+class _batch_norm_with_stats_result(NamedTuple):
     y: Tensor
     new_running_mean: Tensor
     new_running_var: Tensor
 
-def batch_norm(
+def batch_norm_with_stats(
     x: _TensorLike,
     running_mean: _TensorLike | None,
     running_var: _TensorLike | None,
@@ -941,7 +942,7 @@ def batch_norm(
     training: bool = False,
     momentum: float = 0.1,
     eps: float = 1e-05,
-) -> _batch_norm_result:
+) -> _batch_norm_with_stats_result:
     """Batch normalisation of an (N, C, ...) input per channel C, then y = x̂·weight + bias (each (C,),
     optional).
     """

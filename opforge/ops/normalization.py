@@ -11,7 +11,20 @@ second derivative) is written with ops, normalize_grad among them, so every orde
 
 from opforge import ops as F
 
-from ._common import D, Sample, ShapeError, Spec, normalize_axes, np, op, overflow_ignored, row_buffers, row_width
+from ..core.grad_mode import no_grad
+from ._common import (
+    D,
+    Sample,
+    ShapeError,
+    Spec,
+    function,
+    normalize_axes,
+    np,
+    op,
+    overflow_ignored,
+    row_buffers,
+    row_width,
+)
 from .nn import _numel, _same_dims, _validate
 
 # -- the shared backward ---------------------------------------------------------------------------------------------
@@ -335,52 +348,54 @@ def _(rng):
     yield Sample.of(rng.standard_normal((1, 2, 5)), None, rng.standard_normal(2), num_groups=1)
 
 
-@op("instance_norm(Tensor<floating> x, Tensor<floating>? weight=None, Tensor<floating>? bias=None, *, "
+@op("instance_norm_affine(Tensor<floating> x, Tensor<floating>? weight=None, Tensor<floating>? bias=None, *, "
     "float eps=1e-5) -> Tensor y")
-def instance_norm(x, weight, bias, *, eps):
+def instance_norm_affine(x, weight, bias, *, eps):
     """Normalises each channel of each sample of an (N, C, L, ...) input over its other dims (L, ...); then
-    y = x̂·weight + bias per channel (each (C,), optional). Running statistics are nn.InstanceNorm's business."""
-    _validate(instance_norm, x, weight, bias, eps=eps)
+    y = x̂·weight + bias per channel (each (C,), optional). ``F.instance_norm`` is torch's functional form, with
+    running statistics."""
+    _validate(instance_norm_affine, x, weight, bias, eps=eps)
     y = _normalize_np(x, tuple(range(2, x.ndim)), eps)
     return _affine_np(y, weight, bias).astype(x.dtype, copy=False)
 
 
-@instance_norm.onnx
+@instance_norm_affine.onnx
 def _(g, x, weight, bias, *, eps):
     if weight is not None and bias is not None and (x.dtype == D.float32 or g.exact(eps)):
         return g.op("InstanceNormalization", x, weight, bias, epsilon=eps)
     return _onnx_affine(g, _onnx_normalize(g, x, list(range(2, x.ndim)), eps), weight, bias, per_channel=True)
 
 
-instance_norm.check(_check_eps)
+instance_norm_affine.check(_check_eps)
 
 
-@instance_norm.infer
+@instance_norm_affine.infer
 def _(x, weight, bias, *, eps):
-    return _channel_spec("instance_norm", x, weight, bias, min_ndim=3)
+    return _channel_spec("instance_norm_affine", x, weight, bias, min_ndim=3)
 
 
-@instance_norm.grad
+@instance_norm_affine.grad
 def _(x, weight, dy, *, eps, needs_input_grad):
     g = dy * _channel(weight, x.ndim) if weight is not None else dy
     dx, xhat = F.normalize_grad(x, g, axes=list(range(2, x.ndim)), eps=eps)
     return _channel_grads(dy, xhat, dx, needs_input_grad)
 
 
-@instance_norm.samples
+@instance_norm_affine.samples
 def _(rng):
     yield Sample.of(rng.standard_normal((2, 3, 4)))
     yield Sample.of(rng.standard_normal((2, 3, 2, 3)), rng.standard_normal(3), rng.standard_normal(3))
     yield Sample.of(rng.standard_normal((1, 2, 5)), rng.standard_normal(2), None, eps=0.1)
 
 
-@op("batch_norm(Tensor<floating> x, Tensor<floating>? running_mean, Tensor<floating>? running_var, "
+@op("batch_norm_with_stats(Tensor<floating> x, Tensor<floating>? running_mean, Tensor<floating>? running_var, "
     "Tensor<floating>? weight=None, Tensor<floating>? bias=None, *, bool training=False, float momentum=0.1, "
     "float eps=1e-5) -> (Tensor y, Tensor new_running_mean, Tensor new_running_var)")
-def batch_norm(x, running_mean, running_var, weight, bias, *, training, momentum, eps):
+def batch_norm_with_stats(x, running_mean, running_var, weight, bias, *, training, momentum, eps):
     """Batch normalisation of an (N, C, ...) input per channel C, then y = x̂·weight + bias (each (C,), optional).
 
-    Functional: nothing is updated in place. With ``training`` the batch statistics normalise and the outputs
+    Functional: nothing is updated in place (``F.batch_norm``, torch's form, returns ``y`` and updates the running
+    statistics given in place). With ``training`` the batch statistics normalise and the outputs
     ``new_running_mean``/``new_running_var`` are (1 − momentum)·running + momentum·batch statistic, the variance
     unbiased (as torch); without running statistics they are the batch mean and unbiased variance themselves (as
     if momentum were 1). Otherwise the running statistics normalise and come back unchanged.
@@ -389,7 +404,8 @@ def batch_norm(x, running_mean, running_var, weight, bias, *, training, momentum
     ones rather than None: a gradient that ignored them would be wrong wherever they are used, and numeric checks
     (which see every float output) would fail. A training loop that only stores them never backpropagates there.
     """
-    _validate(batch_norm, x, running_mean, running_var, weight, bias, training=training, momentum=momentum, eps=eps)
+    _validate(batch_norm_with_stats, x, running_mean, running_var, weight, bias, training=training, momentum=momentum,
+              eps=eps)
     axes = (0, *range(2, x.ndim))
     shape = (1, x.shape[1], *[1] * (x.ndim - 2))
     if training:
@@ -410,7 +426,7 @@ def batch_norm(x, running_mean, running_var, weight, bias, *, training, momentum
     return y.astype(x.dtype, copy=False), new_mean.astype(x.dtype, copy=False), new_var.astype(x.dtype, copy=False)
 
 
-@batch_norm.onnx
+@batch_norm_with_stats.onnx
 def _(g, x, running_mean, running_var, weight, bias, *, training, momentum, eps):
     if not training and (x.dtype == D.float32 or g.exact(eps)):
         channels = (x.shape[1],)
@@ -445,34 +461,34 @@ def _(g, x, running_mean, running_var, weight, bias, *, training, momentum, eps)
     return y, new_mean, new_var
 
 
-@batch_norm.check
+@batch_norm_with_stats.check
 def _(*, eps, momentum, **_):
     _check_eps(eps=eps)
     if not 0.0 <= momentum <= 1.0:
         raise ValueError(f"argument 'momentum' must be in [0, 1], got {momentum}")
 
 
-@batch_norm.infer
+@batch_norm_with_stats.infer
 def _(x, running_mean, running_var, weight, bias, *, training, momentum, eps):
     if len(x.shape) < 2:
-        raise ShapeError(f"batch_norm(): the input must be (N, C, ...), got shape {x.shape}")
+        raise ShapeError(f"batch_norm_with_stats(): the input must be (N, C, ...), got shape {x.shape}")
     c = x.shape[1]
     if (running_mean is None) != (running_var is None):
-        raise ShapeError("batch_norm(): give both running_mean and running_var, or neither")
+        raise ShapeError("batch_norm_with_stats(): give both running_mean and running_var, or neither")
     if running_mean is None and not training:
-        raise ShapeError("batch_norm(): running_mean and running_var are needed when training=False")
+        raise ShapeError("batch_norm_with_stats(): running_mean and running_var are needed when training=False")
     for name, t in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight),
                     ("bias", bias)):
         if t is not None and not _same_dims(t.shape, (c,)):
-            raise ShapeError(f"batch_norm(): {name} must have shape ({c},) for an input of shape {x.shape}, "
+            raise ShapeError(f"batch_norm_with_stats(): {name} must have shape ({c},) for an input of shape {x.shape}, "
                              f"got {t.shape}")
     if training and None not in x.shape and x.shape[1] and _numel(x.shape) // x.shape[1] <= 1:
-        raise ShapeError(f"batch_norm(): training needs more than one value per channel, got an input of shape "
-                         f"{x.shape}")
+        raise ShapeError(f"batch_norm_with_stats(): training needs more than one value per channel, got an input of "
+                         f"shape {x.shape}")
     return Spec(x.shape, x.dtype), Spec((c,), x.dtype), Spec((c,), x.dtype)
 
 
-@batch_norm.grad
+@batch_norm_with_stats.grad
 def _(x, running_mean_spec, weight, new_running_mean, new_running_var, dy, dnew_running_mean, dnew_running_var, *,
       training, momentum, eps, needs_input_grad):
     # The running statistics are read from the outputs (equal to them without training): the layer updates its
@@ -508,7 +524,7 @@ def _(x, running_mean_spec, weight, new_running_mean, new_running_var, dy, dnew_
     return dx, drm, drv, dw, db
 
 
-@batch_norm.samples
+@batch_norm_with_stats.samples
 def _(rng):
     def stats(c):
         return rng.standard_normal(c) * 0.5, rng.uniform(0.5, 2.0, c)
@@ -522,3 +538,47 @@ def _(rng):
     yield Sample.of(rng.standard_normal((2, 3, 2, 2)), *stats(3), rng.standard_normal(3), rng.standard_normal(3))
     yield Sample.of(rng.standard_normal((4, 3)), *stats(3), eps=0.1)
 
+
+# -- torch's functional forms: y alone, the running statistics updated in place ---------------------------------------
+
+
+def _update(statistic, value) -> None:
+    """Write ``value`` into a running statistic (a buffer: no gradient), as torch's functional forms do."""
+    with no_grad():
+        statistic.copy_(value)
+
+
+@function
+def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
+    """``torch.nn.functional.batch_norm``: ``y`` (``batch_norm_with_stats``'s); with ``training``, the running
+    statistics given are updated in place to (1 − momentum)·running + momentum·the batch's statistic."""
+    y, mean, var = F.batch_norm_with_stats(x, running_mean, running_var, weight, bias, training=training,
+                                           momentum=momentum, eps=eps)
+    if training and running_mean is not None:
+        _update(running_mean, mean)
+        _update(running_var, var)
+    return y
+
+
+def instance_stats(x):
+    """The batch's mean of the per-sample statistics of each channel of an (N, C, ...) input: the mean, and the
+    unbiased variance (what instance norm's running statistics average, as in torch)."""
+    spatial = list(range(2, len(x.shape)))
+    return F.mean(x, axis=[0, *spatial]), F.mean(F.var(x, axis=spatial, correction=1), axis=[0])
+
+
+@function
+def instance_norm(x, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True,
+                  momentum=0.1, eps=1e-5):
+    """``torch.nn.functional.instance_norm``: each channel of each sample normalised by its own statistics
+    (``instance_norm_affine``), the running statistics given updated in place with ``instance_stats``; or, with
+    ``use_input_stats=False``, normalised by the running statistics."""
+    if not use_input_stats:
+        return batch_norm(x, running_mean, running_var, weight, bias, eps=eps)
+    if running_mean is not None or running_var is not None:
+        with no_grad():
+            mean, var = instance_stats(x)
+        for statistic, value in ((running_mean, mean), (running_var, var)):
+            if statistic is not None:
+                _update(statistic, statistic * (1 - momentum) + value * momentum)
+    return F.instance_norm_affine(x, weight, bias, eps=eps)
