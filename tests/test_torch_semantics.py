@@ -297,3 +297,50 @@ def test_functional_instance_norm_takes_torchs_positional_order(use_input_stats)
     same(rv, trv)
     same(F.instance_norm(of.tensor(x), weight=of.tensor(w)), torch.nn.functional.instance_norm(
         torch.tensor(x), weight=torch.tensor(w)))
+
+
+# -- the audit: call forms torch shares with opforge that were already the same (a guard) ------------------------
+
+_A = np.array([[-7.0, 2.5, 0.5], [1.5, -2.5, 7.0]])
+_I = np.array([[-7, 2, 0], [1, -2, 7]], np.int32)
+AUDITED = {
+    "squeeze(dim) of a dim that is not 1": (lambda x: x.squeeze(0), lambda t: t.squeeze(0), _A),
+    "sum(dim, keepdim)": (lambda x: x.sum(1, True), lambda t: t.sum(1, True), _A),
+    "sum of int32": (lambda x: x.sum(), lambda t: t.sum(), _I),
+    "sum of bool": (lambda x: (x > 0).sum(), lambda t: (t > 0).sum(), _I),
+    "std: unbiased": (lambda x: F.std(x), lambda t: t.std(), _A),
+    "var along a dim": (lambda x: F.var(x, axis=1), lambda t: t.var(1), _A),
+    "norm": (lambda x: F.norm(x), lambda t: t.norm(), _A),
+    "split(2): chunks of 2": (lambda x: F.split(x, sections=2, axis=1)[1], lambda t: t.split(2, 1)[1], _A),
+    "split([1, 2]): sizes": (lambda x: F.split(x, sections=[1, 2], axis=1)[1], lambda t: t.split([1, 2], 1)[1], _A),
+    "cumsum of int32": (lambda x: F.cumsum(x, axis=1), lambda t: t.cumsum(1), _I),
+    "round: half to even": (lambda x: F.round(x), lambda t: t.round(), _A),
+    "round(decimals)": (lambda x: F.round(x * 0.1, decimals=1), lambda t: (t * 0.1).round(decimals=1), _A),
+    "// on floats": (lambda x: x // 2.0, lambda t: t // 2.0, _A),
+    "// on ints": (lambda x: x // -3, lambda t: t // -3, _I),
+    "% on floats": (lambda x: x % -2.0, lambda t: t % -2.0, _A),
+    "% on ints": (lambda x: x % 3, lambda t: t % 3, _I),
+    "argmax(dim)": (lambda x: x.argmax(1), lambda t: t.argmax(1), np.array([[1, 3, 3], [2, 2, 0]])),
+    "argmax()": (lambda x: x.argmax(), lambda t: t.argmax(), _A),
+    "view(-1)": (lambda x: x.view(-1), lambda t: t.view(-1), _A),
+    "clamp(min, max)": (lambda x: x.clamp(-1, 2), lambda t: t.clamp(-1, 2), _A),
+    "T": (lambda x: x.T, lambda t: t.T, _A),
+    "unsqueeze(-1)": (lambda x: x.unsqueeze(-1), lambda t: t.unsqueeze(-1), _A),
+    "F.pad: the last dim first": (lambda x: F.pad(x, pad=[1, 0, 0, 2]), lambda t: torch.nn.functional.pad(
+        t, (1, 0, 0, 2)), _A),
+    "F.gather": (lambda x: F.gather(x, of.tensor([[2, 0], [1, 1]]), axis=1),
+                 lambda t: torch.gather(t, 1, torch.tensor([[2, 0], [1, 1]])), _A),
+}
+
+
+@pytest.mark.parametrize("case", list(AUDITED))
+def test_call_forms_torch_shares_mean_the_same(case):
+    ours, theirs, data = AUDITED[case]
+    same(ours(of.tensor(data)), theirs(torch.tensor(data)))
+
+
+def test_numpy_functions_keep_numpys_meaning():
+    x = of.tensor(_A)
+    same(np.std(x), np.std(_A))  # ddof=0, where torch's std is unbiased
+    same(np.max(x, axis=0), np.max(_A, axis=0))  # values, where torch's max(dim) gives (values, indices)
+    same(np.sum(of.tensor(_I)), torch.tensor(_I).sum())  # int32 sums to int64 in both
