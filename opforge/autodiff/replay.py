@@ -43,8 +43,6 @@ _tapes_of = [definitions[0]]  # the op definitions the tapes were recorded under
 _REFUSED = object()
 _SEEN_ONCE = object()
 _MAX_TAPES = 4096  # shapes that keep changing must not grow the table without bound
-_float_attrs: dict = {}  # op definition -> whether it has float or float[] attrs
-
 
 def set_replay(on: bool) -> bool:
     """Turn the replay of gradient rules on or off (on by default); returns the previous setting. Off, every node's
@@ -70,19 +68,16 @@ def run(node, grads: list) -> list:
     tapes recorded under other op definitions."""
     op, attrs, edges = node.op, node.attrs, node.edges
     n = len(edges)
-    floats = _float_attrs.get(op)
-    if floats is None:
-        floats = _float_attrs[op] = any(p.type == "float" for p in op.attrs)
     # Everything the tape's result depends on: the attrs (a tape bakes them in; floats by exact(), as -0.0 == 0.0
     # and a NaN is equal to no other), ...
-    key = (op, (tuple(map(exact, attrs.values())) if floats else tuple(attrs.values())) if attrs else (),
+    key = (op, (tuple(map(exact, attrs.values())) if op.float_attrs else tuple(attrs.values())) if attrs else (),
            node.in_meta, node.out_meta, node.in_layout,
            # which inputs want a gradient, and which outputs got one (a node with one input that requires none
            # is never made, and a node runs only once some output's gradient reached it)
            1 if n == 1 else (edges[0] is not None, edges[1] is not None) if n == 2 else tuple(map(bool, edges)),
-           # ... and the dtypes and shapes of the gradients that came: a tape recorded for float32 ones has no cast
-           # back to float32 for a float64 one, and its lifted constants are float32
-           (grads[0]._data.dtype, grads[0]._data.shape) if len(grads) == 1 else tuple(map(_meta, grads)),
+           # ... and the dtypes of the gradients that came (their shapes are the outputs'): a tape recorded for
+           # float32 ones has no cast back to float32 for a float64 one, and its lifted constants are float32
+           grads[0]._data.dtype if len(grads) == 1 else tuple(map(_dtype, grads)),
            node.device.name)
     try:
         tape = _tapes.get(key)
@@ -96,8 +91,8 @@ def run(node, grads: list) -> list:
         return _as_written(node, grads)
 
 
-def _meta(g):
-    return None if g is None else (g._data.dtype, g._data.shape)
+def _dtype(g):
+    return None if g is None else g._data.dtype
 
 
 def _untaped(key, tape, node, grads: list) -> list:

@@ -96,6 +96,7 @@ class OpDef:
         self.attrs = schema.attrs
         self.outputs = schema.outputs
         self.input_names = tuple(p.name for p in self.inputs)
+        self.float_attrs = any(p.type == "float" for p in self.attrs)  # (replay keys these by their bits)
         self.output_names = tuple(o.name for o in self.outputs)
         self.inplace = dict(inplace or {})
         for out, inp in self.inplace.items():
