@@ -187,7 +187,21 @@ def render_markdown(ops=None) -> str:
         out += [f"[`{path}`](../{path}){(' — ' + summary) if summary else ''}"]
         for op in members:
             out += _render_op(op, *orders[op.name])
+    functions = library_functions()
+    if functions:
+        out += ["", "## Functions written with ops", "",
+                "Functions of `opforge.ops` that have no schema of their own: each calls ops (its gradients are "
+                "theirs) and is defined in its family's module, beside them (`opforge.core.declare.function`).", ""]
+        for name, fn in functions:
+            first = " ".join((inspect.getdoc(fn) or "").split("\n\n")[0].split())
+            out += [f"- `{name}{inspect.signature(fn)}` ([`{_module_path(fn.__module__)}`]"
+                    f"(../{_module_path(fn.__module__)})): {first}"]
     return "\n".join(out) + "\n"
+
+
+def library_functions() -> list:
+    """(name, function) of the library's functions written with ops (``registry.functions``), by name."""
+    return sorted((name, fn) for name, fn in registry.functions.items() if fn.__module__.startswith(LIBRARY))
 
 
 def _module_path(module: str) -> str:
@@ -259,20 +273,23 @@ def ops_of_module(module) -> list:
 def render_stub(entries, module: str = "opforge.ops") -> str:
     """A ``.pyi`` declaring each (name, OpDef) entry as a typed function; a module ``__getattr__`` keeps
     every other attribute of the module usable (as Any)."""
-    taken = {name for name, _ in entries} & _BUILTINS
+    library = module == "opforge.ops"
+    taken = ({name for name, _ in entries} | ({n for n, _ in library_functions()} if library else set())) & _BUILTINS
     body, family = [], None
     for name, op in entries:
         if module_of(op) != family:
             family = module_of(op)
             body.append(f"# -- {family}\n")
         body.append(_stub_function(name, op, taken))
+    if library:
+        for name, fn in library_functions():
+            body.append(_stub_untyped(name, fn))
     text = "\n".join(body)
     imports = ["import builtins"] if taken else []  # `def float(...)` would shadow float: write builtins.float
     if "Sequence[" in text:
         imports.append("from collections.abc import Sequence")
     typing = ["Any", *(["NamedTuple"] if "(NamedTuple):" in text else []), "TypeAlias"]
     imports.append(f"from typing import {', '.join(typing)}\n")
-    library = module == "opforge.ops"
     header = _HEADER.format(
         module=module, command=COMMAND if library else f"opforge stubs --module {module}", imports="\n".join(imports),
         blank="\n" if library else "",  # opforge is first-party only in its own stubs
@@ -337,6 +354,23 @@ def _stub_function(name: str, op: OpDef, taken: set) -> str:
                         initial_indent="    \"\"\"", subsequent_indent="    ")
     lines += [head, doc + ('"""' if "\n" not in doc else '\n    """'), ""]
     return "\n".join(lines)
+
+
+def _stub_untyped(name: str, fn) -> str:
+    """A function written with ops (no schema): its parameters as Python states them, typed Any."""
+    params = []
+    for p in inspect.signature(fn).parameters.values():
+        if p.kind is p.KEYWORD_ONLY and not any(x.startswith("*") for x in params):
+            params.append("*")
+        params.append(p.name + ("" if p.default is p.empty else f"={_default(p.default)}"))
+    first = " ".join((inspect.getdoc(fn) or name).split("\n\n")[0].split())
+    doc = textwrap.fill(first.replace('"""', "'''").replace("\\", "\\\\"), 112, initial_indent="    \"\"\"",
+                        subsequent_indent="    ")
+    closing = '"""' if "\n" not in doc else '\n    """'
+    head = f"def {name}({', '.join(params)}) -> Any:"
+    if len(head) > 120:
+        head = f"def {name}(\n" + "".join(f"    {p},\n" for p in params) + ") -> Any:"
+    return "\n".join([head, doc + closing, ""])
 
 
 # -- writing and checking -------------------------------------------------------------------------------------------

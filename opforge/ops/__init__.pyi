@@ -1534,3 +1534,48 @@ def topk(x: _TensorLike, *, k: int, axis: int = -1, largest: bool = True, sorted
     (smallest first), and where they came from. Equal elements come in their original order; the result is
     sorted also with ``sorted=False`` (PyTorch leaves the order unspecified then).
     """
+
+def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-05) -> Any:
+    """``torch.nn.functional.batch_norm``: ``y`` (``batch_norm_with_stats``'s); with ``training``, the running
+    statistics given are updated in place to (1 − momentum)·running + momentum·the batch's statistic.
+    """
+
+def dropout(x, p=0.5, training=True, inplace=False) -> Any:
+    """``torch.nn.functional.dropout``: ``dropout_with_mask``'s output ``y``, without the mask."""
+
+def dropout1d(x, p=0.5, training=True, inplace=False) -> Any:
+    """``torch.nn.functional.dropout1d``: ``dropout1d_with_mask``'s output ``y``, without the mask."""
+
+def dropout2d(x, p=0.5, training=True, inplace=False) -> Any:
+    """``torch.nn.functional.dropout2d``: ``dropout2d_with_mask``'s output ``y``, without the mask."""
+
+def dropout3d(x, p=0.5, training=True, inplace=False) -> Any:
+    """``torch.nn.functional.dropout3d``: ``dropout3d_with_mask``'s output ``y``, without the mask."""
+
+def instance_norm(
+    x,
+    running_mean=None,
+    running_var=None,
+    weight=None,
+    bias=None,
+    use_input_stats=True,
+    momentum=0.1,
+    eps=1e-05,
+) -> Any:
+    """``torch.nn.functional.instance_norm``: each channel of each sample normalised by its own statistics
+    (``instance_norm_affine``), the running statistics given updated in place with ``instance_stats``; or, with
+    ``use_input_stats=False``, normalised by the running statistics.
+    """
+
+def max(x, dim=None, keepdim=False, *, axis=None) -> Any:
+    """``torch.max`` (and ``Tensor.max``): ``max(x)`` the largest value (the gradient shared among ties, as
+    ``amax``); ``max(x, dim, keepdim=False)`` the named tuple ``(values, indices)`` along one dim, the first
+    largest where values tie, NaN counting as the largest (the gradient to that index alone); ``max(x, other)``
+    the elementwise ``maximum``. ``axis=`` is another spelling of ``dim=``, as in torch. Not an op of its own:
+    it calls amax, argmax and gather, or maximum.
+    """
+
+def min(x, dim=None, keepdim=False, *, axis=None) -> Any:
+    """``torch.min`` (and ``Tensor.min``): ``min(x)``, ``min(x, dim)`` -> ``(values, indices)``, ``min(x,
+    other)`` (see ``max``).
+    """

@@ -89,5 +89,5 @@ for _op in (dropout1d_with_mask, dropout2d_with_mask, dropout3d_with_mask):
     _op.samples(_samples(_RANKS[_op.name][0][0]))
 
 
-dropout1d, dropout2d, dropout3d = (function(functional_dropout(op)) for op in (
+dropout1d, dropout2d, dropout3d = (function(functional_dropout(op, __name__)) for op in (
     dropout1d_with_mask, dropout2d_with_mask, dropout3d_with_mask))

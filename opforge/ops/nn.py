@@ -319,7 +319,7 @@ def _(rng):
     yield Sample.of(rng.standard_normal(()), training=False)
 
 
-def functional_dropout(op):
+def functional_dropout(op, module: str = __name__):
     """torch's functional form of the dropout op ``op`` (one of the ``*_with_mask`` ops): ``y`` alone, the mask
     kept inside the op for backward; ``inplace=True`` writes ``y`` into ``x`` (an in-place op, as ``x.copy_``)."""
     name = op.name.removesuffix("_with_mask")
@@ -329,6 +329,7 @@ def functional_dropout(op):
         return x.copy_(y) if inplace else y
 
     dropout.__name__ = dropout.__qualname__ = name
+    dropout.__module__ = module  # where its op is defined
     dropout.__doc__ = f"``torch.nn.functional.{name}``: ``{op.name}``'s output ``y``, without the mask."
     return dropout
 
