@@ -328,7 +328,7 @@ def tanh_grad(y: _TensorLike, dy: _TensorLike) -> Tensor:
     """Gradient of tanh from its output: dx = dy·(1 − y²)."""
 
 def sigmoid(x: _TensorLike) -> Tensor:
-    """y = 1 / (1 + e⁻ˣ), computed without overflow for large |x|."""
+    """y = 1 / (1 + e⁻ˣ) (PyTorch's values, at the tails too)."""
 
 def sigmoid_grad(y: _TensorLike, dy: _TensorLike) -> Tensor:
     """Gradient of sigmoid from its output: dx = dy·y·(1 − y)."""

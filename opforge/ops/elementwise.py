@@ -27,6 +27,7 @@ from ._common import (
     normalize_axes,
     np,
     op,
+    overflow_ignored,
 )
 
 
@@ -342,13 +343,18 @@ def _(rng):
 
 
 def _sigmoid(x):
-    z = np.exp(-np.abs(x))  # ≤ 1: no overflow for large |x|
-    return np.where(x >= 0, 1 / (1 + z), z / (1 + z))
+    """1 / (1 + e⁻ˣ) as PyTorch computes it: for x below about −88 (float32) e⁻ˣ overflows to inf, which is expected
+    (the result is then 0, torch's value too). A select between two stable forms (np.where over the sign of x)
+    gave the same values to 1 ulp above the subnormals at 12 times the cost (14.5 against 1.2 ms for 1M float32)."""
+    with overflow_ignored():
+        t = np.exp(-x)
+    t += 1
+    return np.reciprocal(t, out=t) if type(t) is np.ndarray else np.reciprocal(t)
 
 
 @op("sigmoid(Tensor<floating> x) -> Tensor y", traits=["elementwise", "pointwise"])
 def sigmoid(x):
-    """y = 1 / (1 + e⁻ˣ), computed without overflow for large |x|."""
+    """y = 1 / (1 + e⁻ˣ) (PyTorch's values, at the tails too)."""
     return _sigmoid(x)
 
 
