@@ -198,6 +198,11 @@ class Executor:
             ops, removed["dead"] = self._prune(ops, fetched)
             ops, folded = self._fold(ops, specs)
             removed["folded"] = len(folded)
+            # A folded op that read only its inputs' shapes (the seed ones_like(loss) of a backward pass) no longer
+            # reads them: what computed them may be dead now (the first-order gradients under a Hessian-vector
+            # product's second pass, which only their shapes seeded)
+            ops, dead = self._prune(ops, fetched)
+            removed["dead"] += dead
         else:
             alias = {}
         return self._generate(ops, specs, alias, removed, folded)
