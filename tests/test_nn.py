@@ -465,10 +465,6 @@ def test_multihead_attention_errors():
         nn.MultiheadAttention(6, 4)
     with pytest.raises(of.ArgumentError, match="dropout must be a probability"):
         nn.MultiheadAttention(6, 2, 1.5)
-    with pytest.raises(of.ArgumentError, match="add_bias_kv=True is not supported"):
-        nn.MultiheadAttention(6, 2, add_bias_kv=True)
-    with pytest.raises(of.ArgumentError, match="kdim=4 other than embed_dim"):
-        nn.MultiheadAttention(6, 2, kdim=4)
     mha = nn.MultiheadAttention(6, 2)
     with pytest.raises(of.ShapeError, match=r"query must be \(L, N, E\) \(batch_first=False\) or \(L, E\) "
                                             r"unbatched, .* E = embed_dim = 6; got shape \(2, 4, 5\)"):

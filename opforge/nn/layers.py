@@ -437,8 +437,11 @@ class Embedding(Module):
 
 class MultiheadAttention(Module):
     """Multi-head attention with PyTorch's signature, defaults and parameters: ``in_proj_weight`` (3E, E) and
-    ``in_proj_bias`` (3E,) project the query, key and value, ``out_proj`` the result. Inputs are (L, N, E), as
-    PyTorch's default ``batch_first=False``; (N, L, E) with ``batch_first=True``; (L, E) for one unbatched sequence.
+    ``in_proj_bias`` (3E,) project the query, key and value, ``out_proj`` the result. With a ``kdim`` or ``vdim``
+    other than ``embed_dim`` the projections are separate, as PyTorch's: ``q_proj_weight`` (E, E),
+    ``k_proj_weight`` (E, kdim), ``v_proj_weight`` (E, vdim) (``in_proj_weight`` is then None). Inputs are
+    (L, N, E), as PyTorch's default ``batch_first=False``; (N, L, E) with ``batch_first=True``; (L, E) for one
+    unbatched sequence.
 
     ``mha(query, key, value, ...)`` returns ``(output, weights)`` as PyTorch does: with ``need_weights=True`` (the
     default) the attention weights (N, L, S), averaged over the heads unless ``average_attn_weights=False``
@@ -447,8 +450,10 @@ class MultiheadAttention(Module):
     a boolean ``attn_mask`` (L, S) or (N·heads, L, S) or ``key_padding_mask`` (N, S) is True where attending is
     *not* allowed; a float mask is added to the scores. ``is_causal=True`` lets position i attend to positions
     j <= i (PyTorch takes it only as a hint beside the causal ``attn_mask``; here it also works alone).
-    ``dropout`` drops attention weights in training. ``add_bias_kv``, ``add_zero_attn`` and a ``kdim``/``vdim``
-    other than ``embed_dim`` are not supported, and say so.
+    ``dropout`` drops attention weights in training. ``add_bias_kv`` appends a learned key and value (``bias_k``,
+    ``bias_v``, (1, 1, E)) and ``add_zero_attn`` a key and value of zeros, which every query may attend to (the
+    masks are extended to allow them, as PyTorch does); with them ``is_causal`` is refused, as PyTorch's result
+    then depends on ``need_weights``.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
@@ -462,26 +467,40 @@ class MultiheadAttention(Module):
                                 f"({num_heads})")
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout <= 1.0:
             raise ArgumentError(f"MultiheadAttention(): dropout must be a probability in [0, 1], got {dropout!r}")
-        for name, value in (("add_bias_kv", add_bias_kv), ("add_zero_attn", add_zero_attn)):
-            if value:
-                raise ArgumentError(f"MultiheadAttention(): {name}=True is not supported")
-        for name, value in (("kdim", kdim), ("vdim", vdim)):
-            if value not in (None, embed_dim):
-                raise ArgumentError(f"MultiheadAttention(): {name}={value!r} other than embed_dim ({embed_dim}) is "
-                                    "not supported (PyTorch then has separate q/k/v projection weights)")
+        self.kdim = embed_dim if kdim is None else _count(kdim, "kdim", "MultiheadAttention")
+        self.vdim = embed_dim if vdim is None else _count(vdim, "vdim", "MultiheadAttention")
+        self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim  # PyTorch's name
         self.dropout, self.batch_first = float(dropout), bool(batch_first)
+        self.add_zero_attn = bool(add_zero_attn)
         self.head_dim = embed_dim // num_heads
-        self.in_proj_weight = _param(3 * embed_dim, embed_dim, dtype=dtype)
+        separate = ("q_proj_weight", "k_proj_weight", "v_proj_weight")
+        if self._qkv_same_embed_dim:
+            self.in_proj_weight = _param(3 * embed_dim, embed_dim, dtype=dtype)
+            for name in separate:
+                self.register_parameter(name, None)
+        else:
+            for name, dim in zip(separate, (embed_dim, self.kdim, self.vdim)):
+                self.register_parameter(name, _param(embed_dim, dim, dtype=dtype))
+            self.register_parameter("in_proj_weight", None)
         self.in_proj_bias = _param(3 * embed_dim, dtype=dtype) if bias else None
         self.out_proj = Linear(embed_dim, embed_dim, bias=bias, dtype=dtype)
+        if add_bias_kv:
+            self.bias_k, self.bias_v = _param(1, 1, embed_dim, dtype=dtype), _param(1, 1, embed_dim, dtype=dtype)
+        else:
+            self.bias_k = self.bias_v = None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        # As PyTorch: Xavier for the input projection, zero biases; out_proj keeps Linear's weight init.
-        init.xavier_uniform_(self.in_proj_weight)
+        # As PyTorch: Xavier for the input projections and bias_k/v, zero biases; out_proj keeps Linear's init.
+        for w in (self.in_proj_weight, self.q_proj_weight, self.k_proj_weight, self.v_proj_weight):
+            if w is not None:
+                init.xavier_uniform_(w)
         if self.in_proj_bias is not None:
             init.zeros_(self.in_proj_bias)
             init.zeros_(self.out_proj.bias)
+        if self.bias_k is not None:
+            init.xavier_normal_(self.bias_k)
+            init.xavier_normal_(self.bias_v)
 
     def _heads(self, t, n, length):
         """(N, L, E) -> (N, heads, L, head_dim)."""
@@ -498,9 +517,6 @@ class MultiheadAttention(Module):
                 mask = F.reshape(mask, shape=[n, 1, 1, source])
             elif len(mask.shape) == 3:
                 mask = F.reshape(mask, shape=[n, self.num_heads, length, source])
-            elif len(mask.shape) != 2:
-                raise ShapeError(f"MultiheadAttention: attn_mask must be (L, S) or (N·num_heads, L, S), got shape "
-                                 f"{tuple(mask.shape)}")
             if mask.dtype == D.bool_:
                 allowed.append(F.logical_not(mask))
             elif D.is_floating(mask.dtype):
@@ -519,6 +535,18 @@ class MultiheadAttention(Module):
             total = total + extra
         return total if not allowed else total + F.where(allowed[0], 0.0, -math.inf)
 
+    def _check_masks(self, attn_mask, key_padding_mask, n, length, source, batched):
+        """PyTorch's mask shapes, refused in its terms (a wrong one could otherwise broadcast or reshape)."""
+        if key_padding_mask is not None and tuple(key_padding_mask.shape) != ((n, source) if batched else (source,)):
+            want = f"(N, S) = ({n}, {source})" if batched else f"(S,) = ({source},) for unbatched input"
+            raise ShapeError(f"MultiheadAttention: key_padding_mask must be {want}, got shape "
+                             f"{tuple(key_padding_mask.shape)}")
+        if attn_mask is not None and tuple(attn_mask.shape) not in ((length, source),
+                                                                     (n * self.num_heads, length, source)):
+            raise ShapeError(f"MultiheadAttention: attn_mask must be (L, S) = ({length}, {source}) or "
+                             f"(N·num_heads, L, S) = ({n * self.num_heads}, {length}, {source}), got shape "
+                             f"{tuple(attn_mask.shape)}")
+
     def forward(self, query, key=None, value=None, key_padding_mask=None, need_weights: bool = True,
                 attn_mask=None, average_attn_weights: bool = True, is_causal: bool = False):
         self_attention = (key is None or key is query) and (value is None or value is query)
@@ -526,28 +554,49 @@ class MultiheadAttention(Module):
         value = key if value is None else value
         batched = len(query.shape) == 3
         layout = "(N, L, E)" if self.batch_first else "(L, N, E)"
-        for name, t in (("query", query), ("key", key), ("value", value)):
-            if len(t.shape) not in (2, 3) or len(t.shape) != len(query.shape) or t.shape[-1] != self.embed_dim:
+        for name, t, dim in (("query", query, "embed_dim"), ("key", key, "kdim"), ("value", value, "vdim")):
+            if len(t.shape) not in (2, 3) or len(t.shape) != len(query.shape) or t.shape[-1] != getattr(self, dim):
                 raise ShapeError(f"MultiheadAttention: {name} must be {layout} (batch_first={self.batch_first}) or "
-                                 f"(L, E) unbatched, of the query's rank, with E = embed_dim = {self.embed_dim}; "
+                                 f"(L, E) unbatched, of the query's rank, with E = {dim} = {getattr(self, dim)}; "
                                  f"got shape {tuple(t.shape)}")
+        if is_causal and (self.bias_k is not None or self.add_zero_attn):
+            raise ArgumentError("MultiheadAttention: is_causal=True with add_bias_kv or add_zero_attn is refused: "
+                                "PyTorch then attends to the appended keys or not depending on need_weights and "
+                                "key_padding_mask; give the causal attn_mask alone")
+        batch = 0 if self.batch_first else 1
+        if tuple(key.shape[:-1]) != tuple(value.shape[:-1]) or (batched and key.shape[batch] != query.shape[batch]):
+            raise ShapeError(f"MultiheadAttention: key and value must have the same length and batch, and the "
+                             f"query's batch; got shapes {tuple(query.shape)}, {tuple(key.shape)}, "
+                             f"{tuple(value.shape)} (batch_first={self.batch_first})")
         if not batched:  # one sequence: a batch of one
             query, key, value = (F.unsqueeze(t, axis=0) for t in (query, key, value))
-            if key_padding_mask is not None:
-                key_padding_mask = F.unsqueeze(key_padding_mask, axis=0)
         elif not self.batch_first:  # (L, N, E) -> (N, L, E)
             query, key, value = (F.transpose(t, perm=[1, 0, 2]) for t in (query, key, value))
         n, length, source, e = query.shape[0], query.shape[1], key.shape[1], self.embed_dim
-        if self_attention:  # one projection for all three
+        self._check_masks(attn_mask, key_padding_mask, n, length, source, batched)
+        if key_padding_mask is not None and not batched:
+            key_padding_mask = F.unsqueeze(key_padding_mask, axis=0)
+        if self_attention and self.in_proj_weight is not None:  # one projection for all three
             q, k, v = F.split(F.linear(query, self.in_proj_weight, self.in_proj_bias), sections=[e, e, e], axis=-1)
         else:
-            ws = F.split(self.in_proj_weight, sections=[e, e, e], axis=0)
+            ws = ((self.q_proj_weight, self.k_proj_weight, self.v_proj_weight) if self.in_proj_weight is None
+                  else F.split(self.in_proj_weight, sections=[e, e, e], axis=0))
             bs = F.split(self.in_proj_bias, sections=[e, e, e]) if self.in_proj_bias is not None else [None] * 3
             q, k, v = (F.linear(t, w, b) for t, w, b in zip((query, key, value), ws, bs))
-        q, k, v = self._heads(q, n, length), self._heads(k, n, source), self._heads(v, n, source)
+        extra = 0  # keys and values appended after the source's: every query may attend to them
+        if self.bias_k is not None:
+            k, v = (F.concat([t, F.broadcast_to(b, shape=[n, 1, e])], axis=1) for t, b in ((k, self.bias_k),
+                                                                                           (v, self.bias_v)))
+            extra += 1
+        q, k, v = self._heads(q, n, length), self._heads(k, n, source + extra), self._heads(v, n, source + extra)
+        if self.add_zero_attn:  # a key and a value of zeros, after the others (the sequence dim is -2)
+            k, v = F.pad(k, pad=[0, 0, 0, 1]), F.pad(v, pad=[0, 0, 0, 1])
+            extra += 1
         dropout = self.dropout if self.training else 0.0
         explicit = need_weights or dropout > 0.0  # the weights themselves are needed: no fused op
-        mask = self._mask(attn_mask, key_padding_mask, is_causal, n, length, source, explicit)
+        mask = self._mask(attn_mask, key_padding_mask, is_causal, n, length, source, explicit or extra > 0)
+        if mask is not None and extra:  # the masks cover the source: the appended keys are allowed
+            mask = F.pad(mask, pad=[0, extra], value=1.0 if mask.dtype == D.bool_ else 0.0)
         weights = None
         if explicit:
             scores = F.matmul(q, F.transpose(k, perm=[0, 1, 3, 2])) * (1.0 / math.sqrt(self.head_dim))
@@ -573,7 +622,10 @@ class MultiheadAttention(Module):
 
     def extra_repr(self) -> str:
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}"
-                + (f", dropout={self.dropout}" if self.dropout else "") + f", batch_first={self.batch_first}")
+                + (f", dropout={self.dropout}" if self.dropout else "") + f", batch_first={self.batch_first}"
+                + ("" if self._qkv_same_embed_dim else f", kdim={self.kdim}, vdim={self.vdim}")
+                + (", add_bias_kv=True" if self.bias_k is not None else "")
+                + (", add_zero_attn=True" if self.add_zero_attn else ""))
 
 
 # -- shape and pooling -----------------------------------------------------------------------------------------
