@@ -1,10 +1,11 @@
-"""nn.MultiheadAttention (every torch option) against torch.nn, in float64: torch's
+"""nn.MultiheadAttention (every torch option) and the Transformer family against torch.nn, in float64: torch's
 modules load our state_dict (strict: the same names, shapes and order), then outputs, the returned weights, the
 inputs' and every parameter's gradients must agree; eagerly and inside ``of.compile``. Dropout is 0 (or the modules
 are in eval mode) wherever values are compared."""
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import numpy as np
@@ -197,3 +198,243 @@ def test_multihead_attention_options_compiled_give_the_eager_values_and_gradient
     compiled = of.compile(step)(**inputs, padding=padding)
     for a, b in zip(compiled, eager):
         close(a, b.numpy())
+
+
+# -- the Transformer layers ------------------------------------------------------------------------------------
+
+D_MODEL, NHEAD, FF = 8, 2, 16
+ACTIVATIONS = {"relu": ("relu", "relu"), "gelu": ("gelu", "gelu"),
+               "module": (lambda: nn.GELU(approximate="tanh"), lambda: TNN.GELU(approximate="tanh")),
+               "function": (lambda: F.silu, lambda: TNN.functional.silu)}
+
+
+def activation(name):
+    ours, theirs = ACTIVATIONS[name]
+    return (ours() if callable(ours) else ours), (theirs() if callable(theirs) else theirs)
+
+
+def layer_pair(kind, act="relu", seed=0, **kw):
+    ours_act, theirs_act = activation(act)
+    of.manual_seed(seed)
+    ours = getattr(nn, kind)(D_MODEL, NHEAD, FF, dropout=0.0, activation=ours_act, dtype=F64, **kw)
+    return ours, load_into(ours, getattr(TNN, kind)(D_MODEL, NHEAD, FF, dropout=0.0, activation=theirs_act, **kw))
+
+
+def seq(length, batch_first=False, batched=True, seed=0):
+    shape = ((N, length, D_MODEL) if batch_first else (length, N, D_MODEL)) if batched else (length, D_MODEL)
+    return randn(*shape, seed=seed)
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("act", list(ACTIVATIONS))
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_layer_matches_torch(norm_first, act, batch_first):
+    ours, theirs = layer_pair("TransformerEncoderLayer", act, norm_first=norm_first, batch_first=batch_first)
+    compare(ours, theirs, {"src": seq(S, batch_first)}, {"src_key_padding_mask": PADDING})
+    compare(ours, theirs, {"src": seq(S, batch_first)}, {"src_mask": randn(S, S, seed=2), "is_causal": False})
+    compare(ours, theirs, {"src": seq(S, batched=False)}, {"src_mask": causal(S)})  # unbatched (S, E)
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("act", ["relu", "gelu", "module"])
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_decoder_layer_matches_torch(norm_first, act, batch_first):
+    ours, theirs = layer_pair("TransformerDecoderLayer", act, norm_first=norm_first, batch_first=batch_first)
+    mask = nn.Transformer.generate_square_subsequent_mask(L, dtype=F64).numpy()
+    compare(ours, theirs, {"tgt": seq(L, batch_first), "memory": seq(S, batch_first, seed=1)},
+            {"tgt_mask": mask, "tgt_is_causal": True, "memory_key_padding_mask": PADDING,
+             "tgt_key_padding_mask": np.array([[False] * L, [False] * (L - 1) + [True]])})
+    compare(ours, theirs, {"tgt": seq(L, batch_first), "memory": seq(S, batch_first, seed=1)},
+            {"memory_mask": randn(N * NHEAD, L, S, seed=3) > 1.5})
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_and_decoder_stacks_match_torch(norm_first):
+    of.manual_seed(2)
+    layer = nn.TransformerEncoderLayer(D_MODEL, NHEAD, FF, dropout=0.0, norm_first=norm_first, dtype=F64)
+    ours = nn.TransformerEncoder(layer, 3, norm=nn.LayerNorm(D_MODEL, dtype=F64))
+    theirs = TNN.TransformerEncoder(TNN.TransformerEncoderLayer(D_MODEL, NHEAD, FF, dropout=0.0,
+                                                                norm_first=norm_first), 3, norm=TNN.LayerNorm(D_MODEL),
+                                    enable_nested_tensor=False)
+    for i, block in enumerate(ours.layers):  # distinct weights per layer, so that a mix-up would show
+        nn.init.normal_(block.linear1.weight, std=0.3 + 0.1 * i)
+    theirs = load_into(ours, theirs)
+    compare(ours, theirs, {"src": seq(S)}, {"mask": causal(S), "src_key_padding_mask": PADDING})
+    compare(ours, theirs, {"src": seq(S)}, {"is_causal": True}, {"mask": causal(S)})
+
+    of.manual_seed(3)
+    layer = nn.TransformerDecoderLayer(D_MODEL, NHEAD, FF, dropout=0.0, norm_first=norm_first, dtype=F64)
+    ours = nn.TransformerDecoder(layer, 2)
+    theirs = load_into(ours, TNN.TransformerDecoder(TNN.TransformerDecoderLayer(D_MODEL, NHEAD, FF, dropout=0.0,
+                                                                                 norm_first=norm_first), 2))
+    compare(ours, theirs, {"tgt": seq(L), "memory": seq(S, seed=1)},
+            {"tgt_mask": causal(L), "memory_key_padding_mask": PADDING})
+
+
+def test_stacks_copy_the_layer_given():
+    layer = nn.TransformerEncoderLayer(D_MODEL, NHEAD, FF)
+    stack = nn.TransformerEncoder(layer, 2)
+    assert stack.num_layers == 2 and all(block is not layer for block in stack.layers)
+    a, b = stack.layers[0].linear1.weight, stack.layers[1].linear1.weight
+    assert a is not b and a is not layer.linear1.weight
+    np.testing.assert_array_equal(a.numpy(), layer.linear1.weight.numpy())  # copies: torch's _get_clones
+    nn.init.zeros_(a)
+    assert b.numpy().any() and layer.linear1.weight.numpy().any()
+    assert len(list(stack.parameters())) == 2 * len(list(layer.parameters()))
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_transformer_matches_torch(batch_first):
+    of.manual_seed(4)
+    ours = nn.Transformer(D_MODEL, NHEAD, 2, 2, FF, dropout=0.0, batch_first=batch_first, dtype=F64)
+    theirs = load_into(ours, TNN.Transformer(D_MODEL, NHEAD, 2, 2, FF, dropout=0.0, batch_first=batch_first))
+    tgt_mask = nn.Transformer.generate_square_subsequent_mask(L, dtype=F64).numpy()
+    compare(ours, theirs, {"src": seq(S, batch_first), "tgt": seq(L, batch_first, seed=1)},
+            {"tgt_mask": tgt_mask, "src_key_padding_mask": PADDING, "memory_key_padding_mask": PADDING,
+             "memory_mask": randn(L, S, seed=4), "src_mask": causal(S).T.copy()})
+    compare(ours, theirs, {"src": seq(S, batch_first), "tgt": seq(L, batch_first, seed=1)},
+            {"tgt_mask": tgt_mask, "tgt_is_causal": True})
+
+
+def test_transformer_options_and_initialisation_are_torchs():
+    of.manual_seed(5)
+    ours = nn.Transformer(D_MODEL, NHEAD, 1, 1, FF, dropout=0.0, activation="gelu", norm_first=True, bias=False,
+                          layer_norm_eps=1e-3, dtype=F64)
+    theirs = load_into(ours, TNN.Transformer(D_MODEL, NHEAD, 1, 1, FF, dropout=0.0, activation="gelu",
+                                             norm_first=True, bias=False, layer_norm_eps=1e-3))
+    assert ours.encoder.norm.eps == 1e-3 and ours.encoder.norm.bias is None
+    compare(ours, theirs, {"src": seq(S), "tgt": seq(L, seed=1)}, {"tgt_is_causal": True}, {"tgt_mask": causal(L)})
+    # _reset_parameters: Xavier uniform on every parameter of 2 dims or more, after the layers' own init
+    big = nn.Transformer(64, 4, 1, 1, 128)
+    w = big.encoder.layers[0].linear1.weight.numpy()
+    bound = math.sqrt(6 / (64 + 128))
+    assert 0.95 * bound < np.abs(w).max() <= bound
+
+
+@pytest.mark.parametrize("name", ["Transformer", "TransformerEncoderLayer", "TransformerDecoderLayer",
+                                  "TransformerEncoder", "TransformerDecoder", "MultiheadAttention"])
+def test_constructor_and_forward_signatures_are_torchs(name):
+    """The same parameters in the same order with the same defaults (torch's activation default is its F.relu,
+    ours ours; MultiheadAttention's key and value default to the query; device= is not taken yet)."""
+    for method in ("__init__", "forward"):
+        ours = inspect.signature(getattr(getattr(nn, name), method)).parameters
+        theirs = dict(inspect.signature(getattr(getattr(TNN, name), method)).parameters)
+        theirs.pop("device", None)
+        assert list(ours) == list(theirs)
+        for p, q in zip(ours.values(), theirs.values()):
+            assert (p.default == q.default or (p.default, q.default) == (F.relu, TNN.functional.relu)
+                    or (name, p.name) in (("MultiheadAttention", "key"), ("MultiheadAttention", "value"))), p.name
+
+
+def test_custom_encoder_and_decoder():
+    enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(D_MODEL, NHEAD, FF, dropout=0.0), 1)
+    dec = nn.Identity()
+    model = nn.Transformer(D_MODEL, NHEAD, custom_encoder=enc, custom_decoder=dec)
+    assert model.encoder is enc and model.decoder is dec
+
+
+def test_generate_square_subsequent_mask_is_torchs():
+    mask = nn.Transformer.generate_square_subsequent_mask(4)
+    assert mask.dtype == of.float32
+    np.testing.assert_array_equal(mask.numpy(), TNN.Transformer.generate_square_subsequent_mask(4).numpy())
+    assert nn.Transformer.generate_square_subsequent_mask(3, dtype=F64).dtype == F64
+
+
+def test_eval_mode_matches_torchs_inference_fast_path():
+    """torch's eval mode under no_grad takes its fused encoder path (nested tensors with a padding mask): the same
+    values at every position that is not padding; torch returns 0 there, we compute them (see docs/pytorch.md)."""
+    of.manual_seed(6)
+    layer = nn.TransformerEncoderLayer(D_MODEL, NHEAD, FF, dropout=0.3, batch_first=True, dtype=F64)
+    ours = nn.TransformerEncoder(layer, 2).eval()
+    theirs = load_into(ours, TNN.TransformerEncoder(TNN.TransformerEncoderLayer(D_MODEL, NHEAD, FF, dropout=0.3,
+                                                                                batch_first=True), 2)).eval()
+    x = seq(S, batch_first=True)
+    with torch.no_grad():
+        expected = theirs(torch.from_numpy(x), src_key_padding_mask=torch.from_numpy(PADDING)).numpy()
+    got = ours(of.tensor(x), src_key_padding_mask=of.tensor(PADDING)).numpy()
+    close(got[~PADDING], expected[~PADDING], rtol=1e-9, atol=1e-10)
+    assert not expected[PADDING].any()  # torch's zeros: the documented difference
+
+
+def test_dropout_is_active_in_training_only():
+    of.manual_seed(7)
+    model = nn.TransformerEncoderLayer(D_MODEL, NHEAD, FF, dropout=0.5, dtype=F64)
+    x = of.tensor(seq(S))
+    a, b = model(x).numpy(), model(x).numpy()
+    assert not np.allclose(a, b)  # each call draws its own masks
+    model.eval()
+    np.testing.assert_array_equal(model(x).numpy(), model(x).numpy())
+    model.dropout.p = model.dropout1.p = model.dropout2.p = model.self_attn.dropout = 0.0
+    model.train()
+    np.testing.assert_array_equal(model(x).numpy(), model.eval()(x).numpy())
+
+
+def test_transformer_errors():
+    with pytest.raises(of.ArgumentError, match=r"TransformerEncoderLayer\(\): activation should be relu/gelu, not "
+                                                r"tanh"):
+        nn.TransformerEncoderLayer(8, 2, activation="tanh")
+    with pytest.raises(of.ArgumentError, match=r"TransformerDecoderLayer\(\): activation must be 'relu', 'gelu' or "
+                                                r"a callable"):
+        nn.TransformerDecoderLayer(8, 2, activation=3)
+    with pytest.raises(of.ArgumentError, match=r"TransformerEncoderLayer\(\): dropout must be a probability"):
+        nn.TransformerEncoderLayer(8, 2, dropout=1.5)
+    with pytest.raises(of.ArgumentError, match="divisible by num_heads"):
+        nn.TransformerEncoderLayer(8, 3)
+    with pytest.raises(of.ArgumentError, match=r"TransformerEncoder\(\): argument 'num_layers' must be an int >= 1"):
+        nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2), 0)
+    with pytest.raises(of.ArgumentError, match=r"TransformerDecoder\(\): expected a layer"):
+        nn.TransformerDecoder("layer", 2)
+    model = nn.Transformer(8, 2, 1, 1, 16)
+    with pytest.raises(of.ShapeError, match="the batch number of src and tgt must be equal"):
+        model(of.randn(5, 2, 8), of.randn(4, 3, 8))
+    with pytest.raises(of.ShapeError, match=r"feature number of src and tgt must be equal to d_model \(8\)"):
+        model(of.randn(5, 2, 8), of.randn(4, 2, 6))
+
+
+# -- compiled ----------------------------------------------------------------------------------------------------
+
+
+class Seq2Seq(nn.Module):
+    """A tiny translation model around nn.Transformer: embeddings in, a vocabulary out."""
+
+    def __init__(self, vocab=11):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, D_MODEL, dtype=F64)
+        self.transformer = nn.Transformer(D_MODEL, NHEAD, 2, 2, FF, dropout=0.0, batch_first=True, dtype=F64)
+        self.out = nn.Linear(D_MODEL, vocab, dtype=F64)
+
+    def forward(self, src, tgt, padding):
+        mask = nn.Transformer.generate_square_subsequent_mask(tgt.shape[1], dtype=F64)
+        h = self.transformer(self.embed(src), self.embed(tgt), tgt_mask=mask, src_key_padding_mask=padding,
+                             memory_key_padding_mask=padding, tgt_is_causal=True)
+        return self.out(h)
+
+
+def test_a_compiled_training_step_equals_eager():
+    models, steps = [], []
+    for compiled in (False, True):
+        of.manual_seed(8)
+        model = Seq2Seq()
+        opt = of.optim.Adam(model.parameters(), lr=1e-2)
+
+        def step(src, tgt, padding, model=model, opt=opt):
+            logits = model(src, tgt[:, :-1], padding)
+            loss = F.cross_entropy(F.reshape(logits, shape=[-1, 11]), F.reshape(tgt[:, 1:], shape=[-1]))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        models.append(model)
+        steps.append(of.compile(step) if compiled else step)
+    rng = np.random.default_rng(0)
+    src, tgt = of.tensor(rng.integers(0, 11, (N, S))), of.tensor(rng.integers(0, 11, (N, L + 1)))
+    padding = of.tensor(PADDING)
+    losses = [[], []]
+    for _ in range(4):  # the same batch: the loss must go down
+        for i, step in enumerate(steps):
+            losses[i].append(step(src, tgt, padding).item())
+    assert losses[0][-1] < losses[0][0]
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-10)
+    for (name, a), b in zip(models[0].state_dict().items(), models[1].state_dict().values()):
+        close(b, a.numpy(), rtol=1e-9, atol=1e-12, msg=name)
