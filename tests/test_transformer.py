@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -198,6 +199,35 @@ def test_multihead_attention_options_compiled_give_the_eager_values_and_gradient
     compiled = of.compile(step)(**inputs, padding=padding)
     for a, b in zip(compiled, eager):
         close(a, b.numpy())
+
+
+ATTENTION_MASKS = {"none": {}, "causal": {"is_causal": True},
+                   "bool_with_a_row_of_nothing": {"attn_mask": np.array([[True, False, True], [False] * 3] * 2)},
+                   "float": {"attn_mask": randn(4, 3, seed=1)}}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("mask", list(ATTENTION_MASKS))
+def test_attention_backward_from_the_forward_weights_is_the_recomputed_one(mask, dtype):
+    """A recorded scaled_dot_product_attention keeps its softmax weights for the backward pass (first order,
+    eagerly); compiled programs and create_graph compute them again with ops: the same bits. A query that may
+    attend to nothing gets zeros, without a warning."""
+    rng = np.random.default_rng(2)
+    q, k, v = (of.tensor(rng.standard_normal(shape).astype(dtype), requires_grad=True)
+               for shape in ((2, 4, 5), (2, 3, 5), (2, 3, 2)))
+    kwargs = {n: of.tensor(a.astype(dtype) if a.dtype.kind == "f" else a) if isinstance(a, np.ndarray) else a
+              for n, a in ATTENTION_MASKS[mask].items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = F.scaled_dot_product_attention(q, k, v, **kwargs)
+        assert set(out._node.residuals) == {"probs"}
+        u = of.tensor(rng.standard_normal(out.shape).astype(dtype))
+        kept = of.grad(F.sum(out * u), [q, k, v])
+        again = of.grad(F.sum(F.scaled_dot_product_attention(q, k, v, **kwargs) * u), [q, k, v], create_graph=True)
+    for a, b in zip(kept, again):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    if mask == "bool_with_a_row_of_nothing":
+        assert not out.numpy()[:, 1].any() and np.isfinite(kept[0].numpy()).all()
 
 
 # -- the Transformer layers ------------------------------------------------------------------------------------

@@ -857,7 +857,8 @@ def scaled_dot_product_attention(
     """softmax(q·kᵀ·scale + mask)·v for q (..., L, E), k (..., S, E), v (..., S, Ev) -> (..., L, Ev); batch dims
     broadcast. ``scale`` defaults to 1/√E. ``attn_mask`` (broadcast to (..., L, S)) is boolean (True: may
     attend) or added to the scores; ``is_causal`` lets query i attend to keys j <= i. A query that may attend to
-    nothing gets zeros, as in torch.
+    nothing gets zeros, as in torch. A recorded call keeps the softmax weights for an eager first-order backward
+    pass; elsewhere (compiled, ``create_graph``) the gradient rule computes them again from q, k and the mask.
     """
 
 # -- opforge.ops.normalization

@@ -46,6 +46,8 @@ def _half_kernel(opdef, *, only_if_half: bool):
     """The op's generic CPU kernel on float32 copies of the half inputs, its outputs rounded as inferred."""
 
     def run(inputs, attrs, extra):
+        if "save" in attrs:  # the dict for the kernel's residuals (OpDef.saves): the kernel's, not the shape rule's
+            extra = {**extra, "save": attrs.pop("save")}
         base = _generic(opdef)  # looked up per call: a kernel replaced later is followed
         if base.takes_xp:
             extra = {**extra, "xp": np}

@@ -436,24 +436,32 @@ def _attention_scale(e, scale):
     return 1.0 / math.sqrt(e) if scale is None else scale
 
 
-def _attention_np(q, k, v, attn_mask, is_causal, scale):
-    s = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
-    allowed = None
-    if attn_mask is not None and attn_mask.dtype == np.bool_:
-        allowed = attn_mask
-    elif attn_mask is not None:
+def _attention_np(q, k, v, attn_mask, is_causal, scale, save=None):
+    s = np.matmul(q, np.swapaxes(k, -1, -2))
+    s *= scale
+    if attn_mask is not None and attn_mask.dtype != np.bool_:
         s = s + attn_mask
+    allowed = attn_mask if attn_mask is not None and attn_mask.dtype == np.bool_ else None
     if is_causal:
         allowed = np.tril(np.ones(s.shape[-2:], np.bool_))
     if allowed is not None:
         s = np.where(allowed, s, -np.inf)
-    # A "safe" softmax, as torch's: a row where every score is −inf attends to nothing and gives zeros.
-    m = max_last(s)
-    alive = m > -np.inf
-    with row_buffers(row_width(s, (-1,))):
-        e = np.exp(s - np.where(alive, m, 0))
-        e /= np.where(alive, np.sum(e, axis=-1, keepdims=True), 1)
-    return np.matmul(e, v)
+    if attn_mask is None:
+        p = _softmax_np(s, (s.ndim - 1,))
+    else:  # A "safe" softmax, as torch's: a query whose scores are all −inf attends to nothing and gets zeros
+        with np.errstate(invalid="ignore"):  # softmax gives nan there (−inf − −inf): found and replaced below
+            p = _softmax_np(s, (s.ndim - 1,))  # a new array: s is kept for the test
+        if np.isnan(p[..., :1]).any():  # a nan that came from the inputs stays (its row's max is not −inf)
+            np.copyto(p, 0, where=max_last(s) == -np.inf)
+    if save is not None:  # what the gradient rule would compute again from q, k and the mask: the same values
+        save["probs"] = p
+    return np.matmul(p, v)
+
+
+def _attention_probs_dtype(q, k, attn_mask):
+    """The dtype of the weights _attention_probs computes: the scores', a float mask's included."""
+    floating_mask = attn_mask is not None and attn_mask.dtype != D.bool_
+    return D.promote(q.dtype, k.dtype, *([attn_mask.dtype] if floating_mask else []))
 
 
 def _attention_probs(q, k, attn_mask, is_causal, scale):
@@ -476,14 +484,15 @@ def _attention_probs(q, k, attn_mask, is_causal, scale):
 
 
 @op("scaled_dot_product_attention(Tensor<floating> q, Tensor<floating> k, Tensor<floating> v, "
-    "Tensor? attn_mask=None, *, bool is_causal=False, float? scale=None) -> Tensor out")
-def scaled_dot_product_attention(q, k, v, attn_mask, *, is_causal, scale):
+    "Tensor? attn_mask=None, *, bool is_causal=False, float? scale=None) -> Tensor out", saves=("probs",))
+def scaled_dot_product_attention(q, k, v, attn_mask, *, is_causal, scale, save=None):
     """softmax(q·kᵀ·scale + mask)·v for q (..., L, E), k (..., S, E), v (..., S, Ev) -> (..., L, Ev); batch dims
     broadcast. ``scale`` defaults to 1/√E. ``attn_mask`` (broadcast to (..., L, S)) is boolean (True: may attend)
     or added to the scores; ``is_causal`` lets query i attend to keys j <= i. A query that may attend to nothing
-    gets zeros, as in torch."""
+    gets zeros, as in torch. A recorded call keeps the softmax weights for an eager first-order backward pass;
+    elsewhere (compiled, ``create_graph``) the gradient rule computes them again from q, k and the mask."""
     _validate(scaled_dot_product_attention, q, k, v, attn_mask, is_causal=is_causal, scale=scale)
-    out = _attention_np(q, k, v, attn_mask, is_causal, _attention_scale(q.shape[-1], scale))
+    out = _attention_np(q, k, v, attn_mask, is_causal, _attention_scale(q.shape[-1], scale), save)
     return out.astype(np.result_type(q, k, v), copy=False)
 
 
@@ -534,11 +543,14 @@ def _(q, k, v, attn_mask, *, is_causal, scale):
 
 
 @scaled_dot_product_attention.grad
-def _(q, k, v, attn_mask, dout, *, is_causal, scale, needs_input_grad):
+def _(q, k, v, attn_mask, dout, probs, *, is_causal, scale, needs_input_grad):
     # out = P·v with P = softmax(S), S = q·kᵀ·scale (+ mask): dv = Pᵀ·dout, dP = dout·vᵀ, dS = softmax_grad(P, dP),
-    # dq = dS·k·scale, dk = dSᵀ·q·scale, d(additive mask) = dS. The engine sums broadcast batch dims down.
+    # dq = dS·k·scale, dk = dSᵀ·q·scale, d(additive mask) = dS. The engine sums broadcast batch dims down. P is the
+    # kernel's in a first-order eager backward pass, else (compiled, create_graph) computed again with ops.
     scale = _attention_scale(q.shape[-1], scale)
-    p = _attention_probs(q, k, attn_mask, is_causal, scale)
+    p = probs if probs is not None else _attention_probs(q, k, attn_mask, is_causal, scale)
+    if probs is not None and probs.dtype != q.dtype:  # a half-precision call's kernel ran in float32 (ops/half.py)
+        p = F.cast(probs, dtype=_attention_probs_dtype(q, k, attn_mask))
     dp = F.matmul(dout, _swap_last(v))
     if tuple(p.shape) != tuple(dp.shape):  # v has batch dims q and k lack: P broadcasts to them in the forward
         p = F.broadcast_to(p, shape=dp.shape)
