@@ -7,7 +7,8 @@
     python bench/run.py --profile mlp:opforge    # pyinstrument profile of that worker's timed repeats, printed
 
 Groups: per_op, chain, mlp, cnn, hvp, memory (issue 6's cases 1–6), conv_softmax (bench/conv_softmax.py's
-cases), fusion and workspace (issue 12's compiled programs: a fused 10-op expression, the executor's workspace).
+cases), fusion and workspace (issue 12's compiled programs: a fused 10-op expression, the executor's workspace),
+transformer (issue 28: a small nn.TransformerEncoder step, and attention fused or composed of ops).
 Frameworks: numpy (by hand), floor (the MLP's matmuls alone), opforge, opforge.compiled, torch, jax, jax.jit; one
 whose packages are not installed is skipped and said so.
 

@@ -13,6 +13,7 @@ GROUPS = {
     "conv_softmax": "conv_softmax_ops",
     "fusion": "fusion",
     "workspace": "workspace",
+    "transformer": "transformer",
 }
 
 # framework id -> how the report names it
