@@ -468,3 +468,20 @@ def test_a_compiled_training_step_equals_eager():
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-10)
     for (name, a), b in zip(models[0].state_dict().items(), models[1].state_dict().values()):
         close(b, a.numpy(), rtol=1e-9, atol=1e-12, msg=name)
+
+
+def test_transformer_exports_to_onnx_and_runs_in_onnxruntime():
+    ort = pytest.importorskip("onnxruntime")
+    of.manual_seed(9)
+    model = nn.Transformer(D_MODEL, NHEAD, 1, 1, FF, batch_first=True).eval()  # dropout off
+    src, tgt = (randn(N, n, D_MODEL, seed=n).astype(np.float32) for n in (S, L))
+    padding = PADDING
+
+    def translate(src, tgt, padding):
+        mask = nn.Transformer.generate_square_subsequent_mask(L)
+        return model(src, tgt, tgt_mask=mask, src_key_padding_mask=padding, memory_key_padding_mask=padding)
+
+    proto = of.onnx.export(translate, None, (of.tensor(src), of.tensor(tgt), of.tensor(padding)))
+    session = ort.InferenceSession(proto.SerializeToString())
+    (got,) = session.run(None, dict(zip([i.name for i in session.get_inputs()], (src, tgt, padding))))
+    close(got, translate(of.tensor(src), of.tensor(tgt), of.tensor(padding)).numpy(), rtol=1e-5, atol=1e-5)
