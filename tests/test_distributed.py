@@ -182,3 +182,73 @@ def test_the_data_parallel_example_trains_the_digits_cnn_on_two_ranks():
     done = two_ranks("examples/data_parallel.py", timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "ranks hold identical parameters: True" in done.stdout
+
+
+# -- ranks as threads of this process (ThreadCommunicator): what the SBP pass computes, against one process -------
+
+
+def whole(comm, value, layout):
+    """The whole value from this rank's part of it."""
+    return comm.all_gather(value, layout.axis) if layout.split else value
+
+
+def test_ranks_as_threads_run_collectives_as_mpi_ranks_do():
+    def run(comm):
+        x = np.arange(4.0) + 10 * comm.rank
+        return (comm.all_reduce(x), comm.all_gather(x[:2], 0), comm.reduce_scatter(x, 0), comm.broadcast(x, 1),
+                comm.all_to_all(x, 0, 0))
+
+    r0, r1 = of.distributed.run_threads(run, 2)
+    assert r0[0].tolist() == r1[0].tolist() == [10.0, 12.0, 14.0, 16.0]
+    assert r0[1].tolist() == [0.0, 1.0, 10.0, 11.0] and r0[2].tolist() == [10.0, 12.0] and r1[2].tolist() == [14, 16]
+    assert r0[3].tolist() == r1[3].tolist() == [10.0, 11.0, 12.0, 13.0]
+    assert r0[4].tolist() == [0.0, 1.0, 10.0, 11.0] and r1[4].tolist() == [2.0, 3.0, 12.0, 13.0]
+    with pytest.raises(ValueError, match="rank 1 fails"):
+        of.distributed.run_threads(lambda comm: comm.all_reduce(np.ones(2)) if comm.rank == 0 else
+                                   (_ for _ in ()).throw(ValueError("rank 1 fails")), 2)
+
+
+@pytest.mark.parametrize("shape", [[4, -1], [8, -1], [2, 12], [-1, 2], [24]])
+def test_a_reshape_of_a_split_value_is_the_reshape_of_the_whole_value(shape):
+    # SBP rules see whole shapes: reshape(x, [4, -1]) of x: S(0) (8, 3) was marked S(0) on the rank's (4, 3)
+    # block and gathered to (8, 3); it is the whole (4, 6)
+    x = np.arange(24.0).reshape(8, 3)
+    program = of.trace(lambda x: F.reshape(x, shape=shape), x=of.Spec((8, 3), "float64"))
+
+    def run(comm):
+        sharded = of.distributed.shard(program, of.distributed.Mesh(comm), feeds={"x": S(0)})
+        out = of.Executor(sharded).run(x=np.split(x, comm.size)[comm.rank])["out"]
+        return whole(comm, out, sharded.layouts[sharded.outputs["out"]])
+
+    for size in (2, 4):
+        for got in of.distributed.run_threads(run, size):
+            assert np.array_equal(got, x.reshape(shape)), (size, shape)
+
+
+def test_flatten_keeps_the_batch_split_and_traced_code_sees_whole_shapes():
+    rng = np.random.default_rng(0)
+    x, w0 = rng.standard_normal((8, 2, 3)), rng.standard_normal((6, 4))
+
+    def loss_of(x, w):  # x.shape[0]: the whole batch, as one process sees it
+        h = nn.Flatten()(x) @ w
+        return F.sum(h * h) / x.shape[0]
+
+    w = of.tensor(w0, requires_grad=True)
+    want = loss_of(of.tensor(x), w)
+    want.backward()
+
+    program = of.trace(lambda x: loss_of(x, of.tensor(w0)), x=of.Spec((8, 2, 3), "float64"))
+
+    def run(comm):
+        sharded = of.distributed.shard(program, of.distributed.Mesh(comm), feeds={"x": S(0)})
+        assert "all_gather" not in [op.type for op in sharded.block.ops]  # Flatten inserted one
+        mine = of.tensor(w0, requires_grad=True)
+        with of.distributed.Mesh(comm):
+            step = of.compile(lambda x: (lambda loss: (loss.backward(), loss)[1])(loss_of(x, mine)))
+            loss = step(of.tensor(np.split(x, comm.size)[comm.rank]))
+        return of.Executor(sharded).run(x=np.split(x, comm.size)[comm.rank])["out"], loss.numpy(), mine.grad.numpy()
+
+    for sharded_loss, compiled_loss, grad in of.distributed.run_threads(run, 2):
+        np.testing.assert_allclose(sharded_loss, want.numpy(), rtol=1e-12)
+        np.testing.assert_allclose(compiled_loss, want.numpy(), rtol=1e-12)
+        np.testing.assert_allclose(grad, w.grad.numpy(), rtol=1e-12)  # .grad after loss.backward(): the logical one

@@ -10,7 +10,16 @@ An op says which layouts it runs under with ``@op.sbp``: a function of the input
 ``Tensor[]``) and one per output. Its traits add more (``signatures``): an elementwise op runs split along any
 axis, a broadcasting op along any axis of its output where every input either has that axis whole or broadcasts
 along it. Every op runs with every value broadcast (all ``B``), which is always correct, and is all that an op
-with neither gets. Specs are those a rank holds (local), so a rule can compare sizes.
+with neither gets.
+
+A rule sees what one process sees: the *whole* (global) Specs of the values and the attrs as the one-process call
+has them, so a rule comparing a shape-carrying attr with a shape (``reshape``'s ``shape``) compares like with like.
+Where the op must run on the blocks with other attrs, the signature says so in a third item, a dict of the attrs
+the op runs with on each rank (``reshape(x, [8, -1])`` of ``x: S(0)`` runs as ``reshape(block, [4, -1])`` on 2
+ranks); a rule that names the parameter ``ranks`` gets the number of ranks to work them out. The sharding pass
+checks every signature it uses against the op's shape rule (the blocks it would compute must be the blocks of the
+whole result), and ``check_op`` checks each one numerically: the blocks computed on split inputs, put together,
+must be the whole op's result.
 """
 
 from __future__ import annotations
@@ -87,20 +96,49 @@ def normalized(layout: Layout, ndim: int) -> Layout:
     return S(layout.axis % ndim)
 
 
-def signatures(opdef, specs: list, attrs: dict) -> list:
-    """The op's candidate signatures for inputs of these (local) Specs, in order of preference; the last is
-    always all-broadcast. Each is ``(input layouts, output layouts)``, as tuples."""
+def signatures(opdef, specs: list, attrs: dict, ranks: int) -> list:
+    """The op's candidate signatures for inputs of these whole (global) Specs and attrs on ``ranks`` ranks, in
+    order of preference; the last is always all-broadcast. Each is ``(input layouts, output layouts, attrs)``: two
+    tuples, and the attrs that differ on the blocks (a dict, empty for most)."""
     found = []
     if opdef.sbp_fn is not None:
-        for ins, outs in opdef.sbp_fn(*specs, **attrs):
+        extra = {"ranks": ranks} if opdef.sbp_takes_ranks else {}
+        for signature in opdef.sbp_fn(*specs, **attrs, **extra):
+            if not isinstance(signature, tuple) or len(signature) not in (2, 3):
+                raise ArgumentError(f"op '{opdef.name}': an SBP rule yields (input layouts, output layouts) or "
+                                    f"(input layouts, output layouts, attrs on the blocks), got {describe(signature)}")
+            ins, outs, local = signature if len(signature) == 3 else (*signature, {})
             outs = tuple(outs) if isinstance(outs, (tuple, list)) else (outs,)
-            found.append((tuple(ins), outs))
+            found.append((tuple(ins), outs, dict(local)))
     if "elementwise" in opdef.traits or "broadcast" in opdef.traits:
         found += [s for s in _from_traits(opdef, specs) if s not in found]
-    every_b = (tuple(None if s is None else B for s in specs), tuple(B for _ in opdef.outputs))
+    every_b = (tuple(None if s is None else B for s in specs), tuple(B for _ in opdef.outputs), {})
     if every_b not in found:
         found.append(every_b)
     return found
+
+
+def whole_spec(spec, layout: Layout, ranks: int):
+    """The Spec of the whole value whose rank-held block has ``spec``."""
+    if not layout.split or spec.shape[layout.axis] is None:
+        return spec
+    shape = list(spec.shape)
+    shape[layout.axis] *= ranks
+    return type(spec)(tuple(shape), spec.dtype)
+
+
+def block_spec(spec, layout: Layout, ranks: int):
+    """The Spec of a rank's block of a whole value of ``spec``, or None if it does not split evenly."""
+    if not layout.split:
+        return spec
+    layout = normalized(layout, len(spec.shape))
+    shape = list(spec.shape)
+    d = shape[layout.axis]
+    if d is not None:
+        if d % ranks:
+            return None
+        shape[layout.axis] = d // ranks
+    return type(spec)(tuple(shape), spec.dtype)
 
 
 def _from_traits(opdef, specs: list) -> list:
@@ -118,8 +156,8 @@ def _from_traits(opdef, specs: list) -> list:
             j = k - (rank - len(s.shape))  # the input's own axis aligned with output axis k
             ins.append(S(j) if j >= 0 and s.shape[j] != 1 else B)
         if any(layout is not B and layout is not None for layout in ins):
-            out.append((tuple(ins), (S(k),)))
+            out.append((tuple(ins), (S(k),), {}))
     return out
 
 
-__all__ = ["B", "Layout", "P", "S", "as_layout", "signatures"]
+__all__ = ["B", "Layout", "P", "S", "as_layout", "block_spec", "signatures", "whole_spec"]

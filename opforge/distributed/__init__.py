@@ -27,7 +27,9 @@ from .comm import (
     MPICommunicator,
     SelfCommunicator,
     Stats,
+    ThreadCommunicator,
     current_communicator,
+    run_threads,
     using_communicator,
 )
 from .data_parallel import DistributedDataParallel, DistributedSampler, load, save
@@ -37,6 +39,6 @@ from .sharding import Mesh, ShardingTracer, shard
 __all__ = [
     "INSTALL", "SELF", "B", "CollectiveMismatchError", "Communicator", "DistributedDataParallel",
     "DistributedSampler", "MPICommunicator", "Mesh", "P", "S", "SelfCommunicator", "ShardingTracer", "Stats",
-    "current_communicator", "get_rank", "get_world_size", "init", "is_initialized", "load", "save", "shard",
-    "using_communicator",
+    "ThreadCommunicator", "current_communicator", "get_rank", "get_world_size", "init", "is_initialized", "load",
+    "run_threads", "save", "shard", "using_communicator",
 ]

@@ -1,4 +1,5 @@
-"""The communication engines behind ``opforge.core.comm``'s interface: MPI through mpi4py (host arrays).
+"""The communication engines behind ``opforge.core.comm``'s interface: MPI through mpi4py (host arrays), and
+``ThreadCommunicator``, ranks as threads of one process (for tests, and for trying a sharded program without MPI).
 
 The interface, the one-rank ``SelfCommunicator`` and the current communicator that collective kernels ask for live
 in core (``opforge.core.comm``), so the op library needs nothing of this package; this module re-exports them.
@@ -6,7 +7,9 @@ in core (``opforge.core.comm``), so the op library needs nothing of this package
 
 from __future__ import annotations
 
+import functools
 import os
+import threading
 import time
 
 import numpy as np
@@ -118,6 +121,117 @@ class MPICommunicator(Communicator):
         return Request(self, buffer, (lambda b: self._finish(b, op)), handle)
 
 
+class ThreadCommunicator(Communicator):
+    """Rank ``rank`` of a group of threads in one process (``ThreadCommunicator.group(size)`` makes the group):
+    the collectives exchange arrays through shared memory, every rank reducing in rank order, so all ranks get
+    the same bits. What MPI ranks would compute, without MPI: ``run_threads(fn, size)`` runs ``fn`` once per rank.
+    """
+
+    name = "threads"
+
+    def __init__(self, hub: _Hub, rank: int, verify: bool = True, timeout: float | None = None):
+        super().__init__(verify, timeout)
+        self.hub, self.rank, self.size = hub, rank, hub.size
+
+    @classmethod
+    def group(cls, size: int, verify: bool = True, timeout: float | None = None) -> list:
+        """One communicator per rank of a new group of ``size`` threads."""
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ArgumentError(f"ThreadCommunicator.group(): size must be an int >= 1, got {size!r}")
+        hub = _Hub(size)
+        return [cls(hub, r, verify, timeout) for r in range(size)]
+
+    def _everyone(self, value) -> list:
+        """Every rank's ``value``, in rank order (a rendezvous of the group's threads)."""
+        hub = self.hub
+        hub.slots[self.rank] = value
+        began = time.perf_counter()
+        try:
+            hub.barrier.wait(self.timeout)  # every rank's value is in
+            everyone = list(hub.slots)
+            hub.barrier.wait(self.timeout)  # every rank has read them: the slots may be reused
+        except threading.BrokenBarrierError:
+            raise CollectiveMismatchError(
+                f"rank {self.rank} waited for the other threads of its group at collective #{self.sequence}: one "
+                "of them failed, or never called it") from None
+        finally:
+            self.stats.wait_s += time.perf_counter() - began
+        return everyone
+
+    def abort(self) -> None:
+        """Release every rank waiting in a collective (with an error): a rank failed."""
+        self.hub.barrier.abort()
+
+    def _exchange(self, mine, described):
+        return np.stack(self._everyone(mine))
+
+    def _descriptions(self, described):
+        return self._everyone(described)
+
+    def _reduced(self, parts: list, op: str):
+        out = functools.reduce(np.maximum if op == "max" else np.add, parts[1:], parts[0].copy())
+        if op == "mean":
+            out /= self.size
+        return out
+
+    def _all_reduce(self, x, op):
+        return self._reduced(self._everyone(x.copy()), op)
+
+    def _all_gather(self, x):
+        return np.stack(self._everyone(x.copy()))
+
+    def _reduce_scatter(self, blocks, op):
+        return self._reduced([b[self.rank] for b in self._everyone(blocks)], op)
+
+    def _broadcast(self, x, root):
+        return self._everyone(x.copy())[root].copy()
+
+    def _reduce(self, x, root, op):
+        out = self._reduced(self._everyone(x.copy()), op)
+        return out if self.rank == root else np.zeros_like(x)
+
+    def _all_to_all(self, blocks):
+        return np.stack([b[self.rank] for b in self._everyone(blocks)])
+
+    def _start_all_reduce(self, buffer, op) -> Request:
+        buffer[...] = self._all_reduce(buffer, op)  # at once: the other threads are running too
+        return Request(self, buffer)
+
+
+class _Hub:
+    def __init__(self, size: int):
+        self.size = size
+        self.slots: list = [None] * size
+        self.barrier = threading.Barrier(size)
+
+
+def run_threads(fn, size: int, timeout: float | None = 60.0) -> list:
+    """``fn(comm)`` on ``size`` threads, each rank of one ``ThreadCommunicator`` group and using it (collective
+    kernels, ``Mesh()`` and ``DistributedDataParallel`` see it); returns the ranks' results in rank order. An
+    error on any rank releases the others and is raised here."""
+    comms = ThreadCommunicator.group(size, timeout=timeout)
+    results, errors = [None] * size, [None] * size
+
+    def run(comm) -> None:
+        try:
+            with using_communicator(comm):
+                results[comm.rank] = fn(comm)
+        except BaseException as e:  # raised again below, in the caller's thread
+            errors[comm.rank] = e
+            comm.abort()
+
+    threads = [threading.Thread(target=run, args=(c,), name=f"rank {c.rank}") for c in comms]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    first = next((e for e in errors if e is not None and not isinstance(e, CollectiveMismatchError)),
+                 next((e for e in errors if e is not None), None))
+    if first is not None:
+        raise first
+    return results
+
+
 def mpi():
     """The ``mpi4py.MPI`` module, or an error saying how to install it."""
     try:
@@ -129,4 +243,5 @@ def mpi():
 
 
 __all__ = ["INSTALL", "REDUCE_OPS", "SELF", "CollectiveMismatchError", "Communicator", "MPICommunicator", "Request",
-           "SelfCommunicator", "Stats", "_world", "current_communicator", "mpi", "set_world", "using_communicator"]
+           "SelfCommunicator", "Stats", "ThreadCommunicator", "_world", "current_communicator", "mpi", "run_threads",
+           "set_world", "using_communicator"]

@@ -35,7 +35,7 @@ from .. import ops as F
 from ..core.errors import ArgumentError, OpforgeError, ShapeError, describe
 from ..core.interpreters import interpreting
 from ..core.opdef import registry
-from ..core.sbp import B, Layout, S, as_layout, normalized, signatures
+from ..core.sbp import B, Layout, S, as_layout, block_spec, normalized, signatures, whole_spec
 from ..core.spec import Dim, Spec, undim
 from ..dispatch import coerce_inputs
 from ..program.backward import append_backward
@@ -122,6 +122,7 @@ class ShardingTracer(Tracer):
             op.validate(attrs)
         names = self._input_names(op, inputs)
         chosen = self._choose(op, names, attrs)
+        attrs = chosen[2]  # as the op runs on the blocks
         converted = [[self._convert(n, want) for n in slot] if isinstance(slot, list) else
                      (None if slot is None else self._convert(slot, want))
                      for slot, want in zip(names, chosen[0])]
@@ -145,12 +146,29 @@ class ShardingTracer(Tracer):
 
     def grad_of(self, param: Tensor):
         g = super().grad_of(param)
-        if g is None:
-            return None
-        wrt = self._var_of(param)
-        if g.name not in self._final and g.name not in self._reduced and self.layouts.get(wrt, B) == B:
-            self._reduce_together()
-        return Variable(self.program, self.logical_grad(wrt, g.name))
+        return None if g is None else Variable(self.program, self.logical_grad(self._var_of(param), g.name))
+
+    def gradients(self, loss, wrt: list) -> dict:
+        """``loss.backward()``'s gradients, made the logical loss's (broadcast parameters' all-reduced in
+        buckets) before they are added to the ``.grad`` each tensor has: ``.grad`` after a step is what one
+        process would have, whether an optimizer reads it or not."""
+        local = super().gradients(loss, wrt)
+        self._reduce_together(local.items())
+        return {w: self.logical_grad(w, g) for w, g in local.items()}
+
+    def backward(self, loss) -> None:
+        super().backward(loss)
+        for name, g in self.state.grads.items():  # sums of logical gradients (and .grad brought in) are logical
+            if g is not None:
+                self._final.add(g)
+                self.layouts.setdefault(g, self.layouts.get(name, B))
+
+    def _grad(self, name: str):
+        g = super()._grad(name)
+        if g is not None and self.state.grad_feeds.get(name) == g:  # the .grad a run starts from: the logical one
+            self._final.add(g)
+            self.layouts.setdefault(g, self.layouts.get(name, B))
+        return g
 
     def set_grad(self, param: Tensor, grad) -> None:
         if grad is not None:
@@ -193,11 +211,19 @@ class ShardingTracer(Tracer):
     # -- choosing a signature --------------------------------------------------------------------------------
 
     def _choose(self, op, names: list, attrs: dict) -> tuple:
-        specs = [[self._spec(n) for n in slot] if isinstance(slot, list) else
-                 (None if slot is None else self._spec(slot)) for slot in names]
+        """The signature to run ``op`` under: ``(input layouts, output layouts, attrs on the blocks)``. Rules see
+        whole Specs and the attrs as given (a one-process view); each candidate is checked against the op's shape
+        rule: the blocks it would compute must be the blocks of the whole result."""
+        def each(slot, fn):
+            return [fn(n) for n in slot] if isinstance(slot, list) else (None if slot is None else fn(slot))
+
+        ranks = self.mesh.size
+        specs = [each(slot, self._spec) for slot in names]
+        wholes = [each(slot, self._whole_spec) for slot in names]
         plain = {k: undim(v) for k, v in attrs.items()}
+        whole_out = op.infer_specs(wholes, plain)  # what one process computes
         best, best_key = None, None
-        for index, (ins, outs) in enumerate(signatures(op, specs, plain)):
+        for index, (ins, outs, local) in enumerate(signatures(op, wholes, plain, ranks)):
             if len(ins) != len(names) or len(outs) != len(op.outputs):
                 raise ArgumentError(f"op '{op.name}': an SBP signature must give {len(names)} input layout(s) and "
                                     f"{len(op.outputs)} output layout(s), got {ins} -> {outs}")
@@ -211,22 +237,52 @@ class ShardingTracer(Tracer):
                     break
                 cost += sum(p[0] for p in plans)
                 moves += sum(p[1] for p in plans)
-                local = [self._converted_spec(n, s, want) for n, s in
-                         zip(slot if isinstance(slot, list) else [slot], spec if isinstance(spec, list) else [spec])]
-                after.append(local if isinstance(slot, list) else local[0])
+                pairs = zip(slot, spec) if isinstance(slot, list) else [(slot, spec)]
+                local_specs = [self._converted_spec(n, s, want) for n, s in pairs]
+                after.append(local_specs if isinstance(slot, list) else local_specs[0])
             else:
-                try:  # the op must accept the blocks it would be given
-                    op.infer_specs(after, plain)
-                except OpforgeError:
+                run_attrs = attrs | {k: _keep_dims(attrs.get(k), v) for k, v in local.items()}
+                if not self._fits(op, after, {k: undim(v) for k, v in run_attrs.items()}, whole_out, outs):
                     continue
                 key = (cost, moves, index)
                 if best_key is None or key < best_key:
-                    best, best_key = (ins, outs), key
+                    best, best_key = (ins, outs, run_attrs), key
         if best is None:
             shown = ", ".join(f"{n}: {self.layouts.get(n)} {self._spec(n)}" for slot in names if slot is not None
                               for n in (slot if isinstance(slot, list) else [slot]))
             raise ShapeError(f"{op.name}(): no SBP signature fits inputs ({shown}) on {self.mesh.size} ranks")
         return best
+
+    def _fits(self, op, blocks: list, attrs: dict, whole_out: tuple, outs: tuple) -> bool:
+        """Whether the op, given these blocks and attrs, computes on each rank the block (under ``outs``) of what
+        one process computes: its shape rule must accept them and give those blocks' Specs."""
+        try:
+            got = op.infer_specs(blocks, attrs)
+        except OpforgeError:
+            return False
+        for o, spec, want, layout in zip(op.outputs, got, whole_out, outs):
+            pairs = zip(spec, want) if o.is_list else [(spec, want)]
+            for s, w in pairs:
+                try:
+                    expected = block_spec(w, layout, self.mesh.size)
+                except ArgumentError:  # a split axis the output does not have
+                    return False
+                if expected is None or s.dtype != w.dtype or len(s.shape) != len(w.shape) or any(
+                        a is not None and b is not None and a != b for a, b in zip(s.shape, expected.shape)):
+                    return False
+        return True
+
+    def _whole_spec(self, name: str) -> Spec:
+        """The Spec of the whole value of variable ``name`` (its block times the ranks along a split axis)."""
+        return whole_spec(self._spec(name), self.layouts[name], self.mesh.size)
+
+    def shape_of(self, variable) -> tuple:
+        """The shape traced code sees: the whole value's (``x.shape[0]`` of a split batch is the whole batch), as
+        the one process that the program means would see it."""
+        name = variable.name
+        layout = self.layouts.get(name)
+        spec = self._spec(name) if layout is None else self._whole_spec(name)
+        return tuple(Dim(name, i) if d is None else d for i, d in enumerate(spec.shape))
 
     def _spec(self, name: str) -> Spec:
         return self.program.block.vars[name].spec
@@ -315,12 +371,12 @@ class ShardingTracer(Tracer):
         self._converted[key] = out_name
         return out_name
 
-    def _reduce_together(self, bucket_bytes: int = 1 << 22) -> None:
-        """All-reduce the pending gradients of broadcast parameters a few at a time, each group flattened into one
-        buffer (as DistributedDataParallel's buckets): fewer, larger collectives. The sums are the same, bit for
-        bit, as one all-reduce per gradient."""
+    def _reduce_together(self, grads, bucket_bytes: int = 1 << 22) -> None:
+        """All-reduce the local gradients ``grads`` ((variable, its gradient) pairs) of broadcast parameters a few at
+        a time, each group flattened into one buffer (as DistributedDataParallel's buckets): fewer, larger
+        collectives. The sums are the same, bit for bit, as one all-reduce per gradient."""
         block = self.program.block
-        pending = [(w, g) for w, g in self.program.grad_names.items()
+        pending = [(w, g) for w, g in grads
                    if g not in self._final and g not in self._reduced and self.layouts.get(w, B) == B
                    and None not in block.vars[g].spec.shape]
         groups: dict = {}
@@ -371,6 +427,14 @@ class ShardingTracer(Tracer):
         self._reduced[local] = out.name
         self._final.add(out.name)
         return out.name
+
+
+def _keep_dims(given, local):
+    """A signature's attr for the blocks, with the run-time sizes (``Dim``s) of the attr as given kept where the
+    rule, which saw them as None, left None: a Dim is resolved on each rank from the block it holds."""
+    if isinstance(given, (list, tuple)) and isinstance(local, (list, tuple)) and len(given) == len(local):
+        return type(local)(g if v is None and isinstance(g, Dim) else v for g, v in zip(given, local))
+    return given if local is None and isinstance(given, Dim) else local
 
 
 # -- of.compile under a mesh -------------------------------------------------------------------------------------
@@ -529,7 +593,7 @@ class _Replay:
         wanted = [self._new(n) for n in wrt]
         grads = append_backward(self.new, self._new(loss), wrt=wanted, no_grad=[self._new(n) for n in blocked])
         by_wrt = {w: g for w, g in self.old.grad_names.items()}
-        self.tracer._reduce_together()
+        self.tracer._reduce_together([(w, g.name) for w in wanted if (g := grads.get(f"{w}@GRAD")) is not None])
         for w_old, w in zip(wrt, wanted):
             g = grads.get(f"{w}@GRAD")  # append_backward names gradients as Executor.run returns them
             if g is None:

@@ -51,9 +51,15 @@ def _(dy, x_spec):
 
 
 @reshape.sbp
-def _(x, *, shape):
-    if x.shape and shape and (shape[0] == x.shape[0] or (shape[0] is None and x.shape[0] is None)):
-        yield (S(0),), S(0)  # the leading dim (a batch) kept as it is
+def _(x, *, shape, ranks):
+    # Row-major order: rank r's block of x along axis 0 holds elements [r·size/ranks, (r+1)·size/ranks), and so
+    # does its block of y when y's leading dim splits evenly too (a batch kept, or heads split off a batch).
+    y = reshape.infer_fn(x, shape=shape).shape
+    if x.shape and y and all(d is None or d % ranks == 0 for d in (x.shape[0], y[0])):
+        local = list(shape)
+        if local[0] is not None and local[0] != -1:
+            local[0] //= ranks
+        yield (S(0),), S(0), {"shape": local}
     yield (P,), P
 
 

@@ -45,7 +45,11 @@ class Variable(TensorOps):
 
     @property
     def shape(self) -> tuple:
-        """The shape, with each dim that is known only at run time as a ``Dim``."""
+        """The shape, with each dim that is known only at run time as a ``Dim``; as the tracer building the
+        program shows it to the traced code (a sharding tracer shows whole values' shapes)."""
+        interpreter = current_interpreter()
+        if type(interpreter) is not Tracer and isinstance(interpreter, Tracer) and interpreter.program is self.program:
+            return interpreter.shape_of(self)
         return tuple(Dim(self.name, i) if d is None else d for i, d in enumerate(self.spec.shape))
 
     @property
@@ -66,7 +70,11 @@ class Variable(TensorOps):
 
     @property
     def interpreter(self) -> Tracer:
-        """The interpreter that calls on this variable go to when no trace is running: its program's."""
+        """The interpreter that ``backward()`` and ``of.grad`` on this variable go to: the tracer building its
+        program if one is running (a sharding tracer makes gradients the logical loss's), else its program's."""
+        interpreter = current_interpreter()
+        if isinstance(interpreter, Tracer) and interpreter.program is self.program:
+            return interpreter
         return Tracer(self.program)
 
     def __repr__(self) -> str:
@@ -293,6 +301,10 @@ class Tracer(Interpreter):
                                 "to other devices outside the traced function")
         return _append(self.program, self.role, op, inputs, attrs)
 
+    def shape_of(self, variable: Variable) -> tuple:
+        """The shape of ``variable`` as traced code sees it (its Spec's; a subclass may show another view)."""
+        return tuple(Dim(variable.name, i) if d is None else d for i, d in enumerate(variable.spec.shape))
+
     def enter_module(self, module) -> None:
         """Name the module's parameters and buffers by their paths in it (``fc1.weight``) and guard the program on
         the Python state of it and its submodules (modes, attributes), unless an enclosing module did already."""
@@ -364,15 +376,19 @@ class Tracer(Interpreter):
         state.grads[name] = grad
         return grad
 
+    def gradients(self, loss, wrt: list) -> dict:
+        """{variable of ``wrt``: the variable of its gradient} for ``loss.backward()``: the backward ops appended."""
+        from .backward import gradients
+
+        return gradients(self.program, loss, wrt=wrt)
+
     def backward(self, loss) -> None:
         """``loss.backward()`` in traced code: the gradient of every parameter (and differentiable input) it
         reaches is added to the gradient that parameter has, which becomes its new one."""
-        from .backward import gradients
-
         program, state = self.program, self.state
         wrt = [v.name for v in program.block.vars.values() if not v.stop_gradient and D.is_floating(v.spec.dtype)
                and (v.persistable or v.name in state.tensor_of)]
-        for name, g in gradients(program, loss, wrt=wrt).items():
+        for name, g in self.gradients(loss, wrt).items():
             old = self._grad(name)
             if old is not None:
                 with interpreting(Tracer(program, role="backward")):
