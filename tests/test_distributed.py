@@ -128,11 +128,13 @@ def test_data_parallel_signatures_need_no_forward_collective():
                        y=of.Spec((8,), "int64"))
     of.append_backward(program, program.outputs["out"])
     sharded = of.distributed.shard(program, of.distributed.Mesh(TwoRanksOnPaper()), feeds={"x": S(0), "y": S(0)})
-    forward = [op.type for op in sharded.block.ops if op.role == "forward"]
-    assert forward.count("all_reduce") == 2  # the four gradients (mean over ranks) in one bucket, and the loss
+    forward = [op for op in sharded.block.ops if op.role == "forward"]
+    # the four gradients (mean over ranks) in one bucket; the loss: the sum and the count of every rank's rows
+    assert [op.inputs["x"][0].split(".")[0] for op in forward if op.type == "all_reduce"] == [
+        "cross_entropy", "sum", "concat"]
+    assert [op.type for op in forward[:4]] == ["linear", "relu", "linear", "cross_entropy"]  # each rank its rows
     loss = next(op for op in sharded.block.ops if sharded.outputs["out"] in op.output_names())
-    assert loss.type == "all_reduce" and loss.attrs == {"op": "mean"}  # the loss fetched: the mean of the ranks'
-    assert sharded.layouts[loss.inputs["x"][0]] == P("mean")
+    assert loss.type == "div" and sharded.layouts[loss.output_names()[0]] == B
     assert sharded.block.vars["x"].spec.shape == (4, 5)
 
 
@@ -252,3 +254,36 @@ def test_flatten_keeps_the_batch_split_and_traced_code_sees_whole_shapes():
         np.testing.assert_allclose(sharded_loss, want.numpy(), rtol=1e-12)
         np.testing.assert_allclose(compiled_loss, want.numpy(), rtol=1e-12)
         np.testing.assert_allclose(grad, w.grad.numpy(), rtol=1e-12)  # .grad after loss.backward(): the logical one
+
+
+@pytest.mark.parametrize("size", [2, 4])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_cross_entropy_over_split_rows_means_over_every_ranks_rows_that_count(size, weighted):
+    # rank 0's rows hold no ignore_index target, the last rank's mostly: the mean of the ranks' means was off
+    rng = np.random.default_rng(1)
+    logits0, weight = rng.standard_normal((8, 3)), (rng.uniform(0.5, 2.0, 3) if weighted else None)
+    target = np.array([0, 1, 2, 1, 2, -100, -100, 0])
+
+    def loss_of(logits, target):
+        return F.cross_entropy(logits, target, None if weight is None else of.tensor(weight), ignore_index=-100)
+
+    logits = of.tensor(logits0, requires_grad=True)
+    want = loss_of(logits, of.tensor(target))
+    want.backward()
+    program = of.trace(loss_of, logits=of.Spec((8, 3), "float64"), target=of.Spec((8,), "int64"))
+
+    def run(comm):
+        rows = slice(comm.rank * 8 // comm.size, (comm.rank + 1) * 8 // comm.size)
+        mesh = of.distributed.Mesh(comm)
+        sharded = of.distributed.shard(program, mesh, feeds={"logits": S(0), "target": S(0)})
+        got = of.Executor(sharded).run(logits=logits0[rows], target=target[rows])["out"]
+        mine = of.tensor(logits0[rows], requires_grad=True)
+        with mesh:  # compiled under the mesh: the loss, and the gradient of the rank's rows
+            step = of.compile(lambda x, t: (lambda loss: (loss.backward(), loss)[1])(loss_of(x, t)))
+            compiled = step(mine, of.tensor(target[rows]))
+        return got, compiled.numpy(), comm.all_gather(mine.grad.numpy(), 0)
+
+    for got, compiled, grad in of.distributed.run_threads(run, size):
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-13)
+        np.testing.assert_allclose(compiled, want.numpy(), rtol=1e-13)
+        np.testing.assert_allclose(grad, logits.grad.numpy(), rtol=1e-12, atol=1e-15)

@@ -8,9 +8,9 @@
 An op says which layouts it runs under with ``@op.sbp``: a function of the input Specs (and the attrs) yielding
 ``(input layouts, output layouts)`` pairs, one layout per input (None for a missing ``Tensor?``; one for a whole
 ``Tensor[]``) and one per output. Its traits add more (``signatures``): an elementwise op runs split along any
-axis, a broadcasting op along any axis of its output where every input either has that axis whole or broadcasts
-along it. Every op runs with every value broadcast (all ``B``), which is always correct, and is all that an op
-with neither gets.
+axis, a broadcasting or pointwise op along any axis of its output where every input either has that axis whole or
+broadcasts along it. Every op runs with every value broadcast (all ``B``), which is always correct, and is all
+that an op with neither gets.
 
 A rule sees what one process sees: the *whole* (global) Specs of the values and the attrs as the one-process call
 has them, so a rule comparing a shape-carrying attr with a shape (``reshape``'s ``shape``) compares like with like.
@@ -20,11 +20,18 @@ ranks); a rule that names the parameter ``ranks`` gets the number of ranks to wo
 checks every signature it uses against the op's shape rule (the blocks it would compute must be the blocks of the
 whole result), and ``check_op`` checks each one numerically: the blocks computed on split inputs, put together,
 must be the whole op's result.
+
+Some ops have no single call that computes their blocks, yet a few ops do: a rule may yield a ``Decomposition``,
+the layouts to bring the inputs to and a function written with ops that computes the op's result, each of its ops
+getting layouts of its own. ``cross_entropy``'s mean over split rows is the sum of every rank's losses over the
+count of every rank's rows that count (not the mean of the ranks' means, which is another number when a rank's
+rows hold more ``ignore_index`` targets than another's).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .errors import ArgumentError, describe
 
@@ -96,23 +103,45 @@ def normalized(layout: Layout, ndim: int) -> Layout:
     return S(layout.axis % ndim)
 
 
+class Decomposition(NamedTuple):
+    """What an SBP rule yields where no one call of the op computes its blocks: bring the inputs to layouts
+    ``ins``, then ``fn(*inputs, **attrs)``, written with ops, computes the op's result (each of its ops gets
+    layouts of its own)."""
+
+    ins: tuple
+    fn: object
+
+
+class Signature(NamedTuple):
+    """One way to run an op across ranks: its inputs' layouts, its outputs' layouts, the attrs that differ on the
+    blocks, or (``via``) the function that computes it from inputs in those layouts (``outs`` is then None)."""
+
+    ins: tuple
+    outs: tuple | None
+    attrs: dict
+    via: object = None
+
+
 def signatures(opdef, specs: list, attrs: dict, ranks: int) -> list:
-    """The op's candidate signatures for inputs of these whole (global) Specs and attrs on ``ranks`` ranks, in
-    order of preference; the last is always all-broadcast. Each is ``(input layouts, output layouts, attrs)``: two
-    tuples, and the attrs that differ on the blocks (a dict, empty for most)."""
+    """The op's candidate ``Signature``s for inputs of these whole (global) Specs and attrs on ``ranks`` ranks,
+    in order of preference; the last is always all-broadcast."""
     found = []
     if opdef.sbp_fn is not None:
         extra = {"ranks": ranks} if opdef.sbp_takes_ranks else {}
         for signature in opdef.sbp_fn(*specs, **attrs, **extra):
+            if isinstance(signature, Decomposition):
+                found.append(Signature(tuple(signature.ins), None, {}, signature.fn))
+                continue
             if not isinstance(signature, tuple) or len(signature) not in (2, 3):
-                raise ArgumentError(f"op '{opdef.name}': an SBP rule yields (input layouts, output layouts) or "
-                                    f"(input layouts, output layouts, attrs on the blocks), got {describe(signature)}")
+                raise ArgumentError(f"op '{opdef.name}': an SBP rule yields (input layouts, output layouts), "
+                                    "(input layouts, output layouts, attrs on the blocks) or a Decomposition, got "
+                                    f"{describe(signature)}")
             ins, outs, local = signature if len(signature) == 3 else (*signature, {})
             outs = tuple(outs) if isinstance(outs, (tuple, list)) else (outs,)
-            found.append((tuple(ins), outs, dict(local)))
-    if "elementwise" in opdef.traits or "broadcast" in opdef.traits:
+            found.append(Signature(tuple(ins), outs, dict(local)))
+    if opdef.traits & {"elementwise", "broadcast", "pointwise"}:
         found += [s for s in _from_traits(opdef, specs) if s not in found]
-    every_b = (tuple(None if s is None else B for s in specs), tuple(B for _ in opdef.outputs), {})
+    every_b = Signature(tuple(None if s is None else B for s in specs), tuple(B for _ in opdef.outputs), {})
     if every_b not in found:
         found.append(every_b)
     return found
@@ -156,8 +185,9 @@ def _from_traits(opdef, specs: list) -> list:
             j = k - (rank - len(s.shape))  # the input's own axis aligned with output axis k
             ins.append(S(j) if j >= 0 and s.shape[j] != 1 else B)
         if any(layout is not B and layout is not None for layout in ins):
-            out.append((tuple(ins), (S(k),), {}))
+            out.append(Signature(tuple(ins), (S(k),), {}))
     return out
 
 
-__all__ = ["B", "Layout", "P", "S", "as_layout", "block_spec", "signatures", "whole_spec"]
+__all__ = ["B", "Decomposition", "Layout", "P", "S", "Signature", "as_layout", "block_spec", "signatures",
+           "whole_spec"]

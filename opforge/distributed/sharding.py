@@ -128,6 +128,8 @@ class ShardingTracer(Tracer):
                      for slot, want in zip(names, chosen[0])]
         args = [[Variable(self.program, n) for n in slot] if isinstance(slot, list) else
                 (None if slot is None else Variable(self.program, slot)) for slot in converted]
+        if chosen[3] is not None:  # a Decomposition: its ops, each with layouts of its own, compute the op
+            return chosen[3](*args, **attrs)
         result = super().apply(op, tuple(args), attrs)
         outs = result if len(op.outputs) > 1 else (result,)
         for o, value, layout in zip(op.outputs, outs, chosen[1]):
@@ -211,7 +213,8 @@ class ShardingTracer(Tracer):
     # -- choosing a signature --------------------------------------------------------------------------------
 
     def _choose(self, op, names: list, attrs: dict) -> tuple:
-        """The signature to run ``op`` under: ``(input layouts, output layouts, attrs on the blocks)``. Rules see
+        """The signature to run ``op`` under: ``(input layouts, output layouts, attrs on the blocks, via)``, where
+        ``via`` is None or the function (of a ``Decomposition``) that computes the op from its inputs. Rules see
         whole Specs and the attrs as given (a one-process view); each candidate is checked against the op's shape
         rule: the blocks it would compute must be the blocks of the whole result."""
         def each(slot, fn):
@@ -223,8 +226,8 @@ class ShardingTracer(Tracer):
         plain = {k: undim(v) for k, v in attrs.items()}
         whole_out = op.infer_specs(wholes, plain)  # what one process computes
         best, best_key = None, None
-        for index, (ins, outs, local) in enumerate(signatures(op, wholes, plain, ranks)):
-            if len(ins) != len(names) or len(outs) != len(op.outputs):
+        for index, (ins, outs, local, via) in enumerate(signatures(op, wholes, plain, ranks)):
+            if len(ins) != len(names) or (via is None and len(outs) != len(op.outputs)):
                 raise ArgumentError(f"op '{op.name}': an SBP signature must give {len(names)} input layout(s) and "
                                     f"{len(op.outputs)} output layout(s), got {ins} -> {outs}")
             cost, moves, after = 0.0, 0, []
@@ -242,11 +245,12 @@ class ShardingTracer(Tracer):
                 after.append(local_specs if isinstance(slot, list) else local_specs[0])
             else:
                 run_attrs = attrs | {k: _keep_dims(attrs.get(k), v) for k, v in local.items()}
-                if not self._fits(op, after, {k: undim(v) for k, v in run_attrs.items()}, whole_out, outs):
+                if via is None and not self._fits(op, after, {k: undim(v) for k, v in run_attrs.items()}, whole_out,
+                                                  outs):
                     continue
                 key = (cost, moves, index)
                 if best_key is None or key < best_key:
-                    best, best_key = (ins, outs, run_attrs), key
+                    best, best_key = (ins, outs, run_attrs, via), key
         if best is None:
             shown = ", ".join(f"{n}: {self.layouts.get(n)} {self._spec(n)}" for slot in names if slot is not None
                               for n in (slot if isinstance(slot, list) else [slot]))

@@ -13,6 +13,7 @@ import math
 from opforge import ops as F
 
 from ..core.errors import ArgumentError
+from ..core.sbp import Decomposition
 from ..core.spec import Dim
 from ._common import B, D, P, S, Sample, ShapeError, Spec, broadcast_shapes, max_last, np, op, row_buffers, row_width
 from .nn import _broadcasts_to, _exp_sums, _log_softmax_np, _same_dims, _sum, _validate
@@ -368,9 +369,27 @@ def cross_entropy(logits, target, weight, *, ignore_index, reduction, label_smoo
 
 @cross_entropy.sbp
 def _(logits, target, weight, *, reduction, **_):
-    # rows split: P("mean") holds when ranks have as many rows, none ignored, no class weights
-    if len(logits.shape) >= 2 and (weight is None or reduction != "mean"):
-        yield (S(0), S(0), None if weight is None else B), {"mean": P("mean"), "sum": P, "none": S(0)}[reduction]
+    if len(logits.shape) < 2:
+        return
+    rows = (S(0), S(0), None if weight is None else B)
+    if reduction != "mean":
+        yield rows, {"sum": P, "none": S(0)}[reduction]
+    elif D.is_floating(target.dtype):
+        yield rows, P("mean")  # probability targets: every row counts, and each rank has as many
+    else:  # the mean over the rows that count, on every rank: not the mean of the ranks' means
+        yield Decomposition(rows, _mean_over_split_rows)
+
+
+def _mean_over_split_rows(logits, target, weight, *, ignore_index, reduction, label_smoothing):
+    """cross_entropy(reduction="mean") with class indices, as a sum over the rows divided by the rows' weight
+    (Σ w[target] over the targets that are not ``ignore_index``): what the kernel computes, written with ops so
+    that split rows give the sum and the count over every rank's rows."""
+    total = F.cross_entropy(logits, target, weight, ignore_index=ignore_index, reduction="sum",
+                            label_smoothing=label_smoothing)
+    counts = F.not_equal(target, ignore_index)
+    if weight is not None:
+        counts = F.where(counts, F.take(weight, F.where(counts, target, 0)), 0.0)
+    return total / F.sum(F.cast(counts, dtype=total.dtype))
 
 
 @cross_entropy.onnx
