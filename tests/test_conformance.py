@@ -109,3 +109,30 @@ def test_gradcheck_passes_and_gradgradcheck_too():
 def test_gradcheck_refuses_float32():
     with pytest.raises(of.ArgumentError, match="need float64"):
         gradcheck(F.exp, [of.tensor([1.0], requires_grad=True)])
+
+
+def test_check_op_checks_every_sbp_signature_numerically(scratch_ops):
+    # a row normalisation needs whole rows: split along rows it is right, split along columns each rank would
+    # normalise its own part of every row
+    scratch_ops.append("row_share")
+    op = of.op("row_share(Tensor x) -> Tensor y", traits=["no_grad"])(lambda x: x / x.sum(axis=1, keepdims=True))
+
+    @op.infer
+    def _(x):
+        if len(x.shape) != 2:
+            raise of.ShapeError(f"row_share(): x must be 2-D, got shape {x.shape}")
+        return x
+
+    op.samples(lambda rng: [of.Sample.of(rng.uniform(1, 2, (6, 4)))])
+    S = of.distributed.S
+    op.sbp(lambda x: [((S(0),), S(0))])
+    assert "1 SBP signature(s) compute the blocks" in str(check_op(op))
+    op.sbp(lambda x: [((S(0),), S(0)), ((S(1),), S(1))])
+    with pytest.raises(ConformanceError, match=r"SBP signature \(S\(1\),\) -> \(S\(1\),\) .* on 2 simulated ranks: "
+                                               r"output 0, put together from the ranks' S\(1\) blocks: differs"):
+        check_op(op)
+    # a signature that no sample splits is not taken on trust
+    op.samples(lambda rng: [of.Sample.of(rng.uniform(1, 2, (6, 5)))])
+    with pytest.raises(ConformanceError, match=r"\['\(S\(1\),\) -> \(S\(1\),\)'\] could not be checked on any "
+                                               "sample"):
+        check_op(op)

@@ -244,7 +244,7 @@ def conv3d(x, weight, bias, *, stride, padding, dilation, groups):
 
 _define_conv(conv3d, 3, lambda rng: [
     Sample.of(_randn(rng, 2, 2, 3, 4, 3), _randn(rng, 2, 2, 2, 2, 2)),
-    Sample.of(_randn(rng, 1, 2, 4, 3, 5), _randn(rng, 4, 1, 2, 1, 3), _randn(rng, 4), stride=[2, 1, 2],
+    Sample.of(_randn(rng, 2, 2, 4, 3, 5), _randn(rng, 4, 1, 2, 1, 3), _randn(rng, 4), stride=[2, 1, 2],
               padding=[1, 0, 1], dilation=[1, 1, 2], groups=2),
     Sample.of(_randn(rng, 1, 3, 3, 4), _randn(rng, 2, 1, 2, 3, 2), _randn(rng, 2), padding="same"),  # unbatched
 ])
@@ -477,7 +477,7 @@ def conv_transpose2d(x, weight, bias, *, stride, padding, output_padding, groups
 
 _define_conv_transpose(conv_transpose2d, 2, lambda rng: [
     Sample.of(_randn(rng, 2, 3, 3, 4), _randn(rng, 3, 2, 2, 3)),
-    Sample.of(_randn(rng, 1, 4, 3, 3), _randn(rng, 4, 1, 3, 2), _randn(rng, 2), stride=[2, 3], padding=[1, 0],
+    Sample.of(_randn(rng, 2, 4, 3, 3), _randn(rng, 4, 1, 3, 2), _randn(rng, 2), stride=[2, 3], padding=[1, 0],
               output_padding=[1, 2], groups=2, dilation=[1, 2]),
     Sample.of(_randn(rng, 2, 3, 2), _randn(rng, 2, 2, 2, 2), _randn(rng, 2), stride=2, padding=1),  # unbatched
 ])
@@ -495,7 +495,7 @@ def conv_transpose3d(x, weight, bias, *, stride, padding, output_padding, groups
 
 
 _define_conv_transpose(conv_transpose3d, 3, lambda rng: [
-    Sample.of(_randn(rng, 1, 2, 2, 3, 2), _randn(rng, 2, 2, 2, 1, 2)),
+    Sample.of(_randn(rng, 2, 2, 2, 3, 2), _randn(rng, 2, 2, 2, 1, 2)),
     Sample.of(_randn(rng, 2, 2, 2, 2), _randn(rng, 2, 1, 2, 2, 1), _randn(rng, 2), stride=[1, 2, 2],
               padding=[0, 1, 0], output_padding=[0, 1, 1], groups=2),  # unbatched
 ])

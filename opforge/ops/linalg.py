@@ -257,7 +257,7 @@ def _(x, weight, bias):
 
 @linear.samples
 def _(rng):
-    yield Sample.of(rng.standard_normal((2, 4, 3)), rng.standard_normal((5, 3)))  # first: its last input is required
+    yield Sample.of(rng.standard_normal((2, 4, 3)), rng.standard_normal((6, 3)))  # first: its last input is required
     yield Sample.of(rng.standard_normal((4, 3)), rng.standard_normal((2, 3)), rng.standard_normal(2))
     yield Sample.of(rng.standard_normal(3), rng.standard_normal((2, 3)), rng.standard_normal(2))
     yield Sample.of(rng.standard_normal((4, 3)), rng.standard_normal((2, 3)), rng.standard_normal(()))

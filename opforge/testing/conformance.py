@@ -6,6 +6,8 @@ For each sample call the op declares (``@op.samples``, or defaults from its trai
   * the float32, float16 and bfloat16 forward passes agree with the float64 one, to their precision (TOLERANCES),
   * analytic gradients match numeric ones (``gradcheck``), and second derivatives too where the op
     is twice differentiable (``gradgradcheck``),
+  * every SBP signature the op has (``@op.sbp``, and those its traits give) computes, on simulated ranks, the
+    blocks of what the op computes on whole values (``_check_sbp``),
 and it makes wrong calls that must fail with errors naming the op and the argument: a missing argument,
 a string for a tensor, a disallowed dtype, an attr of the wrong type, an unknown keyword, an input of
 the wrong rank (where the op refuses it), and attr values the op's own ``@op.check`` refuses.
@@ -360,6 +362,137 @@ def _expect_error(report: OpReport, what: str, call, *must_mention: str) -> None
     report.failures.append(f"wrong call ({what}) did not raise")
 
 
+SBP_RANKS = (2, 3)  # the simulated meshes: each signature is checked on every one its sample splits evenly on
+
+
+def _check_sbp(opdef: OpDef, sample: Sample, rng: np.random.Generator, checked: dict, report: OpReport,
+               tag: str) -> None:
+    """Every SBP signature of the op, checked numerically on simulated ranks in one process (no communicator: the
+    op itself holds no collective). The sample's float64 inputs are laid out as the signature says — cut into
+    blocks (``S(k)``), given whole to every rank (``B``), or as random parts that add up (``P``) or average
+    (``P("mean")``) to them — the op runs once per rank, with the attrs the signature gives for the blocks, and the
+    ranks' outputs put together (``S(k)``: concatenated; ``B``: each must be the whole; ``P``: summed or averaged)
+    must be the op's output on the whole inputs. A ``Decomposition`` (ops that compute the op, each with checked
+    signatures of its own) must compute the op on whole values. ``checked`` collects, per signature, whether some
+    sample checked it."""
+    from ..core.sbp import B, normalized, signatures
+
+    args, kwargs = _materialize(opdef, sample, np.float64)
+    specs, attrs = _specs(opdef, args, kwargs)
+    values = dict(zip(opdef.input_names, args)) | {k: v for k, v in kwargs.items() if k in opdef.input_names}
+    given = {k: v for k, v in kwargs.items() if k not in opdef.input_names}
+    whole = [_host(t) for t in _flat(opdef.fn(*args, **kwargs))]
+    for ranks in SBP_RANKS:
+        try:
+            found = signatures(opdef, specs, attrs, ranks)
+        except Exception as e:
+            report.failures.append(f"{tag}: the SBP rule raised {type(e).__name__}: {e}")
+            return
+        for ins, outs, local, via in found:
+            name = f"{tuple(ins)} -> {'its decomposition' if via else tuple(outs)}".replace("'", "")
+            if via is not None:  # ops with signatures of their own: on whole values, it must compute the op
+                result = via(*[values.get(p.name) for p in opdef.inputs], **attrs)
+                problem = _put_together(whole, [[_host(t) for t in _flat(result)]], (B,), 1, normalized)
+                if problem is not None:
+                    report.failures.append(f"{tag}: SBP decomposition {via.__name__} on whole values: {problem}")
+                    return
+                checked[name] = True
+                continue
+            if all(lay is None or lay == B for lay in ins) and all(lay == B for lay in outs):
+                continue  # every value whole: the op itself
+            checked.setdefault(name, False)
+            per_rank = [[] for _ in range(ranks)]
+            for p, layout in zip(opdef.inputs, ins):
+                value = values.get(p.name)
+                tensors = value if isinstance(value, list) else [value]
+                pieces = [_laid_out(t, layout, ranks, rng) for t in tensors]
+                if any(piece is False for piece in pieces):
+                    break  # a split that does not divide the sample's dim, or a partial integer
+                for r in range(ranks):
+                    rank_value = [piece[r] for piece in pieces]
+                    per_rank[r].append(rank_value if isinstance(value, list) else rank_value[0])
+            else:
+                results = []
+                for r in range(ranks):
+                    inputs = [_on_device(v) if isinstance(v, np.ndarray) else
+                              [_on_device(a) for a in v] if isinstance(v, list) else v for v in per_rank[r]]
+                    while inputs and inputs[-1] is None:
+                        inputs.pop()
+                    try:
+                        results.append([_host(t) for t in _flat(opdef.fn(*inputs, **(given | local)))])
+                    except OpforgeError as e:
+                        report.failures.append(f"{tag}: SBP signature {name} on {ranks} ranks: rank {r}'s call "
+                                               f"failed: {type(e).__name__}: {e}")
+                        return
+                wrong = _put_together(whole, results, outs, ranks, normalized)
+                if wrong is not None:
+                    report.failures.append(f"{tag}: SBP signature {name} (attrs on the blocks {local}) on {ranks} "
+                                           f"simulated ranks: {wrong}")
+                    return
+                checked[name] = True
+
+
+def _laid_out(value, layout, ranks: int, rng: np.random.Generator):
+    """What each of ``ranks`` ranks holds of ``value`` (a Tensor, or None) under ``layout``: a list of arrays (or
+    Nones), or False where the layout cannot hold it (an uneven split, a partial integer)."""
+    if value is None or layout is None:
+        return [None] * ranks
+    x = _host(value)
+    if layout.split:
+        axis = layout.axis % max(x.ndim, 1) if x.ndim else None
+        if axis is None or x.shape[axis] % ranks:
+            return False
+        return np.split(x, ranks, axis=axis)
+    if layout.partial:
+        if x.dtype.kind != "f":
+            return False
+        parts = [np.asarray(rng.standard_normal(x.shape)) for _ in range(ranks - 1)]
+        rest = np.asarray(x - np.sum(parts, axis=0))
+        parts.append(rest)
+        return [np.asarray(p * ranks) for p in parts] if layout.reduce == "mean" else parts
+    return [x] * ranks
+
+
+def _put_together(whole: list, results: list, outs: tuple, ranks: int, normalized) -> str | None:
+    """What is wrong with the ranks' outputs put together under ``outs``, against the whole outputs (None: nothing)."""
+    for k, (want, layout) in enumerate(zip(whole, outs * len(whole) if len(outs) == 1 else outs)):
+        blocks = [r[k] for r in results]
+        if layout.split:
+            try:
+                axis = normalized(layout, want.ndim).axis
+                got = np.concatenate(blocks, axis=axis)
+            except (ArgumentError, ValueError) as e:
+                return f"output {k}: the blocks do not concatenate along {layout}: {e}"
+        elif layout.partial:
+            if any(b.shape != want.shape for b in blocks):
+                return f"output {k}: partial values of shapes {[b.shape for b in blocks]}, the whole is {want.shape}"
+            got = np.sum(blocks, axis=0) / (ranks if layout.reduce == "mean" else 1)
+        else:
+            for r, b in enumerate(blocks):
+                problem = _differs(b, want)
+                if problem:
+                    return f"output {k} is B, but rank {r}'s is not the whole output: {problem}"
+            continue
+        problem = _differs(got, want)
+        if problem:
+            return f"output {k}, put together from the ranks' {layout} blocks: {problem}"
+    return None
+
+
+def _differs(got: np.ndarray, want: np.ndarray) -> str | None:
+    if got.shape != want.shape:
+        return f"shape {got.shape}, the whole op gives {want.shape}"
+    if want.dtype.kind != "f":
+        ok = np.array_equal(got, want)
+    else:
+        scale = max(1.0, float(np.abs(want[np.isfinite(want)]).max(initial=0.0)))
+        ok = np.allclose(got, want, rtol=1e-9, atol=1e-11 * scale, equal_nan=True)
+    if ok:
+        return None
+    diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
+    return f"differs from the whole op's output by up to {float(np.nanmax(diff)):.3g}"
+
+
 def _check_wrong_calls(opdef: OpDef, sample: Sample, report: OpReport, strict: bool = False) -> None:
     args, kwargs = _materialize(opdef, sample)
     fn = opdef.fn
@@ -524,7 +657,8 @@ def check_op(op, *, seed: int = 0, samples=None, raise_on_failure: bool = True, 
     differentiable = "no_grad" not in opdef.traits
     if differentiable and opdef.grad_rule is None:
         report.failures.append("the op has no gradient rule and no 'no_grad' trait")
-    inference_failures = precision_failures = precision_samples = program_failures = 0
+    inference_failures = precision_failures = precision_samples = program_failures = sbp_failures = 0
+    sbp_checked: dict = {}  # signature -> whether a sample checked it
     for k, sample in enumerate(samples):
         tag = f"sample {k}"
         outputs = {}
@@ -555,6 +689,12 @@ def check_op(op, *, seed: int = 0, samples=None, raise_on_failure: bool = True, 
             except OpforgeError as e:
                 report.failures.append(f"{tag}: in a program: {type(e).__name__}: {e}")
             program_failures += len(report.failures) - before
+            before = len(report.failures)
+            try:
+                _check_sbp(opdef, sample, np.random.default_rng([seed, k]), sbp_checked, report, tag)
+            except OpforgeError as e:
+                report.failures.append(f"{tag}: SBP signatures: {type(e).__name__}: {e}")
+            sbp_failures += len(report.failures) - before
     if not inference_failures:
         report.checked.append("inferred Specs equal the kernel's outputs (float samples in float64, float32, float16 "
                               "and bfloat16)")
@@ -566,6 +706,14 @@ def check_op(op, *, seed: int = 0, samples=None, raise_on_failure: bool = True, 
                               f"error, as a share of the tolerance: {worst})")
     if report.order and not any("derivatives" in f for f in report.failures):
         report.checked.append(f"gradients match central differences to order {report.order}")
+    if sbp_checked:
+        never = [name for name, done in sbp_checked.items() if not done]
+        if never and opdef.sbp_fn is not None:  # (a trait's signature may fit no sample: it is checked where it fits)
+            report.failures.append(f"SBP signature(s) {never} could not be checked on any sample (none splits evenly "
+                                   f"on {' or '.join(map(str, SBP_RANKS))} ranks): add a sample that does")
+        elif not sbp_failures:
+            report.checked.append(f"{len(sbp_checked) - len(never)} SBP signature(s) compute the blocks of the whole "
+                                  f"result (simulated meshes of {' and '.join(map(str, SBP_RANKS))} ranks)")
     before = len(report.failures)
     _check_wrong_calls(opdef, samples[0], report, strict)
     if len(report.failures) == before:
