@@ -287,3 +287,21 @@ def test_cross_entropy_over_split_rows_means_over_every_ranks_rows_that_count(si
         np.testing.assert_allclose(got, want.numpy(), rtol=1e-13)
         np.testing.assert_allclose(compiled, want.numpy(), rtol=1e-13)
         np.testing.assert_allclose(grad, logits.grad.numpy(), rtol=1e-12, atol=1e-15)
+
+
+def test_a_step_compiled_under_a_mesh_returns_the_whole_loss_not_the_ranks_part():
+    rng = np.random.default_rng(2)
+    x, t, w0 = rng.standard_normal((8, 3)), rng.standard_normal((8, 2)), rng.standard_normal((3, 2))
+    want = F.mse_loss(of.tensor(x) @ of.tensor(w0), of.tensor(t)).numpy()  # a mean over rows: P(mean) when split
+
+    def run(comm):
+        w = of.tensor(w0, requires_grad=True)
+        rows = np.split(np.arange(8), comm.size)[comm.rank]
+        with of.distributed.Mesh(comm):
+            step = of.compile(lambda x, t: {"loss": F.mse_loss(x @ w, t), "rows": x @ w})
+            out = step(of.tensor(x[rows]), of.tensor(t[rows]))
+        return out["loss"].numpy(), out["rows"].numpy()
+
+    for rank, (loss, rows) in enumerate(of.distributed.run_threads(run, 2)):
+        np.testing.assert_allclose(loss, want, rtol=1e-13)
+        np.testing.assert_allclose(rows, (x @ w0)[4 * rank:4 * rank + 4], rtol=1e-13)  # split: the rank's block

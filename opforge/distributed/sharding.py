@@ -39,7 +39,7 @@ from ..core.sbp import B, Layout, S, as_layout, block_spec, normalized, signatur
 from ..core.spec import Dim, Spec, undim
 from ..dispatch import coerce_inputs
 from ..program.backward import append_backward
-from ..program.compile import traced_function_wrappers
+from ..program.compile import _rebuild, traced_function_wrappers
 from ..program.desc import Program
 from ..program.trace import Tracer, Variable, _input_name, constant_name, tracing_program, var_for_tensor
 from ..tensor import Tensor
@@ -457,7 +457,14 @@ def _traced_under_mesh(fn):
             tracer.layouts[name] = normalized(mesh.feeds.get(name, _default_feed(program, name)),
                                               len(program.block.vars[name].spec.shape))
         with interpreting(tracer):
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+
+        def whole(path, value):  # a partial result (a loss: each rank's part) is of no use: results come whole
+            if type(value) is Variable and tracer.layouts.get(value.name, B).partial:
+                return Variable(program, tracer._convert(value.name, B))
+            return value  # a split result is this rank's block, as the feeds are
+
+        return _rebuild(result, "out", whole, Variable)
 
     return sharded
 
