@@ -305,3 +305,61 @@ def test_a_step_compiled_under_a_mesh_returns_the_whole_loss_not_the_ranks_part(
     for rank, (loss, rows) in enumerate(of.distributed.run_threads(run, 2)):
         np.testing.assert_allclose(loss, want, rtol=1e-13)
         np.testing.assert_allclose(rows, (x @ w0)[4 * rank:4 * rank + 4], rtol=1e-13)  # split: the rank's block
+
+
+def train_steps(model, opt, batches, compiled=None):
+    def step(x, y):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    fn = of.compile(step) if compiled is None else compiled(step)
+    losses = [fn(of.tensor(x), of.tensor(y)).numpy() for x, y in batches]
+    return fn, losses
+
+
+def tiny_model():
+    of.manual_seed(0)
+    return nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3)).double()
+
+
+def test_a_data_parallel_model_compiled_outside_a_mesh_averages_over_its_ranks():
+    rng = np.random.default_rng(3)
+    batches = [(rng.standard_normal((8, 5)), rng.integers(0, 3, 8)) for _ in range(3)]
+    one = tiny_model()
+    _, want = train_steps(one, of.optim.SGD(one.parameters(), lr=0.1, momentum=0.9), batches, compiled=lambda f: f)
+
+    def run(comm):
+        rows = np.split(np.arange(8), comm.size)[comm.rank]
+        ddp = of.distributed.DistributedDataParallel(tiny_model())  # compiled outside any mesh, as PyTorch users do
+        step, losses = train_steps(ddp, of.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9),
+                                   [(x[rows], y[rows]) for x, y in batches])
+        assert "all_reduce" in str(next(iter(step.cache.values()))[0].program)
+        return losses, [p.numpy() for p in ddp.parameters()]
+
+    for losses, params in of.distributed.run_threads(run, 2):
+        np.testing.assert_allclose(losses, want, rtol=1e-12)  # every rank: the whole batch's loss
+        for got, p in zip(params, one.parameters()):
+            np.testing.assert_allclose(got, p.numpy(), rtol=1e-11, atol=1e-14)
+    with pytest.raises(of.OpforgeError, match="traced outside a distribution mesh"):
+        of.distributed.run_threads(lambda comm: of.trace(of.distributed.DistributedDataParallel(tiny_model()),
+                                                         x=of.Spec((4, 5), "float64")), 2)
+
+
+def test_a_step_compiled_outside_a_mesh_is_traced_again_inside_one():
+    x, y = np.random.default_rng(4).standard_normal((4, 5)), np.arange(4) % 3
+
+    def run(comm):
+        model = tiny_model()
+        step, _ = train_steps(model, of.optim.SGD(model.parameters(), lr=0.1), [(x, y)])  # one process's program
+        for _ in range(2):
+            with of.distributed.Mesh(comm):  # a new Mesh of the same communicator and layouts: the same program
+                step(of.tensor(x + comm.rank), of.tensor(y))
+        return len(step.cache), [p.numpy() for p in model.parameters()]
+
+    (n0, p0), (n1, p1) = of.distributed.run_threads(run, 2)
+    assert n0 == n1 == 2
+    for a, b in zip(p0, p1):  # the ranks' gradients were averaged: the replicas stay equal
+        assert np.array_equal(a, b)

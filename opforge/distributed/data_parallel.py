@@ -18,9 +18,13 @@ import numpy as np
 
 from .. import checkpoint
 from ..core.errors import ArgumentError, OpforgeError, describe
+from ..core.interpreters import current_interpreter
 from ..nn import Module
+from ..program.compile import TraceAgain
+from ..program.trace import Tracer
 from ..tensor import Tensor, wrap
 from .comm import Communicator, current_communicator
+from .sharding import Mesh, ShardingTracer
 
 
 class DistributedDataParallel(Module):
@@ -65,6 +69,16 @@ class DistributedDataParallel(Module):
         self._reset()
 
     def forward(self, *args, **kwargs):
+        interpreter = current_interpreter()
+        if self.comm.size > 1 and isinstance(interpreter, Tracer) and not isinstance(interpreter, ShardingTracer):
+            # traced outside a mesh, the step would run no collective: each rank would train on its own batch
+            comm = self.comm
+            raise TraceAgain(
+                "DistributedDataParallel: called while a program is traced outside a distribution mesh, where the "
+                "program would run no collective and each rank would train on its own batch alone. of.compile traces "
+                "it under the model's communicator by itself; to trace by hand, trace under "
+                "`with of.distributed.Mesh(model.comm):`, or shard() the traced program",
+                lambda: Mesh(comm))
         return self.module(*args, **kwargs)
 
     def _reset(self) -> None:

@@ -39,7 +39,7 @@ from ..core.sbp import B, Layout, S, as_layout, block_spec, normalized, signatur
 from ..core.spec import Dim, Spec, undim
 from ..dispatch import coerce_inputs
 from ..program.backward import append_backward
-from ..program.compile import _rebuild, traced_function_wrappers
+from ..program.compile import _rebuild, trace_context_keys, traced_function_wrappers
 from ..program.desc import Program
 from ..program.trace import Tracer, Variable, _input_name, constant_name, tracing_program, var_for_tensor
 from ..tensor import Tensor
@@ -80,6 +80,12 @@ class Mesh:
 
     def __repr__(self) -> str:
         return f"Mesh({self.size} ranks, this is rank {self.rank})"
+
+    def key(self) -> tuple:
+        """What a program traced under this mesh depends on: the communicator and the layouts (a new Mesh of the
+        same communicator and layouts, as ``with Mesh():`` in a loop makes, finds the same compiled program)."""
+        return (id(self.comm), tuple(sorted((k, str(v)) for k, v in self.feeds.items())),
+                tuple(sorted((str(k), str(v)) for k, v in self.params.items())))
 
 
 _mesh = contextvars.ContextVar("opforge.mesh", default=None)
@@ -474,6 +480,7 @@ def _default_feed(program: Program, name: str) -> Layout:
 
 
 traced_function_wrappers.append(_traced_under_mesh)
+trace_context_keys.append(lambda: None if current_mesh() is None else current_mesh().key())
 
 
 # -- the pass --------------------------------------------------------------------------------------------------

@@ -50,9 +50,23 @@ from .trace import ArgumentVariable, Tracer, Variable, contents, python_state, t
 
 _PLAIN = (bool, int, float, str, type(None))  # Python values a trace bakes in: constants of its cache key
 
-# Extension point, kept apart from the rest: each wrapper (fn -> fn) may replace the function about to be traced by
-# one that runs it differently (opforge.distributed runs it under its sharding interpreter inside `with mesh:`).
+# Extension points, kept apart from the rest: each wrapper (fn -> fn) may replace the function about to be traced by
+# one that runs it differently (opforge.distributed runs it under its sharding interpreter inside `with mesh:`), and
+# each context key (() -> hashable) names the context a call is traced in, which is part of the cache key (the
+# mesh: a step compiled outside one must not keep its one-process program inside one).
 traced_function_wrappers: list = []
+trace_context_keys: list = []
+
+
+class TraceAgain(OpforgeError):
+    """Raised while ``of.compile`` traces, by code that finds the call must be traced in another context:
+    ``context()`` gives a context manager, in which the call is traced again and its program runs from then on
+    (opforge.distributed: a DistributedDataParallel model called outside a mesh is traced under its
+    communicator's). Outside ``of.compile`` it is an error saying what to do."""
+
+    def __init__(self, message: str, context):
+        super().__init__(message)
+        self.context = context
 
 
 class CompiledFunction:
@@ -141,6 +155,8 @@ class CompiledFunction:
             key.append(("passed again", tuple(passed.index(p) for p in passed)))
         if self.cache_key is not None:
             key.append(self.cache_key())
+        for context in trace_context_keys:
+            key.append(context())
         return tuple(key), feeds, tensors
 
     def _entry(self, key: tuple, arguments: dict, tensors: dict) -> _Entry | None:
@@ -177,7 +193,7 @@ class CompiledFunction:
 
     # -- tracing ----------------------------------------------------------------------------------------------------
 
-    def _trace(self, arguments: dict, tensors: dict) -> _Entry:
+    def _trace(self, arguments: dict, tensors: dict, again_in=None) -> _Entry:
         devices = {t._device for t in tensors.values()}
         if len(devices) > 1:
             raise ArgumentError(f"{self.__name__}() (compiled): the tensor arguments are on several devices "
@@ -207,17 +223,26 @@ class CompiledFunction:
         fn = self.fn
         for wrapper in traced_function_wrappers:
             fn = wrapper(fn)
-        with interpreting(Tracer(program)):
-            result = fn(*bound.args, **bound.kwargs)
-        return _Entry(self.__name__, program, result, self.optimize, [v for v in fed.values() if v.updated])
+        try:
+            with interpreting(Tracer(program)):
+                result = fn(*bound.args, **bound.kwargs)
+        except TraceAgain as again:
+            if again_in is not None:  # traced in its context already: it cannot say more
+                raise
+            with again.context():
+                entry = self._trace(arguments, tensors, again.context)
+            return entry
+        return _Entry(self.__name__, program, result, self.optimize, [v for v in fed.values() if v.updated],
+                      again_in)
 
 
 class _Entry:
     """One traced program, its executor, and what must hold for it to mean what the function means now."""
 
-    def __init__(self, name: str, program: Program, result, optimize: bool, updated_arguments: list):
+    def __init__(self, name: str, program: Program, result, optimize: bool, updated_arguments: list, context=None):
         self.name = name  # the compiled function's
         self.program = program
+        self.context = context  # () -> the context manager it was traced in, and runs in (see TraceAgain)
         state = trace_state(program)
         fetch = {}
         self.result = _rebuild(result, "out", lambda path, v: _result(program, path, v, fetch), Variable)
@@ -274,6 +299,12 @@ class _Entry:
                 and all(_tensor(source, arguments)._grad is not None for source, _ in self.grad_feeds))
 
     def run(self, feeds: dict, arguments: dict):
+        if self.context is not None:
+            with self.context():
+                return self._run(feeds, arguments)
+        return self._run(feeds, arguments)
+
+    def _run(self, feeds: dict, arguments: dict):
         if self.argument_updates:
             self._check_updates(feeds, arguments)
         for source, feed in self.grad_feeds:
@@ -425,4 +456,4 @@ def compile(fn=None, *, optimize: bool = True, cache_key=None, max_cache: int | 
     return CompiledFunction(fn, optimize, cache_key, max_cache)
 
 
-__all__ = ["CompiledFunction", "compile"]
+__all__ = ["CompiledFunction", "TraceAgain", "compile"]
