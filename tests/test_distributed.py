@@ -363,3 +363,70 @@ def test_a_step_compiled_outside_a_mesh_is_traced_again_inside_one():
     assert n0 == n1 == 2
     for a, b in zip(p0, p1):  # the ranks' gradients were averaged: the replicas stay equal
         assert np.array_equal(a, b)
+
+
+def mlp_params(seed=5):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(s) for s in [(8, 5), (8,), (3, 8), (3,)]]
+
+
+def train_mlp(params, batches, optimizer, mesh=None, steps=None):
+    """Train the MLP (whole tensors `params`) on `batches`, compiled (under `mesh` if given); return the losses."""
+    w1, b1, w2, b2 = params
+    opt = optimizer(params)
+
+    def step(x, t):
+        loss = F.mse_loss(F.linear(F.relu(F.linear(x, w1, b1)), w2, b2), t)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    compiled = of.compile(step)
+    if mesh is None:
+        return [compiled(of.tensor(x), of.tensor(t)).numpy() for x, t in batches]
+    with mesh:
+        return [compiled(of.tensor(x), of.tensor(t)).numpy() for x, t in batches]
+
+
+OPTIMIZERS = {"sgd-momentum": lambda ps: of.optim.SGD(ps, lr=0.05, momentum=0.9),
+              "adam": lambda ps: of.optim.Adam(ps, lr=0.01)}
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_tensor_parallel_training_under_a_mesh_takes_whole_tensors_and_saves_them_whole(optimizer, tmp_path):
+    rng = np.random.default_rng(6)
+    batches = [(rng.standard_normal((8, 5)), rng.standard_normal((8, 3))) for _ in range(3)]
+    one = [of.tensor(a, requires_grad=True) for a in mlp_params()]
+    want = train_mlp(one, batches[:2], OPTIMIZERS[optimizer])
+    want += train_mlp(one, batches[2:], OPTIMIZERS[optimizer])  # then from the same values, a new optimizer
+
+    def tensor_parallel(params, batches, comm):
+        mesh = of.distributed.Mesh(comm, params={params[0]: S(0), params[1]: S(0), params[2]: S(1)})
+        rows = np.split(np.arange(8), comm.size)[comm.rank]
+        return train_mlp(params, [(x[rows], t[rows]) for x, t in batches], OPTIMIZERS[optimizer], mesh)
+
+    def run(comm):
+        params = [of.tensor(a, requires_grad=True) for a in mlp_params()]  # whole, as one process has them
+        losses = tensor_parallel(params, batches[:2], comm)
+        path = str(tmp_path / "tp.npz")
+        of.distributed.save({f"p{i}": p for i, p in enumerate(params)}, path, comm=comm)
+        loaded = [of.tensor(of.distributed.load(path)[f"p{i}"].numpy(), requires_grad=True) for i in range(4)]
+        losses += tensor_parallel(loaded, batches[2:], comm)  # as another job would go on from the checkpoint
+        return losses, [p.numpy() for p in loaded]
+
+    for losses, params in of.distributed.run_threads(run, 2):
+        np.testing.assert_allclose(losses, want, rtol=1e-12)
+        for got, p in zip(params, one):  # the whole trained tensors, on every rank
+            np.testing.assert_allclose(got, p.numpy(), rtol=1e-11, atol=1e-14)
+
+
+def test_a_mesh_refuses_parameters_that_differ_between_ranks():
+    def run(comm):  # each rank holds its own block (rows 4r..4r+3) as the split weight: another model
+        w = of.tensor(mlp_params()[0][4 * comm.rank:4 * comm.rank + 4], requires_grad=True)
+        with of.distributed.Mesh(comm, params={w: S(0)}):
+            of.compile(lambda x: F.linear(x, w))(of.tensor(np.ones((4, 5))))
+
+    with pytest.raises(of.ArgumentError, match=r"parameter\(s\) 'param.1' \(read as S\(0\)\) differ between the ranks"
+                                               r".*pass the whole tensor, not a rank's block"):
+        of.distributed.run_threads(run, 2)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import math
+import zlib
 
 import numpy as np
 
@@ -51,9 +52,12 @@ UNKNOWN_DIM = 1024  # an unknown dim (a batch of any size) counts as this many w
 
 class Mesh:
     """The ranks of a communicator along one axis (the world's, after ``of.distributed.init()``), with the layouts
-    of the values a compiled step reads: ``feeds`` (by argument name; ``S(0)`` if not given) and ``params``
-    (Tensor -> layout; ``B`` if not given). ``with mesh:`` makes collectives use its communicator and makes
-    ``of.compile`` shard what it traces."""
+    of the values a compiled step reads: ``feeds`` (by argument name; ``S(0)`` if not given: each rank passes its
+    block of the batch) and ``params`` (Tensor -> layout; ``B`` if not given). Parameters are given *whole*, the same
+    on every rank, as one process holds them (``shard()`` takes them so too): a split layout says the program
+    computes with this rank's block of it, and the update is of the whole tensor (a trace whose parameters differ
+    between ranks is refused). ``with mesh:`` makes collectives use its communicator and makes ``of.compile`` shard
+    what it traces."""
 
     def __init__(self, comm: Communicator | None = None, feeds: dict | None = None, params: dict | None = None):
         self.comm = current_communicator() if comm is None else comm
@@ -116,6 +120,7 @@ class ShardingTracer(Tracer):
         self._converted: dict = {}  # (variable, Layout) -> variable holding it in that layout
         self._reduced: dict = {}  # local gradient variable -> the logical loss's gradient
         self._final: set = set()  # gradient variables that are already the logical loss's
+        self._read_as: dict = {}  # variable of a whole tensor -> the split layout ops read it in
         program.layouts = self.layouts  # kept with the program: what each variable is across the ranks
 
     # -- the interpreter --------------------------------------------------------------------------------------
@@ -193,18 +198,34 @@ class ShardingTracer(Tracer):
     # -- layouts of what comes in ------------------------------------------------------------------------------
 
     def _var_of(self, tensor: Tensor, state: bool = False) -> str:
+        """The variable of an eager tensor the program reads. A tensor is whole on every rank (``B``), as it is
+        eagerly; one given a split layout (``Mesh(params={w: S(0)})``) is read by ops as this rank's block of it
+        (a slice, whose gradient is the block's): the program computes with blocks, and updates the whole."""
         name = var_for_tensor(self.program, tensor, state=state)
         if name not in self.layouts:
-            layout = self.params.get(id(tensor), self.params.get(name, B))
-            self.layouts[name] = normalized(layout, tensor.ndim)
+            layout = normalized(self.params.get(id(tensor), self.params.get(name, B)), tensor.ndim)
+            self.layouts[name] = B
+            if layout.partial:
+                raise ArgumentError(f"Mesh(params=...): {name!r} cannot be read as a partial value ({layout})")
+            if layout.split:
+                d, n = tensor.shape[layout.axis], self.mesh.size
+                if d % n:
+                    raise ShapeError(f"Mesh(params=...): {name!r} of shape {tuple(tensor.shape)} does not split into "
+                                     f"{n} equal blocks along axis {layout.axis}")
+                self._read_as[name] = layout
         return name
+
+    def _read(self, name: str) -> str:
+        """Variable ``name`` as ops read it: this rank's block of a tensor given a split layout, else itself."""
+        want = self._read_as.get(name)
+        return name if want is None else self._convert(name, want)
 
     def _input_names(self, op, inputs: tuple) -> list:
         """Each input as a variable name (lists for ``Tensor[]``): eager Tensors become parameters or state,
         Python numbers and arrays constants (broadcast)."""
         def take(arg, value):
             if isinstance(value, Tensor):
-                return self._var_of(value)
+                return self._read(self._var_of(value))
             return self._broadcast_unless_known(_input_name(self.program, op, arg, value))
 
         def lift(arg, array):
@@ -464,6 +485,7 @@ def _traced_under_mesh(fn):
                                               len(program.block.vars[name].spec.shape))
         with interpreting(tracer):
             result = fn(*args, **kwargs)
+        _same_on_every_rank(program, tracer)
 
         def whole(path, value):  # a partial result (a loss: each rank's part) is of no use: results come whole
             if type(value) is Variable and tracer.layouts.get(value.name, B).partial:
@@ -473,6 +495,29 @@ def _traced_under_mesh(fn):
         return _rebuild(result, "out", whole, Variable)
 
     return sharded
+
+
+def _same_on_every_rank(program: Program, tracer: ShardingTracer) -> None:
+    """Refuse a trace whose parameters differ between ranks. Tensors are given whole, the same on every rank, as one
+    process holds them (``Mesh(params=...)`` says which to compute with in blocks): a rank's block given instead, or
+    replicas started from other values, would silently train another model. One all-gather of a checksum per
+    parameter, when a step is traced."""
+    mesh = tracer.mesh
+    names = [name for t, name in program._tensor_vars.values() if t.requires_grad or name in tracer._read_as]
+    if mesh.size == 1 or not names:
+        return
+    device = program.device
+    mine = np.array([[zlib.crc32(np.ascontiguousarray(device.to_host(program.values[n])).tobytes()) for n in names]],
+                    dtype=np.int64)
+    everyone = mesh.comm.all_gather(mine, 0)
+    differ = [(n, tracer._read_as.get(n)) for k, n in enumerate(names) if (everyone[:, k] != mine[0, k]).any()]
+    if differ:
+        shown = ", ".join(f"{n!r}" + (f" (read as {layout})" if layout else "") for n, layout in differ[:6])
+        raise ArgumentError(
+            f"Mesh: parameter(s) {shown} differ between the ranks. A tensor is given whole and the same on every "
+            "rank, as one process holds it (Mesh(params=...) says how the program splits it: each rank computes "
+            "with its block and the update is of the whole): pass the whole tensor, not a rank's block, and start "
+            "every rank from the same values (DistributedDataParallel does; or seed every rank alike)")
 
 
 def _default_feed(program: Program, name: str) -> Layout:
