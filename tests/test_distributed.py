@@ -430,3 +430,57 @@ def test_a_mesh_refuses_parameters_that_differ_between_ranks():
     with pytest.raises(of.ArgumentError, match=r"parameter\(s\) 'param.1' \(read as S\(0\)\) differ between the ranks"
                                                r".*pass the whole tensor, not a rank's block"):
         of.distributed.run_threads(run, 2)
+
+
+class WithUnused(nn.Module):
+    """A layer the forward never uses, and one only rank 0 uses."""
+
+    def __init__(self, rank):
+        super().__init__()
+        of.manual_seed(0)
+        self.rank = rank
+        self.used, self.unused, self.rank0 = (nn.Linear(5, 3).double(), nn.Linear(5, 3).double(),
+                                              nn.Linear(3, 3).double())
+
+    def forward(self, x):
+        h = self.used(x)
+        return self.rank0(h) if self.rank == 0 else h
+
+
+def test_data_parallel_with_a_parameter_the_forward_never_uses():
+    x, y = np.random.default_rng(7).standard_normal((8, 5)), np.arange(8) % 3
+
+    def default(comm):  # as PyTorch: an error at the end of the first backward pass, naming the parameters
+        model = of.distributed.DistributedDataParallel(WithUnused(comm.rank), bucket_bytes=100)
+        F.cross_entropy(model(of.tensor(x)), of.tensor(y)).backward()
+
+    with pytest.raises(of.OpforgeError, match=r"got no gradient in this backward pass: .*'unused.bias', "
+                                              r"'unused.weight'.*find_unused_parameters=True"):
+        of.distributed.run_threads(default, 2)
+
+    def found(comm):
+        model = of.distributed.DistributedDataParallel(WithUnused(comm.rank), bucket_bytes=100,
+                                                       find_unused_parameters=True)
+        opt = of.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        grads = []
+        for _ in range(2):
+            F.cross_entropy(model(of.tensor(x)), of.tensor(y)).backward()
+            grads.append({n: None if p.grad is None else p.grad.numpy().copy()
+                          for n, p in model.module.named_parameters()})
+            opt.step()
+            opt.zero_grad()
+        return grads
+
+    def local(rank):  # one rank's own gradients
+        model = WithUnused(rank)
+        F.cross_entropy(model(of.tensor(x)), of.tensor(y)).backward()
+        return {n: None if p.grad is None else p.grad.numpy() for n, p in model.named_parameters()}
+
+    own = [local(0), local(1)]
+    for grads in of.distributed.run_threads(found, 2):
+        step0 = grads[0]
+        assert step0["unused.weight"] is None and step0["unused.bias"] is None  # no rank used it: as one process
+        for name in ["used.weight", "used.bias", "rank0.weight", "rank0.bias"]:  # the mean, zeros where unused
+            want = np.mean([np.zeros_like(own[0][name]) if g[name] is None else g[name] for g in own], axis=0)
+            np.testing.assert_allclose(step0[name], want, rtol=1e-13, atol=1e-16)
+        assert grads[1]["unused.weight"] is None  # and at the next step too (no AttributeError)

@@ -12,6 +12,8 @@ differentiated again (second, third ... derivatives).
 
 from __future__ import annotations
 
+import threading
+
 from .. import ops as F
 from ..core.errors import ArgumentError, GradientError, describe
 from ..core.grad_mode import set_grad_enabled
@@ -24,10 +26,38 @@ from .rules import call_rule, fit_inputs, input_label, missing_rule
 
 
 def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False) -> None:
-    """Accumulate d(tensors)/d(leaf) into ``leaf.grad`` for every leaf that requires grad."""
+    """Accumulate d(tensors)/d(leaf) into ``leaf.grad`` for every leaf that requires grad; then run the callbacks
+    queued while it ran (``queue_callback``)."""
     tensors = _as_list(tensors, "backward", "tensors")
     seeds = _seeds(tensors, grad_tensors, "backward")
-    _backprop(tensors, seeds, None, create_graph, create_graph if retain_graph is None else retain_graph)
+    depth = _running.depth  # a hook may call backward() itself: callbacks wait for the outermost one
+    if depth == 0:
+        _running.callbacks = []
+    _running.depth = depth + 1
+    try:
+        _backprop(tensors, seeds, None, create_graph, create_graph if retain_graph is None else retain_graph)
+    finally:
+        _running.depth = depth
+        queued, _running.callbacks = (_running.callbacks, None) if depth == 0 else (None, _running.callbacks)
+    for fn in queued or ():
+        fn()
+
+
+class _Running(threading.local):
+    depth = 0  # backward() calls running in this thread, one inside another's hook
+    callbacks = None  # those queued during the outermost one
+
+
+_running = _Running()
+
+
+def queue_callback(fn) -> None:
+    """Run ``fn()`` once the ``backward()`` now running (the outermost, in this thread) has made every gradient
+    final — torch's ``Variable._execution_engine.queue_callback``: for a post-accumulate hook that must act after
+    the last gradient, even if some leaf gets none (DistributedDataParallel)."""
+    if _running.callbacks is None:
+        raise GradientError("queue_callback(): no backward() is running in this thread")
+    _running.callbacks.append(fn)
 
 
 def grad(outputs, inputs, grad_outputs=None, create_graph=False, retain_graph=None, allow_unused=False):

@@ -3,9 +3,11 @@
 ``DistributedDataParallel(model)`` starts every rank from rank 0's parameters and, during ``backward()``, averages
 the gradients over the ranks in *buckets*: as soon as every gradient of a bucket is final (the engine's
 post-accumulate hooks say so), the bucket is flattened into one buffer and its all-reduce started without
-blocking, while the backward pass goes on with the layers below. The last gradient to arrive waits for the
-buckets still in flight and hands each parameter its averaged gradient (a view into its bucket's buffer).
-Buckets follow the parameters in reverse order — the order backward finalises them.
+blocking, while the backward pass goes on with the layers below; buckets start in one order on every rank. When
+the backward pass ends (a callback the autograd engine runs then), the buckets still in flight are waited for and
+each parameter gets its averaged gradient (a view into its bucket's buffer); a parameter that got no gradient is
+an error naming it, or, with ``find_unused_parameters=True``, a zero gradient on that rank. Buckets follow the
+parameters in reverse order — the order backward finalises them.
 
 ``DistributedSampler`` gives each rank its part of every batch of a seeded shuffle, so that the ranks' batches
 together are exactly the batches one process would take with ``size`` times the batch size. ``save`` writes a
@@ -17,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import checkpoint
+from ..autodiff.engine import queue_callback
 from ..core.errors import ArgumentError, OpforgeError, describe
 from ..core.interpreters import current_interpreter
 from ..nn import Module
@@ -36,19 +39,27 @@ class DistributedDataParallel(Module):
     so small buckets cost more meetings than they win in overlap unless a core is free to move the data (medians of
     bench/distributed.py runs on 2 cores: a 2.7 MB MLP scaled 1.74x in 1 MiB buckets, 1.83x in one); a model larger
     than a bucket still overlaps. ``overlap=False`` all-reduces every bucket at the end of backward instead,
-    blocking (to measure what the overlap saves).
-    Every parameter must get a gradient in each backward pass.
+    blocking (to measure what the overlap saves). Buckets are all-reduced in one order on every rank, whatever
+    order their gradients arrive in.
+
+    A parameter that gets no gradient in a backward pass (the forward did not use it) is an error at the end of
+    that pass, naming it, as in PyTorch; with ``find_unused_parameters=True`` it counts as a zero gradient on that
+    rank, so its gradient is the mean of the ranks that used it, and stays as it was (None after ``zero_grad()``)
+    where no rank did — what one process would have. That costs one small all-reduce more per backward pass.
     """
 
     def __init__(self, module: Module, comm: Communicator | None = None, bucket_bytes: int = 25 << 20,
-                 overlap: bool = True):
+                 overlap: bool = True, find_unused_parameters: bool = False):
         super().__init__()
         if not isinstance(module, Module):
             raise ArgumentError(f"DistributedDataParallel(): expected a Module, got {describe(module)}")
         self.module = module
         object.__setattr__(self, "comm", current_communicator() if comm is None else comm)
         object.__setattr__(self, "overlap", bool(overlap))
-        params = [p for p in module.parameters()]
+        object.__setattr__(self, "find_unused_parameters", bool(find_unused_parameters))
+        named = list(module.named_parameters())
+        params = [p for _, p in named]
+        object.__setattr__(self, "_names", {id(p): name for name, p in named})
         for t in [*params, *(b for b in module.buffers() if b is not None)]:  # every rank starts as rank 0
             t._device.copy_into(t._data, self.comm.broadcast(t._data, 0))
         buckets, current, size = [], [], 0
@@ -62,8 +73,9 @@ class DistributedDataParallel(Module):
             buckets.append(current)
         object.__setattr__(self, "buckets", [_Bucket(b) for b in buckets])
         object.__setattr__(self, "_bucket_of", {id(p): b for b in self.buckets for p in b.params})
-        object.__setattr__(self, "_pending", [])  # started all-reduces, in order
-        object.__setattr__(self, "_waiting", 0)  # parameters whose gradient is not final yet in this backward
+        object.__setattr__(self, "_pending", [])  # started all-reduces, in bucket order
+        object.__setattr__(self, "_got", set())  # id of each parameter whose gradient is final in this backward
+        object.__setattr__(self, "_in_backward", False)  # whether this backward's end is awaited (queue_callback)
         for p in params:
             p.register_post_accumulate_grad_hook(self._ready)
         self._reset()
@@ -85,32 +97,60 @@ class DistributedDataParallel(Module):
         for b in self.buckets:
             b.ready = 0
         self._pending.clear()
-        object.__setattr__(self, "_waiting", sum(len(b.params) for b in self.buckets))
+        self._got.clear()
+        object.__setattr__(self, "_next", 0)  # the next bucket to start: buckets start in order
+        object.__setattr__(self, "_in_backward", False)
 
     def _ready(self, p: Tensor) -> None:
-        bucket = self._bucket_of[id(p)]
-        bucket.ready += 1
-        object.__setattr__(self, "_waiting", self._waiting - 1)
-        if self.overlap and bucket.ready == len(bucket.params):
-            self._pending.append((bucket, self.comm.start_all_reduce(bucket.flatten(), "mean")))
-        elif self.overlap:
+        if not self._in_backward:  # the first gradient of this backward: look again when it ends
+            object.__setattr__(self, "_in_backward", True)
+            queue_callback(self._backward_ended)
+        self._got.add(id(p))
+        self._bucket_of[id(p)].ready += 1
+        if self.overlap:
+            self._start_ready_buckets()
             for _, request in self._pending:  # MPI moves a started collective on when it is called: poke it
                 request.poke()
-        if self._waiting == 0:
-            self.synchronize()
 
-    def synchronize(self) -> None:
-        """Finish this backward's all-reduces and give each parameter its averaged gradient (backward calls it
-        when the last gradient is final)."""
-        if not self.overlap:
-            self._pending.extend((b, self.comm.start_all_reduce(b.flatten(), "mean")) for b in self.buckets)
+    def _start_ready_buckets(self) -> None:
+        """Start the all-reduce of every complete bucket whose turn it is (a later bucket that completes first
+        waits: ranks whose gradients arrive in other orders must still meet in the same collectives)."""
+        while self._next < len(self.buckets) and self.buckets[self._next].complete:
+            bucket = self.buckets[self._next]
+            self._pending.append((bucket, self.comm.start_all_reduce(bucket.flatten(), "mean")))
+            object.__setattr__(self, "_next", self._next + 1)
+
+    def _backward_ended(self) -> None:
+        missing = [p for b in self.buckets for p in b.params if id(p) not in self._got]
+        if missing and not self.find_unused_parameters:
+            for _, request in self._pending:  # the started ones, the same on every rank: leave MPI in order
+                request.wait()
+            self._reset()
+            names = ", ".join(repr(self._names.get(id(p), tuple(p.shape))) for p in missing[:8])
+            raise OpforgeError(
+                f"DistributedDataParallel: {len(missing)} parameter(s) got no gradient in this backward pass: "
+                f"{names}{' ...' if len(missing) > 8 else ''}. The forward did not use them, and their buckets would "
+                "never be averaged: pass find_unused_parameters=True to average what each rank has (as PyTorch's "
+                "DistributedDataParallel), or leave them out of the model")
+        self.synchronize(missing)
+
+    def synchronize(self, missing: list = ()) -> None:
+        """Finish this backward's all-reduces and give each parameter its averaged gradient (run when the backward
+        pass ends). ``missing``: parameters that got no gradient on this rank, counted as zeros."""
+        for p in missing:
+            self._bucket_of[id(p)].ready += 1
+        if self.find_unused_parameters:
+            before = {id(p): p._grad for p in missing}
+        self._start_ready_buckets()
+        if self.find_unused_parameters:  # which parameters some rank used: one flag each
+            used = self.comm.all_reduce(np.array([id(p) in self._got for b in self.buckets for p in b.params],
+                                                 dtype=np.int32))
         for bucket, request in self._pending:
             bucket.unflatten(request.wait())
-        if self._waiting:
-            missing = [tuple(p.shape) for b in self.buckets for p in b.params if p.grad is None]
-            self._reset()
-            raise OpforgeError(f"DistributedDataParallel: {len(missing)} parameter(s) got no gradient in this "
-                               f"backward pass (shapes {missing[:4]}): every parameter must be used")
+        if self.find_unused_parameters:
+            for p, count in zip((p for b in self.buckets for p in b.params), used):
+                if not count:  # no rank used it: its gradient is what it was, as in one process
+                    p._grad = before[id(p)]
         self._reset()
 
 
@@ -122,13 +162,18 @@ class _Bucket:
         self.offsets = np.cumsum([0, *sizes])
         self.buffer = None
 
+    @property
+    def complete(self) -> bool:
+        return self.ready == len(self.params)
+
     def flatten(self):
         """The parameters' gradients, one after the other in one new buffer (the next step's backward may still
-        read this step's gradients)."""
-        grads = [p.grad._data for p in self.params]
-        self.buffer = np.empty(int(self.offsets[-1]), dtype=np.result_type(*grads))
+        read this step's gradients); zeros for a parameter that has none (unused on this rank)."""
+        grads = [None if p.grad is None else p.grad._data for p in self.params]
+        dtype = np.result_type(*[p._data.dtype if g is None else g.dtype for p, g in zip(self.params, grads)])
+        self.buffer = np.empty(int(self.offsets[-1]), dtype=dtype)
         for g, start, stop in zip(grads, self.offsets[:-1], self.offsets[1:]):
-            self.buffer[start:stop] = g.reshape(-1)
+            self.buffer[start:stop] = 0 if g is None else g.reshape(-1)
         return self.buffer
 
     def unflatten(self, buffer) -> None:
