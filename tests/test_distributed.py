@@ -15,6 +15,9 @@ from opforge import ops as F
 from opforge.distributed import B, P, S
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "distributed"))
+import checks  # noqa: E402  (tests/distributed/checks.py: run here on threads, there on MPI ranks)
+
 MPIEXEC = Path(sys.executable).with_name("mpiexec")
 TRAINING_CHECKS = [
     "eager data parallel sgd equals one process on the whole batch",
@@ -27,18 +30,21 @@ TRAINING_CHECKS = [
 ]
 
 
-def two_ranks(*args, timeout=300, env=None):
+def two_ranks(*args, timeout=300, env=None, size=2):
     if not MPIEXEC.exists():
         pytest.skip("mpiexec is not installed (pip install 'opforge[distributed]')")
-    return subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "OPFORGE_COLLECTIVE_TIMEOUT": "60", **(env or {})})
+    return subprocess.run([str(MPIEXEC), "-n", str(size), sys.executable, *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout,
+                          env={**os.environ, "OPFORGE_COLLECTIVE_TIMEOUT": "60", **(env or {})})
 
 
-def test_two_ranks_train_as_one_process(tmp_path):
-    """One launch for every check (under pytest-xdist a module fixture would launch once per worker)."""
-    done = two_ranks("tests/distributed/ranks_training.py", str(tmp_path))
+@pytest.mark.parametrize("size", [2, 4])  # 4 ranks on 2 cores: slower, as correct
+def test_mpi_ranks_train_as_one_process(size, tmp_path):
+    """One launch for every check (under pytest-xdist a module fixture would launch once per worker): the training
+    checks, then those of tests/distributed/checks.py, on MPI ranks."""
+    done = two_ranks("tests/distributed/ranks_training.py", str(tmp_path), size=size)
     assert done.returncode == 0, done.stdout + done.stderr
-    for check in TRAINING_CHECKS:
+    for check in TRAINING_CHECKS + checks.CHECKS:
         assert f"ok {check}" in done.stdout.splitlines(), check
 
 
@@ -186,12 +192,7 @@ def test_the_data_parallel_example_trains_the_digits_cnn_on_two_ranks():
     assert "ranks hold identical parameters: True" in done.stdout
 
 
-# -- ranks as threads of this process (ThreadCommunicator): what the SBP pass computes, against one process -------
-
-
-def whole(comm, value, layout):
-    """The whole value from this rank's part of it."""
-    return comm.all_gather(value, layout.axis) if layout.split else value
+# -- ranks as threads of this process (ThreadCommunicator): the checks of tests/distributed/checks.py ----------------
 
 
 def test_ranks_as_threads_run_collectives_as_mpi_ranks_do():
@@ -210,277 +211,9 @@ def test_ranks_as_threads_run_collectives_as_mpi_ranks_do():
                                    (_ for _ in ()).throw(ValueError("rank 1 fails")), 2)
 
 
-@pytest.mark.parametrize("shape", [[4, -1], [8, -1], [2, 12], [-1, 2], [24]])
-def test_a_reshape_of_a_split_value_is_the_reshape_of_the_whole_value(shape):
-    # SBP rules see whole shapes: reshape(x, [4, -1]) of x: S(0) (8, 3) was marked S(0) on the rank's (4, 3)
-    # block and gathered to (8, 3); it is the whole (4, 6)
-    x = np.arange(24.0).reshape(8, 3)
-    program = of.trace(lambda x: F.reshape(x, shape=shape), x=of.Spec((8, 3), "float64"))
-
-    def run(comm):
-        sharded = of.distributed.shard(program, of.distributed.Mesh(comm), feeds={"x": S(0)})
-        out = of.Executor(sharded).run(x=np.split(x, comm.size)[comm.rank])["out"]
-        return whole(comm, out, sharded.layouts[sharded.outputs["out"]])
-
-    for size in (2, 4):
-        for got in of.distributed.run_threads(run, size):
-            assert np.array_equal(got, x.reshape(shape)), (size, shape)
-
-
-def test_flatten_keeps_the_batch_split_and_traced_code_sees_whole_shapes():
-    rng = np.random.default_rng(0)
-    x, w0 = rng.standard_normal((8, 2, 3)), rng.standard_normal((6, 4))
-
-    def loss_of(x, w):  # x.shape[0]: the whole batch, as one process sees it
-        h = nn.Flatten()(x) @ w
-        return F.sum(h * h) / x.shape[0]
-
-    w = of.tensor(w0, requires_grad=True)
-    want = loss_of(of.tensor(x), w)
-    want.backward()
-
-    program = of.trace(lambda x: loss_of(x, of.tensor(w0)), x=of.Spec((8, 2, 3), "float64"))
-
-    def run(comm):
-        sharded = of.distributed.shard(program, of.distributed.Mesh(comm), feeds={"x": S(0)})
-        assert "all_gather" not in [op.type for op in sharded.block.ops]  # Flatten inserted one
-        mine = of.tensor(w0, requires_grad=True)
-        with of.distributed.Mesh(comm):
-            step = of.compile(lambda x: (lambda loss: (loss.backward(), loss)[1])(loss_of(x, mine)))
-            loss = step(of.tensor(np.split(x, comm.size)[comm.rank]))
-        return of.Executor(sharded).run(x=np.split(x, comm.size)[comm.rank])["out"], loss.numpy(), mine.grad.numpy()
-
-    for sharded_loss, compiled_loss, grad in of.distributed.run_threads(run, 2):
-        np.testing.assert_allclose(sharded_loss, want.numpy(), rtol=1e-12)
-        np.testing.assert_allclose(compiled_loss, want.numpy(), rtol=1e-12)
-        np.testing.assert_allclose(grad, w.grad.numpy(), rtol=1e-12)  # .grad after loss.backward(): the logical one
-
-
 @pytest.mark.parametrize("size", [2, 4])
-@pytest.mark.parametrize("weighted", [False, True])
-def test_cross_entropy_over_split_rows_means_over_every_ranks_rows_that_count(size, weighted):
-    # rank 0's rows hold no ignore_index target, the last rank's mostly: the mean of the ranks' means was off
-    rng = np.random.default_rng(1)
-    logits0, weight = rng.standard_normal((8, 3)), (rng.uniform(0.5, 2.0, 3) if weighted else None)
-    target = np.array([0, 1, 2, 1, 2, -100, -100, 0])
-
-    def loss_of(logits, target):
-        return F.cross_entropy(logits, target, None if weight is None else of.tensor(weight), ignore_index=-100)
-
-    logits = of.tensor(logits0, requires_grad=True)
-    want = loss_of(logits, of.tensor(target))
-    want.backward()
-    program = of.trace(loss_of, logits=of.Spec((8, 3), "float64"), target=of.Spec((8,), "int64"))
-
-    def run(comm):
-        rows = slice(comm.rank * 8 // comm.size, (comm.rank + 1) * 8 // comm.size)
-        mesh = of.distributed.Mesh(comm)
-        sharded = of.distributed.shard(program, mesh, feeds={"logits": S(0), "target": S(0)})
-        got = of.Executor(sharded).run(logits=logits0[rows], target=target[rows])["out"]
-        mine = of.tensor(logits0[rows], requires_grad=True)
-        with mesh:  # compiled under the mesh: the loss, and the gradient of the rank's rows
-            step = of.compile(lambda x, t: (lambda loss: (loss.backward(), loss)[1])(loss_of(x, t)))
-            compiled = step(mine, of.tensor(target[rows]))
-        return got, compiled.numpy(), comm.all_gather(mine.grad.numpy(), 0)
-
-    for got, compiled, grad in of.distributed.run_threads(run, size):
-        np.testing.assert_allclose(got, want.numpy(), rtol=1e-13)
-        np.testing.assert_allclose(compiled, want.numpy(), rtol=1e-13)
-        np.testing.assert_allclose(grad, logits.grad.numpy(), rtol=1e-12, atol=1e-15)
-
-
-def test_a_step_compiled_under_a_mesh_returns_the_whole_loss_not_the_ranks_part():
-    rng = np.random.default_rng(2)
-    x, t, w0 = rng.standard_normal((8, 3)), rng.standard_normal((8, 2)), rng.standard_normal((3, 2))
-    want = F.mse_loss(of.tensor(x) @ of.tensor(w0), of.tensor(t)).numpy()  # a mean over rows: P(mean) when split
-
-    def run(comm):
-        w = of.tensor(w0, requires_grad=True)
-        rows = np.split(np.arange(8), comm.size)[comm.rank]
-        with of.distributed.Mesh(comm):
-            step = of.compile(lambda x, t: {"loss": F.mse_loss(x @ w, t), "rows": x @ w})
-            out = step(of.tensor(x[rows]), of.tensor(t[rows]))
-        return out["loss"].numpy(), out["rows"].numpy()
-
-    for rank, (loss, rows) in enumerate(of.distributed.run_threads(run, 2)):
-        np.testing.assert_allclose(loss, want, rtol=1e-13)
-        np.testing.assert_allclose(rows, (x @ w0)[4 * rank:4 * rank + 4], rtol=1e-13)  # split: the rank's block
-
-
-def train_steps(model, opt, batches, compiled=None):
-    def step(x, y):
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
-
-    fn = of.compile(step) if compiled is None else compiled(step)
-    losses = [fn(of.tensor(x), of.tensor(y)).numpy() for x, y in batches]
-    return fn, losses
-
-
-def tiny_model():
-    of.manual_seed(0)
-    return nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3)).double()
-
-
-def test_a_data_parallel_model_compiled_outside_a_mesh_averages_over_its_ranks():
-    rng = np.random.default_rng(3)
-    batches = [(rng.standard_normal((8, 5)), rng.integers(0, 3, 8)) for _ in range(3)]
-    one = tiny_model()
-    _, want = train_steps(one, of.optim.SGD(one.parameters(), lr=0.1, momentum=0.9), batches, compiled=lambda f: f)
-
-    def run(comm):
-        rows = np.split(np.arange(8), comm.size)[comm.rank]
-        ddp = of.distributed.DistributedDataParallel(tiny_model())  # compiled outside any mesh, as PyTorch users do
-        step, losses = train_steps(ddp, of.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9),
-                                   [(x[rows], y[rows]) for x, y in batches])
-        assert "all_reduce" in str(next(iter(step.cache.values()))[0].program)
-        return losses, [p.numpy() for p in ddp.parameters()]
-
-    for losses, params in of.distributed.run_threads(run, 2):
-        np.testing.assert_allclose(losses, want, rtol=1e-12)  # every rank: the whole batch's loss
-        for got, p in zip(params, one.parameters()):
-            np.testing.assert_allclose(got, p.numpy(), rtol=1e-11, atol=1e-14)
-    with pytest.raises(of.OpforgeError, match="traced outside a distribution mesh"):
-        of.distributed.run_threads(lambda comm: of.trace(of.distributed.DistributedDataParallel(tiny_model()),
-                                                         x=of.Spec((4, 5), "float64")), 2)
-
-
-def test_a_step_compiled_outside_a_mesh_is_traced_again_inside_one():
-    x, y = np.random.default_rng(4).standard_normal((4, 5)), np.arange(4) % 3
-
-    def run(comm):
-        model = tiny_model()
-        step, _ = train_steps(model, of.optim.SGD(model.parameters(), lr=0.1), [(x, y)])  # one process's program
-        for _ in range(2):
-            with of.distributed.Mesh(comm):  # a new Mesh of the same communicator and layouts: the same program
-                step(of.tensor(x + comm.rank), of.tensor(y))
-        return len(step.cache), [p.numpy() for p in model.parameters()]
-
-    (n0, p0), (n1, p1) = of.distributed.run_threads(run, 2)
-    assert n0 == n1 == 2
-    for a, b in zip(p0, p1):  # the ranks' gradients were averaged: the replicas stay equal
-        assert np.array_equal(a, b)
-
-
-def mlp_params(seed=5):
-    rng = np.random.default_rng(seed)
-    return [rng.standard_normal(s) for s in [(8, 5), (8,), (3, 8), (3,)]]
-
-
-def train_mlp(params, batches, optimizer, mesh=None, steps=None):
-    """Train the MLP (whole tensors `params`) on `batches`, compiled (under `mesh` if given); return the losses."""
-    w1, b1, w2, b2 = params
-    opt = optimizer(params)
-
-    def step(x, t):
-        loss = F.mse_loss(F.linear(F.relu(F.linear(x, w1, b1)), w2, b2), t)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
-
-    compiled = of.compile(step)
-    if mesh is None:
-        return [compiled(of.tensor(x), of.tensor(t)).numpy() for x, t in batches]
-    with mesh:
-        return [compiled(of.tensor(x), of.tensor(t)).numpy() for x, t in batches]
-
-
-OPTIMIZERS = {"sgd-momentum": lambda ps: of.optim.SGD(ps, lr=0.05, momentum=0.9),
-              "adam": lambda ps: of.optim.Adam(ps, lr=0.01)}
-
-
-@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
-def test_tensor_parallel_training_under_a_mesh_takes_whole_tensors_and_saves_them_whole(optimizer, tmp_path):
-    rng = np.random.default_rng(6)
-    batches = [(rng.standard_normal((8, 5)), rng.standard_normal((8, 3))) for _ in range(3)]
-    one = [of.tensor(a, requires_grad=True) for a in mlp_params()]
-    want = train_mlp(one, batches[:2], OPTIMIZERS[optimizer])
-    want += train_mlp(one, batches[2:], OPTIMIZERS[optimizer])  # then from the same values, a new optimizer
-
-    def tensor_parallel(params, batches, comm):
-        mesh = of.distributed.Mesh(comm, params={params[0]: S(0), params[1]: S(0), params[2]: S(1)})
-        rows = np.split(np.arange(8), comm.size)[comm.rank]
-        return train_mlp(params, [(x[rows], t[rows]) for x, t in batches], OPTIMIZERS[optimizer], mesh)
-
-    def run(comm):
-        params = [of.tensor(a, requires_grad=True) for a in mlp_params()]  # whole, as one process has them
-        losses = tensor_parallel(params, batches[:2], comm)
-        path = str(tmp_path / "tp.npz")
-        of.distributed.save({f"p{i}": p for i, p in enumerate(params)}, path, comm=comm)
-        loaded = [of.tensor(of.distributed.load(path)[f"p{i}"].numpy(), requires_grad=True) for i in range(4)]
-        losses += tensor_parallel(loaded, batches[2:], comm)  # as another job would go on from the checkpoint
-        return losses, [p.numpy() for p in loaded]
-
-    for losses, params in of.distributed.run_threads(run, 2):
-        np.testing.assert_allclose(losses, want, rtol=1e-12)
-        for got, p in zip(params, one):  # the whole trained tensors, on every rank
-            np.testing.assert_allclose(got, p.numpy(), rtol=1e-11, atol=1e-14)
-
-
-def test_a_mesh_refuses_parameters_that_differ_between_ranks():
-    def run(comm):  # each rank holds its own block (rows 4r..4r+3) as the split weight: another model
-        w = of.tensor(mlp_params()[0][4 * comm.rank:4 * comm.rank + 4], requires_grad=True)
-        with of.distributed.Mesh(comm, params={w: S(0)}):
-            of.compile(lambda x: F.linear(x, w))(of.tensor(np.ones((4, 5))))
-
-    with pytest.raises(of.ArgumentError, match=r"parameter\(s\) 'param.1' \(read as S\(0\)\) differ between the ranks"
-                                               r".*pass the whole tensor, not a rank's block"):
-        of.distributed.run_threads(run, 2)
-
-
-class WithUnused(nn.Module):
-    """A layer the forward never uses, and one only rank 0 uses."""
-
-    def __init__(self, rank):
-        super().__init__()
-        of.manual_seed(0)
-        self.rank = rank
-        self.used, self.unused, self.rank0 = (nn.Linear(5, 3).double(), nn.Linear(5, 3).double(),
-                                              nn.Linear(3, 3).double())
-
-    def forward(self, x):
-        h = self.used(x)
-        return self.rank0(h) if self.rank == 0 else h
-
-
-def test_data_parallel_with_a_parameter_the_forward_never_uses():
-    x, y = np.random.default_rng(7).standard_normal((8, 5)), np.arange(8) % 3
-
-    def default(comm):  # as PyTorch: an error at the end of the first backward pass, naming the parameters
-        model = of.distributed.DistributedDataParallel(WithUnused(comm.rank), bucket_bytes=100)
-        F.cross_entropy(model(of.tensor(x)), of.tensor(y)).backward()
-
-    with pytest.raises(of.OpforgeError, match=r"got no gradient in this backward pass: .*'unused.bias', "
-                                              r"'unused.weight'.*find_unused_parameters=True"):
-        of.distributed.run_threads(default, 2)
-
-    def found(comm):
-        model = of.distributed.DistributedDataParallel(WithUnused(comm.rank), bucket_bytes=100,
-                                                       find_unused_parameters=True)
-        opt = of.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        grads = []
-        for _ in range(2):
-            F.cross_entropy(model(of.tensor(x)), of.tensor(y)).backward()
-            grads.append({n: None if p.grad is None else p.grad.numpy().copy()
-                          for n, p in model.module.named_parameters()})
-            opt.step()
-            opt.zero_grad()
-        return grads
-
-    def local(rank):  # one rank's own gradients
-        model = WithUnused(rank)
-        F.cross_entropy(model(of.tensor(x)), of.tensor(y)).backward()
-        return {n: None if p.grad is None else p.grad.numpy() for n, p in model.named_parameters()}
-
-    own = [local(0), local(1)]
-    for grads in of.distributed.run_threads(found, 2):
-        step0 = grads[0]
-        assert step0["unused.weight"] is None and step0["unused.bias"] is None  # no rank used it: as one process
-        for name in ["used.weight", "used.bias", "rank0.weight", "rank0.bias"]:  # the mean, zeros where unused
-            want = np.mean([np.zeros_like(own[0][name]) if g[name] is None else g[name] for g in own], axis=0)
-            np.testing.assert_allclose(step0[name], want, rtol=1e-13, atol=1e-16)
-        assert grads[1]["unused.weight"] is None  # and at the next step too (no AttributeError)
+@pytest.mark.parametrize("name", checks.CHECKS)
+def test_on_ranks_that_are_threads(name, size, tmp_path):
+    """Each check of tests/distributed/checks.py (distributed training against one process, float64), on ranks that
+    are threads of this process; ranks_training.py runs them on MPI ranks."""
+    of.distributed.run_threads(lambda comm: getattr(checks, name)(comm, str(tmp_path)), size)

@@ -1,8 +1,10 @@
-"""Run by tests/test_distributed.py as `mpiexec -n 2 python tests/distributed/ranks_training.py DIR`: data- and
-tensor-parallel training on 2 ranks against one process on the whole batch. Prints `ok <check>` per check."""
+"""Run by tests/test_distributed.py as `mpiexec -n 2 python tests/distributed/ranks_training.py DIR` (and `-n 4`):
+data- and tensor-parallel training on MPI ranks against one process on the whole batch, then every check of
+checks.py (which the tests also run on ranks that are threads). Prints `ok <check>` per check."""
 
 import sys
 
+import checks
 import numpy as np
 
 import opforge as of
@@ -124,7 +126,7 @@ for epoch in (0, 1):
     mine = np.array(list(sampler))  # (steps, 4)
     everyone = world.all_gather(mine, 1)  # (steps, 8): rank 0's block, then rank 1's
     order = np.random.default_rng([7, epoch]).permutation(50)
-    assert np.array_equal(everyone.reshape(-1), order[:everyone.size]) and len(mine) == 50 // 8
+    assert np.array_equal(everyone.reshape(-1), order[:everyone.size]) and len(mine) == 50 // (4 * SIZE)
 ok("sampler gives each rank its part of every batch, reproducibly")
 
 # checkpoints: written once by rank 0, read by every rank
@@ -136,3 +138,7 @@ assert loaded["step"] == 3
 state = model.state_dict()
 assert all(np.array_equal(state[k].numpy(), loaded["model"][k].numpy()) for k in state)
 ok("checkpoint written once by rank 0 and loaded by every rank")
+
+for name in checks.CHECKS:
+    getattr(checks, name)(world, TMP)
+    ok(name)

@@ -1,0 +1,299 @@
+"""Checks of distributed training against one process in float64, each a function of the rank's communicator (and a
+directory every rank sees) that asserts on its rank. tests/test_distributed.py runs each on ranks that are threads
+of one process (`of.distributed.run_threads`), and ranks_training.py runs them all on MPI ranks (`mpiexec -n 2` and
+`-n 4`): one definition of each check, two kinds of ranks. Batches have 8 rows, so 1, 2, 4 or 8 ranks split them."""
+
+import numpy as np
+
+import opforge as of
+from opforge import nn
+from opforge import ops as F
+from opforge.distributed import S
+
+ROWS = 8
+
+
+def mine(comm, array):
+    """This rank's block of rows of ``array``."""
+    return np.split(array, comm.size)[comm.rank]
+
+
+def whole(comm, value, layout):
+    """The whole value from this rank's part of it."""
+    return comm.all_gather(value, layout.axis) if layout.split else value
+
+
+def close(got, want, what, rtol=1e-12):
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=1e-14, err_msg=what)
+
+
+def compiled_step(fn):
+    """of.compile of ``fn``'s loss, with ``loss.backward()`` in the step."""
+    def step(*args):
+        loss = fn(*args)
+        loss.backward()
+        return loss
+
+    return of.compile(step)
+
+
+# -- SBP rules see whole shapes --------------------------------------------------------------------------------------
+
+
+def check_reshape_of_a_split_value(comm, tmp):
+    """reshape(x, [4, -1]) of x: S(0) (8, 3) is the whole (4, 6): it was marked S(0) on the rank's block and
+    gathered to (8, 3)."""
+    x = np.arange(24.0).reshape(ROWS, 3)
+    for shape in ([4, -1], [8, -1], [2, 12], [-1, 2], [24]):
+        program = of.trace(lambda x, shape=shape: F.reshape(x, shape=shape), x=of.Spec((ROWS, 3), "float64"))
+        sharded = of.distributed.shard(program, of.distributed.Mesh(comm), feeds={"x": S(0)})
+        out = of.Executor(sharded).run(x=mine(comm, x))["out"]
+        got = whole(comm, out, sharded.layouts[sharded.outputs["out"]])
+        assert np.array_equal(got, x.reshape(shape)), (comm.size, shape, got)
+
+
+def check_flatten_and_whole_shapes(comm, tmp):
+    """nn.Flatten keeps a split batch split (it inserted an all_gather), and traced code sees whole shapes: x.shape[0]
+    is the whole batch; the .grad a compiled step leaves is the one-process gradient."""
+    rng = np.random.default_rng(0)
+    x, w0 = rng.standard_normal((ROWS, 2, 3)), rng.standard_normal((6, 4))
+
+    def loss_of(x, w):
+        h = nn.Flatten()(x) @ w
+        return F.sum(h * h) / x.shape[0]
+
+    w = of.tensor(w0, requires_grad=True)
+    want = loss_of(of.tensor(x), w)
+    want.backward()
+    program = of.trace(lambda x: loss_of(x, of.tensor(w0)), x=of.Spec((ROWS, 2, 3), "float64"))
+    sharded = of.distributed.shard(program, of.distributed.Mesh(comm), feeds={"x": S(0)})
+    assert "all_gather" not in [op.type for op in sharded.block.ops], sharded
+    close(of.Executor(sharded).run(x=mine(comm, x))["out"], want.numpy(), "shard()")
+    w_here = of.tensor(w0, requires_grad=True)
+    with of.distributed.Mesh(comm):
+        loss = compiled_step(lambda x: loss_of(x, w_here))(of.tensor(mine(comm, x)))
+    close(loss.numpy(), want.numpy(), "compiled loss")
+    close(w_here.grad.numpy(), w.grad.numpy(), "compiled .grad")
+
+
+# -- cross_entropy over split rows ---------------------------------------------------------------------------------
+
+
+def check_cross_entropy_with_ignored_rows(comm, tmp):
+    """The mean over every rank's rows that count: the first rows hold no ignore_index target, the last mostly (the
+    mean of the ranks' means was off)."""
+    rng = np.random.default_rng(1)
+    logits0, target = rng.standard_normal((ROWS, 3)), np.array([0, 1, 2, 1, 2, -100, -100, 0])
+    for weight in (None, rng.uniform(0.5, 2.0, 3)):
+        def loss_of(logits, target, weight=weight):
+            return F.cross_entropy(logits, target, None if weight is None else of.tensor(weight))
+
+        logits = of.tensor(logits0, requires_grad=True)
+        want = loss_of(logits, of.tensor(target))
+        want.backward()
+        program = of.trace(loss_of, logits=of.Spec((ROWS, 3), "float64"), target=of.Spec((ROWS,), "int64"))
+        mesh = of.distributed.Mesh(comm)
+        sharded = of.distributed.shard(program, mesh, feeds={"logits": S(0), "target": S(0)})
+        close(of.Executor(sharded).run(logits=mine(comm, logits0), target=mine(comm, target))["out"], want.numpy(),
+              "shard()")
+        here = of.tensor(mine(comm, logits0), requires_grad=True)
+        with mesh:
+            loss = compiled_step(loss_of)(here, of.tensor(mine(comm, target)))
+        close(loss.numpy(), want.numpy(), "compiled")
+        close(comm.all_gather(here.grad.numpy(), 0), logits.grad.numpy(), "the gradient of the rank's rows")
+
+
+# -- what a compiled step returns ----------------------------------------------------------------------------------
+
+
+def check_compiled_step_returns_the_whole_loss(comm, tmp):
+    rng = np.random.default_rng(2)
+    x, t, w0 = rng.standard_normal((ROWS, 3)), rng.standard_normal((ROWS, 2)), rng.standard_normal((3, 2))
+    want = F.mse_loss(of.tensor(x) @ of.tensor(w0), of.tensor(t)).numpy()  # a mean over rows: P(mean) when split
+    w = of.tensor(w0, requires_grad=True)
+    with of.distributed.Mesh(comm):
+        out = of.compile(lambda x, t: {"loss": F.mse_loss(x @ w, t), "rows": x @ w})(of.tensor(mine(comm, x)),
+                                                                                   of.tensor(mine(comm, t)))
+    close(out["loss"].numpy(), want, "the loss: the whole batch's, not the rank's part")
+    close(out["rows"].numpy(), mine(comm, x @ w0), "a split result: the rank's block")
+
+
+# -- data parallel, compiled ---------------------------------------------------------------------------------------
+
+
+def tiny_model():
+    of.manual_seed(0)
+    return nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3)).double()
+
+
+def train_steps(model, opt, batches, compiled=True):
+    def step(x, y):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    fn = of.compile(step) if compiled else step
+    return fn, [fn(of.tensor(x), of.tensor(y)).numpy() for x, y in batches]
+
+
+def check_data_parallel_compiled_outside_a_mesh(comm, tmp):
+    """of.compile of a DistributedDataParallel model's step outside any mesh, as PyTorch users write it, averages
+    over the ranks (each rank trained on its own half)."""
+    rng = np.random.default_rng(3)
+    batches = [(rng.standard_normal((ROWS, 5)), rng.integers(0, 3, ROWS)) for _ in range(3)]
+    one = tiny_model()
+    _, want = train_steps(one, of.optim.SGD(one.parameters(), lr=0.1, momentum=0.9), batches, compiled=False)
+    ddp = of.distributed.DistributedDataParallel(tiny_model(), comm=comm)
+    step, losses = train_steps(ddp, of.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9),
+                               [(mine(comm, x), mine(comm, y)) for x, y in batches])
+    assert comm.size == 1 or "all_reduce" in str(next(iter(step.cache.values()))[0].program)
+    close(losses, want, "every rank's loss: the whole batch's")
+    for got, p in zip(ddp.parameters(), one.parameters()):
+        close(got.numpy(), p.numpy(), "trained parameters", rtol=1e-11)
+    try:
+        of.trace(of.distributed.DistributedDataParallel(tiny_model(), comm=comm), x=of.Spec((4, 5), "float64"))
+        assert comm.size == 1, "of.trace of a DistributedDataParallel model outside a mesh must fail"
+    except of.OpforgeError as e:
+        assert "traced outside a distribution mesh" in str(e), e
+
+
+def check_compiled_outside_a_mesh_is_traced_again_inside(comm, tmp):
+    """A step first compiled outside a mesh does not keep its one-process program inside one: the mesh is part of
+    the cache key (and a new Mesh of the same communicator and layouts finds the same program)."""
+    x, y = np.random.default_rng(4).standard_normal((4, 5)), np.arange(4) % 3
+    model = tiny_model()
+    step, _ = train_steps(model, of.optim.SGD(model.parameters(), lr=0.1), [(x, y)])  # one process's program
+    for _ in range(2):
+        with of.distributed.Mesh(comm):
+            step(of.tensor(x + comm.rank), of.tensor(y))  # the ranks' batches differ
+    assert len(step.cache) == 2
+    for p in model.parameters():  # the ranks' gradients were averaged: the replicas stay equal
+        assert all(np.array_equal(a, p.numpy()) for a in comm.all_gather(p.numpy()[None], 0))
+
+
+# -- tensor parallel under a mesh: whole tensors -------------------------------------------------------------------
+
+
+def mlp_params(seed=5):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(s) for s in [(8, 5), (8,), (3, 8), (3,)]]
+
+
+OPTIMIZERS = {"sgd-momentum": lambda ps: of.optim.SGD(ps, lr=0.05, momentum=0.9),
+              "adam": lambda ps: of.optim.Adam(ps, lr=0.01)}
+
+
+def train_mlp(params, batches, optimizer, mesh=None):
+    """Train the MLP (whole tensors ``params``) on ``batches``, compiled (under ``mesh`` if given): the losses."""
+    w1, b1, w2, b2 = params
+    opt = OPTIMIZERS[optimizer](params)
+
+    def step(x, t):
+        loss = F.mse_loss(F.linear(F.relu(F.linear(x, w1, b1)), w2, b2), t)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    compiled = of.compile(step)
+    if mesh is None:
+        return [compiled(of.tensor(x), of.tensor(t)).numpy() for x, t in batches]
+    with mesh:
+        return [compiled(of.tensor(x), of.tensor(t)).numpy() for x, t in batches]
+
+
+def check_tensor_parallel_takes_whole_tensors_and_saves_them(comm, tmp):
+    """Mesh(params={w: S(0)}) takes the whole w, as shard() does (given whole weights it trained another model); any
+    optimizer works; every rank holds the whole trained tensors, and save/load round-trip them (rank 0 wrote its
+    block)."""
+    rng = np.random.default_rng(6)
+    batches = [(rng.standard_normal((ROWS, 5)), rng.standard_normal((ROWS, 3))) for _ in range(3)]
+    for optimizer in sorted(OPTIMIZERS):
+        one = [of.tensor(a, requires_grad=True) for a in mlp_params()]
+        want = train_mlp(one, batches[:2], optimizer)
+        want += train_mlp(one, batches[2:], optimizer)  # then from the same values, with a new optimizer
+
+        def tensor_parallel(params, batches, optimizer=optimizer):
+            mesh = of.distributed.Mesh(comm, params={params[0]: S(0), params[1]: S(0), params[2]: S(1)})
+            return train_mlp(params, [(mine(comm, x), mine(comm, t)) for x, t in batches], optimizer, mesh)
+
+        params = [of.tensor(a, requires_grad=True) for a in mlp_params()]  # whole, as one process has them
+        losses = tensor_parallel(params, batches[:2])
+        path = f"{tmp}/tensor_parallel.npz"
+        of.distributed.save({f"p{i}": p for i, p in enumerate(params)}, path, comm=comm)
+        loaded = [of.tensor(of.distributed.load(path)[f"p{i}"].numpy(), requires_grad=True) for i in range(4)]
+        losses += tensor_parallel(loaded, batches[2:])  # as another job would go on from the checkpoint
+        close(losses, want, optimizer)
+        for got, p in zip(loaded, one):  # the whole trained tensors, on every rank
+            close(got.numpy(), p.numpy(), optimizer, rtol=1e-11)
+        comm.barrier()  # (the next save writes the same file)
+
+
+def check_a_mesh_refuses_parameters_that_differ_between_ranks(comm, tmp):
+    blocks = np.random.default_rng(8).standard_normal((4 * comm.size, 5))
+    w = of.tensor(mine(comm, blocks), requires_grad=True)  # each rank its block of a whole (16, 5): another model
+    try:
+        with of.distributed.Mesh(comm, params={w: S(0)}):
+            of.compile(lambda x: F.linear(x, w))(of.tensor(np.ones((4, 5))))
+        assert comm.size == 1, "a rank's block given as the whole tensor must be refused"
+    except of.ArgumentError as e:
+        assert "'param.1' (read as S(0)) differ between the ranks" in str(e) and "not a rank's block" in str(e), e
+
+
+# -- data parallel, eager: parameters the forward does not use -----------------------------------------------------
+
+
+class WithUnused(nn.Module):
+    """A layer the forward never uses, and one only rank 0 uses."""
+
+    def __init__(self, rank, rank0_layer=True):
+        super().__init__()
+        of.manual_seed(0)
+        self.rank, self.rank0_layer = rank, rank0_layer
+        self.used, self.unused, self.rank0 = (nn.Linear(5, 3).double(), nn.Linear(5, 3).double(),
+                                              nn.Linear(3, 3).double())
+
+    def forward(self, x):
+        h = self.used(x)
+        return self.rank0(h) if self.rank0_layer and self.rank == 0 else h
+
+
+def check_data_parallel_with_unused_parameters(comm, tmp):
+    """As PyTorch: an error at the end of the first backward naming them (their buckets were never averaged and the
+    next step raised a raw AttributeError); with find_unused_parameters=True the mean over the ranks, zeros where a
+    rank did not use it, and no gradient where no rank did."""
+    x, y = np.random.default_rng(7).standard_normal((ROWS, 5)), np.arange(ROWS) % 3
+    model = of.distributed.DistributedDataParallel(WithUnused(comm.rank, rank0_layer=False), comm=comm,
+                                                   bucket_bytes=100)
+    try:  # every rank leaves the same layer out (a rank that used it would wait for the others' buckets)
+        F.cross_entropy(model(of.tensor(x)), of.tensor(y)).backward()
+        raise AssertionError("a parameter the forward never used must be an error")
+    except of.OpforgeError as e:
+        assert ("4 parameter(s) got no gradient in this backward pass: 'rank0.bias', 'rank0.weight', 'unused.bias', "
+                "'unused.weight'") in str(e), e
+        assert "find_unused_parameters=True" in str(e), e
+
+    model = of.distributed.DistributedDataParallel(WithUnused(comm.rank), comm=comm, bucket_bytes=100,
+                                                   find_unused_parameters=True)
+    opt = of.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for step in range(2):
+        F.cross_entropy(model(of.tensor(x)), of.tensor(y)).backward()
+        got = {n: p.grad for n, p in model.module.named_parameters()}
+        if step == 0:
+            own = []
+            for rank in range(comm.size):  # each rank's own gradients, computed here
+                alone = WithUnused(rank)
+                F.cross_entropy(alone(of.tensor(x)), of.tensor(y)).backward()
+                own.append({n: p.grad for n, p in alone.named_parameters()})
+            for name in ["used.weight", "used.bias", "rank0.weight", "rank0.bias"]:  # zeros where unused
+                want = np.mean([np.zeros(got[name].shape) if g[name] is None else g[name].numpy() for g in own],
+                               axis=0)
+                close(got[name].numpy(), want, name, rtol=1e-13)
+        assert got["unused.weight"] is None and got["unused.bias"] is None, step  # no rank used it: as one process
+        opt.step()
+        opt.zero_grad()
+
+
+CHECKS = [name for name in list(globals()) if name.startswith("check_")]
