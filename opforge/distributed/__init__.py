@@ -34,11 +34,11 @@ from .comm import (
 )
 from .data_parallel import DistributedDataParallel, DistributedSampler, load, save
 from .launch import get_rank, get_world_size, init, is_initialized
-from .sharding import Mesh, ShardingTracer, shard
+from .sharding import Mesh, ShardingTracer, shard, whole_values
 
 __all__ = [
     "INSTALL", "SELF", "B", "CollectiveMismatchError", "Communicator", "DistributedDataParallel",
     "DistributedSampler", "MPICommunicator", "Mesh", "P", "S", "SelfCommunicator", "ShardingTracer", "Stats",
     "ThreadCommunicator", "current_communicator", "get_rank", "get_world_size", "init", "is_initialized", "load",
-    "run_threads", "save", "shard", "using_communicator",
+    "run_threads", "save", "shard", "using_communicator", "whole_values",
 ]

@@ -558,8 +558,24 @@ class _Replay:
         unknown = (set(self.feeds) - set(old.feeds)) | {k for k in self.params if k not in old.block.vars}
         if unknown:
             raise ArgumentError(f"shard(): {sorted(unknown)} are not feeds or variables of the program")
+        self._state_follows_its_parameter()
         self.tracer = ShardingTracer(self.new, mesh, self.params)
         self.names: dict = {}  # old variable -> new variable
+
+    def _state_follows_its_parameter(self) -> None:
+        """Optimizer state (a momentum buffer, Adam's moments) takes its parameter's layout, unless given one: a
+        persistable value of the parameter's shape that the program updates with an op reading the parameter. So
+        each rank keeps and updates its block of it (the update ops run on blocks), as of its parameter."""
+        block, old = self.old.block, self.old
+        for op in block.ops:
+            names = op.input_names()
+            split = [n for n in names if n in self.params and self.params[n].split]
+            if not split:
+                continue
+            shape = block.vars[split[0]].spec.shape
+            for n in names:
+                if n not in self.params and n in old.updates and n in old.values and block.vars[n].spec.shape == shape:
+                    self.params[n] = self.params[split[0]]
 
     def run(self) -> Program:
         old, new = self.old, self.new
@@ -652,10 +668,10 @@ class _Replay:
     def _backward(self, request) -> None:
         if request is None:
             raise ArgumentError("shard(): the program holds backward ops that no append_backward request made")
-        loss, wrt, blocked = request
+        loss, wrt, blocked, made = request
         wanted = [self._new(n) for n in wrt]
         grads = append_backward(self.new, self._new(loss), wrt=wanted, no_grad=[self._new(n) for n in blocked])
-        by_wrt = {w: g for w, g in self.old.grad_names.items()}
+        by_wrt = {w: g for w, g in self.old.grad_names.items()} | made  # (what an optimizer read may be forgotten)
         self.tracer._reduce_together([(w, g.name) for w in wanted if (g := grads.get(f"{w}@GRAD")) is not None])
         for w_old, w in zip(wrt, wanted):
             g = grads.get(f"{w}@GRAD")  # append_backward names gradients as Executor.run returns them
@@ -667,4 +683,24 @@ class _Replay:
                 self.names[old_grad] = logical
 
 
-__all__ = ["Mesh", "ShardingTracer", "current_mesh", "shard"]
+def whole_values(program: Program, comm: Communicator | None = None) -> dict:
+    """{variable: its whole value} for every persistable value of ``program`` — a program ``shard()`` made, whose
+    split values (parameters, their optimizer state) are this rank's blocks: those are all-gathered (every rank of
+    ``comm``, the current communicator by default, must call it). What to checkpoint after training a sharded
+    program: ``of.distributed.save(of.distributed.whole_values(sharded), path)``."""
+    if not isinstance(program, Program):
+        raise ArgumentError(f"whole_values(): expected a Program, got {describe(program)}")
+    comm = current_communicator() if comm is None else comm
+    layouts = getattr(program, "layouts", {})
+    device, out = program.device, {}
+    for name, value in program.values.items():
+        vd = program.block.vars[name]
+        if not vd.persistable:
+            continue
+        layout = layouts.get(name, B)
+        value = device.to_host(value)
+        out[name] = comm.all_gather(value, layout.axis) if layout.split else np.array(value, copy=True)
+    return out
+
+
+__all__ = ["Mesh", "ShardingTracer", "current_mesh", "shard", "whole_values"]

@@ -21,7 +21,7 @@ input: every kernel below reads what it needs from that input before writing ``o
 
 import math
 
-from ._common import Sample, ShapeError, Spec, np, op
+from ._common import B, S, Sample, ShapeError, Spec, np, op
 
 
 def _same_dims(a: tuple, b: tuple) -> bool:
@@ -50,6 +50,14 @@ def _validate(opdef, *arrays, **attrs) -> None:
     """Run the op's infer rule on the kernel's arrays: eager calls run kernels without it, and NumPy would
     broadcast a parameter and a gradient of different shapes silently."""
     opdef.infer_fn(*(None if a is None else Spec(a.shape, a.dtype) for a in arrays), **attrs)
+
+
+def _blockwise(*inputs, **_):
+    """SBP signatures of an update: it is elementwise over its parameter-shaped tensors (the 0-d ones, lr and step,
+    are whole), so it runs on any block of them, and the state of a split parameter stays split as it is."""
+    shape = inputs[0].shape
+    for k in range(len(shape)):
+        yield tuple(None if s is None else S(k) if s.shape else B for s in inputs), S(k)
 
 
 def _check_nonnegative(**values) -> None:
@@ -130,6 +138,9 @@ def _(*, momentum, dampening, weight_decay):
         raise ValueError("argument 'dampening' must not be NaN")
 
 
+sgd_momentum_buffer.sbp(_blockwise)
+
+
 @sgd_momentum_buffer.samples
 def _(rng):
     yield Sample.of(rng.standard_normal((3, 4)), rng.standard_normal((3, 4)), rng.standard_normal((3, 4)),
@@ -164,6 +175,9 @@ def _(param, grad, lr, momentum_buffer, *, momentum, weight_decay, nesterov):
 @sgd_update.check
 def _(*, momentum, weight_decay, nesterov):
     _check_nonnegative(momentum=momentum, weight_decay=weight_decay)
+
+
+sgd_update.sbp(_blockwise)
 
 
 @sgd_update.samples
@@ -212,6 +226,9 @@ def _(*, beta1, weight_decay):
     _check_nonnegative(weight_decay=weight_decay)
 
 
+adam_exp_avg.sbp(_blockwise)
+
+
 @adam_exp_avg.samples
 def _(rng):
     yield Sample.of(rng.standard_normal((3, 4)), rng.standard_normal((3, 4)), rng.standard_normal((3, 4)),
@@ -242,6 +259,9 @@ def _(exp_avg_sq, grad, param, *, beta2, weight_decay):
 def _(*, beta2, weight_decay):
     _check_beta("beta2", beta2)
     _check_nonnegative(weight_decay=weight_decay)
+
+
+adam_exp_avg_sq.sbp(_blockwise)
 
 
 @adam_exp_avg_sq.samples
@@ -288,6 +308,9 @@ def _(*, beta1, beta2, eps, weight_decay, decoupled):
     _check_beta("beta1", beta1)
     _check_beta("beta2", beta2)
     _check_nonnegative(eps=eps, weight_decay=weight_decay)
+
+
+adam_update.sbp(_blockwise)
 
 
 @adam_update.samples

@@ -60,12 +60,14 @@ def gradients(program: Program, loss, wrt=None, no_grad=()) -> dict:
     if not D.is_floating(block.vars[loss_name].spec.dtype):
         raise GradientError(f"append_backward(): the loss {loss_name!r} is {block.vars[loss_name].spec.dtype}")
     blocked = {_name(program, v, "no_grad") for v in no_grad}
-    program.backward_requests.append((loss_name, tuple(wrt_names), tuple(sorted(blocked))))
+    found: dict = {}  # filled below: what the request made, kept with it (a pass that redoes it maps them)
+    program.backward_requests.append((loss_name, tuple(wrt_names), tuple(sorted(blocked)), found))
     # The rules' ops — also those on constants or with no input at all (zeros of a run-time shape) — are appended
     # to the program, marked as backward ops; they stay differentiable (second order) whatever the grad mode.
     with interpreting(Tracer(program, role="backward")), set_grad_enabled(True):
         grads = _emit(program, loss_name, wrt_names, blocked)
-    return {n: grads[n] for n in wrt_names if grads.get(n) is not None}
+    found.update((n, grads[n]) for n in wrt_names if grads.get(n) is not None)
+    return dict(found)
 
 
 def _emit(program: Program, loss_name: str, wrt_names: list, blocked: set) -> dict:

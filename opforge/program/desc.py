@@ -88,7 +88,7 @@ class Program:
         self.feeds: list[str] = []  # variable names given to Executor.run
         self.outputs: dict = {}  # result name -> variable name
         self.values: dict = {}  # persistable or constant variable name -> initial array
-        self.backward_requests: list = []  # (loss, wrt, no_grad) of each append_backward, kept with the program
+        self.backward_requests: list = []  # (loss, wrt, no_grad, {wrt: its gradient}) of each append_backward
         self.grad_names: dict = {}  # variable name -> its gradient's variable name
         self.updates: dict = {}  # persistable variable name -> variable holding its new value after a run
         self._counter = 0

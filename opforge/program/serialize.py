@@ -91,7 +91,8 @@ def save(program: Program, path) -> None:
         "outputs": program.outputs,
         "grad_names": program.grad_names,
         "updates": program.updates,
-        "backward_requests": [[loss, list(wrt), list(blocked)] for loss, wrt, blocked in program.backward_requests],
+        "backward_requests": [[loss, list(wrt), list(blocked), grads]
+                              for loss, wrt, blocked, grads in program.backward_requests],
         "vars": [{"name": v.name, "shape": list(v.spec.shape), "dtype": str(v.spec.dtype),
                   "persistable": v.persistable, "stop_gradient": v.stop_gradient} for v in block.vars.values()],
         "ops": [{"type": op.type, "inputs": op.inputs, "outputs": op.outputs, "role": op.role,
@@ -247,12 +248,16 @@ class _Loader:
     def _backward_requests(self, raw: list) -> list:
         requests = []
         for r in raw:
-            if not (isinstance(r, list) and len(r) == 3 and isinstance(r[0], str)):
-                raise ProgramFormatError(f"{self.where}: a backward request must be [loss, [wrt...], [blocked...]], "
-                                         f"got {describe(r)}")
+            # (files written before the gradients were kept with their request have three items)
+            if not (isinstance(r, list) and len(r) in (3, 4) and isinstance(r[0], str)
+                    and (len(r) == 3 or isinstance(r[3], dict))):
+                raise ProgramFormatError(f"{self.where}: a backward request must be [loss, [wrt...], [blocked...], "
+                                         f"{{wrt: gradient}}], got {describe(r)}")
             at = f"{self.where}: backward request {describe(r)}"
-            loss, wrt, blocked = self._names([r[0]], at)[0], *(self._names(names, at) for names in r[1:])
-            requests.append((loss, tuple(wrt), tuple(blocked)))
+            loss, wrt, blocked = self._names([r[0]], at)[0], *(self._names(names, at) for names in r[1:3])
+            grads = r[3] if len(r) == 4 else {}
+            self._names([*grads, *grads.values()], at)
+            requests.append((loss, tuple(wrt), tuple(blocked), dict(grads)))
         return requests
 
     def _slots(self, raw: dict, key: str, params, at: str) -> dict:

@@ -231,6 +231,44 @@ def check_tensor_parallel_takes_whole_tensors_and_saves_them(comm, tmp):
         comm.barrier()  # (the next save writes the same file)
 
 
+def check_shard_of_a_traced_training_step(comm, tmp):
+    """shard() of a traced step (forward, loss.backward(), opt.step()) with split parameters: the optimizer state
+    follows its parameter's layout (each rank keeps and updates its block of the moments), the trained values equal
+    one process's, and whole_values() gathers them for a checkpoint that loads whole."""
+    rng = np.random.default_rng(9)
+    batches = [(rng.standard_normal((ROWS, 5)), rng.standard_normal((ROWS, 3))) for _ in range(2)]
+    for optimizer in sorted(OPTIMIZERS):
+        one = [of.tensor(a, requires_grad=True) for a in mlp_params()]
+        want = train_mlp(one, batches, optimizer)
+        params = [of.tensor(a, requires_grad=True) for a in mlp_params()]
+        opt = OPTIMIZERS[optimizer](params)
+
+        def step(x, t, w1=params[0], b1=params[1], w2=params[2], b2=params[3], opt=opt):
+            loss = F.mse_loss(F.linear(F.relu(F.linear(x, w1, b1)), w2, b2), t)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        program = of.trace(step, x=of.Spec((ROWS, 5), "float64"), t=of.Spec((ROWS, 3), "float64"))
+        sharded = of.distributed.shard(program, of.distributed.Mesh(comm), feeds={"x": S(0), "t": S(0)},
+                                       params={params[0]: S(0), params[1]: S(0), params[2]: S(1)})
+        state = [n for n in sharded.values if n.startswith("param.1.") and not n.endswith(".step")]
+        assert state and all(sharded.layouts[n] == S(0) for n in state), sharded.layouts
+        assert all(sharded.block.vars[n].spec.shape == (8 // comm.size, 5) for n in state)  # blocks, not whole
+        exe = of.Executor(sharded)
+        losses = [exe.run(x=mine(comm, x), t=mine(comm, t))["out"] for x, t in batches]
+        close(losses, want, optimizer)
+        values = of.distributed.whole_values(sharded, comm)
+        for got, p in zip(["param.1", "param.2", "param.5", "param.6"], one):
+            close(values[got], p.numpy(), f"{optimizer}: {got}", rtol=1e-11)
+        path = f"{tmp}/sharded.npz"
+        of.distributed.save(values, path, comm=comm)
+        loaded = of.distributed.load(path)
+        assert all(np.array_equal(loaded[k], v) for k, v in values.items())
+        comm.barrier()
+
+
 def check_a_mesh_refuses_parameters_that_differ_between_ranks(comm, tmp):
     blocks = np.random.default_rng(8).standard_normal((4 * comm.size, 5))
     w = of.tensor(mine(comm, blocks), requires_grad=True)  # each rank its block of a whole (16, 5): another model
