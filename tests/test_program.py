@@ -415,3 +415,15 @@ def test_no_intermediate_outlives_its_last_reader():
     returned = set(re.findall(r"(v\d+)", plan.source.strip().splitlines()[-1]))
     given = set(re.findall(r"^\s+(v\d+) = (?:feed|scope|consts|_folded)\[", plan.source, re.M))
     assert assigned - deleted - returned - given == set()  # in-place writes included
+
+
+def test_a_backward_request_keeps_its_gradients_and_older_files_without_them_load(tmp_path):
+    prog = build(mlp_loss(params()))
+    ((loss, wrt, blocked, grads),) = prog.backward_requests
+    assert set(grads) == set(wrt) and all(g in prog.block.vars for g in grads.values())
+    prog.save(tmp_path / "p.json")
+    assert of.Program.load(tmp_path / "p.json").backward_requests == prog.backward_requests
+    doc = json.loads((tmp_path / "p.json").read_text())
+    doc["backward_requests"] = [r[:3] for r in doc["backward_requests"]]  # as files written before
+    (tmp_path / "q.json").write_text(json.dumps(doc))
+    assert of.Program.load(tmp_path / "q.json").backward_requests == [(loss, wrt, blocked, {})]
