@@ -4,7 +4,9 @@
 the layout of every input (``S(k)``, ``B``, ``P``; see ``sbp``), takes the op's candidate signatures, and picks the
 one needing the fewest bytes moved (ties: fewer inserted ops, then the op's own order of preference), inserting the
 collectives that bring each input to the layout it needs — ops of the program like any other, visible in its
-text. Every value is held *locally*: a split value's Spec is the block a rank holds.
+text. Every value is held *locally*: a split value's Spec is the block a rank holds. What sees values as one
+process would is given whole shapes: SBP rules (with the attrs as given; a signature says the attrs the op runs
+with on blocks) and the traced code itself (``Variable.shape`` asks ``shape_of``).
 
 The backward pass needs nothing of it: ``append_backward`` runs each op's gradient rule on the rank's own program,
 and the inserted collectives' rules are their dual collectives, so each rank gets the gradient of the sum of all
@@ -19,8 +21,9 @@ Two ways in:
 * ``shard(program, mesh, feeds, params)``: a pass over a traced program for one process (whole shapes): feeds
   and parameters are cut to this rank's blocks, its forward ops replayed through the interpreter, its backward
   requests answered again on the sharded forward, its updates kept.
-* ``of.compile`` of a step called under ``with mesh:``: the step is traced with this interpreter from the start
-  (with the rank's own batch: feeds are ``S(0)`` unless the mesh says otherwise).
+* ``of.compile`` of a step called under ``with mesh:`` (or calling a DistributedDataParallel model, outside one):
+  the step is traced with this interpreter from the start (with the rank's own batch: feeds are ``S(0)`` unless
+  the mesh says otherwise; parameters are whole tensors, read in blocks where the mesh says so).
 """
 
 from __future__ import annotations
