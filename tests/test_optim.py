@@ -480,7 +480,7 @@ def test_load_state_dict_says_exactly_what_does_not_fit():
     del sd["state"][1]["exp_avg"]
     sd["state"][0]["exp_avg_sq"] = of.tensor(np.ones((3, 2)))
     sd["state"][0]["momentum_buffer"] = of.tensor(np.ones((2, 3)))
-    sd["state"][0]["step"] = of.tensor(np.array(1.0))
+    sd["state"][0]["step"] = of.tensor(np.array(1.5))  # a whole 1.0 (torch keeps float steps) would load
     with pytest.raises(StateDictError) as info:
         opt.load_state_dict(sd)
     text = str(info.value)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from .. import ops as F
-from ..core.errors import ArgumentError
 from ..creation import tensor
 from ..program import assign
+from ._math import addcdiv, addcmul, count, lerp, scalar
 from .optimizer import Optimizer, live
 
 
@@ -28,14 +28,8 @@ class Adam(Optimizer):
 
     def _check(self, hyper: dict) -> None:
         super()._check(hyper)
-        name = type(self).__name__
-        betas = hyper["betas"]
-        if not isinstance(betas, (tuple, list)) or len(betas) != 2 or not all(0 <= b < 1 for b in betas):
-            raise ArgumentError(f"{name}(): betas must be two numbers in [0, 1), got {betas!r}")
-        hyper["betas"] = tuple(float(b) for b in betas)
-        for key in ("eps", "weight_decay"):
-            if not hyper[key] >= 0:
-                raise ArgumentError(f"{name}(): {key} must be >= 0, got {hyper[key]}")
+        self._check_betas(hyper)
+        self._check_nonnegative(hyper, "eps", "weight_decay")
 
     def _new_state(self, p, group) -> dict:
         return {"step": tensor(np.array(0, dtype=np.int64), device=p.device),
@@ -65,3 +59,161 @@ class AdamW(Adam):
     def __init__(self, params, lr: float = 1e-3, betas: tuple = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 1e-2):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+
+# -- the Adam family written with ops ----------------------------------------------------------------------------
+# Adam and AdamW run the dedicated update ops of opforge.ops.optim; the variants below are written with ops (in
+# torch's order of evaluation, see _math), which record into a compiled step as well.
+
+
+class _AdamFamily(Optimizer):
+    """What Adamax, NAdam and RAdam share: betas, eps, weight decay, torch's flags, and the state ``step`` (int64),
+    ``exp_avg`` and a second moment."""
+
+    second_moment = "exp_avg_sq"
+
+    def _check(self, hyper: dict) -> None:
+        super()._check(hyper)
+        self._check_betas(hyper)
+        self._check_nonnegative(hyper, "eps", "weight_decay")
+
+    def _new_state(self, p, group) -> dict:
+        return {"step": tensor(np.array(0, dtype=np.int64), device=p.device),
+                "exp_avg": tensor(np.zeros(p.shape, p.dtype), device=p.device),
+                self.second_moment: tensor(np.zeros(p.shape, p.dtype), device=p.device)}
+
+    def _decay(self, p, g, lr, group):
+        """(p, g) after weight decay: decoupled (p·(1 − lr·weight_decay)) or L2 (g + weight_decay·p)."""
+        g = -g if group["maximize"] else g
+        wd = group["weight_decay"]
+        if wd == 0:
+            return p, g
+        if group.get("decoupled_weight_decay", False):
+            return p * scalar(1 - lr * wd, p), g
+        return p, g + wd * p
+
+
+class Adamax(_AdamFamily):
+    """``torch.optim.Adamax``, step for step: at step t, with g = ±grad + weight_decay·p,
+
+        m ← lerp(m, g, 1 − β₁),   u ← max(β₂·u, |g| + eps),   p ← p − lr/(1 − β₁ᵗ) · m/u
+
+    State per parameter: ``step`` (int64), ``exp_avg`` (m) and ``exp_inf`` (u).
+    """
+
+    second_moment = "exp_inf"
+
+    def __init__(self, params, lr: float = 2e-3, betas: tuple = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0, foreach: bool | None = None, *, maximize: bool = False,
+                 differentiable: bool = False, capturable: bool = False):
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
+                                  "foreach": foreach, "maximize": maximize, "differentiable": differentiable,
+                                  "capturable": capturable})
+
+    def _update(self, p, g, lr, group, state) -> None:
+        beta1, beta2 = group["betas"]
+        step = live(state["step"]) + 1
+        p_, g = self._decay(p, g, lr, group)
+        exp_avg = lerp(live(state["exp_avg"]), g, 1 - beta1)
+        exp_inf = F.maximum(live(state["exp_inf"]) * beta2, F.abs(g) + group["eps"])
+        clr = lr / (1 - beta1 ** count(step))
+        assign(state["step"], step)
+        assign(state["exp_avg"], exp_avg)
+        assign(state["exp_inf"], exp_inf)
+        assign(p, addcdiv(p_, exp_avg, exp_inf, -scalar(clr, p)))
+
+
+class NAdam(_AdamFamily):
+    """``torch.optim.NAdam`` (Adam with Nesterov momentum), step for step: at step t, with g = ±grad (+ L2 decay,
+    or p·(1 − lr·weight_decay) when ``decoupled_weight_decay``),
+
+        μₜ = β₁·(1 − ½·0.96^(t·momentum_decay)),   Πₜ = μ₁···μₜ
+        m ← lerp(m, g, 1 − β₁),   v ← β₂·v + (1 − β₂)·g²,   d = √(v/(1 − β₂ᵗ)) + eps
+        p ← p − lr·(1 − μₜ)/(1 − Πₜ) · g/d − lr·μₜ₊₁/(1 − Πₜ·μₜ₊₁) · m/d
+
+    State per parameter: ``step`` (int64), ``mu_product`` (Π, 0-d float64: torch keeps it in its default scalar
+    dtype, float32 unless the default dtype is float64, so torch's own trajectory rounds Π to float32 there),
+    ``exp_avg`` (m) and ``exp_avg_sq`` (v).
+    """
+
+    scalar_state = ("mu_product",)
+
+    def __init__(self, params, lr: float = 2e-3, betas: tuple = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0, momentum_decay: float = 4e-3, decoupled_weight_decay: bool = False, *,
+                 foreach: bool | None = None, maximize: bool = False, capturable: bool = False,
+                 differentiable: bool = False):
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
+                                  "momentum_decay": momentum_decay, "decoupled_weight_decay": decoupled_weight_decay,
+                                  "maximize": maximize, "foreach": foreach, "capturable": capturable,
+                                  "differentiable": differentiable})
+
+    def _check(self, hyper: dict) -> None:
+        super()._check(hyper)
+        self._check_nonnegative(hyper, "momentum_decay")
+
+    def _new_state(self, p, group) -> dict:
+        state = super()._new_state(p, group)
+        return {"step": state.pop("step"), "mu_product": tensor(np.array(1.0), device=p.device), **state}
+
+    def _update(self, p, g, lr, group, state) -> None:
+        (beta1, beta2), decay = group["betas"], group["momentum_decay"]
+        step = live(state["step"]) + 1
+        t = count(step)
+        p_, g = self._decay(p, g, lr, group)
+        mu = beta1 * (1.0 - 0.5 * 0.96 ** (t * decay))
+        mu_next = beta1 * (1.0 - 0.5 * 0.96 ** ((t + 1) * decay))
+        mu_product = live(state["mu_product"]) * mu
+        exp_avg = lerp(live(state["exp_avg"]), g, 1 - beta1)
+        exp_avg_sq = addcmul(live(state["exp_avg_sq"]) * beta2, g, g, 1 - beta2)
+        denom = F.sqrt(exp_avg_sq / scalar(1 - beta2 ** t, p)) + group["eps"]
+        p_ = addcdiv(p_, g, denom, scalar(-lr * (1.0 - mu) / (1.0 - mu_product), p))
+        p_ = addcdiv(p_, exp_avg, denom, scalar(-lr * mu_next / (1.0 - mu_product * mu_next), p))
+        assign(state["step"], step)
+        assign(state["mu_product"], mu_product)
+        assign(state["exp_avg"], exp_avg)
+        assign(state["exp_avg_sq"], exp_avg_sq)
+        assign(p, p_)
+
+
+class RAdam(_AdamFamily):
+    """``torch.optim.RAdam`` (rectified Adam), step for step: at step t, with g = ±grad (+ L2 decay, or
+    p·(1 − lr·weight_decay) when ``decoupled_weight_decay``), m and v as Adam's,
+
+        ρ∞ = 2/(1 − β₂) − 1,   ρₜ = ρ∞ − 2t·β₂ᵗ/(1 − β₂ᵗ),   m̂ = m/(1 − β₁ᵗ)
+        ρₜ > 5:  p ← p − m̂·lr·√(1 − β₂ᵗ)/(√v + eps)·r,  r = √((ρₜ−4)(ρₜ−2)ρ∞ / ((ρ∞−4)(ρ∞−2)ρₜ))
+        else:    p ← p − m̂·lr
+
+    The branch is a ``where`` on the 0-d ρₜ, so a compiled step takes it at run time.
+    State per parameter: ``step`` (int64), ``exp_avg`` (m) and ``exp_avg_sq`` (v).
+    """
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0, decoupled_weight_decay: bool = False, *, foreach: bool | None = None,
+                 maximize: bool = False, capturable: bool = False, differentiable: bool = False):
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
+                                  "maximize": maximize, "foreach": foreach, "capturable": capturable,
+                                  "decoupled_weight_decay": decoupled_weight_decay,
+                                  "differentiable": differentiable})
+
+    def _update(self, p, g, lr, group, state) -> None:
+        beta1, beta2 = group["betas"]
+        step = live(state["step"]) + 1
+        t = count(step)
+        p_, g = self._decay(p, g, lr, group)
+        exp_avg = lerp(live(state["exp_avg"]), g, 1 - beta1)
+        exp_avg_sq = addcmul(live(state["exp_avg_sq"]) * beta2, g, g, 1 - beta2)
+        bias_correction2 = 1 - beta2 ** t
+        corrected = exp_avg / scalar(1 - beta1 ** t, p) * scalar(lr, p)
+        rho_inf = 2 / (1 - beta2) - 1
+        change = corrected
+        if rho_inf > 5:  # else ρₜ < ρ∞ never passes 5: every step takes the plain branch
+            rho_t = rho_inf - 2 * t * beta2 ** t / bias_correction2
+            # r at max(ρₜ, 5): the same where ρₜ > 5 (where it is used), and no square root of a negative elsewhere
+            rho = F.maximum(rho_t, 5.0)
+            rect = ((rho - 4) * (rho - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho)) ** 0.5
+            adaptive = F.reciprocal(F.sqrt(exp_avg_sq) + group["eps"]) * scalar(bias_correction2 ** 0.5, p)
+            change = F.where(rho_t > 5.0, corrected * adaptive * scalar(rect, p), corrected)
+        assign(state["step"], step)
+        assign(state["exp_avg"], exp_avg)
+        assign(state["exp_avg_sq"], exp_avg_sq)
+        assign(p, p_ - change)

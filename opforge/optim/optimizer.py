@@ -52,6 +52,24 @@ def live(t: Tensor):
     return current_interpreter().live(t)
 
 
+# Entries torch's learning-rate schedules add to parameter groups (and ours, as torch's): a state dict may hold them
+# or not, whichever this optimizer's groups do.
+SCHEDULE_KEYS = frozenset({"initial_lr", "max_lr", "min_lr", "max_momentum", "base_momentum"})
+
+
+def _exactly_as(value, like):
+    """``value`` (a state entry being loaded) in the dtype of ``like`` (ours) when it converts exactly, as torch's
+    float32 step counts do into our int64 ones; else unchanged, for the structure check to report."""
+    if like is None or not isinstance(value, (Tensor, np.ndarray, np.generic)) or value.dtype == like.dtype:
+        return value
+    host = value._device.to_host(value._data) if isinstance(value, Tensor) else np.asarray(value)
+    if host.shape != tuple(like.shape) or host.dtype.kind not in "biuf":
+        return value
+    with np.errstate(all="ignore"):
+        cast = host.astype(like.dtype)
+    return cast if np.array_equal(cast.astype(host.dtype), host) and np.all(np.isfinite(host)) else value
+
+
 def _follow(t: Tensor, p: Tensor | None, dtype: bool) -> None:
     """Optimizer state follows its parameter, in place: to its device (``model.to(device)``) and, for state shaped
     like it, to its floating dtype (``model.double()``)."""
@@ -110,6 +128,8 @@ class Optimizer:
     parameter group.
     """
 
+    scalar_state: tuple = ()  # state that keeps its dtype, even beside a 0-d parameter (NAdam's mu_product)
+
     def __init__(self, params, defaults: dict):
         self.defaults = dict(defaults)
         self.param_groups: list[ParamGroup] = []
@@ -151,6 +171,7 @@ class Optimizer:
 
     def _check(self, hyper: dict) -> None:
         name = type(self).__name__
+        self._check_flags(hyper)
         for key, value in hyper.items():  # from a constructor or a loaded state dict: trust neither
             for v in value if isinstance(value, (tuple, list)) else (value,):
                 if v is None or isinstance(v, (bool, np.bool_)):
@@ -165,8 +186,48 @@ class Optimizer:
         if not hyper["lr"] >= 0:
             raise ArgumentError(f"{name}(): lr must be >= 0, got {hyper['lr']}")
 
+    def _error(self, message: str) -> ArgumentError:
+        return ArgumentError(f"{type(self).__name__}(): {message}")
+
+    def _check_betas(self, hyper: dict) -> None:
+        """``betas``: two numbers in [0, 1), as torch's Adam family requires."""
+        betas = hyper["betas"]
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+            raise ArgumentError(f"{type(self).__name__}(): betas must be two numbers in [0, 1), got {betas!r}")
+        hyper["betas"] = tuple(float(b) for b in betas)
+
+    def _check_nonnegative(self, hyper: dict, *keys: str) -> None:
+        for key in keys:
+            if not hyper[key] >= 0:
+                raise ArgumentError(f"{type(self).__name__}(): {key} must be >= 0, got {hyper[key]}")
+
+    def _check_flags(self, hyper: dict) -> None:
+        """torch's flags that choose how an update runs, not what it computes — ``foreach`` (one kernel per list of
+        tensors), ``capturable`` (graph capture), ``fused`` (one fused kernel) — are accepted and change nothing
+        here (every step is one recorded program already). ``differentiable=True`` (autograd through the step)
+        would change what a step computes, and is refused; ``maximize`` is implemented by the update rules."""
+        name = type(self).__name__
+        for key in ("maximize", "capturable", "differentiable"):
+            if key in hyper and not isinstance(hyper[key], (bool, np.bool_)):
+                raise ArgumentError(f"{name}(): {key} must be a bool, got {describe(hyper[key])}")
+        for key in ("foreach", "fused"):
+            if key in hyper and hyper[key] is not None and not isinstance(hyper[key], (bool, np.bool_)):
+                raise ArgumentError(f"{name}(): {key} must be None or a bool, got {describe(hyper[key])}")
+        if hyper.get("differentiable"):
+            raise ArgumentError(f"{name}(): differentiable=True (autograd through the optimizer step) is not "
+                                "supported: steps run under no_grad")
+        if hyper.get("fused") and hyper.get("foreach"):
+            raise ArgumentError(f"{name}(): fused=True and foreach=True cannot be set together (as in torch)")
+
     def _new_state(self, p: Tensor, group: ParamGroup) -> dict:
         return {}
+
+    def _add_missing_state(self, p: Tensor, group: ParamGroup, state: dict) -> dict:
+        """Fresh entries for state a hyper-parameter asks for now but did not when ``p`` joined (a schedule such as
+        CyclicLR turning momentum on): torch makes them at the first step that needs them, so do we."""
+        for key, value in self._new_state(p, group).items():
+            state.setdefault(key, value)
+        return state
 
     def _update(self, p: Tensor, g, lr, group: ParamGroup, state: dict) -> None:
         """One parameter's step: read ``state``'s tensors through ``live(...)``, compute with ops, and end with
@@ -193,8 +254,8 @@ class Optimizer:
                     g = grad_of(p)
                     if g is not None:
                         state = self.state[p]
-                        for t in state.values():
-                            _follow(t, p, dtype=t.shape == p.shape)
+                        for key, t in state.items():
+                            _follow(t, p, dtype=t.shape == p.shape and key not in self.scalar_state)
                         self._update(p, g, lr, group, state)
         return loss
 
@@ -241,27 +302,46 @@ class Optimizer:
         return {"state": state, "param_groups": groups}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Load what ``state_dict`` returned (here or from a checkpoint). Names, counts, shapes and dtypes must fit
-        this optimizer: a ``StateDictError`` lists every entry that does not. Values are copied into the existing
-        state arrays and learning-rate tensors, so compiled steps carry on with them."""
+        """Load what ``state_dict`` returned — here, from a checkpoint, or from torch's optimizer of the same name
+        (its tensors as NumPy arrays). Names, counts, shapes and dtypes must fit this optimizer: a
+        ``StateDictError`` lists every entry that does not, and nothing is loaded. As in torch, a parameter with no
+        state in it (one that never stepped) starts afresh, and a state value of another dtype that converts exactly
+        (torch's float32 step counts into our int64 ones) is converted. Values are copied into the existing state
+        arrays and learning-rate tensors, so compiled steps carry on with them."""
         name = type(self).__name__
-        mine = self.state_dict()
         if not isinstance(state_dict, dict):
             raise StateDictError(f"{name}.load_state_dict(): expected a dict, got {describe(state_dict)}")
-        problems = diff_structure(mine, state_dict)
+        mine = self.state_dict()
+        params = [p for group in self.param_groups for p in group["params"]]
+        group_of = [group for group in self.param_groups for _ in group["params"]]
+        state = state_dict.get("state")
+        if isinstance(state, dict):  # torch's: no entry for a parameter that never stepped, float step counts
+            state = {**{i: self._new_state(params[i], group_of[i]) for i in mine["state"]}, **state}
+            for i, entries in state.items():
+                if i in mine["state"] and isinstance(entries, dict):
+                    state[i] = {k: _exactly_as(v, mine["state"][i].get(k)) for k, v in entries.items()}
+        groups = state_dict.get("param_groups")
+        problems = diff_structure({"state": mine["state"], "param_groups": [0] * len(mine["param_groups"])},
+                                  {"state": state, "param_groups": groups if not isinstance(groups, list)
+                                   else [0] * len(groups)})
+        for i, (g_mine, g_new) in enumerate(zip(mine["param_groups"], groups if isinstance(groups, list) else [])):
+            if not isinstance(g_new, dict):
+                problems.append(f"param_groups/{i}: expected dict, got {describe(g_new)}")
+                continue
+            problems += [f"missing: param_groups/{i}/{k}" for k in g_mine if k not in g_new and k not in SCHEDULE_KEYS]
+            problems += [f"unexpected: param_groups/{i}/{k}" for k in g_new
+                         if k not in g_mine and k not in SCHEDULE_KEYS]
+            if "params" in g_new and list(g_new["params"]) != g_mine["params"]:
+                problems.append(f"param_groups/{i}/params: this optimizer's group holds parameters "
+                                f"{g_mine['params']}, the state dict's {list(g_new['params'])}")
         if problems:
             raise StateDictError(f"{name}.load_state_dict(): the state dict does not fit this optimizer:\n  "
                                  + "\n  ".join(problems))
-        for g_mine, g_new in zip(mine["param_groups"], state_dict["param_groups"]):
-            if list(g_new["params"]) != g_mine["params"]:
-                raise StateDictError(f"{name}.load_state_dict(): a group holds parameters {list(g_new['params'])}, "
-                                     f"this optimizer's holds {g_mine['params']}")
         hypers = [{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items() if k != "params"}
-                  for saved in state_dict["param_groups"]]
+                  for saved in groups]
         for hyper in hypers:
-            self._check(hyper)
-        params = [p for group in self.param_groups for p in group["params"]]
-        for i, entries in state_dict["state"].items():
+            self._check(dict(hyper))
+        for i, entries in state.items():
             for key, value in entries.items():
                 t = self.state[params[i]][key]
                 host = value._device.to_host(value._data) if isinstance(value, Tensor) else np.asarray(value)
