@@ -1,4 +1,4 @@
-"""Adagrad, Adadelta, RMSprop, Adamax, NAdam and RAdam against torch.optim: 20-step trajectories from the same
+"""Adagrad, Adadelta, RMSprop, Adamax, NAdam, RAdam and LBFGS against torch.optim: 20-step trajectories from the same
 start with the same gradients (float64), their state, float32, parameter groups, compiled steps (equal to eager, in
 place), state dicts (ours and torch's, converted to NumPy) and refusals."""
 
@@ -10,6 +10,7 @@ import opforge as of
 import opforge.optim as optim
 from opforge import ops as F
 from opforge.checkpoint import StateDictError
+from opforge.optim import lbfgs as lbfgs_module
 
 RTOL, ATOL = 1e-11, 1e-14  # float64, the same formulas in the same order: rounding alone may differ
 SHAPES = [(3, 4), (5,), ()]
@@ -111,7 +112,7 @@ def test_nadam_with_torchs_float32_default():
 
 
 def test_defaults_and_group_entries_are_torchs():
-    for name, _ in CONFIGS:
+    for name, _ in [*CONFIGS, ("LBFGS", {})]:
         params = [of.tensor(np.zeros(2), requires_grad=True)]
         ours = getattr(optim, name)(params).state_dict()["param_groups"][0]
         theirs = getattr(torch.optim, name)([torch.zeros(2, requires_grad=True)]).state_dict()["param_groups"][0]
@@ -186,6 +187,10 @@ def test_bad_arguments_are_refused_naming_the_class_and_the_argument():
         (lambda: optim.NAdam(p, momentum_decay=-1), r"NAdam\(\): momentum_decay must be >= 0"),
         (lambda: optim.RAdam(p, weight_decay=-1), r"RAdam\(\): weight_decay must be >= 0"),
         (lambda: optim.RAdam(p, lr=float("nan")), r"RAdam\(\): hyper-parameter lr must be a finite number"),
+        (lambda: optim.LBFGS(p, line_search_fn="armijo"), r"LBFGS\(\): line_search_fn must be None or 'strong_wolfe'"),
+        (lambda: optim.LBFGS(p, history_size=0), r"LBFGS\(\): history_size must be a positive int"),
+        (lambda: optim.LBFGS([{"params": p}, {"params": [of.tensor(np.ones(1), requires_grad=True)]}]),
+         r"LBFGS\(\): parameter groups .* not supported"),
     ]
     for make, message in cases:
         with pytest.raises(of.ArgumentError, match=message):
@@ -351,3 +356,118 @@ def test_load_state_dict_refuses_what_does_not_fit():
                  "float64", "missing: param_groups/0/rho", "unexpected: param_groups/0/betas"]:
         assert line in text
     assert opt.state[params[0]]["step"].item() == 0
+
+
+# -- LBFGS -------------------------------------------------------------------------------------------------------------
+
+def _logistic(seed=0):
+    rng = np.random.default_rng(seed)
+    x, y = rng.standard_normal((30, 6)), np.sign(rng.standard_normal(30))
+    return x, y, rng.standard_normal(6) * 0.5, np.array([0.3])
+
+
+def _lbfgs_pair(kw, compiled=False, seed=0):
+    x, y, w0, b0 = _logistic(seed)
+    params = [of.tensor(w0, requires_grad=True), of.tensor(b0, requires_grad=True)]
+    tparams = [torch.tensor(w0, requires_grad=True), torch.tensor(b0, requires_grad=True)]
+    opt, topt = optim.LBFGS(params, **kw), torch.optim.LBFGS(tparams, **kw)
+    xo, yo, xt, yt = of.tensor(x), of.tensor(y), torch.tensor(x), torch.tensor(y)
+
+    def closure():
+        opt.zero_grad()
+        w, b = params
+        loss = F.sum(F.softplus(-yo * (xo @ w + b))) + 0.05 * F.sum(F.square(w))
+        loss.backward()
+        return loss
+
+    def tclosure():
+        topt.zero_grad()
+        w, b = tparams
+        loss = torch.sum(torch.nn.functional.softplus(-yt * (xt @ w + b))) + 0.05 * torch.sum(torch.square(w))
+        loss.backward()
+        return loss
+
+    return params, opt, of.compile(closure) if compiled else closure, tparams, topt, tclosure
+
+
+LBFGS_CONFIGS = [
+    {"max_iter": 2},
+    {"lr": 0.5, "history_size": 3, "max_iter": 3},  # the history overflows
+    {"lr": 0.1, "max_iter": 4, "max_eval": 3},
+    {"max_iter": 3, "line_search_fn": "strong_wolfe"},
+    {"lr": 8, "history_size": 2, "max_iter": 4, "line_search_fn": "strong_wolfe"},  # overshoots: zooms
+    {"lr": 0.01, "max_iter": 1, "max_eval": 10, "line_search_fn": "strong_wolfe"},  # too short: extrapolates
+]
+
+
+@pytest.mark.parametrize("kw", LBFGS_CONFIGS, ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items()))
+def test_lbfgs_trajectory_and_state_equal_torchs(kw, monkeypatch):
+    calls = []
+    interpolate = lbfgs_module._cubic_interpolate
+    monkeypatch.setattr(lbfgs_module, "_cubic_interpolate",
+                        lambda *a, bounds=None: calls.append(bounds) or interpolate(*a, bounds=bounds))
+    params, opt, closure, tparams, topt, tclosure = _lbfgs_pair(kw)
+    for _ in range(STEPS):
+        loss, tloss = opt.step(closure), topt.step(tclosure)
+        np.testing.assert_allclose(loss.item(), tloss.item(), rtol=RTOL)
+        for p, tp in zip(params, tparams):
+            np.testing.assert_allclose(p.numpy(), tp.detach().numpy(), rtol=1e-10, atol=1e-12)
+    state, tstate = opt.state[params[0]], topt.state[tparams[0]]
+    assert sorted(state) == sorted(tstate)
+    for key in ("func_evals", "n_iter"):
+        assert state[key] == tstate[key], key
+    assert len(state["old_dirs"]) == len(tstate["old_dirs"]) <= kw.get("history_size", 100)
+    for a, b in zip(state["old_dirs"] + [state["d"]], tstate["old_dirs"] + [tstate["d"]]):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-9, atol=1e-10)
+    if kw.get("lr") == 8:
+        assert None in calls  # the line search zoomed in a bracket
+    if kw.get("lr") == 0.01:
+        assert any(b is not None for b in calls)  # it extrapolated to find one
+
+
+def test_lbfgs_with_a_compiled_closure_equals_eager_and_refuses_to_be_compiled():
+    kw = LBFGS_CONFIGS[4]
+    params, opt, closure, *_ = _lbfgs_pair(kw, compiled=True)
+    eager_params, eager_opt, eager_closure, *_ = _lbfgs_pair(kw)
+    for _ in range(5):
+        assert opt.step(closure).item() == eager_opt.step(eager_closure).item()
+    for a, b in zip(params, eager_params):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    with pytest.raises(of.ArgumentError, match=r"LBFGS.step\(\) cannot run inside a compiled function"):
+        of.compile(lambda x: opt.step(closure) * x)(of.tensor(1.0))
+    with pytest.raises(of.ArgumentError, match=r"LBFGS.step\(\): needs a closure"):
+        opt.step()
+
+
+def test_lbfgs_state_dicts_ours_and_torchs_load_and_continue():
+    kw = LBFGS_CONFIGS[4]
+    params, opt, closure, tparams, topt, tclosure = _lbfgs_pair(kw)
+    for _ in range(3):
+        opt.step(closure)
+        topt.step(tclosure)
+    sd, tsd = opt.state_dict(), _to_numpy(topt.state_dict())
+    assert sorted(sd["state"][0]) == sorted(tsd["state"][0])
+    assert sd["param_groups"] == tsd["param_groups"]
+    # ours into a fresh optimizer on copies: the same steps after
+    copies, opt2, closure2, *_ = _lbfgs_pair(kw)
+    from_torch, opt3, closure3, *_ = _lbfgs_pair(kw)
+    with of.no_grad():
+        for c, p in zip(copies, params):
+            c.copy_(p)
+        # torch's (as NumPy) into another: continues as torch does
+        for c, p in zip(from_torch, tparams):
+            c.copy_(of.tensor(p.detach().numpy()))
+    opt2.load_state_dict(sd)
+    opt3.load_state_dict(tsd)
+    for _ in range(4):
+        opt.step(closure)
+        opt2.step(closure2)
+        opt3.step(closure3)
+        topt.step(tclosure)
+    for a, b, c, t in zip(params, copies, from_torch, tparams):
+        np.testing.assert_array_equal(b.numpy(), a.numpy())
+        np.testing.assert_allclose(c.numpy(), t.detach().numpy(), rtol=1e-10, atol=1e-12)
+    bad = opt.state_dict()
+    bad["state"][0]["d"] = np.ones(3)
+    with pytest.raises(of.ArgumentError, match=r"state 'd' must be a vector of 7 values, got shape \(3,\)"):
+        opt.load_state_dict(bad)

@@ -19,17 +19,19 @@ compiled training step alike.
 SGD, Adam and AdamW update with the ops of ``opforge.ops.optim`` (``sgd_momentum_buffer``, ``sgd_update``,
 ``adam_exp_avg``, ``adam_exp_avg_sq``, ``adam_update``); Adagrad, Adadelta, RMSprop, Adamax, NAdam and RAdam write
 their update rules with ops (``_math``: torch's tensor methods in torch's order of evaluation). Either way one
-definition serves eager and compiled steps, with PyTorch's formulas, defaults and state names.
+definition serves eager and compiled steps, with PyTorch's formulas, defaults and state names. LBFGS, which calls
+its closure several times per step and decides on the values it gets, runs eagerly only.
 """
 
 from ..ops import optim as _update_ops  # noqa: F401  (registers the update ops)
 from .adam import Adam, Adamax, AdamW, NAdam, RAdam
 from .clip import clip_grad_norm_
+from .lbfgs import LBFGS
 from .lr_scheduler import CosineAnnealingLR, LambdaLR, LinearLR, LRScheduler, ReduceLROnPlateau, StepLR
 from .optimizer import Optimizer, ParamGroup, grad_of, live, set_grad
 from .rmsprop import Adadelta, Adagrad, RMSprop
 from .sgd import SGD
 
-__all__ = ["SGD", "Adadelta", "Adagrad", "Adam", "AdamW", "Adamax", "CosineAnnealingLR", "LRScheduler",
+__all__ = ["LBFGS", "SGD", "Adadelta", "Adagrad", "Adam", "AdamW", "Adamax", "CosineAnnealingLR", "LRScheduler",
            "LambdaLR", "LinearLR", "NAdam", "Optimizer", "ParamGroup", "RAdam", "RMSprop", "ReduceLROnPlateau",
            "StepLR", "clip_grad_norm_", "grad_of", "live", "set_grad"]
