@@ -12,19 +12,24 @@ from .optimizer import Optimizer, live
 
 
 class Adam(Optimizer):
-    """``torch.optim.Adam``, step for step: at a parameter's step t = 1, 2, ..., with g = grad + weight_decay·p,
+    """``torch.optim.Adam``, step for step: at a parameter's step t = 1, 2, ..., with g = ±grad + weight_decay·p,
 
-        m ← β₁·m + (1 − β₁)·g,   v ← β₂·v + (1 − β₂)·g²
-        p ← p − lr/(1 − β₁ᵗ) · m / (√v / √(1 − β₂ᵗ) + eps)
+        m ← β₁·m + (1 − β₁)·g,   v ← β₂·v + (1 − β₂)·g²,   v̂ = max(v̂, v) with ``amsgrad``, else v
+        p ← p − lr/(1 − β₁ᵗ) · m / (√v̂ / √(1 − β₂ᵗ) + eps)
 
-    State per parameter: ``step`` (int64), ``exp_avg`` (m) and ``exp_avg_sq`` (v).
+    ``decoupled_weight_decay`` (AdamW) shrinks p by (1 − lr·weight_decay) instead of adding to g; ``maximize``
+    ascends. State per parameter: ``step`` (int64), ``exp_avg`` (m), ``exp_avg_sq`` (v) and, with ``amsgrad``,
+    ``max_exp_avg_sq`` (v̂).
     """
 
-    decoupled = False  # AdamW: weight decay shrinks p by (1 − lr·weight_decay) instead of entering g
-
     def __init__(self, params, lr: float = 1e-3, betas: tuple = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0):
-        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay})
+                 weight_decay: float = 0.0, amsgrad: bool = False, *, foreach: bool | None = None,
+                 maximize: bool = False, capturable: bool = False, differentiable: bool = False,
+                 fused: bool | None = None, decoupled_weight_decay: bool = False):
+        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay,
+                                  "amsgrad": amsgrad, "maximize": maximize, "foreach": foreach,
+                                  "capturable": capturable, "differentiable": differentiable, "fused": fused,
+                                  "decoupled_weight_decay": decoupled_weight_decay})
 
     def _check(self, hyper: dict) -> None:
         super()._check(hyper)
@@ -32,18 +37,30 @@ class Adam(Optimizer):
         self._check_nonnegative(hyper, "eps", "weight_decay")
 
     def _new_state(self, p, group) -> dict:
-        return {"step": tensor(np.array(0, dtype=np.int64), device=p.device),
-                "exp_avg": tensor(np.zeros(p.shape, p.dtype), device=p.device),
-                "exp_avg_sq": tensor(np.zeros(p.shape, p.dtype), device=p.device)}
+        state = {"step": tensor(np.array(0, dtype=np.int64), device=p.device),
+                 "exp_avg": tensor(np.zeros(p.shape, p.dtype), device=p.device),
+                 "exp_avg_sq": tensor(np.zeros(p.shape, p.dtype), device=p.device)}
+        if group["amsgrad"]:
+            state["max_exp_avg_sq"] = tensor(np.zeros(p.shape, p.dtype), device=p.device)
+        return state
 
     def _update(self, p, g, lr, group, state) -> None:
         (beta1, beta2), weight_decay = group["betas"], group["weight_decay"]
-        l2 = 0.0 if self.decoupled else weight_decay  # Adam's decay enters the moments, AdamW's the parameter
+        decoupled = group["decoupled_weight_decay"]
+        l2 = 0.0 if decoupled else weight_decay  # Adam's decay enters the moments, AdamW's the parameter
+        if group["maximize"]:
+            g = -g
+        if group["amsgrad"] and "max_exp_avg_sq" not in state:  # turned on after the parameter joined
+            self._add_missing_state(p, group, state)
         step = live(state["step"]) + 1
         m = F.adam_exp_avg(live(state["exp_avg"]), g, p, beta1=beta1, weight_decay=l2)
         v = F.adam_exp_avg_sq(live(state["exp_avg_sq"]), g, p, beta2=beta2, weight_decay=l2)
-        new = F.adam_update(p, m, v, step, lr, beta1=beta1, beta2=beta2, eps=group["eps"],
-                            weight_decay=weight_decay, decoupled=self.decoupled)
+        denominator = v
+        if group["amsgrad"]:
+            denominator = F.maximum(live(state["max_exp_avg_sq"]), v)
+            assign(state["max_exp_avg_sq"], denominator)
+        new = F.adam_update(p, m, denominator, step, lr, beta1=beta1, beta2=beta2, eps=group["eps"],
+                            weight_decay=weight_decay, decoupled=decoupled)
         assign(state["step"], step)
         assign(state["exp_avg"], m)
         assign(state["exp_avg_sq"], v)
@@ -52,13 +69,15 @@ class Adam(Optimizer):
 
 class AdamW(Adam):
     """``torch.optim.AdamW``: Adam whose weight decay is decoupled from the gradient — p ← p·(1 − lr·weight_decay)
-    before the Adam update, and the moments see the plain gradient."""
-
-    decoupled = True
+    before the Adam update, and the moments see the plain gradient (``decoupled_weight_decay`` is True)."""
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2):
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+                 weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False,
+                 foreach: bool | None = None, capturable: bool = False, differentiable: bool = False,
+                 fused: bool | None = None):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                         foreach=foreach, maximize=maximize, capturable=capturable, differentiable=differentiable,
+                         fused=fused, decoupled_weight_decay=True)
 
 
 # -- the Adam family written with ops ----------------------------------------------------------------------------

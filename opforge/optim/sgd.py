@@ -12,7 +12,7 @@ from .optimizer import Optimizer, live
 
 
 class SGD(Optimizer):
-    """``torch.optim.SGD``, step for step: with d = grad + weight_decay·p,
+    """``torch.optim.SGD``, step for step: with d = ±grad + weight_decay·p (−grad when ``maximize``),
 
         b ← d on a parameter's first step, else momentum·b + (1 − dampening)·d      (when momentum ≠ 0)
         d ← d + momentum·b (nesterov) or b
@@ -22,10 +22,12 @@ class SGD(Optimizer):
     first step, whose buffer is d itself, from the others inside a compiled program).
     """
 
-    def __init__(self, params, lr: float, momentum: float = 0.0, dampening: float = 0.0,
-                 weight_decay: float = 0.0, nesterov: bool = False):
+    def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
+                 weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False,
+                 foreach: bool | None = None, differentiable: bool = False, fused: bool | None = None):
         super().__init__(params, {"lr": lr, "momentum": momentum, "dampening": dampening,
-                                  "weight_decay": weight_decay, "nesterov": nesterov})
+                                  "weight_decay": weight_decay, "nesterov": nesterov, "maximize": maximize,
+                                  "foreach": foreach, "differentiable": differentiable, "fused": fused})
 
     def _check(self, hyper: dict) -> None:
         super()._check(hyper)
@@ -44,8 +46,12 @@ class SGD(Optimizer):
 
     def _update(self, p, g, lr, group, state) -> None:
         momentum, weight_decay = group["momentum"], group["weight_decay"]
+        if group["maximize"]:
+            g = -g
         buf = None
         if momentum != 0:
+            if "momentum_buffer" not in state:  # a schedule (CyclicLR, OneCycleLR) turned momentum on
+                self._add_missing_state(p, group, state)
             step = live(state["step"])
             buf = F.sgd_momentum_buffer(live(state["momentum_buffer"]), g, p, step, momentum=momentum,
                                         dampening=group["dampening"], weight_decay=weight_decay)
