@@ -27,11 +27,30 @@ from ..ops import optim as _update_ops  # noqa: F401  (registers the update ops)
 from .adam import Adam, Adamax, AdamW, NAdam, RAdam
 from .clip import clip_grad_norm_
 from .lbfgs import LBFGS
-from .lr_scheduler import CosineAnnealingLR, LambdaLR, LinearLR, LRScheduler, ReduceLROnPlateau, StepLR
+from .lr_scheduler import (
+    ChainedScheduler,
+    ConstantLR,
+    CosineAnnealingLR,
+    CosineAnnealingWarmRestarts,
+    CyclicLR,
+    ExponentialLR,
+    LambdaLR,
+    LinearLR,
+    LRScheduler,
+    MultiplicativeLR,
+    MultiStepLR,
+    OneCycleLR,
+    PolynomialLR,
+    ReduceLROnPlateau,
+    SequentialLR,
+    StepLR,
+)
 from .optimizer import Optimizer, ParamGroup, grad_of, live, set_grad
 from .rmsprop import Adadelta, Adagrad, RMSprop
 from .sgd import SGD
 
-__all__ = ["LBFGS", "SGD", "Adadelta", "Adagrad", "Adam", "AdamW", "Adamax", "CosineAnnealingLR", "LRScheduler",
-           "LambdaLR", "LinearLR", "NAdam", "Optimizer", "ParamGroup", "RAdam", "RMSprop", "ReduceLROnPlateau",
-           "StepLR", "clip_grad_norm_", "grad_of", "live", "set_grad"]
+__all__ = ["LBFGS", "SGD", "Adadelta", "Adagrad", "Adam", "AdamW", "Adamax", "ChainedScheduler", "ConstantLR",
+           "CosineAnnealingLR", "CosineAnnealingWarmRestarts", "CyclicLR", "ExponentialLR", "LRScheduler", "LambdaLR",
+           "LinearLR", "MultiStepLR", "MultiplicativeLR", "NAdam", "OneCycleLR", "Optimizer", "ParamGroup",
+           "PolynomialLR", "RAdam", "RMSprop", "ReduceLROnPlateau", "SequentialLR", "StepLR", "clip_grad_norm_",
+           "grad_of", "live", "set_grad"]
