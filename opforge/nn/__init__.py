@@ -9,7 +9,7 @@ and PyTorch-style layers built on registered ops, so that a model runs eagerly a
 import sys
 
 from .. import ops as functional
-from . import init
+from . import init, utils
 from .layers import (
     CELU,
     ELU,
@@ -27,6 +27,7 @@ from .layers import (
     BatchNorm2d,
     BCELoss,
     BCEWithLogitsLoss,
+    Bilinear,
     Conv1d,
     Conv2d,
     Conv3d,
@@ -81,6 +82,7 @@ from .layers import (
     Softplus,
     Tanh,
     TripletMarginLoss,
+    Unflatten,
     Unfold,
     Upsample,
 )
@@ -110,3 +112,4 @@ __all__ = [
 __all__ += ["CosineSimilarity", "Dropout1d", "Dropout2d", "Dropout3d", "EmbeddingBag", "PairwiseDistance"]
 __all__ += ["Transformer", "TransformerDecoder", "TransformerDecoderLayer", "TransformerEncoder",
             "TransformerEncoderLayer"]
+__all__ += ["Bilinear", "Unflatten", "utils"]

@@ -84,6 +84,33 @@ class Linear(Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+class Bilinear(Module):
+    """y = x₁ᵀ·A·x₂ + b over the last dims of x₁ and x₂; A is (out_features, in1_features, in2_features), b is
+    (out_features,), both initialised U(±1/√in1_features), as torch's."""
+
+    def __init__(self, in1_features: int, in2_features: int, out_features: int, bias: bool = True, dtype=None):
+        super().__init__()
+        self.in1_features = _count(in1_features, "in1_features", "Bilinear")
+        self.in2_features = _count(in2_features, "in2_features", "Bilinear")
+        self.out_features = _count(out_features, "out_features", "Bilinear")
+        self.weight = _param(out_features, in1_features, in2_features, dtype=dtype)
+        self.bias = _param(out_features, dtype=dtype) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        bound = 1 / math.sqrt(self.in1_features)
+        init.uniform_(self.weight, -bound, bound)
+        if self.bias is not None:
+            init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, input1, input2):
+        return F.bilinear(input1, input2, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return (f"in1_features={self.in1_features}, in2_features={self.in2_features}, "
+                f"out_features={self.out_features}, bias={self.bias is not None}")
+
+
 def _ntuple(value, n: int, name: str, layer: str, minimum: int = 0) -> tuple:
     """An int or n ints as an n-tuple (kernel sizes, strides, paddings of an n-d layer)."""
     values = (value,) * n if isinstance(value, (int, np.integer)) and not isinstance(value, bool) else value
@@ -777,6 +804,43 @@ class AdaptiveAvgPool3d(AdaptiveAvgPool1d):
 class AdaptiveMaxPool2d(_AdaptivePoolNd):
     _nd = 2
     _kind = "max"
+
+
+class Unflatten(Module):
+    """Split dim ``dim`` into ``unflattened_size`` (one entry may be −1): (N, 12) -> (N, 3, 4) with
+    ``Unflatten(1, (3, 4))`` — the inverse of Flatten, as torch's."""
+
+    def __init__(self, dim: int, unflattened_size):
+        super().__init__()
+        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)):
+            raise ArgumentError(f"Unflatten(): dim must be an int, got {describe(dim)}")
+        sizes = tuple(unflattened_size) if isinstance(unflattened_size, (tuple, list)) else None
+        if not sizes or not all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) and (n >= 0 or n == -1)
+                                for n in sizes) or sizes.count(-1) > 1:
+            raise ArgumentError(f"Unflatten(): unflattened_size must be a tuple of ints (one may be -1), got "
+                                f"{unflattened_size!r}")
+        self.dim, self.unflattened_size = int(dim), tuple(int(n) for n in sizes)
+
+    def forward(self, x):
+        shape = list(x.shape)
+        if not -len(shape) <= self.dim < len(shape):
+            raise ShapeError(f"Unflatten: dim {self.dim} is out of range for an input of shape {tuple(shape)}")
+        d = self.dim % len(shape)
+        sizes = list(self.unflattened_size)
+        known = math.prod(n for n in sizes if n != -1)
+        if shape[d] is not None:
+            if -1 in sizes and known and shape[d] % known == 0:
+                sizes[sizes.index(-1)] = shape[d] // known
+            if math.prod(sizes) != shape[d] or (-1 in sizes):
+                raise ShapeError(f"Unflatten: sizes {self.unflattened_size} do not multiply to the size of dim {d} "
+                                 f"({shape[d]}) of an input of shape {tuple(shape)}")
+        new = [*shape[:d], *sizes, *shape[d + 1:]]
+        if None in new and -1 not in new and new.count(None) == 1:
+            new[new.index(None)] = -1  # a size known at run time only (the batch)
+        return F.reshape(x, shape=new)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, unflattened_size={self.unflattened_size}"
 
 
 # -- resizing and rearranging images -------------------------------------------------------------------------------

@@ -1541,6 +1541,11 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=Fa
     statistics given are updated in place to (1 − momentum)·running + momentum·the batch's statistic.
     """
 
+def bilinear(input1, input2, weight, bias=None) -> Any:
+    """``torch.nn.functional.bilinear``: y = x₁ᵀ·A·x₂ + b over the last dims, for inputs (*, in1) and (*, in2)
+    with the same leading dims, weight (out, in1, in2) and bias (out): the einsum ``...i,oij,...j->...o``.
+    """
+
 def dropout(x, p=0.5, training=True, inplace=False) -> Any:
     """``torch.nn.functional.dropout``: ``dropout_with_mask``'s output ``y``, without the mask."""
 

@@ -8,7 +8,7 @@ import string
 from opforge import ops as F
 
 from ..core.errors import ArgumentError
-from ._common import B, D, P, S, Sample, ShapeError, Spec, broadcast_shapes, np, op, promoted
+from ._common import B, D, P, S, Sample, ShapeError, Spec, broadcast_shapes, function, np, op, promoted
 
 
 @op("matmul(Tensor<number> x, Tensor<number> y) -> Tensor out", traits=["same_dtype"])
@@ -421,6 +421,24 @@ def _(rng):
     yield Sample.of([rng.standard_normal((3, 3)), rng.standard_normal(3)], equation="ii,i->i")  # a diagonal
     yield Sample.of([rng.standard_normal((3, 2, 3))], equation="iji")  # traces of the (i, i) slices
     yield Sample.of([rng.standard_normal(3), rng.standard_normal(2), rng.standard_normal(())], equation="i,j,->ij")
+
+
+
+# -- bilinear: an einsum -------------------------------------------------------------------------------------------
+
+
+@function
+def bilinear(input1, input2, weight, bias=None):
+    """``torch.nn.functional.bilinear``: y = x₁ᵀ·A·x₂ + b over the last dims, for inputs (*, in1) and (*, in2) with
+    the same leading dims, weight (out, in1, in2) and bias (out): the einsum ``...i,oij,...j->...o``."""
+    if tuple(input1.shape[:-1]) != tuple(input2.shape[:-1]):
+        raise ShapeError(f"bilinear(): the inputs' leading dims differ: {tuple(input1.shape)} and "
+                         f"{tuple(input2.shape)} (they must be equal, as in torch)")
+    if len(weight.shape) != 3 or (weight.shape[1], weight.shape[2]) != (input1.shape[-1], input2.shape[-1]):
+        raise ShapeError(f"bilinear(): weight must have shape (out, {input1.shape[-1]}, {input2.shape[-1]}), got "
+                         f"{tuple(weight.shape)}")
+    y = F.einsum([input1, weight, input2], equation="...i,oij,...j->...o")
+    return y if bias is None else y + bias
 
 
 # -- torch.linalg: inverse, determinant, solve -------------------------------------------------------------------
