@@ -22,13 +22,13 @@ dispatch.install()  # binding 1: from here on every declared op has its function
 # family. half first: it gives every op declared after it (the library's, then yours) its half-precision kernels.
 _OP_FAMILIES = ("half", "creation", "elementwise", "binary", "integer", "reduce", "shape", "linalg", "loss", "nn",
                 "normalization", "conv", "accumulate", "optim", "collective", "device", "pool", "resize",
-                "embedding_bags", "feature_dropout", "indexing", "similarity", "sorting")
+                "embedding_bags", "feature_dropout", "indexing", "similarity", "sorting", "sparse")
 for _family in _OP_FAMILIES:
     importlib.import_module(f"{__name__}.ops.{_family}")
 from . import autodiff  # noqa: E402  (the eager backward pass, replay, anomaly detection)
 
 tensor.bind_engine(autodiff.backward)  # binding 2: Tensor.backward runs the autograd engine
-from . import creation, program, nn, optim, checkpoint, data, linalg, testing, distributed, onnx  # noqa: E402, F401
+from . import creation, program, nn, optim, checkpoint, data, linalg, sparse, testing, distributed, onnx  # noqa: E402, F401
 # isort: on
 
 from ._version import __version__  # noqa: E402
@@ -63,6 +63,7 @@ from .core.dtypes import bfloat16, bool_, float16, float32, float64, int32, int6
 from .creation import arange, cat, full, ones, ones_like, rand, randn, stack, tensor, zeros, zeros_like  # noqa: E402
 from .dispatch import set_debug  # noqa: E402
 from .program import Executor, Program, Variable, append_backward, compile, trace  # noqa: E402
+from .sparse import sparse_coo_tensor  # noqa: E402
 from .tensor import Tensor  # noqa: E402
 
 __all__ = [
@@ -72,6 +73,7 @@ __all__ = [
     "default_device", "detect_anomaly", "distributed", "enable_grad", "float16", "float32", "float64", "full",
     "get_device", "grad", "int32", "int64",
     "is_grad_enabled", "linalg", "load", "manual_seed", "nn", "no_grad", "ones", "ones_like", "onnx", "op", "ops",
-    "optim", "rand", "randn", "register_device", "registry", "save", "set_debug", "set_grad_enabled", "stack",
+    "optim", "rand", "randn", "register_device", "registry", "save", "set_debug", "set_grad_enabled", "sparse",
+    "sparse_coo_tensor", "stack",
     "tensor", "testing", "trace", "using_device", "zeros", "zeros_like",
 ]

@@ -1536,6 +1536,15 @@ def topk(x: _TensorLike, *, k: int, axis: int = -1, largest: bool = True, sorted
     sorted also with ``sorted=False`` (PyTorch leaves the order unspecified then).
     """
 
+# -- opforge.ops.sparse
+
+def sparse_mm(indices: _TensorLike, values: _TensorLike, dense: _TensorLike, *, size: Sequence[int] | int) -> Tensor:
+    """The sparse matrix of ``size`` holding ``values`` at (``indices[0]``, ``indices[1]``) (repeated positions
+    summed) times ``dense``: out[i] = Σₑ values[e]·dense[indices[1, e]] over the entries e of row i —
+    ``torch.sparse.mm``. Its gradient for the values is a sampled product (⟨dout[row], dense[col]⟩ per entry),
+    for the dense matrix the transposed sparse matrix times dout.
+    """
+
 def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-05) -> Any:
     """``torch.nn.functional.batch_norm``: ``y`` (``batch_norm_with_stats``'s); with ``training``, the running
     statistics given are updated in place to (1 − momentum)·running + momentum·the batch's statistic.
