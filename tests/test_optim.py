@@ -540,3 +540,24 @@ def test_param_group_lr_reads_as_a_float_and_writes_in_place():
     assert group["lr"] == 0.25 and group.get("lr") == 0.25 and "lr" in group and array is group.lr_tensor.numpy()
     assert float(array) == 0.25 and group["momentum"] == 0.5
     assert "SGD (" in repr(opt) and "lr=0.25" in repr(opt)
+
+
+@pytest.mark.parametrize(("cls", "tcls", "kw"), [CONFIGS[3], CONFIGS[12]], ids=[IDS[3], IDS[12]])
+def test_a_torch_state_dict_converted_to_numpy_loads_and_continues_as_torch(cls, tcls, kw):
+    # torch's float32 step counts load into our int64 ones; its group entries are ours
+    starts, grads = _start(), _grad_sequence()
+    tparams, topt = _torch_run(tcls, kw, starts, grads[:4])
+    sd = topt.state_dict()
+    sd = {"state": {i: {k: v.numpy().copy() for k, v in s.items()} for i, s in sd["state"].items()},
+          "param_groups": sd["param_groups"]}
+    params = [of.tensor(p.detach().numpy(), requires_grad=True) for p in tparams]
+    opt = cls(params, **kw)
+    opt.load_state_dict(sd)
+    more = _grad_sequence(seed=2)[:4]
+    for step in more:
+        for p, tp, g in zip(params, tparams, step):
+            p.grad, tp.grad = (None, None) if g is None else (of.tensor(g), torch.tensor(g))
+        opt.step()
+        topt.step()
+    for p, tp in zip(params, tparams):
+        np.testing.assert_allclose(p.numpy(), tp.detach().numpy(), rtol=RTOL, atol=ATOL)

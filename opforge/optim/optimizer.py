@@ -229,6 +229,11 @@ class Optimizer:
             state.setdefault(key, value)
         return state
 
+    def _complete_state(self, entries: dict) -> dict:
+        """A parameter's state being loaded, with what our state keeps beyond torch's filled in (torch's own state
+        dicts lack it). Nothing here; SGD's step count."""
+        return entries
+
     def _update(self, p: Tensor, g, lr, group: ParamGroup, state: dict) -> None:
         """One parameter's step: read ``state``'s tensors through ``live(...)``, compute with ops, and end with
         ``assign(p, ...)`` and ``assign(state[name], ...)``. ``g`` and ``lr`` are ready to use."""
@@ -319,6 +324,7 @@ class Optimizer:
             state = {**{i: self._new_state(params[i], group_of[i]) for i in mine["state"]}, **state}
             for i, entries in state.items():
                 if i in mine["state"] and isinstance(entries, dict):
+                    entries = self._complete_state(entries)
                     state[i] = {k: _exactly_as(v, mine["state"][i].get(k)) for k, v in entries.items()}
         groups = state_dict.get("param_groups")
         problems = diff_structure({"state": mine["state"], "param_groups": [0] * len(mine["param_groups"])},

@@ -44,6 +44,12 @@ class SGD(Optimizer):
         return {"momentum_buffer": tensor(np.zeros(p.shape, p.dtype), device=p.device),
                 "step": tensor(np.array(0, dtype=np.int64), device=p.device)}
 
+    def _complete_state(self, entries: dict) -> dict:
+        # torch's SGD keeps no step count: its buffer existing means a step was taken, which is all ours tells
+        if "momentum_buffer" in entries and "step" not in entries:
+            return {**entries, "step": np.array(1, dtype=np.int64)}
+        return entries
+
     def _update(self, p, g, lr, group, state) -> None:
         momentum, weight_decay = group["momentum"], group["weight_decay"]
         if group["maximize"]:
