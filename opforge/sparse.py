@@ -39,17 +39,17 @@ class SparseTensor:
     layout = "sparse_coo"
 
     def __init__(self, indices: Tensor, values: Tensor, shape: tuple, coalesced: bool = False):
-        self._indices, self._values, self.shape, self._coalesced = indices, values, tuple(shape), coalesced
+        self._idx, self._vals, self.shape, self._coalesced = indices, values, tuple(shape), coalesced
 
     # -- what it is ---------------------------------------------------------------------------------------------
 
     @property
     def dtype(self):
-        return self._values.dtype
+        return self._vals.dtype
 
     @property
     def device(self):
-        return self._values.device
+        return self._vals.device
 
     @property
     def ndim(self) -> int:
@@ -68,17 +68,17 @@ class SparseTensor:
         return 0
 
     def _nnz(self) -> int:
-        return self._values.shape[0]
+        return self._vals.shape[0]
 
     @property
     def requires_grad(self) -> bool:
-        return self._values.requires_grad
+        return self._vals.requires_grad
 
     @property
     def grad(self):
         """The gradient at the stored positions, as a coalesced sparse tensor of this shape (torch's ``.grad``): a
         position stored twice has one gradient, which each of its values got (``values.grad`` holds it per entry)."""
-        g = self._values.grad
+        g = self._vals.grad
         if g is None:
             return None
         unique, first = np.unique(self._flat(), return_index=True)
@@ -88,28 +88,33 @@ class SparseTensor:
     def is_coalesced(self) -> bool:
         return self._coalesced
 
-    def _indices_(self) -> Tensor:
-        return self._indices
+    def _indices(self) -> Tensor:
+        """The indices as stored (torch's ``_indices()``): positions may repeat, unsorted."""
+        return self._idx
+
+    def _values(self) -> Tensor:
+        """The values as stored (torch's ``_values()``)."""
+        return self._vals
 
     def indices(self) -> Tensor:
         """The indices, (sparse_dim, nnz): of a coalesced tensor only, as torch's (``_indices()`` for any)."""
         if not self._coalesced:
             raise ArgumentError("SparseTensor.indices(): the tensor is not coalesced (positions may repeat and are "
                                 "unsorted); call .coalesce() first, as torch requires")
-        return self._indices
+        return self._idx
 
     def values(self) -> Tensor:
         """The values, (nnz,): of a coalesced tensor only, as torch's (``_values()`` for any)."""
         if not self._coalesced:
             raise ArgumentError("SparseTensor.values(): the tensor is not coalesced; call .coalesce() first, as torch "
                                 "requires")
-        return self._values
+        return self._vals
 
     # -- what it does ---------------------------------------------------------------------------------------------
 
     def _flat(self) -> np.ndarray:
         """Each entry's position in the flattened dense tensor (host ints: the indices are data, never traced)."""
-        index = self._indices._device.to_host(self._indices._data)
+        index = self._idx._device.to_host(self._idx._data)
         return np.ravel_multi_index(tuple(index), self.shape) if index.size else np.zeros(0, np.int64)
 
     def coalesce(self) -> SparseTensor:
@@ -119,7 +124,7 @@ class SparseTensor:
             return self
         unique, inverse = np.unique(self._flat(), return_inverse=True)
         summed = F.index_add(zeros(len(unique), dtype=self.dtype, device=self.device),
-                             tensor(inverse.reshape(-1).astype(np.int64), device=self.device), self._values, axis=0)
+                             tensor(inverse.reshape(-1).astype(np.int64), device=self.device), self._vals, axis=0)
         return SparseTensor(self._coalesced_indices(unique), summed, self.shape, coalesced=True)
 
     def _coalesced_indices(self, unique: np.ndarray) -> Tensor:
@@ -130,7 +135,7 @@ class SparseTensor:
     def to_dense(self) -> Tensor:
         """The dense tensor (differentiable in the values: an ``index_add`` into zeros)."""
         flat = tensor(self._flat().astype(np.int64), device=self.device)
-        dense = F.index_add(zeros(math.prod(self.shape), dtype=self.dtype, device=self.device), flat, self._values,
+        dense = F.index_add(zeros(math.prod(self.shape), dtype=self.dtype, device=self.device), flat, self._vals,
                             axis=0)
         return F.reshape(dense, shape=list(self.shape))
 
@@ -138,7 +143,7 @@ class SparseTensor:
         """The transpose of a sparse matrix (its rows and columns swapped)."""
         if self.ndim != 2:
             raise ArgumentError(f"SparseTensor.t(): a sparse matrix (2 dims) only, got {self.ndim} dims")
-        return SparseTensor(F.flip(self._indices, axis=[0]), self._values, self.shape[::-1])
+        return SparseTensor(F.flip(self._idx, axis=[0]), self._vals, self.shape[::-1])
 
     def __matmul__(self, other):
         return mm(self, other)
@@ -222,7 +227,7 @@ def mm(mat1, mat2) -> Tensor:
         raise ArgumentError("sparse.mm(): sparse × sparse is not supported; mat2 must be dense (call .to_dense())")
     if mat1.ndim != 2:
         raise ShapeError(f"sparse.mm(): mat1 must be a sparse matrix (2 dims), got size {mat1.shape}")
-    return F.sparse_mm(mat1._indices, mat1._values, mat2, size=list(mat1.shape))
+    return F.sparse_mm(mat1._idx, mat1._vals, mat2, size=list(mat1.shape))
 
 
 __all__ = ["SparseTensor", "mm", "sparse_coo_tensor"]

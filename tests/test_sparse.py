@@ -29,6 +29,8 @@ def test_construction_to_dense_and_coalesce_match_torch():
     np.testing.assert_array_equal(ours.to_dense().numpy(), theirs.to_dense().numpy())
     c, tc = ours.coalesce(), theirs.coalesce()
     assert c.is_coalesced() and c._nnz() == tc._nnz() == 4
+    np.testing.assert_array_equal(ours._indices().numpy(), theirs._indices().numpy())  # as stored, repeats too
+    np.testing.assert_array_equal(ours._values().numpy(), theirs._values().numpy())
     np.testing.assert_array_equal(c.indices().numpy(), tc.indices().numpy())
     np.testing.assert_array_equal(c.values().numpy(), tc.values().numpy())
     inferred = of.sparse_coo_tensor(INDICES, VALUES)  # the size that holds every index, float32 as torch's default
