@@ -63,14 +63,14 @@ def ones_like(x, dtype=None, requires_grad: bool = False) -> Tensor:
     return _make(F.ones_like, requires_grad, None, x=x, dtype=dtype)
 
 
-def cat(tensors, axis: int = 0, **kwargs) -> Tensor:
-    """Join tensors along an existing dim (``torch.cat``; the op is ``concat``)."""
-    return F.concat(tensors, axis=axis, **kwargs)
+def cat(tensors, *args, **kwargs) -> Tensor:
+    """Join tensors along an existing dim, ``cat(tensors, dim=0)`` (``torch.cat``; the op is ``concat``)."""
+    return F.concat(tensors, *args, **kwargs)
 
 
-def stack(tensors, axis: int = 0, **kwargs) -> Tensor:
-    """Join tensors along a new dim ``axis``."""
-    return F.stack(tensors, axis=axis, **kwargs)
+def stack(tensors, *args, **kwargs) -> Tensor:
+    """Join tensors along a new dim, ``stack(tensors, dim=0)``."""
+    return F.stack(tensors, *args, **kwargs)
 
 
 def arange(start, stop=None, step=1, dtype=None, requires_grad: bool = False, device=None) -> Tensor:

@@ -199,7 +199,8 @@ def _fast_path(opdef: OpDef, env: dict, inputs_src: str, attrs_src: str) -> list
     return lines
 
 
-# Keywords of NumPy and PyTorch that mean one of our attrs: a call using one is told the name to use.
+# Keywords of NumPy and PyTorch that mean one of our attrs: an op whose signature does not declare them as a second
+# spelling (``int axis/dim``: where torch has the argument) tells a call using one the name to use.
 _RENAMED = {"dim": "axis", "keepdims": "keepdim"}
 
 
@@ -237,30 +238,53 @@ def api_source(opdef: OpDef, env: dict | None = None) -> str:
     """The source of the op's function, as it is written now; ``env`` gets the names it reads."""
     env = {} if env is None else env
     schema = opdef.schema
-    params, star = [], False
-    for p in schema.params:
+    # A required argument with a second spelling (gather's axis/dim) may come under either name, so Python cannot
+    # require it: it and the positional arguments after it default to _of_absent, and a line asks for them.
+    first_open = next((i for i, p in enumerate(schema.params)
+                       if p.alias and not p.has_default and not p.keyword_only), len(schema.params))
+    params, star, required = [], False, []
+    for i, p in enumerate(schema.params):
         if p.keyword_only and not star:
             params.append("*")
             star = True
-        params.append(f"{p.name}=_of_default_{p.name}" if p.has_default else p.name)
-    names = {p.name for p in schema.params}
+        if p.has_default:
+            params.append(f"{p.name}=_of_default_{p.name}")
+        elif i >= first_open or (p.alias and not p.keyword_only):
+            params.append(f"{p.name}=_of_absent")
+            required.append(p)
+        else:
+            params.append(p.name)
+    names = {p.name for p in schema.params} | {p.alias for p in schema.params if p.alias}
+    aliases = [(p.alias, p.name) for p in schema.params if p.alias]
     renamed = [(alias, ours) for alias, ours in _RENAMED.items() if ours in names and alias not in names]
-    params += ([] if star or not renamed else ["*"]) + [f"{alias}=_of_absent" for alias, _ in renamed]
+    params += ([] if star or not (aliases or renamed) else ["*"]) + \
+        [f"{alias}=_of_absent" for alias, _ in aliases + renamed]
     env.update({
         "_of_op": opdef, "_of_T": Tensor, "_of_nd": np.ndarray, "_of_wrap": wrap, "_of_gm": _grad_mode,
         "_of_eager": None if _debug else EAGER, "_of_innermost": _innermost.get, "_of_run": _run_eagerly,
         "_of_find": _find_kernel, "_of_fail": _kernel_failed, "_of_check": check_attr, "_of_bad_dtype": _bad_dtype,
-        "_of_wrap_all": _wrap_outputs, "_of_absent": _ABSENT, "_of_renamed": _renamed,
+        "_of_wrap_all": _wrap_outputs, "_of_absent": _ABSENT, "_of_renamed": _renamed, "_of_spelled": _spelled,
         "_of_same_dtype": check_same_dtype, "_of_new": object.__new__,
     })
     for p in schema.params:
         if p.has_default:
             env[f"_of_default_{p.name}"] = p.default
+    spellings = []  # resolve each second spelling: one test per call when it is not used
+    for p in schema.params:
+        if p.alias and p in required:
+            spellings += [f"    if {p.name} is _of_absent or {p.alias} is not _of_absent:",
+                          f"        {p.name} = _of_spelled(_of_op, {p.name!r}, {p.name}, {p.alias})"]
+        elif p.alias:  # a default: both given is caught unless the first is given as its default object itself
+            spellings += [f"    if {p.alias} is not _of_absent:",
+                          f"        {p.name} = _of_spelled(_of_op, {p.name!r}, {p.name}, {p.alias})"]
+        elif p in required:
+            spellings += [f"    if {p.name} is _of_absent:", f"        _of_spelled(_of_op, {p.name!r}, {p.name})"]
     attrs_src = "{" + ", ".join(f"{p.name!r}: {p.name}" for p in schema.attrs) + "}"
     inputs_src = "(" + "".join(f"{p.name}, " for p in schema.inputs) + ")"
     lines = [f"def {opdef.name}({', '.join(params)}):",
              *[f"    if {alias} is not _of_absent:\n        _of_renamed(_of_op, {alias!r}, {ours!r})"
                for alias, ours in renamed],
+             *spellings,
              *_attr_checks(opdef, env),
              "    _of_i = _of_innermost()",
              "    if _of_i is not _of_eager:",
@@ -559,9 +583,25 @@ def scalar_array(opdef: OpDef, name: str, value, peer) -> np.ndarray:
 _ABSENT = object()  # the default of a renamed keyword (dim=...): it was not given
 
 
+def _spelled(opdef: OpDef, name: str, value, alias=_ABSENT):
+    """The value of argument ``name`` given under its second spelling (``dim=`` for ``axis``): refuses a call that
+    gives both, or neither where it is required."""
+    p = opdef.schema.param(name)
+    given = value is not _ABSENT and not (p.has_default and value is p.default)
+    if given and alias is not _ABSENT:
+        raise ArgumentError(f"{opdef.name}(): argument '{name}' is given twice, as {name}= and as {p.alias}= "
+                            "(two spellings of one argument)")
+    if alias is not _ABSENT:
+        return alias
+    if value is _ABSENT:
+        spelled = f" (or {p.alias}=)" if p.alias else ""
+        raise ArgumentError(f"{opdef.name}(): missing required argument '{name}'{spelled}")
+    return value
+
+
 def _renamed(opdef: OpDef, alias: str, ours: str):
-    raise ArgumentError(f"{opdef.name}(): no argument '{alias}': opforge's attributes follow NumPy and Paddle, "
-                        f"use {ours}= (PyTorch's dim= is axis=, NumPy's keepdims= is keepdim=)")
+    raise ArgumentError(f"{opdef.name}(): no argument '{alias}': this op (which torch does not have under that "
+                        f"name) calls it {ours}=")
 
 
 def check_same_dtype(opdef: OpDef, values) -> None:

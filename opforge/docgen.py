@@ -31,7 +31,7 @@ from .core import dtypes as D
 from .core.opdef import TRAITS, OpDef, registry
 from .core.schema import Param
 from .tensor import Tensor, wrap
-from .testing.conformance import _flat, _materialize, default_samples
+from .testing.conformance import _flat, _materialize, call_op, default_samples
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout: docs/ and opforge/ live here
 DOCS = Path("docs/ops.md")
@@ -68,7 +68,7 @@ def recorded_ops(opdef: OpDef) -> set[str]:
         args, kwargs = _materialize(opdef, sample, np.float64, requires_grad=True)
         leaves = [t for v in [*args, *kwargs.values()] for t in (v if isinstance(v, list) else [v])
                   if isinstance(t, Tensor) and t.requires_grad]
-        outs = [y for y in _flat(opdef.fn(*args, **kwargs)) if y.requires_grad]
+        outs = [y for y in _flat(call_op(opdef, args, kwargs)) if y.requires_grad]
         if not outs or not leaves:
             continue
         forward = {y._node for y in outs}
@@ -336,6 +336,9 @@ def _stub_function(name: str, op: OpDef, taken: set) -> str:
         if p.has_default:
             text += f" = {_default(p.default)}"
         params.append(text)
+    aliases = [p for p in op.schema.params if p.alias]
+    params += ["*"] if aliases and not star else []
+    params += [f"{p.alias}: {_param_type(p, taken)}{'' if p.optional else ' | None'} = None" for p in aliases]
     tensor = _type("Tensor", taken)
     lines = []
     if len(op.outputs) == 1:

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import ops as F  # the op namespace: it imports core alone, and is filled as ops are declared
 from .core import dtypes as D
-from .core.devices import CPU, Device, default_device, get_device
+from .core.devices import CPU, Device, default_device, get_device, using_device
 from .core.errors import ArgumentError, GradientError, ShapeError, describe
 from .core.grad_mode import _mode as _grad_mode
 from .core.interpreters import current_interpreter as _interpreter
@@ -236,6 +236,44 @@ def tensor_source(var: str, data: str, device: str, node: str = "None", index: s
             f"{pad}{var}._index = {index}", f"{pad}{var}._device = {device}", f"{pad}{var}._grad = None"]
 
 
+def _method(op: str):
+    """The method ``x.<name>(...)`` that is ``F.<op>(x, ...)``: the op's own signature binds the rest of the call
+    (torch's positional settings, dim= beside axis=), so a method adds no second copy of it."""
+    def method(self, *args, **kwargs):
+        return getattr(F, op)(self, *args, **kwargs)
+
+    method.__name__ = method.__qualname__ = op
+    method.__doc__ = f"``F.{op}(self, ...)``: see ``help(opforge.ops.{op})``."
+    return method
+
+
+def _in_place_method(op: str):
+    """The in-place method ``x.<op>_(...)``: ``F.<op>(x, ...)`` written into ``x`` (see ``_in_place``)."""
+    def method(self, *args, **kwargs):
+        return _in_place(self, f"{op}_", lambda t: getattr(F, op)(t, *args, **kwargs))
+
+    method.__name__ = method.__qualname__ = f"{op}_"
+    method.__doc__ = f"``F.{op}(self, ...)`` written into this tensor, in place."
+    return method
+
+
+def _sizes(sizes: tuple) -> list:
+    """torch's ``view(2, 3)``, ``view((2, 3))`` and ``view(torch.Size([2, 3]))`` alike: the sizes as a list."""
+    if len(sizes) == 1 and not isinstance(sizes[0], (int, np.integer)):
+        sizes = sizes[0]
+    return list(sizes)
+
+
+def _drawn(op, t, **attrs):
+    """Random samples of ``op`` (normal, uniform) in ``t``'s shape, dtype and device."""
+    with using_device(t.device):
+        return op(shape=list(t.shape), dtype=t.dtype, **attrs)
+
+
+_TYPE_NAMES = {"float32": "FloatTensor", "float64": "DoubleTensor", "float16": "HalfTensor",
+               "bfloat16": "BFloat16Tensor", "int64": "LongTensor", "int32": "IntTensor", "bool": "BoolTensor"}
+
+
 class TensorOps:
     """Operators and methods shared by eager Tensors and program Variables: each one calls a registered op,
     so nothing bypasses autograd or tracing. Subclasses provide ``dtype`` and ``device``."""
@@ -343,14 +381,56 @@ class TensorOps:
             "build a new tensor with F.where or F.concat instead"
         )
 
-    # -- methods: each one is a registered op --------------------------------------------------------------
+    # -- methods: each one is a registered op (or a function of ops), called with this tensor first --------------
 
-    # Attributes follow NumPy (axis=, keepdim=); a PyTorch dim= reaches the op, which says to use axis=.
-    def sum(self, axis=None, keepdim=False, **kwargs):
-        return F.sum(self, axis=axis, keepdim=keepdim, **kwargs)
+    # torch's call forms: settings positional in torch's order, dim= beside axis= (the ops' signatures say so)
+    sum, mean, prod, amax, amin = _method("sum"), _method("mean"), _method("prod"), _method("amax"), _method("amin")
+    argmax, argmin, std, var = _method("argmax"), _method("argmin"), _method("std"), _method("var")
+    logsumexp, norm, cumsum, cumprod = _method("logsumexp"), _method("norm"), _method("cumsum"), _method("cumprod")
+    softmax, log_softmax = _method("softmax"), _method("log_softmax")
+    unsqueeze, squeeze, roll, tril, triu = _method("unsqueeze"), _method("squeeze"), _method("roll"), \
+        _method("tril"), _method("triu")
+    diagonal, repeat_interleave, split, take = _method("diagonal"), _method("repeat_interleave"), \
+        _method("split"), _method("take")
+    chunk, unbind, flatten, unflatten, narrow, t = _method("chunk"), _method("unbind"), _method("flatten"), \
+        _method("unflatten"), _method("narrow"), _method("t")
+    gather, index_select, masked_fill = _method("gather"), _method("index_select"), _method("masked_fill")
+    scatter_add, index_add = _method("scatter_add"), _method("index_add")
+    sort, argsort, topk = _method("sort"), _method("argsort"), _method("topk")
+    mm, bmm, outer, dot = _method("mm"), _method("bmm"), _method("outer"), _method("matmul")
+    eq, ne, lt, le, gt, ge = _method("equal"), _method("not_equal"), _method("less"), _method("less_equal"), \
+        _method("greater"), _method("greater_equal")
+    greater, greater_equal, less, less_equal, not_equal = gt, ge, lt, le, ne
+    mul, multiply, div, divide, true_divide = _method("mul"), _method("mul"), _method("div"), _method("div"), \
+        _method("div")
+    remainder, floor_divide, maximum, minimum = _method("remainder"), _method("floor_divide"), \
+        _method("maximum"), _method("minimum")
+    logical_and, logical_or, logical_not = _method("logical_and"), _method("logical_or"), _method("logical_not")
+    bitwise_and, bitwise_or, bitwise_not = _method("bitwise_and"), _method("bitwise_or"), _method("bitwise_not")
+    matmul, pow, exp, log, sqrt, rsqrt = _method("matmul"), _method("pow"), _method("exp"), _method("log"), \
+        _method("sqrt"), _method("rsqrt")
+    square, abs, neg, negative, sign = _method("square"), _method("abs"), _method("neg"), _method("neg"), \
+        _method("sign")
+    floor, ceil, round, sin, cos, erf = _method("floor"), _method("ceil"), _method("round"), _method("sin"), \
+        _method("cos"), _method("erf")
+    expm1, log1p, reciprocal = _method("expm1"), _method("log1p"), _method("reciprocal")
+    tanh, sigmoid, relu = _method("tanh"), _method("sigmoid"), _method("relu")
+    isnan, isfinite = _method("isnan"), _method("isfinite")
+    absolute = abs
 
-    def mean(self, axis=None, keepdim=False, **kwargs):
-        return F.mean(self, axis=axis, keepdim=keepdim, **kwargs)
+    def add(self, other, *, alpha=1):
+        """``self + alpha·other``, as torch's ``add``."""
+        return F.add(self, other if alpha == 1 else other * alpha)
+
+    def sub(self, other, *, alpha=1):
+        """``self − alpha·other``, as torch's ``sub``."""
+        return F.sub(self, other if alpha == 1 else other * alpha)
+
+    subtract = sub
+
+    def where(self, condition, other):
+        """torch's ``Tensor.where``: this tensor where ``condition`` holds, else ``other``."""
+        return F.where(condition, self, other)
 
     def max(self, dim=None, keepdim=False, *, axis=None):
         """As torch's ``max``: ``max()`` is the largest value; ``max(dim)`` the named tuple ``(values, indices)``
@@ -362,32 +442,96 @@ class TensorOps:
         """As torch's ``min``: ``min()``, ``min(dim)`` -> ``(values, indices)``, ``min(other)`` (see ``max``)."""
         return F.min(self, dim, keepdim, axis=axis)
 
-    def amax(self, axis=None, keepdim=False, **kwargs):
-        """The largest values over ``axis`` (one or several dims; all when None): ``torch.amax``, NumPy's ``max``."""
-        return F.amax(self, axis=axis, keepdim=keepdim, **kwargs)
-
-    def amin(self, axis=None, keepdim=False, **kwargs):
-        """The smallest values over ``axis`` (see ``amax``)."""
-        return F.amin(self, axis=axis, keepdim=keepdim, **kwargs)
-
-    def argmax(self, axis=None, keepdim=False, **kwargs):
-        return F.argmax(self, axis=axis, keepdim=keepdim, **kwargs)
-
-    def argmin(self, axis=None, keepdim=False, **kwargs):
-        return F.argmin(self, axis=axis, keepdim=keepdim, **kwargs)
-
     def reshape(self, *shape):
-        return F.reshape(self, shape=shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape)
+        return F.reshape(self, _sizes(shape))
 
     def view(self, *shape):
         """``reshape`` (PyTorch's name; the result shares memory with this tensor where NumPy can make a view)."""
         return self.reshape(*shape)
 
-    def unsqueeze(self, axis=None, **kwargs):
-        return F.unsqueeze(self, axis=axis, **kwargs)
+    def view_as(self, other):
+        return self.reshape(other.shape)
 
-    def squeeze(self, axis=None, **kwargs):
-        return F.squeeze(self, axis=axis, **kwargs)
+    reshape_as = view_as
+
+    def flip(self, *dims):
+        return F.flip(self, _sizes(dims))
+
+    def tile(self, *dims):
+        return F.tile(self, _sizes(dims))
+
+    def repeat(self, *sizes):
+        """torch's ``repeat``: this tensor tiled ``sizes[i]`` times along dim i (new leading dims where ``sizes`` is
+        longer than the shape). NumPy's ``repeat`` is ``repeat_interleave``."""
+        sizes = _sizes(sizes)
+        if len(sizes) < len(self.shape):
+            raise ArgumentError(f"repeat(): {len(sizes)} repeat counts {tuple(sizes)} for a tensor of "
+                                f"{len(self.shape)} dims: one per dim at least, as torch (tile() pads with 1s)")
+        return F.tile(self, sizes)
+
+    def expand(self, *sizes):
+        """torch's ``expand``: this tensor broadcast to ``sizes``, where -1 keeps a dim's size (new leading dims
+        come first). No copy."""
+        sizes = _sizes(sizes)
+        new = len(sizes) - len(self.shape)
+        if new < 0:
+            raise ArgumentError(f"expand(): {len(sizes)} sizes {tuple(sizes)} for a tensor of {len(self.shape)} dims")
+        if any(s == -1 for s in sizes[:new]):
+            raise ArgumentError(f"expand(): -1 (keep the size) in a new leading dim of {tuple(sizes)}")
+        return F.broadcast_to(self, [self.shape[i - new] if s == -1 else s for i, s in enumerate(sizes)])
+
+    def expand_as(self, other):
+        return F.broadcast_to(self, other.shape)
+
+    def contiguous(self, memory_format=None):
+        """This tensor: opforge has no strided layouts to make contiguous (kernels take any NumPy layout)."""
+        return self
+
+    def is_contiguous(self, memory_format=None) -> bool:
+        return True
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    ndimension = dim
+
+    def nelement(self) -> int:
+        return self.numel()
+
+    def element_size(self) -> int:
+        return np.dtype(self.dtype).itemsize
+
+    def is_floating_point(self) -> bool:
+        return D.is_floating(self.dtype)
+
+    def type_as(self, other):
+        return self.to(other.dtype)
+
+    def type(self, dtype=None):
+        """torch's ``type``: with a dtype, this tensor in it (``type(torch.float)``); without, its type's name
+        (``'torch.FloatTensor'``)."""
+        if dtype is not None:
+            return self.to(dtype)
+        return f"torch.{_TYPE_NAMES.get(str(np.dtype(self.dtype)), str(self.dtype))}"
+
+    def new_tensor(self, data, dtype=None, device=None, requires_grad=False):
+        """A new tensor of ``data``, with this tensor's dtype and device unless given."""
+        t = Tensor(data, dtype=self.dtype if dtype is None else dtype, device=device or self.device)
+        return t.requires_grad_(True) if requires_grad else t
+
+    def new_zeros(self, *size, dtype=None, device=None, requires_grad=False):
+        return self.new_full(_sizes(size), 0, dtype=dtype, device=device, requires_grad=requires_grad)
+
+    def new_ones(self, *size, dtype=None, device=None, requires_grad=False):
+        return self.new_full(_sizes(size), 1, dtype=dtype, device=device, requires_grad=requires_grad)
+
+    new_empty = new_zeros
+
+    def new_full(self, size, fill_value, dtype=None, device=None, requires_grad=False):
+        """A new tensor of ``size`` filled with ``fill_value``, with this tensor's dtype and device unless given."""
+        with using_device(device or self.device):
+            t = F.full(shape=_sizes((size,)), fill_value=fill_value, dtype=self.dtype if dtype is None else dtype)
+        return t.requires_grad_(True) if requires_grad else t
 
     def clone(self):
         """A copy (gradients flow back to this tensor)."""
@@ -433,6 +577,14 @@ class TensorOps:
     def T(self):
         return F.transpose(self)
 
+    @property
+    def mT(self):
+        """The last two dims swapped (a batch of matrices transposed), as torch's ``mT``."""
+        if len(self.shape) < 2:
+            raise ShapeError(f"mT: a tensor of at least 2 dims has matrices to transpose, got shape "
+                             f"{tuple(self.shape)}")
+        return self.transpose(-2, -1)
+
     def broadcast_to(self, shape):
         return F.broadcast_to(self, shape=shape)
 
@@ -475,39 +627,6 @@ class TensorOps:
     def bfloat16(self):
         return F.cast(self, dtype=D.bfloat16)
 
-    def matmul(self, other):
-        return F.matmul(self, other)
-
-    def pow(self, exponent):
-        return F.pow(self, exponent)
-
-    def maximum(self, other):
-        return F.maximum(self, other)
-
-    def exp(self):
-        return F.exp(self)
-
-    def log(self):
-        return F.log(self)
-
-    def sqrt(self):
-        return F.sqrt(self)
-
-    def square(self):
-        return F.square(self)
-
-    def abs(self):
-        return F.abs(self)
-
-    def tanh(self):
-        return F.tanh(self)
-
-    def sigmoid(self):
-        return F.sigmoid(self)
-
-    def relu(self):
-        return F.relu(self)
-
     def __format__(self, spec: str) -> str:
         """``f"{loss:.4f}"``: a 0-d tensor formats as its number; others only without a format spec."""
         if spec and self.ndim == 0:
@@ -536,6 +655,28 @@ class TensorOps:
 
     def zero_(self):
         return _in_place(self, "zero_", F.zeros_like)
+
+    # the in-place forms of the ops above (torch's x.exp_(), x.masked_fill_(mask, v), ...)
+    pow_, exp_, log_, sqrt_, rsqrt_ = _in_place_method("pow"), _in_place_method("exp"), _in_place_method("log"), \
+        _in_place_method("sqrt"), _in_place_method("rsqrt")
+    abs_, neg_, sign_, square_, reciprocal_ = _in_place_method("abs"), _in_place_method("neg"), \
+        _in_place_method("sign"), _in_place_method("square"), _in_place_method("reciprocal")
+    floor_, ceil_, round_ = _in_place_method("floor"), _in_place_method("ceil"), _in_place_method("round")
+    sin_, cos_, erf_, expm1_, log1p_ = _in_place_method("sin"), _in_place_method("cos"), _in_place_method("erf"), \
+        _in_place_method("expm1"), _in_place_method("log1p")
+    tanh_, sigmoid_, relu_ = _in_place_method("tanh"), _in_place_method("sigmoid"), _in_place_method("relu")
+    masked_fill_, index_add_, scatter_add_ = _in_place_method("masked_fill"), _in_place_method("index_add"), \
+        _in_place_method("scatter_add")
+    remainder_, floor_divide_ = _in_place_method("remainder"), _in_place_method("floor_divide")
+    clip_ = clamp_
+
+    def uniform_(self, a=0.0, b=1.0):
+        """Samples of U[a, b) written into this tensor (the ``uniform`` op), as torch's ``uniform_``."""
+        return _in_place(self, "uniform_", lambda t: _drawn(F.uniform, t, low=float(a), high=float(b)))
+
+    def normal_(self, mean=0.0, std=1.0):
+        """Samples of N(mean, std²) written into this tensor (the ``normal`` op), as torch's ``normal_``."""
+        return _in_place(self, "normal_", lambda t: _drawn(F.normal, t, mean=float(mean), std=float(std)))
 
     def fill_(self, value):
         return _in_place(self, "fill_", lambda t: F.zeros_like(t) + value)
@@ -632,6 +773,25 @@ class Tensor(TensorOps):
                                 f"'{self._device}' takes a gradient of the same, or None; got {describe(value)}"
                                 + (f" on '{value._device}'" if isinstance(value, Tensor) else ""))
         self._grad = value
+
+    @property
+    def data(self) -> Tensor:
+        """This tensor's data cut from the graph (``detach()``: shared memory, no history), as torch's ``.data``;
+        assigning ``t.data = other`` makes ``t`` hold ``other``'s data (no copy, no record)."""
+        return self.detach()
+
+    @data.setter
+    def data(self, value) -> None:
+        if not isinstance(value, Tensor):
+            raise ArgumentError(f"assigning .data: expected a Tensor, got {describe(value)}")
+        self._data, self._device = value._data, value._device
+
+    def __index__(self) -> int:
+        """An integer tensor of one element used as an index (``classes[t.argmax()]``), as torch allows."""
+        if self._data.size != 1 or self._data.dtype.kind not in "iu":
+            raise TypeError(f"only an integer tensor of one element converts to an index, this one has shape "
+                            f"{self.shape} and dtype {self.dtype}")
+        return int(self.item())
 
     @property
     def _version(self) -> int:

@@ -233,8 +233,10 @@ def test_calls_bind_exactly_as_the_schema_says():
     x = of.tensor([-1.0, 2.0])
     assert F.leaky_relu(x).numpy().tolist() == pytest.approx([-0.01, 2.0])
     assert F.leaky_relu(x=x, alpha=0.5).numpy().tolist() == [-0.5, 2.0]
-    with pytest.raises(TypeError, match="leaky_relu\\(\\) takes 1 positional argument"):
-        F.leaky_relu(x, 0.5)  # alpha is keyword-only
+    assert F.leaky_relu(x, 0.5).numpy().tolist() == [-0.5, 2.0]  # positional, as torch's negative_slope
+    assert F.leaky_relu(x, negative_slope=0.5).numpy().tolist() == [-0.5, 2.0]  # torch's name: a second spelling
+    with pytest.raises(TypeError, match="gelu\\(\\) takes 1 positional argument"):
+        F.gelu(x, "tanh")  # after '*' in the signature: keyword-only (as torch's approximate=)
     with pytest.raises(TypeError, match="leaky_relu\\(\\) got an unexpected keyword argument 'beta'"):
         F.leaky_relu(x, beta=0.5)
     with pytest.raises(TypeError, match="leaky_relu\\(\\) missing 1 required positional argument: 'x'"):
@@ -339,7 +341,8 @@ def test_user_op_appears_in_of_ops_with_signature_and_docstring(scratch_ops):
 def test_every_library_op_has_a_real_signature():
     for opdef in of.registry:
         params = inspect.signature(opdef.fn).parameters
-        assert list(params) == [p.name for p in opdef.schema.params]
+        assert list(params) == [p.name for p in opdef.schema.params] + \
+            [p.alias for p in opdef.schema.params if p.alias]  # second spellings (dim= for axis=) by keyword
 
 
 def test_grad_mode_is_per_thread():

@@ -104,7 +104,8 @@ def test_stub_spells_builtins_that_an_op_name_shadows():
     text = docgen.render_stub([("float", of.registry.get("cast")), ("leaky_relu", of.registry.get("leaky_relu"))],
                               module="mine")
     assert "import builtins\n" in text
-    assert "def leaky_relu(x: _TensorLike, *, alpha: builtins.float = 0.01) -> Tensor:" in text
+    assert ("def leaky_relu(x: _TensorLike, alpha: builtins.float = 0.01, *, negative_slope: builtins.float | None = "
+            "None) -> Tensor:") in text
     assert "def float(x: _TensorLike, *, dtype: _DTypeLike) -> Tensor:" in text
     ast.parse(text)
 

@@ -95,14 +95,13 @@ def test_cat_stack_and_likes():
     assert a.grad.numpy().tolist() == [[4.0] * 3] * 2
 
 
-def test_dim_is_refused_with_the_name_to_use():
+def test_dim_is_axis_where_torch_has_it_and_refused_with_the_name_to_use_elsewhere():
     x = of.ones(2, 3)
-    for call in (lambda: x.sum(dim=1), lambda: F.mean(x, dim=0), lambda: of.cat([x, x], dim=1),
-                 lambda: x.argmax(dim=1), lambda: x.unsqueeze(dim=0)):
-        with pytest.raises(of.ArgumentError, match=r"no argument 'dim'.*use axis="):
-            call()
-    with pytest.raises(of.ArgumentError, match="use keepdim="):
-        F.sum(x, axis=0, keepdims=True)
+    assert x.sum(dim=1).shape == (2,) and F.mean(x, dim=0).shape == (3,) and of.cat([x, x], dim=1).shape == (2, 6)
+    assert x.argmax(dim=1).shape == (2,) and x.unsqueeze(dim=0).shape == (1, 2, 3)
+    assert F.sum(x, axis=0, keepdims=True).shape == (1, 3)  # torch takes NumPy's keepdims= too
+    with pytest.raises(of.ArgumentError, match=r"all_gather\(\): no argument 'dim'.*axis="):
+        F.all_gather(x, dim=0)  # a collective: torch.distributed has no dim= there
 
 
 def test_grad_assignment_is_checked():

@@ -104,7 +104,7 @@ def test_glu_differentiates_over_an_empty_axis():
 
 def test_rms_norm_names_itself_in_its_shape_errors():
     with pytest.raises(of.ShapeError, match="rms_norm\\(\\): weight must have shape normalized_shape"):
-        F.rms_norm(of.tensor(np.ones((2, 6))), of.tensor(np.ones((2, 6))), normalized_shape=[6])
+        F.rms_norm(of.tensor(np.ones((2, 6))), [6], of.tensor(np.ones((2, 6))))
 
 
 def test_repeat_interleave_refuses_counts_numpy_would_crash_on():

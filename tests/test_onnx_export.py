@@ -10,7 +10,7 @@ ort = pytest.importorskip("onnxruntime")
 
 import opforge as of  # noqa: E402
 from opforge.core.opdef import registry  # noqa: E402
-from opforge.testing.conformance import default_samples  # noqa: E402
+from opforge.testing.conformance import call_op, default_samples  # noqa: E402
 
 TOLERANCE = {np.dtype("float32"): (1e-5, 1e-6), np.dtype("float64"): (1e-10, 1e-12)}
 
@@ -80,7 +80,7 @@ def export_sample(opdef, sample, dtype):
 
     def fn(**v):
         call = [[v[n] for n in s] if isinstance(s, list) else (v[s] if s else a) for a, s in zip(args, slots)]
-        result = opdef.fn(*call, **kwargs)
+        result = call_op(opdef, call, kwargs)
         flat = [t for r in (result if isinstance(result, tuple) else (result,))
                 for t in (r if isinstance(r, list) else [r])]
         return {f"out{k}": t for k, t in enumerate(flat)}

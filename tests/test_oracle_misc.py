@@ -37,6 +37,7 @@ from test_torch_oracle import (
 import opforge as of
 from opforge import Sample, nn
 from opforge import ops as F
+from opforge.testing import call_op
 
 TF = torch.nn.functional
 
@@ -162,11 +163,11 @@ def _pair(name: str, sample: Sample, torch_fn=None):
     values only are compared."""
     opdef = of.registry.get(name)
     attrs = {**{p.name: p.default for p in opdef.attrs if p.has_default}, **sample.kwargs}
-    op_fn, torch_fn = getattr(F, name), torch_fn or MISC_ORACLE[name].torch_fn
+    torch_fn = torch_fn or MISC_ORACLE[name].torch_fn
     values_only = name == "topk" and _ties(sample)
 
     def of_fn(*xs):
-        out = op_fn(*xs, **sample.kwargs)
+        out = call_op(opdef, xs, sample.kwargs)
         out = out[0] if values_only else out
         return _joined(tuple(out) if isinstance(out, tuple) else out, F.concat, lambda t: F.reshape(t, shape=[-1]))
 
@@ -393,7 +394,7 @@ _I = of.tensor(np.array([0, 1, 2]))
     (lambda: F.embedding_bag(_I, _z(3, 2), of.tensor([0, 2]), include_last_offset=True),
      r"embedding_bag\(\): with include_last_offset, the last offset .* must be 3"),
     (lambda: F.embedding_bag(of.tensor([[3]]), _z(3, 2)), r"embedding_bag\(\): index holds 3, outside \[0, 3\)"),
-    (lambda: F.embedding_bag(of.tensor([[0]]), _z(3, 2), None, _z(1, 1)),
+    (lambda: F.embedding_bag(of.tensor([[0]]), _z(3, 2), None, per_sample_weights=_z(1, 1)),
      r"embedding_bag\(\): per_sample_weights are for mode 'sum' only"),
     (lambda: F.embedding_bag(of.tensor([[0]]), _z(3, 2), mode="min"), r"embedding_bag\(\): argument 'mode'"),
     (lambda: F.dropout2d(_z(2, 3)), r"dropout2d_with_mask\(\): expects an input of rank 3 or 4"),

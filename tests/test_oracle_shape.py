@@ -39,6 +39,7 @@ import opforge as of
 from opforge import Sample
 from opforge import ops as F
 from opforge.core.opdef import split_by_layout
+from opforge.testing import call_op
 
 TF = torch.nn.functional
 
@@ -292,10 +293,10 @@ def _pair(name: str, sample: Sample):
     opdef = of.registry.get(name)
     attrs = {**{p.name: p.default for p in opdef.attrs if p.has_default}, **sample.kwargs}
     arrays, layout = _flatten(sample.args)
-    op_fn, torch_fn = getattr(F, name), SHAPE_ORACLE[name].torch_fn
+    torch_fn = SHAPE_ORACLE[name].torch_fn
 
     def of_fn(*xs):
-        return _joined(op_fn(*split_by_layout(xs, layout), **sample.kwargs), lambda ps: F.concat(ps),
+        return _joined(call_op(opdef, split_by_layout(xs, layout), sample.kwargs), lambda ps: F.concat(ps),
                        lambda p: F.reshape(p, shape=[-1]))
 
     def t_fn(*xs):
@@ -489,20 +490,20 @@ def _z(*shape):
     (lambda: F.repeat_interleave(_z(), repeats=[2], axis=0), r"repeat_interleave\(\): a 0-d tensor has no axis"),
     (lambda: F.diagonal(_z(3)), r"diagonal\(\): needs a tensor of rank >= 2"),
     (lambda: F.diagonal(_z(3, 3), axis1=1, axis2=-1), r"diagonal\(\): axis1 and axis2 must be two different"),
-    (lambda: F.index_add(_z(3, 2), of.tensor([0, 1]), _z(3, 2), axis=0), r"index_add\(\): source must have shape"),
-    (lambda: F.index_add(_z(3), of.tensor([3]), _z(1), axis=0), r"index_add\(\): argument 'index' holds 3"),
-    (lambda: F.index_add(of.tensor([1, 2]), of.tensor([0]), of.tensor([1]), axis=0, alpha=0.5),
+    (lambda: F.index_add(_z(3, 2), 0, of.tensor([0, 1]), _z(3, 2)), r"index_add\(\): source must have shape"),
+    (lambda: F.index_add(_z(3), 0, of.tensor([3]), _z(1)), r"index_add\(\): argument 'index' holds 3"),
+    (lambda: F.index_add(of.tensor([1, 2]), 0, of.tensor([0]), of.tensor([1]), alpha=0.5),
      r"index_add\(\): argument 'alpha' must be a whole number"),
     (lambda: F.masked_fill(_z(3), of.tensor([True, False, True]), _z(3)), r"masked_fill\(\): value must be 0-d"),
     (lambda: F.masked_fill(_z(3), of.tensor([True, False]), 1.0), r"masked_fill\(\): shapes"),
     (lambda: F.one_hot(of.tensor(np.zeros(0, np.int64))), r"one_hot\(\): num_classes=-1 .* index is empty"),
     (lambda: F.one_hot(of.tensor([1]), num_classes=-2), r"one_hot\(\): argument 'num_classes'"),
     (lambda: F.pad(_z(3), pad=[-2, -2]), r"pad\(\): pads \(-2, -2\) crop more"),
-    (lambda: F.gather(_z(2, 3), of.tensor([[3]]), axis=1), r"gather\(\): argument 'index' holds 3"),
-    (lambda: F.gather(_z(2, 3), of.tensor([0]), axis=1), r"gather\(\): x, index must have one rank"),
-    (lambda: F.gather(_z(2, 3), of.tensor([[0, 0, 0, 0]]), axis=0), r"gather\(\): index has shape \(1, 4\)"),
-    (lambda: F.scatter_add(_z(2, 3), of.tensor([[0, 1]]), _z(1, 1), axis=0), r"scatter_add\(\): .* in src"),
-    (lambda: F.index_select(_z(2, 3), of.tensor([[0]]), axis=0), r"index_select\(\): index must be 1-D"),
+    (lambda: F.gather(_z(2, 3), 1, of.tensor([[3]])), r"gather\(\): argument 'index' holds 3"),
+    (lambda: F.gather(_z(2, 3), 1, of.tensor([0])), r"gather\(\): x, index must have one rank"),
+    (lambda: F.gather(_z(2, 3), 0, of.tensor([[0, 0, 0, 0]])), r"gather\(\): index has shape \(1, 4\)"),
+    (lambda: F.scatter_add(_z(2, 3), 0, of.tensor([[0, 1]]), _z(1, 1)), r"scatter_add\(\): .* in src"),
+    (lambda: F.index_select(_z(2, 3), 0, of.tensor([[0]])), r"index_select\(\): index must be 1-D"),
     (lambda: F.take(_z(2, 3), of.tensor([6])), r"take\(\): argument 'index' holds 6"),
     (lambda: F.one_hot(of.tensor([3]), num_classes=3), r"one_hot\(\): argument 'index' holds 3"),
     (lambda: F.one_hot(of.tensor([-1]), num_classes=3), r"one_hot\(\): argument 'index' holds -1"),
@@ -545,12 +546,12 @@ def test_split_gradient_reaches_every_piece():
 def test_int_and_float32_inputs_keep_their_dtypes():
     ints = of.tensor(np.arange(6).reshape(2, 3))
     assert F.pad(ints, pad=[1, 1], value=7.0).numpy()[0].tolist() == [7, 0, 1, 2, 7]
-    assert F.gather(ints, of.tensor([[2, 0]]), axis=1).dtype == np.int64
+    assert F.gather(ints, 1, of.tensor([[2, 0]])).dtype == np.int64
     assert F.one_hot(of.tensor(np.array([1], np.int32)), num_classes=2).dtype == np.int64
     f32 = of.tensor(np.ones((2, 3), np.float32))
     for y in (F.concat([f32, f32]), F.stack([f32, f32]), F.tile(f32, reps=[2]), F.pad(f32, pad=[1, 1], mode="reflect"),
               F.einsum([f32, f32], equation="ij,kj->ik"), F.linear(f32, f32, f32[0, :2]), F.scatter_add(
-                  f32, of.tensor([[0]]), f32, axis=0), F.take(f32, of.tensor([1]), axis=1), f32[[0, 1], [2, 2]]):
+                  f32, 0, of.tensor([[0]]), f32), F.take(f32, of.tensor([1]), axis=1), f32[[0, 1], [2, 2]]):
         assert y.dtype == np.float32
 
 
@@ -625,7 +626,7 @@ def test_einsum_third_derivative_through_a_diagonal():
 
 def test_forward_matches_numpy_for_take_along_axis():
     x, idx = randn(3, 4), np.array([[0, 3], [1, 1], [2, 0]])
-    got = forward(OPFORGE, lambda t, i: F.gather(t, i, axis=1), [x, idx])
+    got = forward(OPFORGE, lambda t, i: F.gather(t, 1, i), [x, idx])
     np.testing.assert_array_equal(got, np.take_along_axis(x, idx, axis=1))
 
 
@@ -660,7 +661,7 @@ PROGRAM_CASES = {
     "repeat_interleave-counts": lambda x: F.repeat_interleave(x, repeats=[1, 0, 2], axis=1),
     "diagonal": lambda x: F.diagonal(x, offset=1, axis1=1, axis2=2),
     "masked_fill": lambda x: F.masked_fill(x, x > 0.5, 0.25),
-    "index_add": lambda x: F.index_add(x, of.tensor([0, 2, 0]), x[:, :, :3] * x[:, :, :3], axis=2, alpha=0.5),
+    "index_add": lambda x: F.index_add(x, 2, of.tensor([0, 2, 0]), x[:, :, :3] * x[:, :, :3], alpha=0.5),
     "pad-reflect": lambda x: F.pad(x, pad=[-1, 2], mode="reflect"),
     "broadcast_to": lambda x: F.broadcast_to(F.sum(x, axis=2, keepdim=True), shape=[2, -1, -1, 4]),
 }

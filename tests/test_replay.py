@@ -7,6 +7,7 @@ import pytest
 import opforge as of
 from opforge import ops as F
 from opforge.autodiff import replay
+from opforge.testing import call_op
 from opforge.testing.conformance import default_samples
 
 DIFFERENTIABLE = sorted(op.name for op in of.registry if op.grad_rule is not None and "no_grad" not in op.traits)
@@ -39,7 +40,7 @@ def _gradients(opdef, sample, seed: int):
     if not leaves:
         return None
     with np.errstate(all="ignore"):
-        out = opdef.fn(*tensors, **sample.kwargs)
+        out = call_op(opdef, tensors, sample.kwargs)
         flat = [out] if isinstance(out, of.Tensor) else [t for v in out for t in (v if isinstance(v, list) else (v,))]
         outs = [t for t in flat if t.requires_grad]
         if not outs:

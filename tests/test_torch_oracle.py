@@ -36,6 +36,7 @@ import torch
 import opforge as of
 from opforge import Sample
 from opforge import ops as F
+from opforge.testing import call_op
 
 TF = torch.nn.functional
 
@@ -277,8 +278,8 @@ def _op_pair(name: str, sample: Sample, table: dict | None = None) -> tuple[Call
     ``table`` is the oracle table to read (this file's by default; the family files pass theirs)."""
     opdef = of.registry.get(name)
     attrs = {**{p.name: p.default for p in opdef.attrs if p.has_default}, **sample.kwargs}
-    op_fn, torch_fn = getattr(F, name), (table or ORACLE)[name].torch_fn
-    return (lambda *xs: op_fn(*xs, **sample.kwargs)), (lambda *xs: torch_fn(*xs, **attrs))
+    torch_fn = (table or ORACLE)[name].torch_fn
+    return (lambda *xs: call_op(opdef, xs, sample.kwargs)), (lambda *xs: torch_fn(*xs, **attrs))
 
 
 # -- running the same computation in both frameworks --------------------------------------------------------------

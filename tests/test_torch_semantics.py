@@ -328,7 +328,7 @@ AUDITED = {
     "unsqueeze(-1)": (lambda x: x.unsqueeze(-1), lambda t: t.unsqueeze(-1), _A),
     "F.pad: the last dim first": (lambda x: F.pad(x, pad=[1, 0, 0, 2]), lambda t: torch.nn.functional.pad(
         t, (1, 0, 0, 2)), _A),
-    "F.gather": (lambda x: F.gather(x, of.tensor([[2, 0], [1, 1]]), axis=1),
+    "F.gather": (lambda x: F.gather(x, 1, of.tensor([[2, 0], [1, 1]])),
                  lambda t: torch.gather(t, 1, torch.tensor([[2, 0], [1, 1]])), _A),
 }
 

@@ -88,7 +88,7 @@ def check_kernel_signature(opdef: OpDef, fn) -> None:
 def python_signature(opdef: OpDef) -> inspect.Signature:
     """The op's signature as Python states it (what ``inspect.signature`` and ``help`` show of its function)."""
     kinds = inspect.Parameter
-    params = []
+    params, aliases = [], []
     for p in opdef.schema.params:
         kind = kinds.KEYWORD_ONLY if p.keyword_only else kinds.POSITIONAL_OR_KEYWORD
         annotation = {"Tensor": "Tensor", "int": "int", "float": "float", "bool": "bool", "str": "str",
@@ -100,6 +100,10 @@ def python_signature(opdef: OpDef) -> inspect.Signature:
         default = (list(p.default) if isinstance(p.default, tuple) else p.default) if p.has_default \
             else kinds.empty
         params.append(kinds(p.name, kind, default=default, annotation=annotation))
+        if p.alias:  # its second spelling (dim= for axis=), by keyword
+            none = "" if p.optional else " | None"
+            aliases.append(kinds(p.alias, kinds.KEYWORD_ONLY, default=None, annotation=annotation + none))
+    params += aliases
     ret = "Tensor" if len(opdef.outputs) == 1 else f"tuple[{', '.join('Tensor' for _ in opdef.outputs)}]"
     return inspect.Signature(params, return_annotation=ret)
 

@@ -3,7 +3,7 @@
 Grammar (whitespace is free)::
 
     signature := NAME "(" [param ("," param)*] ")" "->" outputs
-    param     := "*"  |  ["nograd"] type NAME ["=" default]
+    param     := "*"  |  ["nograd"] type NAME ["/" NAME] ["=" default]
     type      := "Tensor" ["<" DTYPE ("|" DTYPE)* ">"] ["?" | "[]"]
                | ("int" | "float" | "bool" | "str" | "dtype") ["[]"] ["|" "str"] ["?"]
     outputs   := output | "(" output ("," output)* ")"
@@ -14,7 +14,9 @@ Grammar (whitespace is free)::
 tensors never receive one anyway. ``Tensor<int32|int64>`` restricts the dtypes an input accepts
 (group names ``floating``, ``integer``, ``number``, ``all`` work too). ``|str`` lets an attr take a string
 too, a named setting in place of numbers (``int[]|str padding=[0]`` takes ``padding="same"``); the op's
-check says which strings it accepts.
+check says which strings it accepts. ``NAME/ALIAS`` gives an argument a second spelling that a call may use instead
+(``int axis/dim=-1``: NumPy's ``axis=`` and PyTorch's ``dim=`` are one parameter, declared once); kernels, rules and
+programs know it by its first name.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ _TOKEN = re.compile(
         (?P<number>[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?|[-+]?inf) |
         (?P<string>"[^"]*"|'[^']*') |
         (?P<name>[A-Za-z_][A-Za-z_0-9]*) |
-        (?P<punct>[(),*=?<>|\[\]])
+        (?P<punct>[(),*=?<>|/\[\]])
     )""",
     re.VERBOSE,
 )
@@ -58,6 +60,7 @@ class Param:
     dtypes: tuple | None = None  # allowed dtypes of a tensor input, None = any supported
     differentiable: bool = True
     or_str: bool = False  # an attr that may also be a string ("int[]|str")
+    alias: str | None = None  # a second spelling a call may use ("int axis/dim": dim= is axis=)
 
     @property
     def is_tensor(self) -> bool:
@@ -107,6 +110,7 @@ class Schema:
                 parts.append("*")
                 star = True
             text = ("nograd " if p.is_tensor and not p.differentiable else "") + f"{p.type_text} {p.name}"
+            text += f"/{p.alias}" if p.alias else ""
             if p.has_default:
                 text += "=" + _format_default(p.default)
             parts.append(text)
@@ -260,8 +264,16 @@ class _Parser:
         pname = self.take(kind="name", what="an argument name")
         if keyword.iskeyword(pname) or pname.startswith("_of_") or pname in _RESERVED:
             self.fail(f"'{pname}' cannot be an argument name", at)
-        if any(p.name == pname for p in params):
-            self.fail(f"argument '{pname}' is given twice", at)
+        alias, at_alias = None, at
+        if self.peek("/"):
+            self.take("/")
+            at_alias = self.offset()
+            alias = self.take(kind="name", what="a second spelling of the argument's name")
+            if keyword.iskeyword(alias) or alias.startswith("_of_") or alias in _RESERVED or alias == pname:
+                self.fail(f"'{alias}' cannot be a spelling of '{pname}'", at_alias)
+        for spelling, offset in ((pname, at), (alias, at_alias)):
+            if spelling is not None and any(spelling in (p.name, p.alias) for p in params):
+                self.fail(f"argument '{spelling}' is given twice", offset)
         has_default, default = False, None
         if self.peek("="):
             self.take("=")
@@ -280,7 +292,7 @@ class _Parser:
         elif seen_default and not keyword_only:
             self.fail(f"argument '{pname}' without a default follows one with a default", at)
         return Param(pname, type_name, is_list, optional, keyword_only, has_default, default,
-                     allowed, differentiable, or_str)
+                     allowed, differentiable, or_str, alias)
 
     def outputs(self) -> tuple:
         grouped = self.peek("(")

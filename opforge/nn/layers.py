@@ -319,7 +319,7 @@ class LayerNorm(Module):
         self.bias = Tensor(np.zeros(self.normalized_shape, dt), requires_grad=True) if affine and bias else None
 
     def forward(self, x):
-        return F.layer_norm(x, self.weight, self.bias, normalized_shape=self.normalized_shape, eps=self.eps)
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, eps=self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
@@ -339,7 +339,7 @@ class RMSNorm(Module):
         self.weight = Tensor(np.ones(self.normalized_shape, dt), requires_grad=True) if elementwise_affine else None
 
     def forward(self, x):
-        return F.rms_norm(x, self.weight, normalized_shape=self.normalized_shape, eps=self.eps)
+        return F.rms_norm(x, self.normalized_shape, self.weight, eps=self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
@@ -362,7 +362,7 @@ class GroupNorm(Module):
         self.bias = Tensor(np.zeros(num_channels, dt), requires_grad=True) if affine else None
 
     def forward(self, x):
-        return F.group_norm(x, self.weight, self.bias, num_groups=self.num_groups, eps=self.eps)
+        return F.group_norm(x, self.num_groups, self.weight, self.bias, eps=self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"
@@ -1090,7 +1090,7 @@ class _Loss(Module):
             self.register_buffer(name, w if w is None or isinstance(w, Tensor) else Tensor(w))
 
     def forward(self, *inputs):
-        return type(self)._op(*inputs, *(_live(getattr(self, w)) for w in self._weights),
+        return type(self)._op(*inputs, **{w: _live(getattr(self, w)) for w in self._weights},
                               **{a: getattr(self, a) for a in self._attrs})
 
     def extra_repr(self) -> str:
@@ -1267,7 +1267,7 @@ class EmbeddingBag(Module):
             self.weight.numpy()[self.padding_idx] = 0
 
     def forward(self, index, offsets=None, per_sample_weights=None):
-        return F.embedding_bag(index, self.weight, offsets, per_sample_weights, mode=self.mode,
+        return F.embedding_bag(index, self.weight, offsets, per_sample_weights=per_sample_weights, mode=self.mode,
                                include_last_offset=self.include_last_offset, padding_idx=self.padding_idx)
 
     def extra_repr(self) -> str:

@@ -399,7 +399,7 @@ def _(n):
             return F.reshape(t, shape=[channels])
 
         scale, bias = per_channel(scale), per_channel(bias)
-    return F.group_norm(x, scale, bias, num_groups=groups, eps=n.attr("epsilon", 1e-5))
+    return F.group_norm(x, groups, scale, bias, eps=n.attr("epsilon", 1e-5))
 
 
 @onnx_op("RMSNormalization")
@@ -409,7 +409,7 @@ def _(n):
     axis = n.attr("axis", -1) % len(shape)
     if any(isinstance(d, Dim) for d in shape[axis:]):
         raise n.unsupported("normalising over dims known only at run time")
-    return F.rms_norm(n.input(0), None, normalized_shape=list(shape[axis:]), eps=n.attr("epsilon", 1e-5)) * \
+    return F.rms_norm(n.input(0), list(shape[axis:]), None, eps=n.attr("epsilon", 1e-5)) * \
         n.input(1)
 
 
@@ -423,7 +423,7 @@ def _(n):
     eps = n.attr("epsilon", 1e-5)
     if any(isinstance(d, Dim) for d in normalized):
         raise n.unsupported("normalising over dims known only at run time")
-    y = F.layer_norm(x, n.input(1), n.input(2), normalized_shape=list(normalized), eps=eps)
+    y = F.layer_norm(x, list(normalized), n.input(1), n.input(2), eps=eps)
     if n.outputs == 1:
         return y
     axes = list(range(axis, len(shape)))  # the statistics outputs, computed as the kernel does
@@ -772,7 +772,7 @@ def _(n):
 
 @onnx_op("GatherElements")
 def _(n):
-    return F.gather(n.input(0), n.input(1), axis=n.attr("axis", 0))
+    return F.gather(n.input(0), n.attr("axis", 0), n.input(1))
 
 
 @onnx_op("ScatterElements")
@@ -780,12 +780,12 @@ def _(n):
     x, index, src, axis = n.input(0), n.input(1), n.input(2), n.attr("axis", 0)
     reduction = n.attr("reduction", "none")
     if reduction == "add":
-        return F.scatter_add(x, index, src, axis=axis)
+        return F.scatter_add(x, axis, index, src)
     if reduction != "none":
         raise n.unsupported(f"reduction={reduction!r} (add and none map, onto scatter_add)")
     # the written positions (indices are distinct, as ONNX requires) take src, the others keep x
-    written = F.scatter_add(F.zeros_like(x), index, F.ones_like(src), axis=axis) > 0
-    return F.where(written, F.scatter_add(F.zeros_like(x), index, src, axis=axis), x)
+    written = F.scatter_add(F.zeros_like(x), axis, index, F.ones_like(src)) > 0
+    return F.where(written, F.scatter_add(F.zeros_like(x), axis, index, src), x)
 
 
 @onnx_op("Expand")

@@ -101,7 +101,6 @@ def conv1d(
     x: _TensorLike,
     weight: _TensorLike,
     bias: _TensorLike | None = None,
-    *,
     stride: Sequence[int] | int = [1],
     padding: Sequence[int] | int | str = [0],
     dilation: Sequence[int] | int = [1],
@@ -116,7 +115,6 @@ def conv2d(
     x: _TensorLike,
     weight: _TensorLike,
     bias: _TensorLike | None = None,
-    *,
     stride: Sequence[int] | int = [1, 1],
     padding: Sequence[int] | int | str = [0, 0],
     dilation: Sequence[int] | int = [1, 1],
@@ -132,7 +130,6 @@ def conv3d(
     x: _TensorLike,
     weight: _TensorLike,
     bias: _TensorLike | None = None,
-    *,
     stride: Sequence[int] | int = [1, 1, 1],
     padding: Sequence[int] | int | str = [0, 0, 0],
     dilation: Sequence[int] | int = [1, 1, 1],
@@ -221,7 +218,6 @@ def conv_transpose3d(
 
 def unfold(
     x: _TensorLike,
-    *,
     kernel_size: Sequence[int] | int,
     dilation: Sequence[int] | int = [1, 1],
     padding: Sequence[int] | int = [0, 0],
@@ -233,7 +229,6 @@ def unfold(
 
 def fold(
     x: _TensorLike,
-    *,
     output_size: Sequence[int] | int,
     kernel_size: Sequence[int] | int,
     dilation: Sequence[int] | int = [1, 1],
@@ -276,7 +271,7 @@ def uniform(
 def arange(*, start: float, stop: float, step: float = 1.0, dtype: _DTypeLike | None = None) -> Tensor:
     """Evenly spaced values in [start, stop)."""
 
-def eye(*, n: int, m: int | None = None, dtype: _DTypeLike | None = None) -> Tensor:
+def eye(n: int, m: int | None = None, *, dtype: _DTypeLike | None = None) -> Tensor:
     """The n×m identity matrix (m defaults to n)."""
 
 def bernoulli(p: _TensorLike) -> Tensor:
@@ -306,7 +301,7 @@ def sqrt(x: _TensorLike) -> Tensor:
 def sqrt_grad(y: _TensorLike, dy: _TensorLike) -> Tensor:
     """Gradient of sqrt from its output: dx = dy / (2·y)."""
 
-def leaky_relu(x: _TensorLike, *, alpha: float = 0.01) -> Tensor:
+def leaky_relu(x: _TensorLike, alpha: float = 0.01, *, negative_slope: float | None = None) -> Tensor:
     """y = x where x > 0, else alpha · x."""
 
 def leaky_relu_grad(x: _TensorLike, dy: _TensorLike, *, alpha: float) -> Tensor:
@@ -388,12 +383,12 @@ def cos(x: _TensorLike) -> Tensor:
 def erf(x: _TensorLike) -> Tensor:
     """The error function, erf(x) = 2/√π ∫₀ˣ e^(−t²) dt."""
 
-def softplus(x: _TensorLike, *, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+def softplus(x: _TensorLike, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
     """y = ln(1 + e^(βx))/β, and y = x where βx > threshold (as PyTorch, where the two agree to float
     precision).
     """
 
-def elu(x: _TensorLike, *, alpha: float = 1.0) -> Tensor:
+def elu(x: _TensorLike, alpha: float = 1.0) -> Tensor:
     """y = x for x > 0, α·(eˣ − 1) otherwise."""
 
 def selu(x: _TensorLike) -> Tensor:
@@ -424,7 +419,7 @@ def isfinite(x: _TensorLike) -> Tensor:
 def logical_not(x: _TensorLike) -> Tensor:
     """True where x is 0 (or False)."""
 
-def hardtanh(x: _TensorLike, *, min_val: float = -1.0, max_val: float = 1.0) -> Tensor:
+def hardtanh(x: _TensorLike, min_val: float = -1.0, max_val: float = 1.0) -> Tensor:
     """x limited to [min_val, max_val]; the gradient is 0 at the bounds (as PyTorch), unlike clip's."""
 
 def hardtanh_grad(x: _TensorLike, dy: _TensorLike, *, min_val: float = -1.0, max_val: float = 1.0) -> Tensor:
@@ -448,13 +443,13 @@ def mish(x: _TensorLike) -> Tensor:
 def logsigmoid(x: _TensorLike) -> Tensor:
     """y = log σ(x) = −softplus(−x), computed as min(x, 0) − log(1 + e^(−|x|)): no overflow, exact for x ≪ 0."""
 
-def celu(x: _TensorLike, *, alpha: float = 1.0) -> Tensor:
+def celu(x: _TensorLike, alpha: float = 1.0) -> Tensor:
     """y = x for x > 0, α·(e^(x/α) − 1) otherwise (continuously differentiable elu)."""
 
-def softmin(x: _TensorLike, *, axis: int = -1) -> Tensor:
+def softmin(x: _TensorLike, axis: int = -1, *, dim: int | None = None) -> Tensor:
     """softmax(−x) along ``axis``: exp(−x) / Σ exp(−x), shifted by min x so nothing overflows."""
 
-def glu(x: _TensorLike, *, axis: int = -1) -> Tensor:
+def glu(x: _TensorLike, axis: int = -1, *, dim: int | None = None) -> Tensor:
     """Gated linear unit: x split in halves a, b along ``axis``, y = a·σ(b)."""
 
 def prelu(x: _TensorLike, weight: _TensorLike) -> Tensor:
@@ -468,8 +463,8 @@ def embedding_bag(
     index: _TensorLike,
     weight: _TensorLike,
     offsets: _TensorLike | None = None,
-    per_sample_weights: _TensorLike | None = None,
     *,
+    per_sample_weights: _TensorLike | None = None,
     mode: str = 'mean',
     include_last_offset: bool = False,
     padding_idx: int | None = None,
@@ -515,7 +510,7 @@ def dropout3d_with_mask(x: _TensorLike, *, p: float = 0.5, training: bool = True
 
 # -- opforge.ops.indexing
 
-def take(x: _TensorLike, index: _TensorLike, *, axis: int | None = None) -> Tensor:
+def take(x: _TensorLike, index: _TensorLike, *, axis: int | None = None, dim: int | None = None) -> Tensor:
     """The elements of ``x`` at ``index`` along ``axis``, as ``np.take``: the result's shape is ``x.shape`` with
     dim ``axis`` replaced by ``index.shape``. With ``axis=None`` it indexes the flattened ``x``
     (``torch.take``). Negative indices count from the end. ``x[index_tensor]`` is this op.
@@ -526,7 +521,7 @@ def take_grad(dy: _TensorLike, index: _TensorLike, *, shape: Sequence[int] | int
     it from (an index that repeats collects the sum).
     """
 
-def gather(x: _TensorLike, index: _TensorLike, *, axis: int) -> Tensor:
+def gather(x: _TensorLike, axis: int, index: _TensorLike, *, dim: int | None = None) -> Tensor:
     """``torch.gather``: ``y[i][j][k] = x[index[i][j][k]][j][k]`` for ``axis=0`` (and so on for other axes);
     ``y`` has the shape of ``index``, which has the rank of ``x`` and may be smaller in the other dims. NumPy's
     ``take_along_axis`` is the same op where ``index`` matches ``x`` in the other dims. Negative indices count
@@ -538,26 +533,34 @@ def gather_grad(dy: _TensorLike, index: _TensorLike, *, shape: Sequence[int] | i
     from (``scatter_add`` into zeros, without making the zeros first).
     """
 
-def scatter_add(x: _TensorLike, index: _TensorLike, src: _TensorLike, *, axis: int) -> Tensor:
+def scatter_add(x: _TensorLike, axis: int, index: _TensorLike, src: _TensorLike, *, dim: int | None = None) -> Tensor:
     """``torch.scatter_add``: a copy of ``x`` to which ``src[i][j][k]`` is added at ``[index[i][j][k]][j][k]``
     for ``axis=0`` (and so on); elements of ``src`` outside ``index.shape`` are not used. Positions that
     ``index`` names more than once get every contribution. The adjoint of ``gather``.
     """
 
-def index_select(x: _TensorLike, index: _TensorLike, *, axis: int) -> Tensor:
+def index_select(x: _TensorLike, axis: int, index: _TensorLike, *, dim: int | None = None) -> Tensor:
     """``torch.index_select``: the slices of ``x`` at the positions ``index`` (1-D; a 0-d index counts as one
     position) lists along ``axis``, which keeps its place with size ``len(index)``. Negative indices count from
     the end.
     """
 
-def one_hot(index: _TensorLike, *, num_classes: int = -1) -> Tensor:
+def one_hot(index: _TensorLike, num_classes: int = -1) -> Tensor:
     """``torch.nn.functional.one_hot``: int64 of shape ``(*index.shape, num_classes)``, 1 at the class ``index``
     names and 0 elsewhere. Indices must lie in [0, num_classes). ``num_classes=-1`` takes one more than the
     largest index, as PyTorch: a size only the data knows, so only eager calls can use it (a program needs the
     number).
     """
 
-def index_add(x: _TensorLike, index: _TensorLike, source: _TensorLike, *, axis: int, alpha: float = 1.0) -> Tensor:
+def index_add(
+    x: _TensorLike,
+    axis: int,
+    index: _TensorLike,
+    source: _TensorLike,
+    *,
+    alpha: float = 1.0,
+    dim: int | None = None,
+) -> Tensor:
     """``torch.index_add``: a copy of ``x`` to which ``alpha·source`` is added slice by slice: the slice ``i``
     of ``source`` along ``axis`` goes to the slice ``index[i]`` of ``x`` (indices that repeat collect every
     contribution). ``source`` has the shape of ``x`` with dim ``axis`` of size ``len(index)``. The adjoint of
@@ -720,7 +723,7 @@ def mse_loss(x: _TensorLike, target: _TensorLike, *, reduction: str = 'mean') ->
 def l1_loss(x: _TensorLike, target: _TensorLike, *, reduction: str = 'mean') -> Tensor:
     """|x − target|, elementwise (shapes broadcast), then reduced."""
 
-def huber_loss(x: _TensorLike, target: _TensorLike, *, reduction: str = 'mean', delta: float = 1.0) -> Tensor:
+def huber_loss(x: _TensorLike, target: _TensorLike, reduction: str = 'mean', delta: float = 1.0) -> Tensor:
     """½·d² where |d| < delta, else delta·(|d| − ½·delta), with d = x − target elementwise (shapes broadcast);
     then reduced.
     """
@@ -753,8 +756,8 @@ def binary_cross_entropy_with_logits(
     logits: _TensorLike,
     target: _TensorLike,
     weight: _TensorLike | None = None,
-    pos_weight: _TensorLike | None = None,
     *,
+    pos_weight: _TensorLike | None = None,
     reduction: str = 'mean',
 ) -> Tensor:
     """−weight·[pos_weight·y·log σ(x) + (1 − y)·log(1 − σ(x))] (pos_weight and weight 1 if absent, each
@@ -766,8 +769,8 @@ def cosine_embedding_loss(
     x1: _TensorLike,
     x2: _TensorLike,
     target: _TensorLike,
-    *,
     margin: float = 0.0,
+    *,
     reduction: str = 'mean',
 ) -> Tensor:
     """For rows x1, x2 (D,) or batches (N, D) with targets 1 (alike) or −1 (unlike): 1 − cos(x1, x2) where the
@@ -779,8 +782,8 @@ def margin_ranking_loss(
     x1: _TensorLike,
     x2: _TensorLike,
     target: _TensorLike,
-    *,
     margin: float = 0.0,
+    *,
     reduction: str = 'mean',
 ) -> Tensor:
     """max(0, −target·(x1 − x2) + margin), elementwise (shapes broadcast; the three must have the same number of
@@ -791,11 +794,11 @@ def triplet_margin_loss(
     anchor: _TensorLike,
     positive: _TensorLike,
     negative: _TensorLike,
-    *,
     margin: float = 1.0,
     p: float = 2.0,
     eps: float = 1e-06,
     swap: bool = False,
+    *,
     reduction: str = 'mean',
 ) -> Tensor:
     """max(0, margin + d(anchor, positive) − d(anchor, negative)) per sample, with d(u, v) = ‖u − v + eps‖_p
@@ -805,7 +808,7 @@ def triplet_margin_loss(
 
 # -- opforge.ops.nn
 
-def softmax(x: _TensorLike, *, axis: int = -1) -> Tensor:
+def softmax(x: _TensorLike, axis: int = -1, *, dim: int | None = None) -> Tensor:
     """exp(x) / Σ exp(x) along ``axis``. Computed so where Σ exp(x) is finite and at least 1 (float32/64), else
     as exp(x − max x) / Σ exp(x − max x): nothing overflows, and each group's path depends on that group alone.
     """
@@ -813,7 +816,7 @@ def softmax(x: _TensorLike, *, axis: int = -1) -> Tensor:
 def softmax_grad(y: _TensorLike, dy: _TensorLike, *, axis: int = -1) -> Tensor:
     """Gradient of softmax from its output y: dx = y·(dy − Σ dy·y) along ``axis``."""
 
-def log_softmax(x: _TensorLike, *, axis: int = -1) -> Tensor:
+def log_softmax(x: _TensorLike, axis: int = -1, *, dim: int | None = None) -> Tensor:
     """log(softmax(x)) along ``axis``, computed as (x − max x) − log Σ exp(x − max x)."""
 
 def log_softmax_grad(y: _TensorLike, dy: _TensorLike, *, axis: int = -1) -> Tensor:
@@ -829,7 +832,7 @@ def dropout_with_mask(x: _TensorLike, *, p: float = 0.5, training: bool = True) 
     ``F.dropout(x, p, training)`` returns ``y`` alone, as ``torch.nn.functional.dropout`` does.
     """
 
-def embedding(index: _TensorLike, weight: _TensorLike, *, padding_idx: int | None = None) -> Tensor:
+def embedding(index: _TensorLike, weight: _TensorLike, padding_idx: int | None = None) -> Tensor:
     """Rows of ``weight`` (num_embeddings, D) picked by ``index``: y[..., :] = weight[index[...]]. The row
     ``padding_idx`` (if given) is looked up as any other but gets no gradient.
     """
@@ -882,10 +885,9 @@ def normalize_grad(
 
 def layer_norm(
     x: _TensorLike,
+    normalized_shape: Sequence[int] | int,
     weight: _TensorLike | None = None,
     bias: _TensorLike | None = None,
-    *,
-    normalized_shape: Sequence[int] | int,
     eps: float = 1e-05,
 ) -> Tensor:
     """Normalises over the last len(normalized_shape) dims to mean 0 and variance 1 (biased, plus eps), then y =
@@ -894,9 +896,8 @@ def layer_norm(
 
 def rms_norm(
     x: _TensorLike,
-    weight: _TensorLike | None = None,
-    *,
     normalized_shape: Sequence[int] | int,
+    weight: _TensorLike | None = None,
     eps: float | None = None,
 ) -> Tensor:
     """Root-mean-square normalisation over the last len(normalized_shape) dims: y = x/√(mean(x²) + eps)·weight
@@ -905,10 +906,9 @@ def rms_norm(
 
 def group_norm(
     x: _TensorLike,
+    num_groups: int,
     weight: _TensorLike | None = None,
     bias: _TensorLike | None = None,
-    *,
-    num_groups: int,
     eps: float = 1e-05,
 ) -> Tensor:
     """Splits the C channels of an (N, C, ...) input into ``num_groups`` groups and normalises each group of
@@ -1025,7 +1025,6 @@ def adam_update(
 
 def max_pool1d(
     x: _TensorLike,
-    *,
     kernel_size: Sequence[int] | int,
     stride: Sequence[int] | int | None = None,
     padding: Sequence[int] | int = [0],
@@ -1038,7 +1037,6 @@ def max_pool1d(
 
 def max_pool2d(
     x: _TensorLike,
-    *,
     kernel_size: Sequence[int] | int,
     stride: Sequence[int] | int | None = None,
     padding: Sequence[int] | int = [0, 0],
@@ -1051,7 +1049,6 @@ def max_pool2d(
 
 def max_pool3d(
     x: _TensorLike,
-    *,
     kernel_size: Sequence[int] | int,
     stride: Sequence[int] | int | None = None,
     padding: Sequence[int] | int = [0, 0, 0],
@@ -1068,7 +1065,6 @@ class _max_pool1d_with_indices_result(NamedTuple):
 
 def max_pool1d_with_indices(
     x: _TensorLike,
-    *,
     kernel_size: Sequence[int] | int,
     stride: Sequence[int] | int | None = None,
     padding: Sequence[int] | int = [0],
@@ -1085,7 +1081,6 @@ class _max_pool2d_with_indices_result(NamedTuple):
 
 def max_pool2d_with_indices(
     x: _TensorLike,
-    *,
     kernel_size: Sequence[int] | int,
     stride: Sequence[int] | int | None = None,
     padding: Sequence[int] | int = [0, 0],
@@ -1102,7 +1097,6 @@ class _max_pool3d_with_indices_result(NamedTuple):
 
 def max_pool3d_with_indices(
     x: _TensorLike,
-    *,
     kernel_size: Sequence[int] | int,
     stride: Sequence[int] | int | None = None,
     padding: Sequence[int] | int = [0, 0, 0],
@@ -1153,7 +1147,6 @@ def pool_gather(x: _TensorLike, indices: _TensorLike) -> Tensor:
 
 def avg_pool1d(
     x: _TensorLike,
-    *,
     kernel_size: Sequence[int] | int,
     stride: Sequence[int] | int | None = None,
     padding: Sequence[int] | int = [0],
@@ -1168,7 +1161,6 @@ def avg_pool1d(
 
 def avg_pool2d(
     x: _TensorLike,
-    *,
     kernel_size: Sequence[int] | int,
     stride: Sequence[int] | int | None = None,
     padding: Sequence[int] | int = [0, 0],
@@ -1183,7 +1175,6 @@ def avg_pool2d(
 
 def avg_pool3d(
     x: _TensorLike,
-    *,
     kernel_size: Sequence[int] | int,
     stride: Sequence[int] | int | None = None,
     padding: Sequence[int] | int = [0, 0, 0],
@@ -1211,12 +1202,12 @@ def avg_pool_grad(
     each window's dy divided as its sum was and spread over the window; overlapping windows add up.
     """
 
-def adaptive_avg_pool1d(x: _TensorLike, *, output_size: Sequence[int] | int) -> Tensor:
+def adaptive_avg_pool1d(x: _TensorLike, output_size: Sequence[int] | int) -> Tensor:
     """x (N, C, L) — or (C, L) — averaged down (or up) to ``output_size``: output i is the mean of inputs
     ⌊i·L/o⌋ … ⌈(i+1)·L/o⌉ − 1 (PyTorch's adaptive windows).
     """
 
-def adaptive_avg_pool2d(x: _TensorLike, *, output_size: Sequence[int] | int) -> Tensor:
+def adaptive_avg_pool2d(x: _TensorLike, output_size: Sequence[int] | int) -> Tensor:
     """x (N, C, H, W) — or (C, H, W) — averaged to ``output_size`` (OH, OW) over PyTorch's adaptive windows
     (rows ⌊i·H/OH⌋ … ⌈(i+1)·H/OH⌉ − 1, and so for columns); output_size 1 is global average pooling.
     """
@@ -1226,12 +1217,12 @@ def adaptive_avg_pool_grad(dy: _TensorLike, *, input_size: Sequence[int] | int) 
     ``input_size``: each output's dy spread evenly over its window; overlapping windows add up.
     """
 
-def adaptive_avg_pool3d(x: _TensorLike, *, output_size: Sequence[int] | int) -> Tensor:
+def adaptive_avg_pool3d(x: _TensorLike, output_size: Sequence[int] | int) -> Tensor:
     """x (N, C, D, H, W) — or (C, D, H, W) — averaged to ``output_size`` (OD, OH, OW) over PyTorch's adaptive
     windows.
     """
 
-def adaptive_max_pool2d(x: _TensorLike, *, output_size: Sequence[int] | int) -> Tensor:
+def adaptive_max_pool2d(x: _TensorLike, output_size: Sequence[int] | int) -> Tensor:
     """The maximum of each of PyTorch's adaptive windows of x (N, C, H, W) — or (C, H, W) — for ``output_size``
     (OH, OW): rows ⌊i·H/OH⌋ … ⌈(i+1)·H/OH⌉ − 1, and so for columns.
     """
@@ -1242,7 +1233,6 @@ class _adaptive_max_pool2d_with_indices_result(NamedTuple):
 
 def adaptive_max_pool2d_with_indices(
     x: _TensorLike,
-    *,
     output_size: Sequence[int] | int,
 ) -> _adaptive_max_pool2d_with_indices_result:
     """adaptive_max_pool2d, and the flat index h·W + w (int64) of each window's maximum: PyTorch's
@@ -1251,10 +1241,24 @@ def adaptive_max_pool2d_with_indices(
 
 # -- opforge.ops.reduce
 
-def sum(x: _TensorLike, *, axis: Sequence[int] | int | None = None, keepdim: bool = False) -> Tensor:
+def sum(
+    x: _TensorLike,
+    axis: Sequence[int] | int | None = None,
+    keepdim: bool = False,
+    *,
+    dim: Sequence[int] | int | None = None,
+    keepdims: bool | None = None,
+) -> Tensor:
     """Sum over ``axis`` (all axes when None). Integer and bool tensors sum to int64."""
 
-def mean(x: _TensorLike, *, axis: Sequence[int] | int | None = None, keepdim: bool = False) -> Tensor:
+def mean(
+    x: _TensorLike,
+    axis: Sequence[int] | int | None = None,
+    keepdim: bool = False,
+    *,
+    dim: Sequence[int] | int | None = None,
+    keepdims: bool | None = None,
+) -> Tensor:
     """Mean over ``axis`` (all axes when None)."""
 
 def mean_grad(
@@ -1269,29 +1273,66 @@ def mean_grad(
 def sum_to(x: _TensorLike, *, shape: Sequence[int] | int) -> Tensor:
     """Sums ``x`` down to ``shape``, the inverse of broadcasting ``shape`` up to ``x.shape``."""
 
-def prod(x: _TensorLike, *, axis: Sequence[int] | int | None = None, keepdim: bool = False) -> Tensor:
+def prod(
+    x: _TensorLike,
+    axis: Sequence[int] | int | None = None,
+    keepdim: bool = False,
+    *,
+    dim: Sequence[int] | int | None = None,
+    keepdims: bool | None = None,
+) -> Tensor:
     """Product over ``axis`` (all axes when None). Integer and bool tensors multiply in int64."""
 
-def amax(x: _TensorLike, *, axis: Sequence[int] | int | None = None, keepdim: bool = False) -> Tensor:
+def amax(
+    x: _TensorLike,
+    axis: Sequence[int] | int | None = None,
+    keepdim: bool = False,
+    *,
+    dim: Sequence[int] | int | None = None,
+    keepdims: bool | None = None,
+) -> Tensor:
     """Largest element over ``axis`` (all axes when None), as ``torch.amax`` and NumPy's ``max``; NaN if the
     group holds one. ``F.max(x, dim)`` gives torch's (values, indices) along one dim.
     """
 
-def amin(x: _TensorLike, *, axis: Sequence[int] | int | None = None, keepdim: bool = False) -> Tensor:
+def amin(
+    x: _TensorLike,
+    axis: Sequence[int] | int | None = None,
+    keepdim: bool = False,
+    *,
+    dim: Sequence[int] | int | None = None,
+    keepdims: bool | None = None,
+) -> Tensor:
     """Smallest element over ``axis`` (all axes when None), as ``torch.amin`` and NumPy's ``min``."""
 
-def argmax(x: _TensorLike, *, axis: int | None = None, keepdim: bool = False) -> Tensor:
+def argmax(
+    x: _TensorLike,
+    axis: int | None = None,
+    keepdim: bool = False,
+    *,
+    dim: int | None = None,
+    keepdims: bool | None = None,
+) -> Tensor:
     """Index of the largest element along ``axis`` (of the flattened tensor when None); the first one on ties."""
 
-def argmin(x: _TensorLike, *, axis: int | None = None, keepdim: bool = False) -> Tensor:
+def argmin(
+    x: _TensorLike,
+    axis: int | None = None,
+    keepdim: bool = False,
+    *,
+    dim: int | None = None,
+    keepdims: bool | None = None,
+) -> Tensor:
     """Index of the smallest element along ``axis`` (of the flattened tensor when None); the first one on ties."""
 
 def var(
     x: _TensorLike,
-    *,
     axis: Sequence[int] | int | None = None,
+    *,
     correction: float = 1.0,
     keepdim: bool = False,
+    dim: Sequence[int] | int | None = None,
+    keepdims: bool | None = None,
 ) -> Tensor:
     """Variance over ``axis``: Σ(x − mean)²/(N − correction); correction=1 is the unbiased estimate, and any
     real correction works (as PyTorch's; N − correction ≤ 0 gives inf).
@@ -1299,32 +1340,48 @@ def var(
 
 def std(
     x: _TensorLike,
-    *,
     axis: Sequence[int] | int | None = None,
+    *,
     correction: float = 1.0,
     keepdim: bool = False,
+    dim: Sequence[int] | int | None = None,
+    keepdims: bool | None = None,
 ) -> Tensor:
     """Standard deviation over ``axis``: the square root of ``var``."""
 
-def logsumexp(x: _TensorLike, *, axis: Sequence[int] | int | None = None, keepdim: bool = False) -> Tensor:
+def logsumexp(
+    x: _TensorLike,
+    axis: Sequence[int] | int | None = None,
+    keepdim: bool = False,
+    *,
+    dim: Sequence[int] | int | None = None,
+    keepdims: bool | None = None,
+) -> Tensor:
     """ln Σ eˣ over ``axis``, computed as m + ln Σ e^(x − m) with m the group's largest element (no overflow)."""
 
-def norm(x: _TensorLike, *, p: float = 2.0, axis: Sequence[int] | int | None = None, keepdim: bool = False) -> Tensor:
+def norm(
+    x: _TensorLike,
+    p: float = 2.0,
+    axis: Sequence[int] | int | None = None,
+    keepdim: bool = False,
+    *,
+    dim: Sequence[int] | int | None = None,
+    keepdims: bool | None = None,
+) -> Tensor:
     """Vector p-norm over ``axis`` (all axes when None), as ``torch.linalg.vector_norm``: (Σ|x|ᵖ)^(1/p); p = inf
     gives max |x|, p = −inf min |x|, p = 0 the number of nonzero elements.
     """
 
-def cumsum(x: _TensorLike, *, axis: int) -> Tensor:
+def cumsum(x: _TensorLike, axis: int, *, dim: int | None = None) -> Tensor:
     """Running sums along ``axis``: yᵢ = x₀ + … + xᵢ. Integer and bool tensors sum in int64."""
 
-def cumprod(x: _TensorLike, *, axis: int) -> Tensor:
+def cumprod(x: _TensorLike, axis: int, *, dim: int | None = None) -> Tensor:
     """Running products along ``axis``: yᵢ = x₀·x₁·…·xᵢ. Integer and bool tensors multiply in int64."""
 
 # -- opforge.ops.resize
 
 def interpolate(
     x: _TensorLike,
-    *,
     size: Sequence[int] | int | None = None,
     scale_factor: Sequence[float] | float | None = None,
     mode: str = 'nearest',
@@ -1352,23 +1409,23 @@ def interpolate_grad(
     inputs it read, times the weights it read them with.
     """
 
-def pixel_shuffle(x: _TensorLike, *, upscale_factor: int) -> Tensor:
+def pixel_shuffle(x: _TensorLike, upscale_factor: int) -> Tensor:
     """x (*, C·r², H, W) rearranged to (*, C, H·r, W·r), r = upscale_factor: y[..., c, h·r + i, w·r + j] =
     x[..., c·r² + i·r + j, h, w] (sub-pixel convolution's upsampling, as PyTorch).
     """
 
-def pixel_unshuffle(x: _TensorLike, *, downscale_factor: int) -> Tensor:
+def pixel_unshuffle(x: _TensorLike, downscale_factor: int) -> Tensor:
     """The inverse of pixel_shuffle: x (*, C, H·r, W·r) rearranged to (*, C·r², H, W), r = downscale_factor."""
 
 # -- opforge.ops.shape
 
-def reshape(x: _TensorLike, *, shape: Sequence[int] | int) -> Tensor:
+def reshape(x: _TensorLike, shape: Sequence[int] | int) -> Tensor:
     """The same elements in a new shape; one dim may be -1 (inferred)."""
 
 def transpose(x: _TensorLike, *, perm: Sequence[int] | int | None = None) -> Tensor:
     """Permutes the dims (reverses them when ``perm`` is None)."""
 
-def broadcast_to(x: _TensorLike, *, shape: Sequence[int] | int) -> Tensor:
+def broadcast_to(x: _TensorLike, shape: Sequence[int] | int, *, size: Sequence[int] | int | None = None) -> Tensor:
     """``x`` repeated along dims of size 1 (and new leading dims) to ``shape``. A -1 keeps the size of the dim
     of ``x`` it lines up with, as ``Tensor.expand`` (not allowed for a new leading dim).
     """
@@ -1394,50 +1451,74 @@ def slice_grad(
 ) -> Tensor:
     """Gradient of slice: zeros of ``shape`` with ``dy`` written where the slice took its elements."""
 
-def squeeze(x: _TensorLike, *, axis: Sequence[int] | int | None = None) -> Tensor:
+def squeeze(
+    x: _TensorLike,
+    axis: Sequence[int] | int | None = None,
+    *,
+    dim: Sequence[int] | int | None = None,
+) -> Tensor:
     """Removes dims of size 1: every one when ``axis`` is None, else those listed (a listed dim whose size is
     not 1 is left alone, as in PyTorch).
     """
 
-def unsqueeze(x: _TensorLike, *, axis: int) -> Tensor:
+def unsqueeze(x: _TensorLike, axis: int, *, dim: int | None = None) -> Tensor:
     """Inserts a dim of size 1 at ``axis`` (in [-ndim-1, ndim], counted in the result)."""
 
-def permute(x: _TensorLike, *, dims: Sequence[int] | int) -> Tensor:
+def permute(x: _TensorLike, dims: Sequence[int] | int) -> Tensor:
     """Reorders the dims: dim i of the result is dim ``dims[i]`` of ``x`` (``torch.permute``)."""
 
-def flip(x: _TensorLike, *, axis: Sequence[int] | int) -> Tensor:
+def flip(x: _TensorLike, axis: Sequence[int] | int, *, dims: Sequence[int] | int | None = None) -> Tensor:
     """Reverses the order of the elements along each dim in ``axis``."""
 
-def concat(xs: Sequence[_TensorLike], *, axis: int = 0) -> Tensor:
+def concat(xs: Sequence[_TensorLike], axis: int = 0, *, dim: int | None = None) -> Tensor:
     """Joins tensors along an existing dim ``axis``; the other dims must agree (``torch.cat``)."""
 
-def stack(xs: Sequence[_TensorLike], *, axis: int = 0) -> Tensor:
+def stack(xs: Sequence[_TensorLike], axis: int = 0, *, dim: int | None = None) -> Tensor:
     """Joins tensors of one shape along a new dim ``axis`` (in [-ndim-1, ndim], counted in the result)."""
 
-def split(x: _TensorLike, *, sections: Sequence[int] | int, axis: int = 0) -> list[Tensor]:
+def split(
+    x: _TensorLike,
+    sections: Sequence[int] | int,
+    axis: int = 0,
+    *,
+    split_size_or_sections: Sequence[int] | int | None = None,
+    dim: int | None = None,
+) -> list[Tensor]:
     """Cuts ``x`` along ``axis`` into pieces of the sizes in ``sections`` (which must add up to the dim), or,
     when ``sections`` is one number n (``split(x, sections=n)``), into pieces of n, the last one smaller: both
     as ``torch.split``. The pieces are views of ``x``.
     """
 
-def tile(x: _TensorLike, *, reps: Sequence[int] | int) -> Tensor:
+def tile(x: _TensorLike, reps: Sequence[int] | int, *, dims: Sequence[int] | int | None = None) -> Tensor:
     """``x`` repeated ``reps[i]`` times along dim i (``torch.tile``, ``np.tile``): the shorter of ``x.shape``
     and ``reps`` is padded with leading 1s.
     """
 
-def tril(x: _TensorLike, *, diagonal: int = 0) -> Tensor:
+def tril(x: _TensorLike, diagonal: int = 0) -> Tensor:
     """The lower triangle of each matrix (last two dims): elements (i, j) with j - i <= ``diagonal``, others 0."""
 
-def triu(x: _TensorLike, *, diagonal: int = 0) -> Tensor:
+def triu(x: _TensorLike, diagonal: int = 0) -> Tensor:
     """The upper triangle of each matrix (last two dims): elements (i, j) with j - i >= ``diagonal``, others 0."""
 
-def roll(x: _TensorLike, *, shifts: Sequence[int] | int, axis: Sequence[int] | int | None = None) -> Tensor:
+def roll(
+    x: _TensorLike,
+    shifts: Sequence[int] | int,
+    axis: Sequence[int] | int | None = None,
+    *,
+    dims: Sequence[int] | int | None = None,
+) -> Tensor:
     """``torch.roll``: the elements shifted by ``shifts[i]`` along ``axis[i]``, those pushed off one end coming
     back at the other. With ``axis=None``, the flattened tensor is rolled by the one shift and reshaped back. An
     axis may repeat (its shifts add up).
     """
 
-def repeat_interleave(x: _TensorLike, *, repeats: Sequence[int] | int, axis: int | None = None) -> Tensor:
+def repeat_interleave(
+    x: _TensorLike,
+    repeats: Sequence[int] | int,
+    axis: int | None = None,
+    *,
+    dim: int | None = None,
+) -> Tensor:
     """``torch.repeat_interleave``: each element (each slice along ``axis``) repeated ``repeats[i]`` times in
     place: [a, b] with repeats [2] gives [a, a, b, b], with [1, 3] gives [a, b, b, b]. With ``axis=None`` the
     flattened tensor is repeated. ``repeats`` is a list (one count for all, or one per element), not a tensor,
@@ -1456,7 +1537,15 @@ def repeat_interleave_grad(
     it.
     """
 
-def diagonal(x: _TensorLike, *, offset: int = 0, axis1: int = 0, axis2: int = 1) -> Tensor:
+def diagonal(
+    x: _TensorLike,
+    offset: int = 0,
+    axis1: int = 0,
+    axis2: int = 1,
+    *,
+    dim1: int | None = None,
+    dim2: int | None = None,
+) -> Tensor:
     """``torch.diagonal`` (``np.diagonal``): the elements (i, i + offset) of the matrices spanned by ``axis1``
     and ``axis2``, in a new last dim; the other dims stay in order. ``offset`` > 0 is above the main diagonal.
     """
@@ -1473,7 +1562,7 @@ def diagonal_grad(
     ``axis1``, ``axis2`` = -2, -1, ``torch.diag_embed``).
     """
 
-def pad(x: _TensorLike, *, pad: Sequence[int] | int, mode: str = 'constant', value: float = 0.0) -> Tensor:
+def pad(x: _TensorLike, pad: Sequence[int] | int, mode: str = 'constant', value: float = 0.0) -> Tensor:
     """Pads ``x`` as ``torch.nn.functional.pad``: ``pad`` lists (before, after) pairs from the last dim
     backwards. Modes: "constant" (fill with ``value``), "reflect" (mirror without repeating the edge: pads < the
     dim's size), "replicate" (repeat the edge), "circular" (wrap around, once at most). A negative pad crops, in
@@ -1488,12 +1577,19 @@ def pad_grad(dy: _TensorLike, *, shape: Sequence[int] | int, pad: Sequence[int] 
 
 # -- opforge.ops.similarity
 
-def normalize(x: _TensorLike, *, p: float = 2.0, axis: int = 1, eps: float = 1e-12) -> Tensor:
+def normalize(x: _TensorLike, p: float = 2.0, axis: int = 1, eps: float = 1e-12, *, dim: int | None = None) -> Tensor:
     """``torch.nn.functional.normalize``: ``x`` divided by its p-norm along ``axis``, or by ``eps`` where the
     norm is smaller: y = x / max(‖x‖ₚ, eps).
     """
 
-def cosine_similarity(x1: _TensorLike, x2: _TensorLike, *, axis: int = 1, eps: float = 1e-08) -> Tensor:
+def cosine_similarity(
+    x1: _TensorLike,
+    x2: _TensorLike,
+    axis: int = 1,
+    eps: float = 1e-08,
+    *,
+    dim: int | None = None,
+) -> Tensor:
     """``torch.nn.functional.cosine_similarity``: ⟨x1, x2⟩/(‖x1‖·‖x2‖) along ``axis`` (x1 and x2 broadcast),
     each norm at least ``eps``, computed as PyTorch does: ⟨x1/max(‖x1‖, eps), x2/max(‖x2‖, eps)⟩, which stays in
     [−1, 1]. Where a norm is below eps, the gradient is the derivative (PyTorch's treats the clamped norm as if
@@ -1503,7 +1599,6 @@ def cosine_similarity(x1: _TensorLike, x2: _TensorLike, *, axis: int = 1, eps: f
 def pairwise_distance(
     x1: _TensorLike,
     x2: _TensorLike,
-    *,
     p: float = 2.0,
     eps: float = 1e-06,
     keepdim: bool = False,
@@ -1518,19 +1613,41 @@ class _sort_result(NamedTuple):
     values: Tensor
     indices: Tensor
 
-def sort(x: _TensorLike, *, axis: int = -1, descending: bool = False, stable: bool = False) -> _sort_result:
+def sort(
+    x: _TensorLike,
+    axis: int = -1,
+    descending: bool = False,
+    *,
+    stable: bool = False,
+    dim: int | None = None,
+) -> _sort_result:
     """``torch.sort``: the elements along ``axis`` in ascending (``descending``: descending) order, and where
     each came from. Always stable; ``stable`` is accepted for PyTorch's signature.
     """
 
-def argsort(x: _TensorLike, *, axis: int = -1, descending: bool = False, stable: bool = False) -> Tensor:
+def argsort(
+    x: _TensorLike,
+    axis: int = -1,
+    descending: bool = False,
+    stable: bool = False,
+    *,
+    dim: int | None = None,
+) -> Tensor:
     """``torch.argsort``: the indices that sort ``x`` along ``axis`` (``sort``'s second output)."""
 
 class _topk_result(NamedTuple):
     values: Tensor
     indices: Tensor
 
-def topk(x: _TensorLike, *, k: int, axis: int = -1, largest: bool = True, sorted: bool = True) -> _topk_result:
+def topk(
+    x: _TensorLike,
+    k: int,
+    axis: int = -1,
+    largest: bool = True,
+    sorted: bool = True,
+    *,
+    dim: int | None = None,
+) -> _topk_result:
     """``torch.topk``: the ``k`` largest (``largest=False``: smallest) elements along ``axis``, largest first
     (smallest first), and where they came from. Equal elements come in their original order; the result is
     sorted also with ``sorted=False`` (PyTorch leaves the order unspecified then).
@@ -1555,6 +1672,14 @@ def bilinear(input1, input2, weight, bias=None) -> Any:
     with the same leading dims, weight (out, in1, in2) and bias (out): the einsum ``...i,oij,...j->...o``.
     """
 
+def bmm(x, y) -> Any:
+    """``torch.bmm``: batched matrix products of two 3-D tensors with the same batch size (no broadcasting)."""
+
+def chunk(x, chunks, dim=0) -> Any:
+    """``torch.chunk``: ``x`` cut along ``dim`` into at most ``chunks`` pieces of ceil(size / chunks) elements,
+    the last one smaller (so there may be fewer pieces than asked for). A tuple, as torch's.
+    """
+
 def dropout(x, p=0.5, training=True, inplace=False) -> Any:
     """``torch.nn.functional.dropout``: ``dropout_with_mask``'s output ``y``, without the mask."""
 
@@ -1566,6 +1691,9 @@ def dropout2d(x, p=0.5, training=True, inplace=False) -> Any:
 
 def dropout3d(x, p=0.5, training=True, inplace=False) -> Any:
     """``torch.nn.functional.dropout3d``: ``dropout3d_with_mask``'s output ``y``, without the mask."""
+
+def flatten(x, start_dim=0, end_dim=-1) -> Any:
+    """``torch.flatten``: dims ``start_dim`` .. ``end_dim`` merged into one (a 0-d tensor becomes 1-d)."""
 
 def instance_norm(
     x,
@@ -1594,3 +1722,24 @@ def min(x, dim=None, keepdim=False, *, axis=None) -> Any:
     """``torch.min`` (and ``Tensor.min``): ``min(x)``, ``min(x, dim)`` -> ``(values, indices)``, ``min(x,
     other)`` (see ``max``).
     """
+
+def mm(x, y) -> Any:
+    """``torch.mm``: the product of two matrices (matmul of 2-D tensors only, as torch's: no broadcasting)."""
+
+def narrow(x, dim, start, length) -> Any:
+    """``torch.narrow``: elements ``start`` .. ``start + length - 1`` along ``dim`` (``start`` may be negative)."""
+
+def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction='mean', beta=1.0) -> Any:
+    """``torch.nn.functional.smooth_l1_loss``: ½·d²/beta where |d| < beta, else |d| − ½·beta, with d = input −
+    target; then reduced. It is huber_loss with delta = beta, divided by beta (l1_loss when beta is 0). The
+    legacy ``size_average``/``reduce`` are refused: pass ``reduction``.
+    """
+
+def t(x) -> Any:
+    """``torch.t``: a 2-D tensor transposed; 0-D and 1-D tensors as they are."""
+
+def unbind(x, dim=0) -> Any:
+    """``torch.unbind``: the slices of ``x`` along ``dim``, that dim removed, as a tuple."""
+
+def unflatten(x, dim, sizes) -> Any:
+    """``torch.unflatten``: dim ``dim`` split into dims of ``sizes`` (one of them may be -1)."""

@@ -196,7 +196,7 @@ def _randn(rng, *shape):
     return rng.standard_normal(shape)
 
 
-@op("conv1d(Tensor<floating> x, Tensor<floating> weight, Tensor<floating>? bias=None, *, int[] stride=[1], "
+@op("conv1d(Tensor<floating> x, Tensor<floating> weight, Tensor<floating>? bias=None, int[] stride=[1], "
     "int[]|str padding=[0], int[] dilation=[1], int groups=1) -> Tensor y", traits=["same_dtype"])
 def conv1d(x, weight, bias, *, stride, padding, dilation, groups):
     """1-D convolution (cross-correlation, as PyTorch): x (N, C, L), weight (O, C/groups, kL), bias (O,) give
@@ -213,7 +213,7 @@ _define_conv(conv1d, 1, lambda rng: [
 ])
 
 
-@op("conv2d(Tensor<floating> x, Tensor<floating> weight, Tensor<floating>? bias=None, *, int[] stride=[1, 1], "
+@op("conv2d(Tensor<floating> x, Tensor<floating> weight, Tensor<floating>? bias=None, int[] stride=[1, 1], "
     "int[]|str padding=[0, 0], int[] dilation=[1, 1], int groups=1) -> Tensor y", traits=["same_dtype"])
 def conv2d(x, weight, bias, *, stride, padding, dilation, groups):
     """2-D convolution (cross-correlation, as PyTorch): x (N, C, H, W), weight (O, C/groups, kH, kW), bias (O,)
@@ -233,7 +233,7 @@ _define_conv(conv2d, 2, lambda rng: [
 ])
 
 
-@op("conv3d(Tensor<floating> x, Tensor<floating> weight, Tensor<floating>? bias=None, *, int[] stride=[1, 1, 1], "
+@op("conv3d(Tensor<floating> x, Tensor<floating> weight, Tensor<floating>? bias=None, int[] stride=[1, 1, 1], "
     "int[]|str padding=[0, 0, 0], int[] dilation=[1, 1, 1], int groups=1) -> Tensor y", traits=["same_dtype"])
 def conv3d(x, weight, bias, *, stride, padding, dilation, groups):
     """3-D convolution (cross-correlation, as PyTorch): x (N, C, D, H, W), weight (O, C/groups, kD, kH, kW),
@@ -514,7 +514,7 @@ def _check_2d(**attrs):
     win.check_lists(2, attrs)
 
 
-@op("unfold(Tensor<floating> x, *, int[] kernel_size, int[] dilation=[1, 1], int[] padding=[0, 0], "
+@op("unfold(Tensor<floating> x, int[] kernel_size, int[] dilation=[1, 1], int[] padding=[0, 0], "
     "int[] stride=[1, 1]) -> Tensor y")
 def unfold(x, *, kernel_size, dilation, padding, stride):
     """im2col (PyTorch's ``F.unfold``): the sliding kH×kW windows of x (N, C, H, W) — or (C, H, W) — as columns,
@@ -568,7 +568,7 @@ def _fold_geometry(op_name, x, output_size, kernel_size, dilation, padding, stri
     return len(x) == 3, None if rows is None else rows // w.taps, w
 
 
-@op("fold(Tensor<floating> x, *, int[] output_size, int[] kernel_size, int[] dilation=[1, 1], "
+@op("fold(Tensor<floating> x, int[] output_size, int[] kernel_size, int[] dilation=[1, 1], "
     "int[] padding=[0, 0], int[] stride=[1, 1]) -> Tensor y")
 def fold(x, *, output_size, kernel_size, dilation, padding, stride):
     """col2im (PyTorch's ``F.fold``), the transpose of unfold: the columns of x (N, C·kH·kW, L) — or

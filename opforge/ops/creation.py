@@ -116,7 +116,7 @@ def _(rng):
     yield Sample.of(start=5, stop=0, step=-1, dtype="int64")
 
 
-@op("eye(*, int n, int m=None, dtype dtype=None) -> Tensor y", traits=["no_grad"])
+@op("eye(int n, int m=None, *, dtype dtype=None) -> Tensor y", traits=["no_grad"])
 def eye(*, n, m, dtype):
     """The n×m identity matrix (m defaults to n)."""
     return np.eye(n, m, dtype=dtype or D.DEFAULT_FLOAT)

@@ -181,7 +181,7 @@ def _(rng):
     yield Sample.of(rng.uniform(0.5, 2.0, (2, 3)), rng.standard_normal((2, 3)))
 
 
-@op("leaky_relu(Tensor<floating> x, *, float alpha=0.01) -> Tensor y", traits=["elementwise", "pointwise"])
+@op("leaky_relu(Tensor<floating> x, float alpha/negative_slope=0.01) -> Tensor y", traits=["elementwise", "pointwise"])
 def leaky_relu(x, *, alpha):
     """y = x where x > 0, else alpha · x."""
     # max(x, αx) is x for x > 0 and αx for x < 0 whenever α ≤ 1 (min when α > 1): two ufuncs, no np.where,
@@ -770,7 +770,7 @@ def _(x, dy):
 # -- activations ----------------------------------------------------------------------------------------------------
 
 
-@op("softplus(Tensor<floating> x, *, float beta=1.0, float threshold=20.0) -> Tensor y",
+@op("softplus(Tensor<floating> x, float beta=1.0, float threshold=20.0) -> Tensor y",
     traits=["elementwise", "pointwise"])
 def softplus(x, *, beta, threshold):
     """y = ln(1 + e^(βx))/β, and y = x where βx > threshold (as PyTorch, where the two agree to float precision)."""
@@ -829,7 +829,7 @@ def _elu_grad(x, dy, alpha, scale, beta=1.0):
     return F.where(x > 0, dy if scale == 1 else dy * scale, dy * (alpha * scale * beta) * F.exp(exponent))
 
 
-@op("elu(Tensor<floating> x, *, float alpha=1.0) -> Tensor y", traits=["elementwise", "pointwise"])
+@op("elu(Tensor<floating> x, float alpha=1.0) -> Tensor y", traits=["elementwise", "pointwise"])
 def elu(x, *, alpha):
     """y = x for x > 0, α·(eˣ − 1) otherwise."""
     return _elu(x, alpha, 1.0)
@@ -1131,7 +1131,7 @@ def _check_bounds(*, min_val, max_val):
         raise ValueError(f"argument 'min_val' must not exceed 'max_val', got {min_val} > {max_val}")
 
 
-@op("hardtanh(Tensor<floating> x, *, float min_val=-1.0, float max_val=1.0) -> Tensor y",
+@op("hardtanh(Tensor<floating> x, float min_val=-1.0, float max_val=1.0) -> Tensor y",
     traits=["elementwise", "pointwise"])
 def hardtanh(x, *, min_val, max_val):
     """x limited to [min_val, max_val]; the gradient is 0 at the bounds (as PyTorch), unlike clip's."""
@@ -1312,7 +1312,7 @@ def _(x, dy):
     return dy * F.sigmoid(-x)  # d/dx log σ(x) = 1 − σ(x) = σ(−x), exact for large x too
 
 
-@op("celu(Tensor<floating> x, *, float alpha=1.0) -> Tensor y", traits=["elementwise", "pointwise"])
+@op("celu(Tensor<floating> x, float alpha=1.0) -> Tensor y", traits=["elementwise", "pointwise"])
 def celu(x, *, alpha):
     """y = x for x > 0, α·(e^(x/α) − 1) otherwise (continuously differentiable elu)."""
     return _elu(x, alpha, 1.0, 1 / alpha)
@@ -1359,7 +1359,7 @@ def _(rng):
 # -- activations along an axis, and with a learnable weight ---------------------------------------------------------
 
 
-@op("softmin(Tensor<floating> x, *, int axis=-1) -> Tensor y")
+@op("softmin(Tensor<floating> x, int axis/dim=-1) -> Tensor y")
 def softmin(x, *, axis):
     """softmax(−x) along ``axis``: exp(−x) / Σ exp(−x), shifted by min x so nothing overflows."""
     axes = normalize_axes("softmin", [axis], x.ndim)
@@ -1397,7 +1397,7 @@ def _glu_halves(op_name, shape, axis):
     return a
 
 
-@op("glu(Tensor<floating> x, *, int axis=-1) -> Tensor y")
+@op("glu(Tensor<floating> x, int axis/dim=-1) -> Tensor y")
 def glu(x, *, axis):
     """Gated linear unit: x split in halves a, b along ``axis``, y = a·σ(b)."""
     a, b = np.split(x, 2, axis=_glu_halves("glu", x.shape, axis))

@@ -63,7 +63,7 @@ def _bags_np(index, offsets, include_last_offset):
 
 
 @op('embedding_bag(nograd Tensor<int32|int64> index, Tensor<floating> weight, nograd Tensor<int32|int64>? '
-    'offsets=None, Tensor<floating>? per_sample_weights=None, *, str mode="mean", bool include_last_offset=False, '
+    'offsets=None, *, Tensor<floating>? per_sample_weights=None, str mode="mean", bool include_last_offset=False, '
     'int? padding_idx=None) -> Tensor y')
 def embedding_bag(index, weight, offsets, per_sample_weights, *, mode, include_last_offset, padding_idx):
     """``torch.nn.functional.embedding_bag``: for each bag of indices, the sum, mean or max (per feature, ``mode``)
@@ -115,8 +115,8 @@ def _bags(index, offsets):
         row = F.cumsum(F.ones_like(index, dtype="int64"), axis=0) - 1
         return F.reshape(index, shape=[-1]), F.reshape(row, shape=[-1])
     position = F.cumsum(F.ones_like(index, dtype="int64"), axis=0) - 1
-    starting = F.scatter_add(F.pad(F.zeros_like(index, dtype="int64"), pad=[0, 1]), offsets,
-                             F.ones_like(offsets, dtype="int64"), axis=0)  # how many bags start at each position
+    starting = F.scatter_add(F.pad(F.zeros_like(index, dtype="int64"), pad=[0, 1]), 0, offsets,
+                             F.ones_like(offsets, dtype="int64"))  # how many bags start at each position
     return index, F.take(F.cumsum(starting, axis=0), position, axis=0) - 1
 
 
@@ -135,14 +135,14 @@ def _(index, weight, offsets, per_sample_weights, y, dy, *, mode, padding_idx, n
         hit = F.cast(F.logical_and(F.reshape(used, shape=[-1, 1]) > 0, rows == F.take(y, bag, axis=0)), dtype="int64")
         # A bag's entries are consecutive: the hits before entry i in its bag are the hits before i, less those
         # of the bags before it.
-        per_bag = F.scatter_add(F.zeros_like(dy, dtype="int64"), F.broadcast_to(F.reshape(bag, shape=[-1, 1]),
-                                                                              shape=[-1, dy.shape[1]]), hit, axis=0)
+        per_bag = F.scatter_add(F.zeros_like(dy, dtype="int64"), 0, F.broadcast_to(F.reshape(bag, shape=[-1, 1]),
+                                                                              shape=[-1, dy.shape[1]]), hit)
         before_bag = F.cumsum(per_bag, axis=0) - per_bag
         first = F.logical_and(hit > 0, F.cumsum(hit, axis=0) - hit == F.take(before_bag, bag, axis=0))
         return None, F.embedding_grad(F.where(first, dy_of_entry, 0), flat, num_embeddings=weight.shape[0]), None, None
     share = used
     if mode == "mean":
-        counts = F.scatter_add(F.zeros_like(F.sum(dy, axis=1)), bag, used, axis=0)
+        counts = F.scatter_add(F.zeros_like(F.sum(dy, axis=1)), 0, bag, used)
         share = used / F.take(F.clip(counts, min=1), bag, axis=0)
     dweight = dpsw = None
     if per_sample_weights is not None:

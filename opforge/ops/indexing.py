@@ -32,7 +32,7 @@ def _take_shape(op_name, x_shape, index_shape, axis):
     return (*x_shape[:a], *index_shape, *x_shape[a + 1:])
 
 
-@op("take(Tensor x, nograd Tensor<int32|int64> index, *, int axis=None) -> Tensor y")
+@op("take(Tensor x, nograd Tensor<int32|int64> index, *, int axis/dim=None) -> Tensor y")
 def take(x, index, *, axis):
     """The elements of ``x`` at ``index`` along ``axis``, as ``np.take``: the result's shape is ``x.shape`` with dim
     ``axis`` replaced by ``index.shape``. With ``axis=None`` it indexes the flattened ``x`` (``torch.take``).
@@ -133,7 +133,7 @@ def _gather_shapes(op_name, x_shape, index_shape, axis, src_shape=None):
     return a
 
 
-@op("gather(Tensor x, nograd Tensor<int32|int64> index, *, int axis) -> Tensor y")
+@op("gather(Tensor x, int axis/dim, nograd Tensor<int32|int64> index) -> Tensor y")
 def gather(x, index, *, axis):
     """``torch.gather``: ``y[i][j][k] = x[index[i][j][k]][j][k]`` for ``axis=0`` (and so on for other axes); ``y`` has
     the shape of ``index``, which has the rank of ``x`` and may be smaller in the other dims. NumPy's
@@ -192,7 +192,7 @@ def _(dy, index, *, shape, axis):
 
 @gather_grad.grad
 def _(index, ddx, *, axis):
-    return F.gather(ddx, index, axis=axis), None
+    return F.gather(ddx, axis, index), None
 
 
 @gather_grad.samples
@@ -201,7 +201,7 @@ def _(rng):
     yield Sample.of(rng.standard_normal((1, 2, 1)), np.array([[[3], [0]]]), shape=[2, 3, 4], axis=-1)
 
 
-@op("scatter_add(Tensor x, nograd Tensor<int32|int64> index, Tensor src, *, int axis) -> Tensor y")
+@op("scatter_add(Tensor x, int axis/dim, nograd Tensor<int32|int64> index, Tensor src) -> Tensor y")
 def scatter_add(x, index, src, *, axis):
     """``torch.scatter_add``: a copy of ``x`` to which ``src[i][j][k]`` is added at ``[index[i][j][k]][j][k]`` for
     ``axis=0`` (and so on); elements of ``src`` outside ``index.shape`` are not used. Positions that ``index`` names
@@ -231,7 +231,7 @@ def _(x, index, src, *, axis):
 def _(index, src_spec, dy, *, axis, needs_input_grad):
     dsrc = None
     if needs_input_grad[2]:
-        dsrc = F.gather(dy, index, axis=axis)
+        dsrc = F.gather(dy, axis, index)
         if tuple(dsrc.shape) != tuple(src_spec.shape):  # src elements that index does not reach get 0
             n = len(src_spec.shape)
             dsrc = F.slice_grad(dsrc, shape=src_spec.shape, axes=list(range(n)), starts=[0] * n,
@@ -247,7 +247,7 @@ def _(rng):
     yield Sample.of(rng.standard_normal(5), np.array([4, 0, 4]), rng.standard_normal(3), axis=0)
 
 
-@op("index_select(Tensor x, nograd Tensor<int32|int64> index, *, int axis) -> Tensor y")
+@op("index_select(Tensor x, int axis/dim, nograd Tensor<int32|int64> index) -> Tensor y")
 def index_select(x, index, *, axis):
     """``torch.index_select``: the slices of ``x`` at the positions ``index`` (1-D; a 0-d index counts as one
     position) lists along ``axis``, which keeps its place with size ``len(index)``. Negative indices count from
@@ -285,7 +285,7 @@ def _(rng):
     yield Sample.of(rng.standard_normal((2, 3)), np.array(2), axis=1)
 
 
-@op("one_hot(nograd Tensor<int32|int64> index, *, int num_classes=-1) -> Tensor<int64> y", traits=["no_grad"])
+@op("one_hot(nograd Tensor<int32|int64> index, int num_classes=-1) -> Tensor<int64> y", traits=["no_grad"])
 def one_hot(index, *, num_classes):
     """``torch.nn.functional.one_hot``: int64 of shape ``(*index.shape, num_classes)``, 1 at the class ``index``
     names and 0 elsewhere. Indices must lie in [0, num_classes). ``num_classes=-1`` takes one more than the largest
@@ -332,7 +332,8 @@ def _(rng):
     yield Sample.of(np.array(1), num_classes=2)
 
 
-@op("index_add(Tensor x, nograd Tensor<int32|int64> index, Tensor source, *, int axis, float alpha=1.0) -> Tensor y")
+@op("index_add(Tensor x, int axis/dim, nograd Tensor<int32|int64> index, Tensor source, *, float alpha=1.0) "
+    "-> Tensor y")
 def index_add(x, index, source, *, axis, alpha):
     """``torch.index_add``: a copy of ``x`` to which ``alpha·source`` is added slice by slice: the slice ``i`` of
     ``source`` along ``axis`` goes to the slice ``index[i]`` of ``x`` (indices that repeat collect every
@@ -381,7 +382,7 @@ def _(x, index, source, *, axis, alpha):
 def _(index, dy, *, axis, alpha, needs_input_grad):
     dsource = None
     if needs_input_grad[2]:  # source slice i went to slice index[i]: it reads the gradient there
-        dsource = F.index_select(dy, index, axis=axis) if dy.ndim else dy
+        dsource = F.index_select(dy, axis, index) if dy.ndim else dy
         dsource = dsource * alpha if alpha != 1 else dsource
     return dy, None, dsource
 

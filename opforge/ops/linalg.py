@@ -772,3 +772,21 @@ def _(rng):
     yield Sample.of(rng.standard_normal((3, 3)))
     yield Sample.of(rng.standard_normal((4, 2)), full_matrices=False)
     yield Sample.of(rng.standard_normal((2, 2, 4)), full_matrices=False)
+
+
+@function
+def mm(x, y):
+    """``torch.mm``: the product of two matrices (matmul of 2-D tensors only, as torch's: no broadcasting)."""
+    if len(x.shape) != 2 or len(y.shape) != 2:
+        raise ShapeError(f"mm(): takes two 2-D tensors, got shapes {tuple(x.shape)} and {tuple(y.shape)} (matmul "
+                         "broadcasts batches and takes vectors)")
+    return F.matmul(x, y)
+
+
+@function
+def bmm(x, y):
+    """``torch.bmm``: batched matrix products of two 3-D tensors with the same batch size (no broadcasting)."""
+    if len(x.shape) != 3 or len(y.shape) != 3 or x.shape[0] != y.shape[0]:
+        raise ShapeError(f"bmm(): takes two 3-D tensors of one batch size, got shapes {tuple(x.shape)} and "
+                         f"{tuple(y.shape)}")
+    return F.matmul(x, y)

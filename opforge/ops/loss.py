@@ -15,7 +15,22 @@ from opforge import ops as F
 from ..core.errors import ArgumentError
 from ..core.sbp import Decomposition
 from ..core.spec import Dim
-from ._common import B, D, P, S, Sample, ShapeError, Spec, broadcast_shapes, max_last, np, op, row_buffers, row_width
+from ._common import (
+    B,
+    D,
+    P,
+    S,
+    Sample,
+    ShapeError,
+    Spec,
+    broadcast_shapes,
+    function,
+    max_last,
+    np,
+    op,
+    row_buffers,
+    row_width,
+)
 from .nn import _broadcasts_to, _exp_sums, _log_softmax_np, _same_dims, _sum, _validate
 from .reduce import norm_grad_rule, vector_norm
 
@@ -706,7 +721,7 @@ def _(x, target, dloss, *, reduction):
     return g, -g
 
 
-@op("huber_loss(Tensor<floating> x, Tensor<floating> target, *, str reduction=\"mean\", float delta=1.0) -> "
+@op("huber_loss(Tensor<floating> x, Tensor<floating> target, str reduction=\"mean\", float delta=1.0) -> "
     "Tensor loss", infer=_elementwise_loss_spec("huber_loss"))
 def huber_loss(x, target, *, reduction, delta):
     """½·d² where |d| < delta, else delta·(|d| − ½·delta), with d = x − target elementwise (shapes broadcast); then
@@ -746,6 +761,21 @@ l1_loss.samples(_regression_samples)
 def _(rng):
     yield from _regression_samples(rng)
     yield Sample.of(rng.standard_normal((2, 5)) * 2, rng.standard_normal((2, 5)), reduction="none", delta=0.5)
+
+
+@function
+def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mean", beta=1.0):
+    """``torch.nn.functional.smooth_l1_loss``: ½·d²/beta where |d| < beta, else |d| − ½·beta, with d = input −
+    target; then reduced. It is huber_loss with delta = beta, divided by beta (l1_loss when beta is 0). The legacy
+    ``size_average``/``reduce`` are refused: pass ``reduction``."""
+    if size_average is not None or reduce is not None:
+        raise ArgumentError("smooth_l1_loss(): size_average= and reduce= (deprecated in torch) are not supported; "
+                            "use reduction='mean', 'sum' or 'none'")
+    if not isinstance(beta, (int, float)) or isinstance(beta, bool) or beta < 0:
+        raise ArgumentError(f"smooth_l1_loss(): argument 'beta' must be a number >= 0, got {beta!r}")
+    if beta == 0:
+        return F.l1_loss(input, target, reduction=reduction)
+    return F.huber_loss(input, target, reduction, float(beta)) / float(beta)
 
 
 @op("smooth_l1(Tensor<floating> x, *, float sigma=1.0) -> Tensor y", traits=["elementwise"])
@@ -911,7 +941,7 @@ def _(rng):
 
 
 @op("binary_cross_entropy_with_logits(Tensor<floating> logits, Tensor<floating> target, "
-    "Tensor<floating>? weight=None, Tensor<floating>? pos_weight=None, *, str reduction=\"mean\") -> Tensor loss",
+    "Tensor<floating>? weight=None, *, Tensor<floating>? pos_weight=None, str reduction=\"mean\") -> Tensor loss",
     infer=_bce_spec("binary_cross_entropy_with_logits"))
 def binary_cross_entropy_with_logits(logits, target, weight, pos_weight, *, reduction):
     """−weight·[pos_weight·y·log σ(x) + (1 − y)·log(1 − σ(x))] (pos_weight and weight 1 if absent, each broadcast
@@ -985,8 +1015,8 @@ def _(rng):
 _COSINE_EPS = 1e-12  # torch's: added to each squared norm, so that a zero vector gives cos 0, not nan
 
 
-@op("cosine_embedding_loss(Tensor<floating> x1, Tensor<floating> x2, nograd Tensor<number> target, *, "
-    "float margin=0.0, str reduction=\"mean\") -> Tensor loss")
+@op("cosine_embedding_loss(Tensor<floating> x1, Tensor<floating> x2, nograd Tensor<number> target, "
+    "float margin=0.0, *, str reduction=\"mean\") -> Tensor loss")
 def cosine_embedding_loss(x1, x2, target, *, margin, reduction):
     """For rows x1, x2 (D,) or batches (N, D) with targets 1 (alike) or −1 (unlike): 1 − cos(x1, x2) where the
     target is 1, max(0, cos(x1, x2) − margin) where it is −1, 0 for any other target; then reduced. The cosine is
@@ -1041,7 +1071,7 @@ def _(rng):
     yield Sample.of(rng.standard_normal(4), rng.standard_normal(4), np.array(1))
 
 
-@op("margin_ranking_loss(Tensor<floating> x1, Tensor<floating> x2, Tensor<number> target, *, float margin=0.0, "
+@op("margin_ranking_loss(Tensor<floating> x1, Tensor<floating> x2, Tensor<number> target, float margin=0.0, *, "
     "str reduction=\"mean\") -> Tensor loss")
 def margin_ranking_loss(x1, x2, target, *, margin, reduction):
     """max(0, −target·(x1 − x2) + margin), elementwise (shapes broadcast; the three must have the same number of
@@ -1088,8 +1118,8 @@ def _pairwise_distance(u, v, p, eps):
     return u - v + eps, F.pairwise_distance(u, v, p=p, eps=eps)
 
 
-@op("triplet_margin_loss(Tensor<floating> anchor, Tensor<floating> positive, Tensor<floating> negative, *, "
-    "float margin=1.0, float p=2.0, float eps=1e-6, bool swap=False, str reduction=\"mean\") -> Tensor loss")
+@op("triplet_margin_loss(Tensor<floating> anchor, Tensor<floating> positive, Tensor<floating> negative, "
+    "float margin=1.0, float p=2.0, float eps=1e-6, bool swap=False, *, str reduction=\"mean\") -> Tensor loss")
 def triplet_margin_loss(anchor, positive, negative, *, margin, p, eps, swap, reduction):
     """max(0, margin + d(anchor, positive) − d(anchor, negative)) per sample, with d(u, v) = ‖u − v + eps‖_p over
     the last axis (pairwise_distance); ``swap`` uses min(d(a, n), d(p, n)) for the negative distance. The

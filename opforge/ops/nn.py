@@ -154,7 +154,7 @@ def _softmax_grad_spec(op_name):
     return infer
 
 
-@op("softmax(Tensor<floating> x, *, int axis=-1) -> Tensor y", infer=_softmax_spec("softmax"), inplace={"y": "x"})
+@op("softmax(Tensor<floating> x, int axis/dim=-1) -> Tensor y", infer=_softmax_spec("softmax"), inplace={"y": "x"})
 def softmax(x, *, axis, out=None):
     """exp(x) / Σ exp(x) along ``axis``. Computed so where Σ exp(x) is finite and at least 1 (float32/64), else
     as exp(x − max x) / Σ exp(x − max x): nothing overflows, and each group's path depends on that group alone."""
@@ -192,7 +192,7 @@ def _(y, dy, ddx, *, axis):
     return ddx * (dy - s) - t * dy, F.softmax_grad(y, ddx, axis=axis)
 
 
-@op("log_softmax(Tensor<floating> x, *, int axis=-1) -> Tensor y", infer=_softmax_spec("log_softmax"),
+@op("log_softmax(Tensor<floating> x, int axis/dim=-1) -> Tensor y", infer=_softmax_spec("log_softmax"),
     inplace={"y": "x"})
 def log_softmax(x, *, axis, out=None):
     """log(softmax(x)) along ``axis``, computed as (x − max x) − log Σ exp(x − max x)."""
@@ -354,7 +354,7 @@ def _padding_row(op_name, padding_idx, n):
     return padding_idx % n if n else padding_idx
 
 
-@op("embedding(nograd Tensor<int32|int64> index, Tensor<floating> weight, *, int? padding_idx=None) -> Tensor y")
+@op("embedding(nograd Tensor<int32|int64> index, Tensor<floating> weight, int? padding_idx=None) -> Tensor y")
 def embedding(index, weight, *, padding_idx):
     """Rows of ``weight`` (num_embeddings, D) picked by ``index``: y[..., :] = weight[index[...]]. The row
     ``padding_idx`` (if given) is looked up as any other but gets no gradient."""

@@ -143,8 +143,8 @@ def _(rng):
 # -- layer_norm and rms_norm: over the last dims ---------------------------------------------------------------------
 
 
-@op("layer_norm(Tensor<floating> x, Tensor<floating>? weight=None, Tensor<floating>? bias=None, *, "
-    "int[] normalized_shape, float eps=1e-5) -> Tensor y")
+@op("layer_norm(Tensor<floating> x, int[] normalized_shape, Tensor<floating>? weight=None, "
+    "Tensor<floating>? bias=None, float eps=1e-5) -> Tensor y")
 def layer_norm(x, weight, bias, *, normalized_shape, eps):
     """Normalises over the last len(normalized_shape) dims to mean 0 and variance 1 (biased, plus eps), then
     y = x̂·weight + bias (each of shape normalized_shape, optional)."""
@@ -225,7 +225,7 @@ def _rms_eps(eps, dtype):
     return eps if eps is not None else D.EPS[D.float32 if dtype in D.HALF else dtype]
 
 
-@op("rms_norm(Tensor<floating> x, Tensor<floating>? weight=None, *, int[] normalized_shape, float? eps=None) "
+@op("rms_norm(Tensor<floating> x, int[] normalized_shape, Tensor<floating>? weight=None, float? eps=None) "
     "-> Tensor y")
 def rms_norm(x, weight, *, normalized_shape, eps):
     """Root-mean-square normalisation over the last len(normalized_shape) dims: y = x/√(mean(x²) + eps)·weight
@@ -298,8 +298,8 @@ def _channel_grads(dy, xhat, dx, needs_input_grad):
             F.sum(dy, axis=axes) if needs_input_grad[2] else None)
 
 
-@op("group_norm(Tensor<floating> x, Tensor<floating>? weight=None, Tensor<floating>? bias=None, *, int num_groups, "
-    "float eps=1e-5) -> Tensor y")
+@op("group_norm(Tensor<floating> x, int num_groups, Tensor<floating>? weight=None, "
+    "Tensor<floating>? bias=None, float eps=1e-5) -> Tensor y")
 def group_norm(x, weight, bias, *, num_groups, eps):
     """Splits the C channels of an (N, C, ...) input into ``num_groups`` groups and normalises each group of each
     sample over its channels and the other dims; then y = x̂·weight + bias per channel (each (C,), optional)."""

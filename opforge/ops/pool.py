@@ -219,7 +219,7 @@ def _max_pool3d_samples(rng):
 _MAX_POOL_ATTRS = "int[] stride=None, int[] padding={0}, int[] dilation={1}, bool ceil_mode=False"
 
 
-@op("max_pool1d(Tensor<floating> x, *, int[] kernel_size, " + _MAX_POOL_ATTRS.format("[0]", "[1]") + ") -> Tensor y")
+@op("max_pool1d(Tensor<floating> x, int[] kernel_size, " + _MAX_POOL_ATTRS.format("[0]", "[1]") + ") -> Tensor y")
 def max_pool1d(x, *, kernel_size, stride, padding, dilation, ceil_mode):
     """The maximum of each window of x (N, C, L) — or (C, L) — windows ``stride`` apart (default: the kernel
     size), over x padded with -inf."""
@@ -229,7 +229,7 @@ def max_pool1d(x, *, kernel_size, stride, padding, dilation, ceil_mode):
 _define_max_pool(max_pool1d, 1, _max_pool1d_samples)
 
 
-@op("max_pool2d(Tensor<floating> x, *, int[] kernel_size, " + _MAX_POOL_ATTRS.format("[0, 0]", "[1, 1]")
+@op("max_pool2d(Tensor<floating> x, int[] kernel_size, " + _MAX_POOL_ATTRS.format("[0, 0]", "[1, 1]")
     + ") -> Tensor y")
 def max_pool2d(x, *, kernel_size, stride, padding, dilation, ceil_mode):
     """The maximum of each kH×kW window of x (N, C, H, W) — or (C, H, W) — windows ``stride`` apart (default: the
@@ -240,7 +240,7 @@ def max_pool2d(x, *, kernel_size, stride, padding, dilation, ceil_mode):
 _define_max_pool(max_pool2d, 2, _max_pool2d_samples)
 
 
-@op("max_pool3d(Tensor<floating> x, *, int[] kernel_size, " + _MAX_POOL_ATTRS.format("[0, 0, 0]", "[1, 1, 1]")
+@op("max_pool3d(Tensor<floating> x, int[] kernel_size, " + _MAX_POOL_ATTRS.format("[0, 0, 0]", "[1, 1, 1]")
     + ") -> Tensor y")
 def max_pool3d(x, *, kernel_size, stride, padding, dilation, ceil_mode):
     """The maximum of each kD×kH×kW window of x (N, C, D, H, W) — or (C, D, H, W) — windows ``stride`` apart
@@ -251,7 +251,7 @@ def max_pool3d(x, *, kernel_size, stride, padding, dilation, ceil_mode):
 _define_max_pool(max_pool3d, 3, _max_pool3d_samples)
 
 
-@op("max_pool1d_with_indices(Tensor<floating> x, *, int[] kernel_size, " + _MAX_POOL_ATTRS.format("[0]", "[1]")
+@op("max_pool1d_with_indices(Tensor<floating> x, int[] kernel_size, " + _MAX_POOL_ATTRS.format("[0]", "[1]")
     + ") -> (Tensor y, Tensor indices)")
 def max_pool1d_with_indices(x, *, kernel_size, stride, padding, dilation, ceil_mode):
     """max_pool1d, and the index (int64, along L) of each window's maximum: PyTorch's
@@ -262,7 +262,7 @@ def max_pool1d_with_indices(x, *, kernel_size, stride, padding, dilation, ceil_m
 _define_max_pool(max_pool1d_with_indices, 1, _max_pool1d_samples, indices=True)
 
 
-@op("max_pool2d_with_indices(Tensor<floating> x, *, int[] kernel_size, "
+@op("max_pool2d_with_indices(Tensor<floating> x, int[] kernel_size, "
     + _MAX_POOL_ATTRS.format("[0, 0]", "[1, 1]") + ") -> (Tensor y, Tensor indices)")
 def max_pool2d_with_indices(x, *, kernel_size, stride, padding, dilation, ceil_mode):
     """max_pool2d, and the flat index h·W + w (int64) of each window's maximum: PyTorch's
@@ -273,7 +273,7 @@ def max_pool2d_with_indices(x, *, kernel_size, stride, padding, dilation, ceil_m
 _define_max_pool(max_pool2d_with_indices, 2, _max_pool2d_samples, indices=True)
 
 
-@op("max_pool3d_with_indices(Tensor<floating> x, *, int[] kernel_size, "
+@op("max_pool3d_with_indices(Tensor<floating> x, int[] kernel_size, "
     + _MAX_POOL_ATTRS.format("[0, 0, 0]", "[1, 1, 1]") + ") -> (Tensor y, Tensor indices)")
 def max_pool3d_with_indices(x, *, kernel_size, stride, padding, dilation, ceil_mode):
     """max_pool3d, and the flat index (d·H + h)·W + w (int64) of each window's maximum: PyTorch's
@@ -547,7 +547,7 @@ _AVG_POOL_ATTRS = ("int[] stride=None, int[] padding={0}, bool ceil_mode=False, 
                    "int? divisor_override=None")
 
 
-@op("avg_pool1d(Tensor<floating> x, *, int[] kernel_size, " + _AVG_POOL_ATTRS.format("[0]") + ") -> Tensor y")
+@op("avg_pool1d(Tensor<floating> x, int[] kernel_size, " + _AVG_POOL_ATTRS.format("[0]") + ") -> Tensor y")
 def avg_pool1d(x, *, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
     """The mean of each window of x (N, C, L) — or (C, L) — windows ``stride`` apart (default: the kernel size),
     over x padded with zeros that count in the mean unless ``count_include_pad`` is False; ``divisor_override``
@@ -563,7 +563,7 @@ _define_avg_pool(avg_pool1d, 1, lambda rng: [
 ])
 
 
-@op("avg_pool2d(Tensor<floating> x, *, int[] kernel_size, " + _AVG_POOL_ATTRS.format("[0, 0]") + ") -> Tensor y")
+@op("avg_pool2d(Tensor<floating> x, int[] kernel_size, " + _AVG_POOL_ATTRS.format("[0, 0]") + ") -> Tensor y")
 def avg_pool2d(x, *, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
     """The mean of each kH×kW window of x (N, C, H, W) — or (C, H, W) — windows ``stride`` apart (default: the
     kernel size), over x padded with zeros that count in the mean unless ``count_include_pad`` is False;
@@ -581,7 +581,7 @@ _define_avg_pool(avg_pool2d, 2, lambda rng: [
 ])
 
 
-@op("avg_pool3d(Tensor<floating> x, *, int[] kernel_size, " + _AVG_POOL_ATTRS.format("[0, 0, 0]") + ") -> Tensor y")
+@op("avg_pool3d(Tensor<floating> x, int[] kernel_size, " + _AVG_POOL_ATTRS.format("[0, 0, 0]") + ") -> Tensor y")
 def avg_pool3d(x, *, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
     """The mean of each kD×kH×kW window of x (N, C, D, H, W) — or (C, D, H, W) — windows ``stride`` apart (default:
     the kernel size), over x padded with zeros that count in the mean unless ``count_include_pad`` is False;
@@ -705,7 +705,7 @@ def _define_adaptive_avg(opdef, nd, samples) -> None:
     opdef.samples(samples)
 
 
-@op("adaptive_avg_pool1d(Tensor<floating> x, *, int[] output_size) -> Tensor y")
+@op("adaptive_avg_pool1d(Tensor<floating> x, int[] output_size) -> Tensor y")
 def adaptive_avg_pool1d(x, *, output_size):
     """x (N, C, L) — or (C, L) — averaged down (or up) to ``output_size``: output i is the mean of inputs
     ⌊i·L/o⌋ … ⌈(i+1)·L/o⌉ − 1 (PyTorch's adaptive windows)."""
@@ -718,7 +718,7 @@ _define_adaptive_avg(adaptive_avg_pool1d, 1, lambda rng: [
 ])
 
 
-@op("adaptive_avg_pool2d(Tensor<floating> x, *, int[] output_size) -> Tensor y")
+@op("adaptive_avg_pool2d(Tensor<floating> x, int[] output_size) -> Tensor y")
 def adaptive_avg_pool2d(x, *, output_size):
     """x (N, C, H, W) — or (C, H, W) — averaged to ``output_size`` (OH, OW) over PyTorch's adaptive windows
     (rows ⌊i·H/OH⌋ … ⌈(i+1)·H/OH⌉ − 1, and so for columns); output_size 1 is global average pooling."""
@@ -769,7 +769,7 @@ def _(rng):
     yield Sample.of(_randn(rng, 2, 2, 5), input_size=[3])
 
 
-@op("adaptive_avg_pool3d(Tensor<floating> x, *, int[] output_size) -> Tensor y")
+@op("adaptive_avg_pool3d(Tensor<floating> x, int[] output_size) -> Tensor y")
 def adaptive_avg_pool3d(x, *, output_size):
     """x (N, C, D, H, W) — or (C, D, H, W) — averaged to ``output_size`` (OD, OH, OW) over PyTorch's adaptive
     windows."""
@@ -804,7 +804,7 @@ def _adaptive_max(x, out):
     return win.batch_first(y), win.batch_first(indices)
 
 
-@op("adaptive_max_pool2d(Tensor<floating> x, *, int[] output_size) -> Tensor y")
+@op("adaptive_max_pool2d(Tensor<floating> x, int[] output_size) -> Tensor y")
 def adaptive_max_pool2d(x, *, output_size):
     """The maximum of each of PyTorch's adaptive windows of x (N, C, H, W) — or (C, H, W) — for ``output_size``
     (OH, OW): rows ⌊i·H/OH⌋ … ⌈(i+1)·H/OH⌉ − 1, and so for columns."""
@@ -831,7 +831,7 @@ def _adaptive_max_samples(rng):
 adaptive_max_pool2d.samples(_adaptive_max_samples)
 
 
-@op("adaptive_max_pool2d_with_indices(Tensor<floating> x, *, int[] output_size) -> (Tensor y, Tensor indices)")
+@op("adaptive_max_pool2d_with_indices(Tensor<floating> x, int[] output_size) -> (Tensor y, Tensor indices)")
 def adaptive_max_pool2d_with_indices(x, *, output_size):
     """adaptive_max_pool2d, and the flat index h·W + w (int64) of each window's maximum: PyTorch's
     ``adaptive_max_pool2d(..., return_indices=True)``."""

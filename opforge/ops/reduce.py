@@ -45,7 +45,7 @@ def _reduce_samples(rng):
     yield Sample.of(rng.standard_normal(5), axis=0, keepdim=True)
 
 
-@op("sum(Tensor x, *, int[] axis=None, bool keepdim=False) -> Tensor y")
+@op("sum(Tensor x, int[] axis/dim=None, bool keepdim/keepdims=False) -> Tensor y")
 def sum(x, *, axis, keepdim):
     """Sum over ``axis`` (all axes when None). Integer and bool tensors sum to int64."""
     axes = normalize_axes("sum", axis, x.ndim)
@@ -86,7 +86,7 @@ sum.sbp(_reduction_sbp(P))
 sum.samples(_reduce_samples)
 
 
-@op("mean(Tensor<floating> x, *, int[] axis=None, bool keepdim=False) -> Tensor y")
+@op("mean(Tensor<floating> x, int[] axis/dim=None, bool keepdim/keepdims=False) -> Tensor y")
 def mean(x, *, axis, keepdim):
     """Mean over ``axis`` (all axes when None)."""
     return np.mean(x, axis=normalize_axes("mean", axis, x.ndim), keepdims=keepdim)
@@ -200,7 +200,7 @@ def _refuse_empty(op_name, shape, axis):
                              "an empty group has no value")
 
 
-@op("prod(Tensor x, *, int[] axis=None, bool keepdim=False) -> Tensor y")
+@op("prod(Tensor x, int[] axis/dim=None, bool keepdim/keepdims=False) -> Tensor y")
 def prod(x, *, axis, keepdim):
     """Product over ``axis`` (all axes when None). Integer and bool tensors multiply in int64."""
     axes = normalize_axes("prod", axis, x.ndim)
@@ -271,14 +271,14 @@ def _extreme_samples(rng):
     yield Sample.of(rng.integers(-3, 4, (3, 4)), axis=0)
 
 
-@op("amax(Tensor x, *, int[] axis=None, bool keepdim=False) -> Tensor y")
+@op("amax(Tensor x, int[] axis/dim=None, bool keepdim/keepdims=False) -> Tensor y")
 def amax(x, *, axis, keepdim):
     """Largest element over ``axis`` (all axes when None), as ``torch.amax`` and NumPy's ``max``; NaN if the group
     holds one. ``F.max(x, dim)`` gives torch's (values, indices) along one dim."""
     return np.max(x, axis=normalize_axes("amax", axis, x.ndim), keepdims=keepdim)
 
 
-@op("amin(Tensor x, *, int[] axis=None, bool keepdim=False) -> Tensor y")
+@op("amin(Tensor x, int[] axis/dim=None, bool keepdim/keepdims=False) -> Tensor y")
 def amin(x, *, axis, keepdim):
     """Smallest element over ``axis`` (all axes when None), as ``torch.amin`` and NumPy's ``min``."""
     return np.min(x, axis=normalize_axes("amin", axis, x.ndim), keepdims=keepdim)
@@ -311,7 +311,7 @@ def _torch_extreme(name: str, x, dim, keepdim: bool, axis):
     rank = len(x.shape)
     rows = x if rank else F.reshape(x, shape=[1])
     indices = (F.argmax if name == "max" else F.argmin)(rows, axis=dim, keepdim=True)
-    values = F.gather(rows, indices, axis=dim)  # its gradient goes to the index alone, as torch's
+    values = F.gather(rows, dim, indices)  # its gradient goes to the index alone, as torch's
     if not rank:
         values, indices = F.reshape(values, shape=[]), F.reshape(indices, shape=[])
     elif not keepdim:
@@ -357,13 +357,13 @@ def _arg_extreme_spec(op_name):
     return infer
 
 
-@op("argmax(Tensor x, *, int? axis=None, bool keepdim=False) -> Tensor<int64> y", traits=["no_grad"])
+@op("argmax(Tensor x, int? axis/dim=None, bool keepdim/keepdims=False) -> Tensor<int64> y", traits=["no_grad"])
 def argmax(x, *, axis, keepdim):
     """Index of the largest element along ``axis`` (of the flattened tensor when None); the first one on ties."""
     return _arg_extreme("argmax", np.argmax, x, axis, keepdim)
 
 
-@op("argmin(Tensor x, *, int? axis=None, bool keepdim=False) -> Tensor<int64> y", traits=["no_grad"])
+@op("argmin(Tensor x, int? axis/dim=None, bool keepdim/keepdims=False) -> Tensor<int64> y", traits=["no_grad"])
 def argmin(x, *, axis, keepdim):
     """Index of the smallest element along ``axis`` (of the flattened tensor when None); the first one on ties."""
     return _arg_extreme("argmin", np.argmin, x, axis, keepdim)
@@ -442,7 +442,7 @@ def _stat_samples(rng):
     yield Sample.of(rng.standard_normal(()), correction=0)
 
 
-@op("var(Tensor<floating> x, *, int[] axis=None, float correction=1.0, bool keepdim=False) -> Tensor y")
+@op("var(Tensor<floating> x, int[] axis/dim=None, *, float correction=1.0, bool keepdim/keepdims=False) -> Tensor y")
 def var(x, *, axis, correction, keepdim):
     """Variance over ``axis``: Σ(x − mean)²/(N − correction); correction=1 is the unbiased estimate, and any real
     correction works (as PyTorch's; N − correction ≤ 0 gives inf)."""
@@ -468,7 +468,7 @@ def _(x, dy, *, axis, correction, keepdim):
     return _var_grad(x, dy, axis, correction, keepdim)
 
 
-@op("std(Tensor<floating> x, *, int[] axis=None, float correction=1.0, bool keepdim=False) -> Tensor y")
+@op("std(Tensor<floating> x, int[] axis/dim=None, *, float correction=1.0, bool keepdim/keepdims=False) -> Tensor y")
 def std(x, *, axis, correction, keepdim):
     """Standard deviation over ``axis``: the square root of ``var``."""
     return np.sqrt(_var("std", x, axis, correction, keepdim))
@@ -491,7 +491,7 @@ for _stat in (var, std):
     _stat.samples(_stat_samples)
 
 
-@op("logsumexp(Tensor<floating> x, *, int[] axis=None, bool keepdim=False) -> Tensor y")
+@op("logsumexp(Tensor<floating> x, int[] axis/dim=None, bool keepdim/keepdims=False) -> Tensor y")
 def logsumexp(x, *, axis, keepdim):
     """ln Σ eˣ over ``axis``, computed as m + ln Σ e^(x − m) with m the group's largest element (no overflow)."""
     axes = normalize_axes("logsumexp", axis, x.ndim)
@@ -522,7 +522,7 @@ def _(rng):
     yield Sample.of(rng.standard_normal((2, 3)) + np.array([[1000.0], [-1000.0]]), axis=1)  # no overflow
 
 
-@op("norm(Tensor<floating> x, *, float p=2.0, int[] axis=None, bool keepdim=False) -> Tensor y")
+@op("norm(Tensor<floating> x, float p=2.0, int[] axis/dim=None, bool keepdim/keepdims=False) -> Tensor y")
 def norm(x, *, p, axis, keepdim):
     """Vector p-norm over ``axis`` (all axes when None), as ``torch.linalg.vector_norm``: (Σ|x|ᵖ)^(1/p);
     p = inf gives max |x|, p = −inf min |x|, p = 0 the number of nonzero elements."""
@@ -617,7 +617,7 @@ def _cumsum_dtype(dtype):
     return dtype if D.is_floating(dtype) else D.int64
 
 
-@op("cumsum(Tensor x, *, int axis) -> Tensor y")
+@op("cumsum(Tensor x, int axis/dim) -> Tensor y")
 def cumsum(x, *, axis):
     """Running sums along ``axis``: yᵢ = x₀ + … + xᵢ. Integer and bool tensors sum in int64."""
     dtype = _cumsum_dtype(x.dtype)
@@ -658,7 +658,7 @@ def _(rng):
     yield Sample.of(rng.integers(-3, 4, (2, 3)), axis=0)
 
 
-@op("cumprod(Tensor x, *, int axis) -> Tensor y")
+@op("cumprod(Tensor x, int axis/dim) -> Tensor y")
 def cumprod(x, *, axis):
     """Running products along ``axis``: yᵢ = x₀·x₁·…·xᵢ. Integer and bool tensors multiply in int64."""
     dtype = _cumsum_dtype(x.dtype)
@@ -696,14 +696,14 @@ def _(x, dy, *, axis):
     def from_end(t):  # Σ over positions (runs) at or after each one
         return F.flip(F.cumsum(F.flip(t, axis=[a]), axis=a), axis=[a])
 
-    after = from_end(F.scatter_add(buckets, run, w, axis=a))  # Σ of w over runs ≥ g
-    later = F.gather(after, run + 1, axis=a)  # over runs after i's
+    after = from_end(F.scatter_add(buckets, a, run, w))  # Σ of w over runs ≥ g
+    later = F.gather(after, a, run + 1)  # over runs after i's
     same_run = from_end(w) - later  # Σⱼ≥ᵢ in i's run
-    next_run = later - F.gather(after, run + 2, axis=a)
-    zero_of_run = F.scatter_add(buckets, run, F.where(is_zero, x, 0), axis=a)  # the zero that starts each run
-    next_zero = F.gather(zero_of_run, run + 1, axis=a)
+    next_run = later - F.gather(after, a, run + 2)
+    zero_of_run = F.scatter_add(buckets, a, run, F.where(is_zero, x, 0))  # the zero that starts each run
+    next_zero = F.gather(zero_of_run, a, run + 1)
     zeros_before = run - F.cast(is_zero, dtype="int64")
-    first_zero = F.gather(zero_of_run, F.ones_like(run), axis=a)
+    first_zero = F.gather(zero_of_run, a, F.ones_like(run))
     before = F.where(zeros_before == 0, 1, F.where(zeros_before == 1, first_zero, 0))
     return before / nonzero * (same_run + next_zero * next_run)
 

@@ -89,7 +89,7 @@ def _along(shape, axis, values):
     return values.reshape([-1 if a == axis else 1 for a in range(len(shape))])
 
 
-@op('interpolate(Tensor<floating> x, *, int[] size=None, float[] scale_factor=None, str mode="nearest", '
+@op('interpolate(Tensor<floating> x, int[] size=None, float[] scale_factor=None, str mode="nearest", '
     "bool? align_corners=None, bool? recompute_scale_factor=None) -> Tensor y")
 def interpolate(x, *, size, scale_factor, mode, align_corners, recompute_scale_factor):
     """Resize x (N, C, *spatial) to ``size``, or by ``scale_factor`` (the output ⌊n·s⌋), as PyTorch's
@@ -206,7 +206,7 @@ def _shuffle_shape(op_name, shape, r: int, up: bool) -> tuple:
     return (*lead, None if c is None else c * r * r, *(None if n is None else n // r for n in (h, w)))
 
 
-@op("pixel_shuffle(Tensor x, *, int upscale_factor) -> Tensor y")
+@op("pixel_shuffle(Tensor x, int upscale_factor) -> Tensor y")
 def pixel_shuffle(x, *, upscale_factor):
     """x (*, C·r², H, W) rearranged to (*, C, H·r, W·r), r = upscale_factor: y[..., c, h·r + i, w·r + j] =
     x[..., c·r² + i·r + j, h, w] (sub-pixel convolution's upsampling, as PyTorch)."""
@@ -237,7 +237,7 @@ def _(rng):
     yield Sample.of(rng.standard_normal((2, 1, 4, 1, 2)), upscale_factor=2)
 
 
-@op("pixel_unshuffle(Tensor x, *, int downscale_factor) -> Tensor y")
+@op("pixel_unshuffle(Tensor x, int downscale_factor) -> Tensor y")
 def pixel_unshuffle(x, *, downscale_factor):
     """The inverse of pixel_shuffle: x (*, C, H·r, W·r) rearranged to (*, C·r², H, W), r = downscale_factor."""
     r = downscale_factor

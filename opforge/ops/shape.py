@@ -7,10 +7,11 @@ import math
 
 from opforge import ops as F
 
-from ._common import D, P, S, Sample, ShapeError, Spec, broadcast_shapes, normalize_axes, np, op, shapes_agree
+from ..core.errors import ArgumentError, describe
+from ._common import D, P, S, Sample, ShapeError, Spec, broadcast_shapes, function, normalize_axes, np, op, shapes_agree
 
 
-@op("reshape(Tensor x, *, int[] shape) -> Tensor y")
+@op("reshape(Tensor x, int[] shape) -> Tensor y")
 def reshape(x, *, shape):
     """The same elements in a new shape; one dim may be -1 (inferred)."""
     return np.reshape(x, shape)
@@ -113,7 +114,7 @@ def _(rng):
     yield Sample.of(rng.standard_normal((2, 3, 4)), perm=[-1, 0, 1])
 
 
-@op("broadcast_to(Tensor x, *, int[] shape) -> Tensor y")
+@op("broadcast_to(Tensor x, int[] shape/size) -> Tensor y")
 def broadcast_to(x, *, shape):
     """``x`` repeated along dims of size 1 (and new leading dims) to ``shape``. A -1 keeps the size of the dim of
     ``x`` it lines up with, as ``Tensor.expand`` (not allowed for a new leading dim)."""
@@ -263,7 +264,7 @@ def _squeezed_axes(op_name, shape, axis):
     return tuple(a for a in axes if shape[a] == 1)
 
 
-@op("squeeze(Tensor x, *, int[] axis=None) -> Tensor y")
+@op("squeeze(Tensor x, int[] axis/dim=None) -> Tensor y")
 def squeeze(x, *, axis):
     """Removes dims of size 1: every one when ``axis`` is None, else those listed (a listed dim whose size is
     not 1 is left alone, as in PyTorch)."""
@@ -295,7 +296,7 @@ def _(rng):
     yield Sample.of(rng.standard_normal(()))
 
 
-@op("unsqueeze(Tensor x, *, int axis) -> Tensor y")
+@op("unsqueeze(Tensor x, int axis/dim) -> Tensor y")
 def unsqueeze(x, *, axis):
     """Inserts a dim of size 1 at ``axis`` (in [-ndim-1, ndim], counted in the result)."""
     return np.expand_dims(x, axis)
@@ -331,7 +332,7 @@ def _permutation(op_name, perm, shape):
     return tuple(p % n for p in perm)
 
 
-@op("permute(Tensor x, *, int[] dims) -> Tensor y")
+@op("permute(Tensor x, int[] dims) -> Tensor y")
 def permute(x, *, dims):
     """Reorders the dims: dim i of the result is dim ``dims[i]`` of ``x`` (``torch.permute``)."""
     return np.transpose(x, dims)
@@ -358,7 +359,7 @@ def _(rng):
     yield Sample.of(rng.standard_normal(()), dims=[])
 
 
-@op("flip(Tensor x, *, int[] axis) -> Tensor y")
+@op("flip(Tensor x, int[] axis/dims) -> Tensor y")
 def flip(x, *, axis):
     """Reverses the order of the elements along each dim in ``axis``."""
     return np.flip(x, normalize_axes("flip", axis, x.ndim))
@@ -401,7 +402,7 @@ def _same_dims(op_name, dims):
     return known.pop() if known else None
 
 
-@op("concat(Tensor[] xs, *, int axis=0) -> Tensor y")
+@op("concat(Tensor[] xs, int axis/dim=0) -> Tensor y")
 def concat(xs, *, axis):
     """Joins tensors along an existing dim ``axis``; the other dims must agree (``torch.cat``)."""
     return np.concatenate(xs, axis=axis, dtype=D.promote(*(x.dtype for x in xs)))
@@ -450,7 +451,7 @@ def _(rng):
     yield Sample.of([rng.standard_normal(3)])
 
 
-@op("stack(Tensor[] xs, *, int axis=0) -> Tensor y")
+@op("stack(Tensor[] xs, int axis/dim=0) -> Tensor y")
 def stack(xs, *, axis):
     """Joins tensors of one shape along a new dim ``axis`` (in [-ndim-1, ndim], counted in the result)."""
     return np.stack(xs, axis=axis, dtype=D.promote(*(x.dtype for x in xs)))
@@ -499,7 +500,7 @@ def _split_sizes(size, sections):
     return [chunk] * (size // chunk) + ([size % chunk] if size % chunk or size == 0 else [])
 
 
-@op("split(Tensor x, *, int[] sections, int axis=0) -> Tensor[] ys")
+@op("split(Tensor x, int[] sections/split_size_or_sections, int axis/dim=0) -> Tensor[] ys")
 def split(x, *, sections, axis):
     """Cuts ``x`` along ``axis`` into pieces of the sizes in ``sections`` (which must add up to the dim), or, when
     ``sections`` is one number n (``split(x, sections=n)``), into pieces of n, the last one smaller: both as
@@ -562,7 +563,7 @@ def _(rng):
 # -- repeating and masking: tile, tril, triu -----------------------------------------------------------------
 
 
-@op("tile(Tensor x, *, int[] reps) -> Tensor y")
+@op("tile(Tensor x, int[] reps/dims) -> Tensor y")
 def tile(x, *, reps):
     """``x`` repeated ``reps[i]`` times along dim i (``torch.tile``, ``np.tile``): the shorter of ``x.shape`` and
     ``reps`` is padded with leading 1s."""
@@ -629,7 +630,7 @@ def _triangle_samples(rng):
     yield Sample.of(rng.standard_normal((4, 3)), diagonal=-2)
 
 
-@op("tril(Tensor x, *, int diagonal=0) -> Tensor y", infer=_triangle_spec("tril"))
+@op("tril(Tensor x, int diagonal=0) -> Tensor y", infer=_triangle_spec("tril"))
 def tril(x, *, diagonal):
     """The lower triangle of each matrix (last two dims): elements (i, j) with j - i <= ``diagonal``, others 0."""
     _matrices("tril", x.shape)
@@ -644,7 +645,7 @@ def _(dy, *, diagonal):
     return F.tril(dy, diagonal=diagonal)
 
 
-@op("triu(Tensor x, *, int diagonal=0) -> Tensor y", infer=_triangle_spec("triu"))
+@op("triu(Tensor x, int diagonal=0) -> Tensor y", infer=_triangle_spec("triu"))
 def triu(x, *, diagonal):
     """The upper triangle of each matrix (last two dims): elements (i, j) with j - i >= ``diagonal``, others 0."""
     _matrices("triu", x.shape)
@@ -666,7 +667,7 @@ triu.samples(_triangle_samples)
 # -- roll, repeat_interleave, diagonal -------------------------------------------------------------------------
 
 
-@op("roll(Tensor x, *, int[] shifts, int[] axis=None) -> Tensor y")
+@op("roll(Tensor x, int[] shifts, int[] axis/dims=None) -> Tensor y")
 def roll(x, *, shifts, axis):
     """``torch.roll``: the elements shifted by ``shifts[i]`` along ``axis[i]``, those pushed off one end coming back
     at the other. With ``axis=None``, the flattened tensor is rolled by the one shift and reshaped back. An axis
@@ -737,7 +738,7 @@ def _repeated_shape(op_name, shape, repeats, axis):
     return (m,) if a is None else (*shape[:a], m, *shape[a + 1:])
 
 
-@op("repeat_interleave(Tensor x, *, int[] repeats, int? axis=None) -> Tensor y")
+@op("repeat_interleave(Tensor x, int[] repeats, int? axis/dim=None) -> Tensor y")
 def repeat_interleave(x, *, repeats, axis):
     """``torch.repeat_interleave``: each element (each slice along ``axis``) repeated ``repeats[i]`` times in place:
     [a, b] with repeats [2] gives [a, a, b, b], with [1, 3] gives [a, b, b, b]. With ``axis=None`` the flattened
@@ -820,7 +821,7 @@ def _diagonal_shape(shape, a1, a2, length):
     return (*(d for i, d in enumerate(shape) if i not in (a1, a2)), length)
 
 
-@op("diagonal(Tensor x, *, int offset=0, int axis1=0, int axis2=1) -> Tensor y")
+@op("diagonal(Tensor x, int offset=0, int axis1/dim1=0, int axis2/dim2=1) -> Tensor y")
 def diagonal(x, *, offset, axis1, axis2):
     """``torch.diagonal`` (``np.diagonal``): the elements (i, i + offset) of the matrices spanned by ``axis1`` and
     ``axis2``, in a new last dim; the other dims stay in order. ``offset`` > 0 is above the main diagonal."""
@@ -950,7 +951,7 @@ def _pad_source(n, before, after, mode):
     return np.where(p > n - 1, 2 * (n - 1) - p, p)
 
 
-@op('pad(Tensor x, *, int[] pad, str mode="constant", float value=0.0) -> Tensor y')
+@op('pad(Tensor x, int[] pad, str mode="constant", float value=0.0) -> Tensor y')
 def pad(x, *, pad, mode, value):
     """Pads ``x`` as ``torch.nn.functional.pad``: ``pad`` lists (before, after) pairs from the last dim backwards.
     Modes: "constant" (fill with ``value``), "reflect" (mirror without repeating the edge: pads < the dim's size),
@@ -1055,3 +1056,74 @@ def _(rng):
     yield Sample.of(rng.standard_normal((1, 3, 6, 7)), shape=[1, 2, 3, 4], pad=[1, 2, 3, 0, 1, 0], mode="replicate")
     yield Sample.of(rng.standard_normal((1, 10)), shape=[1, 4], pad=[2, 4], mode="circular")
     yield Sample.of(rng.standard_normal((3, 5)), shape=[3, 4], pad=[-2, 3], mode="reflect")
+
+
+# -- torch's functions written with the ops above: flatten, unflatten, chunk, unbind, narrow, t -----------------------
+
+
+def _dim(name: str, dim, ndim: int) -> int:
+    """One dim in [-ndim, ndim) (a 0-d tensor takes 0 and -1, as torch) -> non-negative."""
+    if not isinstance(dim, (int, np.integer)) or isinstance(dim, (bool, np.bool_)):
+        raise ArgumentError(f"{name}(): argument 'dim' expected int, got {describe(dim)}")
+    return _one_axis(name, int(dim), builtins.max(ndim, 1))
+
+
+@function
+def flatten(x, start_dim=0, end_dim=-1):
+    """``torch.flatten``: dims ``start_dim`` .. ``end_dim`` merged into one (a 0-d tensor becomes 1-d)."""
+    shape = list(x.shape)
+    if not shape:
+        return F.reshape(x, [1])
+    start, end = _dim("flatten", start_dim, len(shape)), _dim("flatten", end_dim, len(shape))
+    if start > end:
+        raise ArgumentError(f"flatten(): start_dim {start_dim} comes after end_dim {end_dim}")
+    merged = shape[start:end + 1]
+    size = math.prod(merged) if all(isinstance(d, int) for d in merged) else -1  # -1: a size known at run time
+    return F.reshape(x, [*shape[:start], size, *shape[end + 1:]])
+
+
+@function
+def unflatten(x, dim, sizes):
+    """``torch.unflatten``: dim ``dim`` split into dims of ``sizes`` (one of them may be -1)."""
+    shape = list(x.shape)
+    d = _dim("unflatten", dim, len(shape))
+    return F.reshape(x, [*shape[:d], *sizes, *shape[d + 1:]])
+
+
+@function
+def chunk(x, chunks, dim=0):
+    """``torch.chunk``: ``x`` cut along ``dim`` into at most ``chunks`` pieces of ceil(size / chunks) elements, the
+    last one smaller (so there may be fewer pieces than asked for). A tuple, as torch's."""
+    if not isinstance(chunks, (int, np.integer)) or isinstance(chunks, bool) or chunks < 1:
+        raise ArgumentError(f"chunk(): argument 'chunks' must be an int >= 1, got {describe(chunks)}")
+    size = x.shape[_dim("chunk", dim, len(x.shape))]
+    return tuple(F.split(x, [builtins.max(-(-size // int(chunks)), 1)], dim))
+
+
+@function
+def unbind(x, dim=0):
+    """``torch.unbind``: the slices of ``x`` along ``dim``, that dim removed, as a tuple."""
+    d = _dim("unbind", dim, len(x.shape))
+    if not x.shape[d]:
+        return ()
+    return tuple(F.squeeze(piece, [d]) for piece in F.split(x, [1], d))
+
+
+@function
+def narrow(x, dim, start, length):
+    """``torch.narrow``: elements ``start`` .. ``start + length - 1`` along ``dim`` (``start`` may be negative)."""
+    d = _dim("narrow", dim, len(x.shape))
+    size = x.shape[d]
+    if not -size <= start <= size or length < 0 or start % builtins.max(size, 1) + length > size:
+        raise ShapeError(f"narrow(): start {start} and length {length} do not fit in dim {dim} of size {size}")
+    start = start % size if size else 0
+    return F.slice(x, axes=[d], starts=[start], ends=[start + length], steps=[1])
+
+
+@function
+def t(x):
+    """``torch.t``: a 2-D tensor transposed; 0-D and 1-D tensors as they are."""
+    if len(x.shape) > 2:
+        raise ShapeError(f"t(): expects a tensor of at most 2 dims, got shape {tuple(x.shape)} (use transpose(d0, d1) "
+                         "or permute)")
+    return F.transpose(x) if len(x.shape) == 2 else F.identity(x)

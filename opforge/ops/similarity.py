@@ -14,7 +14,7 @@ def _check_p(*, p, **_):
         raise ValueError("argument 'p' must not be NaN")
 
 
-@op("normalize(Tensor<floating> x, *, float p=2.0, int axis=1, float eps=1e-12) -> Tensor y")
+@op("normalize(Tensor<floating> x, float p=2.0, int axis/dim=1, float eps=1e-12) -> Tensor y")
 def normalize(x, *, p, axis, eps):
     """``torch.nn.functional.normalize``: ``x`` divided by its p-norm along ``axis``, or by ``eps`` where the norm is
     smaller: y = x / max(‖x‖ₚ, eps)."""
@@ -58,7 +58,7 @@ def _cosine_axes(shape, axis):
     return normalize_axes("cosine_similarity", (axis,), len(shape))
 
 
-@op("cosine_similarity(Tensor<floating> x1, Tensor<floating> x2, *, int axis=1, float eps=1e-8) -> Tensor y")
+@op("cosine_similarity(Tensor<floating> x1, Tensor<floating> x2, int axis/dim=1, float eps=1e-8) -> Tensor y")
 def cosine_similarity(x1, x2, *, axis, eps):
     """``torch.nn.functional.cosine_similarity``: ⟨x1, x2⟩/(‖x1‖·‖x2‖) along ``axis`` (x1 and x2 broadcast), each
     norm at least ``eps``, computed as PyTorch does: ⟨x1/max(‖x1‖, eps), x2/max(‖x2‖, eps)⟩, which stays in
@@ -110,7 +110,7 @@ def _distance_axes(shape):
     return normalize_axes("pairwise_distance", (-1,), len(shape))
 
 
-@op("pairwise_distance(Tensor<floating> x1, Tensor<floating> x2, *, float p=2.0, float eps=1e-6, "
+@op("pairwise_distance(Tensor<floating> x1, Tensor<floating> x2, float p=2.0, float eps=1e-6, "
     "bool keepdim=False) -> Tensor y")
 def pairwise_distance(x1, x2, *, p, eps, keepdim):
     """``torch.nn.functional.pairwise_distance``: the p-norm of x1 − x2 + eps over the last dim (x1 and x2

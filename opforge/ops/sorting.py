@@ -37,7 +37,7 @@ def _take_along(x, indices, axis):
     return np.take_along_axis(x, indices, axis) if x.ndim else x.copy()
 
 
-@op("sort(Tensor x, *, int axis=-1, bool descending=False, bool stable=False) -> (Tensor values, "
+@op("sort(Tensor x, int axis/dim=-1, bool descending=False, *, bool stable=False) -> (Tensor values, "
     "Tensor<int64> indices)")
 def sort(x, *, axis, descending, stable):
     """``torch.sort``: the elements along ``axis`` in ascending (``descending``: descending) order, and where each
@@ -63,7 +63,7 @@ sort.grad(_values_grad)
 sort.samples(_sort_samples)
 
 
-@op("argsort(Tensor x, *, int axis=-1, bool descending=False, bool stable=False) -> Tensor<int64> indices",
+@op("argsort(Tensor x, int axis/dim=-1, bool descending=False, bool stable=False) -> Tensor<int64> indices",
     traits=["no_grad"])
 def argsort(x, *, axis, descending, stable):
     """``torch.argsort``: the indices that sort ``x`` along ``axis`` (``sort``'s second output)."""
@@ -91,7 +91,7 @@ def _topk_shape(shape, k, axis):
     return (*shape[:a], k, *shape[a + 1:])
 
 
-@op("topk(Tensor x, *, int k, int axis=-1, bool largest=True, bool sorted=True) -> (Tensor values, "
+@op("topk(Tensor x, int k, int axis/dim=-1, bool largest=True, bool sorted=True) -> (Tensor values, "
     "Tensor<int64> indices)")
 def topk(x, *, k, axis, largest, sorted):
     """``torch.topk``: the ``k`` largest (``largest=False``: smallest) elements along ``axis``, largest first

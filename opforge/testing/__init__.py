@@ -1,8 +1,8 @@
 """Checks for ops: numeric gradient checks and the per-op conformance suite."""
 
-from .conformance import ConformanceError, OpReport, check_all, check_op, default_samples
+from .conformance import ConformanceError, OpReport, call_op, check_all, check_op, default_samples
 from .gradcheck import GradcheckError, GradcheckResult, gradcheck, gradgradcheck
 
-__all__ = ["ConformanceError", "GradcheckError", "GradcheckResult", "OpReport", "check_all", "check_op",
+__all__ = ["ConformanceError", "GradcheckError", "GradcheckResult", "OpReport", "call_op", "check_all", "check_op",
            "default_samples",
            "gradcheck", "gradgradcheck"]

@@ -110,6 +110,14 @@ def _on_device(array: np.ndarray, requires_grad: bool = False) -> Tensor:
     return wrap(device.from_host(array), device, requires_grad=requires_grad)
 
 
+def call_op(op, inputs, kwargs: dict):
+    """The op (an ``OpDef`` or its name) called on ``inputs`` in the order of its tensor inputs, by name (an attr
+    may come before an input in the op's positional order, torch's ``gather(x, dim, index)``), and ``kwargs``: how
+    a sample (``Sample.of(x, index, axis=1)``) is called."""
+    opdef = registry.get(op) if isinstance(op, str) else op
+    return opdef.fn(**dict(zip(opdef.input_names, inputs)), **kwargs)
+
+
 def _materialize(opdef: OpDef, sample: Sample, dtype=None, requires_grad=False) -> tuple:
     args = []
     for i, value in enumerate(sample.args):
@@ -178,7 +186,7 @@ def _check_inference(opdef: OpDef, args, kwargs, report: OpReport, tag: str) -> 
     """Check inferred Specs against one call's outputs, and return those outputs (flat)."""
     specs, attrs = _specs(opdef, args, kwargs)
     inferred = opdef.infer_specs(specs, attrs)
-    actual = _flat(opdef.fn(*args, **kwargs))
+    actual = _flat(call_op(opdef, args, kwargs))
     if not _compare_specs(opdef, inferred, actual, report, tag):
         return actual
     # The same call with the leading dim of each input unknown must infer something compatible.
@@ -253,7 +261,7 @@ def _check_program(opdef: OpDef, sample: Sample, report: OpReport, tag: str) -> 
             if name is not None:
                 feeds[name] = t
     rng = np.random.default_rng(3)
-    eager_out = [t for t in _flat(opdef.fn(*args, **kwargs))]
+    eager_out = [t for t in _flat(call_op(opdef, args, kwargs))]
     cotangents = [rng.standard_normal(t.shape) if t.dtype == np.float64 else None for t in eager_out]
     wrt = [n for n, t in feeds.items() if t.dtype == np.float64 and _differentiable_slot(opdef, n)]
     want_grads = "no_grad" not in opdef.traits and opdef.grad_rule is not None and wrt and \
@@ -264,7 +272,7 @@ def _check_program(opdef: OpDef, sample: Sample, report: OpReport, tag: str) -> 
                 for a, slot in zip(args, slots)]
 
     def fn(**variables):
-        outs = _flat(opdef.fn(*rebuild(variables), **kwargs))
+        outs = _flat(call_op(opdef, rebuild(variables), kwargs))
         result = {f"out{k}": o for k, o in enumerate(outs)}
         if want_grads:
             terms = [F.sum(o * _on_device(c)) for o, c in zip(outs, cotangents) if c is not None]
@@ -287,7 +295,7 @@ def _check_program(opdef: OpDef, sample: Sample, report: OpReport, tag: str) -> 
     if want_grads:
         leaves = {n: wrap(t._data, t.device, requires_grad=True) for n, t in feeds.items() if n in wrt}
         values = {n: leaves.get(n, t) for n, t in feeds.items()}
-        outs = _flat(opdef.fn(*rebuild(values), **kwargs))
+        outs = _flat(call_op(opdef, rebuild(values), kwargs))
         pairs = [(o, _on_device(c)) for o, c in zip(outs, cotangents) if c is not None and o.requires_grad]
         if not pairs:
             return
@@ -321,7 +329,7 @@ def _check_gradients(opdef: OpDef, sample: Sample, report: OpReport, tag: str, s
         it = iter(flat)
         rebuilt = [[next(it) for _ in a] if isinstance(a, list) else next(it) for a in args]
         with _seeded(opdef, seed):
-            return opdef.fn(*rebuilt, **kwargs)
+            return call_op(opdef, rebuilt, kwargs)
 
     if not any(isinstance(t, Tensor) and t.requires_grad for t in flat_inputs):
         return
@@ -505,7 +513,8 @@ def _check_wrong_calls(opdef: OpDef, sample: Sample, report: OpReport, strict: b
                       lambda: fn(**{k: v for k, v in given.items() if k != left_out}, **kwargs), name, left_out)
     if opdef.inputs and len(args) == len(opdef.inputs):
         first = opdef.inputs[0]
-        _expect_error(report, "a string for a tensor", lambda: fn("text", *args[1:], **kwargs), name, first.name)
+        _expect_error(report, "a string for a tensor", lambda: call_op(opdef, ("text", *args[1:]), kwargs), name,
+                      first.name)
         for p in opdef.inputs:
             i = opdef.inputs.index(p)
             if p.dtypes is not None and not p.is_list and isinstance(args[i], Tensor):
@@ -513,15 +522,15 @@ def _check_wrong_calls(opdef: OpDef, sample: Sample, report: OpReport, strict: b
                 if bad is not None:
                     wrong = list(args)
                     wrong[i] = _on_device(np.zeros(args[i].shape, bad))
-                    _expect_error(report, f"dtype {bad} for '{p.name}'", lambda w=wrong: fn(*w, **kwargs),
+                    _expect_error(report, f"dtype {bad} for '{p.name}'", lambda w=wrong: call_op(opdef, w, kwargs),
                                   name, p.name)
     for p in opdef.attrs:
         bad_value = 1.5 if p.type == "str" else "not-a-value"
         if p.type == "dtype":
             bad_value = "complex128"
         _expect_error(report, f"bad type for attr '{p.name}'",
-                      lambda p=p, v=bad_value: fn(*args, **{**kwargs, p.name: v}), name, p.name)
-    _expect_error(report, "unknown keyword", lambda: fn(*args, **kwargs, no_such_argument=1), name,
+                      lambda p=p, v=bad_value: call_op(opdef, args, {**kwargs, p.name: v}), name, p.name)
+    _expect_error(report, "unknown keyword", lambda: call_op(opdef, args, {**kwargs, "no_such_argument": 1}), name,
                   "no_such_argument")
     _check_wrong_rank(opdef, args, kwargs, report, strict)
     _check_attr_values(opdef, args, kwargs, report)
@@ -565,7 +574,7 @@ def _check_wrong_rank(opdef: OpDef, args: tuple, kwargs: dict, report: OpReport,
                                    f"ShapeError naming the op")
             continue
         try:
-            actual, failed = _flat(opdef.fn(*wrong, **kwargs)), None
+            actual, failed = _flat(call_op(opdef, wrong, kwargs)), None
         except Exception as e:
             actual, failed = None, e
         if refused is None and failed is None:
@@ -606,7 +615,7 @@ def _check_attr_values(opdef: OpDef, args: tuple, kwargs: dict, report: OpReport
         for value in values:
             what = f"attr {p.name}={value!r}"
             try:
-                opdef.fn(*args, **{**kwargs, p.name: value})
+                call_op(opdef, args, {**kwargs, p.name: value})
             except Exception as e:
                 text = str(e)
                 if _kernel_failure(e):

@@ -1,0 +1,178 @@
+"""PyTorch's surface (issue 27, "Names and call forms"): torch's positional settings and dim= beside axis=, the torch
+names of the opforge namespace and of Tensor methods, item assignment, nn.Parameter, save/load. PyTorch is the
+oracle: each call below is written as torch writes it and compared with torch's result (values, dtypes, gradients),
+or must fail where torch fails."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as TF
+
+import opforge as of
+from opforge import ops as F
+
+
+def same(ours, theirs, rtol=1e-6, atol=0.0):
+    """Equal values, shapes and dtypes, through tuples and lists (a torch dtype compares by name)."""
+    if isinstance(theirs, (tuple, list)):
+        assert isinstance(ours, (tuple, list)) and len(ours) == len(theirs), (type(ours), len(theirs))
+        for a, b in zip(ours, theirs):
+            same(a, b, rtol, atol)
+        return
+    theirs = theirs.detach().numpy() if isinstance(theirs, torch.Tensor) else np.asarray(theirs)
+    ours = ours.numpy() if isinstance(ours, of.Tensor) else np.asarray(ours)
+    assert ours.dtype == theirs.dtype, (ours.dtype, theirs.dtype)
+    assert ours.shape == theirs.shape, (ours.shape, theirs.shape)
+    np.testing.assert_allclose(ours, theirs, rtol=rtol, atol=atol)
+
+
+def _data(seed=0):
+    rng = np.random.default_rng(seed)
+    return {
+        "x": rng.standard_normal((3, 4)), "img": rng.standard_normal((2, 4, 6, 6)),
+        "w": rng.standard_normal((3, 4, 3, 3)), "b": rng.standard_normal(3), "lw": rng.standard_normal((5, 4)),
+        "lb": rng.standard_normal(5), "y": np.array([0, 2, 1]), "idx": np.array([[0, 3], [2, 2], [1, 0]]),
+        "i1": np.array([2, 0]), "v": rng.standard_normal(4), "emb": rng.standard_normal((6, 4)),
+    }
+
+
+def _of(d):
+    return {k: of.tensor(v) for k, v in d.items()}
+
+
+def _torch(d):
+    return {k: torch.tensor(v) for k, v in d.items()}
+
+
+# (ours, torch's) called with the same named data: each written as torch writes it
+CALL_FORMS = {
+    "sum(x, 1)": (lambda m, a: m.sum(a["x"], 1)),
+    "sum(x, dim=1, keepdim=True)": (lambda m, a: m.sum(a["x"], dim=1, keepdim=True)),
+    "sum(x, (0, 1))": (lambda m, a: m.sum(a["x"], (0, 1))),
+    "sum(x, 0, keepdims=True)": (lambda m, a: m.sum(a["x"], 0, keepdims=True)),
+    "mean(x, 1, True)": (lambda m, a: m.mean(a["x"], 1, True)),
+    "prod(x, dim=0)": (lambda m, a: m.prod(a["x"], dim=0)),
+    "amax(x, 1)": (lambda m, a: m.amax(a["x"], 1)),
+    "argmax(x, 1)": (lambda m, a: m.argmax(a["x"], 1)),
+    "argmin(x, dim=0, keepdim=True)": (lambda m, a: m.argmin(a["x"], dim=0, keepdim=True)),
+    "std(x, 1)": (lambda m, a: m.std(a["x"], 1)),
+    "var(x, dim=0, keepdim=True)": (lambda m, a: m.var(a["x"], dim=0, keepdim=True)),
+    "logsumexp(x, 1)": (lambda m, a: m.logsumexp(a["x"], 1)),
+    "norm(x, 2, 1)": (lambda m, a: m.norm(a["x"], 2, 1)),
+    "cumsum(x, 1)": (lambda m, a: m.cumsum(a["x"], 1)),
+    "cumprod(x, dim=0)": (lambda m, a: m.cumprod(a["x"], dim=0)),
+    "softmax(x, 1)": (lambda m, a: m.softmax(a["x"], 1)),
+    "log_softmax(x, dim=0)": (lambda m, a: m.log_softmax(a["x"], dim=0)),
+    "cat([x, x], 1)": (lambda m, a: m.cat([a["x"], a["x"]], 1)),
+    "cat([x, x], dim=0)": (lambda m, a: m.cat([a["x"], a["x"]], dim=0)),
+    "stack([x, x], 1)": (lambda m, a: m.stack([a["x"], a["x"]], 1)),
+    "split(x, 2, 1)": (lambda m, a: m.split(a["x"], 2, 1)),
+    "split(x, [1, 3], dim=1)": (lambda m, a: m.split(a["x"], [1, 3], dim=1)),
+    "unsqueeze(x, 0)": (lambda m, a: m.unsqueeze(a["x"], 0)),
+    "squeeze(x, dim=0)": (lambda m, a: m.squeeze(m.unsqueeze(a["x"], 0), dim=0)),
+    "flip(x, (0,))": (lambda m, a: m.flip(a["x"], (0,))),
+    "flip(x, dims=[1])": (lambda m, a: m.flip(a["x"], dims=[1])),
+    "roll(x, 1, 0)": (lambda m, a: m.roll(a["x"], 1, 0)),
+    "tile(x, (2, 1))": (lambda m, a: m.tile(a["x"], (2, 1))),
+    "tril(x, 1)": (lambda m, a: m.tril(a["x"], 1)),
+    "diagonal(x, 1, 0, 1)": (lambda m, a: m.diagonal(a["x"], 1, 0, 1)),
+    "diagonal(x, dim1=1, dim2=0)": (lambda m, a: m.diagonal(a["x"], dim1=1, dim2=0)),
+    "repeat_interleave(x, 2, 0)": (lambda m, a: m.repeat_interleave(a["x"], 2, 0)),
+    "topk(x, 2, 1)": (lambda m, a: tuple(m.topk(a["x"], 2, 1))),
+    "sort(x, 1, True)": (lambda m, a: tuple(m.sort(a["x"], 1, True))),
+    "argsort(x, 0, True)": (lambda m, a: m.argsort(a["x"], 0, True)),
+    "gather(x, 1, idx)": (lambda m, a: m.gather(a["x"], 1, a["idx"])),
+    "gather(x, dim=1, index=idx)": (lambda m, a: m.gather(a["x"], dim=1, index=a["idx"])),
+    "index_select(x, 1, i1)": (lambda m, a: m.index_select(a["x"], 1, a["i1"])),
+    "scatter_add(x, 1, idx, src)": (lambda m, a: m.scatter_add(a["x"], 1, a["idx"], a["x"][:, :2] * 2)),
+    "index_add(x, 0, i1, src)": (lambda m, a: m.index_add(a["x"], 0, a["i1"], a["x"][:2] * 3)),
+    "reshape(x, (4, 3))": (lambda m, a: m.reshape(a["x"], (4, 3))),
+    "broadcast_to(v, (3, 4))": (lambda m, a: m.broadcast_to(a["v"], (3, 4))),
+    "permute(img, (0, 2, 3, 1))": (lambda m, a: m.permute(a["img"], (0, 2, 3, 1))),
+    "F.max_pool2d(img, 2)": (lambda m, a: m.nn.functional.max_pool2d(a["img"], 2)),
+    "F.max_pool2d(img, 3, 2, 1)": (lambda m, a: m.nn.functional.max_pool2d(a["img"], 3, 2, 1)),
+    "F.avg_pool2d(img, 2)": (lambda m, a: m.nn.functional.avg_pool2d(a["img"], 2)),
+    "F.adaptive_avg_pool2d(img, 1)": (lambda m, a: m.nn.functional.adaptive_avg_pool2d(a["img"], 1)),
+    "F.conv2d(img, w, b, 1, 1)": (lambda m, a: m.nn.functional.conv2d(a["img"], a["w"], a["b"], 1, 1)),
+    "F.interpolate(img, None, 2.0)": (lambda m, a: m.nn.functional.interpolate(a["img"], None, 2.0)),
+    "F.pixel_shuffle(img, 2)": (lambda m, a: m.nn.functional.pixel_shuffle(a["img"], 2)),
+    "F.linear(x, w, b)": (lambda m, a: m.nn.functional.linear(a["x"], a["lw"], a["lb"])),
+    "F.cross_entropy(logits, y)": (lambda m, a: m.nn.functional.cross_entropy(a["x"], a["y"])),
+    "F.leaky_relu(x, 0.2)": (lambda m, a: m.nn.functional.leaky_relu(a["x"], 0.2)),
+    "F.leaky_relu(x, negative_slope=0.3)": (lambda m, a: m.nn.functional.leaky_relu(a["x"], negative_slope=0.3)),
+    "F.elu(x, 0.5)": (lambda m, a: m.nn.functional.elu(a["x"], 0.5)),
+    "F.hardtanh(x, -0.5, 0.5)": (lambda m, a: m.nn.functional.hardtanh(a["x"], -0.5, 0.5)),
+    "F.softplus(x, 2.0)": (lambda m, a: m.nn.functional.softplus(a["x"], 2.0)),
+    "F.softmin(x, 1)": (lambda m, a: m.nn.functional.softmin(a["x"], 1)),
+    "F.glu(x, -1)": (lambda m, a: m.nn.functional.glu(a["x"], -1)),
+    "F.huber_loss(x, x * 2, 'sum', 0.5)": (lambda m, a: m.nn.functional.huber_loss(a["x"], a["x"] * 2, "sum", 0.5)),
+    "F.one_hot(y, 4)": (lambda m, a: m.nn.functional.one_hot(a["y"], 4)),
+    "F.layer_norm(x, (4,), v, v)": (lambda m, a: m.nn.functional.layer_norm(a["x"], (4,), a["v"], a["v"])),
+    "F.group_norm(img, 2)": (lambda m, a: m.nn.functional.group_norm(a["img"], 2)),
+    "F.normalize(x, 2.0, 0)": (lambda m, a: m.nn.functional.normalize(a["x"], 2.0, 0)),
+    "F.cosine_similarity(x, x * 2, 0)": (lambda m, a: m.nn.functional.cosine_similarity(a["x"], a["x"] + 1, 0)),
+    "F.pad(x, (1, 2), 'constant', 3.0)": (lambda m, a: m.nn.functional.pad(a["x"], (1, 2), "constant", 3.0)),
+    "F.embedding(idx, emb, 0)": (lambda m, a: m.nn.functional.embedding(a["idx"], a["emb"], 0)),
+}
+
+
+class _OpforgeAsTorch:
+    """opforge under torch's names, for the table above (nn.functional is opforge.ops)."""
+
+    nn = type("nn", (), {"functional": F})
+
+    def __getattr__(self, name):
+        return getattr(F, name, None) or getattr(of, name)
+
+
+@pytest.mark.parametrize("case", list(CALL_FORMS))
+def test_torch_call_forms_give_torchs_results(case):
+    call = CALL_FORMS[case]
+    data = _data()
+    ours = call(_OpforgeAsTorch(), _of(data))
+    theirs = call(torch, _torch(data))
+    same(ours, theirs, rtol=1e-12)
+
+
+def test_a_setting_spelled_twice_or_missing_is_refused_as_torch_refuses_it():
+    x, t = of.ones(2, 3), torch.ones(2, 3)
+    with pytest.raises(TypeError):
+        torch.gather(t, 1)
+    with pytest.raises(of.ArgumentError, match=r"gather\(\): missing required argument 'index'"):
+        F.gather(x, 1)
+    with pytest.raises(of.ArgumentError, match=r"gather\(\): missing required argument 'axis' \(or dim=\)"):
+        F.gather(x, index=of.tensor([[0]]))
+    with pytest.raises(of.ArgumentError, match=r"sum\(\): argument 'axis' is given twice, as axis= and as dim="):
+        F.sum(x, 1, dim=0)
+    with pytest.raises(of.ArgumentError, match=r"gather\(\): argument 'axis' is given twice"):
+        F.gather(x, 1, of.tensor([[0]]), dim=1)
+    with pytest.raises(TypeError):
+        torch.sum(t, 1, dim=0)
+    with pytest.raises(TypeError, match=r"gelu\(\) takes 1 positional argument"):  # keyword-only, as torch's
+        F.gelu(x, "tanh")
+    with pytest.raises(TypeError):
+        TF.gelu(t, "tanh")
+
+
+def test_a_second_spelling_is_one_parameter_of_the_signature():
+    from opforge.core.errors import SchemaError
+    from opforge.core.schema import parse_signature
+
+    s = parse_signature("f(Tensor x, int axis/dim=-1, bool keepdim/keepdims=False) -> Tensor y")
+    assert [(p.name, p.alias) for p in s.params] == [("x", None), ("axis", "dim"), ("keepdim", "keepdims")]
+    assert str(s) == "f(Tensor x, int axis/dim=-1, bool keepdim/keepdims=False) -> Tensor y"
+    with pytest.raises(SchemaError, match="argument 'dim' is given twice"):
+        parse_signature("f(Tensor x, int dim, int axis/dim) -> Tensor y")
+    assert str(of.registry.get("gather").schema).startswith("gather(Tensor x, int axis/dim, nograd Tensor")
+    # kernels, rules and programs know the argument by its first name
+    program = of.trace(lambda t: F.softmax(t, dim=0), t=of.Spec((2, 3), "float32"))
+    assert program.block.ops[0].attrs == {"axis": 0}
+
+
+def test_the_second_spellings_run_compiled_too():
+    x = of.tensor(_data()["x"])
+    step = of.compile(lambda t: F.sum(F.softmax(t, dim=0) * F.cumsum(t, dim=1), dim=1, keepdim=True))
+    same(step(x), torch.sum(torch.softmax(torch.tensor(_data()["x"]), 0) * torch.tensor(_data()["x"]).cumsum(1),
+                            dim=1, keepdim=True), rtol=1e-12)
