@@ -12,7 +12,7 @@ argument checking, dispatch, eager autograd to any order and gradient checks fro
 # isort: off
 import importlib
 
-from . import core  # noqa: F401  dtypes, Spec, schemas, OpDef and op declaration, the registry, the interpreter stack, devices
+from . import core
 from . import ops  # the namespace opforge.ops (F): each declared op's function, as it gets one (imports core alone)
 from . import tensor  # Tensor and the autograd Node: its operators and methods call F
 from . import dispatch  # makes each op's function (fast path, eager calls, recording for autograd)
@@ -65,6 +65,22 @@ from .dispatch import set_debug  # noqa: E402
 from .program import Executor, Program, Variable, append_backward, compile, trace  # noqa: E402
 from .sparse import sparse_coo_tensor  # noqa: E402
 from .tensor import Tensor  # noqa: E402
+from .torch_functions import NAMES as _TORCH_NAMES  # noqa: E402
+from .torch_names import TORCH as _TORCH  # noqa: E402
+from .torch_names import missing as _missing  # noqa: E402
+
+# torch's top-level functions that opforge has, under torch's names (of.exp, of.clamp, of.cat, of.transpose(x, 0, 1),
+# of.eye(3), of.randperm(n)...: torch_functions.py says which and why); names opforge has already stay its own
+globals().update({k: v for k, v in _TORCH_NAMES.items() if k not in globals()})
+
+
+def __getattr__(name: str):
+    """A name opforge lacks: the error says whether PyTorch has it, and which names opforge has near it."""
+    if name.startswith("__"):
+        raise AttributeError(f"module 'opforge' has no attribute '{name}'")
+    public = [k for k, v in globals().items() if not isinstance(v, type(core)) or k in __all__]  # no inner modules
+    raise AttributeError(_missing("opforge", name, _TORCH, public, "torch"))
+
 
 __all__ = [
     "AnomalyError", "ArgumentError", "Device", "DispatchError", "DivisionByZeroError", "Executor", "GradientError",

@@ -118,20 +118,11 @@ CALL_FORMS = {
 }
 
 
-class _OpforgeAsTorch:
-    """opforge under torch's names, for the table above (nn.functional is opforge.ops)."""
-
-    nn = type("nn", (), {"functional": F})
-
-    def __getattr__(self, name):
-        return getattr(F, name, None) or getattr(of, name)
-
-
 @pytest.mark.parametrize("case", list(CALL_FORMS))
 def test_torch_call_forms_give_torchs_results(case):
     call = CALL_FORMS[case]
     data = _data()
-    ours = call(_OpforgeAsTorch(), _of(data))
+    ours = call(of, _of(data))  # the opforge namespace under torch's names; of.nn.functional is opforge.ops
     theirs = call(torch, _torch(data))
     same(ours, theirs, rtol=1e-12)
 
@@ -176,3 +167,140 @@ def test_the_second_spellings_run_compiled_too():
     step = of.compile(lambda t: F.sum(F.softmax(t, dim=0) * F.cumsum(t, dim=1), dim=1, keepdim=True))
     same(step(x), torch.sum(torch.softmax(torch.tensor(_data()["x"]), 0) * torch.tensor(_data()["x"]).cumsum(1),
                             dim=1, keepdim=True), rtol=1e-12)
+
+
+# -- the opforge namespace carries torch's top-level functions ----------------------------------------------------
+
+TOP_LEVEL = {
+    "exp": (lambda m, a: m.exp(a["x"])),
+    "sigmoid": (lambda m, a: m.sigmoid(a["x"])),
+    "flatten": (lambda m, a: m.flatten(a["img"], 1)),
+    "flatten(img, 1, 2)": (lambda m, a: m.flatten(a["img"], 1, 2)),
+    "unflatten": (lambda m, a: m.unflatten(a["x"], 1, (2, 2))),
+    "eye(3)": (lambda m, a: m.eye(3)),
+    "eye(2, 3, dtype=float64)": (lambda m, a: m.eye(2, 3, dtype=m.float64)),
+    "mm": (lambda m, a: m.mm(a["x"], a["lw"].T)),
+    "bmm": (lambda m, a: m.bmm(a["img"][0], a["img"][1])),
+    "matmul": (lambda m, a: m.matmul(a["x"], a["v"])),
+    "where": (lambda m, a: m.where(a["x"] > 0, a["x"], 0.0)),
+    "clamp": (lambda m, a: m.clamp(a["x"], -0.5, 0.5)),
+    "clamp(max=)": (lambda m, a: m.clamp(a["x"], max=0.1)),
+    "sum": (lambda m, a: m.sum(a["x"], 1)),
+    "mean": (lambda m, a: m.mean(a["x"])),
+    "argmax": (lambda m, a: m.argmax(a["x"], dim=1)),
+    "softmax": (lambda m, a: m.softmax(a["x"], 1)),
+    "max(x, 1)": (lambda m, a: tuple(m.max(a["x"], 1))),
+    "cat": (lambda m, a: m.cat((a["x"], a["x"]), dim=1)),
+    "concatenate": (lambda m, a: m.concatenate((a["x"], a["x"]))),
+    "eq": (lambda m, a: m.eq(a["x"], a["x"] * (a["x"] > 0))),
+    "lt": (lambda m, a: m.lt(a["x"], 0.0)),
+    "transpose(img, 1, 3)": (lambda m, a: m.transpose(a["img"], 1, 3)),
+    "swapaxes": (lambda m, a: m.swapaxes(a["img"], 0, 2)),
+    "t": (lambda m, a: m.t(a["x"])),
+    "einsum": (lambda m, a: m.einsum("ij,kj->ik", a["x"], a["lw"])),
+    "einsum([ops])": (lambda m, a: m.einsum("ij,kj->ik", [a["x"], a["lw"]])),
+    "chunk": (lambda m, a: m.chunk(a["x"], 3, 1)),
+    "chunk(fewer)": (lambda m, a: m.chunk(a["x"], 4, 0)),
+    "unbind": (lambda m, a: m.unbind(a["x"], 1)),
+    "narrow": (lambda m, a: m.narrow(a["x"], 1, -3, 2)),
+    "zeros(2, 3)": (lambda m, a: m.zeros(2, 3)),
+    "ones((2,), dtype)": (lambda m, a: m.ones((2,), dtype=m.int64)),
+    "full": (lambda m, a: m.full((2, 2), 1.5)),
+    "full_like": (lambda m, a: m.full_like(a["x"], 7)),
+    "zeros_like": (lambda m, a: m.zeros_like(a["x"])),
+    "empty": (lambda m, a: m.empty(2, 3).shape),
+    "empty_like": (lambda m, a: m.empty_like(a["x"]).dtype == m.float64),
+    "arange": (lambda m, a: m.arange(5)),
+    "tensor": (lambda m, a: m.tensor([[1, 2], [3, 4]])),
+    "numel": (lambda m, a: m.numel(a["img"])),
+    "is_tensor": (lambda m, a: (m.is_tensor(a["x"]), m.is_tensor(3))),
+    "is_floating_point": (lambda m, a: (m.is_floating_point(a["x"]), m.is_floating_point(a["y"]))),
+    "equal": (lambda m, a: (m.equal(a["x"], a["x"] + 0), m.equal(a["x"], a["x"] + 1), m.equal(a["x"], a["v"]))),
+    "det": (lambda m, a: m.det(a["img"][0, 0, :3, :3])),
+    "get_default_dtype": (lambda m, a: str(m.get_default_dtype()).replace("torch.", "")),
+    "dtypes": (lambda m, a: [str(d).replace("torch.", "") for d in (m.float, m.double, m.long, m.int, m.bool,
+                                                                    m.half, m.float32, m.int64)]),
+    "Size": (lambda m, a: isinstance(a["x"].shape, m.Size)),
+}
+
+
+@pytest.mark.parametrize("case", list(TOP_LEVEL))
+def test_the_namespace_carries_torchs_functions(case):
+    call = TOP_LEVEL[case]
+    data = _data()
+    ours, theirs = call(of, _of(data)), call(torch, _torch(data))
+    if isinstance(theirs, (bool, int, str, list, torch.Size)) or (isinstance(theirs, tuple) and isinstance(
+            theirs[0], (bool, int))):
+        assert (tuple(ours) if isinstance(theirs, torch.Size) else ours) == (tuple(theirs) if isinstance(
+            theirs, torch.Size) else theirs)
+    else:
+        same(ours, theirs, rtol=1e-12)
+
+
+def test_random_creation_functions_draw_what_torchs_draw():
+    of.manual_seed(3)
+    x = of.ones(4, 5)
+    r = of.randn_like(x)
+    assert r.shape == (4, 5) and r.dtype == np.float32 and float(r.std()) > 0.1
+    assert of.rand_like(x, dtype=of.float64).dtype == np.float64 and float(of.rand_like(x).min()) >= 0
+    p = of.randperm(50)
+    assert p.dtype == np.int64 and sorted(p.tolist()) == list(range(50)) and p.tolist() != list(range(50))
+    for args in ((10, (1000,)), (-3, 4, (10, 100))):
+        r, t = of.randint(*args), torch.randint(*args)
+        assert r.dtype == np.int64 and r.shape == tuple(t.shape)
+        low, high = (0, args[0]) if len(args) == 2 else args[:2]
+        assert r.min().item() == low and r.max().item() == high - 1  # every value of the range, none outside
+    assert of.randint(5, (3,), dtype=of.int32).dtype == np.int32
+
+
+def test_from_numpy_shares_memory_as_torchs():
+    a, b = np.zeros(3, np.float32), np.zeros(3, np.float32)
+    ours, theirs = of.from_numpy(a), torch.from_numpy(b)
+    a[0] = b[0] = 5.0
+    same(ours, theirs)
+    ours.add_(1.0), theirs.add_(1.0)
+    np.testing.assert_array_equal(a, b)
+    with pytest.raises(of.ArgumentError, match=r"from_numpy\(\): expected a NumPy array, got list"):
+        of.from_numpy([1.0])
+    assert of.as_tensor(a).numpy() is a
+
+
+def test_a_torch_name_opforge_lacks_says_so_and_points_to_the_nearest():
+    with pytest.raises(AttributeError, match=r"torch.linspace is PyTorch's, and opforge does not have it"):
+        of.linspace(0, 1, 5)
+    with pytest.raises(AttributeError, match=r"has no attribute 'tensr'; the nearest names opforge has: tensor"):
+        of.tensr([1.0])
+    with pytest.raises(AttributeError, match=r"torch.cumsumm|the nearest names opforge has: cumsum"):
+        of.cumsumm
+    assert not hasattr(of, "embedding")  # torch.embedding(weight, input): the other order than F.embedding
+    assert hasattr(torch, "embedding") and not hasattr(of, "batch_norm") and not hasattr(of, "normal")
+
+
+def test_set_grad_enabled_switches_when_called_as_torchs_does():
+    for m in (of, torch):
+        assert m.is_grad_enabled()
+        m.set_grad_enabled(False)  # a call on its own switches at once
+        try:
+            assert not m.is_grad_enabled()
+            with m.set_grad_enabled(True):
+                assert m.is_grad_enabled()
+            assert not m.is_grad_enabled()
+        finally:
+            m.set_grad_enabled(True)
+        with m.no_grad():
+            assert not m.is_grad_enabled()
+        assert m.is_grad_enabled()
+
+        @m.no_grad()
+        def f(m=m):
+            return m.is_grad_enabled()
+
+        @m.set_grad_enabled(False)
+        def g(m=m):
+            return m.is_grad_enabled()
+
+        @m.inference_mode()
+        def h(m=m):
+            return m.is_grad_enabled()
+
+        assert m.is_grad_enabled() and not f() and not g() and not h() and m.is_grad_enabled()

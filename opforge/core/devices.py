@@ -42,6 +42,11 @@ class Device:
         return value if type(value) is self.array_type else self.xp.asarray(value)
 
     @property
+    def type(self) -> str:
+        """The device's name, as ``torch.device``'s ``type`` (``"cpu"``)."""
+        return self.name
+
+    @property
     def host(self) -> bool:
         """Whether this device's arrays are NumPy arrays in host memory."""
         return self.array_type is np.ndarray

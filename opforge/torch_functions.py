@@ -1,0 +1,119 @@
+"""torch's top-level functions that opforge has, under torch's names: ``of.exp``, ``of.flatten``, ``of.softmax(x, 1)``,
+``of.clamp``, ``of.cat``, ``of.mm``, ``of.transpose(x, 0, 1)``, ``of.randperm(n)``... ``opforge/__init__.py``
+publishes ``NAMES``. Each is an op or function defined elsewhere, never a second definition:
+
+* an op or function of ``opforge.ops`` whose namesake in ``torch`` takes the same arguments and means the same
+  (most of them: the ops take torch's positional order and ``dim=``);
+* one under torch's other name for it (``clamp`` is ``clip``, ``cat`` is ``concat``, ``eq`` is ``equal``...);
+* torch's call form where it is not the op's: ``transpose(input, dim0, dim1)`` (the op ``transpose`` permutes all
+  dims) is ``Tensor.transpose``, ``einsum(equation, *operands)`` calls the op with its operands first, ``equal``
+  gives one bool (the op ``equal`` is elementwise ``eq``);
+* the creation functions of ``creation.py`` (``zeros(2, 3)``, ``eye``, ``randint``, ``from_numpy``...).
+
+A namesake that means something else in torch is left out rather than published: ``torch.embedding(weight,
+input)`` and ``torch.embedding_bag`` take the weight first, ``torch.batch_norm`` and ``torch.instance_norm`` the
+weight before the statistics, ``torch.normal(mean, std, size)`` is not the op ``normal``; their
+``torch.nn.functional`` forms are ``opforge.ops``'s.
+"""
+
+from __future__ import annotations
+
+from . import creation
+from . import ops as F
+from .core import dtypes as D
+from .core.devices import get_device
+from .core.errors import ArgumentError
+from .core.grad_mode import _Switch
+from .core.opdef import registry
+from .tensor import Tensor
+from .torch_names import TORCH
+
+# namesakes of ops and functions that mean something else in torch (see the module docstring)
+_NOT_TORCHS = {"batch_norm", "instance_norm", "embedding", "embedding_bag", "normal", "transpose", "equal", "einsum",
+               "zeros", "ones", "full", "arange", "eye", "zeros_like", "ones_like"}
+
+# torch's other names for our ops and functions
+_SYNONYMS = {"clamp": "clip", "cat": "concat", "concatenate": "concat", "eq": "equal", "ne": "not_equal",
+             "lt": "less", "le": "less_equal", "gt": "greater", "ge": "greater_equal", "negative": "neg",
+             "multiply": "mul", "divide": "div", "true_divide": "div", "subtract": "sub", "absolute": "abs",
+             "det": "linalg_det", "inverse": "linalg_inv", "cholesky": "linalg_cholesky"}
+
+
+def transpose(input, dim0, dim1):
+    """``torch.transpose``: ``input`` with dims ``dim0`` and ``dim1`` swapped (``Tensor.transpose``)."""
+    return input.transpose(dim0, dim1)
+
+
+swapaxes = swapdims = transpose
+
+
+def einsum(equation, *operands):
+    """``torch.einsum(equation, *operands)`` (or one list of operands): the op ``einsum`` takes them first."""
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = operands[0]
+    return F.einsum(list(operands), equation=equation)
+
+
+def equal(input, other) -> bool:
+    """``torch.equal``: True when both have one shape and the same elements (one bool; ``eq`` is elementwise)."""
+    return tuple(input.shape) == tuple(other.shape) and not F.sum(F.not_equal(input, other)).item()
+
+
+def numel(input) -> int:
+    return input.numel()
+
+
+def is_tensor(obj) -> bool:
+    return isinstance(obj, Tensor)
+
+
+def is_floating_point(input) -> bool:
+    return D.is_floating(input.dtype)
+
+
+def get_default_dtype():
+    """float32: what Python floats become (opforge's default float dtype, as torch's)."""
+    return D.DEFAULT_FLOAT
+
+
+def set_default_dtype(dtype) -> None:
+    """Only float32, opforge's one default float dtype: another is refused rather than ignored."""
+    if D.as_dtype(dtype) != D.DEFAULT_FLOAT:
+        raise ArgumentError(f"set_default_dtype(): opforge's default float dtype is float32 and cannot change; got "
+                            f"{dtype} (give dtype= where you make tensors, or convert models with .to(dtype))")
+
+
+def inference_mode(mode: bool = True):
+    """``torch.inference_mode``: here ``no_grad`` (opforge has no inference tensors to make); a context manager and
+    a decorator."""
+    return _Switch(not mode)
+
+
+device = get_device  # torch.device("cpu"): the Device of that name (it compares equal to the name)
+Size = tuple  # shapes are tuples; torch.Size is a tuple too
+
+# torch's dtype names
+float, double, half, long, int, bool, short = D.float32, D.float64, D.float16, D.int64, D.int32, D.bool_, None
+del short  # int16 is not a dtype opforge supports
+
+
+def _published() -> dict:
+    names = {}
+    ours = {op.name for op in registry} | set(registry.functions)
+    for name in TORCH & ours - _NOT_TORCHS:
+        names[name] = getattr(F, name)
+    for name, op in _SYNONYMS.items():
+        names[name] = getattr(F, op)
+    for name in creation.__all__:
+        if name in TORCH or name in ("tensor", "manual_seed"):
+            names[name] = getattr(creation, name)
+    for name in ("transpose", "swapaxes", "swapdims", "einsum", "equal", "numel", "is_tensor", "is_floating_point",
+                 "get_default_dtype", "set_default_dtype", "inference_mode", "device", "Size", "float", "double",
+                 "half", "long", "int", "bool"):
+        names[name] = globals()[name]
+    return names
+
+
+NAMES = _published()
+
+__all__ = ["NAMES"]
