@@ -304,3 +304,169 @@ def test_set_grad_enabled_switches_when_called_as_torchs_does():
             return m.is_grad_enabled()
 
         assert m.is_grad_enabled() and not f() and not g() and not h() and m.is_grad_enabled()
+
+
+# -- Tensor methods torch users write -----------------------------------------------------------------------------
+
+_M = np.random.default_rng(5).standard_normal((3, 4))
+METHODS = {
+    "eq": lambda t: t.eq(t * (t > 0)), "ne(0.5)": lambda t: t.ne(0.5), "ge": lambda t: t.ge(t.mean()),
+    "view_as": lambda t: t.view_as(t.flatten()), "reshape_as": lambda t: t.reshape_as(t.T),
+    "t": lambda t: t.t(), "T": lambda t: t.T, "mT": lambda t: t.reshape(1, 3, 4).mT,
+    "contiguous": lambda t: t.transpose(0, 1).contiguous(), "narrow": lambda t: t.narrow(1, 1, 2),
+    "norm": lambda t: t.norm(), "norm(2, 1)": lambda t: t.norm(2, 1), "norm(dim=0)": lambda t: t.norm(dim=0),
+    "split(2, 1)": lambda t: t.split(2, 1), "split([1, 2])": lambda t: t.split([1, 2]),
+    "chunk(2)": lambda t: t.chunk(2), "chunk(3, dim=1)": lambda t: t.chunk(3, dim=1),
+    "mm": lambda t: t.mm(t.T), "bmm": lambda t: t.reshape(1, 3, 4).bmm(t.T.reshape(1, 4, 3)),
+    "flatten": lambda t: t.reshape(3, 2, 2).flatten(1), "unflatten": lambda t: t.unflatten(1, (2, -1)),
+    "expand": lambda t: t[:, :1].expand(3, 5), "expand(-1)": lambda t: t.expand(2, -1, -1),
+    "expand_as": lambda t: t[:1].expand_as(t),
+    "repeat": lambda t: t.repeat(2, 1), "repeat(new dims)": lambda t: t.repeat(2, 1, 3),
+    "masked_fill": lambda t: t.masked_fill(t > 0, 0.0),
+    "masked_fill(-inf)": lambda t: t.masked_fill(t < 0, float("-inf")),
+    "index_select": lambda t: t.index_select(1, _idx(t, [3, 0])),
+    "type_as": lambda t: t.type_as(t.argmax(1)), "type(float)": lambda t: t.type(_mod(t).float),
+    "argmax(1)": lambda t: t.argmax(1), "argmax(dim=0, keepdim=True)": lambda t: t.argmax(dim=0, keepdim=True),
+    "topk": lambda t: tuple(t.topk(2)),
+    "topk(2, dim=0, largest=False)": lambda t: tuple(t.topk(2, dim=0, largest=False)),
+    "unbind": lambda t: t.unbind(), "unbind(1)": lambda t: t.unbind(1),
+    "sort": lambda t: tuple(t.sort()), "sort(0, True)": lambda t: tuple(t.sort(0, True)),
+    "argsort(descending)": lambda t: t.argsort(descending=True),
+    "gather": lambda t: t.gather(1, _idx(t, [[0, 1], [2, 2], [3, 0]])),
+    "scatter_add": lambda t: t.scatter_add(0, _idx(t, [[0, 1, 2, 0]]), t[:1]),
+    "index_add": lambda t: t.index_add(0, _idx(t, [2, 0]), t[:2], alpha=2.0),
+    "float": lambda t: t.float(), "double": lambda t: t.float().double(), "long": lambda t: (t * 3).long(),
+    "int": lambda t: (t * 3).int(), "bool": lambda t: t.bool(),
+    "abs": lambda t: t.abs(), "exp": lambda t: t.exp(), "log": lambda t: t.abs().log(),
+    "sqrt": lambda t: t.abs().sqrt(),
+    "pow(2)": lambda t: t.pow(2), "pow(t)": lambda t: t.abs().pow(t), "rsqrt": lambda t: t.abs().rsqrt(),
+    "sigmoid": lambda t: t.sigmoid(), "tanh": lambda t: t.tanh(), "relu": lambda t: t.relu(),
+    "softmax(1)": lambda t: t.softmax(1), "log_softmax(dim=0)": lambda t: t.log_softmax(dim=0),
+    "sum(1)": lambda t: t.sum(1), "sum(dim=(0, 1))": lambda t: t.sum(dim=(0, 1)),
+    "mean(0, True)": lambda t: t.mean(0, True),
+    "std(1)": lambda t: t.std(1), "var(dim=0)": lambda t: t.var(dim=0), "prod(1)": lambda t: t.prod(1),
+    "cumsum(1)": lambda t: t.cumsum(1), "logsumexp(1)": lambda t: t.logsumexp(1),
+    "max(1)": lambda t: tuple(t.max(1)), "min()": lambda t: t.min(), "amax(dim=1)": lambda t: t.amax(dim=1),
+    "clamp(min=0)": lambda t: t.clamp(min=0), "clip(-1, 1)": lambda t: t.clip(-1, 1),
+    "add(alpha)": lambda t: t.add(t, alpha=2), "sub(alpha)": lambda t: t.sub(1.5, alpha=2), "mul": lambda t: t.mul(t),
+    "div": lambda t: t.div(3.0), "where": lambda t: t.where(t > 0, -1.0), "maximum": lambda t: t.maximum(t.T.T * 0),
+    "squeeze(0)": lambda t: t.unsqueeze(0).squeeze(0), "unsqueeze(dim=1)": lambda t: t.unsqueeze(dim=1),
+    "flip(0)": lambda t: t.flip(0), "flip(0, 1)": lambda t: t.flip(0, 1), "roll(1, 1)": lambda t: t.roll(1, 1),
+    "tril(1)": lambda t: t.tril(1), "diagonal()": lambda t: t.diagonal(), "view(-1, 2)": lambda t: t.view(-1, 2),
+    "view((2, 6))": lambda t: t.view((2, 6)), "permute": lambda t: t.reshape(3, 2, 2).permute(2, 0, 1),
+    "dim": lambda t: t.dim(), "numel": lambda t: t.numel(), "nelement": lambda t: t.nelement(),
+    "element_size": lambda t: t.element_size(), "is_floating_point": lambda t: t.is_floating_point(),
+    "new_zeros": lambda t: t.new_zeros(2, 3), "new_ones((2,))": lambda t: t.new_ones((2,)),
+    "new_full": lambda t: t.new_full((2, 2), 3.5), "new_tensor": lambda t: t.new_tensor([1, 2]),
+    "new_zeros(dtype)": lambda t: t.new_zeros(3, dtype=_mod(t).int64), "size(1)": lambda t: t.size(1),
+    "item of index": lambda t: ["a", "b", "c", "d"][t.argmax(1)[0]],
+}
+
+
+def _mod(t):
+    return torch if isinstance(t, torch.Tensor) else of
+
+
+def _idx(t, values):
+    return _mod(t).tensor(values)
+
+
+@pytest.mark.parametrize("case", list(METHODS))
+def test_tensor_methods_are_torchs(case):
+    method = METHODS[case]
+    ours, theirs = method(of.tensor(_M)), method(torch.tensor(_M))
+    if isinstance(theirs, (bool, int, str)):
+        assert ours == theirs and type(ours) is type(theirs), (ours, theirs)
+    else:
+        same(ours, theirs, rtol=1e-12)
+
+
+@pytest.mark.parametrize("case", ["narrow", "expand", "repeat", "chunk(3, dim=1)", "unbind(1)", "mm", "flatten",
+                                  "masked_fill", "gather", "index_select", "t", "mT", "norm(2, 1)", "topk"])
+def test_tensor_methods_give_torchs_gradients(case):
+    x, t = of.tensor(_M, requires_grad=True), torch.tensor(_M, requires_grad=True)
+    ours, theirs = METHODS[case](x), METHODS[case](t)
+    ours, theirs = (ours, theirs) if isinstance(theirs, (tuple, list)) else ((ours,), (theirs,))
+    weights = [np.random.default_rng(i).standard_normal(tuple(u.shape)) for i, u in enumerate(theirs)]
+    sum(F.sum(y * of.tensor(w)) for y, w in zip(ours, weights) if y.dtype.kind == "f").backward()
+    sum((u * torch.tensor(w)).sum() for u, w in zip(theirs, weights) if u.dtype.is_floating_point).backward()
+    same(x.grad, t.grad, rtol=1e-12)
+
+
+IN_PLACE = {
+    "exp_": lambda t: t.exp_(), "pow_(2)": lambda t: t.pow_(2), "abs_": lambda t: t.abs_(), "neg_": lambda t: t.neg_(),
+    "sqrt_": lambda t: t.abs_().sqrt_(), "sigmoid_": lambda t: t.sigmoid_(), "tanh_": lambda t: t.tanh_(),
+    "relu_": lambda t: t.relu_(), "floor_": lambda t: t.floor_(), "round_": lambda t: t.round_(),
+    "clamp_": lambda t: t.clamp_(-0.5, 0.5), "clip_": lambda t: t.clip_(max=0.0),
+    "masked_fill_": lambda t: t.masked_fill_(t > 0, 2.0),
+    "index_add_": lambda t: t.index_add_(0, _idx(t, [2, 0]), t[:2] * 1.0),
+    "scatter_add_": lambda t: t.scatter_add_(1, _idx(t, [[0], [1], [3]]), t[:, :1] * 1.0),
+    "add_(alpha)": lambda t: t.add_(1.0, alpha=3), "mul_": lambda t: t.mul_(2), "div_": lambda t: t.div_(4),
+    "zero_": lambda t: t.zero_(), "fill_": lambda t: t.fill_(1.5), "copy_": lambda t: t.copy_(t * 0 + 2),
+}
+
+
+@pytest.mark.parametrize("case", list(IN_PLACE))
+def test_in_place_forms_write_into_the_tensor_as_torchs(case):
+    x, t = of.tensor(_M), torch.tensor(_M)
+    view_x, view_t = x[1], t[1]  # a view sees the write
+    assert IN_PLACE[case](x) is x and IN_PLACE[case](t) is t
+    same(x, t, rtol=1e-12)
+    same(view_x, view_t, rtol=1e-12)
+
+
+def test_in_place_forms_keep_the_history_as_torchs():
+    a, b = of.tensor(_M, requires_grad=True), torch.tensor(_M, requires_grad=True)
+    y, u = a * 2, b * 2
+    y.masked_fill_(y > 1, 0.0).exp_().sum().backward()
+    u.masked_fill_(u > 1, 0.0).exp_().sum().backward()
+    same(a.grad, b.grad, rtol=1e-12)
+    with pytest.raises(of.GradientError, match="a leaf tensor that requires grad"):
+        a.exp_()
+    with pytest.raises(RuntimeError, match="a leaf Variable that requires grad"):
+        b.exp_()
+
+
+def test_random_in_place_forms_and_data_as_torch_init_code_uses_them():
+    w = of.ones(200, 100, requires_grad=True)
+    w.data.normal_(mean=0.0, std=0.02)  # torch's init idiom: .data shares memory, with no history
+    assert abs(float(w.std()) - 0.02) < 0.002 and w.is_leaf and w.requires_grad
+    with of.no_grad():
+        w.uniform_(-0.1, 0.1)
+    assert float(w.min()) >= -0.1 and float(w.max()) < 0.1
+    w.data = of.zeros(3)  # torch: the tensor now holds that data
+    assert w.shape == (3,) and w.requires_grad
+    with pytest.raises(TypeError, match="only an integer tensor of one element converts to an index"):
+        [1, 2][of.tensor(1.0)]
+    with pytest.raises(TypeError):
+        [1, 2][torch.tensor(1.0)]
+
+
+def test_method_errors_name_the_difference():
+    x, t = of.ones(2, 3), torch.ones(2, 3)
+    with pytest.raises(of.ArgumentError, match=r"repeat\(\): 1 repeat counts \(2,\) for a tensor of 2 dims"):
+        x.repeat(2)
+    with pytest.raises(RuntimeError):
+        t.repeat(2)
+    with pytest.raises(of.ShapeError, match=r"t\(\): expects a tensor of at most 2 dims"):
+        of.ones(2, 2, 2).t()
+    with pytest.raises(RuntimeError):
+        torch.ones(2, 2, 2).t()
+    with pytest.raises(of.ShapeError, match=r"mm\(\): takes two 2-D tensors"):
+        x.mm(of.ones(3))
+    with pytest.raises(RuntimeError):
+        t.mm(torch.ones(3))
+    with pytest.raises(of.ShapeError, match=r"narrow\(\): start 2 and length 2 do not fit in dim 0 of size 2"):
+        x.narrow(0, 2, 2)
+    with pytest.raises(RuntimeError):
+        t.narrow(0, 2, 2)
+
+
+def test_methods_run_compiled_as_eagerly():
+    def f(t):
+        a, b = t.chunk(2, 1)
+        return (a.expand(2, -1, -1).flatten(1) + b.repeat(2, 1).view(2, -1)).sum(dim=1, keepdim=True).mT
+
+    x = of.tensor(np.random.default_rng(0).standard_normal((3, 4)))
+    same(of.compile(f)(x), f(x), rtol=1e-12)
+    same(f(x), f(torch.tensor(x.numpy())), rtol=1e-12)

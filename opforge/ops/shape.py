@@ -1114,9 +1114,10 @@ def narrow(x, dim, start, length):
     """``torch.narrow``: elements ``start`` .. ``start + length - 1`` along ``dim`` (``start`` may be negative)."""
     d = _dim("narrow", dim, len(x.shape))
     size = x.shape[d]
-    if not -size <= start <= size or length < 0 or start % builtins.max(size, 1) + length > size:
+    begin = start + size if start < 0 else start
+    if not 0 <= begin <= size or length < 0 or begin + length > size:
         raise ShapeError(f"narrow(): start {start} and length {length} do not fit in dim {dim} of size {size}")
-    start = start % size if size else 0
+    start = begin
     return F.slice(x, axes=[d], starts=[start], ends=[start + length], steps=[1])
 
 
