@@ -16,6 +16,8 @@ from .core import dtypes as D
 from .core.devices import CPU, Device, default_device, get_device, using_device
 from .core.errors import ArgumentError, GradientError, ShapeError, describe
 from .core.grad_mode import _mode as _grad_mode
+from .core.grad_mode import no_grad as _grad_mode_off
+from .core.interpreters import EAGER, interpreting
 from .core.interpreters import current_interpreter as _interpreter
 from .core.keys import exact
 from .core.opdef import flat_ranges, split_by_layout
@@ -376,10 +378,8 @@ class TensorOps:
         return _index(self, index)
 
     def __setitem__(self, index, value):
-        raise ArgumentError(
-            "Tensor does not support item assignment: it would change a value autograd may need; "
-            "build a new tensor with F.where or F.concat instead"
-        )
+        """``t[index] = value`` as torch's: an in-place write (see ``_set_item``)."""
+        _set_item(self, index, value)
 
     # -- methods: each one is a registered op (or a function of ops), called with this tensor first --------------
 
@@ -1063,6 +1063,98 @@ def _in_place(t, what: str, compute):
     t._device.copy_into(t._data, value._data)
     note_write(t._data, what)
     return t
+
+
+_SET_ITEM = "item assignment (t[index] = value)"
+
+
+def _set_item(t, index, value) -> None:
+    """``t[index] = value`` as torch's: ``value`` (broadcast to ``t[index]``'s shape, in ``t``'s dtype) written into
+    ``t``, counted by the version counter. Eagerly, with nothing to record for autograd, it is written into ``t``'s
+    memory (views see it); recorded, ``t`` takes the new value ``index_put`` computes with ops and its history (the
+    gradient goes to ``value``, none to what was overwritten), as every in-place op (``_in_place``); a leaf that
+    requires grad is refused, as torch refuses it; traced, it is the program's update of ``t``."""
+    if type(t) is Tensor and not _interpreter().symbolic and not (_grad_mode.enabled and (
+            t._requires_grad or (isinstance(value, TensorOps) and value.requires_grad))):
+        if isinstance(value, TensorOps) and value.device is not t._device:
+            raise ArgumentError(f"{_SET_ITEM}: the value is on '{value.device}', the tensor on '{t._device}'")
+        array = value._data if isinstance(value, Tensor) else np.asarray(value)
+        if not np.can_cast(array.dtype, t.dtype, casting="same_kind"):
+            raise ArgumentError(f"{_SET_ITEM}: a {array.dtype} value cannot be written into a {t.dtype} tensor "
+                                "(torch would cast it; convert it first)")
+        if not getattr(t._data.flags, "writeable", True):
+            raise ArgumentError(f"{_SET_ITEM}: the memory of this tensor (shape {t.shape}) is read-only (a broadcast "
+                                "view or a constant); compute a new tensor instead")
+        if not isinstance(value, Tensor):
+            array = t._device.from_host(array)
+        items = index if isinstance(index, tuple) else (index,)
+        arrays = [i for i in items if isinstance(i, (list, np.ndarray, TensorOps))]
+        if len(arrays) > 1 or (arrays and any(isinstance(i, (int, np.integer)) for i in items)):
+            # NumPy would read such an index otherwise than torch (x[0, :, [1, 2]]): write at torch's positions
+            if not t._data.flags.c_contiguous:
+                raise ArgumentError(f"{_SET_ITEM}: several index arrays into a tensor that is not contiguous in "
+                                    f"memory (shape {t.shape}); write into t.contiguous().clone()")
+            where = _positions(t.shape, index)
+            values = t._device.xp.broadcast_to(array, where.shape).reshape(-1)
+            t._data.reshape(-1)[t._device.from_host(where.reshape(-1))] = values
+        else:
+            t._data[tuple(i._data if isinstance(i, Tensor) else i for i in items)] = array
+        note_write(t._data, _SET_ITEM)
+        return
+    _in_place(t, _SET_ITEM, lambda old: index_put(old, index, value))
+
+
+def _positions(shape, index) -> np.ndarray:
+    """The flat position in a C-ordered array of ``shape`` of each element of ``x[index]`` (torch's reading of the
+    index, as ``_index``'s), shaped as ``x[index]``."""
+    if any(d is None or not isinstance(d, (int, np.integer)) for d in shape):
+        raise ArgumentError(f"{_SET_ITEM}: the tensor's shape {tuple(shape)} must be known where it is traced")
+    grid = wrap(np.arange(int(np.prod(shape, dtype=np.int64))).reshape(shape))
+    items = index if isinstance(index, tuple) else (index,)
+    host = tuple(i.numpy() if isinstance(i, Tensor) else i for i in items)
+    if any(isinstance(i, TensorOps) for i in host):
+        raise ArgumentError(f"{_SET_ITEM}: an index array that is computed in a traced function needs a bool mask "
+                            "(t[mask] = number) or eager values")
+    with interpreting(EAGER), _grad_mode_off():  # positions are a constant of the call, computed now
+        return _index(grid, host).numpy()
+
+
+def index_put(x, index, value):
+    """``x`` with ``x[index]`` replaced by ``value`` (broadcast to that shape, cast to x's dtype), written with ops
+    so that it differentiates (the gradient goes to ``value`` and to the rest of ``x``, none to what was replaced)
+    and traces. A bool mask with one value is a ``where``; any other index writes the value's elements at their flat
+    positions (``scatter_add`` into zeros, the last one winning where positions repeat, as torch's CPU kernel)."""
+    if not isinstance(value, TensorOps):
+        value = _lift(value, x) if type(value) in (int, float, bool) else wrap(np.asarray(value), x.device)
+    if value.dtype != x.dtype:
+        value = _fit_dtype(x, value)
+    items = index if isinstance(index, tuple) else (index,)
+    mask = items[0] if len(items) == 1 else None
+    if mask is not None and isinstance(mask, (np.ndarray, TensorOps)) and np.dtype(mask.dtype) == np.bool_ and \
+            len(value.shape) == 0 and 0 < len(mask.shape) <= len(x.shape):
+        if isinstance(mask, np.ndarray):
+            mask = wrap(mask, x.device)
+        if len(mask.shape) < len(x.shape):
+            mask = F.reshape(mask, [*mask.shape, *[1] * (len(x.shape) - len(mask.shape))])
+        return F.where(mask, value, x)
+    positions = _positions(x.shape, index)
+    flat = positions.reshape(-1)
+    last = len(flat) - 1 - np.unique(flat[::-1], return_index=True)[1]  # where a position repeats, its last value
+    values = F.reshape(F.broadcast_to(value, list(positions.shape)), [-1])
+    if len(last) != len(flat):
+        values = F.take(values, wrap(last.astype(np.int64), x.device))
+        flat = flat[last]
+    written = np.zeros(x.shape, bool)
+    written.reshape(-1)[flat] = True
+    put = F.scatter_add(F.zeros_like(F.reshape(x, [-1])), 0, wrap(flat.astype(np.int64), x.device), values)
+    return F.where(wrap(x.device.from_host(written), x.device), F.reshape(put, list(x.shape)), x)
+
+
+def _fit_dtype(x, value):
+    if not np.can_cast(value.dtype, x.dtype, casting="same_kind"):
+        raise ArgumentError(f"{_SET_ITEM}: a {value.dtype} value cannot be written into a {x.dtype} tensor (torch "
+                            "would cast it; convert it first)")
+    return F.cast(value, dtype=x.dtype)
 
 
 def _fit(t, what: str, value):

@@ -470,3 +470,94 @@ def test_methods_run_compiled_as_eagerly():
     x = of.tensor(np.random.default_rng(0).standard_normal((3, 4)))
     same(of.compile(f)(x), f(x), rtol=1e-12)
     same(f(x), f(torch.tensor(x.numpy())), rtol=1e-12)
+
+
+# -- item assignment -------------------------------------------------------------------------------------------------
+
+_G = np.arange(24.0).reshape(2, 3, 4) / 7
+SET_ITEMS = {  # index, value
+    "t[0] = 5": ((0,), 5.0), "t[:, 1] = row": ((slice(None), 1), np.array([7.0, 8, 9, 1])),
+    "t[mask] = 0": ((_G > 1,), 0.0), "t[mask] = values": ((_G[..., 0] > 1,), np.array([1.0, 2, 3, 4])),
+    "t[[0, 1]] = -1": (([0, 1],), -1.0), "t[0, :, [1, 2]] = v": ((0, slice(None), [1, 2]), np.array([1.0, 2])),
+    "t[..., [0, 3]] = 9": ((Ellipsis, [0, 3]), 9.0),
+    "t[1, [0, 2], [1, 3]] = v": ((1, [0, 2], [1, 3]), np.array([5.0, 6])),
+    "t[1:, ::2] = 3": ((slice(1, None), slice(None, None, 2)), 3.0), "t[None, 0] = int": ((None, 0), 2),
+}
+
+
+def _index_for(module, index):
+    return tuple(module.tensor(i) if isinstance(i, (list, np.ndarray)) else i for i in index)
+
+
+@pytest.mark.parametrize("case", list(SET_ITEMS))
+@pytest.mark.parametrize("grad", [False, True])
+def test_item_assignment_writes_as_torchs_and_differentiates(case, grad):
+    index, value = SET_ITEMS[case]
+    x, t = of.tensor(_G, requires_grad=grad), torch.tensor(_G, requires_grad=grad)
+    vx, vt = ((of.tensor(value, requires_grad=True), torch.tensor(value, requires_grad=True))
+              if isinstance(value, np.ndarray) else (value, value))
+    y, u = x * 1.0, t * 1.0
+    view_y = y[1]
+    y[_index_for(of, index)] = vx
+    u[_index_for(torch, index)] = vt
+    same(y, u)
+    assert y._version == 1 and u._version == 1
+    if not grad and not isinstance(value, np.ndarray):
+        same(view_y, u[1])  # written into the memory: a view sees it
+    if grad or isinstance(value, np.ndarray):
+        w = np.random.default_rng(0).standard_normal(_G.shape)
+        (y * of.tensor(w)).sum().backward()
+        (u * torch.tensor(w)).sum().backward()
+        if grad:
+            same(x.grad, t.grad)  # none to the overwritten part
+        if isinstance(value, np.ndarray):
+            same(vx.grad, vt.grad)
+
+
+def test_item_assignment_is_refused_where_torch_refuses_it():
+    w, tw = of.ones(2, 3, requires_grad=True), torch.ones(2, 3, requires_grad=True)
+    with pytest.raises(of.GradientError, match=r"item assignment \(t\[index\] = value\): a leaf tensor that "
+                                               r"requires grad"):
+        w[0] = 1.0
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        tw[0] = 1.0
+    with of.no_grad():
+        w[0] = 2.0  # as torch: fine without recording
+    with torch.no_grad():
+        tw[0] = 2.0
+    same(w, tw)
+    a, ta = of.ones(3), torch.ones(3)
+    y, u = w[0] * a, tw[0] * ta  # mul saved a: writing it makes backward refuse, in both
+    a[0], ta[0] = 5.0, 5.0
+    with pytest.raises(of.GradientError, match=r"modified in place by item assignment"):
+        y.sum().backward()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        u.sum().backward()
+    with pytest.raises(of.ArgumentError, match=r"a float64 value cannot be written into a int64 tensor"):
+        of.zeros(3, dtype="int64")[0] = 1.5  # torch truncates to 1: refused here (docs/pytorch.md)
+    with pytest.raises(of.ShapeError):
+        (w * 1)[0] = of.ones(4)  # does not broadcast to (3,)
+    with pytest.raises(RuntimeError):
+        (tw * 1)[0] = torch.ones(4)
+
+
+def test_item_assignment_runs_compiled_as_eagerly():
+    def f(x, v):
+        y = x * 2.0
+        y[y > 3.0] = 0.0  # a mask the function computes
+        y[:, 0] = v
+        y[[1, 0], [2, 2]] = -1.0
+        return y
+
+    x, v = of.tensor(np.arange(6.0).reshape(2, 3)), of.tensor([10.0, 20.0])
+    step = of.compile(f)
+    same(step(x, v), f(x, v))
+    same(f(x, v), f(torch.tensor(x.numpy()), torch.tensor(v.numpy())))
+
+    def g(x):  # an argument written in place: its memory takes the value after the run, as eagerly
+        x[0] = 7.0
+        return x * 1.0
+
+    a, b = of.tensor(np.ones((2, 2))), of.tensor(np.ones((2, 2)))
+    same(of.compile(g)(a), g(b))
+    same(a, b)
