@@ -17,10 +17,19 @@ checkpoint at ``path`` as it was; at worst a ``.<name>.*.tmp`` file remains besi
 
 ``load(path, like=expected)`` checks the saved structure against an expected one (say ``model.state_dict()``) and
 raises ``StateDictError`` listing every missing, unexpected and mis-shaped or mis-typed entry by name.
+
+**File objects and safetensors.** ``path`` may be an open binary file (``io.BytesIO``, ``open(p, "wb")``) instead of a
+name, as torch's ``save``/``load`` take. A path ending in ``.safetensors`` (or ``format="safetensors"``) is written
+in the safetensors format (the ``safetensors`` package), which model hubs publish weights in, for a flat dict of
+names to tensors (a state dict); ``load`` reads one whatever its name, so a state dict published by PyTorch code
+(``safetensors.torch.save_file``) loads without torch. Like the checkpoint format, safetensors holds arrays and a
+JSON header only: loading executes nothing. A PyTorch pickle checkpoint (``torch.save``'s ``.pt``/``.pth``) is
+refused, naming why: reading it means running pickle.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 
@@ -47,14 +56,43 @@ class StateDictError(OpforgeError, ValueError):
 
 # -- save -------------------------------------------------------------------------------------------------------------
 
-def save(obj, path) -> None:
-    """Write ``obj`` (a nested state dict) to ``path`` atomically; see the module docstring for the format."""
-    path = os.fspath(path)
+def save(obj, path, format: str | None = None) -> None:
+    """Write ``obj`` (a nested state dict) to ``path`` (a file name, written atomically, or an open binary file);
+    ``format`` "safetensors" (the default for a name ending in ``.safetensors``) writes a flat dict of tensors in
+    that format. See the module docstring."""
+    if not hasattr(path, "write"):
+        path = os.fspath(path)
+    if format is None:
+        format = "safetensors" if isinstance(path, str) and path.endswith(".safetensors") else "opforge"
+    if format not in ("opforge", "safetensors"):
+        raise ArgumentError(f"save(): format must be 'opforge' or 'safetensors', got {format!r}")
+    if format == "safetensors":
+        data = _safetensors_bytes(obj)
+        if hasattr(path, "write"):
+            path.write(data)
+        else:
+            atomic_write(path, lambda f: f.write(data))
+        return
     arrays: dict = {}
     tree = _encode(obj, "", arrays, 0)
     manifest = json.dumps({"format": FORMAT, "version": VERSION, "tree": tree}).encode()
     arrays[MANIFEST] = np.frombuffer(manifest, dtype=np.uint8)
-    atomic_write(path, lambda f: write_npz(f, arrays))
+    if hasattr(path, "write"):
+        write_npz(path, arrays)
+    else:
+        atomic_write(path, lambda f: write_npz(f, arrays))
+
+
+def _safetensors_bytes(obj) -> bytes:
+    """A flat {name: Tensor or array} dict in the safetensors format."""
+    from safetensors.numpy import save as save_safetensors
+
+    if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, (Tensor, np.ndarray))
+                                            for k, v in obj.items()):
+        raise ArgumentError(f"save(): the safetensors format holds a flat dict of names to tensors (a state dict), "
+                            f"got {describe(obj)}")
+    return save_safetensors({k: np.ascontiguousarray(v._device.to_host(v._data) if isinstance(v, Tensor) else v)
+                             for k, v in obj.items()})
 
 
 def _join(path: str, key) -> str:
@@ -94,9 +132,11 @@ def _encode(obj, path: str, arrays: dict, depth: int):
 
 # -- load -------------------------------------------------------------------------------------------------------------
 
-def load(path, like=None):
-    """Read a checkpoint written by ``save``. Arrays come back as they went in (Tensors as Tensors, arrays as
-    arrays), as do tuples, int keys and non-array values.
+def load(path, like=None, *, map_location=None, weights_only=None, mmap=None):
+    """Read a checkpoint written by ``save``, or a safetensors file, from a file name or an open binary file. Arrays
+    come back as they went in (Tensors as Tensors, arrays as arrays), as do tuples, int keys and non-array values;
+    a safetensors file gives a dict of Tensors. ``map_location`` (a device) puts the Tensors there; torch's
+    ``weights_only`` and ``mmap`` are accepted (nothing here ever runs code or maps memory).
 
     With ``like`` (an expected structure, e.g. ``model.state_dict()``), every name, shape and dtype is checked
     first, and a ``StateDictError`` lists each entry that is missing, unexpected or different.
@@ -105,10 +145,23 @@ def load(path, like=None):
     against the bytes the file really holds before anything is allocated (see ``NpzReader``), and every
     failure is a ``CheckpointError`` saying what is wrong.
     """
-    path = os.fspath(path)
+    source = path
+    if hasattr(path, "read"):
+        source, path = io.BytesIO(path.read()), getattr(path, "name", "<file object>")
+        if not isinstance(path, str):
+            path = "<file object>"
+    else:
+        path = source = os.fspath(path)
     try:
-        with open(path, "rb") as f:
-            head = f.read(6)
+        if isinstance(source, str):
+            with open(source, "rb") as f:
+                head = f.read(9)
+        else:
+            head = source.getvalue()[:9]
+        if _is_safetensors(head):
+            obj = _load_safetensors(source, path)
+            return _placed(_checked(obj, like, path), map_location)
+        head = head[:6]
         if not head.startswith((b"PK", b"\x93NUMPY")):  # neither a zip (.npz) nor a .npy
             what = "JSON (a program saved with Program.save is read with of.Program.load)" \
                 if head.lstrip()[:1] == b"{" else f"a file starting with {head!r}"
@@ -116,7 +169,8 @@ def load(path, like=None):
                                   f"of.save): it is {what}")
         if head == b"\x93NUMPY":
             raise CheckpointError(f"load(): {path!r} is a single .npy array, not an opforge checkpoint")
-        with NpzReader(path) as archive:
+        _refuse_pickle(source, path)
+        with NpzReader(source) as archive:
             if MANIFEST not in archive:
                 raise CheckpointError(f"load(): {path!r} is not an opforge checkpoint (it has no manifest)")
             shape, dtype = archive.header(MANIFEST)
@@ -143,12 +197,72 @@ def load(path, like=None):
         raise CheckpointError(f"load(): {path!r} has a manifest nested too deeply to read") from None
     except (OSError, ValueError) as e:  # an unreadable file; JSON or UTF-8 that does not decode
         raise CheckpointError(f"load(): {path!r} is not a readable checkpoint: {type(e).__name__}: {e}") from None
+    return _placed(_checked(obj, like, path), map_location)
+
+
+def _checked(obj, like, path):
     if like is not None:
         problems = diff_structure(like, obj)
         if problems:
             raise StateDictError(f"load(): the checkpoint {path!r} does not match the expected structure:\n  "
                                  + "\n  ".join(problems))
     return obj
+
+
+def _placed(obj, device):
+    """The Tensors of ``obj`` on ``device`` (torch's ``map_location``): a device or its name."""
+    if device is None:
+        return obj
+    if isinstance(obj, Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: _placed(v, device) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_placed(v, device) for v in obj)
+    return obj
+
+
+def _is_safetensors(head: bytes) -> bool:
+    """The safetensors layout: a little-endian u64 header length, then the JSON header."""
+    return len(head) == 9 and head[8:9] == b"{" and 2 <= int.from_bytes(head[:8], "little") < 100_000_000
+
+
+def _load_safetensors(source, path: str) -> dict:
+    from safetensors import SafetensorError
+    from safetensors.numpy import load as load_safetensors
+
+    if isinstance(source, io.BytesIO):
+        data = source.getvalue()
+    else:
+        with open(source, "rb") as f:
+            data = f.read()
+    try:
+        arrays = load_safetensors(data)
+    except (SafetensorError, ValueError, TypeError) as e:  # a header the format refuses
+        raise CheckpointError(f"load(): {path!r} is not a readable safetensors file: {e}") from None
+    out = {}
+    for name, array in arrays.items():
+        D.as_dtype(array.dtype, op="load", arg=name)  # a dtype Tensors support
+        out[name] = wrap(np.array(array))  # a copy that owns its memory (the loader's may be read-only)
+    return out
+
+
+def _refuse_pickle(source, path: str) -> None:
+    """A zip holding ``data.pkl`` is torch.save's checkpoint: say why it is not read rather than which member."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(source) as z:
+            names = z.namelist()
+    except (zipfile.BadZipFile, OSError):
+        return  # NpzReader says what is wrong
+    finally:
+        if not isinstance(source, str):
+            source.seek(0)
+    if any(n == "data.pkl" or n.endswith("/data.pkl") for n in names):
+        raise CheckpointError(f"load(): {path!r} is a PyTorch pickle checkpoint (torch.save): reading it would run "
+                              "pickle, which can execute code, so opforge does not; save the state dict with "
+                              "safetensors (safetensors.torch.save_file) and load that")
 
 
 def _decode(node, archive, path: str, depth: int):

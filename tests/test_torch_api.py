@@ -561,3 +561,108 @@ def test_item_assignment_runs_compiled_as_eagerly():
     a, b = of.tensor(np.ones((2, 2))), of.tensor(np.ones((2, 2)))
     same(of.compile(g)(a), g(b))
     same(a, b)
+
+
+# -- nn.Parameter, device=, smooth_l1_loss, save and load ------------------------------------------------------------
+
+def test_parameter_is_a_class_as_torchs():
+    from opforge import nn
+
+    data = of.ones(3)
+    p = nn.Parameter(data)
+    assert isinstance(p, nn.Parameter) and isinstance(p, of.Tensor) and p.requires_grad and p.is_leaf
+    data.add_(1.0)  # torch's Parameter shares its data's memory
+    same(p, torch.nn.Parameter(torch.ones(3) + 1))
+    assert not isinstance(data, nn.Parameter) and not isinstance(p * 2, nn.Parameter)
+    assert not isinstance(nn.Parameter(of.ones(2), requires_grad=False), nn.Parameter)  # opforge: a leaf that
+    model = nn.Sequential(nn.Linear(3, 2), nn.LayerNorm(2))  # requires grad is what makes a parameter
+    assert all(isinstance(q, nn.Parameter) for q in model.parameters())
+    assert [isinstance(q, torch.nn.Parameter) for q in torch.nn.Linear(3, 2).parameters()] == [True, True]
+
+
+def test_layers_take_device_and_dtype():
+    from opforge import nn
+
+    for layer in (nn.Linear(3, 4, device="cpu", dtype=of.float64), nn.Conv2d(2, 3, 3, device="cpu", dtype="float64"),
+                  nn.LayerNorm(4, device=of.device("cpu"), dtype=of.float64), nn.Embedding(5, 2, dtype=of.float64),
+                  nn.BatchNorm1d(3, device="cpu", dtype=of.float64)):
+        assert all(t.dtype == np.float64 and t.device == "cpu" for t in layer.parameters())
+    twin = of.register_device("twin", kernels_of="cpu") if "twin" not in of.core.devices._DEVICES else of.device(
+        "twin")  # a second host device (tests/test_devices.py's)
+    layer = nn.Linear(2, 2, device=twin)
+    assert layer.weight.device == "twin" and layer.bias.device == "twin"
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate", "circular"])
+@pytest.mark.parametrize("padding", [1, "same"])
+def test_conv_padding_modes_are_torchs(mode, padding):
+    from opforge import nn
+
+    ours = nn.Conv2d(2, 3, 3, padding=padding, padding_mode=mode, dilation=1 if padding == 1 else 2, dtype="float64")
+    theirs = torch.nn.Conv2d(2, 3, 3, padding=padding, padding_mode=mode, dilation=1 if padding == 1 else 2,
+                             dtype=torch.float64)
+    theirs.load_state_dict({k: torch.tensor(v.numpy()) for k, v in ours.state_dict().items()})
+    x = np.random.default_rng(0).standard_normal((1, 2, 6, 5))
+    same(ours(of.tensor(x)), theirs(torch.tensor(x)), rtol=1e-12)
+    with pytest.raises(of.ArgumentError, match=r"ConvTranspose2d\(\): padding_mode must be one of \('zeros',\)"):
+        nn.ConvTranspose2d(2, 3, 3, padding_mode="reflect")
+
+
+@pytest.mark.parametrize("beta", [1.0, 0.25, 0.0])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_smooth_l1_loss_is_torchs(beta, reduction):
+    from opforge import nn
+
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal((4, 5)) * 2, rng.standard_normal((4, 5))
+    a, b = of.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+    ours = F.smooth_l1_loss(a, of.tensor(y), reduction=reduction, beta=beta)
+    theirs = TF.smooth_l1_loss(b, torch.tensor(y), reduction=reduction, beta=beta)
+    same(ours, theirs, rtol=1e-12)
+    ours.sum().backward(), theirs.sum().backward()
+    same(a.grad, b.grad, rtol=1e-12)
+    same(nn.SmoothL1Loss(reduction=reduction, beta=beta)(a, of.tensor(y)),
+         torch.nn.SmoothL1Loss(reduction=reduction, beta=beta)(b, torch.tensor(y)), rtol=1e-12)
+
+
+def test_save_and_load_take_file_objects():
+    import io
+
+    from opforge import nn
+
+    model = nn.Linear(3, 2)
+    buffer = io.BytesIO()
+    of.save({"model": model.state_dict(), "epoch": 3}, buffer)
+    buffer.seek(0)
+    loaded = of.load(buffer, weights_only=True, map_location="cpu")
+    assert loaded["epoch"] == 3 and set(loaded["model"]) == {"weight", "bias"}
+    same(loaded["model"]["weight"], torch.tensor(model.weight.numpy()))
+
+
+def test_a_torch_state_dict_in_safetensors_loads_without_torch(tmp_path):
+    import safetensors.torch
+
+    from opforge import nn
+
+    theirs = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3), torch.nn.Linear(3, 2))
+    safetensors.torch.save_file(theirs.state_dict(), str(tmp_path / "model.safetensors"))
+    ours = nn.Sequential(nn.Linear(4, 3), nn.LayerNorm(3), nn.Linear(3, 2))
+    ours.load_state_dict(of.load(tmp_path / "model.safetensors"))  # found by its content, not its name
+    x = np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32)
+    same(ours(of.tensor(x)), theirs(torch.tensor(x)), rtol=1e-5, atol=1e-6)
+    of.save(ours.state_dict(), tmp_path / "ours.safetensors")  # and back: torch reads what we write
+    back = safetensors.torch.load_file(str(tmp_path / "ours.safetensors"))
+    assert set(back) == set(theirs.state_dict()) and all(torch.equal(back[k], v) for k, v in
+                                                          theirs.state_dict().items())
+    with open(tmp_path / "ours.safetensors", "rb") as f:
+        assert set(of.load(f)) == set(back)
+
+
+def test_a_pickle_checkpoint_is_refused_saying_why(tmp_path):
+    torch.save(torch.nn.Linear(2, 2).state_dict(), tmp_path / "model.pth")
+    with pytest.raises(of.checkpoint.CheckpointError, match=r"PyTorch pickle checkpoint \(torch.save\): reading "
+                                                             r"it would run pickle"):
+        of.load(tmp_path / "model.pth")
+    (tmp_path / "bad.safetensors").write_bytes((12).to_bytes(8, "little") + b'{"a": 1, "b"')
+    with pytest.raises(of.checkpoint.CheckpointError, match="not a readable safetensors file"):
+        of.load(tmp_path / "bad.safetensors")

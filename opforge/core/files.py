@@ -144,10 +144,17 @@ class NpzReader:
     def __init__(self, path):
         import zipfile
 
-        self.path = os.fspath(path)
-        with _as_archive_error(self.path):
-            size = os.path.getsize(self.path)
-            self._zip = zipfile.ZipFile(self.path)
+        if hasattr(path, "read"):  # an open binary file (io.BytesIO), read from its start
+            self.path = getattr(path, "name", None) if isinstance(getattr(path, "name", None), str) else "<file>"
+            with _as_archive_error(self.path):
+                size = path.seek(0, os.SEEK_END)
+                path.seek(0)
+                self._zip = zipfile.ZipFile(path)
+        else:
+            self.path = os.fspath(path)
+            with _as_archive_error(self.path):
+                size = os.path.getsize(self.path)
+                self._zip = zipfile.ZipFile(self.path)
         try:
             self._members, self._headers = {}, {}
             for info in self._zip.infolist():

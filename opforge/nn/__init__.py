@@ -77,6 +77,7 @@ from .layers import (
     RMSNorm,
     Sigmoid,
     SiLU,
+    SmoothL1Loss,
     Softmax,
     Softmin,
     Softplus,
@@ -113,3 +114,4 @@ __all__ += ["CosineSimilarity", "Dropout1d", "Dropout2d", "Dropout3d", "Embeddin
 __all__ += ["Transformer", "TransformerDecoder", "TransformerDecoderLayer", "TransformerEncoder",
             "TransformerEncoderLayer"]
 __all__ += ["Bilinear", "Unflatten", "utils"]
+__all__ += ["SmoothL1Loss"]

@@ -7,6 +7,8 @@ eagerly it writes in place, while tracing it records the update.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 
 import numpy as np
@@ -29,6 +31,30 @@ def _dtype(dtype):
     if not D.is_floating(dtype):
         raise ArgumentError(f"layers hold floating-point parameters, got dtype={dtype}")
     return dtype
+
+
+def _on_device(init):
+    """A layer's ``__init__`` that takes torch's ``device=`` (its ``dtype=`` it takes itself): the parameters and
+    buffers it made are moved there (``Module.to``)."""
+
+    @functools.wraps(init)
+    def with_device(self, *args, device=None, **kwargs):
+        init(self, *args, **kwargs)
+        if device is not None:
+            self.to(device)
+
+    signature = inspect.signature(init)
+    with_device.__signature__ = signature.replace(parameters=[
+        *signature.parameters.values(), inspect.Parameter("device", inspect.Parameter.KEYWORD_ONLY, default=None)])
+    return with_device
+
+
+def _torch_defaults(layer: str, **given) -> None:
+    """Refuse a setting of torch's that opforge does not implement unless it has torch's default: ``name=(value,
+    default)``."""
+    for name, (value, default) in given.items():
+        if value is not default and value != default:
+            raise ArgumentError(f"{layer}(): {name}={value!r} is not supported (only torch's default, {default!r})")
 
 
 def _param(*shape, dtype) -> Tensor:
@@ -61,6 +87,7 @@ def _live(t: Tensor | None):
 class Linear(Module):
     """y = x·Wᵀ + b over the last dim of x; W is (out_features, in_features), b is (out_features,)."""
 
+    @_on_device
     def __init__(self, in_features: int, out_features: int, bias: bool = True, dtype=None):
         super().__init__()
         self.in_features = _count(in_features, "in_features", "Linear", 0)
@@ -126,10 +153,15 @@ class _ConvNd(Module):
     _nd = 2
     _transposed = False
 
+    @_on_device
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
-                 groups: int = 1, bias: bool = True, dtype=None, output_padding=0):
+                 groups: int = 1, bias: bool = True, padding_mode: str = "zeros", dtype=None, output_padding=0):
         super().__init__()
         name, nd = type(self).__name__, self._nd
+        modes = ("zeros",) if self._transposed else ("zeros", "reflect", "replicate", "circular")
+        if padding_mode not in modes:
+            raise ArgumentError(f"{name}(): padding_mode must be one of {modes}, got {padding_mode!r}")
+        self.padding_mode = padding_mode
         self.in_channels = _count(in_channels, "in_channels", name)
         self.out_channels = _count(out_channels, "out_channels", name)
         self.groups = _count(groups, "groups", name)
@@ -163,10 +195,22 @@ class _ConvNd(Module):
 
     def forward(self, x):
         geometry = {"stride": self.stride, "padding": self.padding, "dilation": self.dilation, "groups": self.groups}
+        if self.padding_mode != "zeros":  # as torch: the input padded by that mode, then no padding in the conv
+            x, geometry["padding"] = F.pad(x, self._pads(), self.padding_mode), 0
         if self._transposed:
             geometry["output_padding"] = self.output_padding
         op = getattr(F, f"conv{'_transpose' if self._transposed else ''}{self._nd}d")
         return op(x, self.weight, self.bias, **geometry)
+
+    def _pads(self) -> list:
+        """F.pad's pads (last dim first) that padding 'same', 'valid' or numbers make: what torch pads by
+        padding_mode."""
+        pairs = []
+        for i in range(self._nd):
+            total = self.dilation[i] * (self.kernel_size[i] - 1)
+            pairs.append((total // 2, total - total // 2) if self.padding == "same" else (0, 0)
+                         if self.padding == "valid" else (self.padding[i], self.padding[i]))
+        return [p for pair in reversed(pairs) for p in pair]
 
     def extra_repr(self) -> str:
         nd = self._nd
@@ -205,10 +249,11 @@ class Conv3d(_ConvNd):
 class _ConvTransposeNd(_ConvNd):
     _transposed = True
 
+    @_on_device
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, output_padding=0,
-                 groups: int = 1, bias: bool = True, dilation=1, dtype=None):
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, dtype,
-                         output_padding)
+                 groups: int = 1, bias: bool = True, dilation=1, padding_mode: str = "zeros", dtype=None):
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+                         padding_mode, dtype, output_padding)
 
 
 class ConvTranspose1d(_ConvTransposeNd):
@@ -246,6 +291,7 @@ class _BatchNorm(Module):
     _dims: tuple = ()
     _layout = ""
 
+    @_on_device
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True,
                  track_running_stats: bool = True, dtype=None):
         super().__init__()
@@ -306,6 +352,7 @@ class BatchNorm2d(_BatchNorm):
 class LayerNorm(Module):
     """Normalise over the last dims (``normalized_shape``) of each sample, then y = x̂·weight + bias."""
 
+    @_on_device
     def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True,
                  dtype=None):
         super().__init__()
@@ -329,6 +376,7 @@ class RMSNorm(Module):
     """Normalise over the last dims (``normalized_shape``) by their root mean square, then y = x̂·weight; ``eps``
     None takes the machine epsilon of the input's dtype, as PyTorch."""
 
+    @_on_device
     def __init__(self, normalized_shape, eps: float | None = None, elementwise_affine: bool = True, dtype=None):
         super().__init__()
         shape = (normalized_shape,) if isinstance(normalized_shape, (int, np.integer)) else normalized_shape
@@ -349,6 +397,7 @@ class GroupNorm(Module):
     """Normalise each of ``num_groups`` groups of channels of an (N, C, ...) input over the group's channels and
     the other dims, then y = x̂·weight + bias per channel (when ``affine``)."""
 
+    @_on_device
     def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True, dtype=None):
         super().__init__()
         self.num_groups = _count(num_groups, "num_groups", "GroupNorm")
@@ -375,6 +424,7 @@ class _InstanceNorm(_BatchNorm):
     ((1 − momentum)·running + momentum·the batch's mean of them, the variance unbiased), which eval mode then
     normalises with, as PyTorch. Defaults as PyTorch's: no affine, no running statistics."""
 
+    @_on_device
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = False,
                  track_running_stats: bool = False, dtype=None):
         super().__init__(num_features, eps, momentum, affine, track_running_stats, dtype)
@@ -433,7 +483,11 @@ class Embedding(Module):
     """A lookup table: row ``i`` of ``weight`` (num_embeddings, embedding_dim) for each index i. Initialised from
     N(0, 1); the row ``padding_idx`` (if given) starts at 0 and gets no gradient."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None, dtype=None):
+    @_on_device
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None, max_norm=None,
+                 norm_type: float = 2.0, scale_grad_by_freq: bool = False, sparse: bool = False, *, dtype=None):
+        _torch_defaults("Embedding", max_norm=(max_norm, None), norm_type=(norm_type, 2.0),
+                        scale_grad_by_freq=(scale_grad_by_freq, False), sparse=(sparse, False))
         super().__init__()
         self.num_embeddings = _count(num_embeddings, "num_embeddings", "Embedding")
         self.embedding_dim = _count(embedding_dim, "embedding_dim", "Embedding")
@@ -483,6 +537,7 @@ class MultiheadAttention(Module):
     then depends on ``need_weights``.
     """
 
+    @_on_device
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
                  add_bias_kv: bool = False, add_zero_attn: bool = False, kdim=None, vdim=None,
                  batch_first: bool = False, dtype=None):
@@ -1059,6 +1114,7 @@ class PReLU(Module):
     """y = x where x > 0, else weight·x, with a learnable ``weight`` of ``num_parameters`` (1, or the channels of
     dim 1), each starting at ``init``."""
 
+    @_on_device
     def __init__(self, num_parameters: int = 1, init: float = 0.25, dtype=None):
         super().__init__()
         self.num_parameters = _count(num_parameters, "num_parameters", "PReLU")
@@ -1117,6 +1173,17 @@ class HuberLoss(_Loss):
     def __init__(self, reduction: str = "mean", delta: float = 1.0):
         super().__init__(reduction)
         self.delta = float(delta)
+
+
+class SmoothL1Loss(_Loss):
+    """``F.smooth_l1_loss``: ½·d²/beta where |d| < beta, else |d| − ½·beta, reduced."""
+
+    _op, _attrs = F.smooth_l1_loss, ("reduction", "beta")
+
+    def __init__(self, size_average=None, reduce=None, reduction: str = "mean", beta: float = 1.0):
+        _torch_defaults("SmoothL1Loss", size_average=(size_average, None), reduce=(reduce, None))
+        super().__init__(reduction)
+        self.beta = float(beta)
 
 
 class KLDivLoss(_Loss):
@@ -1202,11 +1269,44 @@ class TripletMarginLoss(_Loss):
         self.margin, self.p, self.eps, self.swap = float(margin), float(p), float(eps), bool(swap)
 
 
-__all__ = ["ELU", "GELU", "SELU", "AdaptiveAvgPool2d", "AvgPool2d", "BCELoss", "BCEWithLogitsLoss", "BatchNorm1d",
-           "BatchNorm2d", "Conv2d", "CosineEmbeddingLoss", "CrossEntropyLoss", "Dropout", "Embedding", "Flatten",
-           "HuberLoss", "Identity", "KLDivLoss", "L1Loss", "LayerNorm", "LeakyReLU", "Linear", "LogSoftmax", "MSELoss",
-           "MarginRankingLoss", "MaxPool2d", "MultiheadAttention", "NLLLoss", "ReLU", "SiLU", "Sigmoid", "Softmax",
-           "Softplus", "Tanh", "TripletMarginLoss"]
+__all__ = [
+    "ELU",
+    "GELU",
+    "SELU",
+    "AdaptiveAvgPool2d",
+    "AvgPool2d",
+    "BCELoss",
+    "BCEWithLogitsLoss",
+    "BatchNorm1d",
+    "BatchNorm2d",
+    "Conv2d",
+    "CosineEmbeddingLoss",
+    "CrossEntropyLoss",
+    "Dropout",
+    "Embedding",
+    "Flatten",
+    "HuberLoss",
+    "Identity",
+    "KLDivLoss",
+    "L1Loss",
+    "LayerNorm",
+    "LeakyReLU",
+    "Linear",
+    "LogSoftmax",
+    "MSELoss",
+    "MarginRankingLoss",
+    "MaxPool2d",
+    "MultiheadAttention",
+    "NLLLoss",
+    "ReLU",
+    "SiLU",
+    "Sigmoid",
+    "SmoothL1Loss",
+    "Softmax",
+    "Softplus",
+    "Tanh",
+    "TripletMarginLoss",
+]
 
 
 # -- similarity, bags of embeddings, channel-wise dropout ------------------------------------------------------
@@ -1245,8 +1345,12 @@ class EmbeddingBag(Module):
     per_sample_weights=None)``. ``weight`` (num_embeddings, embedding_dim) is initialised from N(0, 1), its row
     ``padding_idx`` (if given) at 0."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, mode: str = "mean", include_last_offset: bool = False,
-                 padding_idx: int | None = None, dtype=None):
+    @_on_device
+    def __init__(self, num_embeddings: int, embedding_dim: int, max_norm=None, norm_type: float = 2.0,
+                 scale_grad_by_freq: bool = False, mode: str = "mean", sparse: bool = False, _weight=None,
+                 include_last_offset: bool = False, padding_idx: int | None = None, *, dtype=None):
+        _torch_defaults("EmbeddingBag", max_norm=(max_norm, None), norm_type=(norm_type, 2.0),
+                        scale_grad_by_freq=(scale_grad_by_freq, False), sparse=(sparse, False), _weight=(_weight, None))
         super().__init__()
         self.num_embeddings = _count(num_embeddings, "num_embeddings", "EmbeddingBag")
         self.embedding_dim = _count(embedding_dim, "embedding_dim", "EmbeddingBag")

@@ -29,7 +29,7 @@ from ..core.errors import ArgumentError, OpforgeError, describe
 from ..core.interpreters import EAGER, current_interpreter
 from ..core.keys import exact
 from ..program.trace import contents, python_state_changed
-from ..tensor import Tensor, _to_args, note_write
+from ..tensor import Tensor, _to_args, note_write, wrap
 
 
 class StateDictError(OpforgeError, RuntimeError):
@@ -39,9 +39,23 @@ class StateDictError(OpforgeError, RuntimeError):
 IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
 
 
-def Parameter(data, requires_grad: bool = True) -> Tensor:  # named like torch.nn.Parameter
-    """A new leaf tensor holding a copy of ``data`` that requires grad: assigned to a Module, a parameter."""
-    return Tensor(data, requires_grad=requires_grad, device=data.device if isinstance(data, Tensor) else None)
+class _ParameterType(type):
+    def __instancecheck__(cls, obj) -> bool:
+        return _is_parameter(obj)
+
+
+class Parameter(metaclass=_ParameterType):
+    """``nn.Parameter(data)``, as torch's: a leaf tensor that requires grad, sharing ``data``'s memory (a tensor's;
+    other data is copied); assigned to a Module, it is a parameter. In opforge every leaf tensor that requires grad
+    is one (the rule ``Module.__setattr__`` registers by), so ``isinstance(t, nn.Parameter)`` asks exactly that: it
+    holds for every tensor of ``model.parameters()``. The tensors are plain Tensors (``type(p)`` is Tensor), so ops
+    take their fast path on them."""
+
+    def __new__(cls, data=None, requires_grad: bool = True) -> Tensor:
+        if data is None:
+            data = np.zeros(0, D.DEFAULT_FLOAT)
+        t = wrap(data._data, data._device) if isinstance(data, Tensor) else Tensor(data)
+        return t.requires_grad_(requires_grad)
 
 
 def _traced_value(v):
