@@ -10,6 +10,7 @@ permutation from it. Two loaders made the same way give the same batches, epoch 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
 
@@ -38,8 +39,15 @@ def _arrays(arrays: tuple, who: str) -> tuple:
     return tuple(out)
 
 
-class TensorDataset:
-    """Arrays (or Tensors) that share their first dim: ``ds[i]`` is the tuple of their i-th samples."""
+class Dataset:
+    """The base of a map-style dataset (torch's ``Dataset``): subclasses define ``__getitem__`` and ``__len__``."""
+
+    def __getitem__(self, index):
+        raise NotImplementedError(f"{type(self).__name__} has no __getitem__(): define it (and __len__)")
+
+
+class TensorDataset(Dataset):
+    """Arrays (or Tensors) that share their first dim: ``ds[i]`` is the tuple of their i-th samples, as Tensors."""
 
     def __init__(self, *arrays):
         self.arrays = _arrays(arrays, "TensorDataset")
@@ -48,7 +56,40 @@ class TensorDataset:
         return len(self.arrays[0])
 
     def __getitem__(self, index) -> tuple:
-        return tuple(a[index] for a in self.arrays)
+        return tuple(wrap(np.asarray(a[index])) for a in self.arrays)
+
+
+class Subset(Dataset):
+    """The samples of ``dataset`` at ``indices``, in that order (torch's ``Subset``)."""
+
+    def __init__(self, dataset, indices):
+        self.dataset, self.indices = dataset, list(indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, index):
+        return self.dataset[self.indices[index]]
+
+
+def random_split(dataset, lengths, generator=None) -> list:
+    """``dataset`` cut into random non-overlapping ``Subset``s of ``lengths`` (counts, or fractions adding up to 1,
+    the remainder spread one by one as torch's), drawn from opforge's generator (``of.manual_seed``): the same
+    sizes as torch's, not the same samples."""
+    if generator is not None:
+        raise ArgumentError("random_split(): generator= (a torch.Generator) is not supported; seed with "
+                            "of.manual_seed")
+    n = len(dataset)
+    if all(isinstance(x, float) for x in lengths) and math.isclose(sum(lengths), 1.0):
+        counts = [math.floor(n * f) for f in lengths]
+        for i in range(n - sum(counts)):
+            counts[i % len(counts)] += 1
+        lengths = counts
+    if sum(lengths) != n:
+        raise ArgumentError(f"random_split(): lengths {list(lengths)} do not add up to the dataset's {n} samples")
+    order = CPU.generator().permutation(n).tolist()
+    starts = np.cumsum([0, *lengths]).tolist()
+    return [Subset(dataset, order[a:b]) for a, b in itertools.pairwise(starts)]
 
 
 def _is_dataset(value) -> bool:
@@ -89,6 +130,27 @@ def default_collate(samples: list):
                         "DataLoader a collate_fn")
 
 
+# torch's DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory,
+# drop_last, timeout, worker_init_fn): the settings opforge has, and the others with the value each must have here
+_TORCH_POSITIONAL = ("batch_size", "shuffle", "sampler", "batch_sampler", "num_workers", "collate_fn", "pin_memory",
+                     "drop_last", "timeout", "worker_init_fn")
+_TORCH_ONLY = {"sampler": None, "batch_sampler": None, "timeout": 0, "worker_init_fn": None, "generator": None,
+               "prefetch_factor": None, "persistent_workers": False, "multiprocessing_context": None}
+
+
+def _check_torch_args(args: dict) -> None:
+    """torch's settings that change nothing here (num_workers, pin_memory: how batches are made, not which) are
+    accepted; those that would (a sampler, a generator...) only at torch's default."""
+    for name, value in args.items():
+        if name in ("num_workers", "pin_memory", "pin_memory_device", "in_order"):
+            continue
+        if name not in _TORCH_ONLY:
+            raise ArgumentError(f"DataLoader(): unexpected argument '{name}'")
+        if value != _TORCH_ONLY[name]:
+            raise ArgumentError(f"DataLoader(): {name}={value!r} is not supported (only torch's default, "
+                                f"{_TORCH_ONLY[name]!r})")
+
+
 class DataLoader:
     """Iterate over arrays (or a ``TensorDataset``), or over any map-style dataset, in batches of ``batch_size``
     samples. From arrays each batch is a tuple of Tensors (one per array, in order); from a dataset it is what
@@ -96,9 +158,20 @@ class DataLoader:
     seeded once; ``drop_last`` drops a final batch smaller than ``batch_size``."""
 
     def __init__(self, *data, batch_size: int = 1, shuffle: bool = False, drop_last: bool = False,
-                 seed: int | None = None, collate_fn=None):
-        if len(data) == 1 and _is_dataset(data[0]):  # a TensorDataset, or any map-style dataset
+                 seed: int | None = None, collate_fn=None, **torch_args):
+        if data and _is_dataset(data[0]):  # a TensorDataset, or any map-style dataset
+            if len(data) > 1:  # torch's positional order after the dataset
+                given = dict(zip(_TORCH_POSITIONAL, data[1:]))
+                if len(data) - 1 > len(_TORCH_POSITIONAL):
+                    raise ArgumentError(f"DataLoader(): {len(data)} positional arguments, torch's take at most "
+                                        f"{len(_TORCH_POSITIONAL) + 1}")
+                batch_size, shuffle = given.pop("batch_size", batch_size), given.pop("shuffle", shuffle)
+                collate_fn, drop_last = given.pop("collate_fn", collate_fn), given.pop("drop_last", drop_last)
+                torch_args.update(given)
+            _check_torch_args(torch_args)
             self.dataset = data[0]
+        elif torch_args:
+            raise ArgumentError(f"DataLoader(): unexpected arguments {sorted(torch_args)}")
         else:
             self.dataset = TensorDataset(*data)
         if collate_fn is not None and not callable(collate_fn):
@@ -136,4 +209,4 @@ class DataLoader:
                 yield collate([self.dataset[int(i)] for i in index])
 
 
-__all__ = ["DataLoader", "TensorDataset", "default_collate"]
+__all__ = ["DataLoader", "Dataset", "Subset", "TensorDataset", "default_collate", "random_split"]

@@ -1088,7 +1088,7 @@ def _set_item(t, index, value) -> None:
         if not isinstance(value, Tensor):
             array = t._device.from_host(array)
         items = index if isinstance(index, tuple) else (index,)
-        arrays = [i for i in items if isinstance(i, (list, np.ndarray, TensorOps))]
+        arrays = [i for i in items if isinstance(i, (list, range, np.ndarray, TensorOps))]
         if len(arrays) > 1 or (arrays and any(isinstance(i, (int, np.integer)) for i in items)):
             # NumPy would read such an index otherwise than torch (x[0, :, [1, 2]]): write at torch's positions
             if not t._data.flags.c_contiguous:
@@ -1291,7 +1291,7 @@ def _basic_index(x: Tensor, index) -> Tensor:
 def _index(x, index):
     """``x[index]``: basic indexing (ints, slices, None, ...) when the index holds no array, else advanced."""
     items = index if isinstance(index, tuple) else (index,)
-    if any(isinstance(item, (list, tuple, np.ndarray, TensorOps)) for item in items):
+    if any(isinstance(item, (list, tuple, range, np.ndarray, TensorOps)) for item in items):
         return _advanced_index(x, items)
     return _basic_index(x, index)
 
@@ -1331,7 +1331,8 @@ def _advanced_index(x, items):
     Unlike NumPy, an int between arrays does not count as an array (``x[0, :, [1, 2]]`` has shape (n, 2)).
     The gradient of ``take`` scatter-adds, so a position picked twice gets both gradients.
     """
-    items = [_Array(item) if isinstance(item, (list, tuple, np.ndarray, TensorOps)) else item for item in items]
+    items = [_Array(item) if isinstance(item, (list, tuple, range, np.ndarray, TensorOps)) else item
+             for item in items]
     if sum(item is Ellipsis for item in items) > 1:
         raise ArgumentError("Tensor indexing: an index can hold only one '...'")
     used = sum(item.dims if isinstance(item, _Array) else 1 for item in items

@@ -12,16 +12,20 @@ publishes ``NAMES``. Each is an op or function defined elsewhere, never a second
 
 A namesake that means something else in torch is left out rather than published: ``torch.embedding(weight,
 input)`` and ``torch.embedding_bag`` take the weight first, ``torch.batch_norm`` and ``torch.instance_norm`` the
-weight before the statistics, ``torch.normal(mean, std, size)`` is not the op ``normal``; their
-``torch.nn.functional`` forms are ``opforge.ops``'s.
+weight before the statistics; their ``torch.nn.functional`` forms are ``opforge.ops``'s. ``torch.normal(mean, std,
+size)`` is torch's form here, over the op ``normal(*, shape, mean, std)``.
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
+import numpy as np
+
 from . import creation
 from . import ops as F
 from .core import dtypes as D
-from .core.devices import get_device
+from .core.devices import get_device, using_device
 from .core.errors import ArgumentError
 from .core.grad_mode import _Switch
 from .core.opdef import registry
@@ -59,6 +63,23 @@ def equal(input, other) -> bool:
     return tuple(input.shape) == tuple(other.shape) and not F.sum(F.not_equal(input, other)).item()
 
 
+def normal(mean=0.0, std=1.0, size=None, *, dtype=None, device=None, requires_grad: bool = False):
+    """``torch.normal``: samples of N(mean, std²), of ``size`` for numbers ``mean`` and ``std`` (the op ``normal``),
+    else of the tensors' broadcast shape, elementwise (``mean + std·randn``)."""
+    if isinstance(mean, (int, float)) and isinstance(std, (int, float)):
+        if size is None:
+            raise ArgumentError("normal(): with a number mean and std, give size= (torch's normal(mean, std, size))")
+        with using_device(device) if device is not None else nullcontext():
+            t = F.normal(shape=list(size), mean=float(mean), std=float(std), dtype=dtype)
+    else:
+        if size is not None:
+            raise ArgumentError("normal(): size= goes with a number mean and std, not with tensors")
+        like = mean if isinstance(mean, Tensor) else std
+        t = mean + std * creation.randn_like(F.broadcast_to(like, list(np.broadcast_shapes(
+            tuple(np.shape(mean)), tuple(np.shape(std))))))
+    return t.requires_grad_(True) if requires_grad else t
+
+
 def numel(input) -> int:
     return input.numel()
 
@@ -92,11 +113,6 @@ def inference_mode(mode: bool = True):
 device = get_device  # torch.device("cpu"): the Device of that name (it compares equal to the name)
 Size = tuple  # shapes are tuples; torch.Size is a tuple too
 
-# torch's dtype names
-float, double, half, long, int, bool, short = D.float32, D.float64, D.float16, D.int64, D.int32, D.bool_, None
-del short  # int16 is not a dtype opforge supports
-
-
 def _published() -> dict:
     names = {}
     ours = {op.name for op in registry} | set(registry.functions)
@@ -107,10 +123,11 @@ def _published() -> dict:
     for name in creation.__all__:
         if name in TORCH or name in ("tensor", "manual_seed"):
             names[name] = getattr(creation, name)
-    for name in ("transpose", "swapaxes", "swapdims", "einsum", "equal", "numel", "is_tensor", "is_floating_point",
-                 "get_default_dtype", "set_default_dtype", "inference_mode", "device", "Size", "float", "double",
-                 "half", "long", "int", "bool"):
+    for name in ("transpose", "swapaxes", "swapdims", "einsum", "equal", "normal", "numel", "is_tensor",
+                 "is_floating_point", "get_default_dtype", "set_default_dtype", "inference_mode", "device", "Size"):
         names[name] = globals()[name]
+    # torch's dtype names (not globals here: they would hide the builtins float, int, bool)
+    names.update(float=D.float32, double=D.float64, half=D.float16, long=D.int64, int=D.int32, bool=D.bool_)
     return names
 
 

@@ -525,7 +525,7 @@ def test_bad_arguments_are_refused_clearly():
         (lambda: optim.SGD([of.tensor(np.ones(2), requires_grad=True) * 2], lr=0.1),
          "parameter 0 must be a leaf Tensor, got .* made by recorded ops"),
         (lambda: optim.SGD([p, p], lr=0.1), "parameter 1 .* appears in more than one place"),
-        (lambda: optim.StepLR(optim.SGD([p], lr=0.1), step_size=0), "step_size must be a positive int"),
+        (lambda: optim.StepLR(optim.SGD([p], lr=0.1), step_size=0), "step_size must be a positive number"),
     ]
     for make, message in cases:
         with pytest.raises(of.ArgumentError, match=message):

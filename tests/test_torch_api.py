@@ -273,7 +273,10 @@ def test_a_torch_name_opforge_lacks_says_so_and_points_to_the_nearest():
     with pytest.raises(AttributeError, match=r"torch.cumsumm|the nearest names opforge has: cumsum"):
         of.cumsumm
     assert not hasattr(of, "embedding")  # torch.embedding(weight, input): the other order than F.embedding
-    assert hasattr(torch, "embedding") and not hasattr(of, "batch_norm") and not hasattr(of, "normal")
+    assert hasattr(torch, "embedding") and not hasattr(of, "batch_norm")
+    r = of.normal(0.0, 0.01, size=(200, 2), requires_grad=True)  # torch's form, over the op normal(*, shape...)
+    assert r.shape == (200, 2) and r.requires_grad and abs(float(r.std()) - 0.01) < 0.002
+    assert of.normal(of.zeros(3), of.ones(3) * 1e-9).shape == (3,)
 
 
 def test_set_grad_enabled_switches_when_called_as_torchs_does():

@@ -133,7 +133,10 @@ class StepLR(LRScheduler):
     """Multiply the learning rate by ``gamma`` every ``step_size`` epochs: base_lr · gamma^⌊epoch/step_size⌋."""
 
     def __init__(self, optimizer: Optimizer, step_size: int, gamma: float = 0.1, last_epoch: int = -1):
-        self.step_size, self.gamma = _positive_int(step_size, "step_size", "StepLR"), gamma
+        # torch takes any positive number (tutorials write StepLR(optimizer, 1.0, gamma=0.1))
+        if isinstance(step_size, bool) or not isinstance(step_size, (int, float)) or not step_size > 0:
+            raise ArgumentError(f"StepLR(): step_size must be a positive number, got {step_size!r}")
+        self.step_size, self.gamma = step_size, gamma
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self) -> list[float]:
