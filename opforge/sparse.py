@@ -82,7 +82,7 @@ class SparseTensor:
         if g is None:
             return None
         unique, first = np.unique(self._flat(), return_index=True)
-        return SparseTensor(self._coalesced_indices(unique), F.index_select(g, tensor(first.astype(np.int64)), axis=0),
+        return SparseTensor(self._coalesced_indices(unique), F.index_select(g, 0, tensor(first.astype(np.int64))),
                             self.shape, coalesced=True)
 
     def is_coalesced(self) -> bool:
@@ -123,8 +123,8 @@ class SparseTensor:
         if self._coalesced:
             return self
         unique, inverse = np.unique(self._flat(), return_inverse=True)
-        summed = F.index_add(zeros(len(unique), dtype=self.dtype, device=self.device),
-                             tensor(inverse.reshape(-1).astype(np.int64), device=self.device), self._vals, axis=0)
+        summed = F.index_add(zeros(len(unique), dtype=self.dtype, device=self.device), 0,
+                             tensor(inverse.reshape(-1).astype(np.int64), device=self.device), self._vals)
         return SparseTensor(self._coalesced_indices(unique), summed, self.shape, coalesced=True)
 
     def _coalesced_indices(self, unique: np.ndarray) -> Tensor:
@@ -135,8 +135,7 @@ class SparseTensor:
     def to_dense(self) -> Tensor:
         """The dense tensor (differentiable in the values: an ``index_add`` into zeros)."""
         flat = tensor(self._flat().astype(np.int64), device=self.device)
-        dense = F.index_add(zeros(math.prod(self.shape), dtype=self.dtype, device=self.device), flat, self._vals,
-                            axis=0)
+        dense = F.index_add(zeros(math.prod(self.shape), dtype=self.dtype, device=self.device), 0, flat, self._vals)
         return F.reshape(dense, shape=list(self.shape))
 
     def t(self) -> SparseTensor:

@@ -247,7 +247,7 @@ def test_bad_arguments_are_refused_clearly():
     _, opt, _, _ = _optimizers()
     _, adagrad, _, _ = _optimizers("Adagrad", {"lr": 0.1})
     cases = [
-        (lambda: optim.StepLR(opt, step_size=0), r"StepLR\(\): step_size must be a positive int"),
+        (lambda: optim.StepLR(opt, step_size=0), r"StepLR\(\): step_size must be a positive number"),
         (lambda: optim.MultiStepLR(opt, [1.5]), r"MultiStepLR\(\): milestones must be ints"),
         (lambda: optim.ConstantLR(opt, factor=2), r"ConstantLR\(\): factor must be in \[0, 1\], got 2"),
         (lambda: optim.LinearLR(opt, start_factor=0), r"LinearLR\(\): start_factor must be in \(0, 1\]"),

@@ -25,7 +25,7 @@ from .. import ops as F
 from ..core.errors import ArgumentError, ShapeError, describe
 from ..tensor import Tensor
 from . import init
-from .layers import Dropout, LayerNorm, Linear, MultiheadAttention, _count, _dtype
+from .layers import Dropout, LayerNorm, Linear, MultiheadAttention, _count, _dtype, _on_device
 from .module import Module, ModuleList
 
 
@@ -92,6 +92,7 @@ class TransformerEncoderLayer(_Layer):
     and a LayerNorm: after it (``norm_first=False``, torch's default: "Attention Is All You Need") or before it.
     Inputs (S, N, E), (N, S, E) with ``batch_first=True``, or (S, E) unbatched."""
 
+    @_on_device
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
                  activation=F.relu, layer_norm_eps: float = 1e-5, batch_first: bool = False,
                  norm_first: bool = False, bias: bool = True, dtype=None):
@@ -111,6 +112,7 @@ class TransformerDecoderLayer(_Layer):
     """Self-attention over the target, attention to the encoder's output (``memory``), then a feed-forward block,
     each with a residual connection and a LayerNorm (after it, or before it with ``norm_first=True``)."""
 
+    @_on_device
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
                  activation=F.relu, layer_norm_eps: float = 1e-5, batch_first: bool = False,
                  norm_first: bool = False, bias: bool = True, dtype=None):
@@ -176,6 +178,7 @@ class Transformer(Module):
     and a final LayerNorm) reads ``src``, ``decoder`` reads ``tgt`` and the encoder's output. Every parameter of
     more than one dim is re-initialised with Xavier's uniform (torch's ``_reset_parameters``)."""
 
+    @_on_device
     def __init__(self, d_model: int = 512, nhead: int = 8, num_encoder_layers: int = 6,
                  num_decoder_layers: int = 6, dim_feedforward: int = 2048, dropout: float = 0.1, activation=F.relu,
                  custom_encoder=None, custom_decoder=None, layer_norm_eps: float = 1e-5, batch_first: bool = False,

@@ -67,7 +67,7 @@ def _(indices, values, dense, dout, *, size, needs_input_grad):
     dvalues = ddense = None
     if needs_input_grad[1]:  # entry e added values[e]·dense[col] to out[row]
         rows, cols = indices[0], indices[1]
-        dvalues = F.sum(F.index_select(dout, rows, axis=0) * F.index_select(dense, cols, axis=0), axis=-1)
+        dvalues = F.sum(F.index_select(dout, 0, rows) * F.index_select(dense, 0, cols), axis=-1)
     if needs_input_grad[2]:  # the transposed sparse matrix times dout
         ddense = F.sparse_mm(F.flip(indices, axis=[0]), values, dout, size=[size[1], size[0]])
     return None, dvalues, ddense

@@ -389,7 +389,7 @@ def _check_sbp(opdef: OpDef, sample: Sample, rng: np.random.Generator, checked: 
     specs, attrs = _specs(opdef, args, kwargs)
     values = dict(zip(opdef.input_names, args)) | {k: v for k, v in kwargs.items() if k in opdef.input_names}
     given = {k: v for k, v in kwargs.items() if k not in opdef.input_names}
-    whole = [_host(t) for t in _flat(opdef.fn(*args, **kwargs))]
+    whole = [_host(t) for t in _flat(call_op(opdef, args, kwargs))]
     for ranks in SBP_RANKS:
         try:
             found = signatures(opdef, specs, attrs, ranks)
@@ -427,7 +427,7 @@ def _check_sbp(opdef: OpDef, sample: Sample, rng: np.random.Generator, checked: 
                     while inputs and inputs[-1] is None:
                         inputs.pop()
                     try:
-                        results.append([_host(t) for t in _flat(opdef.fn(*inputs, **(given | local)))])
+                        results.append([_host(t) for t in _flat(call_op(opdef, inputs, given | local))])
                     except OpforgeError as e:
                         report.failures.append(f"{tag}: SBP signature {name} on {ranks} ranks: rank {r}'s call "
                                                f"failed: {type(e).__name__}: {e}")
