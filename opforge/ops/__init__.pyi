@@ -1239,6 +1239,98 @@ def adaptive_max_pool2d_with_indices(
     ``adaptive_max_pool2d(..., return_indices=True)``.
     """
 
+# -- opforge.ops.recurrent
+
+class _lstm_layer_result(NamedTuple):
+    y: Tensor
+    cells: Tensor
+    gates: Tensor
+
+def lstm_layer(
+    gx: _TensorLike,
+    h0: _TensorLike,
+    c0: _TensorLike,
+    w_hh: _TensorLike,
+    batch_sizes: _TensorLike | None = None,
+    *,
+    reverse: bool = False,
+) -> _lstm_layer_result:
+    """One LSTM layer and direction over a sequence, torch's cell: from the input projection ``gx`` (T, N, 4H) =
+    x·W_ihᵀ + b_ih + b_hh, gates i, f, g, o = σ, σ, tanh, σ of gx[t] + h·W_hhᵀ, then c = f·c + i·g, h =
+    o·tanh(c). Returns y (T, N, H): h every step; ``cells`` (T, N, H): c every step; ``gates`` (T, N, 4H): the
+    activated gates (what the backward pass reads). ``reverse`` runs from the last step to the first.
+    ``batch_sizes`` (T,): how many rows (the first ones) take part in each step; the others keep their state
+    (see the module's notes). The last state is y[-1], cells[-1] (y[0], cells[0] when reverse).
+    """
+
+class _lstm_layer_grad_result(NamedTuple):
+    dpre: Tensor
+    dh0: Tensor
+    dc0: Tensor
+
+def lstm_layer_grad(
+    gates: _TensorLike,
+    cells: _TensorLike,
+    c0: _TensorLike,
+    w_hh: _TensorLike,
+    dy: _TensorLike,
+    dcells: _TensorLike,
+    dgates: _TensorLike,
+    batch_sizes: _TensorLike | None = None,
+    *,
+    reverse: bool = False,
+) -> _lstm_layer_grad_result:
+    """Backpropagation through time of ``lstm_layer``, from its outputs ``gates`` and ``cells`` (and c0, w_hh):
+    given the gradients of y, cells and gates, the gradient of the gates' pre-activations every step ``dpre``
+    (T, N, 4H) — which is gx's, and from which the layer's rule makes W_hh's as one product — and those of h0
+    and c0. One dpre·W_hh product a step.
+    """
+
+class _gru_layer_result(NamedTuple):
+    y: Tensor
+    gates: Tensor
+    hn: Tensor
+
+def gru_layer(
+    gx: _TensorLike,
+    h0: _TensorLike,
+    w_hh: _TensorLike,
+    b_hh: _TensorLike | None = None,
+    batch_sizes: _TensorLike | None = None,
+    *,
+    reverse: bool = False,
+) -> _gru_layer_result:
+    """One GRU layer and direction over a sequence, torch's cell: from the input projection ``gx`` (T, N, 3H) =
+    x·W_ihᵀ + b_ih and gh = h·W_hhᵀ + b_hh, r = σ(gx_r + gh_r), z = σ(gx_z + gh_z), n = tanh(gx_n + r·gh_n), h =
+    n + z·(h − n). Returns y (T, N, H): h every step; ``gates`` (T, N, 3H): r, z, n; ``hn`` (T, N, H): gh_n
+    (what the backward pass reads). ``reverse`` and ``batch_sizes`` as lstm_layer's. The last state is y[-1]
+    (y[0] when reverse).
+    """
+
+class _gru_layer_grad_result(NamedTuple):
+    dgx: Tensor
+    dgh: Tensor
+    dh0: Tensor
+
+def gru_layer_grad(
+    gates: _TensorLike,
+    hn: _TensorLike,
+    y: _TensorLike,
+    h0: _TensorLike,
+    w_hh: _TensorLike,
+    dy: _TensorLike,
+    dgates: _TensorLike,
+    dhn: _TensorLike,
+    batch_sizes: _TensorLike | None = None,
+    *,
+    reverse: bool = False,
+) -> _gru_layer_grad_result:
+    """Backpropagation through time of ``gru_layer``, from its outputs ``gates``, ``hn`` and ``y`` (and h0,
+    w_hh): given the gradients of y, gates and hn, the gradients of gx (T, N, 3H) and of gh = h·W_hhᵀ + b_hh
+    every step (they differ in the n block: r·dgx_n there), from which the layer's rule makes W_hh's and b_hh's
+    as one product and one sum, and h0's. One dgh·W_hh product a step.
+    """
+
 # -- opforge.ops.reduce
 
 def sum(
