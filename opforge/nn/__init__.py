@@ -9,7 +9,7 @@ and PyTorch-style layers built on registered ops, so that a model runs eagerly a
 import sys
 
 from .. import ops as functional
-from . import init, utils
+from . import init, utils  # utils: clipping, parameters as a vector, nn.utils.rnn
 from .layers import (
     CELU,
     ELU,
@@ -88,6 +88,7 @@ from .layers import (
     Upsample,
 )
 from .module import IncompatibleKeys, Module, ModuleDict, ModuleList, Parameter, Sequential, StateDictError
+from .recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNBase, RNNCell, RNNCellBase
 from .transformer import (
     Transformer,
     TransformerDecoder,
@@ -110,6 +111,7 @@ __all__ = [
     "RMSNorm", "ReLU", "ReLU6", "Sequential", "SiLU", "Sigmoid", "Softmax", "Softmin", "Softplus", "StateDictError",
     "Tanh", "TripletMarginLoss", "Unfold", "Upsample", "functional", "init",
 ]
+__all__ += ["GRU", "LSTM", "RNN", "GRUCell", "LSTMCell", "RNNBase", "RNNCell", "RNNCellBase"]
 __all__ += ["CosineSimilarity", "Dropout1d", "Dropout2d", "Dropout3d", "EmbeddingBag", "PairwiseDistance"]
 __all__ += ["Transformer", "TransformerDecoder", "TransformerDecoderLayer", "TransformerEncoder",
             "TransformerEncoderLayer"]

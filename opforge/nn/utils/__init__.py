@@ -1,5 +1,6 @@
 """``torch.nn.utils``: gradient clipping (``clip_grad_norm_``, ``clip_grad_value_``, the functions of
-``opforge.optim.clip``) and the parameters as one vector (``parameters_to_vector``, ``vector_to_parameters``)."""
+``opforge.optim.clip``), the parameters as one vector (``parameters_to_vector``, ``vector_to_parameters``), and
+``nn.utils.rnn``, the variable-length batch helpers of the recurrent layers."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from ...core.grad_mode import no_grad
 from ...creation import cat
 from ...optim.clip import clip_grad_norm_, clip_grad_value_
 from ...tensor import Tensor
+from . import rnn
 
 
 def _tensors(parameters, name: str) -> list:
@@ -49,4 +51,4 @@ def vector_to_parameters(vec, parameters) -> None:
             start += p.size
 
 
-__all__ = ["clip_grad_norm_", "clip_grad_value_", "parameters_to_vector", "vector_to_parameters"]
+__all__ = ["clip_grad_norm_", "clip_grad_value_", "parameters_to_vector", "rnn", "vector_to_parameters"]
