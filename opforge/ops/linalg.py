@@ -16,7 +16,20 @@ def matmul(x, y, out=None):
     """Matrix product with NumPy's rules: 1-D operands are vectors, leading dims broadcast (batches)."""
     if x.dtype is not y.dtype:  # an integer with a floating operand (the trait refuses two float dtypes)
         x, y = promoted(x, y)
+    if x.ndim > 2 and y.ndim == 2:
+        return _stacked_rows(x, y, out)
     return np.matmul(x, y, out=out)  # out=: the executor's workspace buffer, written by BLAS directly
+
+
+def _stacked_rows(x, y, out):
+    """x (..., K) · y (K, N) as ONE product of x's rows: NumPy runs a stack of x against a 2-D y as one BLAS call
+    per matrix of the stack (measured, float32, one thread: (35, 20, 256)·(256, 1024) 11.6 ms that way against
+    2.4 ms as (700, 256)·(256, 1024); a linear layer over (T, N, E) or (N, T, E) inputs is this product)."""
+    rows = x.reshape(-1, x.shape[-1])  # a view where x's leading dims merge (C-contiguous), else one copy
+    if out is not None and not out.flags.c_contiguous:
+        return np.matmul(x, y, out=out)
+    y2 = np.matmul(rows, y, out=None if out is None else out.reshape(-1, y.shape[1]))
+    return y2.reshape(*x.shape[:-1], y.shape[1]) if out is None else out
 
 
 @matmul.onnx
@@ -167,7 +180,7 @@ def linear(x, weight, bias, out=None):
         x, weight, bias = (*promoted(*(a for a in (x, weight, bias) if a is not None)), None)[:3]
     if _few_rows(x, weight, bias, out):
         return _few_rows_linear(x, weight, bias, out)
-    y = np.matmul(x, weight.T, out=out)
+    y = _stacked_rows(x, weight.T, out) if x.ndim > 2 else np.matmul(x, weight.T, out=out)
     if bias is None:
         return y
     # the bias added in place where it has y's dtype (the same bits as y + bias, one array fewer)
