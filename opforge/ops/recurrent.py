@@ -58,11 +58,14 @@ def _sizes(name: str, batch_sizes, t: int, n: int):
     return sizes
 
 
-def _gate_rows(dtype, h: int, sigmoid: list):
-    """(scale, shift) rows over the gate block that turn tanh into the sigmoid where ``sigmoid`` says:
-    σ(x) = 0.5·tanh(0.5·x) + 0.5 (the scalings by 0.5 are exact), and tanh itself elsewhere (scale 1, shift 0)."""
+def _gate_rows(dtype, n: int, h: int, sigmoid: list):
+    """(scale, shift) over an (n, gates·h) gate block that turn tanh into the sigmoid where ``sigmoid`` says:
+    σ(x) = 0.5·tanh(0.5·x) + 0.5 (the scalings by 0.5 are exact), and tanh itself elsewhere (scale 1, shift 0).
+    Whole blocks, not rows: a ufunc of two operands of one shape runs twice as fast as one broadcasting a row
+    (2.4 against 4.7 µs, 20×1024 float32)."""
     flags = np.repeat(np.array(sigmoid), h)
-    return np.where(flags, 0.5, 1.0).astype(dtype), np.where(flags, 0.5, 0.0).astype(dtype)
+    rows = np.where(flags, 0.5, 1.0).astype(dtype), np.where(flags, 0.5, 0.0).astype(dtype)
+    return tuple(np.broadcast_to(r, (n, len(flags))).copy() for r in rows)
 
 
 def _check_batch_sizes(op_name, batch_sizes, t):
@@ -139,7 +142,7 @@ def lstm_layer(gx, h0, c0, w_hh, batch_sizes, *, reverse):
     h = four_h // 4
     sizes = _sizes("lstm_layer", batch_sizes, t, n)
     y, cells, gates = np.empty((t, n, h), gx.dtype), np.empty((t, n, h), gx.dtype), np.empty_like(gx)
-    scale, shift = _gate_rows(gx.dtype, h, [True, True, False, True])
+    scale, shift = _gate_rows(gx.dtype, n, h, [True, True, False, True])
     w_t = np.ascontiguousarray(w_hh.T)  # (H, 4H): h·W_hhᵀ runs ~1.7x faster from a contiguous copy
     h_prev, c_prev = np.asarray(h0), np.asarray(c0)
     ig = np.empty((n, h), gx.dtype)
@@ -148,10 +151,10 @@ def lstm_layer(gx, h0, c0, w_hh, batch_sizes, *, reverse):
         g = gates[step, :b]
         np.matmul(h_prev[:b], w_t, out=g)
         g += gx[step, :b]
-        g *= scale  # the gate block in one tanh: σ(x) = 0.5·tanh(x/2) + 0.5 for i, f and o
+        g *= scale[:b]  # the gate block in one tanh: σ(x) = 0.5·tanh(x/2) + 0.5 for i, f and o
         np.tanh(g, out=g)
-        g *= scale
-        g += shift
+        g *= scale[:b]
+        g += shift[:b]
         i, f, gg, o = g[:, :h], g[:, h:2 * h], g[:, 2 * h:3 * h], g[:, 3 * h:]
         c, hy = cells[step], y[step]
         np.multiply(f, c_prev[:b], out=c[:b])
@@ -212,34 +215,40 @@ def lstm_layer_grad(gates, cells, c0, w_hh, dy, dcells, dgates, batch_sizes, *, 
     dpre = np.empty_like(gates)
     dh, dc = np.zeros((n, h), gates.dtype), np.zeros((n, h), gates.dtype)
     w_hh = np.ascontiguousarray(w_hh)
-    # derivatives of the activations, from their values: σ' = σ(1 − σ), tanh' = 1 − tanh²
-    jac = gates * (1 - gates)
-    jac[..., 2 * h:3 * h] = 1 - np.square(gates[..., 2 * h:3 * h])
-    dgates_jac = dgates * jac  # the gates' own gradient, through the activations
-    tanh_c = np.tanh(cells)
+    # The gradients of gates and cells: zero unless something read those outputs (the engine hands zeros then)
+    dgates = dgates if dgates.any() else None
+    dcells = dcells if dcells.any() else None
     order = list(_steps(t, reverse))
-    k_t, dtmp = np.empty((n, h), gates.dtype), np.empty((n, h), gates.dtype)
+    jac, tc, d, tmp = (np.empty((n, w), gates.dtype) for w in (4 * h, h, h, h))
     for k, step in enumerate(reversed(order)):
         dh += dy[step]
-        dc += dcells[step]
+        if dcells is not None:
+            dc += dcells[step]
         b = _active(sizes, step, n)
-        g, tc, p = gates[step, :b], tanh_c[step, :b], dpre[step]
+        g, p, jb = gates[step, :b], dpre[step], jac[:b]
         i, f, gg, o = g[:, :h], g[:, h:2 * h], g[:, 2 * h:3 * h], g[:, 3 * h:]
         c_prev = (c0 if k == t - 1 else cells[order[t - 2 - k]])[:b]
+        # the activations' derivatives from their values: σ' = σ(1 − σ), tanh' = 1 − tanh²
+        np.subtract(1, g, out=jb)
+        jb *= g
+        np.multiply(gg, gg, out=jb[:, 2 * h:3 * h])
+        np.subtract(1, jb[:, 2 * h:3 * h], out=jb[:, 2 * h:3 * h])
         # D: the gradient of c this step, from later steps and through h = o·tanh(c)
-        kk = np.multiply(tc, tc, out=k_t[:b])
-        np.subtract(1, kk, out=kk)
-        kk *= o
-        kk *= dh[:b]
-        d = np.add(dc[:b], kk, out=dtmp[:b])
-        np.multiply(d, gg, out=p[:b, :h])  # ∂/∂i, ∂/∂f, ∂/∂g, ∂/∂o, then through the activations
-        np.multiply(d, c_prev, out=p[:b, h:2 * h])
-        np.multiply(d, i, out=p[:b, 2 * h:3 * h])
-        np.multiply(dh[:b], tc, out=p[:b, 3 * h:])
-        p[:b] *= jac[step, :b]
-        p[:b] += dgates_jac[step, :b]
+        kc = np.tanh(cells[step, :b], out=tc[:b])
+        np.multiply(kc, kc, out=tmp[:b])
+        np.subtract(1, tmp[:b], out=tmp[:b])
+        tmp[:b] *= o
+        tmp[:b] *= dh[:b]
+        db = np.add(dc[:b], tmp[:b], out=d[:b])
+        np.multiply(db, gg, out=p[:b, :h])  # ∂/∂i, ∂/∂f, ∂/∂g, ∂/∂o, then through the activations
+        np.multiply(db, c_prev, out=p[:b, h:2 * h])
+        np.multiply(db, i, out=p[:b, 2 * h:3 * h])
+        np.multiply(dh[:b], kc, out=p[:b, 3 * h:])
+        if dgates is not None:
+            p[:b] += dgates[step, :b]
+        p[:b] *= jb
         p[b:] = 0
-        np.multiply(d, f, out=dc[:b])
+        np.multiply(db, f, out=dc[:b])
         np.matmul(p[:b], w_hh, out=dh[:b])
     return dpre, dh, dc
 
