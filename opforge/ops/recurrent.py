@@ -460,42 +460,47 @@ def gru_layer_grad(gates, hn, y, h0, w_hh, dy, dgates, dhn, batch_sizes, *, reve
     dgx, dgh = np.empty_like(gates), np.empty_like(gates)
     dh = np.zeros((n, h), gates.dtype)
     w_hh = np.ascontiguousarray(w_hh)
+    dgates = dgates if dgates.any() else None  # as lstm_layer_grad: zero unless something read those outputs
+    dhn = dhn if dhn.any() else None
     order = list(_steps(t, reverse))
-    tmp = np.empty((n, h), gates.dtype)
+    tmp, rec = np.empty((n, h), gates.dtype), np.empty((n, h), gates.dtype)
     for k, step in enumerate(reversed(order)):
         dh += dy[step]
         b = _active(sizes, step, n)
         r, z, nn = gates[step, :b, :h], gates[step, :b, h:2 * h], gates[step, :b, 2 * h:]
-        da_r, da_z, da_n = dgates[step, :b, :h], dgates[step, :b, h:2 * h], dgates[step, :b, 2 * h:]
         h_prev = (h0 if k == t - 1 else y[order[t - 2 - k]])[:b]
-        x, hh, dhb = dgx[step], dgh[step], dh[:b]
+        x, hh, dhb, tb = dgx[step], dgh[step], dh[:b], tmp[:b]
         d_r, d_z, d_n = x[:b, :h], x[:b, h:2 * h], x[:b, 2 * h:]
         # n: (dh·(1 − z) + dgates_n)·(1 − n²)
         np.subtract(1, z, out=d_n)
         d_n *= dhb
-        d_n += da_n
-        np.multiply(nn, nn, out=tmp[:b])
-        np.subtract(1, tmp[:b], out=tmp[:b])
-        d_n *= tmp[:b]
+        if dgates is not None:
+            d_n += dgates[step, :b, 2 * h:]
+        np.multiply(nn, nn, out=tb)
+        np.subtract(1, tb, out=tb)
+        d_n *= tb
         # z: (dh·(h_prev − n) + dgates_z)·z(1 − z)
         np.subtract(h_prev, nn, out=d_z)
         d_z *= dhb
-        d_z += da_z
-        np.subtract(1, z, out=tmp[:b])
-        tmp[:b] *= z
-        d_z *= tmp[:b]
+        if dgates is not None:
+            d_z += dgates[step, :b, h:2 * h]
+        np.subtract(1, z, out=tb)
+        tb *= z
+        d_z *= tb
         # r: (d_n·hn + dgates_r)·r(1 − r)
         np.multiply(d_n, hn[step, :b], out=d_r)
-        d_r += da_r
-        np.subtract(1, r, out=tmp[:b])
-        tmp[:b] *= r
-        d_r *= tmp[:b]
+        if dgates is not None:
+            d_r += dgates[step, :b, :h]
+        np.subtract(1, r, out=tb)
+        tb *= r
+        d_r *= tb
         hh[:b, :2 * h] = x[:b, :2 * h]
         np.multiply(d_n, r, out=hh[:b, 2 * h:])
-        hh[:b, 2 * h:] += dhn[step, :b]
+        if dhn is not None:
+            hh[:b, 2 * h:] += dhn[step, :b]
         x[b:], hh[b:] = 0, 0
         dhb *= z
-        dhb += np.matmul(hh[:b], w_hh)
+        dhb += np.matmul(hh[:b], w_hh, out=rec[:b])
     return dgx, dgh, dh
 
 
