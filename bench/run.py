@@ -8,7 +8,8 @@
 
 Groups: per_op, chain, mlp, cnn, hvp, memory (issue 6's cases 1–6), conv_softmax (bench/conv_softmax.py's
 cases), fusion and workspace (issue 12's compiled programs: a fused 10-op expression, the executor's workspace),
-transformer (issue 28: a small nn.TransformerEncoder step, and attention fused or composed of ops).
+transformer (issue 28: a small nn.TransformerEncoder step, and attention fused or composed of ops), rnn (issue 28's
+LSTM and GRU, forward and backward).
 Frameworks: numpy (by hand), floor (the MLP's matmuls alone), opforge, opforge.compiled, torch, jax, jax.jit; one
 whose packages are not installed is skipped and said so.
 
@@ -243,6 +244,10 @@ def targets(groups: list) -> list:
 
     hvp = both("hvp", "H·v, batch 64", "opforge.compiled", "torch")
     target("Compiled Hessian-vector product, batch 64 ≤ 1.0× PyTorch", [("compiled", *hvp)], 1.0)
+
+    parts = [(f"{mode} {name}", *both("rnn", f"{mode} forward+backward", fw, "torch")) for mode in ("LSTM", "GRU")
+             for fw, name in (("opforge", "eager"), ("opforge.compiled", "compiled"))]
+    target("LSTM and GRU 2×256, 35 steps × batch 20, forward+backward ≤ 1.2× PyTorch eager", parts, 1.2)
 
     case = "after 20 MLP steps, batch 512"
     parts = [(name, find(groups, "memory", case, fw, "numpy"), None) for fw, name in

@@ -46,7 +46,7 @@ def test_every_group_and_installed_framework_reported(quick_run):
     _, out = quick_run
     report = json.loads((out / "latest.json").read_text())
     assert [g["id"] for g in report["groups"]] == ["per_op", "chain", "mlp", "cnn", "hvp", "memory", "conv_softmax",
-                                                   "fusion", "workspace", "transformer"]
+                                                   "fusion", "workspace", "transformer", "rnn"]
     assert report["problems"] == []
     for g in report["groups"]:
         assert g["cases"], g["id"]

@@ -14,6 +14,7 @@ GROUPS = {
     "fusion": "fusion",
     "workspace": "workspace",
     "transformer": "transformer",
+    "rnn": "rnn",
 }
 
 # framework id -> how the report names it
