@@ -145,12 +145,17 @@ def lstm_layer(gx, h0, c0, w_hh, batch_sizes, *, reverse):
     scale, shift = _gate_rows(gx.dtype, n, h, [True, True, False, True])
     w_t = np.ascontiguousarray(w_hh.T)  # (H, 4H): h·W_hhᵀ runs ~1.7x faster from a contiguous copy
     h_prev, c_prev = np.asarray(h0), np.asarray(c0)
+    zero_start = not h_prev.any()  # the default initial state: the first step's product is zero
     ig = np.empty((n, h), gx.dtype)
     for step in _steps(t, reverse):
         b = _active(sizes, step, n)
         g = gates[step, :b]
-        np.matmul(h_prev[:b], w_t, out=g)
-        g += gx[step, :b]
+        if zero_start:
+            np.copyto(g, gx[step, :b])
+            zero_start = False
+        else:
+            np.matmul(h_prev[:b], w_t, out=g)
+            g += gx[step, :b]
         g *= scale[:b]  # the gate block in one tanh: σ(x) = 0.5·tanh(x/2) + 0.5 for i, f and o
         np.tanh(g, out=g)
         g *= scale[:b]
@@ -386,9 +391,15 @@ def gru_layer(gx, h0, w_hh, b_hh, batch_sizes, *, reverse):
     w_t = np.ascontiguousarray(w_hh.T)
     gh = np.empty((n, three_h), gx.dtype)
     h_prev = np.asarray(h0)
+    zero_start = not h_prev.any()  # the default initial state: the first step's product is zero
     for step in _steps(t, reverse):
         b = _active(sizes, step, n)
-        ghb = np.matmul(h_prev[:b], w_t, out=gh[:b])
+        ghb = gh[:b]
+        if zero_start:
+            ghb[...] = 0
+            zero_start = False
+        else:
+            np.matmul(h_prev[:b], w_t, out=ghb)
         if b_hh is not None:
             ghb += b_hh
         g = gates[step, :b]
