@@ -282,6 +282,13 @@ def test_parameters_and_repr_are_torchs(cls):
         assert values.dtype == np.float32 and np.all(np.abs(values) <= bound) and values.std() > bound / 4
 
 
+@pytest.mark.parametrize("cls, args, kwargs", [("RNN", (3, 5), {"nonlinearity": "relu"}),
+                                               ("RNNCell", (3, 5), {"nonlinearity": "relu"}),
+                                               ("LSTM", (3, 5, 2), {"proj_size": 2, "bias": False, "dropout": 0.5})])
+def test_more_reprs_are_torchs(cls, args, kwargs):
+    assert repr(getattr(nn, cls)(*args, **kwargs)) == repr(getattr(TNN, cls)(*args, **kwargs))
+
+
 def test_constructor_signatures_follow_torch():
     for cls in ("LSTMCell", "GRUCell", "RNNCell"):
         ours, theirs = inspect.signature(getattr(nn, cls)), inspect.signature(getattr(TNN, cls))

@@ -466,10 +466,6 @@ class RNN(RNNBase):
         super().__init__("RNN_TANH" if nonlinearity == "tanh" else "RNN_RELU", *args, **kwargs)
         self.nonlinearity = nonlinearity
 
-    def extra_repr(self) -> str:
-        s = super().extra_repr()
-        return s if self.nonlinearity == "tanh" else s + ", nonlinearity='relu'"
-
     def _run(self, x, h0, c0, w, sizes, batch_sizes, reverse):
         act = F.tanh if self.nonlinearity == "tanh" else F.relu
         gx = F.linear(x, w["weight_ih"], _bias_sum(w))
