@@ -135,10 +135,11 @@ def test_unbatched_input(cls):
     compare_params(ours, theirs)
 
 
-@pytest.mark.parametrize("cls", ["LSTM", "GRU"])
-def test_second_derivatives_match_torch(cls):
-    """torch's CPU LSTM and GRU have double backward: a Hessian-vector product through the whole layer."""
-    ours, theirs = pair(cls, 3, 4, 2)
+@pytest.mark.parametrize("cls, kwargs", [("LSTM", {}), ("GRU", {"bidirectional": True}), ("RNN", {}),
+                                         ("LSTM", {"proj_size": 2})])
+def test_second_derivatives_match_torch(cls, kwargs):
+    """torch's CPU layers have double backward: a Hessian-vector product through the whole layer."""
+    ours, theirs = pair(cls, 3, 4, 2, **kwargs)
     (xo,), (xt,) = leaves(randn(4, 2, 3))
     yo, yt = flat(ours(xo))[0], flat(theirs(xt))[0]
     w = randn(*yo.shape, seed=3)
