@@ -417,3 +417,21 @@ def test_training_an_lstm_lowers_the_loss():
     for _ in range(40):
         last = step(x, y).item()
     assert last < first / 3
+
+
+@pytest.mark.parametrize("cls", ["LSTM", "GRU", "RNN", "LSTMCell"])
+def test_device_argument_puts_parameters_there(cls):
+    twin = of.register_device("twin", kernels_of="cpu")  # NumPy under another name (as tests/test_devices.py)
+    of.manual_seed(0)
+    here = getattr(nn, cls)(3, 4, dtype=of.float64)
+    of.manual_seed(0)
+    there = getattr(nn, cls)(3, 4, device="twin", dtype=of.float64)
+    assert all(p.device is twin for p in there.parameters())
+    x = randn(5, 3) if cls.endswith("Cell") else randn(5, 2, 3)
+    outs = [flat(m(of.tensor(x, device=d)))[0] for m, d in ((here, "cpu"), (there, "twin"))]
+    assert outs[1].device is twin
+    close(outs[1].cpu(), outs[0])
+    for o in outs:
+        F.sum(o).backward()
+    for a, b in zip(here.parameters(), there.parameters()):
+        close(b.grad.cpu(), a.grad)
