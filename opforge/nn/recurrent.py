@@ -115,7 +115,7 @@ def pack_padded_sequence(input, lengths, batch_first: bool = False, enforce_sort
     if order is not None:
         rows = rows // batch * batch + order[rows % batch]
     flat = F.reshape(x, shape=[steps * batch, *x.shape[2:]])
-    data = F.index_select(flat, tensor(rows), axis=0)
+    data = F.index_select(flat, 0, tensor(rows))
     sorted_indices = None if order is None else tensor(order)
     return PackedSequence(data, tensor(batch_sizes.astype(np.int64)), sorted_indices,
                           invert_permutation(sorted_indices))
@@ -148,7 +148,7 @@ def pad_packed_sequence(sequence: PackedSequence, batch_first: bool = False, pad
     batch = int(batch_sizes[0])
     pad = full((1, *data.shape[1:]), padding_value, dtype=data.dtype, device=data.device)
     index = _padded_index(batch_sizes, steps, unsorted)
-    padded = F.reshape(F.index_select(F.concat([data, pad], axis=0), tensor(index), axis=0),
+    padded = F.reshape(F.index_select(F.concat([data, pad], axis=0), 0, tensor(index)),
                        shape=[steps, batch, *data.shape[1:]])
     lengths = (batch_sizes[:, None] > np.arange(batch)[None, :]).sum(0)
     if unsorted is not None:
@@ -334,7 +334,7 @@ class RNNBase(Module):
                 raise ShapeError(f"{name}: a PackedSequence's data must have 2 dimensions, got {data.ndim}")
             batch, steps = int(batch_sizes[0]), len(batch_sizes)
             x = F.index_select(F.concat([data, zeros(1, data.shape[1], dtype=data.dtype, device=data.device)],
-                                        axis=0), tensor(_padded_index(batch_sizes, steps, None)), axis=0)
+                                        axis=0), 0, tensor(_padded_index(batch_sizes, steps, None)))
             x = F.reshape(x, shape=[steps, batch, data.shape[1]])
             batched = True
         else:
@@ -379,10 +379,10 @@ class RNNBase(Module):
         if packed:
             unsorted = input.unsorted_indices
             if unsorted is not None:
-                h_n = F.index_select(h_n, unsorted, axis=1)
-                c_n = None if c_n is None else F.index_select(c_n, unsorted, axis=1)
+                h_n = F.index_select(h_n, 1, unsorted)
+                c_n = None if c_n is None else F.index_select(c_n, 1, unsorted)
             rows = tensor(_packed_rows(batch_sizes))
-            out = PackedSequence(F.index_select(F.reshape(x, shape=[steps * batch, x.shape[2]]), rows, axis=0),
+            out = PackedSequence(F.index_select(F.reshape(x, shape=[steps * batch, x.shape[2]]), 0, rows),
                                  input.batch_sizes, input.sorted_indices, input.unsorted_indices)
         else:
             out = x
@@ -416,8 +416,8 @@ class RNNBase(Module):
         if lstm:
             _check_state(name, "hidden[1]", c0, c_shape, x.dtype)
         if order is not None:  # torch's permute_hidden: the states follow the batch into the sorted order
-            h0 = F.index_select(h0, order, axis=1)
-            c0 = None if c0 is None else F.index_select(c0, order, axis=1)
+            h0 = F.index_select(h0, 1, order)
+            c0 = None if c0 is None else F.index_select(c0, 1, order)
         return h0, c0
 
     def _run(self, x, h0, c0, w, sizes, batch_sizes, reverse):
