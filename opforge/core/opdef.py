@@ -137,7 +137,7 @@ class OpDef:
         self.check_fn = None
         self.samples_fn = None
         self.sbp_fn = None  # layouts the op runs under across ranks (opforge.distributed reads it)
-        self.sbp_takes_ranks = False  # whether sbp_fn names the parameter `ranks` (the number of ranks)
+        self.sbp_takes = frozenset()  # which of `ranks` (the number of ranks) and `batch_norm` sbp_fn names
         self.onnx_fn = None  # the ONNX export mapping (see opforge.onnx)
         self.validate = None
         self._refresh_validate()
@@ -239,13 +239,14 @@ class OpDef:
 
     def sbp(self, fn):
         """Register the op's SBP signatures: the whole input Specs (and attrs as keywords; ``ranks``, the number of
-        ranks, if the function names it) -> the layouts it can run under, each ``(input layouts, output layouts)``
-        or ``(input layouts, output layouts, attrs on the blocks)``; ``opforge.distributed`` reads them and
-        ``check_op`` checks them (see ``opforge.core.sbp`` and docs/distributed.md)."""
+        ranks, and ``batch_norm``, the mesh's choice of batch statistics, if the function names them) -> the layouts
+        it can run under, each ``(input layouts, output layouts)`` or ``(input layouts, output layouts, attrs on the
+        blocks)``, or a ``Decomposition``; ``opforge.distributed`` reads them and ``check_op`` checks them (see
+        ``opforge.core.sbp`` and docs/distributed.md)."""
         try:
-            self.sbp_takes_ranks = "ranks" in inspect.signature(fn).parameters
-        except (TypeError, ValueError):  # a builtin: it takes no ranks
-            self.sbp_takes_ranks = False
+            self.sbp_takes = frozenset(inspect.signature(fn).parameters) & {"ranks", "batch_norm"}
+        except (TypeError, ValueError):  # a builtin: it takes neither
+            self.sbp_takes = frozenset()
         self.sbp_fn = fn
         return fn
 

@@ -21,6 +21,14 @@ checks every signature it uses against the op's shape rule (the blocks it would 
 whole result), and ``check_op`` checks each one numerically: the blocks computed on split inputs, put together,
 must be the whole op's result.
 
+An attr that differs from rank to rank on the blocks (the first row of the rank's block of a table split by
+rows) is a ``PerRank(fn)``: rank r runs the op with ``fn(r)``.
+
+A rule that names the parameter ``batch_norm`` gets the mesh's choice for batch statistics over a split batch:
+``"sync"`` (the default: the statistics of the whole batch, as one process computes them) or ``"local"`` (each
+rank's rows alone, as PyTorch's DistributedDataParallel computes them: not what one process computes, so only
+when the mesh asks for it, and not checked against the whole op).
+
 Some ops have no single call that computes their blocks, yet a few ops do: a rule may yield a ``Decomposition``,
 the layouts to bring the inputs to and a function written with ops that computes the op's result, each of its ops
 getting layouts of its own. ``cross_entropy``'s mean over split rows is the sum of every rank's losses over the
@@ -112,6 +120,20 @@ class Decomposition(NamedTuple):
     fn: object
 
 
+class PerRank(NamedTuple):
+    """An attr of a signature that differs between the ranks: rank r runs the op with ``fn(r)``."""
+
+    fn: object
+
+
+def on_rank(attrs: dict, rank: int) -> dict:
+    """A signature's attrs as rank ``rank`` runs the op with them."""
+    return {k: v.fn(rank) if isinstance(v, PerRank) else v for k, v in attrs.items()}
+
+
+BATCH_NORM = ("sync", "local")  # a mesh's choices for batch statistics over a split batch (see the module)
+
+
 class Signature(NamedTuple):
     """One way to run an op across ranks: its inputs' layouts, its outputs' layouts, the attrs that differ on the
     blocks, or (``via``) the function that computes it from inputs in those layouts (``outs`` is then None)."""
@@ -122,12 +144,14 @@ class Signature(NamedTuple):
     via: object = None
 
 
-def signatures(opdef, specs: list, attrs: dict, ranks: int) -> list:
+def signatures(opdef, specs: list, attrs: dict, ranks: int, batch_norm: str = "sync") -> list:
     """The op's candidate ``Signature``s for inputs of these whole (global) Specs and attrs on ``ranks`` ranks,
-    in order of preference; the last is always all-broadcast."""
+    in order of preference; the last is always all-broadcast. ``batch_norm``: the mesh's choice of batch
+    statistics, for a rule that names it."""
     found = []
     if opdef.sbp_fn is not None:
-        extra = {"ranks": ranks} if opdef.sbp_takes_ranks else {}
+        given = {"ranks": ranks, "batch_norm": batch_norm}
+        extra = {k: v for k, v in given.items() if k in opdef.sbp_takes}
         for signature in opdef.sbp_fn(*specs, **attrs, **extra):
             if isinstance(signature, Decomposition):
                 found.append(Signature(tuple(signature.ins), None, {}, signature.fn))
@@ -189,5 +213,5 @@ def _from_traits(opdef, specs: list) -> list:
     return out
 
 
-__all__ = ["B", "Decomposition", "Layout", "P", "S", "Signature", "as_layout", "block_spec", "signatures",
-           "whole_spec"]
+__all__ = ["BATCH_NORM", "B", "Decomposition", "Layout", "P", "PerRank", "S", "Signature", "as_layout", "block_spec",
+           "on_rank", "signatures", "whole_spec"]

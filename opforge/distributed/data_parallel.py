@@ -90,8 +90,22 @@ class DistributedDataParallel(Module):
                 "program would run no collective and each rank would train on its own batch alone. of.compile traces "
                 "it under the model's communicator by itself; to trace by hand, trace under "
                 "`with of.distributed.Mesh(model.comm):`, or shard() the traced program",
-                lambda: Mesh(comm))
-        return self.module(*args, **kwargs)
+                lambda: Mesh(comm, batch_norm="local"))
+        out = self.module(*args, **kwargs)
+        if self.training and self.comm.size > 1 and not isinstance(interpreter, Tracer):
+            self._average_buffers()
+        return out
+
+    def _average_buffers(self) -> None:
+        """Batch normalisation computes each rank's statistics (as PyTorch's DistributedDataParallel); its running
+        statistics are then made the mean of the ranks', one all-reduce for all of them, so that every rank keeps
+        the same ones (PyTorch keeps rank 0's), as a step compiled under the model's mesh does."""
+        buffers = [b for b in self.module.buffers() if b is not None and b._data.dtype.kind == "f"]
+        if not buffers:
+            return
+        flat = self.comm.all_reduce(np.concatenate([b._data.reshape(-1) for b in buffers]), "mean")
+        for b, start in zip(buffers, np.cumsum([0, *[b._data.size for b in buffers]])):
+            b._device.copy_into(b._data, flat[start:start + b._data.size].reshape(b.shape))
 
     def _reset(self) -> None:
         for b in self.buckets:

@@ -39,7 +39,7 @@ from .. import ops as F
 from ..core.errors import ArgumentError, OpforgeError, ShapeError, describe
 from ..core.interpreters import interpreting
 from ..core.opdef import registry
-from ..core.sbp import B, Layout, S, as_layout, block_spec, normalized, signatures, whole_spec
+from ..core.sbp import BATCH_NORM, B, Layout, S, as_layout, block_spec, normalized, on_rank, signatures, whole_spec
 from ..core.spec import Dim, Spec, undim
 from ..dispatch import coerce_inputs
 from ..program.backward import append_backward
@@ -60,12 +60,21 @@ class Mesh:
     on every rank, as one process holds them (``shard()`` takes them so too): a split layout says the program
     computes with this rank's block of it, and the update is of the whole tensor (a trace whose parameters differ
     between ranks is refused). ``with mesh:`` makes collectives use its communicator and makes ``of.compile`` shard
-    what it traces."""
+    what it traces.
 
-    def __init__(self, comm: Communicator | None = None, feeds: dict | None = None, params: dict | None = None):
+    ``batch_norm``: the statistics batch normalisation takes over a split batch in training: ``"sync"`` (the
+    default), those of the whole batch, as one process (two all-reduces of a channel-sized vector); ``"local"``,
+    each rank's rows alone, as PyTorch's DistributedDataParallel (no collective; the running statistics are the
+    mean of the ranks'). ``DistributedDataParallel`` compiles under a ``"local"`` mesh, as it runs eagerly."""
+
+    def __init__(self, comm: Communicator | None = None, feeds: dict | None = None, params: dict | None = None,
+                 batch_norm: str = "sync"):
         self.comm = current_communicator() if comm is None else comm
         self.feeds = {k: as_layout(v, f"Mesh(): feed {k!r}") for k, v in (feeds or {}).items()}
         self.params = _param_layouts(params, "Mesh()")
+        if batch_norm not in BATCH_NORM:
+            raise ArgumentError(f"Mesh(): batch_norm must be one of {BATCH_NORM}, got {describe(batch_norm)}")
+        self.batch_norm = batch_norm
 
     @property
     def size(self) -> int:
@@ -92,7 +101,7 @@ class Mesh:
         """What a program traced under this mesh depends on: the communicator and the layouts (a new Mesh of the
         same communicator and layouts, as ``with Mesh():`` in a loop makes, finds the same compiled program)."""
         return (id(self.comm), tuple(sorted((k, str(v)) for k, v in self.feeds.items())),
-                tuple(sorted((str(k), str(v)) for k, v in self.params.items())))
+                tuple(sorted((str(k), str(v)) for k, v in self.params.items())), self.batch_norm)
 
 
 _mesh = contextvars.ContextVar("opforge.mesh", default=None)
@@ -256,7 +265,9 @@ class ShardingTracer(Tracer):
         plain = {k: undim(v) for k, v in attrs.items()}
         whole_out = op.infer_specs(wholes, plain)  # what one process computes
         best, best_key = None, None
-        for index, (ins, outs, local, via) in enumerate(signatures(op, wholes, plain, ranks)):
+        found = signatures(op, wholes, plain, ranks, self.mesh.batch_norm)
+        for index, (ins, outs, local, via) in enumerate(found):
+            local = on_rank(local, self.mesh.rank)
             if len(ins) != len(names) or (via is None and len(outs) != len(op.outputs)):
                 raise ArgumentError(f"op '{op.name}': an SBP signature must give {len(names)} input layout(s) and "
                                     f"{len(op.outputs)} output layout(s), got {ins} -> {outs}")

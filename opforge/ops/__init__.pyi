@@ -848,6 +848,21 @@ def embedding_grad(
     several times add up); the padding row stays 0.
     """
 
+def embedding_rows(
+    index: _TensorLike,
+    weight: _TensorLike,
+    *,
+    num_embeddings: int,
+    start: int = 0,
+    padding_idx: int | None = None,
+) -> Tensor:
+    """embedding in a block of a table: ``weight`` holds rows start, start+1, ... of a table of
+    ``num_embeddings`` rows, and y[...] is the row index[...] where the block holds it, zeros elsewhere (an
+    index outside the whole table is an error). A table split by rows over ranks: the ranks' y add up to the
+    lookup in the whole table (``embedding``'s vocabulary-parallel signature). ``padding_idx`` (a row of the
+    whole table) gets no gradient.
+    """
+
 def scaled_dot_product_attention(
     q: _TensorLike,
     k: _TensorLike,

@@ -3,7 +3,7 @@ so rules here are written as if nothing were broadcast."""
 
 from opforge import ops as F
 
-from ._common import D, P, Sample, Spec, _add, _divide, _multiply, _subtract, broadcast_shapes, np, op, promoted
+from ._common import B, D, P, Sample, Spec, _add, _divide, _multiply, _subtract, broadcast_shapes, np, op, promoted
 
 
 @op("add(Tensor x, Tensor y) -> Tensor out", traits=["broadcast", "pointwise", "commutative"], inplace={"out": "x"})
@@ -92,6 +92,14 @@ def mul(x, y, out=None):
 
 
 mul.onnx(_onnx_binary("Mul"))
+
+
+@mul.sbp
+def _(x, y):
+    # a partial value times a whole one is a partial value of the product (linear in the partial one)
+    for reduce in (P, P("mean")):
+        yield (reduce, B), reduce
+        yield (B, reduce), reduce
 
 
 @mul.grad

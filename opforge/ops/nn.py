@@ -11,8 +11,12 @@ import math
 from opforge import ops as F
 
 from ..core.errors import ArgumentError
+from ..core.sbp import Decomposition, PerRank
 from ._common import (
+    B,
     D,
+    P,
+    S,
     Sample,
     ShapeError,
     Spec,
@@ -255,6 +259,17 @@ def _log_softmax_grad_samples(rng):
 
 softmax.samples(_softmax_samples)
 log_softmax.samples(_softmax_samples)
+
+
+def _softmax_sbp(x, *, axis):
+    # each group along ``axis`` is whole on one rank: split along any other axis, the rank's rows are its own
+    for k in range(len(x.shape)):
+        if k != axis % len(x.shape):
+            yield (S(k),), S(k)
+
+
+softmax.sbp(_softmax_sbp)
+log_softmax.sbp(_softmax_sbp)
 softmax_grad.samples(_softmax_grad_samples)
 log_softmax_grad.samples(_log_softmax_grad_samples)
 
@@ -429,6 +444,75 @@ def _(rng):
     yield Sample.of(rng.standard_normal((4, 2)), np.array([1, 3, 1, 0]), num_embeddings=4, padding_idx=1)
 
 
+@embedding.sbp
+def _(index, weight, *, padding_idx):
+    for k in range(len(index.shape)):  # each rank looks up its own indices (a split batch)
+        yield (S(k), B), S(k)
+    yield Decomposition((B, S(0)), _embedding_by_rows)  # the table split by rows (vocabulary-parallel)
+
+
+def _embedding_by_rows(index, weight, *, padding_idx):
+    """embedding as a lookup in a table whose rows may be split: each rank looks up the rows it holds, zeros for
+    the others (a partial sum over the ranks)."""
+    n = weight.shape[0]
+    return F.embedding_rows(index, weight, num_embeddings=n, padding_idx=_padding_row("embedding", padding_idx, n))
+
+
+@op("embedding_rows(nograd Tensor<int32|int64> index, Tensor<floating> weight, *, int num_embeddings, int start=0, "
+    "int? padding_idx=None) -> Tensor y")
+def embedding_rows(index, weight, *, num_embeddings, start, padding_idx):
+    """embedding in a block of a table: ``weight`` holds rows start, start+1, ... of a table of ``num_embeddings``
+    rows, and y[...] is the row index[...] where the block holds it, zeros elsewhere (an index outside the whole
+    table is an error). A table split by rows over ranks: the ranks' y add up to the lookup in the whole table
+    (``embedding``'s vocabulary-parallel signature). ``padding_idx`` (a row of the whole table) gets no gradient."""
+    _validate(embedding_rows, index, weight, num_embeddings=num_embeddings, start=start, padding_idx=padding_idx)
+    _check_indices("embedding_rows", index, num_embeddings)
+    local = index - start
+    held = (local >= 0) & (local < weight.shape[0])
+    y = weight[np.where(held, local, 0)]
+    y[~held] = 0
+    return y
+
+
+@embedding_rows.infer
+def _(index, weight, *, num_embeddings, start, padding_idx):
+    if len(weight.shape) != 2:
+        raise ShapeError(f"embedding_rows(): weight must be 2-D (rows, embedding_dim), got shape {weight.shape}")
+    if start < 0 or (weight.shape[0] is not None and start + weight.shape[0] > num_embeddings):
+        raise ShapeError(f"embedding_rows(): rows [{start}, {start} + {weight.shape[0]}) are not rows of a table of "
+                         f"{num_embeddings}")
+    _padding_row("embedding_rows", padding_idx, num_embeddings)
+    return Spec((*index.shape, weight.shape[1]), weight.dtype)
+
+
+@embedding_rows.grad
+def _(index, dy, weight_spec, *, num_embeddings, start, padding_idx):
+    rows = weight_spec.shape[0]
+    local = index - start
+    held = (local >= 0) & (local < rows)
+    pad = _padding_row("embedding_rows", padding_idx, num_embeddings)
+    pad = pad - start if pad is not None and 0 <= pad - start < rows else None
+    dy = F.where(F.reshape(held, shape=[*index.shape, 1]), dy, 0.0)
+    return None, F.embedding_grad(dy, F.where(held, local, 0), num_embeddings=rows, padding_idx=pad)
+
+
+@embedding_rows.sbp
+def _(index, weight, *, num_embeddings, start, padding_idx, ranks):
+    for k in range(len(index.shape)):
+        yield (S(k), B), S(k)
+    if weight.shape[0] is not None:  # rank r holds rows [start + r·block, start + (r+1)·block)
+        block = weight.shape[0] // ranks
+        yield (B, S(0)), P, {"start": PerRank(lambda r: start + r * block)}
+
+
+@embedding_rows.samples
+def _(rng):
+    yield Sample.of(np.array([[0, 5, 3], [4, 1, 2]]), rng.standard_normal((6, 3)), num_embeddings=6)
+    # rows 2..5 of 8: indices 0, 1, 6 and 7 are not held (zeros); the padding row 5 is never looked up
+    yield Sample.of(np.array([2, 7, 4, 0, 3, 6]), rng.standard_normal((4, 2)), num_embeddings=8, start=2,
+                    padding_idx=5)
+
+
 # -- attention -------------------------------------------------------------------------------------------------
 
 
@@ -559,6 +643,28 @@ def _(q, k, v, attn_mask, dout, probs, *, is_causal, scale, needs_input_grad):
     dk = F.matmul(_swap_last(ds), q) * scale if needs_input_grad[1] else None
     dv = F.matmul(_swap_last(p), dout) if needs_input_grad[2] else None
     return dq, dk, dv, ds if needs_input_grad[3] else None
+
+
+@scaled_dot_product_attention.sbp
+def _(q, k, v, attn_mask, *, is_causal, scale):
+    # Each (batch, head) is an attention of its own, and each query row a softmax of its own over every key: split
+    # along a batch dim (the batch, or the heads), each input split where it has that dim and whole where it
+    # broadcasts along it; or split the queries, keys and values whole (not with is_causal: a row's mask depends on
+    # where the row is). Every input's dims line up with the output's from the right (the mask's with the scores').
+    rank = len(broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])) + 2
+
+    def along(axis, t):
+        if t is None:
+            return None
+        j = axis - (rank - len(t.shape))
+        return S(j) if j >= 0 and t.shape[j] != 1 else B
+
+    for axis in range(rank - 2):
+        ins = tuple(along(axis, t) for t in (q, k, v, attn_mask))
+        if any(layout not in (B, None) for layout in ins):
+            yield ins, S(axis)
+    if not is_causal and along(rank - 2, q) != B:
+        yield (along(rank - 2, q), B, B, along(rank - 2, attn_mask)), S(rank - 2)
 
 
 @scaled_dot_product_attention.samples

@@ -12,8 +12,12 @@ second derivative) is written with ops, normalize_grad among them, so every orde
 from opforge import ops as F
 
 from ..core.grad_mode import no_grad
+from ..core.sbp import Decomposition
 from ._common import (
+    B,
     D,
+    P,
+    S,
     Sample,
     ShapeError,
     Spec,
@@ -210,6 +214,15 @@ def _(x, weight, dy, *, normalized_shape, eps, needs_input_grad):
             dy if needs_input_grad[2] else None)
 
 
+def _leading_sbp(x, *affine, normalized_shape, **_):
+    # normalised over the last dims: split along any dim before them, each rank normalises whole groups
+    for k in range(len(x.shape) - len(normalized_shape)):
+        yield (S(k), *[B] * len(affine)), S(k)
+
+
+layer_norm.sbp(lambda x, weight, bias, **attrs: _leading_sbp(x, weight, bias, **attrs))
+
+
 @layer_norm.samples
 def _(rng):
     yield Sample.of(rng.standard_normal((3, 4)), normalized_shape=[4])
@@ -254,6 +267,9 @@ def _(x, weight, dy, *, normalized_shape, eps, needs_input_grad):
     dx, xhat = F.normalize_grad(x, dy * weight if weight is not None else dy, axes=_trailing(x.ndim, normalized_shape),
                                 eps=_rms_eps(eps, x.dtype), center=False)
     return dx if needs_input_grad[0] else None, dy * xhat if needs_input_grad[1] else None
+
+
+rms_norm.sbp(lambda x, weight, **attrs: _leading_sbp(x, weight, **attrs))
 
 
 @rms_norm.samples
@@ -340,6 +356,13 @@ def _(x, weight, dy, *, num_groups, eps, needs_input_grad):
     return _channel_grads(dy, F.reshape(xhat, shape=x.shape), F.reshape(dx, shape=x.shape), needs_input_grad)
 
 
+@group_norm.sbp
+def _(x, weight, bias, *, num_groups, eps, ranks):
+    yield (S(0), B, B), S(0)  # each sample's groups are its own
+    if num_groups % ranks == 0:  # whole groups of channels on each rank, with their weights and biases
+        yield (S(1), S(0), S(0)), S(1), {"num_groups": num_groups // ranks}
+
+
 @group_norm.samples
 def _(rng):
     yield Sample.of(rng.standard_normal((2, 4, 3)), num_groups=2)
@@ -379,6 +402,9 @@ def _(x, weight, dy, *, eps, needs_input_grad):
     g = dy * _channel(weight, x.ndim) if weight is not None else dy
     dx, xhat = F.normalize_grad(x, g, axes=list(range(2, x.ndim)), eps=eps)
     return _channel_grads(dy, xhat, dx, needs_input_grad)
+
+
+instance_norm_affine.sbp(lambda x, weight, bias, **_: [((S(0), B, B), S(0)), ((S(1), S(0), S(0)), S(1))])
 
 
 @instance_norm_affine.samples
@@ -522,6 +548,43 @@ def _(x, running_mean_spec, weight, new_running_mean, new_running_var, dy, dnew_
     dw = F.sum(dy * xhat, axis=axes) if needs_input_grad[3] else None
     db = F.sum(dy, axis=axes) if needs_input_grad[4] else None
     return dx, drm, drv, dw, db
+
+
+@batch_norm_with_stats.sbp
+def _(x, running_mean, running_var, weight, bias, *, training, momentum, eps, batch_norm):
+    per_channel = S(0) if running_mean is not None else None
+    yield (S(1), per_channel, per_channel, S(0), S(0)), (S(1), S(0), S(0))  # channels: each its own statistics
+    for k in (0, *range(2, len(x.shape))):  # the batch (or positions) split
+        ins = (S(k), B, B, B, B)
+        if not training:  # the running statistics normalise: channel by channel, element by element
+            yield ins, (S(k), B, B)
+        elif batch_norm == "local":  # asked for: each rank's statistics (the running ones: the ranks' mean)
+            yield ins, (S(k), P("mean"), P("mean"))
+        else:  # synchronised: the statistics of the whole batch, from all-reduced per-channel sums
+            yield Decomposition(ins, _batch_norm_synchronised)
+
+
+def _batch_norm_synchronised(x, running_mean, running_var, weight, bias, *, training, momentum, eps):
+    """batch_norm_with_stats (training) written with ops, so that over a split batch each statistic is a sum over
+    the rank's rows all-reduced (a channel-sized vector), not the rows gathered."""
+    axes = [0, *range(2, len(x.shape))]
+    n = _numel(x.shape) // x.shape[1]
+    mean = F.sum(x, axis=axes) * (1.0 / n)  # (a partial sum times a number stays partial: one all-reduce)
+    xc = x - _channel(mean, len(x.shape))
+    var = F.sum(xc * xc, axis=axes) * (1.0 / n)
+    y = xc / F.sqrt(_channel(var, len(x.shape)) + eps)
+    y = _channel_affine(y, weight, bias)
+    new_mean, new_var = mean, var * (n / (n - 1))
+    if running_mean is not None:
+        new_mean = running_mean * (1 - momentum) + new_mean * momentum
+        new_var = running_var * (1 - momentum) + new_var * momentum
+    return y, new_mean, new_var
+
+
+def _channel_affine(y, weight, bias):
+    if weight is not None:
+        y = y * _channel(weight, len(y.shape))
+    return y if bias is None else y + _channel(bias, len(y.shape))
 
 
 @batch_norm_with_stats.samples

@@ -53,15 +53,25 @@ def _(dy, x_spec):
 
 @reshape.sbp
 def _(x, *, shape, ranks):
-    # Row-major order: rank r's block of x along axis 0 holds elements [r·size/ranks, (r+1)·size/ranks), and so
-    # does its block of y when y's leading dim splits evenly too (a batch kept, or heads split off a batch).
+    # Row-major order: for each index of the dims before axis k, rank r's block of x along k holds elements
+    # [r·T/ranks, (r+1)·T/ranks) of the T that follow, and so does its block of y along j when the dims before j
+    # count as many as those before k and both dims split evenly (a batch kept, heads split off a batch or off
+    # features). On the blocks, y's dim j is a rank's share.
     y = reshape.infer_fn(x, shape=shape).shape
-    if x.shape and y and all(d is None or d % ranks == 0 for d in (x.shape[0], y[0])):
-        local = list(shape)
-        if local[0] is not None and local[0] != -1:
-            local[0] //= ranks
-        yield (S(0),), S(0), {"shape": local}
+    for k, d in enumerate(x.shape):
+        for j, e in enumerate(y):
+            if all(v is None or v % ranks == 0 for v in (d, e)) and _same_count(x.shape[:k], y[:j]):
+                local = list(shape)
+                if local[j] is not None and local[j] != -1:
+                    local[j] //= ranks
+                yield (S(k),), S(j), {"shape": local}
+                break
     yield (P,), P
+
+
+def _same_count(a, b) -> bool:
+    """Whether dims ``a`` and ``b`` hold as many elements (the same dims, or known ones whose products agree)."""
+    return tuple(a) == tuple(b) or (None not in a and None not in b and math.prod(a) == math.prod(b))
 
 
 @reshape.samples
@@ -211,10 +221,20 @@ def _(dy, x_spec, *, axes, starts, ends, steps):
     return F.slice_grad(dy, shape=x_spec.shape, axes=axes, starts=starts, ends=ends, steps=steps)
 
 
+@slice.sbp
+def _(x, *, axes, starts, ends, steps):
+    cut = {a % len(x.shape) for a in axes}
+    for k in range(len(x.shape)):  # the dims it does not slice: each rank slices its block alike
+        if k not in cut:
+            yield (S(k),), S(k)
+    yield (P,), P
+
+
 @slice.samples
 def _(rng):
     yield Sample.of(rng.standard_normal((4, 5)), axes=[0], starts=[1], ends=[3], steps=[1])
     yield Sample.of(rng.standard_normal((4, 5)), axes=[0, 1], starts=[3, 0], ends=[-1, 5], steps=[-2, 2])
+    yield Sample.of(rng.standard_normal((4, 6)), axes=[0], starts=[0], ends=[3], steps=[2])  # 6 columns split
 
 
 @op("slice_grad(Tensor dy, *, int[] shape, int[] axes, int[] starts, int[] ends, int[] steps) -> Tensor dx")
@@ -288,11 +308,21 @@ def _(dy, x_spec):
     return F.reshape(dy, shape=x_spec.shape)
 
 
+@squeeze.sbp
+def _(x, *, axis):
+    drop = _squeezed_axes("squeeze", x.shape, axis)
+    for k in range(len(x.shape)):  # the dims it drops, named: a rank's block may have others of size 1
+        if k not in drop and x.shape[k] != 1:
+            yield (S(k),), S(k - sum(d < k for d in drop)), {"axis": list(drop)}
+    yield (P,), P
+
+
 @squeeze.samples
 def _(rng):
     yield Sample.of(rng.standard_normal((2, 1, 3, 1)))
     yield Sample.of(rng.standard_normal((2, 1, 3, 1)), axis=[-1])
     yield Sample.of(rng.standard_normal((1, 3)), axis=[0, 1])  # dim 1 (size 3) stays
+    yield Sample.of(rng.standard_normal((1, 6, 1)))  # blocks of the 6 split on 2 or 3 ranks
     yield Sample.of(rng.standard_normal(()))
 
 
@@ -314,6 +344,14 @@ def _(x, *, axis):
 @unsqueeze.grad
 def _(dy, *, axis):
     return F.squeeze(dy, axis=[axis])  # the same axis of the result
+
+
+@unsqueeze.sbp
+def _(x, *, axis):
+    a = _one_axis("unsqueeze", axis, len(x.shape) + 1)
+    for k in range(len(x.shape)):
+        yield (S(k),), S(k if k < a else k + 1)
+    yield (P,), P
 
 
 @unsqueeze.samples
@@ -352,6 +390,14 @@ def _(dy, *, dims):
     return F.permute(dy, dims=inverse)
 
 
+@permute.sbp
+def _(x, *, dims):
+    order = [p % len(x.shape) for p in dims]
+    for k in range(len(x.shape)):  # the split dim goes where the permutation takes it
+        yield (S(k),), S(order.index(k))
+    yield (P,), P
+
+
 @permute.samples
 def _(rng):
     yield Sample.of(rng.standard_normal((2, 3, 4)), dims=[2, 0, 1])
@@ -382,6 +428,15 @@ def _(x, *, axis):
 @flip.grad
 def _(dy, *, axis):
     return F.flip(dy, axis=axis)
+
+
+@flip.sbp
+def _(x, *, axis):
+    flipped = set(normalize_axes("flip", axis, len(x.shape)))
+    for k in range(len(x.shape)):
+        if k not in flipped:
+            yield (S(k),), S(k)
+    yield (P,), P
 
 
 @flip.samples
@@ -444,6 +499,15 @@ def _(xs_spec, dy, *, axis):
     return F.split(dy, sections=[s.shape[axis] for s in xs_spec], axis=axis)
 
 
+@concat.sbp
+def _(xs, *, axis):
+    ndim = len(xs[0].shape)
+    for k in range(ndim):  # every piece split alike along another dim: each rank joins its blocks
+        if k != axis % ndim:
+            yield (S(k),), S(k)
+    yield (P,), P
+
+
 @concat.samples
 def _(rng):
     yield Sample.of([rng.standard_normal((2, 3)), rng.standard_normal((4, 3))])
@@ -482,6 +546,15 @@ def _(xs, *, axis):
 @stack.grad
 def _(dy, *, axis):
     return [F.squeeze(g, axis=[axis]) for g in F.split(dy, sections=[1], axis=axis)]
+
+
+@stack.sbp
+def _(xs, *, axis):
+    ndim = len(xs[0].shape)
+    a = axis % (ndim + 1)
+    for k in range(ndim):
+        yield (S(k),), S(k if k < a else k + 1)
+    yield (P,), P
 
 
 @stack.samples
@@ -550,6 +623,14 @@ def _(x, *, sections, axis):
 @split.grad
 def _(dys, *, axis):
     return F.concat(dys, axis=axis)
+
+
+@split.sbp
+def _(x, *, sections, axis):
+    for k in range(len(x.shape)):  # cut along another dim than the split one: each rank cuts its block alike
+        if k != axis % len(x.shape):
+            yield (S(k),), S(k)
+    yield (P,), P
 
 
 @split.samples

@@ -383,7 +383,7 @@ def _check_sbp(opdef: OpDef, sample: Sample, rng: np.random.Generator, checked: 
     must be the op's output on the whole inputs. A ``Decomposition`` (ops that compute the op, each with checked
     signatures of its own) must compute the op on whole values. ``checked`` collects, per signature, whether some
     sample checked it."""
-    from ..core.sbp import B, normalized, signatures
+    from ..core.sbp import B, normalized, on_rank, signatures
 
     args, kwargs = _materialize(opdef, sample, np.float64)
     specs, attrs = _specs(opdef, args, kwargs)
@@ -427,7 +427,7 @@ def _check_sbp(opdef: OpDef, sample: Sample, rng: np.random.Generator, checked: 
                     while inputs and inputs[-1] is None:
                         inputs.pop()
                     try:
-                        results.append([_host(t) for t in _flat(call_op(opdef, inputs, given | local))])
+                        results.append([_host(t) for t in _flat(call_op(opdef, inputs, given | on_rank(local, r)))])
                     except OpforgeError as e:
                         report.failures.append(f"{tag}: SBP signature {name} on {ranks} ranks: rank {r}'s call "
                                                f"failed: {type(e).__name__}: {e}")

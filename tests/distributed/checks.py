@@ -126,7 +126,7 @@ def tiny_model():
     return nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3)).double()
 
 
-def train_steps(model, opt, batches, compiled=True):
+def train_steps(model, opt, batches, compiled=True, mesh=None):
     def step(x, y):
         loss = F.cross_entropy(model(x), y)
         loss.backward()
@@ -135,7 +135,10 @@ def train_steps(model, opt, batches, compiled=True):
         return loss
 
     fn = of.compile(step) if compiled else step
-    return fn, [fn(of.tensor(x), of.tensor(y)).numpy() for x, y in batches]
+    if mesh is None:
+        return fn, [fn(of.tensor(x), of.tensor(y)).numpy() for x, y in batches]
+    with mesh:
+        return fn, [fn(of.tensor(x), of.tensor(y)).numpy() for x, y in batches]
 
 
 def check_data_parallel_compiled_outside_a_mesh(comm, tmp):
@@ -332,6 +335,159 @@ def check_data_parallel_with_unused_parameters(comm, tmp):
         assert got["unused.weight"] is None and got["unused.bias"] is None, step  # no rank used it: as one process
         opt.step()
         opt.zero_grad()
+
+
+# -- data parallel through the SBP pass: each rank computes its own rows, never the gathered batch ---------------------
+
+
+class Gate(nn.Module):
+    """x·softmax(x) over the features: a softmax in an MLP."""
+
+    def forward(self, x):
+        return x * F.softmax(x, axis=-1)
+
+
+class TokenModel(nn.Module):
+    """An embedding, a Transformer encoder layer (attention, layer norms) with a causal mask, and a head."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(11, 8)
+        self.layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+        self.head = nn.Linear(8, 11)
+
+    def forward(self, x):
+        mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1], dtype="float64")
+        return F.reshape(self.head(self.layer(self.emb(x), src_mask=mask, is_causal=True)), shape=[-1, 11])
+
+
+def layer_models():
+    """{name: (model, x, y)}: an MLP with a layer norm and a softmax, a CNN with batch and group norms, and a
+    Transformer block, each in float64 with a batch of ROWS."""
+    rng = np.random.default_rng(10)
+    of.manual_seed(1)
+    mlp = nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.ReLU(), Gate(), nn.Linear(8, 3)).double()
+    cnn = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.GroupNorm(2, 4),
+                        nn.MaxPool2d(2), nn.Flatten(), nn.Linear(16, 3)).double()
+    tokens = TokenModel().double()
+    return {"mlp": (mlp, rng.standard_normal((ROWS, 6)), rng.integers(0, 3, ROWS)),
+            "cnn": (cnn, rng.standard_normal((ROWS, 3, 4, 4)), rng.integers(0, 3, ROWS)),
+            "transformer": (tokens, rng.integers(0, 11, (ROWS, 5)), rng.integers(0, 11, ROWS * 5))}
+
+
+def state(model):
+    return {k: v.numpy().copy() for k, v in model.state_dict().items()}
+
+
+def activations_gathered(program) -> list:
+    """The all_gather / all_to_all ops of ``program`` that move rows of a batch (values of 2 dims or more, more than
+    one row): not those of a per-channel statistic, (C,) or (1, C, 1, 1)."""
+    def rows(name):
+        shape = program.block.vars[name].spec.shape
+        return len(shape) > 1 and shape[0] != 1
+
+    return [op for op in program.block.ops if op.type in ("all_gather", "all_to_all") and rows(op.inputs["x"][0])]
+
+
+def check_data_parallel_layers_compute_each_rank_rows(comm, tmp):
+    """Softmax, layer/batch/group norm, pooling, embedding and attention have SBP rules: data parallelism through
+    the pass computes each rank's rows and gathers no activation (the norms, the embedding and attention gathered
+    the batch), and two compiled SGD steps equal one process's, parameters and batch-norm running statistics
+    (synchronised batch norm: the statistics of the whole batch)."""
+    for name, (model, x, y) in layer_models().items():
+        want = layer_models()[name][0]  # the same model, for one process
+        opt = of.optim.SGD(want.parameters(), lr=0.1, momentum=0.9)
+        for _ in range(2):
+            loss = F.cross_entropy(want(of.tensor(x)), of.tensor(y))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        opt = of.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        step, losses = train_steps(model, opt, [(mine(comm, x), mine(comm, y))] * 2, mesh=of.distributed.Mesh(comm))
+        program = next(iter(step.cache.values()))[0].program
+        assert not activations_gathered(program), (name, activations_gathered(program))
+        assert program.block.vars[program.feeds[0]].spec.shape[0] == ROWS // comm.size, name
+        close(losses[-1], loss.numpy(), f"{name}: the loss")
+        for key, value in state(want).items():
+            close(state(model)[key], value, f"{name}: {key}", rtol=1e-10)
+
+
+def bn_model():
+    of.manual_seed(2)
+    return nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.BatchNorm2d(3), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(48, 3)).double()
+
+
+def check_batch_norm_local_statistics_as_data_parallel(comm, tmp):
+    """DistributedDataParallel normalises with each rank's batch statistics, eagerly (as PyTorch's) and compiled
+    (it was compiled with the whole batch's: another model than eager DDP trained); the running statistics are the
+    mean of the ranks', the same on every rank. Mesh(batch_norm="local") asks for it, the default is synchronised."""
+    rng = np.random.default_rng(11)
+    batches = [(rng.standard_normal((ROWS, 2, 4, 4)), rng.integers(0, 3, ROWS)) for _ in range(2)]
+    batches = [(mine(comm, x), mine(comm, y)) for x, y in batches]
+    trained = []
+    for compiled in (False, True):
+        model = of.distributed.DistributedDataParallel(bn_model(), comm=comm)
+        train_steps(model, of.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), batches, compiled)
+        trained.append(state(model.module))
+    for key, value in trained[0].items():
+        close(trained[1][key], value, f"compiled against eager: {key}", rtol=1e-11)
+        assert (comm.all_gather(value[None], 0) == value).all(), f"{key} differs between the ranks"
+    # one step with local statistics, against each rank's own batch in one process
+    x = batches[0][0]
+    alone, model = bn_model(), bn_model()
+    with of.distributed.Mesh(comm, batch_norm="local"):
+        out = of.compile(lambda x: model(x))(of.tensor(x))
+    close(out.numpy(), alone(of.tensor(x)).numpy(), "the output of the rank's rows")
+    close(model[1].running_mean.numpy(), np.mean(comm.all_gather(alone[1].running_mean.numpy()[None], 0), axis=0),
+          "running mean: the ranks' mean")
+
+
+def check_vocabulary_parallel_embedding_and_attention_heads_split(comm, tmp):
+    """Tensor parallelism through the pass: the embedding table split by rows (vocabulary-parallel: each rank looks
+    up the rows it holds, a partial sum), q/k/v projections split by columns so that attention runs on each rank's
+    heads, the output projection by rows. Adam, compiled under a mesh, against one process."""
+    rng = np.random.default_rng(12)
+    n, length, vocab, dim, heads = 2, 3, 8, 16, 4  # weights larger than activations: tensor parallel pays
+    batches = [(rng.integers(0, vocab, (n, length)), rng.integers(0, dim, n * length)) for _ in range(2)]
+    start = [rng.standard_normal((vocab, dim))] + [rng.standard_normal((dim, dim)) * 0.5 for _ in range(4)]
+
+    def train(mesh=None):
+        emb, wq, wk, wv, wo = params = [of.tensor(a, requires_grad=True) for a in start]
+        opt = of.optim.Adam(params, lr=0.01)
+
+        def heads_of(t):  # (n, length, dim) -> (n, heads, length, dim / heads)
+            return F.permute(F.reshape(t, shape=[n, length, heads, dim // heads]), dims=[0, 2, 1, 3])
+
+        def step(x, t):
+            h = F.embedding(x, emb)
+            a = F.scaled_dot_product_attention(heads_of(F.linear(h, wq)), heads_of(F.linear(h, wk)),
+                                               heads_of(F.linear(h, wv)), is_causal=True)
+            out = F.linear(F.reshape(F.permute(a, dims=[0, 2, 1, 3]), shape=[n * length, dim]), wo)
+            loss = F.cross_entropy(out, t)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        compiled = of.compile(step)
+        if mesh is None:
+            return [compiled(of.tensor(x), of.tensor(t)).numpy() for x, t in batches], params, compiled
+        with mesh(params):
+            return [compiled(of.tensor(x), of.tensor(t)).numpy() for x, t in batches], params, compiled
+
+    want, one, _ = train()
+    got, params, compiled = train(lambda p: of.distributed.Mesh(
+        comm, feeds={"x": "B", "t": "B"}, params={p[0]: S(0), p[1]: S(0), p[2]: S(0), p[3]: S(0), p[4]: S(1)}))
+    close(got, want, "losses")
+    for g, w in zip(params, one):
+        close(g.numpy(), w.numpy(), "trained parameters", rtol=1e-10)
+    program = next(iter(compiled.cache.values()))[0].program
+    ops = {op.type: op for op in program.block.ops if op.role == "forward"}
+    spec = program.block.vars[ops["scaled_dot_product_attention"].inputs["q"][0]].spec
+    assert spec.shape == (n, heads // comm.size, length, dim // heads), spec  # this rank's heads
+    lookup = ops["embedding_rows"]  # the vocabulary-parallel lookup
+    assert program.block.vars[lookup.inputs["weight"][0]].spec.shape == (vocab // comm.size, dim)  # its rows
 
 
 CHECKS = [name for name in list(globals()) if name.startswith("check_")]
