@@ -217,3 +217,76 @@ def test_on_ranks_that_are_threads(name, size, tmp_path):
     """Each check of tests/distributed/checks.py (distributed training against one process, float64), on ranks that
     are threads of this process; ranks_training.py runs them on MPI ranks."""
     of.distributed.run_threads(lambda comm: getattr(checks, name)(comm, str(tmp_path)), size)
+
+
+# -- sharded checkpoints: written by every rank, resharded when loaded ------------------------------------------------
+
+
+def sharded_state():
+    """Whole values and the layouts they are saved with."""
+    rng = np.random.default_rng(13)
+    whole = {"w": rng.standard_normal((8, 4)), "v": rng.standard_normal((4, 8)).astype("float32"),
+             "ids": np.arange(16).reshape(8, 2), "step": np.array(7), "b": rng.standard_normal(5)}
+    return whole, {"w": S(0), "v": S(1), "ids": S(0), "step": B, "b": B}
+
+
+def block_of(array, layout, comm):
+    return np.split(array, comm.size, axis=layout.axis)[comm.rank] if layout.split else array
+
+
+@pytest.mark.parametrize(("saved", "loaded"), [(2, 4), (2, 1), (4, 2), (4, 1), (1, 4)])
+def test_a_sharded_checkpoint_loads_on_another_number_of_ranks(tmp_path, saved, loaded):
+    whole, layouts = sharded_state()
+
+    def save(comm):
+        of.distributed.save_sharded({k: block_of(v, layouts[k], comm) for k, v in whole.items()}, tmp_path,
+                                    layouts, comm=comm)
+
+    of.distributed.run_threads(save, saved)
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files[0] == "manifest.json" and len(files) == saved + 1, files  # one file per rank
+
+    def load(comm):
+        got = of.distributed.load_sharded(tmp_path, comm=comm)  # as saved: split among these ranks
+        for k, v in whole.items():
+            want = block_of(v, layouts[k], comm)
+            assert got[k].dtype == v.dtype and np.array_equal(got[k], want), (k, comm.rank)
+        other = of.distributed.load_sharded(tmp_path, layouts={"w": S(1), "v": B}, comm=comm)  # other layouts
+        assert np.array_equal(other["w"], block_of(whole["w"], S(1), comm)) and np.array_equal(other["v"], whole["v"])
+
+    of.distributed.run_threads(load, loaded)
+
+
+def test_a_sharded_checkpoint_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
+    """A save that fails on one rank leaves the previous checkpoint, and its files, as they were; a good save
+    removes the previous one's files."""
+    whole, layouts = sharded_state()
+
+    def save(comm, scale=1.0):
+        of.distributed.save_sharded({k: block_of(v * scale, layouts[k], comm) for k, v in whole.items()}, tmp_path,
+                                    layouts, comm=comm)
+
+    of.distributed.run_threads(save, 2)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    import opforge.distributed.checkpoint as ckpt
+
+    real = ckpt.write_npz
+
+    def failing(f, arrays):
+        import threading
+        if threading.current_thread().name == "rank 1":
+            raise OSError("disk full (on purpose)")
+        real(f, arrays)
+
+    monkeypatch.setattr(ckpt, "write_npz", failing)
+    with pytest.raises((OSError, of.distributed.ShardedCheckpointError), match=r"disk full|rank\(s\) \[1\] could not"):
+        of.distributed.run_threads(lambda comm: save(comm, 2.0), 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    got = of.distributed.run_threads(lambda comm: of.distributed.load_sharded(tmp_path, comm=comm), 1)[0]
+    assert all(np.array_equal(got[k], v) for k, v in whole.items())
+    monkeypatch.setattr(ckpt, "write_npz", real)
+    of.distributed.run_threads(lambda comm: save(comm, 2.0), 2)
+    after = sorted(p.name for p in tmp_path.iterdir())
+    assert len(after) == 3 and not set(after) & (set(before) - {"manifest.json"})
+    got = of.distributed.load_sharded(tmp_path, comm=of.distributed.SELF)
+    assert np.array_equal(got["w"], 2 * whole["w"])

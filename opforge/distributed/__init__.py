@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from ..core import sbp  # noqa: F401  (of.distributed.sbp: the layouts and signature rules)
 from ..core.sbp import B, P, S
+from .checkpoint import ShardedCheckpointError, load_sharded, save_sharded
 from .comm import (
     INSTALL,
     SELF,
@@ -38,7 +39,8 @@ from .sharding import Mesh, ShardingTracer, shard, whole_values
 
 __all__ = [
     "INSTALL", "SELF", "B", "CollectiveMismatchError", "Communicator", "DistributedDataParallel",
-    "DistributedSampler", "MPICommunicator", "Mesh", "P", "S", "SelfCommunicator", "ShardingTracer", "Stats",
-    "ThreadCommunicator", "current_communicator", "get_rank", "get_world_size", "init", "is_initialized", "load",
-    "run_threads", "save", "shard", "using_communicator", "whole_values",
+    "DistributedSampler", "MPICommunicator", "Mesh", "P", "S", "SelfCommunicator", "ShardedCheckpointError",
+    "ShardingTracer", "Stats", "ThreadCommunicator", "current_communicator", "get_rank", "get_world_size", "init",
+    "is_initialized", "load", "load_sharded", "run_threads", "save", "save_sharded", "shard", "using_communicator",
+    "whole_values",
 ]

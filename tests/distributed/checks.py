@@ -272,6 +272,47 @@ def check_shard_of_a_traced_training_step(comm, tmp):
         comm.barrier()
 
 
+def check_sharded_checkpoint_of_a_sharded_training_step(comm, tmp):
+    """save_sharded() of a shard()ed Adam step: each rank writes its blocks of the parameters and moments; the
+    checkpoint loads whole on one rank, and into a new sharded program that goes on training as one process does."""
+    rng = np.random.default_rng(14)
+    batches = [(rng.standard_normal((ROWS, 5)), rng.standard_normal((ROWS, 3))) for _ in range(2)]
+    one = [of.tensor(a, requires_grad=True) for a in mlp_params()]
+    want = train_mlp(one, batches, "adam")
+
+    def sharded_step():
+        params = [of.tensor(a, requires_grad=True) for a in mlp_params()]
+        opt = OPTIMIZERS["adam"](params)
+
+        def step(x, t, w1=params[0], b1=params[1], w2=params[2], b2=params[3]):
+            loss = F.mse_loss(F.linear(F.relu(F.linear(x, w1, b1)), w2, b2), t)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        program = of.trace(step, x=of.Spec((ROWS, 5), "float64"), t=of.Spec((ROWS, 3), "float64"))
+        return of.distributed.shard(program, of.distributed.Mesh(comm), feeds={"x": S(0), "t": S(0)},
+                                    params={params[0]: S(0), params[1]: S(0), params[2]: S(1)})
+
+    first = sharded_step()
+    x, t = batches[0]
+    losses = [of.Executor(first).run(x=mine(comm, x), t=mine(comm, t))["out"]]
+    path = f"{tmp}/sharded-step"
+    of.distributed.save_sharded(first, path, comm=comm)
+    whole = of.distributed.load_sharded(path, comm=of.distributed.SELF)  # one rank: every value whole
+    for name, value in of.distributed.whole_values(first, comm).items():
+        assert np.array_equal(whole[name], value), name
+    second = sharded_step()  # another job: fresh values, then the checkpoint's
+    of.distributed.load_sharded(path, comm=comm, into=second)
+    x, t = batches[1]
+    losses.append(of.Executor(second).run(x=mine(comm, x), t=mine(comm, t))["out"])
+    close(losses, want, "losses")
+    for got, p in zip(["param.1", "param.2", "param.5", "param.6"], one):
+        close(of.distributed.whole_values(second, comm)[got], p.numpy(), got, rtol=1e-11)
+    comm.barrier()
+
+
 def check_a_mesh_refuses_parameters_that_differ_between_ranks(comm, tmp):
     blocks = np.random.default_rng(8).standard_normal((4 * comm.size, 5))
     w = of.tensor(mine(comm, blocks), requires_grad=True)  # each rank its block of a whole (16, 5): another model
