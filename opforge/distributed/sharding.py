@@ -124,10 +124,11 @@ def _param_layouts(params, who: str) -> dict:
 class ShardingTracer(Tracer):
     """A Tracer that gives every value a layout and inserts the collectives each op's signature needs."""
 
-    def __init__(self, program: Program, mesh: Mesh, params: dict | None = None):
+    def __init__(self, program: Program, mesh: Mesh, params: dict | None = None, scatter_grads=frozenset()):
         super().__init__(program)
         self.mesh = mesh
         self.params = dict(mesh.params) | dict(params or {})  # id(Tensor) or var name -> Layout
+        self.scatter_grads = scatter_grads  # broadcast values whose gradient is reduce-scattered (ZeRO-2): S(0)
         self.layouts: dict = {}  # variable name -> Layout
         self._converted: dict = {}  # (variable, Layout) -> variable holding it in that layout
         self._reduced: dict = {}  # local gradient variable -> the logical loss's gradient
@@ -423,7 +424,7 @@ class ShardingTracer(Tracer):
         block = self.program.block
         pending = [(w, g) for w, g in grads
                    if g not in self._final and g not in self._reduced and self.layouts.get(w, B) == B
-                   and None not in block.vars[g].spec.shape]
+                   and w not in self.scatter_grads and None not in block.vars[g].spec.shape]
         groups: dict = {}
         for w, g in pending:
             spec = block.vars[g].spec
@@ -462,7 +463,9 @@ class ShardingTracer(Tracer):
             raise ArgumentError(f"gradient of {wrt!r}: a partial value ({layout}) has no gradient of its own")
         v = Variable(self.program, local)
         with interpreting(Tracer(self.program)):
-            if layout == B:  # one value, used by every rank: the ranks' gradients add up
+            if layout == B and wrt in self.scatter_grads:  # ZeRO-2: each rank gets the block it updates
+                out, layout = F.reduce_scatter(v, axis=0, op="mean" if mean else "sum"), S(0)
+            elif layout == B:  # one value, used by every rank: the ranks' gradients add up
                 out = F.all_reduce(v, op="mean" if mean else "sum")
             elif mean and self.mesh.size > 1:
                 out = F.scale(v, scale=1.0 / self.mesh.size)
@@ -544,7 +547,8 @@ trace_context_keys.append(lambda: None if current_mesh() is None else current_me
 
 # -- the pass --------------------------------------------------------------------------------------------------
 
-def shard(program: Program, mesh: Mesh, feeds: dict | None = None, params: dict | None = None) -> Program:
+def shard(program: Program, mesh: Mesh, feeds: dict | None = None, params: dict | None = None,
+          zero: int = 0) -> Program:
     """The program this rank of ``mesh`` runs, for a program traced for one process.
 
     ``feeds`` maps feed names to layouts (``B`` if not given): a split feed's Spec becomes the block a rank is
@@ -553,17 +557,25 @@ def shard(program: Program, mesh: Mesh, feeds: dict | None = None, params: dict 
     replayed with signatures chosen and collectives inserted; each ``append_backward`` the program had is done
     again on the sharded forward, and what read a gradient reads the logical loss's gradient. The result's
     ``layouts`` maps each variable to its layout.
+
+    ``zero`` shards what data parallelism repeats on every rank (ZeRO's stages), for each trained parameter given no
+    layout whose first dim splits evenly: 1, its optimizer state (each rank keeps and updates its block of it, then
+    the parameter's new value is all-gathered); 2, its gradient too (reduce-scattered: each rank gets the block it
+    updates, instead of all-reducing the whole); 3, the parameter itself (``S(0)``, FSDP: all-gathered where an op
+    needs it whole, its gradient reduce-scattered as that all-gather's dual).
     """
     if not isinstance(program, Program):
         raise ArgumentError(f"shard(): expected a Program, got {describe(program)}")
     if not isinstance(mesh, Mesh):
         raise ArgumentError(f"shard(): expected a Mesh, got {describe(mesh)}")
+    if zero not in (0, 1, 2, 3):
+        raise ArgumentError(f"shard(): zero is a ZeRO stage, 0 to 3, got {describe(zero)}")
     with using_communicator(mesh.comm):  # the shape rules of collectives ask for the group's size
-        return _Replay(program, mesh, feeds or {}, _param_layouts(params, "shard()")).run()
+        return _Replay(program, mesh, feeds or {}, _param_layouts(params, "shard()"), zero).run()
 
 
 class _Replay:
-    def __init__(self, old: Program, mesh: Mesh, feeds: dict, params: dict):
+    def __init__(self, old: Program, mesh: Mesh, feeds: dict, params: dict, zero: int = 0):
         self.old, self.mesh = old, mesh
         self.new = Program(old.device, name=old.name)
         by_name = {name: params[id(t)] for t, name in old._tensor_vars.values() if id(t) in params}
@@ -572,24 +584,41 @@ class _Replay:
         unknown = (set(self.feeds) - set(old.feeds)) | {k for k in self.params if k not in old.block.vars}
         if unknown:
             raise ArgumentError(f"shard(): {sorted(unknown)} are not feeds or variables of the program")
-        self._state_follows_its_parameter()
-        self.tracer = ShardingTracer(self.new, mesh, self.params)
+        zeroed = self._zeroed(zero)
+        if zero >= 3:  # FSDP: the parameters themselves
+            self.params |= {n: S(0) for n in zeroed}
+        self._state_follows_its_parameter({n: S(0) for n in zeroed} if zero else {})
+        self.tracer = ShardingTracer(self.new, mesh, self.params, frozenset(zeroed) if zero == 2 else frozenset())
         self.names: dict = {}  # old variable -> new variable
 
-    def _state_follows_its_parameter(self) -> None:
+    def _zeroed(self, zero: int) -> list:
+        """The parameters ZeRO shards: trained (some backward request differentiates them), updated by the
+        program, given no layout, and with a first dim that splits evenly among the ranks."""
+        if not zero or self.mesh.size == 1:
+            return []
+        old, n = self.old, self.mesh.size
+        trained = {w for request in old.backward_requests for w in request[1]}
+        return [w for w in sorted(trained) if w in old.updates and w in old.values and w not in self.params
+                and old.block.vars[w].spec.shape and (old.block.vars[w].spec.shape[0] or 1) % n == 0]
+
+    def _state_follows_its_parameter(self, updated_in: dict) -> None:
         """Optimizer state (a momentum buffer, Adam's moments) takes its parameter's layout, unless given one: a
         persistable value of the parameter's shape that the program updates with an op reading the parameter. So
-        each rank keeps and updates its block of it (the update ops run on blocks), as of its parameter."""
+        each rank keeps and updates its block of it (the update ops run on blocks), as of its parameter.
+        ``updated_in``: parameters kept whole whose update runs on blocks all the same (ZeRO): their state takes
+        that layout."""
         block, old = self.old.block, self.old
         for op in block.ops:
             names = op.input_names()
-            split = [n for n in names if n in self.params and self.params[n].split]
+            split = [(n, self.params[n]) for n in names if n in self.params and self.params[n].split]
+            split += [(n, updated_in[n]) for n in names if n in updated_in]
             if not split:
                 continue
-            shape = block.vars[split[0]].spec.shape
+            shape = block.vars[split[0][0]].spec.shape
             for n in names:
-                if n not in self.params and n in old.updates and n in old.values and block.vars[n].spec.shape == shape:
-                    self.params[n] = self.params[split[0]]
+                if n not in self.params and n not in updated_in and n in old.updates and n in old.values \
+                        and block.vars[n].spec.shape == shape:
+                    self.params[n] = split[0][1]
 
     def run(self) -> Program:
         old, new = self.old, self.new

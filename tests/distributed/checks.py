@@ -313,6 +313,53 @@ def check_sharded_checkpoint_of_a_sharded_training_step(comm, tmp):
     comm.barrier()
 
 
+def persistent_bytes(program) -> int:
+    """Bytes of the values a program keeps between steps (parameters, optimizer state) on this rank."""
+    return sum(np.asarray(v).nbytes for k, v in program.values.items() if program.block.vars[k].persistable)
+
+
+def check_zero_stages_and_fully_sharded_parameters(comm, tmp):
+    """shard(zero=1, 2, 3) of a data-parallel training step: each rank keeps its block of the optimizer state (1),
+    gets only its block of the gradients, reduce-scattered (2), and holds only its block of the parameters, gathered
+    where used (3: FSDP). SGD with momentum and Adam train as one process; the memory each rank keeps shrinks."""
+    rng = np.random.default_rng(15)
+    start = [rng.standard_normal(shape) * 0.5 for shape in [(16, 8), (16,), (4, 16), (4,)]]
+    batches = [(rng.standard_normal((ROWS, 8)), rng.standard_normal((ROWS, 4))) for _ in range(2)]
+    for optimizer in sorted(OPTIMIZERS):
+        one = [of.tensor(a, requires_grad=True) for a in start]
+        want = train_mlp(one, batches, optimizer)
+        kept = {}
+        for zero in (0, 1, 2, 3):
+            params = [of.tensor(a, requires_grad=True) for a in start]
+            opt = OPTIMIZERS[optimizer](params)
+
+            def step(x, t, w1=params[0], b1=params[1], w2=params[2], b2=params[3], opt=opt):
+                loss = F.mse_loss(F.linear(F.relu(F.linear(x, w1, b1)), w2, b2), t)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                return loss
+
+            program = of.trace(step, x=of.Spec((ROWS, 8), "float64"), t=of.Spec((ROWS, 4), "float64"))
+            sharded = of.distributed.shard(program, of.distributed.Mesh(comm), feeds={"x": S(0), "t": S(0)},
+                                           zero=zero)
+            exe = of.Executor(sharded)
+            losses = [exe.run(x=mine(comm, x), t=mine(comm, t))["out"] for x, t in batches]
+            close(losses, want, f"zero={zero} {optimizer}: losses")
+            values = of.distributed.whole_values(sharded, comm)
+            for name, p in zip(["param.1", "param.2", "param.5", "param.6"], one):
+                close(values[name], p.numpy(), f"zero={zero} {optimizer}: {name}", rtol=1e-11)
+            kept[zero] = persistent_bytes(sharded)
+            types = [op.type for op in sharded.block.ops]
+            if comm.size > 1:
+                state = [k for k in sharded.values if k.startswith("param.1.") and not k.endswith(".step")]
+                assert all(sharded.layouts[k] == (S(0) if zero else of.distributed.B) for k in state), zero
+                assert ("reduce_scatter" in types) == (zero >= 2), (zero, types)  # the gradients' blocks
+                assert (sharded.layouts["param.1"] == S(0)) == (zero == 3), zero  # FSDP's parameter blocks
+        if comm.size > 1:
+            assert kept[0] > kept[1] == kept[2] > kept[3], kept
+
+
 def check_a_mesh_refuses_parameters_that_differ_between_ranks(comm, tmp):
     blocks = np.random.default_rng(8).standard_normal((4 * comm.size, 5))
     w = of.tensor(mine(comm, blocks), requires_grad=True)  # each rank its block of a whole (16, 5): another model
