@@ -67,10 +67,33 @@ def test_ranks_running_different_programs_are_told_not_deadlocked(mode, rank_0, 
 
 
 def test_a_rank_that_never_arrives_is_given_up_on():
+    """Rank 1 ended: silent (no heartbeat) for the timeout, it is dead, and rank 0 gives up."""
     done = two_ranks("tests/distributed/ranks_failures.py", "early", timeout=60,
                      env={"OPFORGE_COLLECTIVE_TIMEOUT": "2"})
     assert done.returncode != 0
-    assert "rank 0 waited 2 s for the other ranks at collective #2" in done.stderr
+    assert "rank 0 waited 2 s at collective #2 for rank(s) [1], silent for over 2 s" in done.stderr, done.stderr
+
+
+def test_a_slow_rank_is_waited_for(tmp_path):
+    """One timeout, for a dead rank: a 4 s checkpoint write and 3 s of computing in Python, each while the other
+    rank waits in a collective, with a 2 s timeout, do not end the job (they did: a wait gave up after 2 s)."""
+    done = two_ranks("tests/distributed/ranks_failures.py", "slow", str(tmp_path / "ckpt.npz"), timeout=120,
+                     env={"OPFORGE_COLLECTIVE_TIMEOUT": "2"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "rank 0 got past every collective" in done.stdout and "rank 1 got past every collective" in done.stdout
+
+
+def test_ranks_as_threads_wait_for_a_slow_rank_and_not_for_one_that_returned():
+    import time
+
+    def slow(comm):
+        if comm.rank == 1:
+            time.sleep(1.5)  # (threads have no timeout at all)
+        return comm.all_reduce(np.ones(2))
+
+    assert [r.tolist() for r in of.distributed.run_threads(slow, 2)] == [[2.0, 2.0]] * 2
+    with pytest.raises(of.distributed.CollectiveMismatchError, match=r"rank\(s\) \[1\] returned without"):
+        of.distributed.run_threads(lambda comm: comm.all_reduce(np.ones(2)) if comm.rank == 0 else None, 2)
 
 
 def test_without_mpi4py_single_process_use_is_unchanged_and_init_says_how_to_install():
@@ -290,3 +313,18 @@ def test_a_sharded_checkpoint_is_replaced_whole_or_not_at_all(tmp_path, monkeypa
     assert len(after) == 3 and not set(after) & (set(before) - {"manifest.json"})
     got = of.distributed.load_sharded(tmp_path, comm=of.distributed.SELF)
     assert np.array_equal(got["w"], 2 * whole["w"])
+
+
+def test_an_n_d_mesh_is_refused_where_it_is_not_supported():
+    mesh = of.distributed.Mesh(of.distributed.SELF, shape=(1, 1))
+    assert [axis.group for axis in mesh.axes] == [0, 1] and repr(mesh).startswith("Mesh(1 ranks as 1x1")
+    with pytest.raises(of.ArgumentError, match=r"shape .* must be positive ints whose product"):
+        of.distributed.Mesh(of.distributed.SELF, shape=(2, 1))
+    w = of.tensor(np.ones((3, 2)))
+    with mesh, pytest.raises(of.ArgumentError, match=r"of\.compile under an n-D mesh"):
+        of.compile(lambda x: x @ w)(of.tensor(np.ones((4, 3))))
+    program = of.trace(lambda x: x @ w, x=of.Spec((4, 3), "float64"))
+    with pytest.raises(of.ArgumentError, match="give a layout per axis"):
+        of.distributed.shard(program, mesh, feeds={"x": S(0)})
+    with pytest.raises(of.ArgumentError, match="axis 0 runs under `with mesh:` of an n-D mesh"):
+        F.all_reduce(of.tensor(np.ones(2)), group=0)

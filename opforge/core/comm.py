@@ -20,8 +20,9 @@ waits on an event.
 **Checked order.** Before each collective, the ranks exchange a fingerprint (a running count and a hash of what is
 called: the collective, its attrs, the shape and dtype). A rank whose program calls something else — another op
 sequence, another shape — makes every rank raise ``CollectiveMismatchError`` naming what each rank called, instead
-of a deadlock or a silently wrong sum. A rank that does not arrive within ``timeout`` seconds (it crashed without
-taking the job down, or finished early) makes the others raise too. Each rank's bytes sent and time spent waiting
+of a deadlock or a silently wrong sum. A rank that is dead (it crashed without taking the job down, or finished
+early: silent for ``timeout`` seconds, as the engine tells) makes the others raise too; one that is only slow is
+waited for. Each rank's bytes sent and time spent waiting
 are counted in ``stats``.
 """
 
@@ -87,7 +88,7 @@ class Communicator:
 
     def __init__(self, verify: bool = True, timeout: float | None = None):
         self.verify = verify
-        self.timeout = float(os.environ.get("OPFORGE_COLLECTIVE_TIMEOUT", 300)) if timeout is None else timeout
+        self.timeout = float(os.environ.get("OPFORGE_COLLECTIVE_TIMEOUT", 60)) if timeout is None else timeout
         self.stats = Stats()
         self.sequence = 0  # collectives called so far: the fingerprint's running count
 
@@ -154,6 +155,11 @@ class Communicator:
 
     def barrier(self) -> None:
         self._check("barrier", np.zeros(0))
+
+    def split(self, color: int, key: int) -> Communicator:
+        """The group of the ranks that give the same ``color``, ranked by ``key`` (``MPI_Comm_split``); every rank of
+        this group calls it. An n-D mesh makes one such group per axis."""
+        raise NotImplementedError
 
     # -- checks -------------------------------------------------------------------------------------------------
 
@@ -252,6 +258,9 @@ class SelfCommunicator(Communicator):
     def _start_all_reduce(self, buffer, op) -> Request:
         return Request(self, buffer)
 
+    def split(self, color: int, key: int) -> Communicator:
+        return self
+
 
 def _contiguous(x):
     """``x`` as one C-ordered block (np.ascontiguousarray would make a 0-d array 1-d)."""
@@ -263,6 +272,7 @@ def _contiguous(x):
 SELF = SelfCommunicator()
 _world: list = [SELF]  # set by init()
 _current = contextvars.ContextVar("opforge.communicator", default=None)
+_groups = contextvars.ContextVar("opforge.mesh_groups", default=())  # an n-D mesh's communicator per axis
 
 
 def current_communicator() -> Communicator:
@@ -272,19 +282,35 @@ def current_communicator() -> Communicator:
     return _world[0] if comm is None else comm
 
 
+def group_communicator(group: int | None) -> Communicator:
+    """The communicator of a collective op's ``group``: None, the current one; k, axis k of the current n-D mesh's
+    (``with mesh:`` sets them)."""
+    if group is None:
+        return current_communicator()
+    groups = _groups.get()
+    if not 0 <= group < len(groups):
+        raise ArgumentError(f"a collective of mesh axis {group} runs under `with mesh:` of an n-D mesh, which gives "
+                            f"each axis its communicator (here: {len(groups)} axes)")
+    return groups[group]
+
+
 def set_world(comm: Communicator) -> None:
     _world[0] = comm
 
 
 class using_communicator:
-    """``with using_communicator(comm):`` makes collective kernels in this thread (or task) use ``comm``."""
+    """``with using_communicator(comm):`` makes collective kernels in this thread (or task) use ``comm``, and those
+    of an n-D mesh's axis k (``group=k``) ``groups[k]`` when given."""
 
-    def __init__(self, comm: Communicator):
-        self.comm = comm
+    def __init__(self, comm: Communicator, groups: tuple | None = None):
+        self.comm, self.groups = comm, groups
 
     def __enter__(self) -> Communicator:
         self._token = _current.set(self.comm)
+        self._groups = None if self.groups is None else _groups.set(tuple(self.groups))
         return self.comm
 
     def __exit__(self, *exc) -> None:
+        if self._groups is not None:
+            _groups.reset(self._groups)
         _current.reset(self._token)

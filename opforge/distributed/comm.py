@@ -7,6 +7,7 @@ in core (``opforge.core.comm``), so the op library needs nothing of this package
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import threading
@@ -32,12 +33,69 @@ from ..core.errors import ArgumentError, OpforgeError
 INSTALL = "pip install 'opforge[distributed]'  (or: pip install mpi4py mpich)"
 
 
+HEARTBEAT_S = 0.25  # how often each rank tells the others it is alive
+HEARTBEAT_TAG = 7243
+
+
+class Heartbeat:
+    """Signs of life between the ranks of an MPI world: a daemon thread sends every other rank a byte every
+    ``HEARTBEAT_S`` seconds, on a communicator of its own, and notes when it last heard from each. A rank waiting in
+    a collective asks it which ranks have been silent for longer than the timeout: those are dead (they ended,
+    crashed, or hang with the interpreter stopped) and the wait gives up; the others are alive, only slow (a long
+    checkpoint write, a long step), and are waited for, however long. Runs where MPI allows threads to call it
+    (``MPI_THREAD_MULTIPLE``, mpi4py's default); the thread stops before MPI finalises."""
+
+    def __init__(self, comm, MPI):
+        self.MPI, self.comm = MPI, comm.Dup()
+        self.comm.Set_errhandler(MPI.ERRORS_RETURN)  # a peer that has gone must not abort this rank's heartbeat
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.heard = np.full(self.size, time.monotonic())
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="opforge heartbeat", daemon=True)
+        self._thread.start()
+        atexit.register(self.stop)  # (after mpi4py's own atexit: this runs first, before MPI_Finalize)
+
+    def _beat(self) -> None:
+        byte, inbox, status = np.zeros(1, np.uint8), np.zeros(1, np.uint8), self.MPI.Status()
+        pending = {r: [] for r in range(self.size) if r != self.rank}
+        while not self._stop.is_set():
+            self.heard[self.rank] = time.monotonic()
+            try:
+                while self.comm.Iprobe(self.MPI.ANY_SOURCE, HEARTBEAT_TAG, status):
+                    self.comm.Recv(inbox, status.Get_source(), HEARTBEAT_TAG)
+                    self.heard[status.Get_source()] = time.monotonic()
+            except self.MPI.Exception:
+                pass
+            for r, sends in pending.items():
+                try:
+                    sends[:] = [q for q in sends if not q.Test()]
+                    if len(sends) < 4:  # a peer that reads none (gone) gets no more
+                        sends.append(self.comm.Isend(byte, r, HEARTBEAT_TAG))
+                except self.MPI.Exception:  # a peer that has gone: it stays silent
+                    pending[r] = [None] * 4
+            self._stop.wait(HEARTBEAT_S)
+
+    def silent(self, seconds: float) -> set:
+        """World ranks not heard from for more than ``seconds``."""
+        now = time.monotonic()
+        return {r for r in range(self.size) if now - self.heard[r] > seconds}
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
 class MPICommunicator(Communicator):
-    """MPI through mpi4py, on host (NumPy) arrays; ``comm`` is an ``mpi4py.MPI.Comm`` (the world by default)."""
+    """MPI through mpi4py, on host (NumPy) arrays; ``comm`` is an ``mpi4py.MPI.Comm`` (the world by default).
+
+    ``timeout``: how long a rank may be silent (no heartbeat, see ``Heartbeat``) before a collective waiting for it
+    gives up — the one timeout, for a rank that is dead. A rank that is alive is waited for as long as it takes.
+    ``heartbeat``: the world's (``init()`` starts it; split groups share it); without one, waits give up after
+    ``timeout`` seconds whatever the reason."""
 
     name = "mpi"
 
-    def __init__(self, comm=None, verify: bool = True, timeout: float | None = None):
+    def __init__(self, comm=None, verify: bool = True, timeout: float | None = None, heartbeat=None):
         super().__init__(verify, timeout)
         MPI = mpi()
         self.MPI = MPI
@@ -45,6 +103,10 @@ class MPICommunicator(Communicator):
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self._ops = {"sum": MPI.SUM, "mean": MPI.SUM, "max": MPI.MAX}
+        self.heartbeat = heartbeat
+        if heartbeat is not None:  # this group's ranks as the heartbeat's (the world's) ranks
+            self._world_ranks = MPI.Group.Translate_ranks(self.comm.Get_group(), list(range(self.size)),
+                                                          heartbeat.comm.Get_group())
 
     def _host(self, x):
         if type(x) is not np.ndarray:
@@ -53,20 +115,33 @@ class MPICommunicator(Communicator):
         return x
 
     def _wait(self, request) -> None:
-        """Wait for a non-blocking call, giving the CPU back while it is not done (the ranks may share cores),
-        and give up after ``timeout`` seconds: a rank that never arrives must not hang the others for ever."""
+        """Wait for a non-blocking call, giving the CPU back while it is not done (the ranks may share cores).
+        Past ``timeout`` seconds, give up if a rank of the group is dead (silent for that long: it will never
+        arrive), and go on waiting for ranks that are alive, however slow."""
         began = time.perf_counter()
         while not request.Test():  # MPI moves a collective on inside calls like this one: poll closely at first
             waited = time.perf_counter() - began
             if waited > self.timeout:
-                raise CollectiveMismatchError(
-                    f"rank {self.rank} waited {waited:.0f} s for the other ranks at collective #{self.sequence}: "
-                    "one of them never called it (it stopped, or its program took another path); "
-                    "OPFORGE_COLLECTIVE_TIMEOUT sets the limit")
+                self._give_up_if_dead(waited)
             if waited < 0.1:
                 os.sched_yield()  # let a rank sharing this core run, and come straight back
             else:
                 time.sleep(1e-3)  # a long wait (another rank is far behind, or gone): stop spinning
+
+    def _give_up_if_dead(self, waited: float) -> None:
+        if self.heartbeat is None:  # nothing tells a dead rank from a slow one: the timeout decides
+            raise CollectiveMismatchError(
+                f"rank {self.rank} waited {waited:.0f} s for the other ranks at collective #{self.sequence}: "
+                "one of them never called it (it stopped, or its program took another path); "
+                "OPFORGE_COLLECTIVE_TIMEOUT sets the limit")
+        silent = self.heartbeat.silent(self.timeout)
+        dead = [r for r, w in enumerate(self._world_ranks) if w in silent]
+        if dead:
+            raise CollectiveMismatchError(
+                f"rank {self.rank} waited {waited:.0f} s at collective #{self.sequence} for rank(s) {dead}, silent "
+                f"for over {self.timeout:g} s: they ended, crashed or hang, and will not arrive. (A rank that is "
+                "alive is waited for however long it takes; OPFORGE_COLLECTIVE_TIMEOUT sets how long a silent "
+                "rank counts as dead)")
 
     def _exchange(self, mine, described):
         everyone = np.empty((self.size, mine.size), dtype=mine.dtype)
@@ -120,6 +195,9 @@ class MPICommunicator(Communicator):
         handle = self.comm.Iallreduce(self.MPI.IN_PLACE, self._host(buffer), op=self._ops[op])
         return Request(self, buffer, (lambda b: self._finish(b, op)), handle)
 
+    def split(self, color: int, key: int) -> MPICommunicator:
+        return MPICommunicator(self.comm.Split(int(color), int(key)), self.verify, self.timeout, self.heartbeat)
+
 
 class ThreadCommunicator(Communicator):
     """Rank ``rank`` of a group of threads in one process (``ThreadCommunicator.group(size)`` makes the group):
@@ -130,8 +208,9 @@ class ThreadCommunicator(Communicator):
     name = "threads"
 
     def __init__(self, hub: _Hub, rank: int, verify: bool = True, timeout: float | None = None):
-        super().__init__(verify, timeout)
+        super().__init__(verify, timeout)  # (no timeout applies: a thread that fails or returns is known at once)
         self.hub, self.rank, self.size = hub, rank, hub.size
+        self._children: list = []  # the groups split from this one: they learn of a failure or a return too
 
     @classmethod
     def group(cls, size: int, verify: bool = True, timeout: float | None = None) -> list:
@@ -142,25 +221,25 @@ class ThreadCommunicator(Communicator):
         return [cls(hub, r, verify, timeout) for r in range(size)]
 
     def _everyone(self, value) -> list:
-        """Every rank's ``value``, in rank order (a rendezvous of the group's threads)."""
-        hub = self.hub
-        hub.slots[self.rank] = value
+        """Every rank's ``value``, in rank order (a rendezvous of the group's threads). A rank that failed or
+        returned (it will never arrive) ends the wait at once; one that is only slow is waited for."""
         began = time.perf_counter()
         try:
-            hub.barrier.wait(self.timeout)  # every rank's value is in
-            everyone = list(hub.slots)
-            hub.barrier.wait(self.timeout)  # every rank has read them: the slots may be reused
-        except threading.BrokenBarrierError:
-            raise CollectiveMismatchError(
-                f"rank {self.rank} waited for the other threads of its group at collective #{self.sequence}: one "
-                "of them failed, or never called it") from None
+            return self.hub.meet(self.rank, value, self.sequence)
         finally:
             self.stats.wait_s += time.perf_counter() - began
-        return everyone
 
     def abort(self) -> None:
         """Release every rank waiting in a collective (with an error): a rank failed."""
-        self.hub.barrier.abort()
+        self.hub.abort()
+        for child in self._children:
+            child.abort()
+
+    def finished(self) -> None:
+        """This rank has returned: a rank still waiting for it in a collective gives up."""
+        self.hub.finished(self.rank)
+        for child in self._children:
+            child.finished()
 
     def _exchange(self, mine, described):
         return np.stack(self._everyone(mine))
@@ -197,25 +276,74 @@ class ThreadCommunicator(Communicator):
         buffer[...] = self._all_reduce(buffer, op)  # at once: the other threads are running too
         return Request(self, buffer)
 
+    def split(self, color: int, key: int) -> ThreadCommunicator:
+        everyone = self._everyone((int(color), int(key), self.rank))
+        members = sorted((k, r) for c, k, r in everyone if c == color)
+        leader = members[0][1]  # the group's lowest rank makes its hub; the others take it
+        hubs = self._everyone(_Hub(len(members)) if self.rank == leader else None)
+        child = ThreadCommunicator(hubs[leader], [r for _, r in members].index(self.rank), self.verify, self.timeout)
+        self._children.append(child)
+        return child
+
 
 class _Hub:
+    """Where a group of threads meets: each collective is a generation; when the last rank arrives, every rank takes
+    the values of that generation."""
+
     def __init__(self, size: int):
         self.size = size
         self.slots: list = [None] * size
-        self.barrier = threading.Barrier(size)
+        self.arrived: set = set()
+        self.result: list = []
+        self.generation = 0
+        self.gone: set = set()  # ranks that returned
+        self.broken = False
+        self.cond = threading.Condition()
+
+    def meet(self, rank: int, value, sequence: int) -> list:
+        with self.cond:
+            generation = self.generation
+            self.slots[rank] = value
+            self.arrived.add(rank)
+            if len(self.arrived) == self.size:
+                self.result, self.arrived = list(self.slots), set()
+                self.generation += 1
+                self.cond.notify_all()
+                return self.result
+            while self.generation == generation:  # (the next one cannot end before this rank arrives there)
+                missing = self.gone - self.arrived
+                if self.broken or missing:
+                    what = f"rank(s) {sorted(missing)} returned without calling it" if missing and not self.broken \
+                        else "one of them failed"
+                    raise CollectiveMismatchError(f"rank {rank} waited for the other threads of its group at "
+                                                  f"collective #{sequence}: {what}")
+                self.cond.wait(0.5)
+            return self.result
+
+    def abort(self) -> None:
+        with self.cond:
+            self.broken = True
+            self.cond.notify_all()
+
+    def finished(self, rank: int) -> None:
+        with self.cond:
+            self.gone.add(rank)
+            self.cond.notify_all()
 
 
-def run_threads(fn, size: int, timeout: float | None = 60.0) -> list:
+def run_threads(fn, size: int) -> list:
     """``fn(comm)`` on ``size`` threads, each rank of one ``ThreadCommunicator`` group and using it (collective
     kernels, ``Mesh()`` and ``DistributedDataParallel`` see it); returns the ranks' results in rank order. An
-    error on any rank releases the others and is raised here."""
-    comms = ThreadCommunicator.group(size, timeout=timeout)
+    error on any rank releases the others and is raised here; so does a rank returning while another waits for it
+    in a collective. There is no timeout: a rank that is only slow is waited for."""
+    comms = ThreadCommunicator.group(size)
     results, errors = [None] * size, [None] * size
 
     def run(comm) -> None:
         try:
             with using_communicator(comm):
                 results[comm.rank] = fn(comm)
+            comm.finished()
         except BaseException as e:  # raised again below, in the caller's thread
             errors[comm.rank] = e
             comm.abort()

@@ -12,20 +12,26 @@ import threading
 import time
 import traceback
 
-from .comm import MPICommunicator, _world, current_communicator, mpi, set_world
+from .comm import Heartbeat, MPICommunicator, _world, current_communicator, mpi, set_world
 
 
 def init(verify: bool = True, timeout: float | None = None) -> MPICommunicator:
     """Join the MPI world (once; later calls return it) and return its communicator (``.rank``, ``.size``).
 
     ``verify`` checks before each collective that every rank calls the same one (see ``comm``); ``timeout``
-    (seconds; default ``$OPFORGE_COLLECTIVE_TIMEOUT`` or 300) bounds how long a rank waits for the others there.
+    (seconds; default ``$OPFORGE_COLLECTIVE_TIMEOUT`` or 60) is how long a rank may be silent before a collective
+    waiting for it counts it dead and gives up: every rank sends the others a heartbeat four times a second, so a
+    rank that is alive but slow (a long checkpoint write) is waited for, however long.
     """
     world = _world[0]
     if isinstance(world, MPICommunicator):
         return world
     MPI = mpi()
-    world = MPICommunicator(MPI.COMM_WORLD, verify=verify, timeout=timeout)
+    # signs of life, so that a wait tells a dead rank (silent) from a slow one (see Heartbeat); a thread may call
+    # MPI only at MPI_THREAD_MULTIPLE (mpi4py's default): without it, waits give up after the timeout
+    beating = MPI.COMM_WORLD.Get_size() > 1 and MPI.Query_thread() == MPI.THREAD_MULTIPLE
+    heartbeat = Heartbeat(MPI.COMM_WORLD, MPI) if beating else None
+    world = MPICommunicator(MPI.COMM_WORLD, verify=verify, timeout=timeout, heartbeat=heartbeat)
     set_world(world)
     if world.size > 1:
         _abort_on_uncaught_errors(world)

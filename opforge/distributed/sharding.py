@@ -65,16 +65,43 @@ class Mesh:
     ``batch_norm``: the statistics batch normalisation takes over a split batch in training: ``"sync"`` (the
     default), those of the whole batch, as one process (two all-reduces of a channel-sized vector); ``"local"``,
     each rank's rows alone, as PyTorch's DistributedDataParallel (no collective; the running statistics are the
-    mean of the ranks'). ``DistributedDataParallel`` compiles under a ``"local"`` mesh, as it runs eagerly."""
+    mean of the ranks'). ``DistributedDataParallel`` compiles under a ``"local"`` mesh, as it runs eagerly.
+
+    ``shape``: the ranks laid out as an n-D grid (``(2, 2)``: data × tensor on 4 ranks), rank r at the row-major
+    coordinates of r; ``mesh.axes[k]`` is the 1-D mesh of axis k (the ranks whose other coordinates are this rank's,
+    over a communicator of their own), and its collectives say ``group=k``. ``shard()`` takes a layout per axis
+    (OneFlow's nd-SBP); its program runs under ``with mesh:``, which gives each axis's collectives their group."""
 
     def __init__(self, comm: Communicator | None = None, feeds: dict | None = None, params: dict | None = None,
-                 batch_norm: str = "sync"):
+                 batch_norm: str = "sync", shape: tuple | None = None, group: int | None = None):
         self.comm = current_communicator() if comm is None else comm
         self.feeds = {k: as_layout(v, f"Mesh(): feed {k!r}") for k, v in (feeds or {}).items()}
         self.params = _param_layouts(params, "Mesh()")
         if batch_norm not in BATCH_NORM:
             raise ArgumentError(f"Mesh(): batch_norm must be one of {BATCH_NORM}, got {describe(batch_norm)}")
         self.batch_norm = batch_norm
+        self.group = group  # this mesh is axis `group` of an n-D mesh: its collectives say so
+        self.shape = (self.comm.size,) if shape is None else tuple(shape)
+        if any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in self.shape) \
+                or math.prod(self.shape) != self.comm.size:
+            raise ArgumentError(f"Mesh(): shape {self.shape} must be positive ints whose product is the "
+                                f"communicator's {self.comm.size} ranks")
+        self.axes = [self] if len(self.shape) == 1 else self._split_axes()
+
+    def _split_axes(self) -> list:
+        """One 1-D mesh per axis, over the group of ranks that differ only along it (MPI_Comm_split per axis)."""
+        where = np.unravel_index(self.comm.rank, self.shape)
+        axes = []
+        for k in range(len(self.shape)):
+            others = [int(c) for j, c in enumerate(where) if j != k]
+            color = int(np.ravel_multi_index(others, [d for j, d in enumerate(self.shape) if j != k])) if others else 0
+            axes.append(Mesh(self.comm.split(color, int(where[k])), batch_norm=self.batch_norm, group=k))
+        return axes
+
+    @property
+    def groups(self) -> tuple | None:
+        """The communicators of an n-D mesh's axes (None for a 1-D mesh: its collectives use ``comm``)."""
+        return tuple(axis.comm for axis in self.axes) if len(self.shape) > 1 else None
 
     @property
     def size(self) -> int:
@@ -85,7 +112,7 @@ class Mesh:
         return self.comm.rank
 
     def __enter__(self) -> Mesh:
-        self._using = using_communicator(self.comm)
+        self._using = using_communicator(self.comm, self.groups)
         self._using.__enter__()
         self._token = _mesh.set(self)
         return self
@@ -95,13 +122,14 @@ class Mesh:
         self._using.__exit__(*exc)
 
     def __repr__(self) -> str:
-        return f"Mesh({self.size} ranks, this is rank {self.rank})"
+        shape = "" if len(self.shape) == 1 else f" as {'x'.join(map(str, self.shape))}"
+        return f"Mesh({self.size} ranks{shape}, this is rank {self.rank})"
 
     def key(self) -> tuple:
         """What a program traced under this mesh depends on: the communicator and the layouts (a new Mesh of the
         same communicator and layouts, as ``with Mesh():`` in a loop makes, finds the same compiled program)."""
         return (id(self.comm), tuple(sorted((k, str(v)) for k, v in self.feeds.items())),
-                tuple(sorted((str(k), str(v)) for k, v in self.params.items())), self.batch_norm)
+                tuple(sorted((str(k), str(v)) for k, v in self.params.items())), self.batch_norm, self.shape)
 
 
 _mesh = contextvars.ContextVar("opforge.mesh", default=None)
@@ -111,13 +139,13 @@ def current_mesh() -> Mesh | None:
     return _mesh.get()
 
 
-def _param_layouts(params, who: str) -> dict:
-    """{id(Tensor) or variable name: Layout}."""
+def _param_layouts(params, who: str, nd: bool = False) -> dict:
+    """{id(Tensor) or variable name: Layout} (the layouts as given, with ``nd``: a tuple per n-D mesh)."""
     out = {}
     for key, value in (params or {}).items():
         if not isinstance(key, (Tensor, str)):
             raise ArgumentError(f"{who}: parameter layouts are keyed by Tensor or variable name, got {describe(key)}")
-        out[id(key) if isinstance(key, Tensor) else key] = as_layout(value, f"{who}: parameter layout")
+        out[id(key) if isinstance(key, Tensor) else key] = value if nd else as_layout(value, f"{who}: parameter layout")
     return out
 
 
@@ -139,7 +167,8 @@ class ShardingTracer(Tracer):
     # -- the interpreter --------------------------------------------------------------------------------------
 
     def apply(self, op, inputs: tuple, attrs: dict):
-        if op.name in COLLECTIVES:
+        if op.name in COLLECTIVES and (attrs.get("group") is None or attrs.get("group") == self.mesh.group):
+            # (one over another axis of an n-D mesh, which an earlier pass inserted, has layouts over this one)
             raise ArgumentError(f"{op.name}(): a program being sharded holds no collectives of its own: the SBP pass "
                                 "inserts them (write the program for one process)")
         if op.validate is not None:
@@ -391,16 +420,16 @@ class ShardingTracer(Tracer):
         key = (name, want)
         if key in self._converted:
             return self._converted[key]
-        v, n, rank = Variable(self.program, name), self.mesh.size, self.mesh.rank
+        v, n, rank, g = Variable(self.program, name), self.mesh.size, self.mesh.rank, self.mesh.group
         with interpreting(Tracer(self.program)):  # the inserted ops have no signature to choose
             if have.split and want == B:
-                out = F.all_gather(v, axis=have.axis)
+                out = F.all_gather(v, axis=have.axis, group=g)
             elif have.split and want.split:
-                out = F.all_to_all(v, split_axis=want.axis, concat_axis=have.axis)
+                out = F.all_to_all(v, split_axis=want.axis, concat_axis=have.axis, group=g)
             elif have.partial and want == B:
-                out = F.all_reduce(v, op=have.reduce)
+                out = F.all_reduce(v, op=have.reduce, group=g)
             elif have.partial and want.split:
-                out = F.reduce_scatter(v, axis=want.axis, op=have.reduce)
+                out = F.reduce_scatter(v, axis=want.axis, op=have.reduce, group=g)
             elif have == B and want.split:
                 block = self._spec(name).shape[want.axis] // n
                 out = F.slice(v, axes=[want.axis], starts=[rank * block], ends=[(rank + 1) * block], steps=[1])
@@ -438,7 +467,8 @@ class ShardingTracer(Tracer):
             specs = [block.vars[g].spec for _, g in bucket]
             with interpreting(Tracer(self.program)):
                 flat = F.concat([F.reshape(Variable(self.program, g), shape=[-1]) for _, g in bucket], axis=0)
-                parts = F.split(F.all_reduce(flat, op=op), sections=[math.prod(s.shape) for s in specs], axis=0)
+                reduced = F.all_reduce(flat, op=op, group=self.mesh.group)
+                parts = F.split(reduced, sections=[math.prod(s.shape) for s in specs], axis=0)
                 for (_, g), part, spec in zip(bucket, parts, specs):
                     out = F.reshape(part, shape=list(spec.shape))
                     self.layouts[out.name] = B
@@ -464,9 +494,9 @@ class ShardingTracer(Tracer):
         v = Variable(self.program, local)
         with interpreting(Tracer(self.program)):
             if layout == B and wrt in self.scatter_grads:  # ZeRO-2: each rank gets the block it updates
-                out, layout = F.reduce_scatter(v, axis=0, op="mean" if mean else "sum"), S(0)
+                out, layout = F.reduce_scatter(v, axis=0, op="mean" if mean else "sum", group=self.mesh.group), S(0)
             elif layout == B:  # one value, used by every rank: the ranks' gradients add up
-                out = F.all_reduce(v, op="mean" if mean else "sum")
+                out = F.all_reduce(v, op="mean" if mean else "sum", group=self.mesh.group)
             elif mean and self.mesh.size > 1:
                 out = F.scale(v, scale=1.0 / self.mesh.size)
             else:
@@ -492,6 +522,9 @@ def _traced_under_mesh(fn):
     mesh = current_mesh()
     if mesh is None:
         return fn
+    if len(mesh.shape) > 1:
+        raise ArgumentError(f"of.compile under an n-D mesh {mesh.shape}: trace the step for one process and "
+                            "shard() it with a layout per axis (its program then runs under `with mesh:`)")
 
     @functools.wraps(fn)
     def sharded(*args, **kwargs):  # called as of.compile binds the call (positionally, by keyword, *args)
@@ -563,6 +596,14 @@ def shard(program: Program, mesh: Mesh, feeds: dict | None = None, params: dict 
     the parameter's new value is all-gathered); 2, its gradient too (reduce-scattered: each rank gets the block it
     updates, instead of all-reducing the whole); 3, the parameter itself (``S(0)``, FSDP: all-gathered where an op
     needs it whole, its gradient reduce-scattered as that all-gather's dual).
+
+    On an n-D mesh (``Mesh(shape=(2, 2))``) each layout is a tuple, one per axis (OneFlow's nd-SBP: ``(S(0), B)``,
+    the batch split along the data axis and whole along the tensor axis; ``(B, S(0))``, a weight split along the
+    tensor axis). The pass runs once per axis, the last axis first, each on the program the one before made, with
+    that axis's layouts and group: the rules of axis k see the blocks the later axes left (hierarchical, as
+    OneFlow's), and the collectives a pass inserted are ops of the program with layouts over the axes after it. So
+    the data axis's gradient all-reduce is of the tensor axis's blocks (Megatron's order). ``zero`` applies to the
+    first axis (data). The result's ``nd_layouts`` gives each value's layout per axis; run it under ``with mesh:``.
     """
     if not isinstance(program, Program):
         raise ArgumentError(f"shard(): expected a Program, got {describe(program)}")
@@ -570,8 +611,33 @@ def shard(program: Program, mesh: Mesh, feeds: dict | None = None, params: dict 
         raise ArgumentError(f"shard(): expected a Mesh, got {describe(mesh)}")
     if zero not in (0, 1, 2, 3):
         raise ArgumentError(f"shard(): zero is a ZeRO stage, 0 to 3, got {describe(zero)}")
-    with using_communicator(mesh.comm):  # the shape rules of collectives ask for the group's size
-        return _Replay(program, mesh, feeds or {}, _param_layouts(params, "shard()"), zero).run()
+    if len(mesh.shape) == 1:
+        with using_communicator(mesh.comm):  # the shape rules of collectives ask for the group's size
+            return _Replay(program, mesh, feeds or {}, _param_layouts(params, "shard()"), zero).run()
+    ndim = len(mesh.shape)
+    feeds = {k: _per_axis(v, ndim, f"shard(): feed {k!r}") for k, v in (feeds or {}).items()}
+    params = {k: _per_axis(v, ndim, "shard(): parameter layout") for k, v in _param_layouts(params, "shard()",
+                                                                                                nd=True).items()}
+    nd: dict = {}
+    with using_communicator(mesh.comm, mesh.groups):
+        for k, axis in reversed(list(enumerate(mesh.axes))):
+            replay = _Replay(program, axis, {n: v[k] for n, v in feeds.items()}, {n: v[k] for n, v in params.items()},
+                             zero if k == 0 else 0)
+            program = replay.run()
+            nd = {replay.names.get(n, n): v for n, v in nd.items()}  # what this pass replayed under new names
+            for name, layout in program.layouts.items():
+                nd.setdefault(name, [B] * ndim)[k] = layout
+    program.nd_layouts = {n: tuple(v) for n, v in nd.items() if n in program.block.vars}
+    program.mesh_groups = mesh.groups
+    return program
+
+
+def _per_axis(value, ndim: int, who: str) -> tuple:
+    """A layout per axis of an n-D mesh."""
+    if not isinstance(value, (tuple, list)) or len(value) != ndim:
+        raise ArgumentError(f"{who}: on an n-D mesh of {ndim} axes, give a layout per axis, as a tuple "
+                            f"((S(0), B): split along the first axis, whole along the second), got {describe(value)}")
+    return tuple(as_layout(v, who) for v in value)
 
 
 class _Replay:
@@ -734,15 +800,20 @@ def whole_values(program: Program, comm: Communicator | None = None) -> dict:
     if not isinstance(program, Program):
         raise ArgumentError(f"whole_values(): expected a Program, got {describe(program)}")
     comm = current_communicator() if comm is None else comm
-    layouts = getattr(program, "layouts", {})
+    groups = getattr(program, "mesh_groups", None)  # an n-D mesh's: gathered axis by axis, the last first
+    layouts = getattr(program, "nd_layouts", None) if groups else None
+    if layouts is None:
+        groups, layouts = [comm], {k: (v,) for k, v in getattr(program, "layouts", {}).items()}
     device, out = program.device, {}
     for name, value in program.values.items():
         vd = program.block.vars[name]
         if not vd.persistable:
             continue
-        layout = layouts.get(name, B)
-        value = device.to_host(value)
-        out[name] = comm.all_gather(value, layout.axis) if layout.split else np.array(value, copy=True)
+        value = np.array(device.to_host(value), copy=True)
+        for group, layout in zip(groups, layouts.get(name, (B,) * len(groups))):  # (the passes ran last axis first)
+            if layout.split:
+                value = group.all_gather(value, layout.axis)
+        out[name] = value
     return out
 
 

@@ -75,22 +75,24 @@ def logical_or(x: _TensorLike, y: _TensorLike) -> Tensor:
 
 # -- opforge.ops.collective
 
-def all_reduce(x: _TensorLike, *, op: str = 'sum') -> Tensor:
-    """Every rank gets the elementwise sum, mean or max of ``x`` over the ranks."""
+def all_reduce(x: _TensorLike, *, op: str = 'sum', group: int | None = None) -> Tensor:
+    """Every rank gets the elementwise sum, mean or max of ``x`` over the ranks (of the current communicator, or
+    of axis ``group`` of the current n-D mesh: so for every collective).
+    """
 
-def all_gather(x: _TensorLike, *, axis: int = 0) -> Tensor:
+def all_gather(x: _TensorLike, *, axis: int = 0, group: int | None = None) -> Tensor:
     """Every rank gets the ranks' ``x`` concatenated along ``axis``, in rank order."""
 
-def reduce_scatter(x: _TensorLike, *, axis: int = 0, op: str = 'sum') -> Tensor:
+def reduce_scatter(x: _TensorLike, *, axis: int = 0, op: str = 'sum', group: int | None = None) -> Tensor:
     """Rank r gets block r, along ``axis``, of the elementwise sum (or mean) of ``x`` over the ranks."""
 
-def broadcast(x: _TensorLike, *, root: int = 0) -> Tensor:
+def broadcast(x: _TensorLike, *, root: int = 0, group: int | None = None) -> Tensor:
     """Every rank gets rank ``root``'s ``x``."""
 
-def reduce(x: _TensorLike, *, root: int = 0, op: str = 'sum') -> Tensor:
+def reduce(x: _TensorLike, *, root: int = 0, op: str = 'sum', group: int | None = None) -> Tensor:
     """Rank ``root`` gets the elementwise sum (or mean) of ``x`` over the ranks; the other ranks get zeros."""
 
-def all_to_all(x: _TensorLike, *, split_axis: int = 0, concat_axis: int = 0) -> Tensor:
+def all_to_all(x: _TensorLike, *, split_axis: int = 0, concat_axis: int = 0, group: int | None = None) -> Tensor:
     """``x`` is cut into one block per rank along ``split_axis``; block j goes to rank j, which concatenates the
     blocks it receives in rank order along ``concat_axis`` (resharding S(split) to S(concat)).
     """

@@ -360,6 +360,61 @@ def check_zero_stages_and_fully_sharded_parameters(comm, tmp):
             assert kept[0] > kept[1] == kept[2] > kept[3], kept
 
 
+def check_two_dimensional_mesh_data_by_tensor(comm, tmp):
+    """A 2-D mesh (data × tensor: 2×2 on 4 ranks, 1×2 on 2) with a communicator per axis and a layout per axis:
+    the batch (S(0), B), a column-parallel then a row-parallel layer (B, S(0)) and (B, S(1)). SGD with momentum and
+    Adam train as one process; each rank holds its tensor-axis block of the weights and of their state."""
+    shape = (comm.size // 2, 2) if comm.size % 2 == 0 else (comm.size, 1)
+    mesh = of.distributed.Mesh(comm, shape=shape)
+    data, tensor = mesh.axes
+    assert (data.size, tensor.size) == shape and data.rank * shape[1] + tensor.rank == comm.rank
+    rng = np.random.default_rng(16)
+    start = [rng.standard_normal(shape) * 0.5 for shape in [(8, 6), (8,), (4, 8), (4,)]]
+    batches = [(rng.standard_normal((ROWS, 6)), rng.standard_normal((ROWS, 4))) for _ in range(2)]
+    for optimizer in sorted(OPTIMIZERS):
+        one = [of.tensor(a, requires_grad=True) for a in start]
+        want = train_mlp(one, batches, optimizer)
+        params = [of.tensor(a, requires_grad=True) for a in start]
+        opt = OPTIMIZERS[optimizer](params)
+
+        def step(x, t, w1=params[0], b1=params[1], w2=params[2], b2=params[3], opt=opt):
+            loss = F.mse_loss(F.linear(F.relu(F.linear(x, w1, b1)), w2, b2), t)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        program = of.trace(step, x=of.Spec((ROWS, 6), "float64"), t=of.Spec((ROWS, 4), "float64"))
+        batch, weight = (S(0), "B"), ("B", S(0))
+        sharded = of.distributed.shard(program, mesh, feeds={"x": batch, "t": batch},
+                                       params={params[0]: weight, params[1]: weight, params[2]: ("B", S(1))})
+        assert sharded.nd_layouts["param.1"] == (of.distributed.B, S(0)) and sharded.nd_layouts["x"][0] == S(0)
+        assert sharded.block.vars["param.1"].spec.shape == (8 // shape[1], 6)  # the tensor axis's block
+        state = [k for k in sharded.values if k.startswith("param.1.") and not k.endswith(".step")]
+        assert all(sharded.block.vars[k].spec.shape == (8 // shape[1], 6) for k in state), state
+        exe = of.Executor(sharded)
+        with mesh:  # the collectives of each axis run over its group
+            losses = [exe.run(x=np.split(x, shape[0])[data.rank], t=np.split(t, shape[0])[data.rank])["out"]
+                      for x, t in batches]
+        close(losses, want, f"{optimizer}: losses")
+        values = of.distributed.whole_values(sharded)
+        for name, p in zip(["param.1", "param.2", "param.5", "param.6"], one):
+            close(values[name], p.numpy(), f"{optimizer}: {name}", rtol=1e-11)
+        # a sharded checkpoint of the 2-D layouts: whole on one process, in blocks on the ranks as one axis
+        path = f"{tmp}/two-dimensional-{optimizer}"
+        of.distributed.save_sharded(sharded, path)
+        whole = of.distributed.load_sharded(path, layouts={k: "B" for k in values}, comm=of.distributed.SELF)
+        assert all(np.array_equal(whole[k], v) for k, v in values.items())
+        rows = of.distributed.load_sharded(path, layouts={"param.1": S(0)}, comm=comm)["param.1"]
+        assert np.array_equal(rows, mine(comm, values["param.1"]))
+        try:  # a value split over 2 axes is not guessed onto one
+            of.distributed.load_sharded(path, comm=of.distributed.SELF)
+            raise AssertionError("loading 2-D layouts on one axis without layouts must fail")
+        except of.distributed.ShardedCheckpointError as e:
+            assert "'param.1' was saved over an n-D mesh, (B, S(0))" in str(e), e
+        comm.barrier()
+
+
 def check_a_mesh_refuses_parameters_that_differ_between_ranks(comm, tmp):
     blocks = np.random.default_rng(8).standard_normal((4 * comm.size, 5))
     w = of.tensor(mine(comm, blocks), requires_grad=True)  # each rank its block of a whole (16, 5): another model

@@ -3,10 +3,14 @@ when the ranks do not agree. MODE is one of:
   raise     rank 1 raises while rank 0 waits in a collective: the job must end, the error printed;
   mismatch  the ranks' programs call different collectives: every rank must raise CollectiveMismatchError;
   shape     the same collective on different shapes (another batch size): likewise;
-  early     rank 1 ends without the last collective: rank 0 must give up after OPFORGE_COLLECTIVE_TIMEOUT.
+  early     rank 1 ends without the last collective: rank 0 must give up once rank 1 has been silent (no
+            heartbeat) for OPFORGE_COLLECTIVE_TIMEOUT seconds;
+  slow      rank 0 takes 4 s to write a checkpoint, then rank 1 computes for 3 s, each while the other waits in a
+            collective, with OPFORGE_COLLECTIVE_TIMEOUT=2: both are alive, so both get past every collective.
 """
 
 import sys
+import time
 
 import numpy as np
 
@@ -30,5 +34,23 @@ elif mode == "mismatch":
 elif mode == "shape":
     F.all_reduce(x[: 2 + world.rank])
 elif mode == "early" and world.rank == 0:
+    F.all_reduce(x)
+elif mode == "slow":
+    import opforge.checkpoint
+
+    write = opforge.checkpoint.write_npz
+
+    def slow_write(f, arrays):  # a checkpoint on a slow file system
+        write(f, arrays)
+        time.sleep(4)
+
+    opforge.checkpoint.write_npz = slow_write
+    began = time.perf_counter()
+    of.distributed.save({"x": x}, sys.argv[2])  # rank 1 waits for rank 0's write in a broadcast
+    assert time.perf_counter() - began > 3.5
+    if world.rank == 1:  # now rank 0 waits, while rank 1 computes in Python (holding the interpreter's lock)
+        end = time.perf_counter() + 3
+        while time.perf_counter() < end:
+            sum(range(1000))
     F.all_reduce(x)
 print(f"rank {world.rank} got past every collective", flush=True)
