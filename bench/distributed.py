@@ -19,9 +19,19 @@ round's time is the slower rank's, and the table gives medians over rounds. Vari
 * the ceiling: each rank trains on its own, no communication — how much the machine itself lets 2 ranks scale
   (on a 2-core machine shared with other work, less than 2x).
 
-Scaling is (samples/s on 2 ranks) / (samples/s on 1 rank) — 2.0 is perfect. "Sent" is what each rank hands the
-engine to send, by the algorithms' usual counts (ring all-reduce: 2(n−1)/n of the buffer, which is the buffer
-itself at n = 2); "wait" is the time a rank spends blocked in collectives per step. Writes
+Then the same MLP with Adam (whose two moments per parameter are what ZeRO shards), as programs ``shard()`` makes
+from one traced training step, each against its own 1-rank program: data parallel (``zero=0``), ZeRO-1, -2 and -3
+(``zero=1|2|3``: optimizer state; and gradients; and parameters, sharded), and 2-way tensor parallel (the first
+layer column-parallel, the second row-parallel, the batch whole on both ranks); with the no-communication ceiling
+and PyTorch DDP (gloo), both with Adam. For the programs, the memory each rank holds: persistent bytes (parameters
+and optimizer state, measured from the program's values) and the executor's planned peak of live intermediates
+(activations and gradients).
+
+Scaling is (samples/s on 2 ranks) / (samples/s on 1 rank) — 2.0 is perfect (every variant processes BATCH samples
+per rank per step: tensor parallelism, whose ranks share one batch, gets a batch twice as large on 2 ranks).
+"Sent" is what each rank hands the engine to send, by the algorithms' usual counts (ring all-reduce: 2(n−1)/n of
+the buffer, which is the buffer itself at n = 2); "wait" is the time a rank spends blocked in collectives per
+step. Writes
 bench/results/distributed.{json,md}.
 """
 
@@ -51,7 +61,7 @@ def launch(args) -> int:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [str(mpiexec), "-n", "2", sys.executable, __file__, "--worker", "--port", str(port),
-           "--steps", str(args.steps), "--rounds", str(args.rounds)]
+           "--steps", str(args.steps), "--rounds", str(args.rounds), *(["--sgd-only"] if args.sgd_only else [])]
     print("$", " ".join(cmd), flush=True)
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
     if done.returncode != 0:
@@ -77,7 +87,10 @@ def report(run: dict) -> str:
         "| bytes sent per rank per step | = gradient bytes | wait in collectives, ms/step |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
+    adam = []
     for name, r in run["variants"].items():
+        if "memory" in r:
+            adam.append((name, r["memory"]))
         if "error" in r:
             lines.append(f"| {name} | {r['error']} |||||||")
             continue
@@ -88,6 +101,13 @@ def report(run: dict) -> str:
             f"| {name} | {r['solo_s'] * 1e3:.1f} | {r['duo_s'] * 1e3:.1f} | {rate1:,.0f} | {rate2:,.0f} | "
             f"{rate2 / rate1:.2f}x | {'' if sent is None else f'{sent:,.0f}'} | {same} | "
             f"{'' if wait is None else f'{wait * 1e3:.2f}'} |")
+    if adam:
+        lines += ["", "Memory per rank of the Adam programs (MB): parameters and optimizer state it keeps, and the "
+                  "planned peak of live intermediates in a step",
+                  "", "| variant | kept, 1 rank | kept, 2 ranks | peak live, 1 rank | peak live, 2 ranks |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {name} | {m['kept'][0] / 1e6:.2f} | {m['kept'][1] / 1e6:.2f} | {m['peak'][0] / 1e6:.2f} | "
+                  f"{m['peak'][1] / 1e6:.2f} |" for name, m in adam]
     return "\n".join(lines)
 
 
@@ -196,6 +216,65 @@ def worker(args) -> None:
 
         return step
 
+    def sharded(zero=0, tensor=False, memory=None):
+        """A shard()ed Adam training step over ``comm``: data parallel (each rank BATCH rows of a global batch of
+        BATCH·ranks) at ZeRO stage ``zero``, or tensor parallel (the global batch whole on every rank)."""
+        def make(comm):
+            model = mlp()
+            params = list(model.parameters())
+            opt = of.optim.Adam(params, lr=1e-3)
+
+            def train_step(x, y):
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                return loss
+
+            rows = BATCH * comm.size
+            program = of.trace(train_step, x=of.Spec((rows, SIZES[0]), "float32"), y=of.Spec((rows,), "int64"))
+            split = "B" if tensor else of.distributed.S(0)
+            layouts = {params[0]: of.distributed.S(0), params[1]: of.distributed.S(0),
+                       params[2]: of.distributed.S(1)} if tensor else {}
+            program = of.distributed.shard(program, of.distributed.Mesh(comm), feeds={"x": split, "y": split},
+                                           params=layouts, zero=zero)
+            feed = {"x": np.concatenate([x] * comm.size) if tensor else x,
+                    "y": np.concatenate([y] * comm.size) if tensor else y}
+            exe = of.Executor(program)
+            if memory is not None:  # what this rank keeps between steps, and the plan's peak of the rest
+                kept = sum(np.asarray(v).nbytes for k, v in program.values.items()
+                           if program.block.vars[k].persistable)
+                with of.distributed.using_communicator(comm):  # (collectives' shape rules ask for the group)
+                    memory[comm.size > 1] = (kept, exe.plan(**feed).peak_live_bytes)
+
+            def step():
+                with of.distributed.using_communicator(comm):
+                    exe.run(**feed)
+
+            return step
+
+        return make
+
+    def with_memory(make) -> dict:
+        memory = {}
+        out = measure(make(memory))
+        kept = [memory.get(False, (0, 0)), memory[True]]
+        kept[0] = tuple(int(v) for v in world.broadcast(np.array(kept[0], np.int64), 0))  # rank 0's 1-rank program
+        most = world.all_reduce(np.array(kept[1], np.int64), "max")  # the most any rank keeps
+        return out | {"memory": {"kept": [kept[0][0], int(most[0])], "peak": [kept[0][1], int(most[1])]}}
+
+    def no_communication_adam(comm):
+        model = mlp()
+        opt = of.optim.Adam(model.parameters(), lr=1e-3)
+        xt, yt = of.tensor(x), of.tensor(y)
+
+        def step():
+            F.cross_entropy(model(xt), yt).backward()
+            opt.step()
+            opt.zero_grad()
+
+        return step
+
     variants = {
         "opforge eager DDP, default buckets (one here)": measure(eager(True, 25 << 20)),
         "opforge eager, 1 MiB buckets, overlap": measure(eager(True)),
@@ -209,13 +288,23 @@ def worker(args) -> None:
         "opforge eager, no communication (the ceiling)": measure(no_communication),
         "PyTorch DDP (gloo)": torch_ddp(args, world, x, y, measure),
     }
+    if not args.sgd_only:
+        variants |= {
+            "Adam: opforge shard(), data parallel": with_memory(lambda m: sharded(0, memory=m)),
+            "Adam: opforge shard(zero=1)": with_memory(lambda m: sharded(1, memory=m)),
+            "Adam: opforge shard(zero=2)": with_memory(lambda m: sharded(2, memory=m)),
+            "Adam: opforge shard(zero=3), FSDP": with_memory(lambda m: sharded(3, memory=m)),
+            "Adam: opforge shard(), 2-way tensor parallel": with_memory(lambda m: sharded(tensor=True, memory=m)),
+            "Adam: opforge eager, no communication (the ceiling)": measure(no_communication_adam),
+            "Adam: PyTorch DDP (gloo)": torch_ddp(args, world, x, y, measure, adam=True, port=args.port + 1),
+        }
     if world.rank == 0:
         print(json.dumps({"ranks": world.size, "steps": args.steps, "rounds": args.rounds,
                           "gradient_bytes": sum(p.numpy().nbytes for p in mlp().parameters()),
                           "variants": variants}))
 
 
-def torch_ddp(args, world, x, y, measure) -> dict:
+def torch_ddp(args, world, x, y, measure, adam=False, port=None) -> dict:
     try:
         import torch
         import torch.distributed as dist
@@ -223,7 +312,7 @@ def torch_ddp(args, world, x, y, measure) -> dict:
         return {"error": f"torch not installed ({e})"}
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=world.rank,
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port or args.port}", rank=world.rank,
                                 world_size=world.size)
     except Exception as e:  # no gloo in this build, say
         return {"error": f"gloo unavailable ({type(e).__name__})"}
@@ -237,7 +326,7 @@ def torch_ddp(args, world, x, y, measure) -> dict:
         model = torch.nn.Sequential(*layers[:-1])
         if comm is world:  # alone, one process trains the plain model
             model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3) if adam else torch.optim.SGD(model.parameters(), lr=0.01)
 
         def step():
             torch.nn.functional.cross_entropy(model(xt), yt).backward()
@@ -258,6 +347,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=10, help="steps per round")
     parser.add_argument("--rounds", type=int, default=5, help="rounds per variant (the median is reported)")
     parser.add_argument("--quick", action="store_true", help="2 rounds of 2 steps")
+    parser.add_argument("--sgd-only", action="store_true", help="leave out the Adam variants (ZeRO, tensor parallel)")
     args = parser.parse_args()
     if args.quick:
         args.steps, args.rounds = 2, 2

@@ -69,7 +69,8 @@ class Mesh:
 
     ``shape``: the ranks laid out as an n-D grid (``(2, 2)``: data × tensor on 4 ranks), rank r at the row-major
     coordinates of r; ``mesh.axes[k]`` is the 1-D mesh of axis k (the ranks whose other coordinates are this rank's,
-    over a communicator of their own), and its collectives say ``group=k``. ``shard()`` takes a layout per axis
+    over a communicator of their own: making an n-D mesh is collective, every rank makes it), and its collectives
+    say ``group=k``. ``shard()`` takes a layout per axis
     (OneFlow's nd-SBP); its program runs under ``with mesh:``, which gives each axis's collectives their group."""
 
     def __init__(self, comm: Communicator | None = None, feeds: dict | None = None, params: dict | None = None,
