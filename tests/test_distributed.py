@@ -326,5 +326,5 @@ def test_an_n_d_mesh_is_refused_where_it_is_not_supported():
     program = of.trace(lambda x: x @ w, x=of.Spec((4, 3), "float64"))
     with pytest.raises(of.ArgumentError, match="give a layout per axis"):
         of.distributed.shard(program, mesh, feeds={"x": S(0)})
-    with pytest.raises(of.ArgumentError, match="axis 0 runs under `with mesh:` of an n-D mesh"):
+    with pytest.raises(of.ArgumentError, match=r"all_reduce\(\): argument .group. is mesh axis 0"):
         F.all_reduce(of.tensor(np.ones(2)), group=0)

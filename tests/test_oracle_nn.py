@@ -153,6 +153,13 @@ def torch_batch_norm(x, running_mean, running_var, weight, bias, training, momen
     return y, running_mean.clone(), running_var.clone()
 
 
+def torch_embedding_rows(index, weight, num_embeddings, start, padding_idx):
+    """torch's lookup in the whole table, of which ``weight`` is rows start... and every other row zeros."""
+    rows, dim = weight.shape
+    table = torch.cat([weight.new_zeros(start, dim), weight, weight.new_zeros(num_embeddings - start - rows, dim)])
+    return TF.embedding(index, table, padding_idx=padding_idx)
+
+
 def torch_embedding_grad(dy, index, num_embeddings, padding_idx):
     """torch's VJP of embedding with respect to the weight (linear: taken at zeros of the weight's shape)."""
     w = torch.zeros((num_embeddings, dy.shape[-1]), dtype=dy.dtype, requires_grad=True)
@@ -306,6 +313,9 @@ ORACLE: dict[str, Oracle] = {
     "embedding_grad": Oracle(torch_embedding_grad, extra=(
         Sample.of(randn(2, 2, 3), np.array([[1, 3], [1, 0]]), num_embeddings=4, padding_idx=-3),
         Sample.of(randn(3, 2), np.array([2, 0, 2], np.int32), num_embeddings=3),
+    )),
+    "embedding_rows": Oracle(torch_embedding_rows, extra=(
+        Sample.of(np.array([[1, 3], [6, 0]]), randn(3, 2), num_embeddings=7, start=1, padding_idx=2),  # not looked up
     )),
     # -- attention ---------------------------------------------------------------------------------------------------
     "scaled_dot_product_attention": Oracle(

@@ -282,15 +282,16 @@ def current_communicator() -> Communicator:
     return _world[0] if comm is None else comm
 
 
-def group_communicator(group: int | None) -> Communicator:
+def group_communicator(group: int | None, op_name: str = "a collective") -> Communicator:
     """The communicator of a collective op's ``group``: None, the current one; k, axis k of the current n-D mesh's
     (``with mesh:`` sets them)."""
     if group is None:
         return current_communicator()
     groups = _groups.get()
     if not 0 <= group < len(groups):
-        raise ArgumentError(f"a collective of mesh axis {group} runs under `with mesh:` of an n-D mesh, which gives "
-                            f"each axis its communicator (here: {len(groups)} axes)")
+        raise ArgumentError(f"{op_name}(): argument 'group' is mesh axis {group}: a collective of mesh axis {group} "
+                            "runs under `with mesh:` of an n-D mesh, which gives each axis its communicator (here: "
+                            f"{len(groups)} axes)")
     return groups[group]
 
 

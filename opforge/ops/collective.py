@@ -19,8 +19,8 @@ from ..core.comm import REDUCE_OPS, group_communicator
 from ._common import P, S, Sample, ShapeError, Spec, op
 
 
-def _size(group=None) -> int:
-    return group_communicator(group).size
+def _size(group=None, op_name="a collective") -> int:
+    return group_communicator(group, op_name).size
 
 
 def _check_op(op_name: str, allowed=REDUCE_OPS) -> None:
@@ -50,7 +50,7 @@ def _axis(what: str, shape: tuple, axis: int) -> int:
 
 def _scaled(shape: tuple, axis: int, factor: int, what: str, group=None) -> tuple:
     """``shape`` with dim ``axis`` multiplied (factor > 0) or divided (factor < 0) by the group size."""
-    size, d = _size(group), shape[axis]
+    size, d = _size(group, what), shape[axis]
     if d is not None and factor < 0 and d % size:
         raise ShapeError(f"{what}(): dim {axis} of shape {tuple(shape)} does not split into {size} equal blocks "
                          "(one per rank)")
@@ -70,7 +70,7 @@ def _float_samples(rng, shapes):
 def all_reduce(x, *, op, group):
     """Every rank gets the elementwise sum, mean or max of ``x`` over the ranks (of the current communicator, or of
     axis ``group`` of the current n-D mesh: so for every collective)."""
-    return group_communicator(group).all_reduce(x, op)
+    return group_communicator(group, "all_reduce").all_reduce(x, op)
 
 
 @all_reduce.check
@@ -107,7 +107,7 @@ def _(rng):
 @op("all_gather(Tensor<number> x, *, int axis=0, int? group=None) -> Tensor y")
 def all_gather(x, *, axis, group):
     """Every rank gets the ranks' ``x`` concatenated along ``axis``, in rank order."""
-    return group_communicator(group).all_gather(x, axis)
+    return group_communicator(group, "all_gather").all_gather(x, axis)
 
 
 all_gather.check(lambda *, axis, group: _check_group(group))
@@ -131,7 +131,7 @@ def _(rng):
 @op("reduce_scatter(Tensor<number> x, *, int axis=0, str op=\"sum\", int? group=None) -> Tensor y")
 def reduce_scatter(x, *, axis, op, group):
     """Rank r gets block r, along ``axis``, of the elementwise sum (or mean) of ``x`` over the ranks."""
-    return group_communicator(group).reduce_scatter(x, axis, op)
+    return group_communicator(group, "reduce_scatter").reduce_scatter(x, axis, op)
 
 
 @reduce_scatter.check
@@ -163,7 +163,7 @@ def _(rng):
 @op("broadcast(Tensor<number> x, *, int root=0, int? group=None) -> Tensor y")
 def broadcast(x, *, root, group):
     """Every rank gets rank ``root``'s ``x``."""
-    return group_communicator(group).broadcast(x, root)
+    return group_communicator(group, "broadcast").broadcast(x, root)
 
 
 @broadcast.check
@@ -187,7 +187,7 @@ def _(rng):
 @op("reduce(Tensor<number> x, *, int root=0, str op=\"sum\", int? group=None) -> Tensor y")
 def reduce(x, *, root, op, group):
     """Rank ``root`` gets the elementwise sum (or mean) of ``x`` over the ranks; the other ranks get zeros."""
-    return group_communicator(group).reduce(x, root, op)
+    return group_communicator(group, "reduce").reduce(x, root, op)
 
 
 @reduce.check
@@ -217,7 +217,7 @@ def _(rng):
 def all_to_all(x, *, split_axis, concat_axis, group):
     """``x`` is cut into one block per rank along ``split_axis``; block j goes to rank j, which concatenates the
     blocks it receives in rank order along ``concat_axis`` (resharding S(split) to S(concat))."""
-    return group_communicator(group).all_to_all(x, split_axis, concat_axis)
+    return group_communicator(group, "all_to_all").all_to_all(x, split_axis, concat_axis)
 
 
 all_to_all.check(lambda *, split_axis, concat_axis, group: _check_group(group))
