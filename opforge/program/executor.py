@@ -292,13 +292,17 @@ class Executor:
         reuse = {}  # op index -> the variable whose buffer it writes its output into
         in_place = _in_place_updates(ops, kernels, specs, updates, last_use, reuse)  # first: each saves a copy
         self._plan_buffers(ops, kernels, specs, last_use, owned, reuse)
+        # A dying input may still be shared by a result that lives on (a view of it, or itself: identity): then the
+        # write into it waits for a look, at run time, that nothing but its variable holds its array.
+        held = _held_until(ops, kernels, last_use)
+        shared = {i for i, n in reuse.items() if n not in in_place and held.get(n, -1) > i}
         drops = _drops(ops, last_use, owned)
         for i, (op, _) in enumerate(ops):
             if isinstance(op, FusedOp):  # where its members write, now that its output's buffer is known
                 op.prepare(reuse.get(i))
         workspace = _Workspace(ops, kernels, specs, roots, reuse, drops, enabled=host)
         source, env, line_ops, line_calls = self._emit(ops, kernels, specs, fetched, updates, in_place, reuse, drops,
-                                                       folded, workspace)
+                                                       folded, workspace, shared)
         fn = _compile_plan(source, env, program.name)
         peak = _peak_bytes(ops, specs, reuse, drops)
         return Plan(fn, source, specs, len(ops), peak, removed, line_ops, workspace.bytes, env["_wss"], line_calls)
@@ -309,7 +313,7 @@ class Executor:
         return registry.get(op.type).kernel_for(self.program.device, () if first is None else (first.dtype,), attrs)
 
     def _emit(self, ops, kernels, specs: dict, fetched: dict, updates: dict, in_place: dict, reuse: dict,
-              drops: list, folded: dict, workspace: _Workspace) -> tuple[str, dict, dict, dict]:
+              drops: list, folded: dict, workspace: _Workspace, shared: set) -> tuple[str, dict, dict, dict]:
         """The plan as the source of one straight-line function ``run(feed, scope, consts)`` (after the functions
         of its fused groups) and its globals."""
         program, block, device = self.program, self.program.block, self.program.device
@@ -354,7 +358,10 @@ class Executor:
             outs = op.output_names()
             opdef = None if isinstance(op, FusedOp) else registry.get(op.type)
             out = None
-            if i in reuse:
+            if i in shared:  # (its variable, and the argument of _rc: two references when no other)
+                lines.append(f"    c{i} = _rc({var(reuse[i])}) == 2 and {var(reuse[i])}.base is None")
+                out = f"({var(reuse[i])} if c{i} else None)"
+            elif i in reuse:
                 out = var(reuse[i])
             elif i in workspace.take:
                 k = workspace.take[i]
@@ -448,6 +455,21 @@ def _last_use(ops: list, roots: list) -> dict:
     for n in roots:
         last_use[n] = len(ops)
     return last_use
+
+
+def _held_until(ops: list, kernels: list, last_use: dict) -> dict:
+    """``last_use`` where a variable's memory is in use as long as a result that may share it: a kernel that takes
+    no ``out=`` may return its input itself or a view of it (identity, reshape, transpose, slice...), so the memory
+    of its inputs lives as long as its outputs. Writing a dying input's buffer while such a view lived changed the
+    view."""
+    held = dict(last_use)
+    for i in reversed(range(len(ops))):  # (a view's own views come later: their reach is known by then)
+        if not kernels[i].takes_out:
+            op = ops[i][0]
+            until = max((held.get(n, i) for n in op.output_names()), default=i)
+            for n in op.input_names():
+                held[n] = max(held.get(n, i), until)
+    return held
 
 
 def _in_place_updates(ops: list, kernels: list, specs: dict, updates: dict, last_use: dict, reuse: dict) -> dict:

@@ -108,6 +108,7 @@ class FusedOp:
                 on_path.add(j)
         scratch, plan = [], []
         held = {n: n for n in self.donated if n != out_input}  # value -> the buffer it is in
+        pinned = {}  # value -> more buffers it may share (its kernel took no out=: it may return an input, a view)
         free = []
         if out_input is None:
             free.append("dst")
@@ -142,7 +143,11 @@ class FusedOp:
                     else:
                         free.remove(buffer)
                 held[out] = buffer
-            free.extend(held.pop(n) for n in dying)
+            elif dying:  # the result may be its input itself (identity): the inputs' buffers are its buffers now
+                buffers = [b for n in dying for b in (held.pop(n), *pinned.pop(n, ()))]
+                held[out], pinned[out] = buffers[0], buffers[1:]
+                dying = []
+            free.extend(b for n in dying for b in (held.pop(n), *pinned.pop(n, ())))
             plan.append(buffer)
         self.scratch, self._plan, self._out_input = scratch, plan, out_input
 
