@@ -167,3 +167,13 @@ def test_a_compiled_allocation_no_machine_can_make_names_the_op_of_the_program()
     ]:
         with memory_ceiling(), pytest.raises(of.OutOfMemoryError, match=expected):
             run()
+
+
+def test_a_reshape_to_a_run_time_size_and_minus_one_leaves_the_minus_one_unknown():
+    """x.view(x.size(0), -1) traced with a dynamic batch gave the Spec (None, -1): the next op read -1 as a size
+    (matmul: 'contracted dims have sizes -1 and 6'). Found by the ONNX fuzzing's seed (PyTorch's flatten idiom)."""
+    w = of.tensor(np.ones((6, 4), np.float32))
+    prog = of.trace(lambda x: F.reshape(x, shape=[x.shape[0], -1]) @ w, x=of.Spec((None, 2, 3), "float32"))
+    assert prog.block.vars[prog.block.ops[0].output_names()[0]].spec.shape == (None, None)
+    x = np.arange(30, dtype=np.float32).reshape(5, 2, 3)
+    np.testing.assert_array_equal(of.Executor(prog).run(x=x)["out"], x.reshape(5, 6) @ np.ones((6, 4), np.float32))

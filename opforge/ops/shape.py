@@ -26,8 +26,8 @@ def _(g, x, *, shape):
 
 @reshape.infer
 def _(x, *, shape):
-    if None in shape:  # a size known at run time (inside a program): checked by the executor then
-        return Spec(tuple(shape), x.dtype)
+    if None in shape:  # a size known at run time (inside a program): checked by the executor then; so is the
+        return Spec(tuple(None if d == -1 else d for d in shape), x.dtype)  # -1, which such a size leaves unknown
     if sum(d == -1 for d in shape) > 1 or any(d < -1 for d in shape):
         raise ShapeError(f"reshape(): shape {list(shape)} may hold at most one -1 and no other negative dim")
     if None in x.shape:
