@@ -8,6 +8,7 @@ shape rules. Float initializers become trainable parameters; integer and bool on
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -20,9 +21,11 @@ from ..creation import tensor
 from ..nn.module import Module
 from ..program.desc import Program
 from ..program.trace import Variable, trace, tracing_program
-from .types import _DTYPES, OnnxImportError, dtype_of
+from .types import _DTYPES, _TYPE_NAMES, OnnxImportError, dtype_of
 
 OPSETS = (7, 23)  # the ai.onnx opset versions the importers are written for
+MAX_CONSTANT_BYTES = 1 << 30  # load()'s default bound on the constants it computes from sizes the file gives
+MAX_RANK = 64  # NumPy's
 
 
 class NeedsConstant(OnnxImportError):
@@ -42,7 +45,7 @@ class Node:
         self.proto = proto
         self.op_type = proto.op_type
         self.opset = opset
-        self.name = proto.name or (proto.output[0] if proto.output else "?")
+        self.name = _node_name(proto)
         self.env = env
         self._importer = importer
         self._attrs = {a.name: a for a in proto.attribute}
@@ -64,19 +67,38 @@ class Node:
         a = self._attrs.get(name)
         if a is None:
             return default
-        if a.type in (a.GRAPH, a.GRAPHS):
-            raise self.unsupported(f"attribute {name!r} (a subgraph)")
+        if a.ref_attr_name:
+            raise self.unsupported(f"attribute {name!r} referring to a function's attribute")
+        field = _SCALAR_FIELDS.get(a.type)
+        if field is not None and not a.HasField(field):  # protobuf would read its default: 0, "" or an empty tensor
+            raise OnnxImportError(f"{self.where()}: attribute {name!r} is declared "
+                                  f"{a.AttributeType.Name(a.type)} but holds no value")
         if a.type == a.TENSOR:
             return self._importer.array(a.t, f"{self.where()}: attribute {name!r}")
         if a.type == a.SPARSE_TENSOR:
             raise self.unsupported(f"attribute {name!r} (a sparse tensor)")
         value = helper.get_attribute_value(a)
-        if isinstance(value, bytes):
-            return value.decode("utf-8", "replace")
-        if isinstance(value, list):
-            return tuple(v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value)
+        try:
+            if isinstance(value, bytes):
+                return value.decode("utf-8")
+            if isinstance(value, list):
+                return tuple(v.decode("utf-8") if isinstance(v, bytes) else v for v in value)
+        except UnicodeDecodeError:
+            raise OnnxImportError(f"{self.where()}: attribute {name!r} holds a string that is not valid UTF-8") \
+                from None
         del numpy_helper
+        if name in _FLAGS and value not in (0, 1):  # (what a runtime makes of keepdims=7 is its own guess)
+            raise OnnxImportError(f"{self.where()}: attribute {name!r} is a flag, 0 or 1; got {value}")
         return value
+
+    def axes(self, axes, rank: int, what: str = "axes") -> list:
+        """``axes`` in [0, rank), each once: ONNX allows -rank to rank - 1 and no repeats, and refuses the rest
+        (taking them modulo rank would read axis 4096 as some axis)."""
+        axes = [int(a) for a in axes]
+        if any(not -rank <= a < rank for a in axes) or len(set(a % rank for a in axes)) < len(axes):
+            raise OnnxImportError(f"{self.where()}: {what} {axes[:MAX_RANK]} must be distinct axes of a rank-{rank} "
+                                  f"tensor (from {-rank} to {rank - 1})")
+        return [a % rank for a in axes]
 
     def has(self, i: int) -> bool:
         return i < len(self.proto.input) and self.proto.input[i] != ""
@@ -141,6 +163,8 @@ class Node:
             return Spec((len(value),), D.int64)
         if isinstance(value, Variable):
             return value.spec  # (its unknown dims None)
+        if isinstance(value, np.ndarray) and value.dtype == object:  # sizes, some known only at run time
+            return Spec(value.shape, D.int64)
         return Spec(tuple(value.shape), value.dtype)  # an array or a Tensor
 
     def shape(self, i: int) -> tuple:
@@ -154,20 +178,45 @@ class Node:
     def outputs(self) -> int:
         return len(self.proto.output)
 
+    def allocate(self, shape, dtype) -> tuple:
+        """``shape`` checked, before an array of it is made, against what load() lets constants take."""
+        return self._importer.allocate(shape, dtype, self.where())
+
+
+_SCALAR_FIELDS = {1: "f", 2: "i", 3: "s", 4: "t"}  # AttributeProto FLOAT, INT, STRING, TENSOR: the field set
+_FLAGS = {"keepdims", "noop_with_empty_axes", "select_last_index", "transA", "transB", "reverse", "exclusive",
+          "ceil_mode", "count_include_pad", "storage_order", "training_mode", "is_test", "spatial", "allowzero",
+          "upper", "detect_negative", "detect_positive", "broadcast", "saturate"}  # ints ONNX defines as 0 or 1
+
 
 class Importer:
-    def __init__(self, model):
+    def __init__(self, model, max_constant_bytes: int = MAX_CONSTANT_BYTES):
         self.model = model
         self.initial: dict = {}  # float initializer name -> its value (read when a node needs a constant)
         self._constants: dict = {}  # name -> read-only Tensor: one program constant per ONNX value
+        self.max_constant_bytes = max_constant_bytes
+        self.constant_bytes = 0  # what the constants computed so far hold
+
+    def allocate(self, shape, dtype, where: str) -> tuple:
+        """Count a constant the import computes (ConstantOfShape, Range, EyeLike, shape arithmetic) against
+        ``max_constant_bytes``, all such constants together, before it is made: its size comes from the file."""
+        shape = tuple(int(d) for d in shape)
+        if len(shape) > MAX_RANK or any(d < 0 for d in shape):
+            raise OnnxImportError(f"{where}: a constant of shape {list(shape[:MAX_RANK + 1])} (negative sizes or "
+                                  f"more than {MAX_RANK} dims) cannot be made")
+        size = math.prod(shape) * np.dtype(dtype).itemsize
+        if self.constant_bytes + size > self.max_constant_bytes:
+            raise OnnxImportError(f"{where}: a constant of shape {shape} {np.dtype(dtype)} takes {size} bytes, past "
+                                  f"the {self.max_constant_bytes} bytes the constants computed at load may take "
+                                  f"together ({self.constant_bytes} taken); onnx.load(..., max_constant_bytes=n) "
+                                  "raises the limit")
+        self.constant_bytes += size
+        return shape
 
     def array(self, proto, what: str) -> np.ndarray:
         from onnx import numpy_helper
 
-        if proto.data_location == proto.EXTERNAL or proto.external_data:
-            raise OnnxImportError(f"{what}: tensor {proto.name!r} keeps its data in an external file; opforge "
-                                  "reads self-contained models only (onnx.load_model with load_external_data, "
-                                  "then pass the ModelProto)")
+        _self_contained(proto, what)
         dtype_of(proto.data_type, f"{what}: tensor {proto.name!r}")
         try:
             array = numpy_helper.to_array(proto)
@@ -215,14 +264,111 @@ def _read(source):
 
 
 def _opset(model) -> int:
+    import onnx
+
     versions = {}
     for o in model.opset_import:
         versions[o.domain or "ai.onnx"] = o.version
     if not model.opset_import:  # IR version 2 models: opset 1 implied
+        if model.ir_version >= 3:
+            raise OnnxImportError(f"onnx.load(): the model (IR version {model.ir_version}) imports no opset")
         versions["ai.onnx"] = 1
     if "ai.onnx" not in versions:
         raise OnnxImportError(f"onnx.load(): the model imports no ai.onnx opset (it imports {sorted(versions)})")
+    newest = onnx.defs.onnx_opset_version()
+    if not 1 <= versions["ai.onnx"] <= newest:
+        raise OnnxImportError(f"onnx.load(): the model imports ai.onnx opset {versions['ai.onnx']}; opsets run from 1 "
+                              f"to {newest} (onnx {onnx.__version__})")
     return versions["ai.onnx"]
+
+
+def _node_name(node) -> str:
+    return node.name or (node.output[0] if node.output else "?")
+
+
+def _check(model, opset: int):
+    """Refuse what is not valid ONNX, or not what opforge imports, before anything in the model is read: each node
+    must be of a type we import, read only names assigned before it (no cycles), assign names no one else does, and
+    pass ``onnx.checker``'s check against its op's schema (its number of inputs and outputs, its attributes and their
+    types); each tensor must hold the data its dims say. Refused before the checker sees them: names that are not
+    UTF-8 (protobuf hands them over as bytes), data in external files, and anything that nests (subgraphs, functions,
+    training graphs, sequence or map types), which opforge does not import and the checker walks recursively, down
+    to a C stack overflow for a graph nested thousands deep."""
+    from onnx import IR_VERSION, checker
+
+    from .importers import IMPORTERS  # (they import this module's helpers)
+
+    def text(value, what):
+        if not isinstance(value, str):
+            raise OnnxImportError(f"onnx.load(): {what} {bytes(value[:80])!r} is not valid UTF-8")
+
+    ctx = checker.C.CheckerContext()
+    ctx.ir_version = model.ir_version or IR_VERSION
+    ctx.opset_imports = {o.domain: o.version for o in model.opset_import} or {"": opset}
+
+    def valid(check, proto, where):
+        try:
+            check(proto, ctx)
+        except Exception as e:  # (a ValidationError, or whatever else the checker meets: the file is what is wrong)
+            raise OnnxImportError(f"{where}: not valid ONNX: {str(e).strip().splitlines()[0][:1000]}") from None
+
+    graph = model.graph
+    if model.functions or model.training_info:
+        raise OnnxImportError("onnx.load(): model-local functions and training information are not supported")
+    for o in model.opset_import:
+        text(o.domain, "opset domain")
+    for vi in [*graph.input, *graph.output, *graph.value_info]:
+        text(vi.name, "value name")
+        kind = vi.type.WhichOneof("value")
+        if kind not in (None, "tensor_type"):
+            raise OnnxImportError(f"onnx.load(): value {vi.name!r} is a {kind}; opforge imports tensors only")
+    for names, what in (([vi.name for vi in graph.input], "graph input"), ([t.name for t in graph.initializer],
+                                                                          "initializer")):
+        if len(set(names)) != len(names):
+            raise OnnxImportError(f"onnx.load(): two {what}s are named "
+                                  f"{next(n for n in names if names.count(n) > 1)!r}")
+    for t in graph.initializer:
+        text(t.name, "initializer name")
+        _self_contained(t, "initializer")
+        valid(checker.check_tensor, t, f"initializer {t.name!r}")
+    defined = {vi.name for vi in graph.input} | {t.name for t in graph.initializer}
+    for node in graph.node:
+        for value in (node.name, node.op_type, node.domain, *node.input, *node.output):
+            text(value, f"node {node.name!r}: its name, op type, domain or a value name")
+        where = f"node {_node_name(node)!r} ({node.op_type}, opset {opset})"
+        if node.domain not in ("", "ai.onnx"):
+            raise OnnxImportError(f"node {_node_name(node)!r} ({node.domain}::{node.op_type}): ops of domain "
+                                  f"{node.domain!r} are not supported (custom or ML ops)")
+        if node.op_type not in IMPORTERS:
+            raise OnnxImportError(f"{where}: ONNX op {node.op_type} is not supported (docs/onnx.md lists the ops "
+                                  "opforge imports)")
+        for a in node.attribute:
+            text(a.name, f"{where}: attribute name")
+            if a.HasField("g") or a.graphs or a.HasField("tp") or a.type_protos:
+                raise OnnxImportError(f"{where}: attribute {a.name!r} holds a subgraph or a type: not supported")
+            for t in [a.t, *a.tensors]:
+                _self_contained(t, f"{where}: attribute {a.name!r}")
+        for i in node.input:
+            if i and i not in defined:
+                raise OnnxImportError(f"{where}: input {i!r} is neither a graph input, an initializer nor the output "
+                                      "of an earlier node (a missing initializer, or nodes out of order)")
+        for o in node.output:
+            if o in defined:
+                raise OnnxImportError(f"{where}: output {o!r} is a name already given to a graph input, an "
+                                      "initializer or another output (ONNX names each value once)")
+            if o:
+                defined.add(o)
+        valid(checker.check_node, node, where)
+    for vi in graph.output:
+        if vi.name not in defined:
+            raise OnnxImportError(f"onnx.load(): graph output {vi.name!r} is produced by no node, input or initializer")
+
+
+def _self_contained(t, what: str):
+    if t.data_location == t.EXTERNAL or t.external_data:
+        raise OnnxImportError(f"{what}: tensor {t.name!r} keeps its data in an external file; opforge reads "
+                              "self-contained models only (onnx.load_model with load_external_data, then pass the "
+                              "ModelProto)")
 
 
 def _value_spec(vi, what: str) -> Spec:
@@ -234,21 +380,22 @@ def _value_spec(vi, what: str) -> Spec:
     if not t.tensor_type.HasField("shape"):
         raise OnnxImportError(f"{what} {vi.name!r} has no shape (not even a rank); opforge needs the rank")
     dims = [d.dim_value if d.HasField("dim_value") else None for d in t.tensor_type.shape.dim]
+    if len(dims) > MAX_RANK or any(d is not None and d < 0 for d in dims) or \
+            math.prod(d for d in dims if d is not None) * dtype.itemsize >= 2**63:
+        raise OnnxImportError(f"{what} {vi.name!r} has shape {dims[:MAX_RANK + 1]}: no tensor has negative sizes, "
+                              f"more than {MAX_RANK} dims or more bytes than 2**63")
     return Spec(tuple(dims), dtype)
 
 
 class _Parsed:
     """A model read and checked: its opset, initializer arrays, feeds (name -> Spec), bound inputs and outputs."""
 
-    def __init__(self, source, bind=None):
+    def __init__(self, source, bind=None, max_constant_bytes: int = MAX_CONSTANT_BYTES):
         self.model = _read(source)
         self.opset = _opset(self.model)
+        _check(self.model, self.opset)
         graph = self.graph = self.model.graph
-        self.importer = Importer(self.model)
-        for node in graph.node:
-            if node.domain not in ("", "ai.onnx"):
-                raise OnnxImportError(f"node {node.name or node.output[0]!r} ({node.domain}::{node.op_type}): ops "
-                                      f"of domain {node.domain!r} are not supported (custom or ML ops)")
+        self.importer = Importer(self.model, max_constant_bytes)
         if graph.sparse_initializer:
             raise OnnxImportError("onnx.load(): sparse initializers are not supported")
         self.arrays = {t.name: self.importer.array(t, "initializer") for t in graph.initializer}
@@ -265,10 +412,7 @@ class _Parsed:
                       and vi.name not in self.bound}
         self.names = {*self.arrays, *self.feeds, *(o for n in graph.node for o in n.output)}
         self.outputs = [vi.name for vi in graph.output]
-        for name in self.outputs:
-            if name not in self.names:
-                raise OnnxImportError(f"onnx.load(): graph output {name!r} is produced by no node, input or "
-                                      "initializer")
+        self.declared = {vi.name: vi.type.tensor_type.elem_type for vi in graph.output}  # (0: not declared)
 
     def run(self, inputs: dict, params: dict) -> dict:
         """The graph applied to ``inputs`` (by name) with float initializers ``params`` (by name): our ops are
@@ -284,21 +428,13 @@ class _Parsed:
                 env[name] = array
         for proto in self.graph.node:
             n = Node(proto, self.opset, env, imp)
-            for i in proto.input:
-                if i and i not in env:
-                    raise OnnxImportError(f"{n.where()}: input {i!r} is neither a graph input, an initializer nor "
-                                          "the output of an earlier node (a missing initializer, or nodes out of "
-                                          "order)")
+            _check_types(n)
             known = _fold(n)
             if known is not None:  # shape arithmetic on values known at import: computed now, not recorded
                 env[proto.output[0]] = known
                 continue
-            fn = IMPORTERS.get(proto.op_type)
-            if fn is None:
-                raise OnnxImportError(f"{n.where()}: ONNX op {proto.op_type} is not supported (docs/onnx.md lists "
-                                      "the ops opforge imports)")
             try:
-                result = fn(n)
+                result = IMPORTERS[proto.op_type](n)
             except OnnxImportError:
                 raise
             except OpforgeError as e:
@@ -326,11 +462,15 @@ class _Parsed:
                 value = np.array(value, np.int64)
             if isinstance(value, np.ndarray):
                 value = imp.constant(name, value)
+            declared = self.declared.get(name)
+            if declared and dtype_of(declared, f"onnx.load(): graph output {name!r}") != value.dtype:
+                raise OnnxImportError(f"onnx.load(): graph output {name!r} is declared {_DTYPES[declared]}; the "
+                                      f"graph gives {value.dtype}")
             result[name] = value
         return result
 
 
-def load(source, bind: dict | None = None) -> Program:
+def load(source, bind: dict | None = None, *, max_constant_bytes: int = MAX_CONSTANT_BYTES) -> Program:
     """An ONNX model (a path, bytes or a ``ModelProto``) as a Program.
 
     Graph inputs become feeds (a dynamic dim becomes ``None``), float initializers trainable parameters (their
@@ -340,13 +480,19 @@ def load(source, bind: dict | None = None) -> Program:
 
     ``bind`` gives values for graph inputs that our ops need at load (a shape, axes, pads fed at run time): those
     inputs become constants and the program is specialised on them.
+
+    The model must be valid ONNX (``onnx.checker``), checked before anything in it is read. Constants the import
+    computes from sizes the file gives (ConstantOfShape, Range, EyeLike, shape arithmetic) may take
+    ``max_constant_bytes`` together (1 GiB by default), checked before each is made; initializers hold their data in
+    the file, and must hold as much as their dims say.
     """
-    parsed = _Parsed(source, bind)
+    parsed = _Parsed(source, bind, max_constant_bytes)
 
     def build(**variables):
         program = tracing_program()
-        # Our fresh names are "<op>.<n>": start n past any such number in the model's names, so none collides.
-        numbers = [int(m.group(1)) for n in parsed.names if (m := re.search(r"\.(\d+)$", n))]
+        # Our fresh names are "<op>.<n>": start n past any such number in the model's names, so none collides. (A
+        # number of 19 digits or more is past any count of ops, and past the digits Python's int() reads.)
+        numbers = [int(m.group(1)) for n in parsed.names if (m := re.search(r"\.(\d{1,18})$", n))]
         program._counter = max([program._counter, *numbers]) + 1
         params = {}
         for name, array in parsed.arrays.items():
@@ -364,11 +510,12 @@ def load(source, bind: dict | None = None) -> Program:
         raise OnnxImportError(f"onnx.load(): {e}") from None
 
 
-def load_module(source, bind: dict | None = None) -> OnnxModule:
+def load_module(source, bind: dict | None = None, *, max_constant_bytes: int = MAX_CONSTANT_BYTES) -> OnnxModule:
     """An ONNX model as an ``nn.Module``: its float initializers are the module's parameters (named as in the model),
     and calling it runs the graph's nodes as our ops, eagerly or inside ``of.compile``/``of.trace``. This is how an
-    imported model is fine-tuned with an optimizer, as any module (examples/onnx_finetune.py)."""
-    return OnnxModule(_Parsed(source, bind))
+    imported model is fine-tuned with an optimizer, as any module (examples/onnx_finetune.py). The model is checked
+    as ``load`` checks it."""
+    return OnnxModule(_Parsed(source, bind, max_constant_bytes))
 
 
 class OnnxModule(Module):
@@ -427,6 +574,8 @@ def _fold(n: Node):
     symbolic = any(_symbolic(v) for v in raw)
     x = values[0]
     t = n.op_type
+    if t == "Concat":  # (the one folded op whose result outgrows its inputs: one input given many times)
+        n.allocate((sum(np.size(v) for v in values),), np.int64)
     try:
         if t == "Identity":
             y = x
@@ -445,7 +594,7 @@ def _fold(n: Node):
                 y = np.squeeze(x, axis=None if not axes else tuple(axes))
             else:
                 y = x
-                for a in sorted(a % (x.ndim + len(axes)) for a in axes):
+                for a in sorted(n.axes(axes, x.ndim + len(axes))):
                     y = np.expand_dims(y, a)
         elif t == "Slice" and n.opset >= 10 and x.ndim == 1:
             starts, ends = int(values[1][0]), int(values[2][0])
@@ -471,6 +620,35 @@ def _fold(n: Node):
             return y.astype(np.int64)
         return tuple(y.tolist()) if y.ndim == 1 else y  # a 0-d run-time size stays a 0-d object array
     return y
+
+
+def _check_types(n: Node):
+    """Each input's dtype must be one the op's schema allows, and the inputs of one type parameter must agree:
+    ONNX refuses Add(float32, float64) and a float axis for CumSum, where our ops would promote or truncate."""
+    import onnx
+
+    schema = onnx.defs.get_schema(n.op_type, n.opset, "")  # (the checker found it)
+    variadic = onnx.defs.OpSchema.FormalParameterOption.Variadic
+    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+    seen = {}
+    for i in range(n.count if schema.inputs else 0):
+        formal = schema.inputs[min(i, len(schema.inputs) - 1)]
+        if not n.has(i):  # an input left out: optional ones only (the checker tells single ones; not variadic ones)
+            if formal.option == variadic:
+                raise OnnxImportError(f"{n.where()}: input {i} is left out (''); {n.op_type} takes a list of inputs "
+                                      "with no gaps")
+            continue
+        dtype = n.spec(i).dtype
+        name = f"tensor({_TYPE_NAMES.get(dtype, dtype.name)})"
+        param = formal.type_str
+        if name not in allowed.get(param, {param}):
+            raise OnnxImportError(f"{n.where()}: input {i} ({n.proto.input[i]!r}) is {dtype}, which its type "
+                                  f"{param} does not allow ({', '.join(sorted(allowed.get(param, {param})))})")
+        homogeneous = i < len(schema.inputs) - 1 or formal.option != variadic or formal.is_homogeneous
+        if homogeneous and seen.setdefault(param, (i, dtype))[1] != dtype:
+            first = seen[param][0]
+            raise OnnxImportError(f"{n.where()}: inputs {first} and {i} are {seen[param][1]} and {dtype}; ONNX "
+                                  f"wants them of one type ({param})")
 
 
 def _symbolic(v) -> bool:

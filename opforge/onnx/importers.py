@@ -140,10 +140,11 @@ def _(n):
         lo, hi = n.attr("min"), n.attr("max")
         return F.clip(x, min=lo, max=hi) if lo is not None or hi is not None else F.identity(x)
     y = x
-    if n.has(1):
-        y = F.maximum(y, n.input(1))
-    if n.has(2):
-        y = F.minimum(y, n.input(2))
+    for i, pick in ((1, F.maximum), (2, F.minimum)):
+        if n.has(i):
+            if any(d != 1 for d in n.spec(i).shape):  # (a tensor of bounds would be elementwise where ONNX refuses)
+                raise n.unsupported(f"a bound of shape {n.spec(i).shape} (Clip's bounds are scalars)")
+            y = pick(y, n.input(i))
     return y if y is not x else F.identity(x)
 
 
@@ -186,7 +187,7 @@ def _operands(n):
     axis = n.attr("axis")
     if n.attr("broadcast", 0) and axis is not None:
         rank_a, rank_b = len(n.shape(0)), len(n.shape(1))
-        trailing = rank_a - (axis % rank_a) - rank_b
+        trailing = rank_a - n.axes([axis], rank_a, "axis")[0] - rank_b
         if trailing > 0:
             b = F.reshape(b, shape=[*n.shape(1), *[1] * trailing])
     return a, b
@@ -200,11 +201,12 @@ def _(n):
 @onnx_op("Div")
 def _(n):
     x, y = _operands(n)
-    q = F.div(x, y)
-    dtype = n.spec(0).dtype
-    if dtype.kind != "f":  # integer division truncates toward zero in ONNX
-        return F.cast(F.where(q < 0, F.ceil(q), F.floor(q)), dtype=dtype)
-    return q
+    if n.spec(0).dtype.kind == "f":
+        return F.div(x, y)
+    # integer division truncates toward zero in ONNX: the floor, plus one where it is negative and inexact (exact in
+    # integers, where a quotient through float32 loses digits past 2**24, and refuses division by zero)
+    q = F.floor_divide(x, y)
+    return F.where(F.logical_and(q < 0, F.remainder(x, y) != 0), q + 1, q)
 
 
 @onnx_op("Pow")
@@ -244,8 +246,9 @@ def _(n):
 def _(n):
     a, b, c = n.input(0), n.input(1), n.input(2)
     alpha, beta = n.attr("alpha", 1.0), n.attr("beta", 1.0)
-    if n.attr("broadcast") is not None and n.opset < 7:
-        pass
+    n.attr("broadcast")  # (before opset 7: C broadcasts when told; ours always does)
+    if len(n.shape(0)) != 2 or len(n.shape(1)) != 2:
+        raise n.unsupported(f"inputs of shapes {n.spec(0).shape} and {n.spec(1).shape} (Gemm takes matrices)")
     if n.attr("transA", 0):
         a = F.transpose(a)
     if n.attr("transB", 0):
@@ -335,8 +338,8 @@ def _softmax(n, fn):
     if n.opset >= 13:
         return fn(x, axis=n.attr("axis", -1))
     # before 13: the input is seen as 2-D, (dims before axis) x (dims from axis on)
-    axis = n.attr("axis", 1) % max(len(n.shape(0)), 1)
     shape = n.shape(0)
+    axis = n.axes([n.attr("axis", 1)], len(shape), "axis")[0]
     if any(isinstance(d, Dim) for d in shape[axis:]):
         raise n.unsupported("opset < 13 softmax over dims known only at run time")
     inner = math.prod(shape[axis:])
@@ -406,7 +409,7 @@ def _(n):
 def _(n):
     n.attr("stash_type")
     shape = n.shape(0)
-    axis = n.attr("axis", -1) % len(shape)
+    axis = n.axes([n.attr("axis", -1)], len(shape), "axis")[0]
     if any(isinstance(d, Dim) for d in shape[axis:]):
         raise n.unsupported("normalising over dims known only at run time")
     return F.rms_norm(n.input(0), list(shape[axis:]), None, eps=n.attr("epsilon", 1e-5)) * \
@@ -418,7 +421,7 @@ def _(n):
     n.attr("stash_type")
     x = n.input(0)
     shape = n.shape(0)
-    axis = n.attr("axis", -1) % len(shape)
+    axis = n.axes([n.attr("axis", -1)], len(shape), "axis")[0]
     normalized = shape[axis:]
     eps = n.attr("epsilon", 1e-5)
     if any(isinstance(d, Dim) for d in normalized):
@@ -435,7 +438,10 @@ def _(n):
 @onnx_op("LpNormalization")
 def _(n):
     x = n.input(0)
-    norm = F.norm(x, p=float(n.attr("p", 2)), axis=[n.attr("axis", -1)], keepdim=True)
+    p = n.attr("p", 2)
+    if p not in (1, 2):
+        raise n.unsupported(f"p={p} (ONNX's LpNormalization takes 1 or 2)")
+    norm = F.norm(x, p=float(p), axis=[n.attr("axis", -1)], keepdim=True)
     zero = norm == 0
     return F.where(zero, 0, x / F.where(zero, 1, norm))  # a zero vector stays zero
 
@@ -448,8 +454,17 @@ def _(n):
     return xc / (F.sqrt(F.mean(xc * xc, axis=axes, keepdim=True)) + 1e-9)
 
 
+def _reduction(n) -> str:
+    reduction = n.attr("reduction", "mean")
+    if reduction not in ("none", "sum", "mean"):
+        raise n.unsupported(f"reduction={reduction!r} (none, sum or mean)")
+    return reduction
+
+
 def _nll(n, log_probs, target, weight):
-    ignore, reduction = n.attr("ignore_index", -100), n.attr("reduction", "mean")
+    ignore, reduction = n.attr("ignore_index", -100), _reduction(n)
+    if weight is not None and len(weight.shape) != 1:
+        raise n.unsupported(f"class weights of shape {weight.shape} (one weight per class)")
     if weight is None:
         return F.nll_loss(log_probs, target, ignore_index=ignore, reduction=reduction)
     # class weights: each term weighed by its target's weight; "mean" divides by the weights of the valid terms
@@ -471,8 +486,7 @@ def _(n):
 def _(n):
     scores, target, weight = n.input(0), n.input(1), n.input(2)
     if weight is None:
-        loss = F.cross_entropy(scores, target, ignore_index=n.attr("ignore_index", -100),
-                               reduction=n.attr("reduction", "mean"))
+        loss = F.cross_entropy(scores, target, ignore_index=n.attr("ignore_index", -100), reduction=_reduction(n))
         return [loss, F.log_softmax(scores, axis=1)] if n.outputs > 1 else loss
     log_probs = F.log_softmax(scores, axis=1)
     loss = _nll(n, log_probs, target, weight)
@@ -482,12 +496,19 @@ def _(n):
 # -- convolution and pooling ----------------------------------------------------------------------------------------
 
 
+def _per_dim(n, name: str, default: int, count: int) -> tuple:
+    """An ints attribute with one value per spatial dim (two for pads): ``count`` of them, or the default."""
+    values = tuple(n.attr(name, (default,) * count))
+    if len(values) != count:
+        raise n.unsupported(f"{name}={list(values[:64])} ({len(values)} values; {count} wanted)")
+    return values
+
+
 def _window(n, spatial: int, kernel):
     """strides, dilations and (begin, end) pads per spatial dim from the node's attributes (auto_pad included)."""
-    strides = tuple(n.attr("strides", (1,) * spatial))
-    dilations = tuple(n.attr("dilations", (1,) * spatial))
+    strides, dilations = _per_dim(n, "strides", 1, spatial), _per_dim(n, "dilations", 1, spatial)
     auto = n.attr("auto_pad", "NOTSET")
-    pads = tuple(n.attr("pads", (0,) * (2 * spatial)))
+    pads = _per_dim(n, "pads", 0, 2 * spatial)
     if auto in ("SAME_UPPER", "SAME_LOWER"):
         sizes = n.shape(0)[2:]
         if any(isinstance(s, Dim) for s in sizes):
@@ -526,10 +547,19 @@ def _spatial(n, table: dict, rank: int):
     return table[rank]
 
 
+def _kernel(n) -> tuple:
+    """A convolution's kernel_shape: the weights' shape says it; a kernel_shape attribute must say the same."""
+    weights = n.spec(1).shape[2:]
+    kernel = tuple(n.attr("kernel_shape", weights))
+    if len(kernel) != len(weights) or any(w is not None and k != w for k, w in zip(kernel, weights)):
+        raise n.unsupported(f"kernel_shape {list(kernel)} with weights of shape {n.spec(1).shape}")
+    return kernel
+
+
 @onnx_op("Conv")
 def _(n):
     x, w, b = n.input(0), n.input(1), n.input(2)
-    kernel = tuple(n.attr("kernel_shape", n.spec(1).shape[2:]))
+    kernel = _kernel(n)
     spatial = len(n.shape(0)) - 2
     conv = _spatial(n, _CONV, spatial)
     strides, dilations, pairs = _window(n, spatial, kernel)
@@ -542,10 +572,9 @@ def _(n):
     x, w, b = n.input(0), n.input(1), n.input(2)
     spatial = len(n.shape(0)) - 2
     conv_transpose = _spatial(n, _CONV_TRANSPOSE, spatial)
-    kernel = tuple(n.attr("kernel_shape", n.spec(1).shape[2:]))
-    strides = tuple(n.attr("strides", (1,) * spatial))
-    dilations = tuple(n.attr("dilations", (1,) * spatial))
-    output_padding = tuple(n.attr("output_padding", (0,) * spatial))
+    kernel = _kernel(n)
+    strides, dilations = _per_dim(n, "strides", 1, spatial), _per_dim(n, "dilations", 1, spatial)
+    output_padding = _per_dim(n, "output_padding", 0, spatial)
     auto = n.attr("auto_pad", "NOTSET")
     output_shape = n.attr("output_shape")
     full = []  # each spatial size with no padding at all: what pads then cut from both ends
@@ -554,6 +583,8 @@ def _(n):
             raise n.unsupported("output_shape or auto_pad over dims known only at run time")
         full.append(None if isinstance(size, Dim) else
                     strides[i] * (size - 1) + output_padding[i] + (kernel[i] - 1) * dilations[i] + 1)
+    if output_shape is not None and len(output_shape) != spatial:
+        raise n.unsupported(f"output_shape={list(output_shape[:64])} ({spatial} sizes wanted)")
     if output_shape is not None or auto in ("SAME_UPPER", "SAME_LOWER"):
         # ONNX's rule: the pads that give the requested size, the odd one at the end with SAME_UPPER, else at the
         # front; a negative total (a size past the full output) pads the end, as output_padding does
@@ -567,7 +598,7 @@ def _(n):
         full = [f - min(e, 0) for f, (_, e) in zip(full, pairs)]
         pairs = [(b_, max(e, 0)) for b_, e in pairs]
     elif auto in ("NOTSET", "VALID"):
-        pads = tuple(n.attr("pads", (0,) * (2 * spatial))) if auto == "NOTSET" else (0,) * (2 * spatial)
+        pads = _per_dim(n, "pads", 0, 2 * spatial) if auto == "NOTSET" else (0,) * (2 * spatial)
         pairs = list(zip(pads[:spatial], pads[spatial:]))
     else:
         raise n.unsupported(f"auto_pad={auto!r}")
@@ -692,6 +723,8 @@ def _(n):
 def _(n):
     shape = n.shape(0)
     axis = n.attr("axis", 1)
+    if not -len(shape) <= axis <= len(shape):
+        raise n.unsupported(f"axis={axis} for an input of rank {len(shape)}")
     axis = axis + len(shape) if axis < 0 else axis
     outer, inner = shape[:axis], shape[axis:]
     known = [all(isinstance(d, int) for d in part) for part in (outer, inner)]
@@ -709,6 +742,11 @@ def _(n):
 @onnx_op("Squeeze")
 def _(n):
     axes = _ints_attr_or_input(n, "axes", 1, 13)
+    shape = n.shape(0)
+    if axes:  # ONNX refuses a listed dim whose size is not 1, where our squeeze (PyTorch's) leaves it
+        axes = n.axes(axes, len(shape))
+        if any(isinstance(shape[a], int) and shape[a] != 1 for a in axes):
+            raise n.unsupported(f"squeezing axes {axes} of a tensor of shape {n.spec(0).shape} (dims of size 1 only)")
     return F.squeeze(n.input(0), axis=None if not axes else list(axes))
 
 
@@ -717,7 +755,7 @@ def _(n):
     axes = _ints_attr_or_input(n, "axes", 1, 13)
     rank = len(n.shape(0)) + len(axes)
     y = n.input(0)
-    for a in sorted(a % rank for a in axes):
+    for a in sorted(n.axes(axes, rank)):
         y = F.unsqueeze(y, axis=a)
     return y if axes else F.identity(y)
 
@@ -729,16 +767,24 @@ def _(n):
 
 @onnx_op("Split")
 def _(n):
-    axis = n.attr("axis", 0)
+    axis = n.axes([n.attr("axis", 0)], len(n.shape(0)), "axis")[0]
     size = n.shape(0)[axis]
     sizes = _ints_attr_or_input(n, "split", 1, 13)
-    n.attr("num_outputs")
+    count = n.attr("num_outputs")
+    if count is not None and (sizes or count != n.outputs):
+        raise n.unsupported(f"num_outputs={count} with {n.outputs} outputs{' and a split' if sizes else ''}")
     if not sizes:
+        if n.opset >= 18 and count is None:
+            raise n.unsupported("a Split with neither a split input nor num_outputs (from opset 18 one is needed)")
         if isinstance(size, Dim):
             raise n.unsupported("an even split of a dim known only at run time")
         count = n.outputs
-        chunk = -(-size // count)
-        sizes = [chunk] * (size // chunk) + ([size % chunk] if size % chunk else [])
+        if n.opset < 18 and size % count:
+            raise n.unsupported(f"splitting a dim of size {size} into {count} equal parts")
+        chunk = -(-size // count)  # ONNX's parts: as even as can be, the last one smaller
+        sizes = [chunk] * (count - 1) + [size - chunk * (count - 1)]
+        if sizes[-1] < 0:
+            raise n.unsupported(f"splitting a dim of size {size} into {count} parts")
     return list(F.split(n.input(0), sections=list(sizes), axis=axis))
 
 
@@ -749,8 +795,10 @@ def _(n):
         starts, ends, axes, steps = n.attr("starts"), n.attr("ends"), n.attr("axes"), None
     else:
         starts, ends, axes, steps = n.ints(1, "starts"), n.ints(2, "ends"), n.ints(3, "axes"), n.ints(4, "steps")
-    axes = [a % len(shape) for a in (axes if axes is not None else range(len(starts)))]
+    axes = n.axes(axes if axes is not None else range(len(starts)), len(shape))
     steps = list(steps) if steps is not None else [1] * len(axes)
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise n.unsupported(f"{len(starts)} starts, {len(ends)} ends, {len(axes)} axes and {len(steps)} steps")
     # ONNX clamps like Python slicing; our slice reads a negative end as "past index 0" (a backward slice to the
     # start): normalise the ends against the dim, so that only that meaning is left negative.
     norm_ends = []
@@ -818,7 +866,9 @@ def _(n):
         pads = n.ints(1, "pads")
         value = n.const(2, "constant_value") if n.has(2) else 0.0
         axes = n.ints(3, "axes") if n.has(3) else None
-    axes = [a % rank for a in axes] if axes is not None else list(range(rank))
+    axes = n.axes(axes, rank) if axes is not None else list(range(rank))
+    if len(pads) != 2 * len(axes):
+        raise n.unsupported(f"{len(pads)} pads for {len(axes)} axes (two per axis)")
     half = len(pads) // 2
     pairs = dict(zip(axes, zip(pads[:half], pads[half:])))
     flat = [p for a in reversed(range(rank)) for p in pairs.get(a, (0, 0))]
@@ -840,13 +890,21 @@ def _(n):
     shape = n.ints(0, "shape")
     if any(isinstance(d, Dim) for d in shape):
         raise n.unsupported("a shape known only at run time")
-    return np.full(tuple(shape), value.reshape(-1)[0], dtype=value.dtype)
+    return np.full(n.allocate(shape, value.dtype), value.reshape(-1)[0], dtype=value.dtype)
 
 
 @onnx_op("Range")
 def _(n):
     start, limit, delta = (n.const(i, what) for i, what in enumerate(("start", "limit", "delta")))
-    return np.arange(start, limit, delta).astype(np.asarray(start).dtype)
+    if any(np.size(v) != 1 for v in (start, limit, delta)):
+        raise n.unsupported("start, limit or delta that is not a scalar")
+    dtype = np.asarray(start).dtype
+    start, limit, delta = (np.asarray(v).item() for v in (start, limit, delta))
+    if delta == 0 or not all(math.isfinite(v) for v in (start, limit, delta)):
+        raise n.unsupported(f"a range from {start} to {limit} by {delta}")
+    count = -((start - limit) // delta) if dtype.kind in "iu" else math.ceil((limit - start) / delta)
+    n.allocate((max(count, 0),), dtype)  # ONNX's count of elements, checked before they are made
+    return np.arange(start, limit, delta).astype(dtype)
 
 
 @onnx_op("EyeLike")
@@ -854,9 +912,11 @@ def _(n):
     shape = n.shape(0)
     if any(isinstance(d, Dim) for d in shape):
         raise n.unsupported("a shape known only at run time")
+    if len(shape) != 2:
+        raise n.unsupported(f"an input of shape {shape} (EyeLike takes a matrix)")
     dtype = n.attr("dtype")
     dtype = n.spec(0).dtype if dtype is None else dtype_of(dtype, f"{n.where()}: attribute 'dtype'")
-    return np.eye(*shape, k=n.attr("k", 0), dtype=dtype)
+    return np.eye(*n.allocate(shape, dtype), k=n.attr("k", 0), dtype=dtype)
 
 
 @onnx_op("OneHot")
@@ -870,11 +930,11 @@ def _(n):
     inside = F.logical_and(index >= 0, index < depth)  # and gives a row of "off" to one out of range
     hot = F.one_hot(F.where(inside, index, 0), num_classes=depth) * F.cast(F.unsqueeze(inside, axis=-1),
                                                                           dtype=D.int64)
-    axis = n.attr("axis", -1)
     rank = len(n.shape(0)) + 1
-    if axis % rank != rank - 1:
+    axis = n.axes([n.attr("axis", -1)], rank, "axis")[0]
+    if axis != rank - 1:
         order = list(range(rank - 1))
-        order.insert(axis % rank, rank - 1)
+        order.insert(axis, rank - 1)
         hot = F.permute(hot, dims=order)
     off, on = values[0], values[1]
     return F.cast(hot, dtype=values.dtype) * (on - off) + off

@@ -15,6 +15,8 @@ class OnnxImportError(OpforgeError, ValueError):
 
 # ONNX TensorProto element types opforge has (the others are named in the error).
 _DTYPES = {1: D.float32, 11: D.float64, 10: D.float16, 16: D.bfloat16, 6: D.int32, 7: D.int64, 9: D.bool_}
+_TYPE_NAMES = {D.float32: "float", D.float64: "double", D.float16: "float16", D.bfloat16: "bfloat16", D.int32: "int32",
+               D.int64: "int64", D.bool_: "bool"}  # as ONNX's schemas name them: tensor(float)
 
 
 def _type_name(elem_type: int) -> str:
