@@ -177,3 +177,34 @@ def test_a_reshape_to_a_run_time_size_and_minus_one_leaves_the_minus_one_unknown
     assert prog.block.vars[prog.block.ops[0].output_names()[0]].spec.shape == (None, None)
     x = np.arange(30, dtype=np.float32).reshape(5, 2, 3)
     np.testing.assert_array_equal(of.Executor(prog).run(x=x)["out"], x.reshape(5, 6) @ np.ones((6, 4), np.float32))
+
+
+@pytest.mark.parametrize(("value", "dtype"), [(4.1317336e7, np.float32), (1e30, np.float32), (0.1, np.float64),
+                                              (3.98e300, np.float64)])
+def test_layer_norm_of_a_constant_row_is_zero_and_its_gradient_that_of_sigma_zero(value, dtype):
+    """The mean of a constant row, rounded, is a few ulps off the value: x − μ was that remainder, σ² its square, and
+    the row normalised to ±1 (4e7 in float32; torch: 0). Past the overflow of the squares (1e30 in float32) the row
+    was redone on x / max|x|, where ε/s² underflows: 0·∞, NaN. Found by test_fuzz_semantics's extremes."""
+    import torch
+
+    x = of.tensor(np.full((2, 6), value, dtype), requires_grad=True)
+    g = np.linspace(-1.0, 1.0, 12).reshape(2, 6).astype(dtype)
+    y = F.layer_norm(x, normalized_shape=[6])
+    y.backward(of.tensor(g))
+    assert np.array_equal(y.numpy(), np.zeros((2, 6), dtype))
+    if value < 1e19:  # (past it torch's are NaN)
+        assert np.array_equal(y.numpy(), torch.nn.functional.layer_norm(torch.tensor(x.numpy()), (6,)).numpy())
+    want = (g - g.mean(-1, keepdims=True)) / np.sqrt(1e-5)  # dx = r·(g − mean g) with r = 1/√ε where σ = 0
+    np.testing.assert_allclose(x.grad.numpy(), want, rtol=1e-5 if dtype == np.float32 else 1e-12)
+
+
+def test_cross_entropy_whose_probability_ratio_overflows_is_finite():
+    """−log softmax at the target was log(Σ e / e[t]): e[t] = exp(−74) is a normal float32, Σ e = exp(60), and the
+    ratio overflowed to inf (torch: 134). Found by test_fuzz_semantics's extremes."""
+    import torch
+
+    logits = np.array([[-74.0, 60.0, 1.0], [0.5, -0.5, 2.0]], np.float32)
+    target = np.array([0, 2])
+    got = F.cross_entropy(of.tensor(logits), of.tensor(target), reduction="none").numpy()
+    want = torch.nn.functional.cross_entropy(torch.tensor(logits), torch.tensor(target), reduction="none").numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-6)

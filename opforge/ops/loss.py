@@ -319,15 +319,18 @@ def _minus_log_softmax_at(x, t, e, sums, c):
     """−log softmax(x)[n, t[n]] from e = exp(x − c) and its row sums: log(Σ e / e[t]), a ratio of at least 1, so
     nothing cancels however large the logits (log Σ e − (x[t] − c) would lose digits to the size of x[t] when c is
     0). Where e[t] is under the smallest normal number the loss is large (over 87 in float32), and that difference
-    is exact enough; the ratio's e[t] would not be."""
+    is exact enough; the ratio's e[t] would not be. So where the ratio overflows (e[t] = exp(−74), Σ e = exp(60) in
+    float32: the loss is 134, not inf)."""
     rows = np.arange(len(t))
     e_t = e[rows, t]
     tiny = np.finfo(e.dtype).tiny
-    if np.minimum.reduce(e_t, initial=np.inf) >= tiny:
-        return np.log(sums / e_t)
+    with np.errstate(over="ignore"):
+        ratio = sums / e_t
+    if np.minimum.reduce(e_t, initial=np.inf) >= tiny and np.maximum.reduce(ratio, initial=0) < np.inf:
+        return np.log(ratio)
     z_t = x[rows, t] if c is None else x[rows, t] - c[:, 0]
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(e_t >= tiny, np.log(sums / e_t), np.log(sums) - z_t)
+        return np.where((e_t >= tiny) & (ratio < np.inf), np.log(ratio), np.log(sums) - z_t)
 
 
 @op("cross_entropy(Tensor<floating> logits, Tensor<number> target, nograd Tensor<floating>? weight=None, *, "

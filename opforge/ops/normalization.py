@@ -34,11 +34,30 @@ from .nn import _numel, _same_dims, _validate
 # -- the shared backward ---------------------------------------------------------------------------------------------
 
 
+def _recentred(xc, var, mean):
+    """x − μ and σ², centred again where the rounding of μ matters. μ is a rounded mean: x − μ keeps a remainder
+    c = mean(x − μ) of a few ulps of μ, nothing beside σ unless the group is (nearly) constant, where it is all there
+    is: a constant row of 4e7 in float32 normalised to ±1 instead of 0 (torch: 0). Where c is not below σ's last
+    digit, x − μ − c and its variance again; elsewhere the bits stay those of the two passes."""
+    c = mean(xc)
+    digit = np.finfo(np.float64 if xc.dtype == np.float64 else np.float32).eps
+    again = c * c > var * (digit * digit)
+    if not again.any():
+        return xc, var
+    xc = np.where(again, xc - c, xc)
+    return xc, np.where(again, mean(xc * xc), var)
+
+
 def _normalize_np(x, axes, eps, center=True):
+    def mean(a):
+        return np.mean(a, axis=axes, keepdims=True)
+
     with row_buffers(row_width(x, axes)):  # reductions along rows read the same either way: the same bits
         with overflow_ignored():  # a group whose statistics overflow is redone by _big_groups
-            xc = x - np.mean(x, axis=axes, keepdims=True) if center else x
-            var = np.mean(xc * xc, axis=axes, keepdims=True)
+            xc = x - mean(x) if center else x
+            var = mean(xc * xc)
+            if center:
+                xc, var = _recentred(xc, var, mean)
             overflowed = not np.isfinite(np.add.reduce(var, axis=None))
         if overflowed:
             big = _big_groups(x, axes, eps, center, var)
@@ -59,10 +78,20 @@ def _big_groups(x, axes, eps, center, var):
         if not big.any():
             return None
         s = np.where(big, s, 1).astype(x.dtype, copy=False)  # s > 0 in those groups: something overflowed
+
+        def mean(a):
+            return np.mean(a, axis=axes, keepdims=True)
+
         xs = x / s
-        xc = xs - np.mean(xs, axis=axes, keepdims=True) if center else xs
-        r = 1 / np.sqrt(np.mean(xc * xc, axis=axes, keepdims=True) + eps / s / s)
-        return big, xc * r, r / s
+        xc = xs - mean(xs) if center else xs
+        var = mean(xc * xc)
+        if center:
+            xc, var = _recentred(xc, var, mean)
+        d = var + eps / s / s
+        r = 1 / np.sqrt(d)
+        # a constant group: x − μ is 0 and ε/s² underflows to 0, r_s infinite; x̂ is 0 all the same, and r = 1/√ε
+        r_x = np.where(d > 0, r / s, 1 / np.sqrt(x.dtype.type(eps))).astype(x.dtype, copy=False)
+        return big, np.where(xc == 0, 0, xc * r).astype(x.dtype, copy=False), r_x
 
 
 def _check_eps(*, eps, **_):
@@ -91,6 +120,8 @@ def normalize_grad(x, g, *, axes, eps, center):
         with overflow_ignored():  # as in _normalize_np
             xc = x - mean(x) if center else x
             var = mean(np.square(xc))
+            if center:
+                xc, var = _recentred(xc, var, mean)
             big = None if np.isfinite(np.add.reduce(var, axis=None)) else _big_groups(x, axes, eps, center, var)
         if big is None:
             r = 1 / np.sqrt(var + eps)
