@@ -195,9 +195,13 @@ _X = [info("x", [2, 3])]
      [const("w", np.ones((2, 3)), np.float32)], "inputs of shapes (3,) and (2, 3) (Gemm takes matrices)"),
     ([node("ArgMax", ["x"], ["y"], name="n", axis=1)], _X, [info("y", [2, 1])], [],
      "graph output 'y' is declared float32; the graph gives int64"),
+    ([node("Tile", ["x", "r"], ["y"], name="n")], _X, [info("y", [4, 3])], [const("r", [[2, 1]])],
+     "input repeats ('r') must be a 1-D tensor of ints, got shape (1, 2)"),  # read flattened
+    ([node("Tile", ["x", "r"], ["y"], name="n")], _X, [info("y", [2, 6])], [const("r", [2])],
+     "1 repeats for an input of rank 2"),  # NumPy's tile: repeats of the trailing dims
 ], ids=["Add float32 float64", "CumSum float axis", "Unsqueeze axis 4096", "Slice axis 4096", "Squeeze a dim of 2",
         "Split without num_outputs", "Clip tensor bound", "LpNormalization p=65", "Gemm of a vector",
-        "output of another type"])
+        "output of another type", "Tile 2-D repeats", "Tile too few repeats"])
 def test_what_onnx_refuses_is_refused_not_read_our_way(nodes, inputs, outputs, inits, expected):
     assert expected in error(model_of(nodes, inputs, outputs, inits))
 

@@ -147,10 +147,14 @@ class Node:
                             "node), or bind its value with onnx.load(..., bind={name: value})", self.proto.input[i])
 
     def ints(self, i: int, what: str = "") -> tuple | None:
-        """Input ``i`` as a tuple of ints, with ``Dim``s for sizes known only at run time (a shape)."""
+        """Input ``i`` as a tuple of ints, with ``Dim``s for sizes known only at run time (a shape). ONNX gives such
+        lists (shapes, axes, pads, repeats) as 1-D tensors, and refuses others (a 2-D one was read flattened)."""
         if not self.has(i):
             return None
         value = self.env[self.proto.input[i]]
+        if len(self.spec(i).shape) != 1:
+            raise OnnxImportError(f"{self.where()}: input {what or i} ({self.proto.input[i]!r}) must be a 1-D tensor "
+                                  f"of ints, got shape {self.spec(i).shape}")
         if isinstance(value, np.ndarray) and value.dtype == object:
             return tuple(value.reshape(-1).tolist())
         if isinstance(value, tuple):

@@ -848,7 +848,10 @@ def _(n):
 
 @onnx_op("Tile")
 def _(n):
-    return F.tile(n.input(0), reps=list(n.ints(1, "repeats")))
+    repeats = list(n.ints(1, "repeats"))
+    if len(repeats) != len(n.shape(0)):  # (ours, NumPy's, would take fewer as repeats of the trailing dims)
+        raise n.unsupported(f"{len(repeats)} repeats for an input of rank {len(n.shape(0))}")
+    return F.tile(n.input(0), reps=repeats)
 
 
 @onnx_op("Trilu")
