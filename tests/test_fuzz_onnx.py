@@ -188,12 +188,20 @@ def _blow_attr(a, rng):
         _wrong_kind(a, rng)
 
 
+def _array(t):
+    """The initializer's values, or None when an earlier mutation left it unreadable."""
+    try:
+        return numpy_helper.to_array(t)
+    except Exception:
+        return None
+
+
 def _blow_initializer(t, rng):
     kind = rng.integers(4)
     if kind == 0:  # dims claiming more (or fewer, or negative) values than it holds
         t.dims[:] = [int(_pick(rng, HUGE)) for _ in range(int(rng.integers(1, 4)))]
-    elif kind == 1 and t.data_type in (TensorProto.INT64, TensorProto.INT32):  # a shape, a count or an index
-        array = numpy_helper.to_array(t)
+    elif kind == 1 and t.data_type in (TensorProto.INT64, TensorProto.INT32) and _array(t) is not None:
+        array = _array(t)  # a shape, a count or an index
         big = np.full(array.shape, _pick(rng, [10**12, 10**9, 2**31 - 1, -(10**12), -1]) if array.ndim
                       else _pick(rng, [10**12, 10**9, -1]))
         t.CopyFrom(numpy_helper.from_array(big.astype(array.dtype, casting="unsafe"), t.name))
@@ -307,8 +315,8 @@ def mutate_model(m, rng) -> str:
         m.opset_import[0].version = int(_pick(rng, OPSETS))
     elif kind == "values" and len(g.initializer):  # other values of the same shape and type
         t = _pick(rng, g.initializer)
-        array = numpy_helper.to_array(t)
-        if array.dtype.kind == "f":
+        array = _array(t)
+        if array is not None and array.dtype.kind == "f":
             t.CopyFrom(numpy_helper.from_array(rng.standard_normal(array.shape).astype(array.dtype), t.name))
     elif kind == "nudge":  # a float attribute scaled: still valid, another result
         floats = [a for n in nodes for a in n.attribute if a.type == AttributeProto.FLOAT]
