@@ -208,3 +208,23 @@ def test_cross_entropy_whose_probability_ratio_overflows_is_finite():
     got = F.cross_entropy(of.tensor(logits), of.tensor(target), reduction="none").numpy()
     want = torch.nn.functional.cross_entropy(torch.tensor(logits), torch.tensor(target), reduction="none").numpy()
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_folding_a_constant_past_any_size_names_the_op():
+    """NumPy refuses a size past 2**63 bytes with a ValueError ('array is too big'), not a MemoryError: the
+    executor's constant folding let it out raw. Found by the ONNX fuzzing (Tile of an EyeLike by 2**62)."""
+    c = of.tensor(np.ones((2, 3)))
+    c.numpy().flags.writeable = False  # a constant of the program (as the ONNX importer makes them): folded
+    prog = of.trace(lambda x: x + F.sum(F.tile(c, reps=[2**62, 1])), x=of.Spec((), "float64"))
+    with pytest.raises(of.OpforgeError, match=r"^Executor \(folding constants\): op tile -> \S+ failed: ValueError"):
+        of.Executor(prog).run(x=np.array(1.0))
+
+
+def test_planning_a_fused_group_over_more_rows_than_memory_holds_is_an_out_of_memory_error_at_the_run():
+    """The plan of a fused pointwise group listed one slice per block of rows: 2**53 rows made a list no memory
+    holds, a raw MemoryError while planning. Found by the ONNX fuzzing (Pad by 2**53)."""
+    from fuzzing import memory_ceiling
+
+    prog = of.trace(lambda x: F.tanh(F.pad(x, pad=[0, 0, 0, 2**53]) * 2.0) + 1.0, x=of.Spec((2, 3), "float32"))
+    with memory_ceiling(), pytest.raises(of.OutOfMemoryError, match=r"^Executor\.run\(\): op #\d+ pad"):
+        of.Executor(prog).run(x=np.ones((2, 3), np.float32))

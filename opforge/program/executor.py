@@ -235,6 +235,11 @@ class Executor:
                 kept.append((op, attrs))
         except MemoryError as e:  # the kernel's, or the stand-in input of a shape_only op: too large
             raise _out_of_memory(op, attrs, specs, e, "Executor (folding constants): ") from None
+        except Exception as e:  # (NumPy's "array is too big" for a size past 2**63 bytes is a ValueError)
+            if isinstance(e, OpforgeError):
+                raise
+            raise OpforgeError(f"Executor (folding constants): op {op.type} -> {', '.join(op.output_names())} "
+                               f"failed: {type(e).__name__}: {e}") from None
         return kept, {n: v for n, v in values.items() if n not in self.constants}
 
     @staticmethod

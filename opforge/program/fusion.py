@@ -204,8 +204,9 @@ class FusedOp:
         if self.blocked:
             rows = self.spec.shape[0]
             full, tail = divmod(rows, self.rows)
-            env[f"{name}_rows"] = [slice(b * self.rows, (b + 1) * self.rows) for b in range(full)]
-            lines = [*head, dst, f"    for r in {name}_rows:", f"        {name}_block({inputs}dst, r, {scratch})"]
+            step = self.rows  # (the blocks' slices made as they run: a list of them was as long as the rows)
+            lines = [*head, dst, f"    for r in range(0, {full * step}, {step}):",
+                     f"        {name}_block({inputs}dst, slice(r, r + {step}), {scratch})"]
             if tail:
                 env[f"{name}_tail"] = slice(full * self.rows, rows)
                 views = "".join(f"s{k}[:{tail}], " for k in range(nscratch))
