@@ -228,3 +228,16 @@ def test_planning_a_fused_group_over_more_rows_than_memory_holds_is_an_out_of_me
     prog = of.trace(lambda x: F.tanh(F.pad(x, pad=[0, 0, 0, 2**53]) * 2.0) + 1.0, x=of.Spec((2, 3), "float32"))
     with memory_ceiling(), pytest.raises(of.OutOfMemoryError, match=r"^Executor\.run\(\): op #\d+ pad"):
         of.Executor(prog).run(x=np.ones((2, 3), np.float32))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_leaky_relu_with_a_nan_slope_keeps_the_positive_values_as_torch(dtype):
+    """max(x, α·x) with α NaN was NaN everywhere; torch (and ONNX Runtime's LeakyRelu) keep x where x > 0. Found by
+    the ONNX fuzzing against onnxruntime (an attribute set to NaN)."""
+    import torch
+
+    x = np.array([1.0, -2.0, 3.0, 0.0], dtype)
+    want = torch.nn.functional.leaky_relu(torch.tensor(x), float("nan")).numpy()
+    np.testing.assert_array_equal(F.leaky_relu(of.tensor(x), alpha=float("nan")).numpy(), want)
+    prog = of.trace(lambda x: F.leaky_relu(x * 1.0, alpha=float("nan")) + 0.0, x=of.Spec(x.shape, x.dtype))
+    np.testing.assert_array_equal(of.Executor(prog).run(x=x)["out"], want)  # fused

@@ -191,6 +191,8 @@ def leaky_relu(x, *, alpha):
     except KeyError:
         a = _typed(alpha, x.dtype)
     scaled = _multiply(x, a)
+    if alpha != alpha:  # NaN: x where x > 0, NaN elsewhere, as torch (max and min spread the NaN to every element)
+        return np.where(x > 0, x, scaled)
     return _maximum(x, scaled) if alpha <= 1 else _minimum(x, scaled)
 
 
@@ -200,6 +202,8 @@ def leaky_relu(x, *, alpha):
 def _(g, x, *, alpha):
     if x.dtype == D.float32:
         return g.op("LeakyRelu", x, alpha=alpha)
+    if alpha != alpha:  # (as the kernel: not Max, which spreads the NaN)
+        return g.op("Where", g.op("Greater", x, g.scalar(0.0, x)), x, g.op("Mul", x, g.scalar(alpha, x)))
     return g.op("Max" if alpha <= 1 else "Min", x, g.op("Mul", x, g.scalar(alpha, x)))  # α exact in float64
 
 
