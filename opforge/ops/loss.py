@@ -324,7 +324,7 @@ def _minus_log_softmax_at(x, t, e, sums, c):
     rows = np.arange(len(t))
     e_t = e[rows, t]
     tiny = np.finfo(e.dtype).tiny
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", divide="ignore"):  # (those rows take the other form below)
         ratio = sums / e_t
     if np.minimum.reduce(e_t, initial=np.inf) >= tiny and np.maximum.reduce(ratio, initial=0) < np.inf:
         return np.log(ratio)
