@@ -78,10 +78,10 @@ class Dim:
         self.axis = axis
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, Dim) and (self.var, self.axis) == (other.var, other.axis)
+        return type(other) is type(self) and (self.var, self.axis) == (other.var, other.axis)
 
     def __hash__(self) -> int:
-        return hash((self.var, self.axis))
+        return hash((type(self), self.var, self.axis))
 
     def __repr__(self) -> str:
         return f"{self.var}.shape[{self.axis}]"
@@ -96,8 +96,33 @@ class Dim:
     __index__ = __int__ = __lt__ = __le__ = __gt__ = __ge__ = _refuse
 
 
+class Elem(Dim):
+    """A size computed at run time: element ``axis`` of the int64 program variable ``var`` (a shape value, 1-d, or
+    0-d with ``axis`` 0), negated when ``sign`` is -1. A program may compute shapes from shapes (ONNX's Shape →
+    Gather → Concat → Reshape): an op's attr then reads them from such a variable, whose value the executor computes
+    when it plans the run for the feeds' shapes. Like a Dim, it reaches shape rules as None."""
+
+    __slots__ = ("sign",)
+
+    def __init__(self, var: str, axis: int, sign: int = 1):
+        super().__init__(var, axis)
+        self.sign = sign
+
+    def __eq__(self, other) -> bool:
+        return super().__eq__(other) and self.sign == other.sign
+
+    def __hash__(self) -> int:
+        return hash((Elem, self.var, self.axis, self.sign))
+
+    def __neg__(self) -> Elem:  # (a gradient rule negates pads: the adjoint of padding crops)
+        return Elem(self.var, self.axis, -self.sign)
+
+    def __repr__(self) -> str:
+        return f"{'-' if self.sign < 0 else ''}{self.var}[{self.axis}]"
+
+
 def undim(value):
-    """``value`` with every Dim (also inside a tuple) replaced by None, for shape rules."""
+    """``value`` with every Dim or Elem (also inside a tuple) replaced by None, for shape rules."""
     if isinstance(value, Dim):
         return None
     if isinstance(value, tuple) and any(isinstance(v, Dim) for v in value):

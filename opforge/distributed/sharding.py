@@ -40,7 +40,7 @@ from ..core.errors import ArgumentError, OpforgeError, ShapeError, describe
 from ..core.interpreters import interpreting
 from ..core.opdef import registry
 from ..core.sbp import BATCH_NORM, B, Layout, S, as_layout, block_spec, normalized, on_rank, signatures, whole_spec
-from ..core.spec import Dim, Spec, undim
+from ..core.spec import Dim, Elem, Spec, undim
 from ..dispatch import coerce_inputs
 from ..program.backward import append_backward
 from ..program.compile import _rebuild, trace_context_keys, traced_function_wrappers
@@ -755,6 +755,9 @@ class _Replay:
                 from None
 
     def _attr(self, value):
+        if isinstance(value, Elem):  # (each rank would compute it from the shapes of its blocks)
+            raise ArgumentError(f"shard(): an attr holds a size computed from the values of {value.var!r} (a shape "
+                                "computed at run time); sharded programs take sizes from shapes only")
         if isinstance(value, Dim):
             return Dim(self._new(value.var), value.axis)
         if isinstance(value, tuple):

@@ -18,7 +18,7 @@ from ..core import dtypes as D
 from ..core.errors import ArgumentError, OpforgeError, describe
 from ..core.files import atomic_write
 from ..core.opdef import registry
-from ..core.spec import Dim, Spec
+from ..core.spec import Dim, Elem, Spec
 from ..program.desc import Program
 from ..program.trace import trace
 
@@ -171,7 +171,13 @@ class Graph:
             return self.const(np.array(values, dtype=np.int64).reshape(len(values)))
         parts = []
         for v in values:
-            if isinstance(v, Dim):
+            if isinstance(v, Elem):  # an element of a shape the program computes
+                flat = self.op("Reshape", self.cast(self.values[v.var], D.int64), self.const(np.array([-1], np.int64)),
+                               spec=Spec((None,), D.int64))
+                part = self.op("Slice", flat, self.const(np.array([v.axis], np.int64)),
+                               self.const(np.array([v.axis + 1], np.int64)), spec=Spec((1,), D.int64))
+                parts.append(part if v.sign > 0 else self.op("Neg", part, spec=Spec((1,), D.int64)))
+            elif isinstance(v, Dim):
                 source = self.values[v.var]
                 axis = v.axis % len(source.shape)
                 parts.append(self.op("Shape", source, start=axis, end=axis + 1, spec=Spec((1,), D.int64)))
@@ -213,7 +219,7 @@ def _needed_ops(program: Program) -> list:
     for op in reversed(program.block.ops):
         if any(n in needed for n in op.output_names()):
             kept.append(op)
-            needed.update(op.input_names())
+            needed.update(op.input_names(), op.value_reads())
     return kept[::-1]
 
 
@@ -241,7 +247,7 @@ def program_to_onnx(program: Program, opset: int = DEFAULT_OPSET, name: str = "o
         dims = [f"{n}_dim{i}" if d is None else d for i, d in enumerate(spec.shape)]
         inputs.append(_value_info(helper, n, spec, dims))
     ops = _needed_ops(program)
-    used = {n for op in ops for n in op.input_names()} | set(program.outputs.values())
+    used = {n for op in ops for n in (*op.input_names(), *op.value_reads())} | set(program.outputs.values())
     rename = {k: v for k, v in (rename or {}).items() if v not in block.vars}
     for n, array in program.values.items():
         if n in used and block.vars[n].persistable:  # parameters and state: initializers

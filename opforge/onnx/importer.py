@@ -21,6 +21,8 @@ from ..creation import tensor
 from ..nn.module import Module
 from ..program.desc import Program
 from ..program.trace import Variable, trace, tracing_program
+from ..tensor import Tensor
+from .shapes import constant, shape_variable, sizes_of
 from .types import _DTYPES, _TYPE_NAMES, OnnxImportError, dtype_of
 
 OPSETS = (7, 23)  # the ai.onnx opset versions the importers are written for
@@ -94,6 +96,8 @@ class Node:
     def axes(self, axes, rank: int, what: str = "axes") -> list:
         """``axes`` in [0, rank), each once: ONNX allows -rank to rank - 1 and no repeats, and refuses the rest
         (taking them modulo rank would read axis 4096 as some axis)."""
+        if any(isinstance(a, Dim) for a in axes):
+            raise self.unsupported(f"{what} computed at run time")
         axes = [int(a) for a in axes]
         if any(not -rank <= a < rank for a in axes) or len(set(a % rank for a in axes)) < len(axes):
             raise OnnxImportError(f"{self.where()}: {what} {axes[:MAX_RANK]} must be distinct axes of a rank-{rank} "
@@ -113,11 +117,12 @@ class Node:
             return None
         value = self.env[self.proto.input[i]]
         if isinstance(value, np.ndarray) and value.dtype == object:
+            if value.ndim != 1 and any(isinstance(d, Dim) for d in value.reshape(-1).tolist()):
+                return shape_variable(value)
             value = tuple(value.reshape(-1).tolist())
         if isinstance(value, tuple):  # a shape known only symbolically
             if any(isinstance(d, Dim) for d in value):
-                raise self.unsupported(f"input {i} ({self.proto.input[i]!r}), a shape holding sizes known only at "
-                                       "run time, used as data")
+                return shape_variable(value)  # used as data: computed in the program
             value = np.array(value, np.int64)
         if isinstance(value, np.ndarray):
             return self._importer.constant(self.proto.input[i], value)
@@ -139,12 +144,22 @@ class Node:
             return np.array(value, np.int64)
         if isinstance(value, np.ndarray):
             return value
+        if isinstance(value, Tensor):  # computed eagerly (load_module): its value is known
+            return value.numpy()
         initial = self._importer.initial.get(self.proto.input[i])
         if initial is not None:
             return initial
         raise NeedsConstant(f"{self.where()}: input {what or i} ({self.proto.input[i]!r}) is computed or fed at run "
                             "time; opforge needs it at load: make it a constant (an initializer or a Constant "
                             "node), or bind its value with onnx.load(..., bind={name: value})", self.proto.input[i])
+
+    def known(self, i: int) -> bool:
+        """Whether input ``i``'s value is known at import (``const`` gives it), not computed in the program."""
+        value = self.env[self.proto.input[i]]
+        if self.proto.input[i] in self._importer.initial or (isinstance(value, Tensor) and
+                                                               not isinstance(value, Variable)):
+            return True
+        return isinstance(value, (tuple, np.ndarray)) and not _symbolic_dims(value)
 
     def ints(self, i: int, what: str = "") -> tuple | None:
         """Input ``i`` as a tuple of ints, with ``Dim``s for sizes known only at run time (a shape). ONNX gives such
@@ -159,6 +174,8 @@ class Node:
             return tuple(value.reshape(-1).tolist())
         if isinstance(value, tuple):
             return value
+        if isinstance(value, Variable) and value.dtype.kind in "iu" and value.spec.shape[0] is not None:
+            return sizes_of(value)  # computed in the program: read when the executor plans a run
         return tuple(int(v) for v in np.asarray(self.const(i, what)).reshape(-1))
 
     def spec(self, i: int) -> Spec:
@@ -233,10 +250,9 @@ class Importer:
 
     def constant(self, name: str, value: np.ndarray):
         t = self._constants.get(name)
-        if t is None or t.shape != value.shape:
-            t = tensor(value)
-            t.numpy().flags.writeable = False  # a constant of the program, not state
-            self._constants[name] = t
+        # (a module imported once runs on inputs of many shapes: a value computed from their shapes changes)
+        if t is None or t.dtype != value.dtype or not np.array_equal(t.numpy(), value):
+            t = self._constants[name] = constant(value)  # a constant of the program, not state
         return t
 
 
@@ -458,12 +474,8 @@ class _Parsed:
         result = {}
         for name in self.outputs:
             value = env[name]
-            if isinstance(value, np.ndarray) and value.dtype == object:
-                value = tuple(value.reshape(-1).tolist())
-            if isinstance(value, tuple):
-                if any(isinstance(d, Dim) for d in value):
-                    raise OnnxImportError(f"onnx.load(): graph output {name!r} is a shape known only at run time")
-                value = np.array(value, np.int64)
+            if _symbolic(value):  # a shape known only at run time: computed in the program
+                value = shape_variable(value) if _symbolic_dims(value) else np.array(value, np.int64)
             if isinstance(value, np.ndarray):
                 value = imp.constant(name, value)
             declared = self.declared.get(name)
@@ -653,6 +665,10 @@ def _check_types(n: Node):
             first = seen[param][0]
             raise OnnxImportError(f"{n.where()}: inputs {first} and {i} are {seen[param][1]} and {dtype}; ONNX "
                                   f"wants them of one type ({param})")
+
+
+def _symbolic_dims(v) -> bool:
+    return _symbolic(v) and any(isinstance(d, Dim) for d in np.asarray(v, dtype=object).reshape(-1).tolist())
 
 
 def _symbolic(v) -> bool:

@@ -16,7 +16,8 @@ import numpy as np
 
 from .. import ops as F
 from ..core import dtypes as D
-from ..core.spec import Dim
+from ..core.spec import Dim, Elem
+from .shapes import constant, sizes_of
 from .types import dtype_of
 
 IMPORTERS: dict = {}
@@ -710,11 +711,31 @@ def _(n):
     return np.array(math.prod(shape), np.int64)
 
 
+def _computed(sizes) -> bool:
+    """Whether sizes were computed in the program (``Elem``s, read from a variable when a run is planned)."""
+    return any(isinstance(d, Elem) for d in sizes)
+
+
+def _dims(x, count: int, fill: int):
+    """The sizes of ``x`` as an int64 variable of ``count`` entries: its last ``count`` dims, or all its dims after
+    ``count - rank`` entries ``fill``."""
+    sizes, rank = F.shape_as_tensor(x), len(x.shape)
+    if count <= rank:
+        return F.slice(sizes, axes=[0], starts=[rank - count], ends=[rank], steps=[1])
+    return F.concat([constant(np.full(count - rank, fill, np.int64)), sizes], axis=0)
+
+
 @onnx_op("Reshape")
 def _(n):
     shape = list(n.ints(1, "shape"))
     given = n.shape(0)
-    if not n.attr("allowzero", 0):
+    if _computed(shape) and not n.attr("allowzero", 0):  # a 0 keeps the dim of x at its index: decided at run time
+        sizes, rank, dims = n.input(1), len(given), F.shape_as_tensor(n.input(0))
+        # (a 0 past x's rank has no dim to keep: ONNX refuses it, and our reshape reads it as a size 0)
+        kept = F.slice(dims, axes=[0], starts=[0], ends=[len(shape)], steps=[1]) if len(shape) <= rank else \
+            F.concat([dims, constant(np.zeros(len(shape) - rank, np.int64))], axis=0)
+        shape = list(sizes_of(F.where(sizes == 0, kept, sizes)))
+    elif not n.attr("allowzero", 0):
         shape = [given[i] if isinstance(d, int) and d == 0 else d for i, d in enumerate(shape)]
     return F.reshape(n.input(0), shape=shape)
 
@@ -799,8 +820,16 @@ def _(n):
     steps = list(steps) if steps is not None else [1] * len(axes)
     if not len(starts) == len(ends) == len(axes) == len(steps):
         raise n.unsupported(f"{len(starts)} starts, {len(ends)} ends, {len(axes)} axes and {len(steps)} steps")
+    if any(isinstance(st, Dim) for st in steps):
+        raise n.unsupported("steps computed at run time")
     # ONNX clamps like Python slicing; our slice reads a negative end as "past index 0" (a backward slice to the
     # start): normalise the ends against the dim, so that only that meaning is left negative.
+    if _computed(ends):  # ends computed in the program: normalised there, as below
+        e = n.input(2)
+        size = F.take(F.shape_as_tensor(n.input(0)), constant(np.array(axes, np.int64)), axis=0)
+        e = F.where(e < 0, e + size, e)
+        e = F.maximum(e, constant(np.array([0 if st > 0 else -1 for st in steps], np.int64)))
+        return F.slice(n.input(0), axes=axes, starts=list(starts), ends=list(sizes_of(e)), steps=steps)
     norm_ends = []
     for a, e, st in zip(axes, ends, steps):
         size = shape[a]
@@ -840,6 +869,12 @@ def _(n):
 def _(n):
     shape = list(n.ints(1, "shape"))
     given = list(n.shape(0))
+    if _computed(shape):  # both ways: a 1 in the shape keeps x's dim, decided at run time
+        rank = max(len(shape), len(given))
+        sizes = n.input(1) if len(shape) == rank else \
+            F.concat([constant(np.ones(rank - len(shape), np.int64)), n.input(1)], axis=0)
+        return F.broadcast_to(n.input(0), shape=list(sizes_of(F.where(sizes == 1, _dims(n.input(0), rank, 1),
+                                                                          sizes))))
     rank = max(len(shape), len(given))
     shape, given = [1] * (rank - len(shape)) + shape, [1] * (rank - len(given)) + given
     target = [s if isinstance(g, int) and g == 1 else g for s, g in zip(shape, given)]
@@ -891,13 +926,36 @@ def _(n):
     value = n.attr("value")
     value = np.zeros(1, np.float32) if value is None else value
     shape = n.ints(0, "shape")
-    if any(isinstance(d, Dim) for d in shape):
-        raise n.unsupported("a shape known only at run time")
+    if any(isinstance(d, Dim) for d in shape):  # a shape known only at run time: made in the program
+        fill = value.reshape(-1)[0]
+        if float(fill) != fill:
+            raise n.unsupported(f"a value of {value.dtype} ({fill}) that a float does not hold exactly, with a shape "
+                                "known only at run time")
+        return F.full(shape=list(shape), fill_value=float(fill), dtype=value.dtype)
     return np.full(n.allocate(shape, value.dtype), value.reshape(-1)[0], dtype=value.dtype)
+
+
+def _range_at_run_time(n):
+    """Range over start, limit and delta some of which are computed in the program: ONNX's count of elements,
+    max(ceil((limit - start) / delta), 0), then start + i·delta for i below it."""
+    start, limit, delta = n.inputs()
+    if any(len(v.shape) for v in (start, limit, delta)):
+        raise n.unsupported("start, limit or delta that is not a scalar")
+    dtype = start.dtype
+    if dtype.kind in "iu":
+        count = -F.floor_divide(start - limit, delta)
+    else:
+        count = F.cast(F.ceil((limit - start) / delta), dtype=D.int64)
+    count = F.maximum(count, constant(np.array(0, np.int64)))
+    steps = F.cumsum(F.full(shape=list(sizes_of(F.reshape(count, shape=[1]))), fill_value=1.0, dtype=D.int64),
+                     axis=0) - 1
+    return start + F.cast(steps, dtype=dtype) * delta
 
 
 @onnx_op("Range")
 def _(n):
+    if not all(n.known(i) for i in range(3)):
+        return _range_at_run_time(n)
     start, limit, delta = (n.const(i, what) for i, what in enumerate(("start", "limit", "delta")))
     if any(np.size(v) != 1 for v in (start, limit, delta)):
         raise n.unsupported("start, limit or delta that is not a scalar")

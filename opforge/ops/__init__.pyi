@@ -1531,6 +1531,12 @@ def pixel_unshuffle(x: _TensorLike, downscale_factor: int) -> Tensor:
 def reshape(x: _TensorLike, shape: Sequence[int] | int) -> Tensor:
     """The same elements in a new shape; one dim may be -1 (inferred)."""
 
+def shape_as_tensor(x: _TensorLike) -> Tensor:
+    """The shape of ``x`` as a 1-d int64 tensor (``torch._shape_as_tensor``, ONNX's Shape). In a program whose
+    dims are known only at run time, sizes computed from it (``reshape(x, shape=...)`` fed by Shape → Gather →
+    Concat in an imported ONNX model) are computed when the executor plans the run for the feeds' shapes.
+    """
+
 def transpose(x: _TensorLike, *, perm: Sequence[int] | int | None = None) -> Tensor:
     """Permutes the dims (reverses them when ``perm`` is None)."""
 

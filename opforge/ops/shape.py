@@ -81,6 +81,28 @@ def _(rng):
     yield Sample.of(rng.standard_normal(()), shape=[1, 1])
 
 
+@op("shape_as_tensor(Tensor x) -> Tensor y", traits=["no_grad", "shape_only"])
+def shape_as_tensor(x):
+    """The shape of ``x`` as a 1-d int64 tensor (``torch._shape_as_tensor``, ONNX's Shape). In a program whose dims
+    are known only at run time, sizes computed from it (``reshape(x, shape=...)`` fed by Shape → Gather → Concat in an
+    imported ONNX model) are computed when the executor plans the run for the feeds' shapes."""
+    return np.array(x.shape, dtype=np.int64).reshape(x.ndim)
+
+
+shape_as_tensor.onnx(lambda g, x: g.op("Shape", x))
+
+
+@shape_as_tensor.infer
+def _(x):
+    return Spec((len(x.shape),), D.int64)
+
+
+@shape_as_tensor.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((2, 3)))
+    yield Sample.of(rng.standard_normal(()))
+
+
 @op("transpose(Tensor x, *, int[] perm=None) -> Tensor y")
 def transpose(x, *, perm):
     """Permutes the dims (reverses them when ``perm`` is None)."""
@@ -153,13 +175,14 @@ broadcast_to.onnx(lambda g, x, *, shape: g.op("Expand", x, g.ints([1 if d == -1 
 @broadcast_to.infer
 def _(x, *, shape):
     shape = _expanded_shape(x.shape, shape)
-    try:
-        ok = len(shape) >= len(x.shape) and broadcast_shapes(x.shape, shape) == shape
+    try:  # (a size of None, known at run time, is checked then: a dim of x other than 1 is what it must be)
+        both = broadcast_shapes(x.shape, shape) if len(shape) >= len(x.shape) else None
+        ok = both is not None and shapes_agree(both, shape)
     except ValueError:
         ok = False
     if not ok:
         raise ShapeError(f"broadcast_to(): cannot broadcast a tensor of shape {x.shape} to {list(shape)}")
-    return Spec(shape, x.dtype)
+    return Spec(tuple(b if s is None else s for s, b in zip(shape, both)), x.dtype)
 
 
 @broadcast_to.grad
@@ -190,9 +213,13 @@ def _slice_spec(op_name, shape, axes, starts, ends, steps):
         if not 0 <= a < len(shape):
             raise ShapeError(f"{op_name}(): axis {a} is out of range for a tensor of shape {shape}")
         if st == 0:
-            raise ShapeError(f"{op_name}(): step must not be 0")
-        if shape[a] is not None:
+            raise ShapeError(f"{op_name}(): step must not be 0")  # (None, a step known at run time: checked then)
+        if st is None:
+            out[a] = None
+        elif shape[a] is not None and s is not None and e is not None:  # (None: a size computed at run time)
             out[a] = len(range(*builtins.slice(s, e if e >= 0 else None, st).indices(shape[a])))
+        else:
+            out[a] = None
     return tuple(out)
 
 
@@ -673,7 +700,7 @@ def _tile_dims(shape, reps):
 @tile.infer
 def _(x, *, reps):
     shape, reps = _tile_dims(x.shape, reps)
-    return Spec(tuple(None if s is None else s * r for s, r in zip(shape, reps)), x.dtype)
+    return Spec(tuple(None if s is None or r is None else s * r for s, r in zip(shape, reps)), x.dtype)
 
 
 @tile.grad
@@ -1005,7 +1032,7 @@ def _padded_shape(op_name, shape, pad, mode):
                          f"a tensor of shape {shape} has {len(shape)}")
     out = []
     for d, (n, (before, after)) in enumerate(zip(shape, _pad_pairs(pad, len(shape)))):
-        if n is None:
+        if n is None or before is None or after is None:  # (a pad computed at run time: checked then)
             out.append(None)
             continue
         if n + before + after < 0:

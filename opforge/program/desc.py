@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..core.devices import CPU
-from ..core.spec import Dim, Spec
+from ..core.spec import Dim, Elem, Spec
 
 FORMAT_VERSION = 1
 
@@ -42,6 +42,12 @@ class OpDesc:
 
     def output_names(self) -> list:
         return [n for names in self.outputs.values() for n in names]
+
+    def value_reads(self) -> list:
+        """The variables whose values the op's attrs read as sizes (``Elem``s: a shape computed in the program): the
+        op depends on them as on its inputs, though the executor reads them when it plans a run, not at the op."""
+        return sorted({v.var for value in self.attrs.values()
+                       for v in (value if isinstance(value, tuple) else (value,)) if isinstance(v, Elem)})
 
 
 def format_attr(value) -> str:

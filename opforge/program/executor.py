@@ -31,7 +31,7 @@ from ..core import codegen
 from ..core.errors import ArgumentError, OpforgeError, OutOfMemoryError, ShapeError, out_of_memory
 from ..core.keys import exact
 from ..core.opdef import registry
-from ..core.spec import Dim, Spec
+from ..core.spec import Dim, Elem, Spec
 from ..tensor import Tensor
 from .desc import OpDesc, Program
 from .fusion import FusedOp, escapes, fuse, in_place_inputs, overlap
@@ -60,12 +60,15 @@ class Plan:
         self.workspaces = [] if workspaces is None else workspaces  # idle workspaces (runs take and give back)
 
 
-def _resolve(value, specs: dict):
-    """Replace each Dim (a run-time size) in an attr value by its size under the concrete ``specs``."""
+def _resolve(value, specs: dict, value_of):
+    """Replace each Dim (a run-time size) in an attr value by its size under the concrete ``specs``, and each Elem
+    (a size computed from shapes) by its element of the value ``value_of`` computes."""
+    if isinstance(value, Elem):
+        return value.sign * int(np.asarray(value_of(value.var)).reshape(-1)[value.axis])
     if isinstance(value, Dim):
         return specs[value.var].shape[value.axis]
     if isinstance(value, tuple) and any(isinstance(v, Dim) for v in value):
-        return tuple(_resolve(v, specs) for v in value)
+        return tuple(_resolve(v, specs, value_of) for v in value)
     return value
 
 
@@ -170,9 +173,13 @@ class Executor:
         for name, a in program.values.items():
             specs[name] = Spec(a.shape, a.dtype)
         ops = []
+        value_of = self._shape_values(ops, specs)
         # 1. inference with concrete shapes (also over ops DCE will drop: a program must be consistent)
         for i, op in enumerate(block.ops):
-            attrs = {k: _resolve(v, specs) for k, v in op.attrs.items()}  # its Dims refer to earlier variables
+            try:  # its Dims and Elems refer to earlier variables
+                attrs = {k: _resolve(v, specs, value_of) for k, v in op.attrs.items()}
+            except OpforgeError as e:
+                raise ShapeError(f"op #{i} {op.type} -> {', '.join(op.output_names())}: {e}") from None
             ops.append((op, attrs))
             opdef = registry.get(op.type)
             if opdef.validate is not None and attrs != op.attrs:
@@ -206,6 +213,42 @@ class Executor:
         else:
             alias = {}
         return self._generate(ops, specs, alias, removed, folded)
+
+    def _shape_values(self, ops: list, specs: dict):
+        """``value_of(name)``: the value of a variable that an attr reads as sizes (an Elem), computed as the plan is
+        made from the ops in ``ops`` (those inferred so far) that lead to it. Such a value must depend on the feeds'
+        shapes alone (Shape → Gather → Concat …), which a plan fixes: ops whose result depends on shapes only
+        (``shape_only``) and pure ops over constants or such results are run now, once per plan."""
+        values = dict(self.constants)
+        device = self.program.device
+
+        def value_of(name: str):
+            if name in values:
+                return values[name]
+            at = next((k for k, (op, _) in enumerate(ops) if name in op.output_names()), None)
+            if at is None:
+                kind = "a feed" if name in self.program.feeds else "a parameter"
+                raise ShapeError(f"a size is read from the values of {name!r}, which depend on the values of {kind} "
+                                 f"({name!r}), not on shapes alone; a program computes the sizes it needs from "
+                                 "shapes and constants only")
+            op, attrs = ops[at]
+            opdef = registry.get(op.type)
+            if "random" in opdef.traits:
+                raise ShapeError(f"a size is read from {name!r}, which op {op.type} draws at random")
+            try:
+                known = {n: device.xp.empty(specs[n].shape, specs[n].dtype) if "shape_only" in opdef.traits
+                         else value_of(n) for n in op.input_names()}
+            except ShapeError as e:
+                raise ShapeError(f"{e} (through op {op.type} -> {', '.join(op.output_names())})") from None
+            args = [[known[n] for n in op.inputs[p.name]] if p.is_list else
+                    (known[op.inputs[p.name][0]] if op.inputs[p.name] else None) for p in opdef.inputs]
+            first = next((specs[n].dtype for n in op.input_names()), None)
+            kernel = opdef.kernel_for(device, () if first is None else (first,), attrs).bind(device)
+            for n, v in zip(op.output_names(), _flattener(opdef, device)(kernel(*args, **attrs))):
+                values[n] = v
+            return values[name]
+
+        return lambda name: device.to_host(value_of(name))
 
     def _fold(self, ops: list, specs: dict):
         """Constant folding: run now, once, every pure op whose inputs are all constants (not parameters,

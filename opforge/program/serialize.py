@@ -36,7 +36,7 @@ from ..core.errors import OpforgeError, describe
 from ..core.files import NpzReader, atomic_write, sha256_of, shortened, write_npz, write_uniquely_named
 from ..core.opdef import registry
 from ..core.schema import Param, check_attr
-from ..core.spec import Dim, Spec, undim
+from ..core.spec import Dim, Elem, Spec, undim
 from .desc import FORMAT_VERSION, OpDesc, Program
 
 FORMAT = "opforge.program"
@@ -56,6 +56,8 @@ def _encode(value):
         return [_encode(v) for v in value]
     if isinstance(value, np.dtype):
         return {"dtype": str(value)}
+    if isinstance(value, Elem):
+        return {"elem": [value.var, value.axis, value.sign]}
     if isinstance(value, Dim):
         return {"dim": [value.var, value.axis]}
     return value
@@ -331,6 +333,18 @@ class _Loader:
                     return Dim(var, axis)
             raise ProgramFormatError(f"{at}: {describe(value)} is not the size of an axis of a variable known "
                                      "before this op")
+        if isinstance(value, dict) and set(value) == {"elem"}:
+            ref = value["elem"]
+            if isinstance(ref, list) and len(ref) == 3 and isinstance(ref[0], str) and _is(ref[1], int) and \
+                    ref[2] in (1, -1) and _is(ref[2], int):
+                var, index, sign = ref
+                spec = self.vars[var].spec if var in self.vars else None
+                if spec is not None and spec.dtype.kind in "iu" and len(spec.shape) <= 1 and \
+                        0 <= index < (spec.shape[0] if spec.shape and spec.shape[0] is not None else 1) and \
+                        self._available(var, i):
+                    return Elem(var, index, sign)
+            raise ProgramFormatError(f"{at}: {describe(value)} is not an element of an integer vector known before "
+                                     "this op")
         raise ProgramFormatError(f"{at}: unknown attr value {describe(value)}")
 
     def _check_op(self, opdef, inputs: dict, outputs: dict, attrs: dict, at: str) -> None:
