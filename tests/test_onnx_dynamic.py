@@ -208,3 +208,26 @@ def test_an_imported_program_with_computed_sizes_exports_again(name):
     feed = {f"in{i}": a for i, a in enumerate(_inputs(IDIOMS[name][2], 3))}
     want = ort.InferenceSession(proto, providers=["CPUExecutionProvider"]).run(None, feed)[0]
     np.testing.assert_allclose(again.run(None, feed)[0], want, rtol=1e-10, atol=1e-12)
+
+
+class ReflectPad(nn.Module):
+    def forward(self, x):
+        return tF.pad(x, (1, 2, 0, 1), mode="reflect")
+
+
+def test_torch_pad_chains_fold_at_import_within_the_constant_limit():
+    torch.manual_seed(0)
+    module = ReflectPad().double()
+    f = io.BytesIO()
+    torch.onnx.export(module, (torch.randn(2, 3, 5, dtype=torch.float64),), f, input_names=["x"], output_names=["y"],
+                      dynamo=False, opset_version=17, dynamic_axes={"x": {0: "b"}, "y": {0: "b"}})
+    proto = onnx.load_from_string(f.getvalue())
+    chain = [n.op_type for n in proto.graph.node if n.op_type != "Constant"]
+    assert chain == ["ConstantOfShape", "Concat", "Reshape", "Slice", "Transpose", "Reshape", "Cast", "Pad"]
+    program = of.onnx.load(proto)
+    assert [op.type for op in program.block.ops] == ["pad"]  # the pads were computed at import
+    x = np.random.default_rng(0).standard_normal((4, 3, 5))
+    np.testing.assert_allclose(of.Executor(program).run(x=x)["y"], module(torch.tensor(x)).numpy(), rtol=1e-12)
+    # what the chain computes counts against max_constant_bytes, checked before it is made
+    with pytest.raises(of.onnx.OnnxImportError, match="max_constant_bytes"):
+        of.onnx.load(proto, max_constant_bytes=8)

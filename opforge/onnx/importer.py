@@ -22,7 +22,7 @@ from ..nn.module import Module
 from ..program.desc import Program
 from ..program.trace import Variable, trace, tracing_program
 from ..tensor import Tensor
-from .shapes import constant, shape_variable, sizes_of
+from .shapes import constant, from_shapes, shape_variable, sizes_of
 from .types import _DTYPES, _TYPE_NAMES, OnnxImportError, dtype_of
 
 OPSETS = (7, 23)  # the ai.onnx opset versions the importers are written for
@@ -161,6 +161,12 @@ class Node:
             return True
         return isinstance(value, (tuple, np.ndarray)) and not _symbolic_dims(value)
 
+    def from_shapes(self, i: int) -> bool:
+        """Whether input ``i`` is an integer variable computed from shapes and constants alone, which an op's attr
+        may read (the executor computes it when it plans a run for the feeds' shapes)."""
+        value = self.env[self.proto.input[i]]
+        return isinstance(value, Variable) and value.dtype.kind in "iu" and from_shapes(value)
+
     def ints(self, i: int, what: str = "") -> tuple | None:
         """Input ``i`` as a tuple of ints, with ``Dim``s for sizes known only at run time (a shape). ONNX gives such
         lists (shapes, axes, pads, repeats) as 1-D tensors, and refuses others (a 2-D one was read flattened)."""
@@ -174,8 +180,8 @@ class Node:
             return tuple(value.reshape(-1).tolist())
         if isinstance(value, tuple):
             return value
-        if isinstance(value, Variable) and value.dtype.kind in "iu" and value.spec.shape[0] is not None:
-            return sizes_of(value)  # computed in the program: read when the executor plans a run
+        if self.from_shapes(i) and value.spec.shape[0] is not None:
+            return sizes_of(value)  # computed from shapes in the program: read when the executor plans a run
         return tuple(int(v) for v in np.asarray(self.const(i, what)).reshape(-1))
 
     def spec(self, i: int) -> Spec:
@@ -571,12 +577,14 @@ class OnnxModule(Module):
 
 
 _FOLDABLE = {"Identity", "Concat", "Gather", "Unsqueeze", "Squeeze", "Slice", "Cast", "Reshape", "Add", "Sub", "Mul",
-             "Div", "Neg", "Size"}
+             "Div", "Neg", "Size", "Transpose"}
+FOLD_ELEMENTS = 4096  # integer constants of more dims are computed at import up to this size (torch's pad chains)
 
 
 def _fold(n: Node):
     """A node over integer values known at import (constants, and shapes whose run-time sizes are ``Dim``s): its
-    value, computed here, as an array, or a tuple when it holds Dims; None when it is not such a node."""
+    value, computed here, as an array, or a tuple when it holds Dims; None when it is not such a node. torch's pad
+    chains (Constant → ConstantOfShape → Concat → Reshape → Slice → Transpose → Reshape → Cast) fold whole."""
     if n.op_type not in _FOLDABLE or n.outputs != 1 or not all(
             isinstance(n.env.get(i), (tuple, np.ndarray)) for i in n.proto.input if i):
         return None
@@ -584,8 +592,8 @@ def _fold(n: Node):
     raw = [tuple(v.reshape(-1).tolist()) if isinstance(v, np.ndarray) and v.dtype == object and v.ndim == 1 else v
            for v in raw]
     if not any(_symbolic(v) for v in raw) and not all(
-            v is None or (v.dtype.kind in "iub" and v.ndim <= 1) for v in raw):
-        return None  # constant data (not a shape): the executor folds it
+            v is None or (v.dtype.kind in "iub" and (v.ndim <= 1 or v.size <= FOLD_ELEMENTS)) for v in raw):
+        return None  # constant data (not a shape, nor a few sizes): the executor folds it
     values = [None if v is None else np.array(v, dtype=object) if isinstance(v, tuple) else v for v in raw]
     symbolic = any(_symbolic(v) for v in raw)
     x = values[0]
@@ -612,11 +620,23 @@ def _fold(n: Node):
                 y = x
                 for a in sorted(n.axes(axes, x.ndim + len(axes))):
                     y = np.expand_dims(y, a)
-        elif t == "Slice" and n.opset >= 10 and x.ndim == 1:
-            starts, ends = int(values[1][0]), int(values[2][0])
-            steps = int(values[4][0]) if len(values) > 4 and values[4] is not None else 1
-            y = x[starts:ends:steps]
-        elif t == "Cast" and n.attr("to") in (6, 7):
+        elif t == "Slice" and n.opset >= 10:  # (Python's slicing clamps as ONNX's Slice does)
+            starts, ends = (np.asarray(v).reshape(-1).tolist() for v in values[1:3])
+            axes = values[3] if len(values) > 3 and values[3] is not None else range(len(starts))
+            axes = n.axes(np.asarray(axes).reshape(-1).tolist(), x.ndim)
+            steps = values[4] if len(values) > 4 and values[4] is not None else [1] * len(starts)
+            steps = np.asarray(steps).reshape(-1).tolist()
+            if not len(starts) == len(ends) == len(axes) == len(steps):
+                return None  # (the Slice importer says what is wrong)
+            index = [slice(None)] * x.ndim
+            for a, start, end, step in zip(axes, starts, ends, steps):
+                index[a] = slice(int(start), int(end), int(step))
+            y = x[tuple(index)]
+        elif t == "Transpose":
+            perm = n.attr("perm")
+            y = np.transpose(x, None if perm is None else list(perm))
+        elif t == "Cast" and (n.attr("to") in (6, 7) or (not symbolic and n.attr("to") in _DTYPES and
+                              np.dtype(_DTYPES[n.attr("to")]).kind in "iub")):
             n.attr("saturate")
             y = x if symbolic else x.astype(_DTYPES[n.attr("to")])
         elif t == "Reshape" and not symbolic:

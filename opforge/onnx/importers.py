@@ -935,6 +935,13 @@ def _(n):
     return np.full(n.allocate(shape, value.dtype), value.reshape(-1)[0], dtype=value.dtype)
 
 
+def _symbolic_input(n, i: int) -> bool:
+    """Whether input ``i`` is a shape known symbolically at import (sizes ``Dim``s: computed in the program)."""
+    value = n.env[n.proto.input[i]]
+    return isinstance(value, (tuple, np.ndarray)) and any(
+        isinstance(d, Dim) for d in np.asarray(value, dtype=object).reshape(-1).tolist())
+
+
 def _range_at_run_time(n):
     """Range over start, limit and delta some of which are computed in the program: ONNX's count of elements,
     max(ceil((limit - start) / delta), 0), then start + i·delta for i below it."""
@@ -954,8 +961,9 @@ def _range_at_run_time(n):
 
 @onnx_op("Range")
 def _(n):
-    if not all(n.known(i) for i in range(3)):
-        return _range_at_run_time(n)
+    if not all(n.known(i) for i in range(3)) and all(n.known(i) or n.from_shapes(i) or _symbolic_input(n, i)
+                                                     for i in range(3)):
+        return _range_at_run_time(n)  # (an input fed or computed from data: n.const says it is needed at load)
     start, limit, delta = (n.const(i, what) for i, what in enumerate(("start", "limit", "delta")))
     if any(np.size(v) != 1 for v in (start, limit, delta)):
         raise n.unsupported("start, limit or delta that is not a scalar")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import ops as F
+from ..core.opdef import registry
 from ..core.spec import Dim, Elem
 from ..creation import tensor
 from ..program.trace import Variable, tracing_program
@@ -44,3 +45,24 @@ def shape_variable(value):
         parts.append(constant(np.array(run, np.int64)))
     flat = parts[0] if len(parts) == 1 else F.concat(parts, axis=0)
     return flat if len(shape) == 1 else F.reshape(flat, shape=list(shape))
+
+
+def from_shapes(variable) -> bool:
+    """Whether the value of ``variable`` depends on shapes and constants alone (Shape → Gather → Concat …), not on
+    the values of feeds or parameters: what the executor computes when it plans a run, and an attr may read."""
+    program = variable.program
+    producer = {n: op for op in program.block.ops for n in op.output_names()}
+    seen: dict = {}
+
+    def known(name: str) -> bool:
+        if name not in seen:
+            op = producer.get(name)
+            if op is None:  # a feed, a parameter or state: read at run time; or a constant
+                seen[name] = name in program.values and not program.block.vars[name].persistable
+            else:
+                traits = registry.get(op.type).traits
+                seen[name] = "random" not in traits and (
+                    "shape_only" in traits or all(known(n) for n in (*op.input_names(), *op.value_reads())))
+        return seen[name]
+
+    return known(variable.name)
