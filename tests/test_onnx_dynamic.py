@@ -141,6 +141,15 @@ def _torch_run(module, arrays, weight):
 TOLERANCE = {"scaled_attention": (1e-6, 1e-7)}
 
 
+def _backward_of(net, weight):
+    def step(*inputs):
+        y = net(*inputs)
+        (y * of.tensor(weight)).sum().backward()
+        return y
+
+    return step
+
+
 def _weighted_sum(net, weight):
     def loss(**inputs):
         y = net(*inputs.values())
@@ -177,6 +186,15 @@ def test_dynamic_shape_idioms_match_torch(name):
         net.zero_grad()
         y = net(*xs)
         (y * of.tensor(weight)).sum().backward()
+        np.testing.assert_allclose(y.numpy(), got, rtol=1e-12, atol=1e-14)
+        for i, g in zip(floats, want_dx):
+            np.testing.assert_allclose(xs[i].grad.numpy(), g, rtol=rtol, atol=atol)
+        for p, g in zip(net.parameters(), want_dp):
+            np.testing.assert_allclose(p.grad.numpy(), g, rtol=rtol, atol=atol)
+        # of.compile (a program per input shape) means what eager code means
+        xs = [of.tensor(a, requires_grad=a.dtype.kind == "f") for a in arrays]
+        net.zero_grad()
+        y = of.compile(_backward_of(net, weight))(*xs)
         np.testing.assert_allclose(y.numpy(), got, rtol=1e-12, atol=1e-14)
         for i, g in zip(floats, want_dx):
             np.testing.assert_allclose(xs[i].grad.numpy(), g, rtol=rtol, atol=atol)
@@ -231,3 +249,45 @@ def test_torch_pad_chains_fold_at_import_within_the_constant_limit():
     # what the chain computes counts against max_constant_bytes, checked before it is made
     with pytest.raises(of.onnx.OnnxImportError, match="max_constant_bytes"):
         of.onnx.load(proto, max_constant_bytes=8)
+
+
+def _half_program():
+    """x[:, :x.size(1) // 2] in a program whose dims are unknown: the end is computed from x's shape."""
+    from opforge import ops as F
+    from opforge.core.spec import Elem
+
+    def half(x):
+        end = F.floor_divide(F.shape_as_tensor(x), 2)
+        return {"y": F.slice(x, axes=[1], starts=[0], ends=[Elem(end.name, 1)], steps=[1]) * 3.0}
+
+    return of.trace(half, x=of.Spec((None, None), "float64"))
+
+
+def test_a_program_computing_sizes_from_shapes_runs_saves_and_differentiates(tmp_path):
+    program = _half_program()
+    of.append_backward(program, program.outputs["y"], wrt=["x"])  # (of a non-scalar: dy is ones)
+    path = tmp_path / "half.json"
+    program.save(path)
+    again = of.Program.load(path)
+    assert str(again) == str(program)  # the computed size is kept as such, not read as a dim of a shape
+    for shape in ((2, 5), (3, 8), (1, 1)):
+        x = np.random.default_rng(0).standard_normal(shape)
+        xt = torch.tensor(x, requires_grad=True)
+        want = xt[:, : xt.size(1) // 2] * 3.0
+        want.sum().backward()
+        for p in (program, again):
+            out = of.Executor(p).run(x=x)
+            np.testing.assert_array_equal(out["y"], want.detach().numpy())
+            np.testing.assert_array_equal(out["x@GRAD"], xt.grad.numpy())
+
+
+def test_a_size_read_from_the_values_of_a_feed_is_refused_naming_it():
+    from opforge import ops as F
+    from opforge.core.spec import Elem
+
+    def bad(x, n):
+        return {"y": F.slice(x, axes=[0], starts=[0], ends=[Elem(F.abs(n).name, 0)], steps=[1])}
+
+    program = of.trace(bad, x=of.Spec((None,), "float64"), n=of.Spec((1,), "int64"))
+    with pytest.raises(of.ShapeError, match=r"'n'.*not on shapes alone"):
+        of.Executor(program).run(x=np.ones(4), n=np.array([2]))

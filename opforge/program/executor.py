@@ -227,7 +227,7 @@ class Executor:
                 return values[name]
             at = next((k for k, (op, _) in enumerate(ops) if name in op.output_names()), None)
             if at is None:
-                kind = "a feed" if name in self.program.feeds else "a parameter"
+                kind = "a feed" if name in self.program.feeds else "state (a parameter, a buffer)"
                 raise ShapeError(f"a size is read from the values of {name!r}, which depend on the values of {kind} "
                                  f"({name!r}), not on shapes alone; a program computes the sizes it needs from "
                                  "shapes and constants only")
