@@ -21,7 +21,7 @@ from .core.interpreters import EAGER, interpreting
 from .core.interpreters import current_interpreter as _interpreter
 from .core.keys import exact
 from .core.opdef import flat_ranges, split_by_layout
-from .core.spec import Spec
+from .core.spec import Elem, Spec
 
 
 class Node:
@@ -1270,7 +1270,12 @@ def _basic_index(x: Tensor, index) -> Tensor:
             shape.append(size)
             dim += 1
             continue
-        if isinstance(item, slice):
+        if not isinstance(size, int):  # a dim known only at run time (in a program): bounds resolved when it runs
+            start, stop, step = _run_time_bounds(x, dim, item)
+            axes.append(dim), starts.append(start), ends.append(stop), steps.append(step)
+            if isinstance(item, slice):  # (an int index drops the dim)
+                shape.append(("y", dim))
+        elif isinstance(item, slice):
             start, stop, step = item.indices(size)
             if (start, stop, step) != (0, size, 1):
                 axes.append(dim), starts.append(start), ends.append(stop), steps.append(step)
@@ -1283,9 +1288,32 @@ def _basic_index(x: Tensor, index) -> Tensor:
             axes.append(dim), starts.append(i), ends.append(i + 1), steps.append(1)
         dim += 1
     y = F.slice(x, axes=axes, starts=starts, ends=ends, steps=steps) if axes else x
+    shape = [y.shape[d[1]] if isinstance(d, tuple) else d for d in shape]  # (("y", k): y's dim k, known at run time)
     if tuple(shape) != y.shape:
         return F.reshape(y, shape=shape)
     return y if y is not x else F.identity(x)  # x[...] is a new tensor, as every index result
+
+
+def _run_time_bounds(x, dim: int, item):
+    """Slice ``item`` (or int index) along dim ``dim`` of ``x``, whose size is known only at run time, as the
+    (start, end, step) of the ``slice`` op. Python clamps the start and a non-negative end as the op does; a
+    negative end counts from the end of the dim: ``size + end`` (clamped), computed in the program from x's shape."""
+    if isinstance(item, slice):
+        step = 1 if item.step is None else int(item.step)
+        if step == 0:
+            raise ArgumentError("Tensor indexing: slice step cannot be zero")
+        start = (0 if step > 0 else -1) if item.start is None else int(item.start)
+        stop = None if item.stop is None else int(item.stop)
+    else:  # x[i]: the slice i:i+1
+        start, step = int(item), 1
+        stop = None if start == -1 else start + 1
+    if stop is None:
+        return start, 2**63 - 1 if step > 0 else -1, step  # to the end (-1: past index 0, going backwards)
+    if stop >= 0:
+        return start, stop, step
+    size = F.slice(F.shape_as_tensor(x), axes=[0], starts=[dim], ends=[dim + 1], steps=[1])
+    end = F.maximum(size + stop, 0 if step > 0 else -1)
+    return start, Elem(end.name, 0), step
 
 
 def _index(x, index):

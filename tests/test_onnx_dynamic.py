@@ -291,3 +291,24 @@ def test_a_size_read_from_the_values_of_a_feed_is_refused_naming_it():
     program = of.trace(bad, x=of.Spec((None,), "float64"), n=of.Spec((1,), "int64"))
     with pytest.raises(of.ShapeError, match=r"'n'.*not on shapes alone"):
         of.Executor(program).run(x=np.ones(4), n=np.array([2]))
+
+
+SLICES = {"x[:, 1:]": lambda x: x[:, 1:], "x[:, :-1]": lambda x: x[:, :-1], "x[:, ::-1]": lambda x: x[:, ::-1],
+          "x[:, -3:-1]": lambda x: x[:, -3:-1], "x[:, 0]": lambda x: x[:, 0], "x[:, -1]": lambda x: x[:, -1],
+          "x[:, 4:0:-2]": lambda x: x[:, 4:0:-2], "x[:, :-9]": lambda x: x[:, :-9],
+          "x[:, -1:-9:-1]": lambda x: x[:, -1:-9:-1], "x[None, ..., 2:]": lambda x: x[None, ..., 2:]}
+
+
+@pytest.mark.parametrize("name", list(SLICES))
+def test_slicing_dims_known_only_at_run_time_in_a_program(name):  # as NumPy slices (torch has no negative steps)
+    index = SLICES[name]
+    program = of.trace(lambda x: {"y": index(x)}, x=of.Spec((None, None), "float64"))
+    of.append_backward(program, program.outputs["y"], wrt=["x"])
+    exe = of.Executor(program)
+    for shape in ((2, 5), (3, 1), (1, 7)):
+        x = np.random.default_rng(0).standard_normal(shape)
+        grad = np.zeros(shape)
+        index(grad)[...] = 1.0  # d sum(x[index]) / dx: 1 where the index reads (NumPy: basic indexing is a view)
+        out = exe.run(x=x)
+        np.testing.assert_array_equal(out["y"], index(x))
+        np.testing.assert_array_equal(out["x@GRAD"], grad)
