@@ -21,7 +21,7 @@ from .core.interpreters import EAGER, interpreting
 from .core.interpreters import current_interpreter as _interpreter
 from .core.keys import exact
 from .core.opdef import flat_ranges, split_by_layout
-from .core.spec import Elem, Spec
+from .core.spec import Dim, Elem, Spec
 
 
 class Node:
@@ -261,7 +261,7 @@ def _in_place_method(op: str):
 
 def _sizes(sizes: tuple) -> list:
     """torch's ``view(2, 3)``, ``view((2, 3))`` and ``view(torch.Size([2, 3]))`` alike: the sizes as a list."""
-    if len(sizes) == 1 and not isinstance(sizes[0], (int, np.integer)):
+    if len(sizes) == 1 and not isinstance(sizes[0], (int, np.integer, Dim)):  # (a Dim: one size known at run time)
         sizes = sizes[0]
     return list(sizes)
 
@@ -1270,7 +1270,8 @@ def _basic_index(x: Tensor, index) -> Tensor:
             shape.append(size)
             dim += 1
             continue
-        if not isinstance(size, int):  # a dim known only at run time (in a program): bounds resolved when it runs
+        run_time_bounds = isinstance(item, slice) and any(isinstance(b, Dim) for b in (item.start, item.stop))
+        if not isinstance(size, int) or run_time_bounds:  # (in a program) bounds resolved when it runs
             start, stop, step = _run_time_bounds(x, dim, item)
             axes.append(dim), starts.append(start), ends.append(stop), steps.append(step)
             if isinstance(item, slice):  # (an int index drops the dim)
@@ -1302,17 +1303,22 @@ def _run_time_bounds(x, dim: int, item):
         step = 1 if item.step is None else int(item.step)
         if step == 0:
             raise ArgumentError("Tensor indexing: slice step cannot be zero")
-        start = (0 if step > 0 else -1) if item.start is None else int(item.start)
-        stop = None if item.stop is None else int(item.stop)
+        start = (0 if step > 0 else -1) if item.start is None else item.start
+        start = start if isinstance(start, Dim) else int(start)  # (a negative start counts from the end, as here)
+        stop = None if item.stop is None else item.stop if isinstance(item.stop, Dim) else int(item.stop)
     else:  # x[i]: the slice i:i+1
         start, step = int(item), 1
         stop = None if start == -1 else start + 1
     if stop is None:
         return start, 2**63 - 1 if step > 0 else -1, step  # to the end (-1: past index 0, going backwards)
-    if stop >= 0:
-        return start, stop, step
+    if (isinstance(stop, Dim) and not isinstance(stop, Elem)) or (isinstance(stop, int) and stop >= 0):
+        return start, stop, step  # (a Dim, the size of a dim, is >= 0)
     size = F.slice(F.shape_as_tensor(x), axes=[0], starts=[dim], ends=[dim + 1], steps=[1])
-    end = F.maximum(size + stop, 0 if step > 0 else -1)
+    if isinstance(stop, int):
+        end = F.maximum(size + stop, 0 if step > 0 else -1)
+    else:  # a size computed in the program, of a sign known at run time
+        stop = _interpreter().size_tensor(stop)
+        end = F.where(stop < 0, F.maximum(size + stop, 0 if step > 0 else -1), stop)
     return start, Elem(end.name, 0), step
 
 

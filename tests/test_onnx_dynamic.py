@@ -296,7 +296,14 @@ def test_a_size_read_from_the_values_of_a_feed_is_refused_naming_it():
 SLICES = {"x[:, 1:]": lambda x: x[:, 1:], "x[:, :-1]": lambda x: x[:, :-1], "x[:, ::-1]": lambda x: x[:, ::-1],
           "x[:, -3:-1]": lambda x: x[:, -3:-1], "x[:, 0]": lambda x: x[:, 0], "x[:, -1]": lambda x: x[:, -1],
           "x[:, 4:0:-2]": lambda x: x[:, 4:0:-2], "x[:, :-9]": lambda x: x[:, :-9],
-          "x[:, -1:-9:-1]": lambda x: x[:, -1:-9:-1], "x[None, ..., 2:]": lambda x: x[None, ..., 2:]}
+          "x[:, -1:-9:-1]": lambda x: x[:, -1:-9:-1], "x[None, ..., 2:]": lambda x: x[None, ..., 2:],
+          # bounds computed from sizes known at run time: + - * // % on x.shape[i] are ops of the program
+          "x[:, :x.shape[1] // 2]": lambda x: x[:, : x.shape[1] // 2],
+          "x[:, x.shape[1] // 2:]": lambda x: x[:, x.shape[1] // 2:],
+          "x[:, :x.shape[1] - x.shape[0]]": lambda x: x[:, : x.shape[1] - x.shape[0]],
+          "x[:, :-x.shape[0]]": lambda x: x[:, : -x.shape[0]],
+          "x[:x.shape[0] % 2 + 1, ::-1]": lambda x: x[: x.shape[0] % 2 + 1, ::-1],
+          "x.reshape(x.shape[0] * x.shape[1])": lambda x: x.reshape(x.shape[0] * x.shape[1])}
 
 
 @pytest.mark.parametrize("name", list(SLICES))
@@ -312,3 +319,11 @@ def test_slicing_dims_known_only_at_run_time_in_a_program(name):  # as NumPy sli
         out = exe.run(x=x)
         np.testing.assert_array_equal(out["y"], index(x))
         np.testing.assert_array_equal(out["x@GRAD"], grad)
+
+
+def test_a_size_known_at_run_time_is_no_python_number_in_a_program():
+    def f(x):
+        return {"y": x[: int(x.shape[0])]}
+
+    with pytest.raises(of.ShapeError, match=r"x.shape\[0\] is only known at run time.*\+, -, \*, // and %"):
+        of.trace(f, x=of.Spec((None,), "float64"))

@@ -88,12 +88,34 @@ class Dim:
 
     def _refuse(self, *_):
         raise ShapeError(
-            f"{self!r} is only known at run time: arithmetic on it cannot be recorded in a program; "
-            "use -1 in reshape, or an op that takes the shape from a tensor"
+            f"{self!r} is only known at run time: a program computes with it by +, -, *, // and % with ints and "
+            "other sizes, not as a Python number (compared, divided, turned into an int); use -1 in reshape, or "
+            "an op that takes the shape from a tensor"
         )
 
-    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __floordiv__ = __truediv__ = _refuse
-    __index__ = __int__ = __lt__ = __le__ = __gt__ = __ge__ = _refuse
+    def _size_op(name: str, reflected: bool = False):
+        def arithmetic(self, other):
+            """``self <op> other`` computed in the program being traced, from shapes: a size ``Elem``."""
+            from .interpreters import current_interpreter
+
+            compute = getattr(current_interpreter(), "size_arithmetic", None)
+            if compute is None or isinstance(other, (bool, np.bool_)) or not isinstance(other, (int, np.integer, Dim)):
+                self._refuse()
+            return compute(name, other, self) if reflected else compute(name, self, other)
+
+        return arithmetic
+
+    __add__, __radd__ = _size_op("add"), _size_op("add", True)
+    __sub__, __rsub__ = _size_op("sub"), _size_op("sub", True)
+    __mul__, __rmul__ = _size_op("mul"), _size_op("mul", True)
+    __floordiv__, __rfloordiv__ = _size_op("floordiv"), _size_op("floordiv", True)
+    __mod__, __rmod__ = _size_op("mod"), _size_op("mod", True)
+    del _size_op
+
+    def __neg__(self):
+        return 0 - self
+
+    __truediv__ = __rtruediv__ = __index__ = __int__ = __lt__ = __le__ = __gt__ = __ge__ = _refuse
 
 
 class Elem(Dim):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import operator
 import sys
 import types
 import weakref
@@ -24,7 +25,7 @@ from ..core.errors import ArgumentError, GradientError, describe
 from ..core.grad_mode import _mode as _grad_mode
 from ..core.interpreters import Interpreter, current_interpreter, interpreting
 from ..core.opdef import OpDef
-from ..core.spec import Dim, Spec, undim
+from ..core.spec import Dim, Elem, Spec, undim
 from ..dispatch import check_same_dtype, coerce_inputs
 from ..tensor import Tensor, TensorOps, wrap
 from .desc import OpDesc, Program
@@ -304,6 +305,26 @@ class Tracer(Interpreter):
     def shape_of(self, variable: Variable) -> tuple:
         """The shape of ``variable`` as traced code sees it (its Spec's; a subclass may show another view)."""
         return tuple(Dim(variable.name, i) if d is None else d for i, d in enumerate(variable.spec.shape))
+
+    def size_tensor(self, size):
+        """A size known only at run time (a Dim: the size of a dim of a variable; an Elem: an element of a shape the
+        program computes) as a 1-element int64 variable, computed from shapes; an int as itself."""
+        if isinstance(size, Elem):
+            flat = F.reshape(Variable(self.program, size.var), shape=[-1])
+            t = F.slice(flat, axes=[0], starts=[size.axis], ends=[size.axis + 1], steps=[1])
+            return -t if size.sign < 0 else t
+        if isinstance(size, Dim):
+            shape = F.shape_as_tensor(Variable(self.program, size.var))
+            return F.slice(shape, axes=[0], starts=[size.axis], ends=[size.axis + 1], steps=[1])
+        return int(size)
+
+    def size_arithmetic(self, op: str, a, b) -> Elem:
+        """``a <op> b`` (add, sub, mul, floordiv, mod as Python's ints do them) where a size is known only at run
+        time (``x.shape[1] // 2``): computed in the program from shapes, a size ops' attrs take (an Elem)."""
+        x, y = self.size_tensor(a), self.size_tensor(b)
+        result = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "floordiv": operator.floordiv,
+                  "mod": operator.mod}[op](x, y)
+        return Elem(result.name, 0)
 
     def enter_module(self, module) -> None:
         """Name the module's parameters and buffers by their paths in it (``fc1.weight``) and guard the program on
