@@ -22,9 +22,10 @@ class Flatten(nn.Module):
         return x.view(x.size(0), -1)
 
 
-class Heads(nn.Module):  # a heads split: (B, L, D) -> (B, heads, L, D / heads)
+class Heads(nn.Module):  # a heads split, (B, L, D) -> (B, heads, L, D / heads), and x.reshape(B, -1, H)
     def forward(self, x):
-        return x.reshape(x.size(0), x.size(1), 2, -1).transpose(1, 2) * 2
+        b = x.size(0)
+        return x.reshape(b, x.size(1), 2, -1).transpose(1, 2).reshape(b, -1, 2) * 2
 
 
 class Positions(nn.Module):
