@@ -30,7 +30,7 @@ from .core.grad_mode import _mode as _grad_mode
 from .core.interpreters import EAGER, EagerInterpreter, Interpreter, _innermost, current_interpreter, interpreting
 from .core.opdef import OpDef, flat_ranges, split_by_layout
 from .core.schema import check_attr
-from .core.spec import Spec
+from .core.spec import Dim, Spec
 from .tensor import Node, Tensor, TensorOps, _epoch, as_array, note_write, tensor_source, wrap, wrap_output
 
 
@@ -554,6 +554,10 @@ def _coerce(opdef: OpDef, arg: str, value, peer, take, lift):
         value = value.item()  # a NumPy number is a number, as in PyTorch
     if type(value) in (bool, int, float):  # a number is weak: it takes its peer's dtype (core.dtypes)
         return lift(arg, scalar_array(opdef, arg, value, peer))
+    if isinstance(value, Dim):  # an int known only at run time (x.shape[i] in a program): computed from shapes
+        scalar = getattr(current_interpreter(), "size_scalar", None)
+        if scalar is not None:
+            return take(arg, scalar(value, D.scalar_dtype(0, peer)))  # (of the dtype a Python int would take)
     if isinstance(value, (np.ndarray, np.generic)) or (
             isinstance(value, (list, tuple)) and not any(isinstance(v, TensorOps) for v in value)):
         try:  # NumPy values keep their dtype; nested lists of numbers become an array

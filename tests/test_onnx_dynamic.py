@@ -328,3 +328,28 @@ def test_a_size_known_at_run_time_is_no_python_number_in_a_program():
 
     with pytest.raises(of.ShapeError, match=r"x.shape\[0\] is only known at run time.*\+, -, \*, // and %"):
         of.trace(f, x=of.Spec((None,), "float64"))
+
+
+SIZES_AS_NUMBERS = {"x.sum(1) / x.shape[1]": lambda x: x.sum(1) / x.shape[1],
+                    "x.shape[1] * x - x.shape[0]": lambda x: x.shape[1] * x - x.shape[0],
+                    "x / (x.shape[0] * x.shape[1] // 2 + 1)": lambda x: x / (x.shape[0] * x.shape[1] // 2 + 1)}
+
+
+@pytest.mark.parametrize("name", list(SIZES_AS_NUMBERS))
+@pytest.mark.parametrize("dtype", ["float64", "int32"])
+def test_sizes_known_at_run_time_as_numbers_in_a_program_match_torch(name, dtype):
+    f = SIZES_AS_NUMBERS[name]
+    program = of.trace(lambda x: {"y": f(x)}, x=of.Spec((None, None), dtype))
+    if dtype == "float64":
+        of.append_backward(program, program.outputs["y"], wrt=["x"])
+    exe = of.Executor(program)
+    for shape in ((2, 5), (3, 1), (4, 7)):
+        x = (np.random.default_rng(0).standard_normal(shape) * 10).astype(dtype)
+        xt = torch.tensor(x, requires_grad=dtype == "float64")
+        want = f(xt)  # (torch takes x.shape[i] as a Python int: its dtype is x's where x's category holds it)
+        out = exe.run(x=x)
+        assert out["y"].dtype == np.dtype(str(want.dtype).removeprefix("torch."))
+        np.testing.assert_allclose(out["y"], want.detach().numpy(), rtol=1e-12)
+        if dtype == "float64":
+            want.sum().backward()
+            np.testing.assert_allclose(out["x@GRAD"], xt.grad.numpy(), rtol=1e-12)

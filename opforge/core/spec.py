@@ -99,8 +99,10 @@ class Dim:
             from .interpreters import current_interpreter
 
             compute = getattr(current_interpreter(), "size_arithmetic", None)
-            if compute is None or isinstance(other, (bool, np.bool_)) or not isinstance(other, (int, np.integer, Dim)):
+            if compute is None or isinstance(other, (bool, float, complex, np.bool_, np.inexact)):
                 self._refuse()
+            if not isinstance(other, (int, np.integer, Dim)):
+                return NotImplemented  # (a tensor: its own operator takes the size as a tensor)
             return compute(name, other, self) if reflected else compute(name, self, other)
 
         return arithmetic

@@ -318,6 +318,12 @@ class Tracer(Interpreter):
             return F.slice(shape, axes=[0], starts=[size.axis], ends=[size.axis + 1], steps=[1])
         return int(size)
 
+    def size_scalar(self, size, dtype):
+        """A size known only at run time where an op takes a tensor (``x.sum(1) / x.shape[1]``): a 0-d variable of
+        ``dtype``, the dtype a Python int takes there, computed from shapes."""
+        t = F.reshape(self.size_tensor(size), shape=[])
+        return t if t.dtype == dtype else F.cast(t, dtype=dtype)
+
     def size_arithmetic(self, op: str, a, b) -> Elem:
         """``a <op> b`` (add, sub, mul, floordiv, mod as Python's ints do them) where a size is known only at run
         time (``x.shape[1] // 2``): computed in the program from shapes, a size ops' attrs take (an Elem)."""
