@@ -244,7 +244,14 @@ class Executor:
                     (known[op.inputs[p.name][0]] if op.inputs[p.name] else None) for p in opdef.inputs]
             first = next((specs[n].dtype for n in op.input_names()), None)
             kernel = opdef.kernel_for(device, () if first is None else (first,), attrs).bind(device)
-            for n, v in zip(op.output_names(), _flattener(opdef, device)(kernel(*args, **attrs))):
+            try:
+                result = kernel(*args, **attrs)
+            except Exception as e:  # (an integer division by zero in the sizes, say)
+                if isinstance(e, OpforgeError):
+                    raise
+                raise ShapeError(f"computing sizes, op {op.type} -> {', '.join(op.output_names())} failed: "
+                                 f"{type(e).__name__}: {e}") from None
+            for n, v in zip(op.output_names(), _flattener(opdef, device)(result)):
                 values[n] = v
             return values[name]
 
