@@ -12,6 +12,7 @@ from . import ops as F
 from .core import dtypes as D
 from .core.devices import CPU, manual_seed, using_device
 from .core.errors import ArgumentError, describe
+from .core.spec import Dim
 from .tensor import Tensor, as_array, wrap
 
 
@@ -160,10 +161,11 @@ def stack(tensors, *args, **kwargs) -> Tensor:
 def arange(start, stop=None, step=1, dtype=None, requires_grad: bool = False, device=None) -> Tensor:
     if stop is None:
         start, stop = 0, start
-    if dtype is None:
-        ints = all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in (start, stop, step))
+    if dtype is None:  # (a Dim, a size known only at run time in a program, is an int)
+        ints = all(isinstance(v, (int, np.integer, Dim)) and not isinstance(v, bool) for v in (start, stop, step))
         dtype = D.DEFAULT_INT if ints else D.DEFAULT_FLOAT
-    return _make(F.arange, requires_grad, device, start=float(start), stop=float(stop), step=float(step), dtype=dtype)
+    start, stop, step = (v if isinstance(v, Dim) else float(v) for v in (start, stop, step))
+    return _make(F.arange, requires_grad, device, start=start, stop=stop, step=step, dtype=dtype)
 
 
 __all__ = ["arange", "as_array", "as_tensor", "cat", "empty", "empty_like", "eye", "from_numpy", "full", "full_like",

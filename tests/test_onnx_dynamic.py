@@ -353,3 +353,32 @@ def test_sizes_known_at_run_time_as_numbers_in_a_program_match_torch(name, dtype
         if dtype == "float64":
             want.sum().backward()
             np.testing.assert_allclose(out["x@GRAD"], xt.grad.numpy(), rtol=1e-12)
+
+
+def test_arange_of_a_size_known_at_run_time_in_a_program_and_its_export():
+    ort = pytest.importorskip("onnxruntime")
+
+    def f(x, lengths):  # positions, and a mask of the first lengths[i] positions, as torch code writes them
+        positions = x + of.arange(x.shape[1]).to(x.dtype)[None, :]
+        mask = of.arange(x.shape[1])[None] < lengths[:, None]
+        return {"y": positions * mask.to(x.dtype), "mask": mask}
+
+    program = of.trace(f, x=of.Spec((None, None), "float64"), lengths=of.Spec((None,), "int64"))
+    of.append_backward(program, program.outputs["y"], wrt=["x"])
+    session = ort.InferenceSession(of.onnx.export(program, None).SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    exe = of.Executor(program)
+    for shape in ((2, 5), (3, 1), (1, 7)):
+        rng = np.random.default_rng(0)
+        x, lengths = rng.standard_normal(shape), rng.integers(0, shape[1] + 1, shape[0])
+        xt = torch.tensor(x, requires_grad=True)
+        mask = torch.arange(xt.size(1))[None] < torch.tensor(lengths)[:, None]
+        want = (xt + torch.arange(xt.size(1)).to(xt.dtype)[None, :]) * mask.to(xt.dtype)
+        want.sum().backward()
+        out = exe.run(x=x, lengths=lengths)
+        np.testing.assert_array_equal(out["mask"], mask.numpy())
+        np.testing.assert_allclose(out["y"], want.detach().numpy(), rtol=1e-15)
+        np.testing.assert_allclose(out["x@GRAD"], xt.grad.numpy(), rtol=1e-15)
+        y, m = session.run(["y", "mask"], {"x": x, "lengths": lengths})
+        np.testing.assert_allclose(y, out["y"], rtol=1e-15)
+        np.testing.assert_array_equal(m, out["mask"])

@@ -342,6 +342,8 @@ def _scalar(op: str, p: Param, value, kind: str):
         if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
             return int(value)
     elif kind == "float":
+        if isinstance(value, Dim):  # a size known at run time stands where its int would (of.arange(x.shape[1]))
+            return value
         if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_)):
             try:
                 return float(value)

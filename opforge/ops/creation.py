@@ -1,5 +1,6 @@
 """Ops that make tensors from attributes alone. ``random`` ones draw from the seeded generator."""
 
+from ..core.spec import Dim
 from ._common import D, Sample, ShapeError, Spec, np, op
 
 
@@ -85,7 +86,18 @@ def arange(*, start, stop, step, dtype):
     return np.arange(start, stop, step).astype(dtype or D.DEFAULT_FLOAT)
 
 
-arange.onnx(lambda g, **attrs: g.const(np.asarray(arange.fn(**attrs).numpy())))  # every element fixed by the attrs
+@arange.onnx
+def _(g, *, start, stop, step, dtype):
+    if not any(isinstance(v, Dim) for v in (start, stop, step)):  # every element fixed by the attrs
+        return g.const(np.asarray(arange.fn(start=start, stop=stop, step=step, dtype=dtype).numpy()))
+    dtype = dtype or D.DEFAULT_FLOAT
+
+    def scalar(v):  # a size known only at run time is read from its variable's shape
+        if isinstance(v, Dim):
+            return g.cast(g.op("Squeeze", g.ints([v]), g.ints([0]), spec=Spec((), D.int64)), dtype)
+        return g.const(np.asarray(v, dtype))
+
+    return g.op("Range", scalar(start), scalar(stop), scalar(step), spec=Spec((None,), dtype))
 
 
 @arange.check
@@ -96,6 +108,8 @@ def _(*, start, stop, step, dtype):
 
 @arange.infer
 def _(*, start, stop, step, dtype):
+    if None in (start, stop, step):  # a size known only at run time (in a program)
+        return Spec((None,), dtype or D.DEFAULT_FLOAT)
     return Spec((max(0, int(np.ceil((stop - start) / step))),), dtype or D.DEFAULT_FLOAT)
 
 
