@@ -89,8 +89,9 @@ class Dim:
     def _refuse(self, *_):
         raise ShapeError(
             f"{self!r} is only known at run time: a program computes with it by +, -, *, // and % with ints and "
-            "other sizes, not as a Python number (compared, divided, turned into an int); use -1 in reshape, or "
-            "an op that takes the shape from a tensor"
+            "other sizes, and it stands where an op takes a tensor, but it is no Python number (compared, divided "
+            "by /, raised to a power, made an int or a float); use -1 in reshape, or an op that takes the shape "
+            "from a tensor"
         )
 
     def _size_op(name: str, reflected: bool = False):
@@ -117,7 +118,8 @@ class Dim:
     def __neg__(self):
         return 0 - self
 
-    __truediv__ = __rtruediv__ = __index__ = __int__ = __lt__ = __le__ = __gt__ = __ge__ = _refuse
+    __truediv__ = __rtruediv__ = __pow__ = __rpow__ = __float__ = _refuse
+    __index__ = __int__ = __lt__ = __le__ = __gt__ = __ge__ = _refuse
 
 
 class Elem(Dim):
