@@ -381,3 +381,32 @@ def test_arange_of_a_size_known_at_run_time_in_a_program_and_its_export():
         y, m = session.run(["y", "mask"], {"x": x, "lengths": lengths})
         np.testing.assert_allclose(y, out["y"], rtol=1e-15)
         np.testing.assert_array_equal(m, out["mask"])
+
+
+def test_computed_shapes_keep_onnx_meanings_of_0_in_reshape_and_1_in_expand():
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper, numpy_helper
+
+    def ints(name, values):
+        return numpy_helper.from_array(np.array(values, np.int64), name)
+
+    nodes = [  # n = x.shape[1] // 2; Reshape(x, [0, n, -1]) keeps dim 0; Expand(w, [1, n, 1]) keeps w's dims
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "one"], ["d1"], axis=0),
+        helper.make_node("Div", ["d1", "two"], ["n"]),
+        helper.make_node("Concat", ["zero", "n", "minus_one"], ["shape"], axis=0),
+        helper.make_node("Reshape", ["x", "shape"], ["r"]),
+        helper.make_node("Concat", ["one_v", "n", "one_v"], ["eshape"], axis=0),
+        helper.make_node("Expand", ["w", "eshape"], ["e"]),
+        helper.make_node("Mul", ["r", "e"], ["y"]),
+    ]
+    inits = [ints("one", 1), ints("two", [2]), ints("zero", [0]), ints("minus_one", [-1]), ints("one_v", [1]),
+             numpy_helper.from_array(np.full((1, 1, 1), 1.5), "w")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.DOUBLE, ["b", "l"])],
+                              [helper.make_tensor_value_info("y", TensorProto.DOUBLE, None)], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    exe = of.Executor(of.onnx.load(model))
+    for shape in ((2, 8), (3, 4), (1, 6)):
+        x = np.random.default_rng(0).standard_normal(shape)
+        np.testing.assert_array_equal(exe.run(x=x)["y"], session.run(None, {"x": x})[0])
