@@ -1,15 +1,19 @@
 """One benchmark worker: runs one case group for one framework in this fresh process and writes JSON.
 
-    python bench/harness.py GROUP FRAMEWORK --out FILE [--quick] [--repeats N] [--profile FILE]
+    python bench/harness.py GROUP FRAMEWORK --out FILE [--quick] [--repeats N] [--profile FILE] [--core N]
 
-``bench/run.py`` starts one per (group, framework), with the thread-count variables set and, unless told otherwise,
-OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE unset. Nothing heavy is imported before the group's module, so the memory group
-can read the peak RSS of a bare interpreter, then of the framework's import alone.
+``bench/run.py`` starts one per (group, framework), with the thread-count variables set (NPROC=1 among them) and, unless
+told otherwise, OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE unset. With --core the process pins itself to that one core before
+it imports anything: jaxlib 0.10 ignores XLA's thread flags and sizes its pools from the cores it may run on, so only
+the affinity keeps jax.jit to one thread (unpinned it ran at 1.3–1.9 CPU/wall, and its small calls jumped between 12 and
+70 µs as the scheduler moved them). Nothing heavy is imported before the group's module, so the memory group can read
+the peak RSS of a bare interpreter, then of the framework's import alone.
 
-Timing: every variant is called once for its check values (on fresh state), warmed up (first calls compile, fill
-caches, start pools), and given a number of calls per repeat that takes at least --min-time seconds; then the repeats
-go round-robin over the variants, so a slow spell of the shared machine hits them all alike. The garbage collector
-stays on, as in a real training loop.
+Timing: every variant is called once for its check values (on fresh state; that first call's wall time, compiling
+included for jax.jit, torch.compile and opforge compiled, is reported as ``first_call``), warmed up (first calls
+compile, fill caches, start pools), and given a number of calls per repeat that takes at least --min-time seconds; then
+the repeats go round-robin over the variants, so a slow spell of the shared machine hits them all alike. The garbage
+collector stays on, as in a real training loop.
 """
 
 from __future__ import annotations
@@ -108,7 +112,12 @@ def run(args) -> dict:
     else:
         variants = module.variants(args.framework, args.quick)
         limit_pools(int(os.environ.get("BENCH_THREADS", "1")))
-        result["checks"] = {v.name: v.check() for v in variants if v.check is not None}
+        result["checks"], result["first_call"] = {}, {}
+        for v in variants:
+            if v.check is not None:
+                start = time.perf_counter()
+                result["checks"][v.name] = v.check()
+                result["first_call"][v.name] = time.perf_counter() - start
         profiler = None
         if args.profile:
             from pyinstrument import Profiler
@@ -121,6 +130,7 @@ def run(args) -> dict:
             with open(args.profile, "w") as f:
                 f.write(profiler.output_text(unicode=True, color=False, show_all=False))
     result["blas"] = blas_info()
+    result["cores"] = sorted(os.sched_getaffinity(0))
     result["versions"] = versions()
     return result
 
@@ -134,7 +144,10 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--min-time", type=float, default=0.1, help="seconds per repeat, at least")
     parser.add_argument("--profile", help="write a pyinstrument profile of the timed repeats to this file")
+    parser.add_argument("--core", type=int, help="pin this process to this one core before importing anything")
     args = parser.parse_args(argv)
+    if args.core is not None:
+        os.sched_setaffinity(0, {args.core})
     if args.quick:
         args.repeats = 1
     try:

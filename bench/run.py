@@ -10,15 +10,17 @@ Groups: per_op, chain, mlp, cnn, hvp, memory (issue 6's cases 1–6), conv_softm
 cases), fusion and workspace (issue 12's compiled programs: a fused 10-op expression, the executor's workspace),
 transformer (issue 28: a small nn.TransformerEncoder step, and attention fused or composed of ops), rnn (issue 28's
 LSTM and GRU, forward and backward).
-Frameworks: numpy (by hand), floor (the MLP's matmuls alone), opforge, opforge.compiled, torch, jax, jax.jit; one
-whose packages are not installed is skipped and said so.
+Frameworks: numpy (by hand), floor (the MLP's matmuls alone), opforge, opforge.compiled, torch, torch.compile, jax,
+jax.jit; one whose packages are not installed is skipped and said so.
 
 Writes ``latest.json`` (every sample, check values, thread pools and BLAS kernels per worker), ``latest.md`` (also
 printed) and ``latest.png`` (bar chart) to bench/results/ (--out DIR elsewhere). Exits 1 if a worker failed or two
 frameworks disagree on a check value (the same loss, gradient norm, ...: the timings compare like with like).
 
 Fairness on this shared 2-core machine: every framework runs with 1 thread (--threads): OMP/OpenBLAS/MKL variables,
-torch.set_num_threads and XLA's flags are set for each worker, and threadpoolctl caps what it finds. The workers also
+NPROC, torch.set_num_threads and XLA's flags are set for each worker, threadpoolctl caps what it finds, and each
+worker pins itself to one core (the last this process may use; --core picks another): jaxlib 0.10 ignores XLA's
+thread flags and sizes its pools from the cores it may run on. The workers also
 run with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset (both together; --keep-blas-env keeps them): the machine may set
 them for old OpenBLAS builds, and they slow current NumPy. Each worker reports the BLAS kernel it ran (threadpoolctl)
 and its CPU time over wall time (≈ 1: one busy thread; well below 1: the machine was busy elsewhere).
@@ -49,8 +51,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from cases import ALL_FRAMEWORKS, FRAMEWORK_NAMES, GROUPS, PACKAGES  # noqa: E402
+from cases.fusion import CASES as FUSION_CASES  # noqa: E402
 
-REF_NAMES = {"numpy": "NumPy", "floor": "floor", "torch": "PyTorch", "jax.jit": "jax.jit"}
+REF_NAMES = {"numpy": "NumPy", "floor": "floor", "torch": "PyTorch", "torch.compile": "torch.compile",
+             "jax.jit": "jax.jit"}
+COMPILERS = ("opforge.compiled", "torch.compile", "jax.jit")  # their first call compiles
 CHECK_RTOL = 1e-3  # float32 values from different kernels and summation orders
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
                "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
@@ -67,6 +72,7 @@ def worker_env(threads: int, keep_blas_env: bool) -> dict:
     env["BENCH_THREADS"] = str(threads)
     env["JAX_PLATFORMS"] = "cpu"
     if threads == 1:
+        env["NPROC"] = "1"
         env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
                             " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1").strip()
     if not keep_blas_env:
@@ -86,6 +92,7 @@ def run_worker(group: str, framework: str, args, env: dict, profile: str | None 
                "--repeats", str(args.repeats), "--min-time", str(args.min_time)]
         cmd += ["--quick"] if args.quick else []
         cmd += ["--profile", profile] if profile else []
+        cmd += ["--core", str(args.core)] if args.threads == 1 else []
         start = time.perf_counter()
         try:
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -112,6 +119,8 @@ def merge(first: dict, later: dict) -> dict:
     for name, v in later.get("variants", {}).items():
         out["variants"][name] = v | {"samples": first["variants"][name]["samples"] + v["samples"]}
     out["seconds"] = first["seconds"] + later["seconds"]
+    for name, seconds in later.get("first_call", {}).items():  # a later round may find caches warm: the first
+        out.setdefault("first_call_later", {})[name] = seconds  # round's first call is the cold one
     if "cpu_per_wall" in later:
         out["cpu_per_wall"] = (first["cpu_per_wall"] + later["cpu_per_wall"]) / 2
     return out
@@ -153,7 +162,7 @@ def assemble(group: str, module, workers: dict) -> dict:
     summary = {}
     for fw, w in workers.items():
         summary[fw] = {k: w[k] for k in ("status", "error", "stderr", "traceback", "seconds", "cpu_per_wall",
-                                         "blas", "versions") if k in w}
+                                         "blas", "versions", "cores", "first_call", "first_call_later") if k in w}
         if "measure" in w:
             summary[fw]["bare interpreter"] = w["measure"]["bare interpreter"]
     return {"id": group, "title": module.TITLE, "unit": module.UNIT, "references": list(module.REFERENCES),
@@ -249,6 +258,15 @@ def targets(groups: list) -> list:
              for fw, name in (("opforge", "eager"), ("opforge.compiled", "compiled"))]
     target("LSTM and GRU 2×256, 35 steps × batch 20, forward+backward ≤ 1.2× PyTorch eager", parts, 1.2)
 
+    # issue 32: compiled programs at least as fast as jax.jit and torch.compile, each case measured in this run
+    issue32 = [("chain", "forward+backward", "chain fwd+bwd"), ("chain", "forward", "chain fwd"),
+               *[("fusion", name, name.split(" (")[0]) for name in FUSION_CASES],
+               ("mlp", "step, batch 64", "MLP 64"), ("mlp", "step, batch 512", "MLP 512"),
+               ("hvp", "H·v, batch 64", "H·v"), ("cnn", "step, batch 128", "CNN")]
+    for ref in ("jax.jit", "torch.compile"):
+        parts = [(label, *both(group, case, "opforge.compiled", ref)) for group, case, label in issue32]
+        target(f"Compiled ≤ 1.0× {REF_NAMES[ref]}: chain, expressions, MLP 64/512, H·v, CNN", parts, 1.0)
+
     case = "after 20 MLP steps, batch 512"
     parts = [(name, find(groups, "memory", case, fw, "numpy"), None) for fw, name in
              (("opforge", "eager"), ("opforge.compiled", "compiled"))]
@@ -323,21 +341,34 @@ def markdown(report: dict) -> str:
             if bare:
                 lines += ["", f"A bare interpreter (with the worker's standard-library imports) peaks at "
                               f"{statistics.median(bare) / 1e6:.0f} MB."]
-    lines += ["", "## Workers", "", "| group | framework | status | s | CPU/wall | BLAS (threadpoolctl) |",
-              "|---|---|---|---:|---:|---|"]
+    first = [(g["id"], name, fw, seconds, w.get("first_call_later", {}).get(name))
+             for g in report["groups"] for fw, w in g["workers"].items() if fw in COMPILERS
+             for name, seconds in w.get("first_call", {}).items()]
+    if first:
+        lines += ["", "## First call (compiling)", "",
+                  "The first call of each variant in a fresh process, compiling included: the first round's (caches "
+                  "on disk as the previous runs left them), then the second round's (caches as the first left them).",
+                  "", "| group | case | framework | first call, s | second round, s |", "|---|---|---|---:|---:|"]
+        for group, name, fw, seconds, later in first:
+            again = f"{later:.3f}" if later is not None else ""
+            lines.append(f"| {group} | {name} | {FRAMEWORK_NAMES[fw]} | {seconds:.3f} | {again} |")
+    lines += ["", "## Workers", "", "| group | framework | status | s | CPU/wall | cores | BLAS (threadpoolctl) |",
+              "|---|---|---|---:|---:|---|---|"]
     for g in report["groups"]:
         for fw, w in g["workers"].items():
             status = "error" if "error" in w else w.get("status", "ok")
             cpu = f"{w['cpu_per_wall']:.2f}" if "cpu_per_wall" in w else ""
             secs = f"{w['seconds']:.1f}" if "seconds" in w else ""
-            lines.append(f"| {g['id']} | {FRAMEWORK_NAMES[fw]} | {status} | {secs} | {cpu} | {blas_line(w)} |")
+            cores = ",".join(map(str, w.get("cores", [])))
+            lines.append(f"| {g['id']} | {FRAMEWORK_NAMES[fw]} | {status} | {secs} | {cpu} | {cores} | "
+                         f"{blas_line(w)} |")
     if report["problems"]:
         lines += ["", "## Problems", ""] + [f"- {p}" for p in report["problems"]]
     return "\n".join(lines) + "\n"
 
 
 COLORS = {"floor": "#7f7f7f", "numpy": "#2ca02c", "opforge": "#1f77b4", "opforge.compiled": "#17becf",
-          "torch": "#d62728", "jax": "#ff7f0e", "jax.jit": "#9467bd"}
+          "torch": "#d62728", "torch.compile": "#e377c2", "jax": "#ff7f0e", "jax.jit": "#9467bd"}
 
 
 def chart(report: dict, path: Path) -> None:
@@ -447,6 +478,8 @@ def main(argv=None) -> int:
                         help="fresh processes per framework, in turn; their repeats are pooled (default 2)")
     parser.add_argument("--min-time", type=float, default=0.1, help="seconds per repeat, at least (default 0.1)")
     parser.add_argument("--threads", type=int, default=1, help="threads per framework (default 1)")
+    parser.add_argument("--core", type=int, default=max(os.sched_getaffinity(0)),
+                        help="the core every worker is pinned to with --threads 1 (default: the last one allowed)")
     parser.add_argument("--keep-blas-env", action="store_true",
                         help="leave OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE as they are in the workers")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per worker")

@@ -24,6 +24,7 @@ FRAMEWORK_NAMES = {
     "opforge": "opforge eager",
     "opforge.compiled": "opforge compiled",
     "torch": "PyTorch eager",
+    "torch.compile": "torch.compile",
     "jax": "JAX eager",
     "jax.jit": "jax.jit",
 }
@@ -35,8 +36,9 @@ PACKAGES = {
     "opforge": ["opforge"],
     "opforge.compiled": ["opforge"],
     "torch": ["torch"],
+    "torch.compile": ["torch"],
     "jax": ["jax", "jaxlib"],
     "jax.jit": ["jax", "jaxlib"],
 }
 
-ALL_FRAMEWORKS = ("numpy", "opforge", "opforge.compiled", "torch", "jax", "jax.jit")
+ALL_FRAMEWORKS = ("numpy", "opforge", "opforge.compiled", "torch", "torch.compile", "jax", "jax.jit")

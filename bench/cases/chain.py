@@ -6,12 +6,22 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import Variant, jax_arrays, load_jax, load_torch, opforge_tensors, sq, torch_tensors, unknown
+from .common import (
+    Variant,
+    jax_arrays,
+    load_jax,
+    load_torch,
+    load_torch_compile,
+    opforge_tensors,
+    sq,
+    torch_tensors,
+    unknown,
+)
 
 TITLE = "2. Chain of 200 tiny elementwise ops (16 float32), per op"
 UNIT = "µs"
-FRAMEWORKS = ("numpy", "opforge", "opforge.compiled", "torch", "jax", "jax.jit")
-REFERENCES = ("numpy", "torch")
+FRAMEWORKS = ("numpy", "opforge", "opforge.compiled", "torch", "torch.compile", "jax", "jax.jit")
+REFERENCES = ("numpy", "torch", "torch.compile", "jax.jit")
 
 PAIRS = 100  # tanh + mul = 2 ops each
 OPS = 2 * PAIRS
@@ -77,6 +87,14 @@ def variants(framework: str, quick: bool) -> list[Variant]:
         (x,), (xg,) = torch_tensors([x0]), torch_tensors([x0], requires_grad=True)
         fwd = lambda: chain(x)  # noqa: E731
         bwd = lambda: torch.autograd.grad(chain(xg).sum(), [xg])[0]  # noqa: E731
+    elif framework == "torch.compile":
+        torch = load_torch_compile()
+        chain = chain_fn(torch.tanh)
+        (x,) = torch_tensors([x0])
+        fwd_c = torch.compile(chain)
+        bwd_c = torch.compile(torch.func.grad(lambda x: chain(x).sum()))  # one graph, forward and backward
+        fwd = lambda: fwd_c(x)  # noqa: E731
+        bwd = lambda: bwd_c(x)  # noqa: E731
     elif framework.startswith("jax"):
         jax = load_jax()
         chain = chain_fn(jax.numpy.tanh)

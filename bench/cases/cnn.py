@@ -7,12 +7,22 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from .common import Variant, jax_arrays, load_jax, load_torch, opforge_tensors, scalar, sq, torch_tensors, unknown
+from .common import (
+    Variant,
+    jax_arrays,
+    load_jax,
+    load_torch,
+    load_torch_compile,
+    opforge_tensors,
+    step_check,
+    torch_tensors,
+    unknown,
+)
 
 TITLE = "4. Small CNN on 8×8 digits, batch 128, SGD step (float32)"
 UNIT = "ms"
-FRAMEWORKS = ("numpy", "opforge", "opforge.compiled", "torch", "jax", "jax.jit")
-REFERENCES = ("numpy", "torch")
+FRAMEWORKS = ("numpy", "opforge", "opforge.compiled", "torch", "torch.compile", "jax", "jax.jit")
+REFERENCES = ("numpy", "torch", "torch.compile", "jax.jit")
 
 BATCH = 128
 LR = 0.01
@@ -133,15 +143,20 @@ def opforge_step(params, x, y, compiled: bool):
     return lambda: fn(x, y)
 
 
-def torch_step(params, x, y):
+def torch_loss(params, x, y):
     torch = load_torch()
     TF = torch.nn.functional
     K1, c1, K2, c2, W, b = params
+    h = TF.max_pool2d(torch.relu(TF.conv2d(x, K1, c1, padding=1)), 2)
+    h = TF.max_pool2d(torch.relu(TF.conv2d(h, K2, c2, padding=1)), 2)
+    return TF.cross_entropy(TF.linear(h.reshape(BATCH, -1), W, b), y)
+
+
+def torch_step(params, x, y):
+    torch = load_torch()
 
     def step():
-        h = TF.max_pool2d(torch.relu(TF.conv2d(x, K1, c1, padding=1)), 2)
-        h = TF.max_pool2d(torch.relu(TF.conv2d(h, K2, c2, padding=1)), 2)
-        loss = TF.cross_entropy(TF.linear(h.reshape(BATCH, -1), W, b), y)
+        loss = torch_loss(params, x, y)
         grads = torch.autograd.grad(loss, params)
         with torch.no_grad():
             for p, g in zip(params, grads):
@@ -149,6 +164,21 @@ def torch_step(params, x, y):
         return loss
 
     return step
+
+
+def torch_compiled_step(params, x, y):
+    """One graph for the step, as the MLP's (bench/cases/mlp.py)."""
+    torch = load_torch_compile()
+
+    def step(x, y):
+        grads, loss = torch.func.grad_and_value(lambda ps: torch_loss(ps, x, y))(params)
+        with torch.no_grad():
+            for p, g in zip(params, grads):
+                p.sub_(LR * g)
+        return loss
+
+    fn = torch.compile(step)
+    return lambda: fn(x, y)
 
 
 def jax_step(state, x, y, jit: bool):
@@ -196,6 +226,10 @@ def build(framework: str):
         torch = load_torch()
         params = torch_tensors(arrays, requires_grad=True)
         return torch_step(params, torch.from_numpy(x), torch.from_numpy(y)), lambda: params
+    if framework == "torch.compile":
+        torch = load_torch_compile()
+        params = torch_tensors(arrays)
+        return torch_compiled_step(params, torch.from_numpy(x), torch.from_numpy(y)), lambda: params
     if framework in ("jax", "jax.jit"):
         state = {"params": jax_arrays(arrays)}
         jx, jy = jax_arrays([x, y.astype(np.int32)])
@@ -205,5 +239,4 @@ def build(framework: str):
 
 def variants(framework: str, quick: bool) -> list[Variant]:
     step, params = build(framework)
-    return [Variant(f"step, batch {BATCH}", step,
-                    check=lambda: {"loss": scalar(step()), "params² after": sq(params())})]
+    return [Variant(f"step, batch {BATCH}", step, check=step_check(step, params))]

@@ -35,6 +35,29 @@ def load_torch():
     return torch
 
 
+def load_torch_compile():
+    """torch, with Inductor compiling in this process (no pool of compile workers: one core each)."""
+    torch = load_torch()
+    import torch._inductor.config as inductor
+
+    inductor.compile_threads = 1
+    return torch
+
+
+def step_check(step, params):
+    """The check of a training step, run once from the initial weights: the loss it returns (taken before the update)
+    and the update it made, Σ (after − before)² in float64, so that a step which leaves the parameters as they were
+    gives 0 and fails the comparison (a real SGD step moves them by ~5e-5 relative: too little to see in Σ after²)."""
+
+    def check():
+        before = [to_numpy(p).astype(np.float64) for p in params()]
+        loss = scalar(step())
+        after = [to_numpy(p).astype(np.float64) for p in params()]
+        return {"loss": loss, "update²": float(sum(np.square(a - b).sum() for a, b in zip(after, before)))}
+
+    return check
+
+
 def load_jax():
     import jax
 

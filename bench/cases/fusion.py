@@ -1,18 +1,29 @@
 """7. Elementwise fusion: a 10-op elementwise expression over 1,000,000 float32, written as a user would. Eager
 frameworks make one pass over memory per op and allocate each intermediate; a compiled opforge program runs the
-chain as one fused step (``opforge.program.fusion``), block by block. Two expressions: ten arithmetic ops, and
-GELU's tanh approximation times a gate (nine arithmetic ops and a tanh, where the tanh alone is most of the work)."""
+chain as one fused step (``opforge.program.fusion``). Three expressions: ten arithmetic ops, GELU's tanh
+approximation times a gate (nine arithmetic ops and a tanh, where the tanh alone is most of the work), and eleven
+ops around a sigmoid (issue 32)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from .common import Variant, jax_arrays, load_jax, load_torch, opforge_tensors, sq, torch_tensors, unknown
+from .common import (
+    Variant,
+    jax_arrays,
+    load_jax,
+    load_torch,
+    load_torch_compile,
+    opforge_tensors,
+    sq,
+    torch_tensors,
+    unknown,
+)
 
-TITLE = "7. Elementwise fusion: a 10-op expression over 1,000,000 float32"
+TITLE = "7. Elementwise fusion: 10- and 11-op expressions over 1,000,000 float32"
 UNIT = "µs"
-FRAMEWORKS = ("numpy", "opforge", "opforge.compiled", "torch", "jax", "jax.jit")
-REFERENCES = ("numpy", "torch")
+FRAMEWORKS = ("numpy", "opforge", "opforge.compiled", "torch", "torch.compile", "jax", "jax.jit")
+REFERENCES = ("numpy", "torch", "torch.compile", "jax.jit")
 
 SIZE = 1_000_000
 
@@ -35,21 +46,39 @@ def gelu_gate(tanh):
     return fn
 
 
-CASES = ("10 arithmetic ops", "gelu-tanh × gate (10 ops, 1 tanh)")
+def sigmoid_mix(sigmoid):
+    """Eleven ops: mul, add, the sigmoid, mul, sub, mul, mul, mul, add, sub, mul."""
+
+    def fn(x, y):
+        a = x * y + 0.5
+        s = sigmoid(a) * y
+        b = (s - x) * 0.25
+        return (b * b + a * s - y) * 1.5
+
+    return fn
+
+
+def numpy_sigmoid(x):
+    return 1 / (1 + np.exp(-x))
+
+
+CASES = ("10 arithmetic ops", "gelu-tanh × gate (10 ops, 1 tanh)", "11 ops with a sigmoid")
 
 
 def functions(framework: str) -> dict:
     if framework == "numpy":
-        tanh = np.tanh
+        tanh, sigmoid = np.tanh, numpy_sigmoid
     elif framework.startswith("opforge"):
         from opforge import ops as F
 
-        tanh = F.tanh
-    elif framework == "torch":
-        tanh = load_torch().tanh
+        tanh, sigmoid = F.tanh, F.sigmoid
+    elif framework.startswith("torch"):
+        torch = load_torch()
+        tanh, sigmoid = torch.tanh, torch.sigmoid
     else:
-        tanh = load_jax().numpy.tanh
-    return dict(zip(CASES, (arithmetic, gelu_gate(tanh))))
+        jax = load_jax()
+        tanh, sigmoid = jax.numpy.tanh, jax.nn.sigmoid
+    return dict(zip(CASES, (arithmetic, gelu_gate(tanh), sigmoid_mix(sigmoid))))
 
 
 def inputs():
@@ -84,6 +113,8 @@ def variants(framework: str, quick: bool) -> list[Variant]:
             call = bind(of.compile(fn), *opforge_tensors(arrays))
         elif framework == "torch":
             call = bind(fn, *torch_tensors(arrays))
+        elif framework == "torch.compile":
+            call = bind(load_torch_compile().compile(fn), *torch_tensors(arrays))
         elif framework in ("jax", "jax.jit"):
             jax = load_jax()
             call = blocking(jax.jit(fn) if framework == "jax.jit" else fn, *jax_arrays(arrays))

@@ -1,18 +1,30 @@
-"""5. Hessian-vector product H·v of the MLP loss (784-512-512-10, ReLU, softmax cross-entropy, batch 64) with respect
-to all six parameters, for a fixed random direction v: double backward in opforge and PyTorch, forward-over-reverse
-``jvp(grad)`` in JAX, and Pearlmutter's R-operator written out by hand in NumPy."""
+"""5. Hessian-vector product H·v of the MLP loss (784-512-512-10, ReLU, softmax cross-entropy, batch 64) with respect to
+all six parameters, for a fixed random direction v: double backward in opforge and PyTorch, forward-over-reverse
+``jvp(grad)`` in JAX and under torch.compile (torch.func's; torch.compile does not compile double backward), and
+Pearlmutter's R-operator written out by hand in NumPy."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from . import mlp
-from .common import Variant, jax_arrays, load_jax, load_torch, opforge_tensors, sq, to_numpy, torch_tensors, unknown
+from .common import (
+    Variant,
+    jax_arrays,
+    load_jax,
+    load_torch,
+    load_torch_compile,
+    opforge_tensors,
+    sq,
+    to_numpy,
+    torch_tensors,
+    unknown,
+)
 
 TITLE = "5. Hessian-vector product of the MLP loss, batch 64 (float32)"
 UNIT = "ms"
-FRAMEWORKS = ("numpy", "opforge", "opforge.compiled", "torch", "jax", "jax.jit")
-REFERENCES = ("numpy", "torch", "jax.jit")
+FRAMEWORKS = ("numpy", "opforge", "opforge.compiled", "torch", "torch.compile", "jax", "jax.jit")
+REFERENCES = ("numpy", "torch", "torch.compile", "jax.jit")
 
 BATCH = 64
 
@@ -82,6 +94,16 @@ def build(framework: str):
             return torch.autograd.grad(sum((g * d).sum() for g, d in zip(grads, vs)), params)
 
         return torch_hvp
+    if framework == "torch.compile":
+        torch = load_torch_compile()
+        params, vs = torch_tensors(arrays), torch_tensors(v)
+        tx, ty = torch.from_numpy(x), torch.from_numpy(y)
+
+        def jvp_grad(params, vs):
+            return torch.func.jvp(torch.func.grad(lambda p: mlp.torch_loss(p, tx, ty)), (params,), (vs,))[1]
+
+        fn = torch.compile(jvp_grad)
+        return lambda: fn(params, vs)
     if framework in ("jax", "jax.jit"):
         jax = load_jax()
         params, vs = jax_arrays(arrays), jax_arrays(v)

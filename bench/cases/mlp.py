@@ -13,12 +13,22 @@ import itertools
 
 import numpy as np
 
-from .common import Variant, jax_arrays, load_jax, load_torch, opforge_tensors, scalar, sq, torch_tensors, unknown
+from .common import (
+    Variant,
+    jax_arrays,
+    load_jax,
+    load_torch,
+    load_torch_compile,
+    opforge_tensors,
+    step_check,
+    torch_tensors,
+    unknown,
+)
 
 TITLE = "3. MLP 784-512-512-10 SGD step (float32)"
 UNIT = "ms"
-FRAMEWORKS = ("floor", "numpy", "opforge", "opforge.compiled", "torch", "jax", "jax.jit")
-REFERENCES = ("floor", "numpy", "torch")
+FRAMEWORKS = ("floor", "numpy", "opforge", "opforge.compiled", "torch", "torch.compile", "jax", "jax.jit")
+REFERENCES = ("floor", "numpy", "torch", "torch.compile", "jax.jit")
 
 SIZES = (784, 512, 512, 10)
 LR = 0.01
@@ -134,6 +144,22 @@ def torch_step(params, x, y):
     return step
 
 
+def torch_compiled_step(params, x, y):
+    """The whole step as one graph: torch.func's gradient of the loss (AOTAutograd traces forward and backward
+    together), then the update in place."""
+    torch = load_torch_compile()
+
+    def step(x, y):
+        grads, loss = torch.func.grad_and_value(lambda ps: torch_loss(ps, x, y))(params)
+        with torch.no_grad():
+            for p, g in zip(params, grads):
+                p.sub_(LR * g)
+        return loss
+
+    fn = torch.compile(step)
+    return lambda: fn(x, y)
+
+
 def jax_loss(params, x, y):
     jax = load_jax()
     W1, b1, W2, b2, W3, b3 = params
@@ -163,7 +189,7 @@ def jax_step(state, x, y, jit: bool):
 
 def build(framework: str, batch: int):
     """(step, params) for one framework: ``step()`` does one SGD step and returns the loss before it;
-    ``params()`` gives the current parameters."""
+    ``params()`` gives the current parameters (JAX's are new arrays after each step)."""
     arrays, x, y = init(batch)
     if framework == "numpy":
         return numpy_step(arrays, x, y), lambda: arrays
@@ -176,16 +202,15 @@ def build(framework: str, batch: int):
         torch = load_torch()
         params = torch_tensors(arrays, requires_grad=True)
         return torch_step(params, torch.from_numpy(x), torch.from_numpy(y)), lambda: params
+    if framework == "torch.compile":
+        torch = load_torch_compile()
+        params = torch_tensors(arrays)  # torch.func differentiates without requires_grad
+        return torch_compiled_step(params, torch.from_numpy(x), torch.from_numpy(y)), lambda: params
     if framework in ("jax", "jax.jit"):
         state = {"params": jax_arrays(arrays)}
         jx, jy = jax_arrays([x, y.astype(np.int32)])
         return jax_step(state, jx, jy, framework == "jax.jit"), lambda: state["params"]
     raise unknown(framework, "mlp")
-
-
-def check_step(step, params):
-    """One step from the initial weights: its loss, and the parameters it leaves."""
-    return lambda: {"loss": scalar(step()), "params² after": sq(params())}
 
 
 def variants(framework: str, quick: bool) -> list[Variant]:
@@ -196,5 +221,5 @@ def variants(framework: str, quick: bool) -> list[Variant]:
             out.append(Variant(name, floor(*init(batch))))
             continue
         step, params = build(framework, batch)
-        out.append(Variant(name, step, check=check_step(step, params)))
+        out.append(Variant(name, step, check=step_check(step, params)))
     return out
