@@ -1,6 +1,7 @@
-"""Elementwise fusion and the executor's workspace (opforge.program.fusion, opforge.program.executor): a fused result
-is the unfused one to the last bit, for every op declared fusable; buffers are kept across runs without ever being
-shared with what a run returns, another run or another thread."""
+"""Elementwise fusion and the executor's workspace (opforge.program.fusion, opforge.program.executor), on the NumPy path
+(native code off: tests/test_native.py tests that): a fused result is the unfused one to the last bit, for every op
+declared fusable; buffers are kept across runs without ever being shared with what a run returns, another run or
+another thread."""
 
 from __future__ import annotations
 
@@ -18,6 +19,12 @@ from opforge.program import assign, executor, fusion
 from opforge.testing.conformance import default_samples
 
 FUSABLE = sorted(op.name for op in of.registry if "pointwise" in op.traits)
+
+
+@pytest.fixture(autouse=True)
+def _numpy_blocks(monkeypatch):
+    """These tests are about the NumPy path, bit for bit: native code (tests/test_native.py) stays off."""
+    monkeypatch.setenv("OPFORGE_NATIVE", "0")
 
 
 def _samples(opdef):

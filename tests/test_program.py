@@ -220,7 +220,8 @@ def test_a_reshape_to_the_shape_it_has_is_its_input():
         plan = exe.plan(x=x)
         assert plan.removed["identity"] == (2 if rows == 2 else 3)  # (3, 3) -> [3, -1] is one too
         got = exe.run(x=x)
-        np.testing.assert_array_equal(got["y"], np.exp(x) * 2.0)
+        # exp(x) · 2 is a fused group: as native code its exp is libmvec's, within 4 ulp of NumPy's (program/native.py)
+        np.testing.assert_allclose(got["y"], np.exp(x) * 2.0, rtol=4 * np.finfo(np.float64).eps, atol=0)
         np.testing.assert_array_equal(got["x"], x)
         np.testing.assert_array_equal(got["t"], np.tanh(x).reshape(3, -1))
 

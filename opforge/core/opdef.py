@@ -9,6 +9,7 @@ what kind of op it is (``TRAITS``). The registry maps op names to ``OpDef``s.
 
 from __future__ import annotations
 
+import ast
 import functools
 import inspect
 from collections import namedtuple
@@ -139,6 +140,7 @@ class OpDef:
         self.sbp_fn = None  # layouts the op runs under across ranks (opforge.distributed reads it)
         self.sbp_takes = frozenset()  # which of `ranks` (the number of ranks) and `batch_norm` sbp_fn names
         self.onnx_fn = None  # the ONNX export mapping (see opforge.onnx)
+        self.scalar_expression = None  # a pointwise op's value at one element, for native code (see scalar())
         self.validate = None
         self._refresh_validate()
         self.out_device = out_device  # attrs -> the Device outputs live on, for an op moving data (else its inputs')
@@ -254,6 +256,29 @@ class OpDef:
         """Register the ONNX export mapping: ``fn(g, <inputs>, <attrs>)`` emits nodes through ``g`` (opforge.onnx)."""
         self.onnx_fn = fn
         return fn
+
+    def scalar(self, expression: str) -> OpDef:
+        """Declare a pointwise op's value at one element as a scalar expression over its inputs and attrs, in Python's
+        syntax: ``tanh.scalar("tanh(x)")``, ``leaky_relu.scalar("x if x > 0 else alpha * x")``. It is written once,
+        beside the NumPy kernel it describes (the suite checks the two agree on the op's samples), and the native
+        backend of compiled programs generates its loops from it (``opforge.program.native``, which lists the
+        functions an expression may call). Constants and attrs take the type the op computes in, as NumPy's
+        Python scalars do."""
+        if "pointwise" not in self.traits:
+            raise SchemaError(f"op '{self.name}'.scalar(): only a pointwise op has a scalar expression")
+        try:
+            tree = ast.parse(expression, mode="eval")
+        except SyntaxError as e:
+            raise SchemaError(f"op '{self.name}'.scalar({expression!r}): {e.msg}") from None
+        known = set(self.input_names) | {p.name for p in self.attrs}
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        called = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+        unknown = names - known - called
+        if unknown:
+            raise SchemaError(f"op '{self.name}'.scalar({expression!r}): {sorted(unknown)} are neither inputs "
+                              f"{list(self.input_names)} nor attrs")
+        self.scalar_expression = expression
+        return self
 
     def fusable(self, *, commutative: bool = False) -> OpDef:
         """Give the op the trait ``pointwise`` (and ``commutative`` if asked) after its definition: the same as

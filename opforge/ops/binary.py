@@ -14,6 +14,7 @@ def add(x, y, out=None):
     return _add(x, y) if out is None else _add(x, y, out=out)
 
 
+add.scalar("x + y")
 
 
 def _onnx_binary(onnx_type):
@@ -43,6 +44,7 @@ def sub(x, y, out=None):
     return _subtract(x, y) if out is None else _subtract(x, y, out=out)
 
 
+sub.scalar("x - y")
 
 
 sub.onnx(_onnx_binary("Sub"))
@@ -71,6 +73,7 @@ def minus(x, y):
     return np.subtract(x, y)
 
 
+minus.scalar("x - y")
 
 
 minus.onnx(_onnx_binary("Sub"))
@@ -89,6 +92,7 @@ def mul(x, y, out=None):
     return _multiply(x, y) if out is None else _multiply(x, y, out=out)
 
 
+mul.scalar("x * y")
 
 
 mul.onnx(_onnx_binary("Mul"))
@@ -117,6 +121,7 @@ def div(x, y, out=None):
     return _divide(x, y) if out is None else _divide(x, y, out=out)
 
 
+div.scalar("x / y")
 
 
 div.onnx(_onnx_binary("Div"))
@@ -184,6 +189,7 @@ def maximum(x, y):
     return np.maximum(x, y)
 
 
+maximum.scalar("maximum(x, y)")
 
 
 maximum.onnx(_onnx_binary("Max"))
@@ -209,6 +215,7 @@ def minimum(x, y):
     return np.minimum(x, y)
 
 
+minimum.scalar("minimum(x, y)")
 
 
 minimum.onnx(_onnx_binary("Min"))
@@ -240,6 +247,7 @@ def where(condition, x, y):
     return np.where(condition, x, y)
 
 
+where.scalar("x if condition else y")
 
 
 @where.onnx
@@ -281,6 +289,7 @@ def less(x, y):
     return np.less(x, y)
 
 
+less.scalar("x < y")
 
 
 @op("less_equal(Tensor x, Tensor y) -> Tensor<bool> out",
@@ -292,6 +301,7 @@ def less_equal(x, y):
     return np.less_equal(x, y)
 
 
+less_equal.scalar("x <= y")
 
 
 @op("greater(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad", "pointwise"], infer=_compare_spec("greater"))
@@ -302,6 +312,7 @@ def greater(x, y):
     return np.greater(x, y)
 
 
+greater.scalar("x > y")
 
 
 @op("greater_equal(Tensor x, Tensor y) -> Tensor<bool> out",
@@ -313,6 +324,7 @@ def greater_equal(x, y):
     return np.greater_equal(x, y)
 
 
+greater_equal.scalar("x >= y")
 
 
 @op("equal(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad", "pointwise"], infer=_compare_spec("equal"))
@@ -323,6 +335,7 @@ def equal(x, y):
     return np.equal(x, y)
 
 
+equal.scalar("x == y")
 
 
 @op("not_equal(Tensor x, Tensor y) -> Tensor<bool> out",
@@ -334,6 +347,7 @@ def not_equal(x, y):
     return np.not_equal(x, y)
 
 
+not_equal.scalar("x != y")
 
 
 def _onnx_compare(onnx_type, negate=False):
@@ -367,6 +381,7 @@ def logical_and(x, y):
     return np.logical_and(x, y)
 
 
+logical_and.scalar("x != 0 and y != 0")
 
 
 @op("logical_or(Tensor x, Tensor y) -> Tensor<bool> out",
@@ -376,6 +391,7 @@ def logical_or(x, y):
     return np.logical_or(x, y)
 
 
+logical_or.scalar("x != 0 or y != 0")
 
 
 logical_and.onnx(lambda g, x, y: g.op("And", g.cast(x, D.bool_), g.cast(y, D.bool_), spec=g.outputs[0]))

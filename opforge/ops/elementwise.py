@@ -82,6 +82,7 @@ def identity(x):
     return x
 
 
+identity.scalar("x")
 
 
 def _linear_sbp(*inputs, **_):
@@ -105,6 +106,7 @@ def scale(x, *, scale):
     return x * scale  # a Python float keeps the array's dtype (NumPy 2 promotion)
 
 
+scale.scalar("x * scale")
 
 
 scale.onnx(lambda g, x, *, scale: g.op("Mul", x, g.scalar(scale, x)))
@@ -130,6 +132,7 @@ def square(x, out=None):
     return np.square(x, out=out)
 
 
+square.scalar("x * x")
 
 
 square.onnx(lambda g, x: g.op("Mul", x, x))
@@ -146,6 +149,7 @@ def sqrt(x):
     return np.sqrt(x)
 
 
+sqrt.scalar("sqrt(x)")
 
 
 sqrt.onnx(lambda g, x: g.op("Sqrt", x))
@@ -168,6 +172,7 @@ def sqrt_grad(y, dy):
     return dy * 0.5 / y
 
 
+sqrt_grad.scalar("dy * 0.5 / y")
 
 
 @sqrt_grad.grad
@@ -196,6 +201,7 @@ def leaky_relu(x, *, alpha):
     return _maximum(x, scaled) if alpha <= 1 else _minimum(x, scaled)
 
 
+leaky_relu.scalar("maximum(x, x * alpha) if alpha <= 1 else minimum(x, x * alpha)")
 
 
 @leaky_relu.onnx
@@ -226,6 +232,7 @@ def leaky_relu_grad(x, dy, *, alpha):
     return _carry_nan(x, np.where(x > 0, dy, dy * alpha))
 
 
+leaky_relu_grad.scalar("x if isnan(x) else (dy if x > 0 else dy * alpha)")
 
 
 @leaky_relu_grad.grad
@@ -247,6 +254,7 @@ def neg(x, out=None):
     return np.negative(x, out=out)
 
 
+neg.scalar("-x")
 
 
 neg.sbp(_linear_sbp)
@@ -264,6 +272,7 @@ def exp(x, out=None):
     return np.exp(x, out=out)
 
 
+exp.scalar("exp(x)")
 
 
 exp.onnx(lambda g, x: g.op("Exp", x))
@@ -280,6 +289,7 @@ def log(x):
     return np.log(x)
 
 
+log.scalar("log(x)")
 
 
 log.onnx(lambda g, x: g.op("Log", x))
@@ -308,6 +318,7 @@ def tanh(x, out=None):
     return np.tanh(x, out=out)
 
 
+tanh.scalar("tanh(x)")
 
 
 tanh.onnx(lambda g, x: g.op("Tanh", x))
@@ -333,6 +344,7 @@ def tanh_grad(y, dy, out=None):
     return _multiply(dy, 1 - t, out=out)  # 0-d: NumPy made a scalar
 
 
+tanh_grad.scalar("dy * (1 - y * y)")
 
 
 @tanh_grad.grad
@@ -362,6 +374,7 @@ def sigmoid(x):
     return _sigmoid(x)
 
 
+sigmoid.scalar("1 / (1 + exp(-x))")
 
 
 sigmoid.onnx(lambda g, x: g.op("Sigmoid", x))
@@ -378,6 +391,7 @@ def sigmoid_grad(y, dy):
     return dy * y * np.subtract(_ONE.get(y.dtype, 1), y)
 
 
+sigmoid_grad.scalar("dy * y * (1 - y)")
 
 
 @sigmoid_grad.grad
@@ -411,6 +425,7 @@ def relu(x, out=None):
     return np.maximum(x, _ZERO.get(x.dtype, 0), out=out)
 
 
+relu.scalar("maximum(x, 0)")
 
 
 relu.onnx(lambda g, x: g.op("Relu", x))
@@ -431,6 +446,7 @@ def relu_grad(y, dy, out=None):
     return _carry_nan(y, np.multiply(dy, np.greater(y, _ZERO.get(y.dtype, 0)), out=out))
 
 
+relu_grad.scalar("y if isnan(y) else dy * (y > 0)")
 
 
 @relu_grad.grad
@@ -450,6 +466,7 @@ def abs(x):
     return np.abs(x)
 
 
+abs.scalar("abs(x)")
 
 
 abs.onnx(lambda g, x: g.op("Abs", x))
@@ -545,6 +562,7 @@ def sign(x):
     return np.greater(x, 0).astype(x.dtype) - np.less(x, 0).astype(x.dtype)
 
 
+sign.scalar("(x > 0) - (x < 0)")
 
 
 sign.onnx(lambda g, x: g.op("Sign", x))
@@ -556,6 +574,7 @@ def floor(x):
     return np.floor(x) if D.is_floating(x.dtype) else x.copy()
 
 
+floor.scalar("floor(x)")
 
 
 floor.onnx(lambda g, x: g.op("Floor" if x.dtype.kind == "f" else "Identity", x))
@@ -567,6 +586,7 @@ def ceil(x):
     return np.ceil(x) if D.is_floating(x.dtype) else x.copy()
 
 
+ceil.scalar("ceil(x)")
 
 
 ceil.onnx(lambda g, x: g.op("Ceil" if D.is_floating(x.dtype) else "Identity", x))
@@ -627,6 +647,7 @@ def expm1(x):
     return np.expm1(x)
 
 
+expm1.scalar("expm1(x)")
 
 
 @expm1.onnx
@@ -649,6 +670,7 @@ def log1p(x):
     return np.log1p(x)
 
 
+log1p.scalar("log1p(x)")
 
 
 @log1p.onnx
@@ -677,6 +699,7 @@ def rsqrt(x):
     return 1 / np.sqrt(x)
 
 
+rsqrt.scalar("1 / sqrt(x)")
 
 
 rsqrt.onnx(lambda g, x: g.op("Reciprocal", g.op("Sqrt", x)))
@@ -693,6 +716,7 @@ def reciprocal(x):
     return np.reciprocal(x)
 
 
+reciprocal.scalar("1 / x")
 
 
 reciprocal.onnx(lambda g, x: g.op("Reciprocal", x))
@@ -723,6 +747,7 @@ def sin(x):
     return np.sin(x)
 
 
+sin.scalar("sin(x)")
 
 
 sin.onnx(lambda g, x: g.op("Sin", x))
@@ -739,6 +764,7 @@ def cos(x):
     return np.cos(x)
 
 
+cos.scalar("cos(x)")
 
 
 cos.onnx(lambda g, x: g.op("Cos", x))
@@ -761,6 +787,7 @@ def erf(x):
     return _erf(x)
 
 
+erf.scalar("erf(x)")
 
 
 erf.onnx(lambda g, x: g.op("Erf", x))
@@ -975,6 +1002,7 @@ def silu(x):
     return x * _sigmoid(x)
 
 
+silu.scalar("x * (1 / (1 + exp(-x)))")
 
 
 silu.onnx(lambda g, x: g.op("Mul", x, g.op("Sigmoid", x)))
@@ -1071,6 +1099,7 @@ def isnan(x):
     return np.isnan(x)
 
 
+isnan.scalar("isnan(x)")
 
 
 @isnan.onnx
@@ -1101,6 +1130,7 @@ def logical_not(x):
     return np.logical_not(x)
 
 
+logical_not.scalar("not x")
 
 
 logical_not.onnx(lambda g, x: g.op("Not", g.cast(x, D.bool_)))
@@ -1142,6 +1172,7 @@ def hardtanh(x, *, min_val, max_val):
     return np.clip(x, min_val, max_val)
 
 
+hardtanh.scalar("minimum(maximum(x, min_val), max_val)")
 
 
 hardtanh.onnx(lambda g, x, *, min_val, max_val: g.op("Clip", x, g.scalar(min_val, x), g.scalar(max_val, x)))
@@ -1159,6 +1190,7 @@ def hardtanh_grad(x, dy, *, min_val, max_val):
     return _carry_nan(x, np.where((x > min_val) & (x < max_val), dy, 0).astype(dy.dtype, copy=False))
 
 
+hardtanh_grad.scalar("x if isnan(x) else (dy if x > min_val and x < max_val else 0)")
 
 
 @hardtanh_grad.grad
@@ -1189,6 +1221,7 @@ def relu6(x):
     return np.clip(x, 0, 6)
 
 
+relu6.scalar("minimum(maximum(x, 0), 6)")
 
 
 relu6.onnx(lambda g, x: g.op("Clip", x, g.scalar(0, x), g.scalar(6, x)))
@@ -1211,6 +1244,7 @@ def hardsigmoid(x):
     return np.clip(x * (1 / 6) + 0.5, 0, 1)
 
 
+hardsigmoid.scalar("minimum(maximum(x * 0.16666666666666666 + 0.5, 0), 1)")
 
 
 @hardsigmoid.onnx
@@ -1232,6 +1266,7 @@ def hardswish(x):
     return x * np.clip(x * (1 / 6) + 0.5, 0, 1)
 
 
+hardswish.scalar("x * minimum(maximum(x * 0.16666666666666666 + 0.5, 0), 1)")
 
 
 @hardswish.onnx

@@ -6,7 +6,8 @@ Preparing (once per distinct set of feed shapes) does the work eager mode repeat
   2. dead-code elimination (only what the fetched values need) and merging of identical pure ops (CSE; ops
      with the ``random`` trait are never merged);
   3. elementwise fusion: chains of pointwise ops (the trait ``pointwise``) become one step that makes one pass over
-     memory, block by block (``opforge.program.fusion``);
+     memory, block by block (``opforge.program.fusion``), or one generated C loop where every member declares its
+     scalar expression and a C compiler is there (``opforge.program.native``);
   4. liveness: each intermediate is dropped right after its last reader; a kernel that takes ``out=`` writes
      into its declared ``inplace`` input when that input dies at this op (or the other input of a commutative
      op), and otherwise into a buffer of the plan's workspace;
@@ -33,6 +34,7 @@ from ..core.keys import exact
 from ..core.opdef import registry
 from ..core.spec import Dim, Elem, Spec
 from ..tensor import Tensor
+from . import native
 from .desc import OpDesc, Program
 from .fusion import FusedOp, escapes, fuse, in_place_inputs, overlap
 from .trace import Variable
@@ -90,11 +92,12 @@ class Executor:
     (parameters) live in ``exe.scope``, initialised with the arrays the program was traced with (no copy).
     """
 
-    def __init__(self, program: Program, fetch=None, optimize: bool = True):
+    def __init__(self, program: Program, fetch=None, optimize: bool = True, native: bool | None = None):
         if not isinstance(program, Program):
             raise ArgumentError(f"Executor(): expected a Program, got {type(program).__name__}")
         self.program = program
         self.optimize = optimize
+        self.native = native  # fused groups as native code: None follows OPFORGE_NATIVE (opforge.program.native)
         self.fetch = self._fetch_names(fetch)
         block = program.block
         self.scope = {n: program.values[n] for n, v in block.vars.items() if v.persistable}
@@ -343,6 +346,8 @@ class Executor:
             before = len(ops)
             ops, kernels = fuse(ops, kernels, specs, roots)
             removed["fused"] = before - len(ops)
+            if native.enabled() if self.native is None else self.native:
+                native.compile_groups([op for op, _ in ops if isinstance(op, FusedOp)])
         last_use = _last_use(ops, list(roots))
         reuse = {}  # op index -> the variable whose buffer it writes its output into
         in_place = _in_place_updates(ops, kernels, specs, updates, last_use, reuse)  # first: each saves a copy

@@ -66,6 +66,14 @@ class FusedOp:
         writable = set(in_place_slots(root))
         self.inplace_inputs = [n for n in inputs if specs[n] == spec and (n in self.sliced or not self.blocked)
                                and all(n not in names or slot in writable for slot, names in root.inputs.items())]
+        self.native = None  # the group's native function, if opforge.program.native made one (set_native)
+        self.prepare(None)
+
+    def set_native(self, fn, c_source: str) -> None:
+        """Run the group as ``fn`` (a C loop that reads every input at an element before it writes the output there,
+        so the output may go to any input of its Spec) instead of its members' kernels."""
+        self.native, self.c_source = fn, c_source
+        self.inplace_inputs = [n for n in self.inputs if self.specs[n] == self.spec]
         self.prepare(None)
 
     def input_names(self) -> list:
@@ -93,6 +101,9 @@ class FusedOp:
         or, if its kernel takes no ``out=``, wherever the kernel puts it. The output's buffer can hold a value on
         its way to the root (read by the next member, once, through an in-place slot, and so on up to the root),
         once the input it may share its memory with (``out_input``) has been read for the last time."""
+        if self.native is not None:  # one loop, no scratch buffers
+            self.scratch, self._plan, self._out_input = [], [], out_input
+            return
         specs, members = self.specs, self.members
         last, readers = {}, {}  # value -> the last member reading it; -> the members reading it
         for j, (op, _, _) in enumerate(members):
@@ -155,6 +166,8 @@ class FusedOp:
         """The group as Python source: ``def <name>(<inputs>, W, out=None)``, W the run's workspace (lists of spare
         buffers, ``pools[k]`` the one for scratch buffer k, None if it has none). Returns (lines, {line index:
         member label})."""
+        if self.native is not None:
+            return self._native_source(name, env)
         empty = env["_empty"]  # the device's array module's
         args = [f"i{k}" for k in range(len(self.inputs))]
         arg = dict(zip(self.inputs, args))
@@ -231,6 +244,26 @@ class FusedOp:
             offset = len(lines)
             lines += body + end
         return lines, {offset + k: v for k, v in labels.items()}
+
+
+    def _native_source(self, name: str, env: dict) -> tuple[list, dict]:
+        """The Python side of a native group: C-ordered inputs (its loop assumes them) and a C-ordered output that
+        shares no memory with an input in another layout, then one call. The C source is in ``.c_source``."""
+        args = [f"i{k}" for k in range(len(self.inputs))]
+        inputs = "".join(f"{a}, " for a in args)
+        env[f"{name}_n"] = self.native
+        env[f"{name}_e"] = _allocator(env["_empty"], self.spec)
+        lines = [f"def {name}({inputs}W, out=None):  # {self!r}, native"]
+        lines += [f"    if not {a}.flags.c_contiguous: {a} = _contiguous({a})" for a, n in zip(args, self.inputs)
+                  if self.specs[n].shape != ()]
+        lines += [f"    dst = out if out is not None and out.flags.c_contiguous and not _overlap(out, ({inputs})) "
+                  f"else {name}_e()",
+                  f"    {name}_n({''.join(f'{a}.ctypes.data, ' for a in args)}dst.ctypes.data)",
+                  "    if out is not None and dst is not out:", "        _copyto(out, dst)", "        dst = out",
+                  "    return dst"]
+        env.setdefault("_contiguous", np.ascontiguousarray)
+        labels = {len(lines) - 5: " -> ".join(op.type for op, _, _ in self.members[:8])}
+        return lines, labels
 
 
 def _allocator(empty, spec: Spec):
