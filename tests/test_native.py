@@ -213,3 +213,15 @@ def test_the_compiled_library_is_cached_on_disk_for_other_processes(tmp_path):
     compiles = [line for line in log.read_text().splitlines() if "--version" not in line]
     assert len(compiles) == 1  # the second process loaded the first one's library
     assert len(list((tmp_path / "cache" / "native").glob("*.so"))) == 1
+
+
+def test_an_input_the_shape_rules_did_not_promise_fails_before_the_loop_reads_it():
+    x = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
+    program = of.trace(lambda x: F.tanh(x * 2.0) + 1.0, x=of.Spec(x.shape, x.dtype))
+    plan = of.Executor(program, native=True).plan(x=x)
+    assert "def k0(i0, i1, i2, W, out=None):  # fused(mul.2, tanh.3, add.5), native" in plan.source
+    group, two, one = plan.fn.__globals__["k0"], np.array(2.0, np.float32), np.array(1.0, np.float32)
+    assert _ulps(group(x, two, one, None), np.tanh(x * two) + one) <= 4
+    for wrong in (np.zeros((3, 5), np.float32), np.zeros((3, 4), np.float64), np.zeros(12, np.float32)):
+        with pytest.raises(of.ShapeError, match="native loop"):
+            group(wrong, two, one, None)

@@ -27,6 +27,7 @@ import math
 
 import numpy as np
 
+from ..core.errors import ShapeError
 from ..core.opdef import Kernel, registry
 from ..core.spec import Spec
 
@@ -254,6 +255,13 @@ class FusedOp:
         env[f"{name}_n"] = self.native
         env[f"{name}_e"] = _allocator(env["_empty"], self.spec)
         lines = [f"def {name}({inputs}W, out=None):  # {self!r}, native"]
+        # The loop reads through the plan's static shapes: an input of another shape or dtype (an op whose kernel
+        # breaks its own shape rule) must fail here, not read out of bounds.
+        env[f"{name}_specs"] = [(self.specs[n].shape, self.specs[n].dtype) for n in self.inputs]
+        check = " or ".join(f"{a}.shape != {self.specs[n].shape!r} or {a}.dtype != {name}_specs[{k}][1]"
+                            for k, (a, n) in enumerate(zip(args, self.inputs)))
+        lines += [f"    if {check}:", f"        _mismatch({repr(self)!r}, ({inputs}), {name}_specs)"]
+        env.setdefault("_mismatch", _mismatch)
         lines += [f"    if not {a}.flags.c_contiguous: {a} = _contiguous({a})" for a, n in zip(args, self.inputs)
                   if self.specs[n].shape != ()]
         lines += [f"    dst = out if out is not None and out.flags.c_contiguous and not _overlap(out, ({inputs})) "
@@ -264,6 +272,12 @@ class FusedOp:
         env.setdefault("_contiguous", np.ascontiguousarray)
         labels = {len(lines) - 5: " -> ".join(op.type for op, _, _ in self.members[:8])}
         return lines, labels
+
+
+def _mismatch(group: str, arrays: tuple, specs: list):
+    got = ", ".join(f"{a.dtype}{list(a.shape)}" for a in arrays)
+    want = ", ".join(f"{d}{list(s)}" for s, d in specs)
+    raise ShapeError(f"{group}: the inputs of its native loop are ({got}), the plan's shape rules said ({want})")
 
 
 def _allocator(empty, spec: Spec):
