@@ -277,6 +277,24 @@ def test_a_hessian_vector_product_computes_no_first_order_gradient_it_does_not_n
     plan = next(iter(compiled.cache.values()))[0].exe._warm
     products = [label for label in plan.line_ops.values() if label.split()[2] in ("matmul", "linear")]
     assert len(products) == 18, products
+    # the second pass's seeds, ones broadcast to each parameter's shape times its direction, are the directions
+    # themselves: no pass over the parameters' size multiplies by one
+    ones = [n for n, v in plan.fn.__globals__["_folded"].items() if np.all(v == 1) and v.size > 1]
+    assert ones and not any(n in line for n in ones for line in plan.source.splitlines() if " = k" in line)
+
+
+def test_a_product_with_ones_is_its_other_input_unless_that_changes_what_comes_out():
+    def f(x):
+        ones = F.ones_like(x)  # folded: a constant of the plan
+        return {"same": F.tanh(x * ones), "wider": F.tanh(x[0] * ones), "fetched": ones * x}
+
+    x = np.array([[1.5, -0.0, np.nan], [np.inf, -2.0, 3.0]], np.float32)
+    prog = of.trace(f, x=of.Spec(x.shape, x.dtype))
+    plan = of.Executor(prog).plan(x=x)
+    assert plan.removed["identity"] == 1  # x · ones, read by tanh; x[0] · ones broadcasts, the fetched one stays
+    got, want = of.Executor(prog, native=False).run(x=x), of.Executor(prog, optimize=False).run(x=x)
+    for k in want:
+        assert np.array_equal(got[k], want[k], equal_nan=True) and not np.shares_memory(got[k], x)
 
 
 def test_intermediates_are_freed_after_their_last_reader():

@@ -208,6 +208,9 @@ class Executor:
             ops, removed["dead"] = self._prune(ops, fetched)
             ops, folded = self._fold(ops, specs)
             removed["folded"] = len(folded)
+            ops, ones = self._times_one(ops, specs, {**self.constants, **folded}, fetched)
+            alias = {k: ones.get(v, v) for k, v in alias.items()} | ones
+            removed["identity"] += len(ones)
             # A folded op that read only its inputs' shapes (the seed ones_like(loss) of a backward pass) no longer
             # reads them: what computed them may be dead now (the first-order gradients under a Hessian-vector
             # product's second pass, which only their shapes seeded)
@@ -294,6 +297,30 @@ class Executor:
             raise OpforgeError(f"Executor (folding constants): op {op.type} -> {', '.join(op.output_names())} "
                                f"failed: {type(e).__name__}: {e}") from None
         return kept, {n: v for n, v in values.items() if n not in self.constants}
+
+    @staticmethod
+    def _times_one(ops: list, specs: dict, constants: dict, fetched: set):
+        """A product with a constant of ones that broadcasts to nothing larger is its other input (x · 1 is x, bit
+        for bit, NaN and −0 included): a second backward pass seeds its gradients so, ones broadcast to each
+        parameter's shape times the direction (a Hessian-vector product: six passes over the parameters' size).
+        A fetched product is kept (the run would return the other input's own buffer). Returns (ops, alias)."""
+        alias, kept = {}, []
+        for op, attrs in ops:
+            if alias:
+                op = OpDesc(op.type, {k: [alias.get(n, n) for n in names] for k, names in op.inputs.items()},
+                            op.outputs, op.attrs, op.role)
+            if op.type == "mul" and op.output_names()[0] not in fetched:
+                (x,), (y,), (out,) = op.inputs["x"], op.inputs["y"], op.output_names()
+                for one, other in ((x, y), (y, x)):
+                    value = constants.get(one)
+                    if (value is not None and specs[other] == specs[out] and value.dtype.kind == "f"
+                            and np.all(value == 1)):
+                        alias[out] = other
+                        break
+                if out in alias:
+                    continue
+            kept.append((op, attrs))
+        return kept, alias
 
     @staticmethod
     def _merge(ops: list, specs: dict):
