@@ -12,8 +12,9 @@ the peak RSS of a bare interpreter, then of the framework's import alone.
 Timing: every variant is called once for its check values (on fresh state; that first call's wall time, compiling
 included for jax.jit, torch.compile and opforge compiled, is reported as ``first_call``), warmed up (first calls
 compile, fill caches, start pools), and given a number of calls per repeat that takes at least --min-time seconds; then
-the repeats go round-robin over the variants, so a slow spell of the shared machine hits them all alike. The garbage
-collector stays on, as in a real training loop.
+the repeats go round-robin over the variants, so a slow spell of the shared machine hits them all alike. Each repeat's
+process CPU time is kept too (``cpu``): pinned to one core, it counts what the process itself ran, which other work on
+that core cannot inflate as it inflates wall time. The garbage collector stays on, as in a real training loop.
 """
 
 from __future__ import annotations
@@ -43,21 +44,23 @@ def time_variants(variants, repeats: int, quick: bool, min_time: float, profiler
         per_call = (time.perf_counter() - start) / calls
         numbers[v.name] = max(1, round(min_time / per_call))
     samples = {v.name: [] for v in variants}
+    cpu = {v.name: [] for v in variants}  # the process's CPU time per call: what other work on the core cannot inflate
     if profiler is not None:
         profiler.start()
     cpu0, wall0 = cpu_seconds(), time.perf_counter()
     for _ in range(repeats):
         for v in variants:
             fn, number = v.fn, numbers[v.name]
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             for _ in range(number):
                 fn()
             samples[v.name].append((time.perf_counter() - start) / number / v.per)
+            cpu[v.name].append((time.process_time() - start_cpu) / number / v.per)
     cpu_per_wall = (cpu_seconds() - cpu0) / max(time.perf_counter() - wall0, 1e-9)
     if profiler is not None:
         profiler.stop()
-    return {v.name: {"samples": samples[v.name], "number": numbers[v.name], "per": v.per} for v in variants}, \
-        cpu_per_wall
+    return {v.name: {"samples": samples[v.name], "cpu": cpu[v.name], "number": numbers[v.name], "per": v.per}
+            for v in variants}, cpu_per_wall
 
 
 def cpu_seconds() -> float:
