@@ -253,8 +253,9 @@ _loaded: dict = {}  # hash -> the CDLL (kept: its functions are called by plans)
 
 
 def build(functions: dict, opdefs) -> dict:
-    """Compile C functions (name -> source) into one library, or load it from the cache; name -> ctypes function."""
-    source = header(opdefs) + "\n".join(functions.values()) + "\n"
+    """Compile C functions (name -> (source, number of pointer arguments)) into one library, or load it from the
+    cache; name -> ctypes function."""
+    source = header(opdefs) + "\n".join(text for text, _ in functions.values()) + "\n"
     key = hashlib.sha256((_machine() + source).encode()).hexdigest()[:32]
     lib = _loaded.get(key)
     if lib is None:
@@ -271,10 +272,10 @@ def build(functions: dict, opdefs) -> dict:
                 os.replace(so_file, path)  # atomic: another process sees the whole library or none
         lib = _loaded[key] = ctypes.CDLL(str(path))
     out = {}
-    for name, text in functions.items():
+    for name, (_, arguments) in functions.items():
         fn = getattr(lib, name)
         fn.restype = None
-        fn.argtypes = [ctypes.c_void_p] * text.split("(", 1)[1].split(")", 1)[0].count(",") + [ctypes.c_void_p]
+        fn.argtypes = [ctypes.c_void_p] * arguments  # data pointers: a Python int must not pass as a C int
         out[name] = fn
     return out
 
@@ -287,7 +288,7 @@ def compile_groups(groups: list) -> None:
     sources, chosen = {}, []
     for k, fused in enumerate(groups):
         try:
-            sources[f"opforge_group{k}"] = group_source(fused, f"opforge_group{k}")
+            sources[f"opforge_group{k}"] = group_source(fused, f"opforge_group{k}"), len(fused.inputs) + 1
             chosen.append((f"opforge_group{k}", fused))
         except Unsupported:
             continue
@@ -302,4 +303,4 @@ def compile_groups(groups: list) -> None:
             warnings.warn(f"opforge: native code for compiled programs is off: {e}", RuntimeWarning, stacklevel=2)
         return
     for name, fused in chosen:
-        fused.set_native(functions[name], sources[name])
+        fused.set_native(functions[name], sources[name][0])
