@@ -115,6 +115,48 @@ def test_a_chain_forward_and_backward_is_one_native_call():
     assert source.count(", native") == 1 and "k0_k" not in source  # no NumPy kernel of the group is called
     for k in want:
         assert _ulps(got[k], want[k]) <= 4
+    # the forward's result fetched too: still one loop, which writes both (a region with several results)
+    got, want, source = _both(lambda x: {"g": of.grad(F.sum(chain(x)), [x])[0], "y": chain(x)}, x=x)
+    assert source.count(", native") == 1 and "v3, v4, = k0(" in source
+    for k in want:
+        assert _ulps(got[k], want[k]) <= 4
+
+
+def test_a_region_hands_several_results_to_readers_moved_after_it():
+    """sum(a) reads a before tanh(a) + 1 joins a's region: the sum runs after the region. b * s cannot join (s
+    depends on the region), and the comparison's bool result leaves the region too."""
+    x = np.linspace(-2, 2, 24).reshape(4, 6).astype(np.float32)
+
+    def fn(x):
+        a = x * 2.0
+        s = F.sum(a)
+        b = F.tanh(a) + 1.0
+        mask = b > 1.5
+        return {"t": b * s, "m": F.where(mask, x, a), "k": F.logical_not(mask)}
+
+    got, want, source = _both(fn, x=x)
+    run = source.split("def run")[1]
+    # one loop writes a (for the sum), b (for the product), the where's and the logical_not's results; then the sum
+    assert source.count(", native") == 1 and "v4, v5, v6, v7, = k0(" in run
+    assert run.index("= k0(") < run.index("= _array(k1(v4")
+    for k in want:
+        assert _ulps(got[k], want[k]) <= 4 if want[k].dtype.kind == "f" else np.array_equal(got[k], want[k])
+    # without a working compiler the region runs its members' kernels, one after another
+    program = of.trace(fn, x=of.Spec(x.shape, x.dtype))
+    original = native.build
+    try:
+        native.build = lambda *a: (_ for _ in ()).throw(native.Unsupported("no compiler here"))
+        with pytest.warns(RuntimeWarning, match="native code .* is off"):
+            native._warned.clear()
+            exe = of.Executor(program, native=True)
+            plan = exe.plan(x=x)
+        assert "several results" in plan.source
+        fallback = exe.run(x=x)
+    finally:
+        native.build = original
+        native._warned.clear()
+    for k in want:
+        assert np.array_equal(fallback[k], want[k])
 
 
 def test_broadcast_inputs_views_and_constants():

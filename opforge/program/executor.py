@@ -371,9 +371,12 @@ class Executor:
         host = program.device.host  # fusion and the workspace work on host (NumPy) arrays
         if self.optimize and host:
             before = len(ops)
+            use_native = native.enabled() if self.native is None else self.native
+            if use_native:  # regions whose results are read outside them too: one loop each
+                ops, kernels = native.several_results(ops, kernels, specs, roots)
             ops, kernels = fuse(ops, kernels, specs, roots)
             removed["fused"] = before - len(ops)
-            if native.enabled() if self.native is None else self.native:
+            if use_native:
                 native.compile_groups([op for op, _ in ops if isinstance(op, FusedOp)])
         last_use = _last_use(ops, list(roots))
         reuse = {}  # op index -> the variable whose buffer it writes its output into
@@ -477,7 +480,9 @@ class Executor:
             line_ops[len(lines) + 1] = f"op #{i} {op.type if opdef else repr(op)} -> {', '.join(outs)}"
             if opdef is not None:
                 line_calls[len(lines) + 1] = (op, attrs)
-            if opdef is None or (len(outs) == 1 and not opdef.outputs[0].is_list):
+            if opdef is None and len(outs) > 1:  # a native region's results
+                lines.append(f"    {', '.join(var(n) for n in outs)}, = {call}")
+            elif opdef is None or (len(outs) == 1 and not opdef.outputs[0].is_list):
                 # a 0-d result may come back as a NumPy scalar: the device makes it an array
                 lines.append(f"    {var(outs[0])} = {'_array(' + call + ')' if specs[outs[0]].shape == () else call}")
             else:

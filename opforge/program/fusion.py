@@ -322,6 +322,8 @@ def fuse(ops: list, kernels: list, specs: dict, keep: set) -> tuple[list, list]:
 
     def fusable(i) -> bool:
         op = ops[i][0]
+        if isinstance(op, FusedOp):  # a native region made before (opforge.program.native)
+            return False
         opdef = registry.get(op.type)
         return ("pointwise" in opdef.traits and len(opdef.outputs) == 1 and not opdef.outputs[0].is_list
                 and not any(p.is_list for p in opdef.inputs))

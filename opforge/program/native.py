@@ -32,6 +32,7 @@ import ast
 import ctypes
 import functools
 import hashlib
+import heapq
 import math
 import os
 import shutil
@@ -42,7 +43,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.opdef import registry
+from ..core.opdef import Kernel, registry
+from ..core.spec import Spec
+from .desc import OpDesc
+from .fusion import FusedOp, _allocator
 
 CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double", np.dtype(np.bool_): "unsigned char"}
 FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -171,18 +175,34 @@ def _loops(out_shape: tuple, strides: list) -> tuple[list, list]:
     return sizes, merged
 
 
+def _compute_type(op, specs) -> str:
+    """The C type an op of a group computes in: its output's, or for a comparison its inputs' (Unsupported if NumPy
+    would compute it otherwise: a float result from a wider float input, a dtype C is not given here)."""
+    names = [*op.input_names(), *op.output_names()]
+    if any(specs[n].dtype not in CTYPES for n in names):
+        raise Unsupported(f"{op.type}: dtypes {[str(specs[n].dtype) for n in names]}")
+    dtype = specs[op.output_names()[0]].dtype
+    floats = [specs[n].dtype for n in op.input_names() if specs[n].dtype in FLOATS]
+    if dtype in FLOATS:
+        if any(d.itemsize > dtype.itemsize for d in floats):
+            raise Unsupported(f"{op.type}: computes {dtype} from wider inputs")
+        return CTYPES[dtype]
+    return "double" if any(d == np.float64 for d in floats) else "float"  # a comparison or a logical op
+
+
 def group_source(fused, name: str) -> str:
-    """The C function ``void <name>(inputs..., out)`` computing a fused group, or ``Unsupported``."""
+    """The C function ``void <name>(inputs..., outputs...)`` computing a fused group (one output, or a
+    ``NativeGroup``'s several), or ``Unsupported``."""
     specs, out_spec = fused.specs, fused.spec
-    values = [*fused.inputs, *(op.output_names()[0] for op, _, _ in fused.members)]
-    for n in values:
+    outputs = fused.output_names()
+    for n in fused.inputs:
         if specs[n].dtype not in CTYPES:
             raise Unsupported(f"{n}: dtype {specs[n].dtype}")
     out_shape = out_spec.shape
     strides = [_strides(specs[n].shape, out_shape) for n in fused.inputs] + [_strides(out_shape, out_shape)]
     sizes, walk = _loops(out_shape, strides)
     params = [f"const {CTYPES[specs[n].dtype]} *i{k}" for k, n in enumerate(fused.inputs)]
-    params.append(f"{CTYPES[out_spec.dtype]} *out")
+    params += [f"{CTYPES[specs[n].dtype]} *o{k}" for k, n in enumerate(outputs)]
     lines = [f"void {name}({', '.join(params)}) {{"]
     index = [" + ".join(f"a{d} * {s[d]}L" for d in range(len(sizes)) if s[d]) or "0" for s in walk]
     indent = "  "
@@ -196,20 +216,12 @@ def group_source(fused, name: str) -> str:
     for j, (op, attrs, _) in enumerate(fused.members):
         opdef = registry.get(op.type)
         out = op.output_names()[0]
-        dtype = specs[out].dtype
-        ins = [n for p in opdef.inputs for n in op.inputs[p.name]]
-        floats = [specs[n].dtype for n in ins if specs[n].dtype in FLOATS]
-        if dtype in FLOATS:
-            if any(d.itemsize > dtype.itemsize for d in floats):
-                raise Unsupported(f"{op.type} -> {out}: computes {dtype} from wider inputs")
-            compute = CTYPES[dtype]
-        else:  # a comparison or a logical op: its inputs' type
-            compute = "double" if any(d == np.float64 for d in floats) else "float"
+        compute = _compute_type(op, specs)
         names = {p.name: local[op.inputs[p.name][0]] for p in opdef.inputs if op.inputs[p.name]}
         expression = c_expression(opdef, names, attrs, compute)
         local[out] = f"t{j}"
-        lines.append(f"{indent}{CTYPES[dtype]} t{j} = {expression};")
-    lines.append(f"{indent}out[{index[-1]}] = t{len(fused.members) - 1};")
+        lines.append(f"{indent}{CTYPES[specs[out].dtype]} t{j} = {expression};")
+    lines += [f"{indent}o{k}[{index[-1]}] = {local[n]};" for k, n in enumerate(outputs)]
     for _ in sizes:
         indent = indent[:-2]
         lines.append(f"{indent}}}")
@@ -226,6 +238,146 @@ def header(opdefs) -> str:
             lines += [f'__attribute__((simd("notinbranch"))) float {fl}(float);',
                       f'__attribute__((simd("notinbranch"))) double {db}(double);']
     return "\n".join(lines) + "\n" + HELPERS
+
+
+# -- regions with several results -----------------------------------------------------------------------------------
+
+
+class NativeGroup(FusedOp):
+    """Pointwise ops over one shape whose results are read outside the region too (a forward value its backward reads
+    again, say): one loop computes them all and writes each result read outside (``outputs``). Made only for native
+    code; if the compiler fails after all, the members' own kernels run one after another, on whole arrays."""
+
+    def __init__(self, members: list, inputs: list, outputs: list, spec, specs: dict):
+        self.members, self.inputs, self.outputs, self.spec, self.specs = members, inputs, outputs, spec, specs
+        self.scratch, self.inplace_inputs, self.donated, self.native = [], [], set(), None
+
+    def output_names(self) -> list:
+        return list(self.outputs)
+
+    def prepare(self, out_input) -> None:
+        pass  # the outputs are new arrays: the plan hands no buffer to a step with several
+
+    def set_native(self, fn, c_source: str) -> None:
+        self.native, self.c_source = fn, c_source
+
+    def source(self, name: str, pools: list, env: dict) -> tuple[list, dict]:
+        args = [f"i{k}" for k in range(len(self.inputs))]
+        local = dict(zip(self.inputs, args))
+        lines = [f"def {name}({''.join(a + ', ' for a in args)}W, out=None):  # {self!r}, "
+                 + ("native" if self.native is not None else "several results")]
+        if self.native is None:  # the members' kernels in order
+            labels = {}
+            for j, (op, attrs, kernel) in enumerate(self.members):
+                env[f"{name}_k{j}"], env[f"{name}_a{j}"] = kernel.bind(env["_device"]), attrs
+                call = [local[op.inputs[p.name][0]] if op.inputs[p.name] else "None"
+                        for p in registry.get(op.type).inputs]
+                labels[len(lines)] = f"{op.type} -> {op.output_names()[0]}"
+                local[op.output_names()[0]] = f"t{j}"
+                lines.append(f"    t{j} = _array({name}_k{j}({', '.join(call)}, **{name}_a{j}))")
+            lines.append(f"    return {''.join(local[n] + ', ' for n in self.outputs)}")
+            return lines, labels
+        body, labels = self._native_source(name, env)
+        outs = [f"o{k}" for k in range(len(self.outputs))]
+        for k, n in enumerate(self.outputs):
+            env[f"{name}_e{k}"] = _allocator(env["_empty"], self.specs[n])
+        call = next(j for j, line in enumerate(body) if f"{name}_n(" in line)
+        lines = [lines[0], *body[1:call - 1], *(f"    {o} = {name}_e{k}()" for k, o in enumerate(outs)),
+                 f"    {name}_n({''.join(a + '.ctypes.data, ' for a in args)}"
+                 f"{', '.join(o + '.ctypes.data' for o in outs)})",
+                 f"    return {''.join(o + ', ' for o in outs)}"]
+        return lines, {call - 1 + len(outs): " -> ".join(op.type for op, _, _ in self.members[:8])}
+
+
+def _member(op, specs) -> bool:
+    """Whether an op of a plan can be a member of a native region: pointwise, one output, its value at an element
+    declared (``OpDef.scalar``), every value a dtype of the loop's."""
+    if not isinstance(op, OpDesc):
+        return False
+    opdef = registry.get(op.type)
+    if ("pointwise" not in opdef.traits or opdef.scalar_expression is None or len(opdef.outputs) != 1
+            or opdef.outputs[0].is_list or any(p.is_list for p in opdef.inputs)
+            or specs[op.output_names()[0]].shape == ()):
+        return False
+    try:
+        _compute_type(op, specs)
+    except Unsupported:
+        return False
+    return True
+
+
+def several_results(ops: list, kernels: list, specs: dict, keep: set) -> tuple[list, list]:
+    """Group the pointwise ops that can run natively into regions over one shape, each run as one loop, where a
+    region may hand several results to the rest of the plan (``NativeGroup``); a region with one result is left to
+    ``fusion.fuse``, whose groups may write into a dying input. Regions are convex: an op joins a region only if
+    none of its inputs from outside depends on the region, so the region can run as one step, and the plan is
+    reordered (a stable topological order) so that every reader of a region's result runs after the region."""
+    producer = {n: i for i, (op, _) in enumerate(ops) for n in op.output_names()}
+    group_of, groups, depends = {}, [], {}  # depends: value -> the regions it is computed from
+    for i, (op, _) in enumerate(ops):
+        ins = op.input_names()
+        upstream = set().union(*(depends.get(n, ()) for n in ins))
+        if _member(op, specs):
+            shape = specs[op.output_names()[0]].shape
+            candidates = sorted({group_of[producer[n]] for n in ins if producer.get(n) in group_of
+                                 and groups[group_of[producer[n]]][0] == shape}, reverse=True)
+            g = next((g for g in candidates if all(group_of.get(producer.get(n)) == g or g not in depends.get(n, ())
+                                                  for n in ins)), None)
+            if g is None:
+                g = len(groups)
+                groups.append((shape, []))
+            groups[g][1].append(i)
+            group_of[i] = g
+            upstream = upstream | {g}
+        for n in op.output_names():
+            depends[n] = upstream
+    readers = {}
+    for i, (op, _) in enumerate(ops):
+        for n in op.input_names():
+            readers.setdefault(n, set()).add(i)
+    made = {}  # region -> its NativeGroup
+    for g, (shape, members) in enumerate(groups):
+        inside = set(members)
+        outputs = [ops[m][0].output_names()[0] for m in members]
+        outputs = [n for n in outputs if n in keep or not readers.get(n, set()) <= inside]
+        if len(members) < 2 or len(outputs) < 2:
+            continue
+        made_inside = {ops[m][0].output_names()[0] for m in members}
+        inputs = list(dict.fromkeys(n for m in members for n in ops[m][0].input_names() if n not in made_inside))
+        made[g] = NativeGroup([(ops[m][0], ops[m][1], kernels[m]) for m in members], inputs, outputs,
+                              Spec(shape, specs[outputs[0]].dtype), specs)
+    if not made:
+        return ops, kernels
+    # units: each region made, each other op; a stable topological order, by the position of a unit's last op
+    unit_of = {m: ("g", g) for g in made for m in groups[g][1]}
+    units = {}
+    for i in range(len(ops)):
+        units.setdefault(unit_of.get(i, ("op", i)), []).append(i)
+    after = {u: set() for u in units}
+    waiting = {u: 0 for u in units}
+    for u, members in units.items():
+        for m in members:
+            for n in ops[m][0].input_names():
+                p = producer.get(n)
+                if p is not None and unit_of.get(p, ("op", p)) != u and u not in after[unit_of.get(p, ("op", p))]:
+                    after[unit_of.get(p, ("op", p))].add(u)
+                    waiting[u] += 1
+    ready = [(max(members), u) for u, members in units.items() if waiting[u] == 0]
+    heapq.heapify(ready)
+    new_ops, new_kernels = [], []
+    while ready:
+        _, u = heapq.heappop(ready)
+        if u[0] == "g":
+            new_ops.append((made[u[1]], {}))
+            new_kernels.append(Kernel(None, None, None, False, False, False))
+        else:
+            new_ops.append(ops[u[1]])
+            new_kernels.append(kernels[u[1]])
+        for v in after[u]:
+            waiting[v] -= 1
+            if waiting[v] == 0:
+                heapq.heappush(ready, (max(units[v]), v))
+    return new_ops, new_kernels
 
 
 # -- compiling and loading -----------------------------------------------------------------------------------------
@@ -288,7 +440,8 @@ def compile_groups(groups: list) -> None:
     sources, chosen = {}, []
     for k, fused in enumerate(groups):
         try:
-            sources[f"opforge_group{k}"] = group_source(fused, f"opforge_group{k}"), len(fused.inputs) + 1
+            sources[f"opforge_group{k}"] = (group_source(fused, f"opforge_group{k}"),
+                                            len(fused.inputs) + len(fused.output_names()))
             chosen.append((f"opforge_group{k}", fused))
         except Unsupported:
             continue
