@@ -211,6 +211,13 @@ ORACLE = {
         Sample.of(randn(1, 6, 3, 4), randn(6, 2, 3, 2), input_size=[9, 11], stride=[3, 2], padding=[2, 0],
                   dilation=[2, 3], groups=3),
         Sample.of(randn(2, 4, 3, 2), randn(4, 2, 2, 2), input_size=[6, 5], stride=2),  # floor: last row/col unread
+        # stride 1, no more output than input channels: a convolution of dy with the flipped weight
+        Sample.of(randn(2, 4, 5, 6), randn(4, 4, 3, 3), input_size=[5, 6], padding=1),
+        Sample.of(randn(1, 4, 6, 3), randn(4, 3, 3, 2), input_size=[6, 4], padding=[2, 0], dilation=[2, 1],
+                  groups=2),
+        Sample.of(randn(1, 2, 6, 5), randn(2, 2, 2, 3), input_size=[6, 5], padding="same", dilation=[1, 2]),
+        Sample.of(randn(1, 4, 10, 4), randn(4, 3, 2, 3), input_size=[6, 4], padding=[3, 1], dilation=[2, 1],
+                  groups=2),  # a padding past the dilated kernel: the transpose and col2im
     )),
     "conv_grad_weight": (torch_conv_grad_weight, (
         Sample.of(randn(1, 6, 9, 11), randn(1, 6, 3, 4), kernel_size=[3, 2], stride=[3, 2], padding=[2, 0],
@@ -219,6 +226,7 @@ ORACLE = {
     "conv_transpose1d": (torch_conv_transpose(1), ()),
     "conv_transpose2d": (torch_conv_transpose(2), (
         Sample.of(randn(2, 2, 3, 3), randn(2, 3, 3, 3), None, stride=2, padding=1, output_padding=1),
+        Sample.of(randn(1, 2, 3, 4), randn(2, 4, 3, 3), randn(4), padding=[1, 2], dilation=2),
     )),
     "conv_transpose3d": (torch_conv_transpose(3), ()),
     "unfold": (torch_unfold, ()),
