@@ -267,3 +267,121 @@ def test_an_input_the_shape_rules_did_not_promise_fails_before_the_loop_reads_it
     for wrong in (np.zeros((3, 5), np.float32), np.zeros((3, 4), np.float64), np.zeros(12, np.float32)):
         with pytest.raises(of.ShapeError, match="native loop"):
             group(wrong, two, one, None)
+
+
+# -- GEMM epilogues: p − s·(a @ b) as one BLAS call adding into p --------------------------------------------------
+
+
+def _sgd_step(params, lr, transposed_gradient=False):
+    """A two-layer tanh network's SGD step, its weight gradients matrix products read only by their updates."""
+    w1, w2 = params
+
+    def step(x):
+        loss = F.sum(F.tanh(F.tanh(x @ w1) @ w2))
+        grads = of.grad(loss, [w1, w2])
+        with of.no_grad():
+            for p, g in zip(params, grads):
+                assign(p, p - lr * g)
+        return loss
+
+    return step
+
+
+def _gemm_plans(compiled) -> list:
+    return [p for entry in compiled.cache.values() for e in entry for p in e.exe._plans.values()]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_an_sgd_update_of_a_matmul_gradient_is_one_gemm_adding_into_the_parameter(dtype, monkeypatch):
+    rng = np.random.default_rng(5)
+    start = [rng.standard_normal((12, 9)).astype(dtype), rng.standard_normal((9, 7)).astype(dtype)]
+    x = rng.standard_normal((6, 12)).astype(dtype)
+    results = {}
+    for native_on in (True, False):
+        monkeypatch.setenv("OPFORGE_NATIVE", "1" if native_on else "0")
+        params = [of.tensor(a.copy(), requires_grad=True) for a in start]
+        arrays = [p.numpy() for p in params]
+        step = of.compile(_sgd_step(params, 0.1))
+        for _ in range(3):
+            step(of.tensor(x))
+        sources = [p.source for p in _gemm_plans(step)]
+        assert (sum(s.count("gemm_update(") for s in sources) >= 2) == native_on
+        assert all(np.shares_memory(p.numpy(), a) for p, a in zip(params, arrays))  # updated in place
+        results[native_on] = [p.numpy() for p in params]
+    # the unfused program rounds each gradient before scaling it: a few ulp of the update's size at most
+    eps = np.finfo(dtype).eps
+    for got, want, a in zip(results[True], results[False], start):
+        np.testing.assert_allclose(got, want, rtol=0, atol=16 * eps * (np.abs(a).max() + 1))
+
+
+def _update(p):
+    def update(a, b, s):
+        with of.no_grad():
+            assign(p, p - s * (a @ b))
+        return s * 1.0  # (p · 1 would join the update in a native region with two results)
+
+    return update
+
+
+def _self_update(p, transposed: bool):
+    def update(b, s):
+        with of.no_grad():
+            assign(p, p - s * ((F.transpose(p, perm=[1, 0]) if transposed else p) @ b))
+        return s * 1.0
+
+    return update
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # inf·0, as the unfused kernels warn
+@pytest.mark.parametrize("blas", ["numpy's", "scipy's"])
+def test_gemm_update_values_edge_cases_and_operands_that_are_the_parameter(blas, monkeypatch):
+    from opforge.program import gemm
+
+    if blas == "scipy's":
+        monkeypatch.setattr(gemm, "_numpy_cblas", lambda: {})
+    rng = np.random.default_rng(6)
+    p0 = rng.standard_normal((5, 5))
+    a, b = rng.standard_normal((5, 3)), rng.standard_normal((3, 5))
+    a_inf = a.copy()
+    a_inf[1, 2] = np.inf
+    cases = [(a, b, 0.3), (a.T.copy().T, b.T.copy().T, -2.0),  # Fortran-ordered operands
+             (a_inf, b, 0.0), (a, b, np.nan), (a_inf, b, 0.5)]  # inf·0 is NaN: a zero step runs unfused
+    for a_, b_, s in cases:
+        p = of.tensor(p0.copy())
+        fn = of.compile(_update(p))
+        fn(of.tensor(a_), of.tensor(b_), of.tensor(np.array(s)))
+        got = p.numpy()
+        with np.errstate(invalid="ignore"):
+            want = p0 - s * (a_ @ b_)
+        np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-13)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        assert any("gemm_update(" in plan.source for plan in _gemm_plans(fn))
+    # the product reads the parameter it updates (pᵀ @ b, and p @ b with p square): no write before the read
+    for transposed in (True, False):
+        p = of.tensor(p0.copy())
+        fn = of.compile(_self_update(p, transposed))
+        b5 = rng.standard_normal((5, 5))
+        fn(of.tensor(b5), of.tensor(np.array(0.25)))
+        np.testing.assert_allclose(p.numpy(), p0 - 0.25 * ((p0.T if transposed else p0) @ b5), rtol=1e-13,
+                                   atol=1e-13)
+        assert any("gemm_update(" in plan.source for plan in _gemm_plans(fn))
+
+
+def test_gemm_update_steps_match_torch():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(7)
+    start = [rng.standard_normal((12, 9)), rng.standard_normal((9, 7))]
+    x = rng.standard_normal((6, 12))
+    params = [of.tensor(a.copy(), requires_grad=True) for a in start]
+    step = of.compile(_sgd_step(params, 0.05))
+    theirs = [torch.tensor(a, requires_grad=True) for a in start]
+    for _ in range(4):
+        step(of.tensor(x))
+        loss = torch.tanh(torch.tanh(torch.tensor(x) @ theirs[0]) @ theirs[1]).sum()
+        grads = torch.autograd.grad(loss, theirs)
+        with torch.no_grad():
+            for t, g in zip(theirs, grads):
+                t -= 0.05 * g
+    assert any("gemm_update(" in plan.source for plan in _gemm_plans(step))
+    for ours, t in zip(params, theirs):
+        np.testing.assert_allclose(ours.numpy(), t.detach().numpy(), rtol=1e-12, atol=1e-12)

@@ -7,7 +7,8 @@ Preparing (once per distinct set of feed shapes) does the work eager mode repeat
      with the ``random`` trait are never merged);
   3. elementwise fusion: chains of pointwise ops (the trait ``pointwise``) become one step that makes one pass over
      memory, block by block (``opforge.program.fusion``), or one generated C loop where every member declares its
-     scalar expression and a C compiler is there (``opforge.program.native``);
+     scalar expression and a C compiler is there (``opforge.program.native``); with native code on, an update
+     ``p − s·(a @ b)`` whose product nothing else reads is one GEMM adding into p (``opforge.program.gemm``);
   4. liveness: each intermediate is dropped right after its last reader; a kernel that takes ``out=`` writes
      into its declared ``inplace`` input when that input dies at this op (or the other input of a commutative
      op), and otherwise into a buffer of the plan's workspace;
@@ -34,7 +35,7 @@ from ..core.keys import exact
 from ..core.opdef import registry
 from ..core.spec import Dim, Elem, Spec
 from ..tensor import Tensor
-from . import native
+from . import gemm, native
 from .desc import OpDesc, Program
 from .fusion import FusedOp, escapes, fuse, in_place_inputs, overlap
 from .trace import Variable
@@ -375,6 +376,8 @@ class Executor:
             if use_native:  # regions whose results are read outside them too: one loop each
                 ops, kernels = native.several_results(ops, kernels, specs, roots)
             ops, kernels = fuse(ops, kernels, specs, roots)
+            if use_native:  # p − s·(a @ b) as one GEMM adding into p
+                ops, kernels = gemm.gemm_updates(ops, kernels, specs, roots)
             removed["fused"] = before - len(ops)
             if use_native:
                 native.compile_groups([op for op, _ in ops if isinstance(op, FusedOp)])

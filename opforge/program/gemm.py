@@ -1,0 +1,179 @@
+"""GEMM epilogues: a matrix product whose only reader is a fused update of the form ``p − s·(a @ b)`` (an SGD step,
+``assign(p, p - lr * g)`` with g a weight gradient) runs as one BLAS call that adds ``−s·(a @ b)`` into ``p``'s
+buffer (GEMM with alpha = −s, beta = 1): no gradient array, no second pass over the parameter.
+
+What changes against the unfused program (the switch: ``OPFORGE_NATIVE=0`` or ``Executor(native=False)`` keeps it
+bit for bit): the product is not rounded to its dtype before it is scaled and added (BLAS scales its accumulator and
+adds, possibly in one FMA), and the GEMM's summation order may differ from ``matmul``'s (NumPy's OpenBLAS called
+through its CBLAS entry point, or SciPy's where that is not found): each new value is within a few ulp (of the
+update's size) of the unfused one. A step size of zero runs the unfused ops: BLAS may skip the product when alpha is
+0 (the reference BLAS does; OpenBLAS does not), and an infinite or NaN gradient must still give NaN.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import numpy as np
+
+from ..core.opdef import Kernel
+from .desc import OpDesc
+from .fusion import FusedOp, _allocator
+
+FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+@functools.cache
+def _numpy_cblas() -> dict:
+    """NumPy's own OpenBLAS ``cblas_?gemm`` (64-bit ints, as NumPy's wheels build it), by dtype, or {} where it
+    cannot be found: the GEMM then runs in the library that computes NumPy's matmul, as fast (SciPy's OpenBLAS,
+    another build, took 8% longer at 512×512 by 512×784 here)."""
+    libs = Path(np.__file__).resolve().parent.parent / "numpy.libs"
+    try:
+        maps = Path("/proc/self/maps").read_text().split()
+    except OSError:
+        return {}
+    path = next((m for m in maps if m.startswith(str(libs)) and "openblas" in m), None)
+    if path is None:
+        return {}
+    try:
+        lib = ctypes.CDLL(path)
+        functions = {np.dtype(np.float32): (lib.scipy_cblas_sgemm64_, ctypes.c_float),
+                     np.dtype(np.float64): (lib.scipy_cblas_dgemm64_, ctypes.c_double)}
+    except (OSError, AttributeError):
+        return {}
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    for fn, real in functions.values():
+        fn.restype = None  # order, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc
+        fn.argtypes = [ctypes.c_int] * 3 + [i64] * 3 + [real, ptr, i64, ptr, i64, real, ptr, i64]
+    return {dtype: fn for dtype, (fn, _) in functions.items()}
+
+
+ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
+
+
+def _row_major(m) -> tuple | None:
+    """(trans, leading dimension) of a 2-D array as row-major BLAS reads it in place, or None."""
+    item = m.itemsize
+    if m.strides[1] == item and m.strides[0] % item == 0 and m.strides[0] >= max(1, m.shape[1]) * item:
+        return NO_TRANS, m.strides[0] // item
+    if m.strides[0] == item and m.strides[1] % item == 0 and m.strides[1] >= max(1, m.shape[0]) * item:
+        return TRANS, m.strides[1] // item
+    return None
+
+
+def _fortran(m):
+    """(array, trans) such that op(array) is ``m`` and the array is Fortran-ordered, as BLAS reads it."""
+    if m.flags.f_contiguous:
+        return m, 0
+    if m.flags.c_contiguous:
+        return m.T, 1
+    return np.asfortranarray(m), 0
+
+
+def add_product(c, alpha: float, a, b) -> None:
+    """``c += alpha · (a @ b)`` in place: ``c`` a C-ordered (m, n) array, ``a`` (m, k), ``b`` (k, n), one dtype."""
+    gemm = _numpy_cblas().get(c.dtype)
+    if gemm is not None:
+        a = a if _row_major(a) else np.ascontiguousarray(a)
+        b = b if _row_major(b) else np.ascontiguousarray(b)
+        (ta, lda), (tb, ldb) = _row_major(a), _row_major(b)
+        (m, k), n = a.shape, b.shape[1]
+        gemm(ROW_MAJOR, ta, tb, m, n, k, alpha, a.ctypes.data, lda, b.ctypes.data, ldb, 1.0, c.ctypes.data, n)
+        return
+    from scipy.linalg import blas  # SciPy's wrapper: column-major, c's memory is cᵀ's, cᵀ += alpha · bᵀ·aᵀ
+
+    x, trans_x = _fortran(b.T)
+    y, trans_y = _fortran(a.T)
+    r = (blas.sgemm if c.dtype == np.float32 else blas.dgemm)(alpha, x, y, beta=1.0, c=c.T, trans_a=trans_x,
+                                                              trans_b=trans_y, overwrite_c=1)
+    if r.ctypes.data != c.ctypes.data:  # the wrapper copied c after all
+        np.copyto(c, r.T)
+
+
+class GemmUpdate(FusedOp):
+    """One step of a plan for ``p − s·(a @ b)``: ``members`` the matmul, the mul and the sub it stands for;
+    ``inputs`` [s, a, b, p]. Its output may be written into p's buffer (an in-place parameter update)."""
+
+    type = "gemm_update"
+
+    def __init__(self, members: list, inputs: list, output: str, specs: dict):
+        self.members, self.inputs, self.output, self.specs = members, inputs, output, specs
+        self.spec = specs[output]
+        self.scratch, self.donated, self.native = [], set(), None
+        self.inplace_inputs = [inputs[3]]
+
+    def __repr__(self) -> str:
+        return f"gemm_update({self.output} = {self.inputs[3]} - {self.inputs[0]}·({self.inputs[1]} @ {self.inputs[2]}))"
+
+    def prepare(self, out_input) -> None:
+        pass
+
+    def source(self, name: str, pools: list, env: dict) -> tuple[list, dict]:
+        env[f"{name}_e"] = _allocator(env["_empty"], self.spec)
+        env.setdefault("_add_product", add_product)
+        env.setdefault("_shares", np.may_share_memory)
+        (_, _, matmul), (_, _, mul), (_, _, sub) = self.members
+        env[f"{name}_mm"], env[f"{name}_mul"], env[f"{name}_sub"] = (k.bind(env["_device"]) for k in
+                                                                    (matmul, mul, sub))
+        lines = [f"def {name}(s, a, b, p, W, out=None):  # {self!r}",
+                 "    if not s:  # a BLAS may skip the product: inf·0 must still be NaN",
+                 f"        y = {name}_sub(p, {name}_mul(s, {name}_mm(a, b)))",
+                 "        if out is not None:", "            _copyto(out, y)", "            y = out",
+                 "        return y",
+                 "    dst = out if out is not None and out.flags.c_contiguous else None",
+                 "    if dst is None or _shares(dst, a) or _shares(dst, b) or (dst is not p and _shares(dst, p)):",
+                 f"        dst = {name}_e()",
+                 "    if dst is not p:", "        _copyto(dst, p)",
+                 "    _add_product(dst, -s.item(), a, b)",
+                 "    if out is not None and dst is not out:", "        _copyto(out, dst)", "        dst = out",
+                 "    return dst"]
+        return lines, {12: "matmul -> mul -> sub (one GEMM)"}
+
+
+def gemm_updates(ops: list, kernels: list, specs: dict, keep: set) -> tuple[list, list]:
+    """Replace each fused ``p − s·g`` (a group of a mul and a sub) whose g is a 2-D matmul read by it alone by a
+    ``GemmUpdate`` at the group's place, the matmul gone."""
+    producer = {n: i for i, (op, _) in enumerate(ops) for n in op.output_names()}
+    readers = {}
+    for i, (op, _) in enumerate(ops):
+        for n in op.input_names():
+            readers.setdefault(n, set()).add(i)
+    replaced, gone = {}, set()
+    for i, (group, _) in enumerate(ops):
+        if type(group) is not FusedOp or len(group.members) != 2:
+            continue
+        (mul, _, _), (sub, _, _) = group.members
+        if mul.type != "mul" or sub.type != "sub" or sub.inputs["y"] != mul.outputs["out"]:
+            continue
+        (x,), (y,), (p,) = mul.inputs["x"], mul.inputs["y"], sub.inputs["x"]
+        s, g = (x, y) if specs[x].shape == () else (y, x)
+        j = producer.get(g)
+        if specs[s].shape != () or j is None or g in keep or readers[g] != {i} or ops[j][0].type != "matmul":
+            continue
+        matmul = ops[j][0]
+        (a,), (b,) = matmul.inputs["x"], matmul.inputs["y"]
+        out = group.output
+        names = (s, g, p, out, a, b, mul.output_names()[0])
+        if (len({specs[n].dtype for n in names}) != 1 or specs[out].dtype not in FLOATS or specs[g] != specs[out]
+                or specs[p] != specs[out] or len(specs[a].shape) != 2 or len(specs[b].shape) != 2
+                or 0 in specs[a].shape or 0 in specs[b].shape or not isinstance(matmul, OpDesc)):
+            continue
+        replaced[i] = GemmUpdate([(matmul, ops[j][1], kernels[j]), *group.members], [s, a, b, p], out, specs)
+        gone.add(j)
+    if not replaced:
+        return ops, kernels
+    new_ops, new_kernels = [], []
+    for i, (entry, kernel) in enumerate(zip(ops, kernels)):
+        if i in gone:
+            continue
+        if i in replaced:
+            new_ops.append((replaced[i], {}))
+            new_kernels.append(Kernel(None, None, None, True, False, False))
+        else:
+            new_ops.append(entry)
+            new_kernels.append(kernel)
+    return new_ops, new_kernels
+
