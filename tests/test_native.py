@@ -385,3 +385,33 @@ def test_gemm_update_steps_match_torch():
     assert any("gemm_update(" in plan.source for plan in _gemm_plans(step))
     for ours, t in zip(params, theirs):
         np.testing.assert_allclose(ours.numpy(), t.detach().numpy(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_an_optimizer_step_without_momentum_adds_each_weight_gradient_in_its_gemm(momentum):
+    from opforge import nn
+
+    rng = np.random.default_rng(8)
+    x = of.tensor(rng.standard_normal((8, 20)))
+    models = []
+    for compiled in (True, False):
+        of.manual_seed(0)
+        model = nn.Sequential(nn.Linear(20, 16), nn.Tanh(), nn.Linear(16, 4)).to(np.float64)
+        opt = of.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
+
+        def step(x, model=None, opt=None):
+            loss = F.sum(F.tanh(model(x)))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        fn = of.compile(step) if compiled else step
+        for _ in range(3):
+            fn(x, model=model, opt=opt)
+        if compiled:
+            updates = sum(plan.source.count("gemm_update(") for plan in _gemm_plans(fn))
+            assert updates == (2 if momentum == 0 else 0)  # the two weights; biases are sums, not products
+        models.append(model)
+    for ours, eager in zip(*(m.parameters() for m in models)):
+        np.testing.assert_allclose(ours.numpy(), eager.numpy(), rtol=1e-12, atol=1e-12)

@@ -1,6 +1,7 @@
-"""GEMM epilogues: a matrix product whose only reader is a fused update of the form ``p − s·(a @ b)`` (an SGD step,
-``assign(p, p - lr * g)`` with g a weight gradient) runs as one BLAS call that adds ``−s·(a @ b)`` into ``p``'s
-buffer (GEMM with alpha = −s, beta = 1): no gradient array, no second pass over the parameter.
+"""GEMM epilogues: a matrix product whose only reader is an update of the form ``p − s·(a @ b)`` (an SGD step:
+``assign(p, p - lr * g)`` or ``of.optim.SGD`` without momentum or weight decay, g a weight gradient) runs as one
+BLAS call that adds ``−s·(a @ b)`` into ``p``'s buffer (GEMM with alpha = −s, beta = 1): no gradient array, no
+second pass over the parameter.
 
 What changes against the unfused program (the switch: ``OPFORGE_NATIVE=0`` or ``Executor(native=False)`` keeps it
 bit for bit): the product is not rounded to its dtype before it is scaled and added (BLAS scales its accumulator and
@@ -94,33 +95,35 @@ def add_product(c, alpha: float, a, b) -> None:
 
 
 class GemmUpdate(FusedOp):
-    """One step of a plan for ``p − s·(a @ b)``: ``members`` the matmul, the mul and the sub it stands for;
-    ``inputs`` [s, a, b, p]. Its output may be written into p's buffer (an in-place parameter update)."""
+    """One step of a plan for ``p − s·(a @ b)``: ``members`` the matmul and the ops it stands for (a fused mul and
+    sub, or an ``sgd_update``); ``inputs`` [s, a, b, p]; ``unfused(p, g, s, device)`` those ops' own kernels, for a
+    zero step. Its output may be written into p's buffer (an in-place parameter update)."""
 
     type = "gemm_update"
 
-    def __init__(self, members: list, inputs: list, output: str, specs: dict):
-        self.members, self.inputs, self.output, self.specs = members, inputs, output, specs
+    def __init__(self, members: list, inputs: list, output: str, specs: dict, unfused):
+        self.members, self.inputs, self.output, self.specs, self.unfused = members, inputs, output, specs, unfused
         self.spec = specs[output]
         self.scratch, self.donated, self.native = [], set(), None
         self.inplace_inputs = [inputs[3]]
 
     def __repr__(self) -> str:
-        return f"gemm_update({self.output} = {self.inputs[3]} - {self.inputs[0]}·({self.inputs[1]} @ {self.inputs[2]}))"
+        s, a, b, p = self.inputs
+        return f"gemm_update({self.output} = {p} - {s}·({a} @ {b}))"
 
     def prepare(self, out_input) -> None:
         pass
 
     def source(self, name: str, pools: list, env: dict) -> tuple[list, dict]:
+        device = env["_device"]
         env[f"{name}_e"] = _allocator(env["_empty"], self.spec)
         env.setdefault("_add_product", add_product)
         env.setdefault("_shares", np.may_share_memory)
-        (_, _, matmul), (_, _, mul), (_, _, sub) = self.members
-        env[f"{name}_mm"], env[f"{name}_mul"], env[f"{name}_sub"] = (k.bind(env["_device"]) for k in
-                                                                    (matmul, mul, sub))
+        matmul, unfused = self.members[0][2].bind(device), self.unfused
+        env[f"{name}_unfused"] = lambda p, a, b, s: unfused(p, matmul(a, b), s, device)
         lines = [f"def {name}(s, a, b, p, W, out=None):  # {self!r}",
                  "    if not s:  # a BLAS may skip the product: inf·0 must still be NaN",
-                 f"        y = {name}_sub(p, {name}_mul(s, {name}_mm(a, b)))",
+                 f"        y = {name}_unfused(p, a, b, s)",
                  "        if out is not None:", "            _copyto(out, y)", "            y = out",
                  "        return y",
                  "    dst = out if out is not None and out.flags.c_contiguous else None",
@@ -130,38 +133,65 @@ class GemmUpdate(FusedOp):
                  "    _add_product(dst, -s.item(), a, b)",
                  "    if out is not None and dst is not out:", "        _copyto(out, dst)", "        dst = out",
                  "    return dst"]
-        return lines, {12: "matmul -> mul -> sub (one GEMM)"}
+        return lines, {12: " -> ".join(op.type for op, _, _ in self.members) + " (one GEMM)"}
+
+
+def _update(entry, kernel, specs):
+    """(s, g, p, unfused) if a step of the plan computes p − s·g with s a 0-d value: a fused mul and sub (s of the
+    update's dtype, as NumPy would compute it), or an ``sgd_update`` without momentum or weight decay."""
+    op, attrs = entry
+    if type(op) is FusedOp and len(op.members) == 2:
+        (mul, _, mul_kernel), (sub, _, sub_kernel) = op.members
+        if mul.type != "mul" or sub.type != "sub" or sub.inputs["y"] != mul.outputs["out"]:
+            return None
+        (x,), (y,), (p,) = mul.inputs["x"], mul.inputs["y"], sub.inputs["x"]
+        s, g = (x, y) if specs[x].shape == () else (y, x)
+        if specs[s].dtype != specs[p].dtype or specs[mul.output_names()[0]].dtype != specs[p].dtype:
+            return None
+
+        def unfused(p, g, s, device):
+            return sub_kernel.bind(device)(p, mul_kernel.bind(device)(s, g))
+
+        return s, g, p, unfused
+    if isinstance(op, OpDesc) and op.type == "sgd_update" and not op.inputs.get("momentum_buffer") \
+            and attrs.get("weight_decay") == 0:
+        (s,), (g,), (p,) = op.inputs["lr"], op.inputs["grad"], op.inputs["param"]
+
+        def unfused(p, g, s, device):
+            return kernel.bind(device)(p, g, s, None, **attrs)
+
+        return s, g, p, unfused
+    return None
 
 
 def gemm_updates(ops: list, kernels: list, specs: dict, keep: set) -> tuple[list, list]:
-    """Replace each fused ``p − s·g`` (a group of a mul and a sub) whose g is a 2-D matmul read by it alone by a
-    ``GemmUpdate`` at the group's place, the matmul gone."""
+    """Replace each step computing ``p − s·g`` (``_update``) whose g is a 2-D matmul read by it alone by a
+    ``GemmUpdate`` at the step's place, the matmul gone."""
     producer = {n: i for i, (op, _) in enumerate(ops) for n in op.output_names()}
     readers = {}
     for i, (op, _) in enumerate(ops):
         for n in op.input_names():
             readers.setdefault(n, set()).add(i)
     replaced, gone = {}, set()
-    for i, (group, _) in enumerate(ops):
-        if type(group) is not FusedOp or len(group.members) != 2:
+    for i, (entry, kernel) in enumerate(zip(ops, kernels)):
+        found = _update(entry, kernel, specs)
+        if found is None:
             continue
-        (mul, _, _), (sub, _, _) = group.members
-        if mul.type != "mul" or sub.type != "sub" or sub.inputs["y"] != mul.outputs["out"]:
-            continue
-        (x,), (y,), (p,) = mul.inputs["x"], mul.inputs["y"], sub.inputs["x"]
-        s, g = (x, y) if specs[x].shape == () else (y, x)
+        s, g, p, unfused = found
         j = producer.get(g)
-        if specs[s].shape != () or j is None or g in keep or readers[g] != {i} or ops[j][0].type != "matmul":
+        if (specs[s].shape != () or specs[s].dtype not in FLOATS or j is None or g in keep or readers[g] != {i}
+                or not isinstance(ops[j][0], OpDesc) or ops[j][0].type != "matmul"):
             continue
         matmul = ops[j][0]
         (a,), (b,) = matmul.inputs["x"], matmul.inputs["y"]
-        out = group.output
-        names = (s, g, p, out, a, b, mul.output_names()[0])
-        if (len({specs[n].dtype for n in names}) != 1 or specs[out].dtype not in FLOATS or specs[g] != specs[out]
-                or specs[p] != specs[out] or len(specs[a].shape) != 2 or len(specs[b].shape) != 2
-                or 0 in specs[a].shape or 0 in specs[b].shape or not isinstance(matmul, OpDesc)):
+        (out,) = entry[0].output_names()
+        if (len({specs[n].dtype for n in (g, p, out, a, b)}) != 1 or specs[out].dtype not in FLOATS
+                or specs[g] != specs[out] or specs[p] != specs[out] or len(specs[a].shape) != 2
+                or len(specs[b].shape) != 2 or 0 in specs[a].shape or 0 in specs[b].shape):
             continue
-        replaced[i] = GemmUpdate([(matmul, ops[j][1], kernels[j]), *group.members], [s, a, b, p], out, specs)
+        members = [(matmul, ops[j][1], kernels[j])]
+        members += entry[0].members if isinstance(entry[0], FusedOp) else [(entry[0], entry[1], kernel)]
+        replaced[i] = GemmUpdate(members, [s, a, b, p], out, specs, unfused)
         gone.add(j)
     if not replaced:
         return ops, kernels
@@ -176,4 +206,3 @@ def gemm_updates(ops: list, kernels: list, specs: dict, keep: set) -> tuple[list
             new_ops.append(entry)
             new_kernels.append(kernel)
     return new_ops, new_kernels
-
