@@ -35,6 +35,16 @@ def _cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "native-cache"))
 
 
+COST_RULE = native.worth_a_call
+
+
+@pytest.fixture(autouse=True)
+def _every_group_native(monkeypatch):
+    """The tests here check what the loops compute on small arrays: every group they can translate runs natively,
+    however little a call would save (``native.worth_a_call``, tested on its own below)."""
+    monkeypatch.setattr(native, "worth_a_call", lambda fused: True)
+
+
 def _vectorised(opdef) -> bool:
     """Whether the expression calls a libmvec function (results may differ from NumPy's in the last bits)."""
     tree = ast.parse(opdef.scalar_expression, mode="eval")
@@ -241,7 +251,7 @@ def test_the_compiled_library_is_cached_on_disk_for_other_processes(tmp_path):
     script = textwrap.dedent("""
         import numpy as np, opforge as of
         from opforge import ops as F
-        x = np.linspace(-1, 1, 10, dtype=np.float32)
+        x = np.linspace(-1, 1, 5000, dtype=np.float32)  # large enough to be worth a native call
         program = of.trace(lambda x: F.tanh(x * 3.0) + 0.25, x=of.Spec(x.shape, x.dtype))
         exe = of.Executor(program, native=True)
         assert ", native" in exe.plan(x=x).source
@@ -415,3 +425,26 @@ def test_an_optimizer_step_without_momentum_adds_each_weight_gradient_in_its_gem
         models.append(model)
     for ours, eager in zip(*(m.parameters() for m in models)):
         np.testing.assert_allclose(ours.numpy(), eager.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_a_group_runs_natively_where_one_call_costs_less_than_its_kernels(monkeypatch):
+    monkeypatch.setattr(native, "worth_a_call", COST_RULE)  # the real rule, not this module's fixture
+
+    def native_calls(fn, **feeds):
+        program = of.trace(fn, **{k: of.Spec(v.shape, v.dtype) for k, v in feeds.items()})
+        exe = of.Executor(program, native=True)
+        got, want = exe.run(feeds)["out"], of.Executor(program, native=False).run(feeds)["out"]
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+        return exe.plan(feeds).source.count(", native")
+
+    small = np.linspace(-1, 1, 512, dtype=np.float32)
+    s = np.array(0.1, np.float32)
+    assert native_calls(lambda b, g, s: b - s * g, b=small, g=small[::-1].copy(), s=s) == 0  # a bias update
+    def chain(x):
+        for _ in range(4):
+            x = F.tanh(x) * x
+        return x
+
+    assert native_calls(chain, x=small) == 1  # 8 ops, one array in and one out
+    large = np.linspace(-1, 1, native.SMALL, dtype=np.float32)
+    assert native_calls(lambda b, g, s: b - s * g, b=large, g=large[::-1].copy(), s=s) == 1
