@@ -448,3 +448,28 @@ def test_a_group_runs_natively_where_one_call_costs_less_than_its_kernels(monkey
     assert native_calls(chain, x=small) == 1  # 8 ops, one array in and one out
     large = np.linspace(-1, 1, native.SMALL, dtype=np.float32)
     assert native_calls(lambda b, g, s: b - s * g, b=large, g=large[::-1].copy(), s=s) == 1
+
+
+def test_without_a_compiler_or_by_switch_updates_keep_their_matmul(monkeypatch):
+    rng = np.random.default_rng(9)
+    start = [rng.standard_normal((12, 9)), rng.standard_normal((9, 7))]
+    x = of.tensor(rng.standard_normal((6, 12)))
+    results = []
+    for setting in ("on", "switch", "no compiler"):
+        monkeypatch.setenv("OPFORGE_NATIVE", "0" if setting == "switch" else "1")
+        if setting == "no compiler":
+            monkeypatch.setenv("CC", "/nonexistent/cc")
+        native.compiler.cache_clear()
+        try:
+            params = [of.tensor(a.copy(), requires_grad=True) for a in start]
+            step = of.compile(_sgd_step(params, 0.1))
+            step(x)
+            assert any("gemm_update(" in p.source for p in _gemm_plans(step)) == (setting == "on")
+            results.append([p.numpy() for p in params])
+        finally:
+            monkeypatch.delenv("CC", raising=False)
+            native.compiler.cache_clear()
+    for a, b in zip(results[1], results[2]):
+        np.testing.assert_array_equal(a, b)  # both the unfused program, bit for bit
+    for a, b in zip(results[0], results[1]):
+        np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-13)
