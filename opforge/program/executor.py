@@ -374,7 +374,7 @@ class Executor:
             before = len(ops)
             use_native = native.enabled() if self.native is None else self.native
             if use_native:  # regions whose results are read outside them too: one loop each
-                ops, kernels = native.several_results(ops, kernels, specs, roots)
+                ops, kernels = native.several_results(ops, kernels, specs, roots, set(updates.values()))
             ops, kernels = fuse(ops, kernels, specs, roots)
             if use_native:  # p − s·(a @ b) as one GEMM adding into p
                 ops, kernels = gemm.gemm_updates(ops, kernels, specs, roots)

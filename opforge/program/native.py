@@ -306,14 +306,30 @@ def _member(op, specs) -> bool:
     return True
 
 
-def several_results(ops: list, kernels: list, specs: dict, keep: set) -> tuple[list, list]:
+def several_results(ops: list, kernels: list, specs: dict, keep: set, updates: set = frozenset()) -> tuple[list, list]:
     """Group the pointwise ops that can run natively into regions over one shape, each run as one loop, where a
     region may hand several results to the rest of the plan (``NativeGroup``); a region with one result is left to
     ``fusion.fuse``, whose groups may write into a dying input. Regions are convex: an op joins a region only if
     none of its inputs from outside depends on the region, so the region can run as one step, and the plan is
-    reordered (a stable topological order) so that every reader of a region's result runs after the region."""
+    reordered (a stable topological order) so that every reader of a region's result runs after the region. A region
+    computing a persistable variable's new value (``updates``) is not made: its results are new arrays, where a
+    one-result group writes the new value into the variable's own buffer."""
     producer = {n: i for i, (op, _) in enumerate(ops) for n in op.output_names()}
     group_of, groups, depends = {}, [], {}  # depends: value -> the regions it is computed from
+    region_deps = []  # region -> the regions its members' outside inputs are computed from (grows as it does)
+
+    def reaches(regions, g) -> bool:
+        """Whether any of ``regions`` is ``g`` or depends on it, through the regions' present members."""
+        seen, todo = set(), list(regions)
+        while todo:
+            r = todo.pop()
+            if r == g:
+                return True
+            if r not in seen:
+                seen.add(r)
+                todo.extend(region_deps[r])
+        return False
+
     for i, (op, _) in enumerate(ops):
         ins = op.input_names()
         upstream = set().union(*(depends.get(n, ()) for n in ins))
@@ -321,13 +337,18 @@ def several_results(ops: list, kernels: list, specs: dict, keep: set) -> tuple[l
             shape = specs[op.output_names()[0]].shape
             candidates = sorted({group_of[producer[n]] for n in ins if producer.get(n) in group_of
                                  and groups[group_of[producer[n]]][0] == shape}, reverse=True)
-            g = next((g for g in candidates if all(group_of.get(producer.get(n)) == g or g not in depends.get(n, ())
-                                                  for n in ins)), None)
+            # joining g must not make two regions each read the other's results: no input from outside g may be
+            # computed from g, or from a region that (since its later members joined) reads g's results
+            g = next((g for g in candidates if not any(group_of.get(producer.get(n)) != g
+                                                      and reaches(depends.get(n, ()), g) for n in ins)), None)
             if g is None:
                 g = len(groups)
                 groups.append((shape, []))
+                region_deps.append(set())
             groups[g][1].append(i)
             group_of[i] = g
+            region_deps[g] |= {r for n in ins if group_of.get(producer.get(n)) != g
+                               for r in depends.get(n, ())} - {g}
             upstream = upstream | {g}
         for n in op.output_names():
             depends[n] = upstream
@@ -340,7 +361,7 @@ def several_results(ops: list, kernels: list, specs: dict, keep: set) -> tuple[l
         inside = set(members)
         outputs = [ops[m][0].output_names()[0] for m in members]
         outputs = [n for n in outputs if n in keep or not readers.get(n, set()) <= inside]
-        if len(members) < 2 or len(outputs) < 2:
+        if len(members) < 2 or len(outputs) < 2 or any(n in updates for n in outputs):
             continue
         made_inside = {ops[m][0].output_names()[0] for m in members}
         inputs = list(dict.fromkeys(n for m in members for n in ops[m][0].input_names() if n not in made_inside))
