@@ -10,6 +10,21 @@ import sys
 
 from .. import ops as functional
 from . import init, utils  # utils: clipping, parameters as a vector, nn.utils.rnn
+from .activations_losses import (
+    GaussianNLLLoss,
+    Hardshrink,
+    HingeEmbeddingLoss,
+    MultiLabelMarginLoss,
+    MultiLabelSoftMarginLoss,
+    MultiMarginLoss,
+    PoissonNLLLoss,
+    RReLU,
+    SoftMarginLoss,
+    Softshrink,
+    Softsign,
+    Tanhshrink,
+    Threshold,
+)
 from .layers import (
     CELU,
     ELU,
@@ -117,3 +132,6 @@ __all__ += ["Transformer", "TransformerDecoder", "TransformerDecoderLayer", "Tra
             "TransformerEncoderLayer"]
 __all__ += ["Bilinear", "Unflatten", "utils"]
 __all__ += ["SmoothL1Loss"]
+__all__ += ["GaussianNLLLoss", "Hardshrink", "HingeEmbeddingLoss", "MultiLabelMarginLoss", "MultiLabelSoftMarginLoss",
+            "MultiMarginLoss", "PoissonNLLLoss", "RReLU", "SoftMarginLoss", "Softshrink", "Softsign", "Tanhshrink",
+            "Threshold"]

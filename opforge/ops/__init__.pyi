@@ -20,6 +20,40 @@ def __getattr__(name: str) -> Any: ...  # ops defined at run time (yours) are at
 def add_n(xs: Sequence[_TensorLike]) -> Tensor:
     """x₀ + x₁ + … in one op (all of one shape, or broadcasting together)."""
 
+# -- opforge.ops.activations
+
+def hardshrink(x: _TensorLike, lambd: float = 0.5) -> Tensor:
+    """y = 0 where −lambd ≤ x ≤ lambd, else x."""
+
+def softshrink(x: _TensorLike, lambd: float = 0.5) -> Tensor:
+    """y = x − lambd above lambd, x + lambd below −lambd, 0 between (NaN stays NaN)."""
+
+def shrink_grad(x: _TensorLike, dy: _TensorLike, *, lambd: float = 0.5) -> Tensor:
+    """Gradient of hardshrink and softshrink: dy where x < −lambd or x > lambd, else 0 (0 at NaN, as torch)."""
+
+def threshold(x: _TensorLike, threshold: float, value: float) -> Tensor:
+    """y = value where x ≤ threshold, else x (NaN stays NaN)."""
+
+def threshold_grad(x: _TensorLike, dy: _TensorLike, *, threshold: float) -> Tensor:
+    """Gradient of threshold: 0 where x ≤ threshold, else dy (dy at NaN, as torch)."""
+
+class _rrelu_with_noise_result(NamedTuple):
+    y: Tensor
+    noise: Tensor
+
+def rrelu_with_noise(
+    x: _TensorLike,
+    *,
+    lower: float = 0.125,
+    upper: float = 0.3333333333333333,
+    training: bool = False,
+) -> _rrelu_with_noise_result:
+    """Randomized leaky ReLU (torch's ``rrelu_with_noise``): y = x·noise, where ``noise`` is 1 for x > 0 and,
+    for x ≤ 0, a slope drawn uniformly from [lower, upper] per element while ``training``, else (lower +
+    upper)/2 (then it is leaky_relu with that slope). The slopes are an output so that backward uses the ones
+    the forward pass drew (dx = dy·noise); draws come from the seeded generator.
+    """
+
 # -- opforge.ops.binary
 
 def add(x: _TensorLike, y: _TensorLike) -> Tensor:
@@ -1810,6 +1844,19 @@ def dropout3d(x, p=0.5, training=True, inplace=False) -> Any:
 def flatten(x, start_dim=0, end_dim=-1) -> Any:
     """``torch.flatten``: dims ``start_dim`` .. ``end_dim`` merged into one (a 0-d tensor becomes 1-d)."""
 
+def gaussian_nll_loss(input, target, var, full=False, eps=1e-06, reduction='mean') -> Any:
+    """``torch.nn.functional.gaussian_nll_loss``: ½·(log v + (input − target)²/v), plus ½·log 2π with ``full``,
+    where v is ``var`` clamped to ≥ eps (the clamp passes the gradient unchanged, as torch's clamp under
+    no_grad); then reduced. ``var`` has the input's shape, or one dim fewer (one variance per row), or a size-1
+    dim where the input has another; a number is a variance for every element. A negative variance is an error,
+    checked eagerly (in a compiled program the values are unknown when it is traced: there it is clamped).
+    """
+
+def hinge_embedding_loss(input, target, margin=1.0, size_average=None, reduce=None, reduction='mean') -> Any:
+    """``torch.nn.functional.hinge_embedding_loss``: input where target is 1, max(0, margin − input) where it is
+    −1 (torch's composition: the first term where target ≠ −1, the second where target ≠ 1), then reduced.
+    """
+
 def instance_norm(
     x,
     running_mean=None,
@@ -1841,8 +1888,54 @@ def min(x, dim=None, keepdim=False, *, axis=None) -> Any:
 def mm(x, y) -> Any:
     """``torch.mm``: the product of two matrices (matmul of 2-D tensors only, as torch's: no broadcasting)."""
 
+def multi_margin_loss(
+    input,
+    target,
+    p=1,
+    margin=1.0,
+    weight=None,
+    size_average=None,
+    reduce=None,
+    reduction='mean',
+) -> Any:
+    """``torch.nn.functional.multi_margin_loss``: for scores x (C,) or (N, C) and class indices y, per sample
+    Σ_{i ≠ y} w[y]·max(0, margin − x[y] + x[i])^p / C, then reduced; p is 1 or 2. The hinge passes no gradient
+    at 0 (torch's kernel: z > 0), and ``weight`` (one value per class) gets none, as torch's.
+    """
+
+def multilabel_margin_loss(input, target, size_average=None, reduce=None, reduction='mean') -> Any:
+    """``torch.nn.functional.multilabel_margin_loss``: scores x (C,) or (N, C); each target row holds class
+    indices, ended by the first −1. Per sample Σ_{j targets} Σ_{i not a target} max(0, 1 − (x[j] − x[i])) / C,
+    then reduced (a class listed twice counts twice, as in torch). The hinge passes no gradient at 0 (z > 0).
+    """
+
+def multilabel_soft_margin_loss(input, target, weight=None, size_average=None, reduce=None, reduction='mean') -> Any:
+    """``torch.nn.functional.multilabel_soft_margin_loss``: per sample the mean over the classes (the last dim)
+    of −w·(y·log σ(x) + (1 − y)·log σ(−x)), then reduced.
+    """
+
 def narrow(x, dim, start, length) -> Any:
     """``torch.narrow``: elements ``start`` .. ``start + length - 1`` along ``dim`` (``start`` may be negative)."""
+
+def poisson_nll_loss(
+    input,
+    target,
+    log_input=True,
+    full=False,
+    size_average=None,
+    eps=1e-08,
+    reduce=None,
+    reduction='mean',
+) -> Any:
+    """``torch.nn.functional.poisson_nll_loss``: exp(input) − target·input (``log_input``), else input −
+    target·log(input + eps); with ``full``, Stirling's target·log(target) − target + ½·log(2π·target) is added
+    where target > 1. Then reduced.
+    """
+
+def rrelu(input, lower=0.125, upper=0.3333333333333333, training=False, inplace=False) -> Any:
+    """``torch.nn.functional.rrelu``: ``rrelu_with_noise``'s output ``y`` (the slopes kept inside the op for
+    backward); ``inplace=True`` writes it into ``input``.
+    """
 
 def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction='mean', beta=1.0) -> Any:
     """``torch.nn.functional.smooth_l1_loss``: ½·d²/beta where |d| < beta, else |d| − ½·beta, with d = input −
@@ -1850,8 +1943,20 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction='mea
     legacy ``size_average``/``reduce`` are refused: pass ``reduction``.
     """
 
+def soft_margin_loss(input, target, size_average=None, reduce=None, reduction='mean') -> Any:
+    """``torch.nn.functional.soft_margin_loss``: log(1 + exp(−target·input)), elementwise, then reduced.
+    Computed as softplus(−target·input) without overflow (torch's log1p(exp(·)) gives inf past exp's range,
+    where this gives the loss: a documented difference).
+    """
+
+def softsign(input) -> Any:
+    """``torch.nn.functional.softsign``: x / (1 + |x|), as torch composes it (NaN at ±inf, its gradient too)."""
+
 def t(x) -> Any:
     """``torch.t``: a 2-D tensor transposed; 0-D and 1-D tensors as they are."""
+
+def tanhshrink(input) -> Any:
+    """``torch.nn.functional.tanhshrink``: x − tanh(x), as torch composes it."""
 
 def unbind(x, dim=0) -> Any:
     """``torch.unbind``: the slices of ``x`` along ``dim``, that dim removed, as a tuple."""

@@ -1,0 +1,317 @@
+"""PyTorch's OpInfo database as the oracle for the ops and functions of issue 27's second share (activations,
+losses, indexing, shape): torch's own sample inputs for each, run through opforge's function of torch's name
+(``of.<name>``, ``F.<name>`` for ``nn.functional``) with torch's arguments as torch writes them, compared with what
+torch computes: values, shapes and dtypes in float64 and float32, and in float64 the vector-Jacobian products for
+every floating input and, where torch's OpInfo says it has them, the Hessian-vector products.
+
+The database lives in ``torch.testing._internal``, which imports ``expecttest`` (a test dependency of torch's own)
+only to subclass its ``TestCase``: where that package is not installed, a module holding ``unittest.TestCase``
+under its name stands in (nothing here runs torch's test classes).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import types
+import unittest
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+
+import opforge as of
+from opforge import nn
+from opforge import ops as F
+
+TOLERANCES = {torch.float64: (1e-7, 1e-9), torch.float32: (2e-5, 1e-6)}
+
+
+@dataclass(frozen=True)
+class Case:
+    fn: Callable | None = None  # opforge's function; by default the one of torch's name
+    gradgrad: bool = True  # compare second derivatives (where OpInfo says torch has them)
+    skip: Callable | None = None  # (sample) -> a reason to leave the sample out, or None
+    no_grad: tuple = ()  # positions of args (0 = input) that torch does not differentiate
+
+
+def _training(sample) -> str | None:
+    return "draws random slopes" if sample.kwargs.get("training") else None
+
+
+OPINFO: dict[str, Case] = {
+    # -- activations (opforge/ops/activations.py) -------------------------------------------------------------------
+    "nn.functional.hardshrink": Case(),
+    "nn.functional.softshrink": Case(),
+    "nn.functional.tanhshrink": Case(),
+    "nn.functional.softsign": Case(),
+    "nn.functional.threshold": Case(),
+    "nn.functional.rrelu": Case(skip=_training),
+    # -- losses (opforge/ops/margin_losses.py) ------------------------------------------------------------------------
+    "nn.functional.soft_margin_loss": Case(),
+    "nn.functional.hinge_embedding_loss": Case(),
+    "nn.functional.multi_margin_loss": Case(),
+    "nn.functional.multilabel_margin_loss": Case(),
+    "nn.functional.multilabel_soft_margin_loss": Case(),
+    "nn.functional.poisson_nll_loss": Case(),
+    "nn.functional.gaussian_nll_loss": Case(),
+}
+
+
+# -- the database -----------------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _op_db() -> dict:
+    if "expecttest" not in sys.modules:
+        try:
+            import expecttest  # noqa: F401
+        except ImportError:
+            sys.modules["expecttest"] = types.SimpleNamespace(TestCase=unittest.TestCase)
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    return {(o.name, o.variant_test_name): o for o in op_db}
+
+
+def _opinfo(name: str):
+    torch_name, _, variant = name.partition(":")
+    return _op_db()[(torch_name, variant)]
+
+
+def _opforge_fn(name: str) -> Callable:
+    if OPINFO[name].fn is not None:
+        return OPINFO[name].fn
+    torch_name = name.partition(":")[0]
+    if torch_name.startswith("nn.functional."):
+        return getattr(F, torch_name.removeprefix("nn.functional."))
+    return getattr(of, torch_name)
+
+
+def _samples(name: str, dtype, requires_grad: bool = False) -> list:
+    info = _opinfo(name)
+    if dtype not in info.supported_dtypes("cpu"):
+        return []
+    skip = OPINFO[name].skip
+    return [s for s in info.sample_inputs("cpu", dtype, requires_grad=requires_grad)
+            if skip is None or skip(s) is None]
+
+
+def _tensors(value) -> list:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+def _to_opforge(value, leaves: dict | None = None):
+    """torch's arguments for opforge: tensors as opforge tensors (those that require grad as leaves when ``leaves``
+    collects them), torch dtypes as NumPy's; numbers, strings and the rest as they are."""
+    if isinstance(value, torch.Tensor):
+        t = of.tensor(value.detach().numpy().copy(), requires_grad=leaves is not None and value.requires_grad)
+        if t.requires_grad:
+            leaves[id(value)] = t
+        return t
+    if isinstance(value, torch.dtype):
+        return np.dtype(str(value).removeprefix("torch."))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_opforge(v, leaves) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_opforge(v, leaves) for k, v in value.items()}
+    return value
+
+
+def _outputs(result) -> list:
+    if isinstance(result, (tuple, list)):
+        return [t for r in result for t in _outputs(r)]
+    return [result]
+
+
+def _array(t) -> np.ndarray:
+    if isinstance(t, torch.Tensor):
+        return t.detach().numpy()
+    if isinstance(t, of.Tensor):
+        return t.numpy()
+    return np.asarray(t)
+
+
+def assert_same(got, want, what: str, rtol: float, atol: float) -> None:
+    got, want = _array(got), _array(want)
+    assert got.shape == want.shape, f"{what}: shape {got.shape}, torch says {want.shape}"
+    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype}, torch says {want.dtype}"
+    if want.dtype.kind == "f":
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, equal_nan=True, err_msg=what)
+    else:
+        np.testing.assert_array_equal(got, want, err_msg=what)
+
+
+def _describe(sample) -> str:
+    def one(v):
+        if isinstance(v, torch.Tensor):
+            return f"{v.dtype}{list(v.shape)}".replace("torch.", "")
+        return repr(v)
+    return (f"input {one(sample.input)}, args ({', '.join(one(a) for a in sample.args)}), "
+            f"kwargs {{{', '.join(f'{k}: {one(v)}' for k, v in sample.kwargs.items())}}}")
+
+
+# -- the tests --------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", (torch.float64, torch.float32), ids=("float64", "float32"))
+@pytest.mark.parametrize("name", sorted(OPINFO))
+def test_forward(name, dtype):
+    info, fn = _opinfo(name), _opforge_fn(name)
+    samples = _samples(name, dtype)
+    assert samples, f"torch's OpInfo gives {name} no {dtype} samples"
+    for sample in samples:
+        with np.errstate(all="ignore"):
+            want = _outputs(info.op(sample.input, *sample.args, **sample.kwargs))
+            got = _outputs(fn(*_to_opforge([sample.input, *sample.args]), **_to_opforge(sample.kwargs)))
+        assert len(got) == len(want), f"{name}: {len(got)} outputs, torch gives {len(want)}"
+        for g, w in zip(got, want):
+            assert_same(g, w, f"{name} in {dtype}, {_describe(sample)}", *TOLERANCES[dtype])
+
+
+@pytest.mark.parametrize("name", sorted(OPINFO))
+def test_gradients(name):
+    info, fn = _opinfo(name), _opforge_fn(name)
+    second = info.supports_gradgrad and OPINFO[name].gradgrad
+    checked = 0
+    for sample in _samples(name, torch.float64, requires_grad=True):
+        args = [sample.input, *sample.args]
+        for i in OPINFO[name].no_grad:  # what torch does not differentiate
+            if i < len(args) and isinstance(args[i], torch.Tensor):
+                args[i] = args[i].detach()
+        torch_leaves = [t for t in _tensors((args, sample.kwargs)) if t.requires_grad]
+        with np.errstate(all="ignore"):
+            want_out = [o for o in _outputs(info.op(*args, **sample.kwargs)) if o.requires_grad]
+            if not torch_leaves or not want_out:
+                continue
+            of_leaves: dict = {}
+            got_out = _outputs(fn(*_to_opforge(args, of_leaves), **_to_opforge(sample.kwargs, of_leaves)))
+            leaves = [of_leaves[id(t)] for t in torch_leaves]
+            want = _derivatives(TORCH, want_out, torch_leaves, second)
+            got = _derivatives(OPFORGE, got_out, leaves, second)
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_same(g, w, f"{name}: derivative {i}, {_describe(sample)}", *TOLERANCES[torch.float64])
+        checked += 1
+    assert checked, f"no sample of {name} has a gradient to compare"
+
+
+TORCH = types.SimpleNamespace(grad=torch.autograd.grad, tensor=lambda a, **k: torch.tensor(a, **k))
+OPFORGE = types.SimpleNamespace(grad=of.grad, tensor=lambda a, **k: of.tensor(a, **k))
+
+
+def _derivatives(fw, outputs, leaves, second: bool) -> list:
+    """u·∂f/∂x for each leaf x, for random cotangents u; with ``second``, also the gradients of Σ <u·∂f/∂x, v>
+    (random v) with respect to the leaves and to u. The random values are the same for both frameworks."""
+    rng = np.random.default_rng(0)
+    us = [fw.tensor(rng.standard_normal(tuple(o.shape)), requires_grad=second) for o in outputs]
+    grads = fw.grad(outputs, leaves, grad_outputs=us, create_graph=second, allow_unused=True)
+    firsts = [np.zeros(tuple(x.shape)) if g is None else _array(g) for g, x in zip(grads, leaves)]
+    vs = [fw.tensor(rng.standard_normal(tuple(x.shape))) for x in leaves]
+    terms = [(g * v).sum() for g, v in zip(grads, vs) if g is not None and g.requires_grad]
+    if not second or not terms:
+        return firsts
+    seconds = fw.grad([functools.reduce(lambda a, b: a + b, terms)], [*leaves, *us], allow_unused=True)
+    return firsts + [np.zeros(tuple(x.shape)) if g is None else _array(g) for g, x in zip(seconds, [*leaves, *us])]
+
+
+# -- modules, random slopes, compiled calls, wrong calls -----------------------------------------------------------
+
+_RNG = np.random.default_rng(7)
+_X, _Y = _RNG.standard_normal((4, 5)), _RNG.standard_normal((4, 5))
+_SIGNS = np.sign(_RNG.standard_normal((4, 5)))
+_CLASSES = np.array([1, 0, 4, 2])
+_LABELS = np.array([[3, 0, -1, 1, 2], [4, -1, 2, 2, 2], [0, 1, 2, 3, 4], [-1, 0, 0, 0, 0]])
+_COUNTS = _RNG.poisson(3.0, (4, 5)).astype(np.float64)
+
+MODULES = [  # (torch.nn's class, its arguments, the inputs to call it with)
+    ("Hardshrink", (0.3,), (_X,)), ("Softshrink", (0.3,), (_X,)), ("Softsign", (), (_X,)), ("Tanhshrink", (), (_X,)),
+    ("Threshold", (0.1, -2.0), (_X,)), ("RReLU", (0.1, 0.3), (_X,)),
+    ("SoftMarginLoss", (), (_X, _SIGNS)), ("HingeEmbeddingLoss", (0.5,), (_X, _SIGNS)),
+    ("MultiMarginLoss", (2, 0.7, np.arange(1.0, 6.0)), (_X, _CLASSES)), ("MultiLabelMarginLoss", (), (_X, _LABELS)),
+    ("MultiLabelSoftMarginLoss", (np.arange(1.0, 6.0),), (_X, (_SIGNS > 0).astype(np.float64))),
+    ("PoissonNLLLoss", (True, True), (_X, _COUNTS)),
+    ("GaussianNLLLoss", (), (_X, _Y, np.abs(_RNG.standard_normal((4, 1))))),
+]
+
+
+def _module_args(args, to):
+    return tuple(to(a) if isinstance(a, np.ndarray) else a for a in args)
+
+
+@pytest.mark.parametrize(("cls", "args", "inputs"), MODULES, ids=[m[0] for m in MODULES])
+def test_module(cls, args, inputs):
+    """nn's module of torch's name, built with torch's positional arguments, in evaluation mode (RReLU's slope is
+    then fixed): torch's values and input gradient, and its repr's settings."""
+    want_m = getattr(torch.nn, cls)(*_module_args(args, torch.tensor)).eval()
+    got_m = getattr(nn, cls)(*_module_args(args, of.tensor)).eval()
+    tx = torch.tensor(inputs[0], requires_grad=True)
+    x = of.tensor(inputs[0], requires_grad=True)
+    want = want_m(tx, *(torch.tensor(a) for a in inputs[1:]))
+    got = got_m(x, *(of.tensor(a) for a in inputs[1:]))
+    assert_same(got, want, cls, 1e-12, 1e-12)
+    (want_g,) = torch.autograd.grad(want.sum(), tx)
+    (got_g,) = of.grad(got.sum(), [x])
+    assert_same(got_g, want_g, f"{cls}: gradient", 1e-12, 1e-12)
+
+
+def test_rrelu_training_draws_slopes_that_backward_uses():
+    """In training each x ≤ 0 gets its own slope in [lower, upper], x > 0 keeps slope 1; the gradient is the slope
+    the forward pass drew; of.manual_seed reproduces the draws; evaluation uses (lower + upper)/2."""
+    x = of.tensor(np.concatenate([-np.linspace(0.5, 3.0, 200), np.linspace(0.5, 3.0, 50)]), requires_grad=True)
+    of.manual_seed(3)
+    y = F.rrelu(x, 0.1, 0.4, training=True)
+    slopes = y.numpy() / x.numpy()
+    assert np.all(slopes[:200] >= 0.1) and np.all(slopes[:200] <= 0.4) and np.ptp(slopes[:200]) > 0.2
+    np.testing.assert_array_equal(slopes[200:], 1.0)
+    (g,) = of.grad(y.sum(), [x])
+    np.testing.assert_allclose(g.numpy(), slopes, rtol=1e-12)
+    of.manual_seed(3)
+    np.testing.assert_array_equal(F.rrelu(x, 0.1, 0.4, training=True).numpy(), y.numpy())
+    np.testing.assert_allclose(F.rrelu(x, 0.1, 0.4).numpy()[:200], x.numpy()[:200] * 0.25, rtol=1e-15)
+
+
+LOSS_CALLS = [  # (function, inputs, settings): compiled, each gives what it gives eagerly
+    (F.soft_margin_loss, (_X, _SIGNS), {}), (F.hinge_embedding_loss, (_X, _SIGNS), {"margin": 0.5}),
+    (F.multi_margin_loss, (_X, _CLASSES), {"p": 2}), (F.multilabel_margin_loss, (_X, _LABELS), {}),
+    (F.multilabel_soft_margin_loss, (_X, _SIGNS > 0), {}), (F.poisson_nll_loss, (_X, _COUNTS), {"full": True}),
+    (F.gaussian_nll_loss, (_X, _Y, np.abs(_Y) + 0.1), {"reduction": "sum"}), (F.softsign, (_X,), {}),
+    (F.rrelu, (_X,), {}), (F.softshrink, (_X,), {}), (F.threshold, (_X, 0.2, 1.0), {}),
+]
+
+
+@pytest.mark.parametrize(("fn", "inputs", "settings"), LOSS_CALLS, ids=[c[0].__name__ for c in LOSS_CALLS])
+def test_compiled_as_eager(fn, inputs, settings):
+    tensors = [of.tensor(a) for a in inputs if isinstance(a, np.ndarray)]
+    numbers = [a for a in inputs if not isinstance(a, np.ndarray)]
+
+    def call(*ts):
+        return fn(*ts, *numbers, **settings)
+
+    np.testing.assert_allclose(of.compile(call)(*tensors).numpy(), call(*tensors).numpy(), rtol=1e-15)
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: F.soft_margin_loss(of.tensor(_X), of.tensor(_SIGNS), reduction="avg"),
+     r"soft_margin_loss\(\): argument 'reduction' must be 'mean', 'sum' or 'none', got 'avg'"),
+    (lambda: F.hinge_embedding_loss(of.tensor(_X), of.tensor(_SIGNS), 1.0, True),
+     r"hinge_embedding_loss\(\): size_average= and reduce="),
+    (lambda: F.multi_margin_loss(of.tensor(_X), of.tensor(_CLASSES), p=3), r"multi_margin_loss\(\).*'p'.*got 3"),
+    (lambda: F.multi_margin_loss(of.tensor(_X), of.tensor(_LABELS)), r"multi_margin_loss\(\).*target of shape \(4,\)"),
+    (lambda: F.gaussian_nll_loss(of.tensor(_X), of.tensor(_Y), of.tensor(-np.ones((4, 5)))),
+     r"gaussian_nll_loss\(\): var has negative"),
+    (lambda: F.gaussian_nll_loss(of.tensor(_X), of.tensor(_Y), of.tensor(np.ones((2, 5)))),
+     r"gaussian_nll_loss\(\): var of shape \(2, 5\)"),
+    (lambda: F.softshrink(of.tensor(_X), -0.5), r"softshrink\(\): argument 'lambd' must be >= 0"),
+    (lambda: F.rrelu(of.tensor(_X), 0.5, 0.1), r"rrelu_with_noise\(\): argument 'lower' must not exceed 'upper'"),
+    (lambda: nn.SoftMarginLoss(reduce=False), r"SoftMarginLoss\(\): size_average= and reduce="),
+])
+def test_wrong_calls_name_the_function(call, message):
+    with pytest.raises(of.OpforgeError, match=message):
+        call()
