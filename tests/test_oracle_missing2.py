@@ -41,6 +41,12 @@ def _training(sample) -> str | None:
     return "draws random slopes" if sample.kwargs.get("training") else None
 
 
+def _negative_eps(sample) -> str | None:
+    if sample.kwargs.get("eps", 0) < 0:
+        return "opforge refuses eps < 0, naming the op (torch computes with it)"
+    return None
+
+
 OPINFO: dict[str, Case] = {
     # -- activations (opforge/ops/activations.py) -------------------------------------------------------------------
     "nn.functional.hardshrink": Case(),
@@ -49,6 +55,10 @@ OPINFO: dict[str, Case] = {
     "nn.functional.softsign": Case(),
     "nn.functional.threshold": Case(),
     "nn.functional.rrelu": Case(skip=_training),
+    # -- fixes of existing ops: a 0-d prelu weight, empty batches -----------------------------------------------------
+    "nn.functional.prelu": Case(),  # a 0-d weight among the samples
+    "nn.functional.group_norm": Case(skip=_negative_eps),  # an empty batch among the samples
+    "nn.functional.unfold": Case(),  # empty batches
     # -- losses (opforge/ops/margin_losses.py) ------------------------------------------------------------------------
     "nn.functional.soft_margin_loss": Case(),
     "nn.functional.hinge_embedding_loss": Case(),
@@ -315,3 +325,14 @@ def test_compiled_as_eager(fn, inputs, settings):
 def test_wrong_calls_name_the_function(call, message):
     with pytest.raises(of.OpforgeError, match=message):
         call()
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "int64"])
+def test_add_n_takes_a_number_as_add_does(dtype):
+    """F.add_n([5.576, y]) is F.add(5.576, y): the number is not rounded to float32 first (issue 27), eagerly and
+    compiled, in either position."""
+    y = of.tensor(np.array([1.0, 2.0, -3.25]).astype(dtype))
+    want = F.add(5.576, y)
+    for got in (F.add_n([5.576, y]), F.add_n([y, 5.576]), of.compile(lambda t: F.add_n([5.576, t]))(y)):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got.numpy(), want.numpy())

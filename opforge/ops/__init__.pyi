@@ -489,8 +489,8 @@ def glu(x: _TensorLike, axis: int = -1, *, dim: int | None = None) -> Tensor:
     """Gated linear unit: x split in halves a, b along ``axis``, y = a·σ(b)."""
 
 def prelu(x: _TensorLike, weight: _TensorLike) -> Tensor:
-    """y = x where x > 0, else weight·x; ``weight`` is (1,) or (C,), C the size of dim 1 (1 for an x of fewer
-    dims), as torch's.
+    """y = x where x > 0, else weight·x; ``weight`` is 0-d, (1,) or (C,), C the size of dim 1 (1 for an x of
+    fewer dims), as torch's.
     """
 
 # -- opforge.ops.embedding_bags

@@ -552,7 +552,7 @@ def unfold(x, *, kernel_size, dilation, padding, stride):
     x = x if batched else x[None]
     w = _unfold_geometry("unfold", x.shape[2:], kernel_size, dilation, padding, stride)
     n, c = x.shape[:2]
-    cols = np.array(win.im2col(win.pad(win.batch_last(x), w), w)).reshape(c * w.taps, -1, n)  # out of scratch
+    cols = np.array(win.im2col(win.pad(win.batch_last(x), w), w)).reshape(c * w.taps, math.prod(w.out), n)  # (a copy)
     return (win.batch_first(cols)) if batched else cols[..., 0]
 
 
@@ -603,7 +603,8 @@ def fold(x, *, output_size, kernel_size, dilation, padding, stride):
     """col2im (PyTorch's ``F.fold``), the transpose of unfold: the columns of x (N, C·kH·kW, L) — or
     (C·kH·kW, L) — added back into an image y (N, C, *output_size) where their windows lie; overlaps add up."""
     batched, c, w = _fold_geometry("fold", x.shape, output_size, kernel_size, dilation, padding, stride)
-    cols = win.batch_last(x if batched else x[None]).reshape(c, *w.kernel, *w.out, -1)
+    x = x if batched else x[None]
+    cols = win.batch_last(x).reshape(c, *w.kernel, *w.out, x.shape[0])  # (no -1: the batch may be empty)
     y = win.batch_first(win.interior(win.col2im(cols, w, (c, *w.padded, cols.shape[-1])), w))
     return y if batched else y[0]
 

@@ -1477,10 +1477,10 @@ def _prelu_weight_shape(x_ndim, c):
 
 @op("prelu(Tensor<floating> x, Tensor<floating> weight) -> Tensor y")
 def prelu(x, weight):
-    """y = x where x > 0, else weight·x; ``weight`` is (1,) or (C,), C the size of dim 1 (1 for an x of fewer
+    """y = x where x > 0, else weight·x; ``weight`` is 0-d, (1,) or (C,), C the size of dim 1 (1 for an x of fewer
     dims), as torch's."""
-    if weight.ndim != 1:
-        raise ValueError("weight must be 1-d")  # (the shape rule explains; reshape would take a 0-d weight)
+    if weight.ndim > 1:
+        raise ValueError("weight must be 0-d or 1-d")  # (the shape rule explains; reshape would take another)
     w = weight.reshape(_prelu_weight_shape(x.ndim, weight.size))
     return np.where(x > 0, x, w * x).astype(x.dtype, copy=False)
 
@@ -1494,9 +1494,9 @@ def _(g, x, weight):
 @prelu.infer
 def _(x, weight):
     channels = x.shape[1] if len(x.shape) >= 2 else 1
-    if len(weight.shape) != 1 or (weight.shape[0] not in (1, None) and channels is not None
-                                  and weight.shape[0] != channels):
-        raise ShapeError(f"prelu(): weight must have shape (1,) or ({channels},) (the channels of x, shape "
+    if len(weight.shape) > 1 or (weight.shape and weight.shape[0] not in (1, None) and channels is not None
+                                 and weight.shape[0] != channels):
+        raise ShapeError(f"prelu(): weight must have shape (), (1,) or ({channels},) (the channels of x, shape "
                          f"{x.shape}), got {weight.shape}")
     return Spec(x.shape, D.promote(x.dtype, weight.dtype))
 
@@ -1504,13 +1504,14 @@ def _(x, weight):
 @prelu.grad
 def _(x, weight, dy, *, needs_input_grad):
     n = x.ndim
-    w = F.reshape(weight, shape=_prelu_weight_shape(n, weight.shape[0]))
+    size = weight.shape[0] if weight.ndim else 1  # a 0-d weight is one slope, as (1,)
+    w = F.reshape(weight, shape=_prelu_weight_shape(n, size))
     dx = _nan_at_nan(x, F.where(x > 0, dy, dy * w)) if needs_input_grad[0] else None
     dw = None
     if needs_input_grad[1]:
         g = F.where(x > 0, 0, dy * x)  # NaN where x is NaN: that branch is taken
-        axes = list(range(n)) if weight.shape[0] == 1 else [i for i in range(n) if i != 1]
-        dw = F.reshape(F.sum(g, axis=axes), shape=[weight.shape[0]])
+        axes = list(range(n)) if size == 1 else [i for i in range(n) if i != 1]
+        dw = F.reshape(F.sum(g, axis=axes), shape=list(weight.shape))
     return dx, dw
 
 
@@ -1520,3 +1521,5 @@ def _(rng):
     yield Sample.of(_away_from([0], rng, (4, 3), -2, 2), rng.uniform(0.1, 0.5, 1))
     yield Sample.of(_away_from([0], rng, 5, -2, 2), rng.uniform(0.1, 0.5, 1))
     yield Sample.of(_away_from([0], rng, (), -2, 2), rng.uniform(0.1, 0.5, 1))
+    yield Sample.of(_away_from([0], rng, (2, 3, 4), -2, 2), rng.uniform(0.1, 0.5, ()))  # torch's 0-d weight
+    yield Sample.of(_away_from([0], rng, (), -2, 2), rng.uniform(0.1, 0.5, ()))

@@ -9,6 +9,8 @@ where the same formula written with ops took a dozen ops, each a pass over the d
 second derivative) is written with ops, normalize_grad among them, so every order is reached.
 """
 
+import math
+
 from opforge import ops as F
 
 from ..core.grad_mode import no_grad
@@ -345,13 +347,21 @@ def _channel_grads(dy, xhat, dx, needs_input_grad):
             F.sum(dy, axis=axes) if needs_input_grad[2] else None)
 
 
+def _grouped(shape, num_groups) -> list:
+    """(N, G, C/G·...): an (N, C, ...) shape in groups; the group's size is given rather than −1 when known, which
+    an empty batch needs (reshaping no elements cannot infer it)."""
+    rest = shape[1:]
+    size = math.prod(rest) // num_groups if all(isinstance(d, int) for d in rest) else -1
+    return [shape[0], num_groups, size]
+
+
 @op("group_norm(Tensor<floating> x, int num_groups, Tensor<floating>? weight=None, "
     "Tensor<floating>? bias=None, float eps=1e-5) -> Tensor y")
 def group_norm(x, weight, bias, *, num_groups, eps):
     """Splits the C channels of an (N, C, ...) input into ``num_groups`` groups and normalises each group of each
     sample over its channels and the other dims; then y = x̂·weight + bias per channel (each (C,), optional)."""
     _validate(group_norm, x, weight, bias, num_groups=num_groups, eps=eps)
-    y = _normalize_np(x.reshape(x.shape[0], num_groups, -1), (2,), eps).reshape(x.shape)
+    y = _normalize_np(x.reshape(_grouped(x.shape, num_groups)), (2,), eps).reshape(x.shape)
     return _affine_np(y, weight, bias).astype(x.dtype, copy=False)
 
 
@@ -381,7 +391,7 @@ def _(x, weight, bias, *, num_groups, eps):
 @group_norm.grad
 def _(x, weight, dy, *, num_groups, eps, needs_input_grad):
     # In groups: (N, G, C/G·...) normalised over its last dim.
-    grouped = [x.shape[0], num_groups, -1]
+    grouped = _grouped(x.shape, num_groups)
     g = dy * _channel(weight, x.ndim) if weight is not None else dy
     dx, xhat = F.normalize_grad(F.reshape(x, shape=grouped), F.reshape(g, shape=grouped), axes=[2], eps=eps)
     return _channel_grads(dy, F.reshape(xhat, shape=x.shape), F.reshape(dx, shape=x.shape), needs_input_grad)
