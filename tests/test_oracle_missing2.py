@@ -12,6 +12,7 @@ under its name stands in (nothing here runs torch's test classes).
 from __future__ import annotations
 
 import functools
+import itertools
 import sys
 import types
 import unittest
@@ -35,6 +36,7 @@ class Case:
     gradgrad: bool = True  # compare second derivatives (where OpInfo says torch has them)
     skip: Callable | None = None  # (sample) -> a reason to leave the sample out, or None
     no_grad: tuple = ()  # positions of args (0 = input) that torch does not differentiate
+    limit: int | None = None  # the first this many samples only (where torch makes hundreds, slowly)
 
 
 def _training(sample) -> str | None:
@@ -47,6 +49,17 @@ def _negative_eps(sample) -> str | None:
     return None
 
 
+def _adaptive_max(nd: int) -> Callable:
+    """torch's F.adaptive_max_pool{nd}d(input, output_size, return_indices) on opforge's two ops (the op's
+    output_size holds sizes: torch's None, keep the input's size, is resolved here as nn.AdaptiveMaxPool does)."""
+    def call(x, output_size, return_indices=False):
+        sizes = [output_size] * nd if output_size is None or isinstance(output_size, int) else list(output_size)
+        sizes = [x.shape[x.ndim - nd + i] if s is None else s for i, s in enumerate(sizes)]
+        name = f"adaptive_max_pool{nd}d{'_with_indices' if return_indices else ''}"
+        return getattr(F, name)(x, output_size=sizes)
+    return call
+
+
 OPINFO: dict[str, Case] = {
     # -- activations (opforge/ops/activations.py) -------------------------------------------------------------------
     "nn.functional.hardshrink": Case(),
@@ -55,6 +68,11 @@ OPINFO: dict[str, Case] = {
     "nn.functional.softsign": Case(),
     "nn.functional.threshold": Case(),
     "nn.functional.rrelu": Case(skip=_training),
+    # -- pooling (opforge/ops/pool.py) ------------------------------------------------------------------------------
+    "nn.functional.adaptive_max_pool1d": Case(fn=_adaptive_max(1)),
+    "nn.functional.adaptive_max_pool3d": Case(fn=_adaptive_max(3)),
+    "nn.functional.local_response_norm": Case(),
+    **{f"nn.functional.max_unpool{nd}d{variant}": Case(limit=12) for nd in (1, 2, 3) for variant in ("", ":grad")},
     # -- fixes of existing ops: a 0-d prelu weight, empty batches -----------------------------------------------------
     "nn.functional.prelu": Case(),  # a 0-d weight among the samples
     "nn.functional.group_norm": Case(skip=_negative_eps),  # an empty batch among the samples
@@ -103,9 +121,9 @@ def _samples(name: str, dtype, requires_grad: bool = False) -> list:
     info = _opinfo(name)
     if dtype not in info.supported_dtypes("cpu"):
         return []
-    skip = OPINFO[name].skip
-    return [s for s in info.sample_inputs("cpu", dtype, requires_grad=requires_grad)
-            if skip is None or skip(s) is None]
+    skip, limit = OPINFO[name].skip, OPINFO[name].limit
+    samples = itertools.islice(info.sample_inputs("cpu", dtype, requires_grad=requires_grad), limit)
+    return [s for s in samples if skip is None or skip(s) is None]
 
 
 def _tensors(value) -> list:
@@ -202,7 +220,8 @@ def test_gradients(name):
             if not torch_leaves or not want_out:
                 continue
             of_leaves: dict = {}
-            got_out = _outputs(fn(*_to_opforge(args, of_leaves), **_to_opforge(sample.kwargs, of_leaves)))
+            got_out = [o for o in _outputs(fn(*_to_opforge(args, of_leaves), **_to_opforge(sample.kwargs, of_leaves)))
+                       if np.dtype(o.dtype).kind == "f"]  # (torch's integer outputs, indices, need no grad)
             leaves = [of_leaves[id(t)] for t in torch_leaves]
             want = _derivatives(TORCH, want_out, torch_leaves, second)
             got = _derivatives(OPFORGE, got_out, leaves, second)
@@ -248,6 +267,9 @@ MODULES = [  # (torch.nn's class, its arguments, the inputs to call it with)
     ("MultiLabelSoftMarginLoss", (np.arange(1.0, 6.0),), (_X, (_SIGNS > 0).astype(np.float64))),
     ("PoissonNLLLoss", (True, True), (_X, _COUNTS)),
     ("GaussianNLLLoss", (), (_X, _Y, np.abs(_RNG.standard_normal((4, 1))))),
+    ("AdaptiveMaxPool1d", (3,), (_X[None],)),
+    ("AdaptiveMaxPool3d", ((2, None, 2),), (_RNG.standard_normal((2, 3, 4, 5)),)),
+    ("LocalResponseNorm", (3, 0.1, 0.6, 1.5), (_RNG.standard_normal((2, 5, 3, 2)),)),
 ]
 
 
@@ -269,6 +291,23 @@ def test_module(cls, args, inputs):
     (want_g,) = torch.autograd.grad(want.sum(), tx)
     (got_g,) = of.grad(got.sum(), [x])
     assert_same(got_g, want_g, f"{cls}: gradient", 1e-12, 1e-12)
+
+
+@pytest.mark.parametrize("nd", [1, 2, 3])
+def test_max_unpool_inverts_max_pool(nd):
+    """nn.MaxUnpool{nd}d on what nn.MaxPool{nd}d(return_indices=True) gives (overlapping windows: an index comes
+    back twice), into an odd size given by output_size: torch's values and input gradient."""
+    x = _RNG.standard_normal((2, 3, *[7] * nd))
+    tp = getattr(torch.nn, f"MaxPool{nd}d")(3, 2, return_indices=True)
+    y, idx = tp(torch.tensor(x))
+    ty = torch.tensor(y.numpy(), requires_grad=True)
+    want = getattr(torch.nn, f"MaxUnpool{nd}d")(3, 2)(ty, idx, output_size=x.shape)
+    oy = of.tensor(y.numpy(), requires_grad=True)
+    got = getattr(nn, f"MaxUnpool{nd}d")(3, 2)(oy, of.tensor(idx.numpy()), output_size=x.shape)
+    assert_same(got, want, f"MaxUnpool{nd}d", 0, 0)
+    u = _RNG.standard_normal(x.shape)
+    assert_same(of.grad(got, [oy], grad_outputs=[of.tensor(u)])[0],
+                torch.autograd.grad(want, ty, torch.tensor(u))[0], f"MaxUnpool{nd}d: gradient", 1e-15, 0)
 
 
 def test_rrelu_training_draws_slopes_that_backward_uses():

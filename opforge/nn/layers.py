@@ -393,6 +393,20 @@ class RMSNorm(Module):
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
 
 
+class LocalResponseNorm(Module):
+    """Each channel divided by (k + alpha·the mean of x² over ``size`` neighbouring channels)^beta."""
+
+    def __init__(self, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0):
+        super().__init__()
+        self.size, self.alpha, self.beta, self.k = size, float(alpha), float(beta), float(k)
+
+    def forward(self, x):
+        return F.local_response_norm(x, self.size, self.alpha, self.beta, self.k)
+
+    def extra_repr(self) -> str:
+        return f"{self.size}, alpha={self.alpha}, beta={self.beta}, k={self.k}"
+
+
 class GroupNorm(Module):
     """Normalise each of ``num_groups`` groups of channels of an (N, C, ...) input over the group's channels and
     the other dims, then y = x̂·weight + bias per channel (when ``affine``)."""
@@ -859,6 +873,44 @@ class AdaptiveAvgPool3d(AdaptiveAvgPool1d):
 class AdaptiveMaxPool2d(_AdaptivePoolNd):
     _nd = 2
     _kind = "max"
+
+
+class _MaxUnpoolNd(Module):
+    """``forward(input, indices, output_size=None)``: max_unpool{nd}d with the layer's kernel_size, stride and
+    padding (the max pooling's whose indices it takes)."""
+
+    _nd = 2
+
+    def __init__(self, kernel_size, stride=None, padding=0):
+        super().__init__()
+        self.kernel_size, self.stride, self.padding = kernel_size, kernel_size if stride is None else stride, padding
+
+    def forward(self, input, indices, output_size=None):
+        unpool = getattr(F, f"max_unpool{self._nd}d")
+        return unpool(input, indices, self.kernel_size, self.stride, self.padding, output_size)
+
+    def extra_repr(self) -> str:
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+
+class MaxUnpool1d(_MaxUnpoolNd):
+    _nd = 1
+
+
+class MaxUnpool2d(_MaxUnpoolNd):
+    _nd = 2
+
+
+class MaxUnpool3d(_MaxUnpoolNd):
+    _nd = 3
+
+
+class AdaptiveMaxPool1d(AdaptiveMaxPool2d):
+    _nd = 1
+
+
+class AdaptiveMaxPool3d(AdaptiveMaxPool2d):
+    _nd = 3
 
 
 class Unflatten(Module):

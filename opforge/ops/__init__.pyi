@@ -1196,6 +1196,12 @@ def pool_gather(x: _TensorLike, indices: _TensorLike) -> Tensor:
     pool_scatter.
     """
 
+def max_unpool(x: _TensorLike, indices: _TensorLike, *, output_size: Sequence[int] | int) -> Tensor:
+    """Zeros (N, C, *output_size) in which each value of x (N, C, *in) is written at the flat spatial index that
+    ``indices`` (as ``max_pool*_with_indices`` return them) holds for it; of two values for one place the later
+    stays, as in torch's CPU kernel. The gradient reads dy at the indices (pool_gather), as torch's.
+    """
+
 def avg_pool1d(
     x: _TensorLike,
     kernel_size: Sequence[int] | int,
@@ -1288,6 +1294,40 @@ def adaptive_max_pool2d_with_indices(
 ) -> _adaptive_max_pool2d_with_indices_result:
     """adaptive_max_pool2d, and the flat index h·W + w (int64) of each window's maximum: PyTorch's
     ``adaptive_max_pool2d(..., return_indices=True)``.
+    """
+
+def adaptive_max_pool1d(x: _TensorLike, output_size: Sequence[int] | int) -> Tensor:
+    """The maximum of each of PyTorch's adaptive windows of x (N, C, L) — or (C, L) — for ``output_size``: along
+    each dim of size n, output i takes inputs ⌊i·n/o⌋ … ⌈(i+1)·n/o⌉ − 1.
+    """
+
+def adaptive_max_pool3d(x: _TensorLike, output_size: Sequence[int] | int) -> Tensor:
+    """The maximum of each of PyTorch's adaptive windows of x (N, C, D, H, W) — or (C, D, H, W) — for
+    ``output_size``: along each dim of size n, output i takes inputs ⌊i·n/o⌋ … ⌈(i+1)·n/o⌉ − 1.
+    """
+
+class _adaptive_max_pool1d_with_indices_result(NamedTuple):
+    y: Tensor
+    indices: Tensor
+
+def adaptive_max_pool1d_with_indices(
+    x: _TensorLike,
+    output_size: Sequence[int] | int,
+) -> _adaptive_max_pool1d_with_indices_result:
+    """adaptive_max_pool1d, and the flat index l (int64) of each window's maximum: PyTorch's
+    ``adaptive_max_pool1d(..., return_indices=True)``.
+    """
+
+class _adaptive_max_pool3d_with_indices_result(NamedTuple):
+    y: Tensor
+    indices: Tensor
+
+def adaptive_max_pool3d_with_indices(
+    x: _TensorLike,
+    output_size: Sequence[int] | int,
+) -> _adaptive_max_pool3d_with_indices_result:
+    """adaptive_max_pool3d, and the flat index (d·H + h)·W + w (int64) of each window's maximum: PyTorch's
+    ``adaptive_max_pool3d(..., return_indices=True)``.
     """
 
 # -- opforge.ops.recurrent
@@ -1872,12 +1912,36 @@ def instance_norm(
     ``use_input_stats=False``, normalised by the running statistics.
     """
 
+def local_response_norm(input, size, alpha=0.0001, beta=0.75, k=1.0) -> Any:
+    """``torch.nn.functional.local_response_norm``: x / (k + alpha·mean of x² over ``size`` neighbouring
+    channels)^beta, for an (N, C, ...) input; the window is zero-padded, size//2 channels before and (size −
+    1)//2 after, and the mean divides by ``size`` (torch's composition, step for step).
+    """
+
 def max(x, dim=None, keepdim=False, *, axis=None) -> Any:
     """``torch.max`` (and ``Tensor.max``): ``max(x)`` the largest value (the gradient shared among ties, as
     ``amax``); ``max(x, dim, keepdim=False)`` the named tuple ``(values, indices)`` along one dim, the first
     largest where values tie, NaN counting as the largest (the gradient to that index alone); ``max(x, other)``
     the elementwise ``maximum``. ``axis=`` is another spelling of ``dim=``, as in torch. Not an op of its own:
     it calls amax, argmax and gather, or maximum.
+    """
+
+def max_unpool1d(input, indices, kernel_size, stride=None, padding=0, output_size=None) -> Any:
+    """``torch.nn.functional.max_unpool1d``: ``max_unpool`` into the size max_pool1d's input had, (in −
+    1)·stride + kernel_size − 2·padding per dim, or ``output_size`` (within a stride of it, as torch checks); an
+    unbatched input (C, ...) too.
+    """
+
+def max_unpool2d(input, indices, kernel_size, stride=None, padding=0, output_size=None) -> Any:
+    """``torch.nn.functional.max_unpool2d``: ``max_unpool`` into the size max_pool2d's input had, (in −
+    1)·stride + kernel_size − 2·padding per dim, or ``output_size`` (within a stride of it, as torch checks); an
+    unbatched input (C, ...) too.
+    """
+
+def max_unpool3d(input, indices, kernel_size, stride=None, padding=0, output_size=None) -> Any:
+    """``torch.nn.functional.max_unpool3d``: ``max_unpool`` into the size max_pool3d's input had, (in −
+    1)·stride + kernel_size − 2·padding per dim, or ``output_size`` (within a stride of it, as torch checks); an
+    unbatched input (C, ...) too.
     """
 
 def min(x, dim=None, keepdim=False, *, axis=None) -> Any:

@@ -13,6 +13,7 @@ import math
 
 from opforge import ops as F
 
+from ..core.errors import ArgumentError
 from ..core.grad_mode import no_grad
 from ..core.sbp import Decomposition
 from ._common import (
@@ -686,3 +687,22 @@ def instance_norm(x, running_mean=None, running_var=None, weight=None, bias=None
             if statistic is not None:
                 _update(statistic, statistic * (1 - momentum) + value * momentum)
     return F.instance_norm_affine(x, weight, bias, eps=eps)
+
+
+@function
+def local_response_norm(input, size, alpha=1e-4, beta=0.75, k=1.0):
+    """``torch.nn.functional.local_response_norm``: x / (k + alpha·mean of x² over ``size`` neighbouring
+    channels)^beta, for an (N, C, ...) input; the window is zero-padded, size//2 channels before and (size − 1)//2
+    after, and the mean divides by ``size`` (torch's composition, step for step)."""
+    if len(input.shape) < 3:
+        raise ShapeError(f"local_response_norm(): the input must be (N, C, L, ...), 3-D or more, got shape "
+                         f"{tuple(input.shape)}")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ArgumentError(f"local_response_norm(): argument 'size' must be an int >= 1, got {size!r}")
+    if 0 in input.shape:
+        return input
+    shape = list(input.shape)
+    squares = F.reshape(input * input, shape=[shape[0], 1, shape[1], shape[2], -1])  # channels as a spatial dim
+    squares = F.pad(squares, [0, 0, 0, 0, size // 2, (size - 1) // 2])
+    div = F.reshape(F.avg_pool3d(squares, kernel_size=[size, 1, 1], stride=1), shape=shape)
+    return input / F.pow(div * alpha + k, beta)

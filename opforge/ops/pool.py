@@ -26,7 +26,7 @@ import math
 from opforge import ops as F
 
 from . import _window as win
-from ._common import D, S, Sample, ShapeError, Spec, np, op
+from ._common import D, S, Sample, ShapeError, Spec, function, np, op, shapes_agree
 
 # -- geometry --------------------------------------------------------------------------------------------------------
 
@@ -472,6 +472,96 @@ def _(rng):
     yield Sample.of(_randn(rng, 2, 2, 4), _index_samples(rng, (4,), (5,)))
 
 
+# -- max_unpool: the (partial) inverse of max pooling ------------------------------------------------------------------
+
+
+def _unpool_geometry(x, indices, output_size) -> tuple:
+    if not shapes_agree(x, indices) or len(x) < 3:
+        raise ShapeError(f"max_unpool(): x and indices must have one shape (N, C, *in), got {tuple(x)} and "
+                         f"{tuple(indices)}")
+    return _index_geometry("max_unpool", indices, None, output_size)
+
+
+@op("max_unpool(Tensor<floating> x, nograd Tensor<int64> indices, *, int[] output_size) -> Tensor y")
+def max_unpool(x, indices, *, output_size):
+    """Zeros (N, C, *output_size) in which each value of x (N, C, *in) is written at the flat spatial index that
+    ``indices`` (as ``max_pool*_with_indices`` return them) holds for it; of two values for one place the later
+    stays, as in torch's CPU kernel. The gradient reads dy at the indices (pool_gather), as torch's."""
+    size = _unpool_geometry(x.shape, indices.shape, output_size)
+    flat = _flat_index("max_unpool", indices, size)
+    y = np.zeros((flat.shape[0], math.prod(size)), x.dtype)
+    y[np.arange(flat.shape[0])[:, None], flat] = x.reshape(flat.shape)
+    return y.reshape(*x.shape[:2], *size)
+
+
+max_unpool.check(functools.partial(_check, None))
+
+
+@max_unpool.infer
+def _(x, indices, *, output_size):
+    size = _unpool_geometry(x.shape, indices.shape, output_size)
+    return Spec((*x.shape[:2], *size), x.dtype)
+
+
+@max_unpool.grad
+def _(indices, dy):
+    return F.pool_gather(dy, indices), None
+
+
+@max_unpool.samples
+def _(rng):
+    def distinct(size, out):  # each plane's indices all different: every value lands in the output
+        return np.stack([rng.permutation(math.prod(size))[:math.prod(out)].reshape(out) for _ in range(4)]).reshape(
+            2, 2, *out)
+    yield Sample.of(_randn(rng, 2, 2, 2, 3), distinct((4, 6), (2, 3)), output_size=[4, 6])
+    yield Sample.of(_randn(rng, 2, 2, 3), distinct((7,), (3,)), output_size=[7])
+
+
+def _sizes(name: str, arg: str, value, nd: int) -> tuple:
+    """A function's int-or-ints argument as nd ints (a lone int repeats), or an error naming the function."""
+    values = (value,) if isinstance(value, (int, np.integer)) else tuple(value) if isinstance(value, (tuple, list)) \
+        else None
+    if values is None or len(values) not in (1, nd) or not all(
+            isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values):
+        raise ShapeError(f"{name}(): argument '{arg}' must be an int or {nd} ints, got {value!r}")
+    return tuple(int(v) for v in values) * (nd if len(values) == 1 else 1)
+
+
+def _unpool_function(nd: int):
+    name = f"max_unpool{nd}d"
+
+    def unpool(input, indices, kernel_size, stride=None, padding=0, output_size=None):
+        kernel = _sizes(name, "kernel_size", kernel_size, nd)
+        stride = kernel if stride is None else _sizes(name, "stride", stride, nd)
+        padding = _sizes(name, "padding", padding, nd)
+        if len(input.shape) not in (nd + 1, nd + 2):
+            raise ShapeError(f"{name}(): input must be (N, C, *{nd} dims) or (C, *{nd} dims), got shape "
+                             f"{tuple(input.shape)}")
+        spatial = tuple(input.shape[-nd:])
+        default = [(n - 1) * s + k - 2 * p for n, s, k, p in zip(spatial, stride, kernel, padding)]
+        if output_size is None:
+            size = default
+        else:  # torch's rule: the last nd sizes given, each less than a stride away from the default
+            size = list(output_size)[-nd:] if len(output_size) in (nd + 1, nd + 2) else list(output_size)
+            if len(size) != nd or any(not d - s < o < d + s for o, d, s in zip(size, default, stride)):
+                raise ShapeError(f"{name}(): output_size {list(output_size)} must be {nd} sizes, each within a stride "
+                                 f"{list(stride)} of the default {default}")
+        batched = len(input.shape) == nd + 2
+        if not batched:
+            input, indices = F.unsqueeze(input, axis=0), F.unsqueeze(indices, axis=0)
+        y = F.max_unpool(input, indices, output_size=size)
+        return y if batched else F.squeeze(y, axis=[0])
+
+    unpool.__name__ = unpool.__qualname__ = name
+    unpool.__doc__ = (f"``torch.nn.functional.{name}``: ``max_unpool`` into the size max_pool{nd}d's input had, "
+                      "(in − 1)·stride + kernel_size − 2·padding per dim, or ``output_size`` (within a stride of "
+                      "it, as torch checks); an unbatched input (C, ...) too.")
+    return function(unpool)
+
+
+max_unpool1d, max_unpool2d, max_unpool3d = (_unpool_function(nd) for nd in (1, 2, 3))
+
+
 # -- average pooling -------------------------------------------------------------------------------------------------
 
 
@@ -850,3 +940,53 @@ def _(x, *, output_size):
 
 adaptive_max_pool2d_with_indices.grad(functools.partial(_scatter_rule, 2))
 adaptive_max_pool2d_with_indices.samples(_adaptive_max_samples)
+
+
+def _define_adaptive_max(nd: int, dims: str, samples) -> tuple:
+    """adaptive_max_pool{nd}d and its _with_indices op, as adaptive_max_pool2d's: the ops of torch's 1-D and 3-D
+    adaptive max pooling."""
+    name = f"adaptive_max_pool{nd}d"
+    flat = {1: "l", 3: "(d·H + h)·W + w"}[nd]
+
+    def pool(x, *, output_size):
+        batched, out = _adaptive_geometry(name, nd, x.shape, output_size)
+        return _unbatched(_adaptive_max(_batched(x, batched), out)[0], batched)
+
+    def pool_with_indices(x, *, output_size):
+        batched, out = _adaptive_geometry(f"{name}_with_indices", nd, x.shape, output_size)
+        return tuple(_unbatched(a, batched) for a in _adaptive_max(_batched(x, batched), out))
+
+    pool.__doc__ = (f"The maximum of each of PyTorch's adaptive windows of x (N, C, {dims}) — or (C, {dims}) — for "
+                    f"``output_size``: along each dim of size n, output i takes inputs ⌊i·n/o⌋ … ⌈(i+1)·n/o⌉ − 1.")
+    pool_with_indices.__doc__ = (f"{name}, and the flat index {flat} (int64) of each window's maximum: PyTorch's "
+                                 f"``{name}(..., return_indices=True)``.")
+    plain = op(f"{name}(Tensor<floating> x, int[] output_size) -> Tensor y")(pool)
+    indexed = op(f"{name}_with_indices(Tensor<floating> x, int[] output_size) -> (Tensor y, Tensor indices)")(
+        pool_with_indices)
+    for opdef in (plain, indexed):
+        opdef.check(functools.partial(_check_output_size, nd))
+        opdef.samples(samples)
+    plain.infer(functools.partial(_adaptive_spec, name, nd))
+
+    def indexed_spec(x, *, output_size):
+        y = _adaptive_spec(f"{name}_with_indices", nd, x, output_size=output_size)
+        return y, Spec(y.shape, D.int64)
+
+    indexed.infer(indexed_spec)
+
+    def plain_rule(x, dy, *, output_size):  # the indices, found again, say where each dy goes
+        return _scatter_rule(nd, getattr(F, f"{name}_with_indices")(x, output_size=output_size).indices, dy, x)
+
+    plain.grad(plain_rule)
+    indexed.grad(functools.partial(_scatter_rule, nd))
+    return plain, indexed
+
+
+adaptive_max_pool1d, adaptive_max_pool1d_with_indices = _define_adaptive_max(1, "L", lambda rng: [
+    Sample.of(_distinct(rng, 2, 3, 7), output_size=3),
+    Sample.of(_distinct(rng, 2, 3), output_size=5),  # unbatched, more outputs than inputs
+])
+adaptive_max_pool3d, adaptive_max_pool3d_with_indices = _define_adaptive_max(3, "D, H, W", lambda rng: [
+    Sample.of(_distinct(rng, 1, 2, 3, 4, 5), output_size=[2, 2, 3]),
+    Sample.of(_distinct(rng, 2, 3, 2, 3), output_size=[3, 1, 2]),  # unbatched
+])
