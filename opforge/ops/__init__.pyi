@@ -1574,8 +1574,9 @@ def interpolate(
     """Resize x (N, C, *spatial) to ``size``, or by ``scale_factor`` (the output ⌊n·s⌋), as PyTorch's
     ``F.interpolate``: mode "nearest" (output i reads input ⌊i·n/o⌋), "nearest-exact" (⌊(i + ½)·n/o⌋), or
     "linear"/"bilinear"/"trilinear" for 1/2/3 spatial dims (a blend of the two nearest inputs; ``align_corners``
-    maps the corner pixels' centres onto each other). With a scale factor the positions use it unless
-    ``recompute_scale_factor``.
+    maps the corner pixels' centres onto each other), "bicubic" for 2 (four inputs per dim, torch's cubic
+    convolution with A = −0.75, the border repeated), or "area" (the mean over adaptive average pooling's
+    windows, as torch computes it). With a scale factor the positions use it unless ``recompute_scale_factor``.
     """
 
 def interpolate_grad(

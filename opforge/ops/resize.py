@@ -1,12 +1,13 @@
-"""Resizing images: ``interpolate`` (nearest and linear, 1-, 2- and 3-D) and ``pixel_shuffle``/``pixel_unshuffle``.
+"""Resizing images: ``interpolate`` (nearest, linear, bicubic and area; 1-, 2- and 3-D) and
+``pixel_shuffle``/``pixel_unshuffle``.
 
 Interpolation is separable: along each spatial dim every output reads one input (nearest) or blends two (linear),
-at positions and weights that depend on that dim's sizes only — PyTorch's, to the rounding: source positions for
-"nearest" are computed in float32 as PyTorch does, so that outputs pick the same inputs. The kernel applies one
-dim at a time, the last first, which is also the order of PyTorch's arithmetic for bilinear. The gradient op,
-``interpolate_grad``, applies the transposed maps: each output's gradient added back to the inputs it read, with
-their weights; since the positions never decrease along a dim, the additions are one ``np.add.reduceat`` per
-dim. interpolate and interpolate_grad are each other's transposes.
+four (bicubic) or a window of them (area), at positions and weights that depend on that dim's sizes only —
+PyTorch's, to the rounding: source positions for "nearest" are computed in float32 as PyTorch does, so that outputs
+pick the same inputs. The kernel applies one dim at a time, the last first, which is also the order of PyTorch's
+arithmetic for bilinear. The gradient op, ``interpolate_grad``, applies the transposed maps: each output's gradient
+added back to the inputs it read, with their weights; since the positions never decrease along a dim, the additions
+are one ``np.add.reduceat`` per dim. interpolate and interpolate_grad are each other's transposes.
 """
 
 import math
@@ -16,8 +17,9 @@ from opforge import ops as F
 from . import _window as win
 from ._common import Sample, ShapeError, Spec, np, op
 
-_LINEAR = {"linear": 1, "bilinear": 2, "trilinear": 3}  # mode -> the spatial rank it needs
-_NEAREST = ("nearest", "nearest-exact")
+_LINEAR = {"linear": 1, "bilinear": 2, "trilinear": 3, "bicubic": 2}  # mode -> the spatial rank it needs
+_NEAREST = ("nearest", "nearest-exact", "area")  # (the modes that take no align_corners)
+_CUBIC_A = -0.75  # torch's (and OpenCV's) cubic convolution coefficient
 
 
 def _check(*, size, scale_factor, mode, align_corners, **_) -> None:
@@ -32,7 +34,8 @@ def _check(*, size, scale_factor, mode, align_corners, **_) -> None:
     if scale_factor is not None and not all(math.isfinite(s) and s > 0 for s in scale_factor):
         raise ValueError(f"argument 'scale_factor' must hold finite numbers > 0, got {list(scale_factor)}")
     if align_corners is not None and mode in _NEAREST:
-        raise ValueError(f"argument 'align_corners' can only be set with the linear modes, not mode={mode!r}")
+        raise ValueError(f"argument 'align_corners' can only be set with the linear and cubic modes, not "
+                         f"mode={mode!r}")
 
 
 def _sizes(op_name, shape, size, scale_factor, mode) -> tuple:
@@ -56,9 +59,17 @@ def _sizes(op_name, shape, size, scale_factor, mode) -> tuple:
 
 
 def _maps(n_in, n_out, mode, align_corners, scale) -> list:
-    """Along one dim: [(input index, weight or None) per output], as one or two terms (nearest, linear).
-    ``scale`` is the user's scale factor for this dim (None: sizes decide)."""
+    """Along one dim: [(input index, weight or None) per output], as terms: one (nearest), two (linear), four
+    (bicubic), or as many as the longest window (area). ``scale`` is the user's scale factor for this dim (None:
+    sizes decide). Each term's indices never decrease (interpolate_grad relies on it)."""
     dst = np.arange(n_out)
+    if mode == "area":  # adaptive average pooling's windows, ⌊i·n/o⌋ … ⌈(i+1)·n/o⌉ − 1, each input weighing 1/len
+        start, end = dst * n_in // n_out, -(-(dst + 1) * n_in // n_out)
+        weight = 1.0 / (end - start)
+        return [(np.minimum(start + j, end - 1), np.where(start + j < end, weight, 0.0))
+                for j in range(int((end - start).max(initial=1)))]
+    if mode == "bicubic":
+        return _cubic_maps(n_in, dst, align_corners, scale)
     if mode in _NEAREST:  # PyTorch computes these positions in float32
         ratio = np.float32(1.0 / scale) if scale is not None else np.float32(n_in) / np.float32(n_out)
         if mode == "nearest":
@@ -78,6 +89,28 @@ def _maps(n_in, n_out, mode, align_corners, scale) -> list:
     return [(i0, 1.0 - w1), (i1, w1)]
 
 
+def _cubic_maps(n_in, dst, align_corners, scale) -> list:
+    """Bicubic along one dim, as torch's upsample_bicubic2d: the source position (not clamped at 0, unlike
+    linear's), its four neighbours ⌊src⌋ − 1 … ⌊src⌋ + 2 clamped into the input, weighted by the cubic
+    convolution kernel (A = −0.75) at their distances."""
+    if align_corners:
+        src = ((n_in - 1) / (len(dst) - 1) if len(dst) > 1 else 0.0) * dst
+    else:
+        src = (1.0 / scale if scale is not None else n_in / len(dst)) * (dst + 0.5) - 0.5
+    base = np.floor(src)
+    t = src - base
+    a = _CUBIC_A
+
+    def near(x):  # |x| ≤ 1
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x):  # 1 < |x| < 2
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    weights = (far(t + 1), near(t), near(1 - t), far(2 - t))
+    return [(np.clip(base.astype(np.int64) + k - 1, 0, n_in - 1), w) for k, w in enumerate(weights)]
+
+
 def _all_maps(in_size, out_size, scale_factor, mode, align_corners, recompute_scale_factor):
     nd = len(in_size)
     scales = (None,) * nd if scale_factor is None or recompute_scale_factor else win.expand(scale_factor, nd)
@@ -95,14 +128,18 @@ def interpolate(x, *, size, scale_factor, mode, align_corners, recompute_scale_f
     """Resize x (N, C, *spatial) to ``size``, or by ``scale_factor`` (the output ⌊n·s⌋), as PyTorch's
     ``F.interpolate``: mode "nearest" (output i reads input ⌊i·n/o⌋), "nearest-exact" (⌊(i + ½)·n/o⌋), or
     "linear"/"bilinear"/"trilinear" for 1/2/3 spatial dims (a blend of the two nearest inputs; ``align_corners``
-    maps the corner pixels' centres onto each other). With a scale factor the positions use it unless
+    maps the corner pixels' centres onto each other), "bicubic" for 2 (four inputs per dim, torch's cubic
+    convolution with A = −0.75, the border repeated), or "area" (the mean over adaptive average pooling's windows,
+    as torch computes it). With a scale factor the positions use it unless
     ``recompute_scale_factor``."""
     out = _sizes("interpolate", x.shape, size, scale_factor, mode)
     maps = _all_maps(x.shape[2:], out, scale_factor, mode, align_corners, recompute_scale_factor)
     for axis in reversed(range(2, x.ndim)):  # the last dim first, as PyTorch's arithmetic
         terms = [np.take(x, i, axis) if wt is None else np.take(x, i, axis) * _along(x.shape, axis, wt.astype(
             x.dtype)) for i, wt in maps[axis - 2]]
-        x = terms[0] if len(terms) == 1 else terms[0] + terms[1]
+        x = terms[0]
+        for term in terms[1:]:
+            x = x + term
     return x
 
 
@@ -122,6 +159,10 @@ def _(dy, x_spec, *, size, scale_factor, mode, align_corners, recompute_scale_fa
 
 @interpolate.samples
 def _(rng):
+    yield Sample.of(rng.standard_normal((1, 2, 4, 5)), size=[7, 3], mode="bicubic")
+    yield Sample.of(rng.standard_normal((1, 2, 3, 4)), scale_factor=[1.7, 0.6], mode="bicubic", align_corners=True)
+    yield Sample.of(rng.standard_normal((2, 2, 7)), size=3, mode="area")
+    yield Sample.of(rng.standard_normal((1, 2, 5, 3)), scale_factor=[0.5, 1.5], mode="area")
     yield Sample.of(rng.standard_normal((2, 2, 3, 4)), size=[5, 7])
     yield Sample.of(rng.standard_normal((2, 2, 5)), scale_factor=1.5, mode="linear")
     yield Sample.of(rng.standard_normal((1, 2, 3, 5)), size=[4, 3], mode="bilinear", align_corners=True)
