@@ -396,6 +396,11 @@ class TensorOps:
         _method("unflatten"), _method("narrow"), _method("t")
     gather, index_select, masked_fill = _method("gather"), _method("index_select"), _method("masked_fill")
     scatter_add, index_add = _method("scatter_add"), _method("index_add")
+    scatter, index_fill, index_copy = _method("scatter"), _method("index_fill"), _method("index_copy")
+    masked_select, masked_scatter, take_along_dim = _method("masked_select"), _method("masked_scatter"), \
+        _method("take_along_dim")
+    nonzero, argwhere = _method("nonzero"), _method("argwhere")
+    hardshrink, softshrink, threshold = _method("hardshrink"), _method("softshrink"), _method("threshold")
     sort, argsort, topk = _method("sort"), _method("argsort"), _method("topk")
     mm, bmm, outer, dot = _method("mm"), _method("bmm"), _method("outer"), _method("matmul")
     eq, ne, lt, le, gt, ge = _method("equal"), _method("not_equal"), _method("less"), _method("less_equal"), \
@@ -669,6 +674,20 @@ class TensorOps:
         _in_place_method("scatter_add")
     remainder_, floor_divide_ = _in_place_method("remainder"), _in_place_method("floor_divide")
     clip_ = clamp_
+    scatter_, index_fill_, index_copy_ = _in_place_method("scatter"), _in_place_method("index_fill"), \
+        _in_place_method("index_copy")
+    masked_scatter_, threshold_ = _in_place_method("masked_scatter"), _in_place_method("threshold")
+
+    def index_put(self, indices, values, accumulate=False):
+        """torch's ``index_put``: a copy with ``self[indices]`` set to ``values`` (broadcast), or with
+        ``accumulate`` the values added there (repeated positions add up)."""
+        if not isinstance(indices, tuple):
+            raise ArgumentError(f"index_put(): indices must be a tuple of tensors (torch's form), got "
+                                f"{describe(indices)}")
+        return (index_accumulate if accumulate else index_put)(self, indices, values)
+
+    def index_put_(self, indices, values, accumulate=False):
+        return _in_place(self, "index_put_", lambda t: t.index_put(indices, values, accumulate))
 
     def uniform_(self, a=0.0, b=1.0):
         """Samples of U[a, b) written into this tensor (the ``uniform`` op), as torch's ``uniform_``."""
@@ -1117,6 +1136,19 @@ def _positions(shape, index) -> np.ndarray:
                             "(t[mask] = number) or eager values")
     with interpreting(EAGER), _grad_mode_off():  # positions are a constant of the call, computed now
         return _index(grid, host).numpy()
+
+
+def index_accumulate(x, index, value):
+    """``x`` with ``value`` (broadcast to ``x[index]``'s shape, cast to x's dtype) added at ``x[index]``'s places,
+    repeated places adding up (torch's ``index_put(..., accumulate=True)``); written with ops, as ``index_put``."""
+    if not isinstance(value, TensorOps):
+        value = _lift(value, x) if type(value) in (int, float, bool) else wrap(np.asarray(value), x.device)
+    if value.dtype != x.dtype:
+        value = _fit_dtype(x, value)
+    positions = _positions(x.shape, index)
+    values = F.reshape(F.broadcast_to(value, list(positions.shape)), [-1])
+    flat = wrap(x.device.from_host(positions.reshape(-1).astype(np.int64)), x.device)
+    return x + F.reshape(F.scatter_add(F.zeros_like(F.reshape(x, [-1])), 0, flat, values), list(x.shape))
 
 
 def index_put(x, index, value):

@@ -63,6 +63,11 @@ def equal(input, other) -> bool:
     return tuple(input.shape) == tuple(other.shape) and not F.sum(F.not_equal(input, other)).item()
 
 
+def index_put(input, indices, values, accumulate=False):
+    """``torch.index_put``: ``Tensor.index_put``."""
+    return input.index_put(indices, values, accumulate)
+
+
 def normal(mean=0.0, std=1.0, size=None, *, dtype=None, device=None, requires_grad: bool = False):
     """``torch.normal``: samples of N(mean, std²), of ``size`` for numbers ``mean`` and ``std`` (the op ``normal``),
     else of the tensors' broadcast shape, elementwise (``mean + std·randn``)."""
@@ -124,7 +129,8 @@ def _published() -> dict:
         if name in TORCH or name in ("tensor", "manual_seed"):
             names[name] = getattr(creation, name)
     for name in ("transpose", "swapaxes", "swapdims", "einsum", "equal", "normal", "numel", "is_tensor",
-                 "is_floating_point", "get_default_dtype", "set_default_dtype", "inference_mode", "device", "Size"):
+                 "is_floating_point", "get_default_dtype", "set_default_dtype", "inference_mode", "device", "Size",
+                 "index_put"):
         names[name] = globals()[name]
     # torch's dtype names (not globals here: they would hide the builtins float, int, bool)
     names.update(float=D.float32, double=D.float64, half=D.float16, long=D.int64, int=D.int32, bool=D.bool_)

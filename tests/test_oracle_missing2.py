@@ -27,7 +27,7 @@ import opforge as of
 from opforge import nn
 from opforge import ops as F
 
-TOLERANCES = {torch.float64: (1e-7, 1e-9), torch.float32: (2e-5, 1e-6)}
+TOLERANCES = {torch.float64: (1e-7, 1e-9), torch.float32: (2e-5, 1e-6), torch.int64: (0, 0)}
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,12 @@ class Case:
 
 def _training(sample) -> str | None:
     return "draws random slopes" if sample.kwargs.get("training") else None
+
+
+def _kwarg(name: str, why: str) -> Callable:
+    def skip(sample) -> str | None:
+        return why if name in sample.kwargs else None
+    return skip
 
 
 def _negative_eps(sample) -> str | None:
@@ -76,6 +82,24 @@ OPINFO: dict[str, Case] = {
     **{f"nn.functional.max_unpool{nd}d{variant}": Case(limit=12) for nd in (1, 2, 3) for variant in ("", ":grad")},
     "nn.functional.interpolate:bicubic": Case(atol32=2e-5),  # outputs ~0.06 from terms ~8, summed in float32
     "nn.functional.interpolate:area": Case(),
+    # -- indexing (opforge/ops/selection.py) ------------------------------------------------------------------------
+    "take_along_dim": Case(),
+    "index_fill": Case(),
+    "index_copy": Case(),
+    "index_put": Case(),
+    "masked_select": Case(),
+    "masked_scatter": Case(),
+    "scatter": Case(skip=_kwarg("reduce", "torch's deprecated reduce= is refused, loudly (scatter_reduce is torch's "
+                                          "form)")),
+    "nonzero": Case(),
+    "argwhere": Case(),
+    "searchsorted": Case(),
+    "bucketize": Case(),
+    "isin": Case(),
+    "tril_indices": Case(fn=lambda row, col, offset=0, dtype=None, device=None: F.tril_indices(row, col, offset,
+                                                                                               dtype=dtype)),
+    "triu_indices": Case(fn=lambda row, col, offset=0, dtype=None, device=None: F.triu_indices(row, col, offset,
+                                                                                               dtype=dtype)),
     # -- fixes of existing ops: a 0-d prelu weight, empty batches -----------------------------------------------------
     "nn.functional.prelu": Case(),  # a 0-d weight among the samples
     "nn.functional.group_norm": Case(skip=_negative_eps),  # an empty batch among the samples
@@ -192,12 +216,14 @@ def _describe(sample) -> str:
 # -- the tests --------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", (torch.float64, torch.float32), ids=("float64", "float32"))
+@pytest.mark.parametrize("dtype", (torch.float64, torch.float32, torch.int64), ids=("float64", "float32", "int64"))
 @pytest.mark.parametrize("name", sorted(OPINFO))
 def test_forward(name, dtype):
     info, fn = _opinfo(name), _opforge_fn(name)
+    if dtype == torch.int64 and info.supported_dtypes("cpu") & {torch.float64, torch.float32}:
+        pytest.skip("int64 only for the ops torch's OpInfo gives no floating samples (tril_indices)")
     samples = _samples(name, dtype)
-    assert samples, f"torch's OpInfo gives {name} no {dtype} samples"
+    assert samples or dtype not in info.supported_dtypes("cpu"), f"torch's OpInfo gives {name} no {dtype} samples"
     for sample in samples:
         with np.errstate(all="ignore"):
             want = _outputs(info.op(sample.input, *sample.args, **sample.kwargs))
@@ -213,6 +239,8 @@ def test_forward(name, dtype):
 @pytest.mark.parametrize("name", sorted(OPINFO))
 def test_gradients(name):
     info, fn = _opinfo(name), _opforge_fn(name)
+    if not info.supports_autograd:
+        pytest.skip(f"torch's {name} has no gradient")
     second = info.supports_gradgrad and OPINFO[name].gradgrad
     checked = 0
     for sample in _samples(name, torch.float64, requires_grad=True):
@@ -383,3 +411,29 @@ def test_add_n_takes_a_number_as_add_does(dtype):
     for got in (F.add_n([5.576, y]), F.add_n([y, 5.576]), of.compile(lambda t: F.add_n([5.576, t]))(y)):
         assert got.dtype == want.dtype
         np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+def test_indexing_methods_and_in_place_forms():
+    """The Tensor methods of the indexing ops, in torch's call forms, and their in-place forms."""
+    x = _RNG.standard_normal((3, 4))
+    idx, mask = np.array([[0, 2], [1, 3], [3, 0]]), x > 0
+    calls = [
+        lambda t, m: t.scatter(1, m.tensor(idx), m.tensor(np.ones((3, 2)))),
+        lambda t, m: t.scatter(1, m.tensor(idx), value=-2.0),
+        lambda t, m: t.index_fill(1, m.tensor(np.array([0, 3])), 5.0),
+        lambda t, m: t.index_copy(0, m.tensor(np.array([2, 0])), m.tensor(np.ones((2, 4)))),
+        lambda t, m: t.masked_select(m.tensor(mask)),
+        lambda t, m: t.masked_scatter(m.tensor(mask), m.tensor(np.arange(12.0))),
+        lambda t, m: t.take_along_dim(m.tensor(idx), 1),
+        lambda t, m: t.nonzero(),
+        lambda t, m: t.nonzero(as_tuple=True)[1],
+        lambda t, m: t.argwhere(),
+        lambda t, m: t.index_put((m.tensor(np.array([0, 0])), m.tensor(np.array([1, 1]))), m.tensor(np.array(2.0)),
+                                 True),
+        lambda t, m: t.clone().scatter_(0, m.tensor(idx[:1]), -1.0),
+        lambda t, m: t.clone().index_fill_(0, m.tensor(np.array([1])), 0.5),
+        lambda t, m: t.clone().masked_scatter_(m.tensor(mask), m.tensor(np.arange(12.0))),
+        lambda t, m: t.clone().index_put_((m.tensor(np.array([2])),), m.tensor(np.array(7.0))),
+    ]
+    for i, call in enumerate(calls):
+        assert_same(call(of.tensor(x), of), call(torch.tensor(x), torch), f"call {i}", 0, 0)

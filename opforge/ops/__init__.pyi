@@ -1601,6 +1601,85 @@ def pixel_shuffle(x: _TensorLike, upscale_factor: int) -> Tensor:
 def pixel_unshuffle(x: _TensorLike, downscale_factor: int) -> Tensor:
     """The inverse of pixel_shuffle: x (*, C, H·r, W·r) rearranged to (*, C·r², H, W), r = downscale_factor."""
 
+# -- opforge.ops.selection
+
+def index_fill(x: _TensorLike, axis: int, index: _TensorLike, value: _TensorLike, *, dim: int | None = None) -> Tensor:
+    """``torch.index_fill``: a copy of x whose slices at the positions ``index`` (0-d or 1-D) lists along
+    ``axis`` hold ``value`` (a number or a 0-d tensor, which gets the gradient of those places).
+    """
+
+def index_copy(x: _TensorLike, axis: int, index: _TensorLike, source: _TensorLike, *, dim: int | None = None) -> Tensor:
+    """``torch.index_copy``: a copy of x whose slices at the positions ``index`` (1-D) lists along ``axis`` are
+    the slices of ``source`` in order (of two for one place the later stays, as torch's CPU kernel).
+    """
+
+def masked_select(x: _TensorLike, mask: _TensorLike) -> Tensor:
+    """``torch.masked_select``: the elements of x where ``mask`` (x and mask broadcast together) is True, in
+    order, as a 1-D tensor; its length depends on the mask (unknown in a traced program's shape rule).
+    """
+
+def masked_scatter(x: _TensorLike, mask: _TensorLike, source: _TensorLike) -> Tensor:
+    """``torch.masked_scatter``: a copy of x (broadcast with ``mask`` to mask's shape, as torch) in which the
+    places where mask is True take the elements of ``source`` in order; source needs at least as many.
+    """
+
+def scatter(
+    x: _TensorLike,
+    axis: int,
+    index: _TensorLike,
+    src: _TensorLike,
+    *,
+    dim: int | None = None,
+    value: _TensorLike | None = None,
+) -> Tensor:
+    """``torch.scatter``: a copy of x in which ``src[i][j][k]`` is written at ``[index[i][j][k]][j][k]`` for
+    ``axis=0`` (and so on); elements of src outside index's shape are not used. Of two writes to one place the
+    later stays, as torch's CPU kernel (torch calls it undefined). ``F.scatter(x, dim, index, value=v)`` writes
+    a number (or a 0-d src: the same value at every place index names); ``reduce=`` (torch's deprecated form of
+    scatter_reduce) is not taken.
+    """
+
+def argwhere(x: _TensorLike) -> Tensor:
+    """``torch.argwhere`` (and ``torch.nonzero``): the index of each nonzero element of x, one row (of x's rank)
+    per element in C order, int64; a 0-d x gives (0 or 1, 0). The number of rows depends on the data.
+    """
+
+def searchsorted(
+    sorted_sequence: _TensorLike,
+    x: _TensorLike,
+    *,
+    out_int32: bool = False,
+    right: bool = False,
+    side: str = '',
+    sorter: _TensorLike | None = None,
+) -> Tensor:
+    """``torch.searchsorted``: for each value of x, the index where it would go into ``sorted_sequence`` (sorted
+    along its last dim) to keep it sorted: the first such place, or with ``right`` (or side="right") the last. A
+    1-D sequence serves every value; an N-D one holds one sequence per row of x's leading dims. ``sorter`` sorts
+    an unsorted sequence (argsort's indices). int64, or int32 with ``out_int32``.
+    """
+
+def isin(
+    elements: _TensorLike,
+    test_elements: _TensorLike,
+    *,
+    assume_unique: bool = False,
+    invert: bool = False,
+) -> Tensor:
+    """``torch.isin``: True where an element of ``elements`` is among ``test_elements`` (False with ``invert``);
+    the shape of ``elements``.
+    """
+
+def tril_indices(row: int, col: int, offset: int = 0, *, dtype: _DTypeLike | None = None) -> Tensor:
+    """``torch.tril_indices``: the (row, column) indices of the lower triangle of a row × col matrix, on and
+    beyond the diagonal ``offset``, as a (2, N) tensor in row-major order (int64 unless ``dtype`` says).
+    """
+
+def triu_indices(row: int, col: int, offset: int = 0, *, dtype: _DTypeLike | None = None) -> Tensor:
+    """``torch.triu_indices``: the (row, column) indices of the upper triangle of a row × col matrix, on and
+    beyond the diagonal ``offset``, as a (2, N) tensor in row-major order (int64 unless ``dtype`` says).
+    """
+
 # -- opforge.ops.shape
 
 def reshape(x: _TensorLike, shape: Sequence[int] | int) -> Tensor:
@@ -1865,6 +1944,11 @@ def bilinear(input1, input2, weight, bias=None) -> Any:
 def bmm(x, y) -> Any:
     """``torch.bmm``: batched matrix products of two 3-D tensors with the same batch size (no broadcasting)."""
 
+def bucketize(input, boundaries, *, out_int32=False, right=False) -> Any:
+    """``torch.bucketize``: for each value the index of its bucket among the 1-D ``boundaries`` — i with
+    boundaries[i−1] < x ≤ boundaries[i], or with ``right`` boundaries[i−1] ≤ x < boundaries[i].
+    """
+
 def chunk(x, chunks, dim=0) -> Any:
     """``torch.chunk``: ``x`` cut along ``dim`` into at most ``chunks`` pieces of ceil(size / chunks) elements,
     the last one smaller (so there may be fewer pieces than asked for). A tuple, as torch's.
@@ -1982,6 +2066,11 @@ def multilabel_soft_margin_loss(input, target, weight=None, size_average=None, r
 def narrow(x, dim, start, length) -> Any:
     """``torch.narrow``: elements ``start`` .. ``start + length - 1`` along ``dim`` (``start`` may be negative)."""
 
+def nonzero(input, *, as_tuple=False) -> Any:
+    """``torch.nonzero``: ``argwhere``'s rows, or with ``as_tuple`` one 1-D tensor per dim (its column; a 0-d
+    input counts as 1-D).
+    """
+
 def poisson_nll_loss(
     input,
     target,
@@ -2019,6 +2108,11 @@ def softsign(input) -> Any:
 
 def t(x) -> Any:
     """``torch.t``: a 2-D tensor transposed; 0-D and 1-D tensors as they are."""
+
+def take_along_dim(input, indices, dim=None) -> Any:
+    """``torch.take_along_dim``: ``input`` read at ``indices`` along ``dim`` (NumPy's take_along_axis); the
+    other dims broadcast between the two. Without ``dim``, both are flattened first.
+    """
 
 def tanhshrink(input) -> Any:
     """``torch.nn.functional.tanhshrink``: x − tanh(x), as torch composes it."""
