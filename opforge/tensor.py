@@ -400,6 +400,9 @@ class TensorOps:
     masked_select, masked_scatter, take_along_dim = _method("masked_select"), _method("masked_scatter"), \
         _method("take_along_dim")
     nonzero, argwhere = _method("nonzero"), _method("argwhere")
+    tensor_split, rot90, diag, diag_embed, diagflat = _method("tensor_split"), _method("rot90"), _method("diag"), \
+        _method("diag_embed"), _method("diagflat")
+    unfold = _method("unfold_windows")  # torch's Tensor.unfold: sliding windows along one dim (F.unfold is im2col)
     hardshrink, softshrink, threshold = _method("hardshrink"), _method("softshrink"), _method("threshold")
     sort, argsort, topk = _method("sort"), _method("argsort"), _method("topk")
     mm, bmm, outer, dot = _method("mm"), _method("bmm"), _method("outer"), _method("matmul")

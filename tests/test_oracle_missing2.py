@@ -100,6 +100,11 @@ OPINFO: dict[str, Case] = {
                                                                                                dtype=dtype)),
     "triu_indices": Case(fn=lambda row, col, offset=0, dtype=None, device=None: F.triu_indices(row, col, offset,
                                                                                                dtype=dtype)),
+    # -- shape (opforge/ops/shape_functions.py) -------------------------------------------------------------------
+    **{name: Case() for name in ("tensor_split", "hstack", "vstack", "dstack", "atleast_1d", "atleast_2d",
+                                 "atleast_3d", "rot90", "diag", "diag_embed", "diagflat", "broadcast_tensors",
+                                 "meshgrid:variadic_tensors", "meshgrid:list_of_tensors", "unbind")},
+    "unfold": Case(fn=lambda x, *args: x.unfold(*args)),
     # -- fixes of existing ops: a 0-d prelu weight, empty batches -----------------------------------------------------
     "nn.functional.prelu": Case(),  # a 0-d weight among the samples
     "nn.functional.group_norm": Case(skip=_negative_eps),  # an empty batch among the samples

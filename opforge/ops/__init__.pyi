@@ -1931,6 +1931,15 @@ def sparse_mm(indices: _TensorLike, values: _TensorLike, dense: _TensorLike, *, 
     for the dense matrix the transposed sparse matrix times dout.
     """
 
+def atleast_1d(tensors) -> Any:
+    """``torch.atleast_1d``: a 0-d tensor as (1,), the others as they are; one tensor for one, else a tuple."""
+
+def atleast_2d(tensors) -> Any:
+    """``torch.atleast_2d``: 0-d as (1, 1), (n,) as (1, n), the others as they are."""
+
+def atleast_3d(tensors) -> Any:
+    """``torch.atleast_3d``: 0-d as (1, 1, 1), (n,) as (1, n, 1), (m, n) as (m, n, 1), the others as they are."""
+
 def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-05) -> Any:
     """``torch.nn.functional.batch_norm``: ``y`` (``batch_norm_with_stats``'s); with ``training``, the running
     statistics given are updated in place to (1 − momentum)·running + momentum·the batch's statistic.
@@ -1944,6 +1953,9 @@ def bilinear(input1, input2, weight, bias=None) -> Any:
 def bmm(x, y) -> Any:
     """``torch.bmm``: batched matrix products of two 3-D tensors with the same batch size (no broadcasting)."""
 
+def broadcast_tensors(tensors) -> Any:
+    """``torch.broadcast_tensors``: each tensor broadcast to the shape they broadcast to together. A tuple."""
+
 def bucketize(input, boundaries, *, out_int32=False, right=False) -> Any:
     """``torch.bucketize``: for each value the index of its bucket among the 1-D ``boundaries`` — i with
     boundaries[i−1] < x ≤ boundaries[i], or with ``right`` boundaries[i−1] ≤ x < boundaries[i].
@@ -1953,6 +1965,19 @@ def chunk(x, chunks, dim=0) -> Any:
     """``torch.chunk``: ``x`` cut along ``dim`` into at most ``chunks`` pieces of ceil(size / chunks) elements,
     the last one smaller (so there may be fewer pieces than asked for). A tuple, as torch's.
     """
+
+def diag(input, diagonal=0) -> Any:
+    """``torch.diag``: of a 1-D tensor, the square matrix with it on diagonal ``diagonal``; of a 2-D one, that
+    diagonal.
+    """
+
+def diag_embed(input, offset=0, dim1=-2, dim2=-1) -> Any:
+    """``torch.diag_embed``: a tensor with one dim more whose (``dim1``, ``dim2``) planes hold the last dim of
+    ``input`` on their diagonal ``offset``, zeros elsewhere (diagonal's adjoint: ``diagonal_grad``).
+    """
+
+def diagflat(input, offset=0) -> Any:
+    """``torch.diagflat``: the square matrix with the flattened input on diagonal ``offset``."""
 
 def dropout(x, p=0.5, training=True, inplace=False) -> Any:
     """``torch.nn.functional.dropout``: ``dropout_with_mask``'s output ``y``, without the mask."""
@@ -1965,6 +1990,9 @@ def dropout2d(x, p=0.5, training=True, inplace=False) -> Any:
 
 def dropout3d(x, p=0.5, training=True, inplace=False) -> Any:
     """``torch.nn.functional.dropout3d``: ``dropout3d_with_mask``'s output ``y``, without the mask."""
+
+def dstack(tensors) -> Any:
+    """``torch.dstack``: concatenated along dim 2, after atleast_3d."""
 
 def flatten(x, start_dim=0, end_dim=-1) -> Any:
     """``torch.flatten``: dims ``start_dim`` .. ``end_dim`` merged into one (a 0-d tensor becomes 1-d)."""
@@ -1981,6 +2009,9 @@ def hinge_embedding_loss(input, target, margin=1.0, size_average=None, reduce=No
     """``torch.nn.functional.hinge_embedding_loss``: input where target is 1, max(0, margin − input) where it is
     −1 (torch's composition: the first term where target ≠ −1, the second where target ≠ 1), then reduced.
     """
+
+def hstack(tensors) -> Any:
+    """``torch.hstack``: concatenated along dim 1 (dim 0 for 1-D tensors), after atleast_1d."""
 
 def instance_norm(
     x,
@@ -2027,6 +2058,12 @@ def max_unpool3d(input, indices, kernel_size, stride=None, padding=0, output_siz
     """``torch.nn.functional.max_unpool3d``: ``max_unpool`` into the size max_pool3d's input had, (in −
     1)·stride + kernel_size − 2·padding per dim, or ``output_size`` (within a stride of it, as torch checks); an
     unbatched input (C, ...) too.
+    """
+
+def meshgrid(tensors, *, indexing=None) -> Any:
+    """``torch.meshgrid``: for 1-D (or 0-d) tensors of sizes n₁ … n_k, k tensors of shape (n₁, …, n_k), the i-th
+    varying along dim i ("ij", torch's default) — or with indexing="xy" the first two dims swapped (NumPy's
+    default). A tuple.
     """
 
 def min(x, dim=None, keepdim=False, *, axis=None) -> Any:
@@ -2086,6 +2123,11 @@ def poisson_nll_loss(
     where target > 1. Then reduced.
     """
 
+def rot90(input, k=1, dims=[0, 1]) -> Any:
+    """``torch.rot90``: ``input`` turned by k·90° in the plane of ``dims``, from the first dim towards the
+    second (k may be negative).
+    """
+
 def rrelu(input, lower=0.125, upper=0.3333333333333333, training=False, inplace=False) -> Any:
     """``torch.nn.functional.rrelu``: ``rrelu_with_noise``'s output ``y`` (the slopes kept inside the op for
     backward); ``inplace=True`` writes it into ``input``.
@@ -2117,8 +2159,22 @@ def take_along_dim(input, indices, dim=None) -> Any:
 def tanhshrink(input) -> Any:
     """``torch.nn.functional.tanhshrink``: x − tanh(x), as torch composes it."""
 
+def tensor_split(input, indices_or_sections, dim=0) -> Any:
+    """``torch.tensor_split``: views of ``input`` along ``dim`` — ``n`` pieces (the first size % n one longer),
+    or the pieces between the given split indices (clamped to the size, so some may be empty). A tuple.
+    """
+
 def unbind(x, dim=0) -> Any:
     """``torch.unbind``: the slices of ``x`` along ``dim``, that dim removed, as a tuple."""
 
 def unflatten(x, dim, sizes) -> Any:
     """``torch.unflatten``: dim ``dim`` split into dims of ``sizes`` (one of them may be -1)."""
+
+def unfold_windows(input, dimension, size, step) -> Any:
+    """``Tensor.unfold(dimension, size, step)`` (torch's, not ``F.unfold``'s im2col): the windows of ``size``
+    elements every ``step`` along ``dimension``, that dim becoming the number of windows and a last dim of
+    ``size`` added. The windows may overlap; their gradients add up (``take``'s).
+    """
+
+def vstack(tensors) -> Any:
+    """``torch.vstack`` (``row_stack``): concatenated along dim 0, after atleast_2d."""
