@@ -397,6 +397,7 @@ class TensorOps:
     gather, index_select, masked_fill = _method("gather"), _method("index_select"), _method("masked_fill")
     scatter_add, index_add = _method("scatter_add"), _method("index_add")
     scatter, index_fill, index_copy = _method("scatter"), _method("index_fill"), _method("index_copy")
+    scatter_reduce = _method("scatter_reduce")
     masked_select, masked_scatter, take_along_dim = _method("masked_select"), _method("masked_scatter"), \
         _method("take_along_dim")
     nonzero, argwhere = _method("nonzero"), _method("argwhere")
@@ -680,6 +681,7 @@ class TensorOps:
     scatter_, index_fill_, index_copy_ = _in_place_method("scatter"), _in_place_method("index_fill"), \
         _in_place_method("index_copy")
     masked_scatter_, threshold_ = _in_place_method("masked_scatter"), _in_place_method("threshold")
+    scatter_reduce_ = _in_place_method("scatter_reduce")
 
     def index_put(self, indices, values, accumulate=False):
         """torch's ``index_put``: a copy with ``self[indices]`` set to ``values`` (broadcast), or with

@@ -92,6 +92,7 @@ OPINFO: dict[str, Case] = {
     "scatter": Case(skip=_kwarg("reduce", "torch's deprecated reduce= is refused, loudly (scatter_reduce is torch's "
                                           "form)")),
     "nonzero": Case(),
+    **{f"scatter_reduce:{r}": Case() for r in ("sum", "prod", "mean", "amax", "amin")},
     "argwhere": Case(),
     "searchsorted": Case(),
     "bucketize": Case(),

@@ -1680,6 +1680,22 @@ def triu_indices(row: int, col: int, offset: int = 0, *, dtype: _DTypeLike | Non
     beyond the diagonal ``offset``, as a (2, N) tensor in row-major order (int64 unless ``dtype`` says).
     """
 
+def scatter_reduce(
+    x: _TensorLike,
+    axis: int,
+    index: _TensorLike,
+    src: _TensorLike,
+    reduce: str,
+    *,
+    include_self: bool = True,
+    dim: int | None = None,
+) -> Tensor:
+    """``torch.scatter_reduce``: a copy of x in which each place that ``index`` names (as scatter's) is reduced
+    with the src values sent there — "sum", "prod", "mean", "amax" or "amin" — together with x's own value, or
+    without it when not ``include_self``. "mean" divides by the number of values reduced (floor division for
+    integers, as torch). Places no index names keep x's value.
+    """
+
 # -- opforge.ops.shape
 
 def reshape(x: _TensorLike, shape: Sequence[int] | int) -> Tensor:

@@ -392,3 +392,131 @@ def _triangle(name: str, pick):
 
 tril_indices = _triangle("tril_indices", np.tril_indices)
 triu_indices = _triangle("triu_indices", np.triu_indices)
+
+
+# -- scatter_reduce -----------------------------------------------------------------------------------------------
+
+_REDUCE_AT = {"sum": np.add, "prod": np.multiply, "mean": np.add, "amax": np.maximum, "amin": np.minimum}
+
+
+def _identity(reduce: str, dtype):
+    """What a place starts from when include_self leaves x out: the reduction's identity."""
+    if reduce in ("sum", "mean"):
+        return 0
+    if reduce == "prod":
+        return 1
+    big = np.inf if np.dtype(dtype).kind == "f" else np.iinfo(dtype).max
+    return -big if reduce == "amax" else big
+
+
+@op("scatter_reduce(Tensor x, int axis/dim, nograd Tensor<int32|int64> index, Tensor src, str reduce, *, "
+    "bool include_self=True) -> Tensor y")
+def scatter_reduce(x, index, src, *, axis, reduce, include_self):
+    """``torch.scatter_reduce``: a copy of x in which each place that ``index`` names (as scatter's) is reduced
+    with the src values sent there — "sum", "prod", "mean", "amax" or "amin" — together with x's own value, or
+    without it when not ``include_self``. "mean" divides by the number of values reduced (floor division for
+    integers, as torch). Places no index names keep x's value."""
+    if x.ndim == 0:  # all 0-d (as torch allows): one place
+        return _scatter_reduce_np(x.reshape(1), index.reshape(1), src.reshape(1), 0, reduce, include_self).reshape(())
+    return _scatter_reduce_np(x, index, src, axis, reduce, include_self)
+
+
+def _scatter_reduce_np(x, index, src, axis, reduce, include_self):
+    a = _gather_shapes("scatter_reduce", x.shape, index.shape, axis, src.shape)
+    where = _grid_index(_checked_index("scatter_reduce", index, x.shape[a]), a)
+    values = src[tuple(slice(0, n) for n in index.shape)].astype(x.dtype, copy=False)
+    out = x.copy()
+    if not include_self:
+        out[where] = _identity(reduce, x.dtype)
+    _REDUCE_AT[reduce].at(out, where, values)
+    if reduce == "mean":
+        counts = np.zeros(x.shape, np.int64)
+        np.add.at(counts, where, 1)
+        counts += 1 if include_self else 0
+        touched = counts > 0
+        if x.dtype.kind == "f":
+            out = np.where(touched, out / np.maximum(counts, 1), out).astype(x.dtype, copy=False)
+        else:
+            out = np.where(touched, out // np.maximum(counts, 1), out).astype(x.dtype, copy=False)
+    return out
+
+
+@scatter_reduce.check
+def _(*, reduce, **_):
+    if reduce not in _REDUCE_AT:
+        raise ValueError(f"argument 'reduce' must be one of 'sum', 'prod', 'mean', 'amax', 'amin', got {reduce!r}")
+
+
+@scatter_reduce.infer
+def _(x, index, src, *, axis, reduce, include_self):
+    if x.shape or index.shape or src.shape:
+        _gather_shapes("scatter_reduce", x.shape, index.shape, axis, src.shape)
+    if x.dtype != src.dtype:
+        raise ShapeError(f"scatter_reduce(): x and src must have one dtype (as torch's), got {x.dtype} and "
+                         f"{src.dtype}")
+    return Spec(tuple(x.shape), x.dtype)
+
+
+@scatter_reduce.grad
+def _(x, index, src, y, dy, *, axis, reduce, include_self, needs_input_grad):
+    # torch's scatter_reduce_backward, formula for formula (derivatives.yaml), so that ties and zeros agree.
+    def gather(t):
+        return F.gather(t, axis, index)
+
+    if not x.ndim:  # all 0-d: the rule on one-element vectors, its results made 0-d again
+        one = [F.reshape(t, shape=[1]) for t in (x, index, src, y, dy)]
+        dx, _, dsrc = scatter_reduce.grad_rule.fn(*one, axis=0, reduce=reduce, include_self=include_self,
+                                                  needs_input_grad=needs_input_grad)
+        return (None if dx is None else F.reshape(dx, shape=[]), None,
+                None if dsrc is None else F.reshape(dsrc, shape=[]))
+    src_shape, src = list(src.shape), _covered(src, index)
+    if reduce == "sum":
+        dx, dsrc = dy, gather(dy)
+    elif reduce == "mean":
+        counts = F.scatter_add(F.ones_like(dy) if include_self else F.zeros_like(dy), axis, index, F.ones_like(src))
+        counts = F.where(counts == 0, 1.0, counts)
+        dx = dy / counts
+        dsrc = gather(dx)
+    elif reduce in ("amax", "amin"):
+        value = gather(y)
+        x_is, src_is = F.cast(x == y, dtype=dy.dtype), F.cast(src == value, dtype=dy.dtype)
+        spread = dy / F.scatter_add(x_is, axis, index, src_is)
+        dx, dsrc = x_is * spread, src_is * gather(spread)
+    else:  # prod: the product of the others, without dividing by a zero
+        kept_x = F.where(x == 0, 1.0, x)
+        dx = dy * F.scatter_reduce(kept_x, axis, index, src, "prod", include_self=include_self) / kept_x
+        src_zero = src == 0
+        zeros = gather(F.scatter_add(F.zeros_like(x), axis, index, F.cast(src_zero, dtype=x.dtype)))
+        single = F.logical_and(src_zero, zeros == 1)
+        others = gather(dy * F.scatter_reduce(x, axis, index, F.where(single, 1.0, src), "prod",
+                                              include_self=include_self))
+        dsrc = F.where(single, others, gather(dy * y) / F.where(src_zero, 1.0, src))
+    if not include_self:  # x's own value at the places index names took no part
+        dx = F.scatter(dx, axis, index, 0.0)
+    return (dx if needs_input_grad[0] else None, None,
+            _uncovered(dsrc, src_shape) if needs_input_grad[2] else None)
+
+
+def _covered(src, index):
+    """The part of src that index covers (the rest is not used)."""
+    if tuple(src.shape) == tuple(index.shape):
+        return src
+    n = len(index.shape)
+    return F.slice(src, axes=list(range(n)), starts=[0] * n, ends=list(index.shape), steps=[1] * n)
+
+
+def _uncovered(dsrc, shape):
+    """src's gradient: dsrc where index covers it, 0 beyond."""
+    if list(dsrc.shape) == list(shape):
+        return dsrc
+    n = len(shape)
+    return F.slice_grad(dsrc, shape=shape, axes=list(range(n)), starts=[0] * n, ends=list(dsrc.shape), steps=[1] * n)
+
+
+@scatter_reduce.samples
+def _(rng):
+    index = np.array([[0, 2, 2, 1], [2, 0, 2, 1]])
+    for reduce in ("sum", "prod", "mean", "amax", "amin"):
+        yield Sample.of(rng.uniform(0.5, 2, (3, 4)), index, rng.uniform(0.5, 2, (2, 4)), axis=0, reduce=reduce)
+    yield Sample.of(rng.uniform(0.5, 2, (3, 4)), index.T[:3], rng.uniform(0.5, 2, (3, 2)), axis=1, reduce="mean",
+                    include_self=False)
