@@ -11,6 +11,7 @@ import sys
 from .. import ops as functional
 from . import init, utils  # utils: clipping, parameters as a vector, nn.utils.rnn
 from .activations_losses import (
+    CTCLoss,
     GaussianNLLLoss,
     Hardshrink,
     HingeEmbeddingLoss,
@@ -141,4 +142,5 @@ __all__ += ["SmoothL1Loss"]
 __all__ += ["GaussianNLLLoss", "Hardshrink", "HingeEmbeddingLoss", "MultiLabelMarginLoss", "MultiLabelSoftMarginLoss",
             "MultiMarginLoss", "PoissonNLLLoss", "RReLU", "SoftMarginLoss", "Softshrink", "Softsign", "Tanhshrink",
             "Threshold"]
-__all__ += ["AdaptiveMaxPool1d", "AdaptiveMaxPool3d", "LocalResponseNorm", "MaxUnpool1d", "MaxUnpool2d", "MaxUnpool3d"]
+__all__ += ["AdaptiveMaxPool1d", "AdaptiveMaxPool3d", "CTCLoss", "LocalResponseNorm", "MaxUnpool1d", "MaxUnpool2d",
+            "MaxUnpool3d"]

@@ -123,6 +123,16 @@ class PoissonNLLLoss(_Loss):
         self.log_input, self.full, self.eps = bool(log_input), bool(full), float(eps)
 
 
+class CTCLoss(_Loss):
+    """``forward(log_probs, targets, input_lengths, target_lengths)``: the CTC loss, reduced."""
+
+    _op, _attrs = F.ctc_loss, ("blank", "reduction", "zero_infinity")
+
+    def __init__(self, blank: int = 0, reduction: str = "mean", zero_infinity: bool = False):
+        super().__init__(reduction)
+        self.blank, self.zero_infinity = int(blank), bool(zero_infinity)
+
+
 class GaussianNLLLoss(_Loss):
     """``forward(input, target, var)``: ½·(log var + (input − target)²/var) (var clamped to ≥ eps), reduced."""
 
@@ -133,6 +143,6 @@ class GaussianNLLLoss(_Loss):
         self.full, self.eps = bool(full), float(eps)
 
 
-__all__ = ["GaussianNLLLoss", "Hardshrink", "HingeEmbeddingLoss", "MultiLabelMarginLoss", "MultiLabelSoftMarginLoss",
-           "MultiMarginLoss", "PoissonNLLLoss", "RReLU", "SoftMarginLoss", "Softshrink", "Softsign", "Tanhshrink",
-           "Threshold"]
+__all__ = ["CTCLoss", "GaussianNLLLoss", "Hardshrink", "HingeEmbeddingLoss", "MultiLabelMarginLoss",
+           "MultiLabelSoftMarginLoss", "MultiMarginLoss", "PoissonNLLLoss", "RReLU", "SoftMarginLoss", "Softshrink",
+           "Softsign", "Tanhshrink", "Threshold"]

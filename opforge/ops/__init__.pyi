@@ -313,6 +313,37 @@ def eye(n: int, m: int | None = None, *, dtype: _DTypeLike | None = None) -> Ten
 def bernoulli(p: _TensorLike) -> Tensor:
     """Draws 1 with probability ``p`` (elementwise), else 0, in ``p``'s dtype, from the seeded generator."""
 
+# -- opforge.ops.ctc
+
+def ctc_nll(
+    log_probs: _TensorLike,
+    targets: _TensorLike,
+    input_lengths: _TensorLike,
+    target_lengths: _TensorLike,
+    *,
+    blank: int = 0,
+    zero_infinity: bool = False,
+) -> Tensor:
+    """CTC's −log p(target | log_probs) per sample: log_probs (T, N, C) — or (T, C) — of which sample n uses the
+    first input_lengths[n] steps; targets (N, S) padded, or 1-D concatenated, of target_lengths[n] classes each
+    (none the ``blank``). (N,) losses, 0-d unbatched; an impossible alignment is inf, or 0 with
+    ``zero_infinity``. ``F.ctc_loss`` reduces them as torch's.
+    """
+
+def ctc_nll_grad(
+    log_probs: _TensorLike,
+    targets: _TensorLike,
+    input_lengths: _TensorLike,
+    target_lengths: _TensorLike,
+    dloss: _TensorLike,
+    *,
+    blank: int = 0,
+    zero_infinity: bool = False,
+) -> Tensor:
+    """Gradient of ctc_nll: −dloss[n]·exp(log Σ_{s: l'ₛ = c} αₜ(s)βₜ(s) − log_probs[t, n, c] + loss[n]) at steps
+    t < input_lengths[n], 0 beyond and for an infinite loss under ``zero_infinity``.
+    """
+
 # -- opforge.ops.device
 
 def to_device(x: _TensorLike, *, device: str) -> Tensor:
@@ -1980,6 +2011,11 @@ def bucketize(input, boundaries, *, out_int32=False, right=False) -> Any:
 def chunk(x, chunks, dim=0) -> Any:
     """``torch.chunk``: ``x`` cut along ``dim`` into at most ``chunks`` pieces of ceil(size / chunks) elements,
     the last one smaller (so there may be fewer pieces than asked for). A tuple, as torch's.
+    """
+
+def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reduction='mean', zero_infinity=False) -> Any:
+    """``torch.nn.functional.ctc_loss``: ``ctc_nll``'s per-sample losses reduced — "mean": each divided by its
+    target length (at least 1), then averaged; "sum"; "none". The lengths may be tensors or lists of ints.
     """
 
 def diag(input, diagonal=0) -> Any:
