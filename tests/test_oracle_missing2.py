@@ -81,6 +81,8 @@ OPINFO: dict[str, Case] = {
     "nn.functional.adaptive_max_pool3d": Case(fn=_adaptive_max(3)),
     "nn.functional.local_response_norm": Case(),
     **{f"nn.functional.max_unpool{nd}d{variant}": Case(limit=12) for nd in (1, 2, 3) for variant in ("", ":grad")},
+    "nn.functional.grid_sample": Case(skip=lambda s: "5-D and bicubic are refused, loudly" if s.input.ndim == 5 or
+                                      s.kwargs.get("mode") == "bicubic" else None),
     "nn.functional.interpolate:bicubic": Case(atol32=2e-5),  # outputs ~0.06 from terms ~8, summed in float32
     "nn.functional.interpolate:area": Case(),
     # -- indexing (opforge/ops/selection.py) ------------------------------------------------------------------------
@@ -486,3 +488,25 @@ def test_ctc_loss_has_no_second_derivative():
         of.grad(loss, [lp], create_graph=True)
     (g,) = of.grad(F.ctc_loss(lp, of.tensor(np.array([[1, 2]])), [4], [2]), [lp])  # once is fine
     assert g.shape == (4, 1, 3)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_grid_sample(mode, padding_mode, align_corners):
+    """F.grid_sample against torch with positions well outside [-1, 1] (every padding mode's reach): values and
+    the gradients of the input and of the grid."""
+    rng = np.random.default_rng(5)
+    x, grid = rng.standard_normal((2, 3, 4, 5)), rng.uniform(-2.5, 2.5, (2, 3, 6, 2))
+    tx, tgrid = torch.tensor(x, requires_grad=True), torch.tensor(grid, requires_grad=True)
+    want = torch.nn.functional.grid_sample(tx, tgrid, mode, padding_mode, align_corners)
+    ox, ogrid = of.tensor(x, requires_grad=True), of.tensor(grid, requires_grad=True)
+    got = F.grid_sample(ox, ogrid, mode, padding_mode, align_corners)
+    assert_same(got, want, "grid_sample", 1e-12, 1e-12)
+    u = rng.standard_normal(want.shape)
+    for g, w in zip(of.grad(got, [ox, ogrid], grad_outputs=[of.tensor(u)], allow_unused=mode == "nearest"),
+                    torch.autograd.grad(want, [tx, tgrid], torch.tensor(u))):
+        if g is None:  # "nearest": the grid gets no gradient (torch's is zeros)
+            assert not w.numpy().any()
+            continue
+        assert_same(g, w, "grid_sample: gradient", 1e-10, 1e-12)

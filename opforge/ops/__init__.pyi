@@ -2057,6 +2057,15 @@ def gaussian_nll_loss(input, target, var, full=False, eps=1e-06, reduction='mean
     checked eagerly (in a compiled program the values are unknown when it is traced: there it is clamped).
     """
 
+def grid_sample(input, grid, mode='bilinear', padding_mode='zeros', align_corners=None) -> Any:
+    """``torch.nn.functional.grid_sample`` for an input (N, C, H, W) and a grid (N, Ho, Wo, 2) of (x, y)
+    positions in [−1, 1] (−1 the left/top edge, or the first pixel's centre with ``align_corners``): (N, C, Ho,
+    Wo), each output the input read at its position — "bilinear" (the four neighbours' blend) or "nearest" (the
+    nearest pixel, halves to even); positions outside read 0 ("zeros"), the edge ("border") or the image
+    mirrored ("reflection"). ``align_corners`` None is False, as torch's default. With "nearest" the grid gets
+    no gradient (None; torch's is zeros). 5-D inputs and "bicubic" are refused.
+    """
+
 def hinge_embedding_loss(input, target, margin=1.0, size_average=None, reduce=None, reduction='mean') -> Any:
     """``torch.nn.functional.hinge_embedding_loss``: input where target is 1, max(0, margin − input) where it is
     −1 (torch's composition: the first term where target ≠ −1, the second where target ≠ 1), then reduced.
