@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from demo import make_model  # the digits CNN, with its custom softsign op (which has an ONNX mapping)
+from demo import make_model  # the digits CNN, with its custom isru op (which has an ONNX mapping)
 from sklearn.datasets import load_digits
 
 import opforge as of

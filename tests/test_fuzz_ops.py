@@ -117,9 +117,17 @@ class InBackward(of.OpforgeError):
     """An error of the backward pass that does not name the op differentiated (see ``core_issue``)."""
 
 
+def _call(opdef, args, kwargs):
+    """The op called with a sample's inputs by name (an op's attrs may come between its inputs, as torch's
+    gather(input, dim, index)); more positional arguments than inputs stay positional (a wrong call)."""
+    if len(args) > len(opdef.input_names):
+        return opdef.fn(*args, **kwargs)
+    return opdef.fn(**dict(zip(opdef.input_names, args)), **kwargs)
+
+
 def run_eager(opdef, args, kwargs):
     """The call on Tensors that require grad, then a backward pass from each float output."""
-    out = opdef.fn(*_tensors(args, True), **{k: _tensors([v], True)[0] for k, v in kwargs.items()})
+    out = _call(opdef, _tensors(args, True), {k: _tensors([v], True)[0] for k, v in kwargs.items()})
     for t in _flat(out):
         if isinstance(t, Tensor) and t.requires_grad:
             try:
@@ -143,8 +151,8 @@ def run_traced(opdef, args, kwargs):
         return
 
     def fn(**variables):
-        return {f"out{k}": o for k, o in enumerate(_flat(opdef.fn(
-            *[variables[s] if s else a for a, s in zip(args, slots)], **kwargs)))}
+        return {f"out{k}": o for k, o in enumerate(_flat(_call(
+            opdef, [variables[s] if s else a for a, s in zip(args, slots)], kwargs)))}
 
     program = of.trace(fn, **{n: Spec(a.shape, a.dtype) for n, a in feeds.items()})
     of.Executor(program).run(**feeds)

@@ -91,9 +91,10 @@ def test_slice_grad_refuses_a_negative_shape_when_traced():
                  of.Spec((1,), "float64"))
 
 
-def test_prelu_refuses_a_0d_weight_eagerly_as_its_shape_rule_does():
-    with pytest.raises(of.ShapeError, match="prelu\\(\\): weight must have shape \\(1,\\) or \\(3,\\)"):
-        F.prelu(of.tensor(np.ones((2, 3)), requires_grad=True), of.tensor(np.array(0.25), requires_grad=True))
+def test_prelu_refuses_a_2d_weight_eagerly_as_its_shape_rule_does():
+    # (a 0-d weight is one slope, as torch's: tests/test_oracle_missing2.py)
+    with pytest.raises(of.ShapeError, match="prelu\\(\\): weight must have shape \\(\\), \\(1,\\) or \\(3,\\)"):
+        F.prelu(of.tensor(np.ones((2, 3)), requires_grad=True), of.tensor(np.ones((1, 3)), requires_grad=True))
 
 
 def test_glu_differentiates_over_an_empty_axis():

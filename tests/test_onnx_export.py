@@ -45,7 +45,7 @@ def assert_close(got, want, what, loose=False):
 
 
 def mapped_ops():
-    # the library's ops only: an example imported by another test module (demo.py's softsign) may have joined
+    # the library's ops only: an example imported by another test module (demo.py's isru) may have joined
     library = str(Path(of.__file__).parent)
     return sorted(op.name for op in registry if op.onnx_fn is not None and op.defined_at.startswith(library))
 

@@ -18,30 +18,32 @@ from ._common import Sample, ShapeError, Spec, function, np, op
 _NEG = -np.inf
 
 
-def _padded(targets, target_lengths, batch: int):
+def _padded(targets, target_lengths, batch: int, name: str):
     """Targets as (N, S_max): the padded form as it is, the concatenated 1-D form split by the lengths."""
     if targets.ndim == 2:
         return targets
     out = np.zeros((batch, int(target_lengths.max(initial=0))), np.int64)
     ends = np.cumsum(target_lengths)
     if target_lengths.sum() > targets.size:
-        raise ShapeError(f"ctc_nll(): the target lengths add up to {int(target_lengths.sum())}, the concatenated "
+        raise ShapeError(f"{name}(): the target lengths add up to {int(target_lengths.sum())}, the concatenated "
                          f"targets hold {targets.size}")
     for n, (end, length) in enumerate(zip(ends, target_lengths)):
         out[n, :length] = targets[end - length:end]
     return out
 
 
-def _recursions(log_probs, targets, input_lengths, target_lengths, blank):
+def _recursions(log_probs, targets, input_lengths, target_lengths, blank, name):
     """(α, β, loss, extended targets) for log_probs (T, N, C) in float64; α and β are (T, N, 2·S_max + 1)."""
     steps, batch, classes = log_probs.shape
+    if not 0 <= blank < classes:
+        raise ShapeError(f"{name}(): blank {blank} is not a class of the {classes} classes")
     lengths, tl = input_lengths.astype(np.int64), target_lengths.astype(np.int64)
     if lengths.min(initial=1) < 0 or lengths.max(initial=0) > steps:
-        raise ShapeError(f"ctc_nll(): input_lengths must lie in [0, {steps}] (log_probs' time steps), got "
+        raise ShapeError(f"{name}(): input_lengths must lie in [0, {steps}] (log_probs' time steps), got "
                          f"{lengths.tolist()}")
-    targets = _padded(targets, tl, batch)
+    targets = _padded(targets, tl, batch, name)
     if tl.min(initial=0) < 0 or tl.max(initial=0) > targets.shape[1]:
-        raise ShapeError(f"ctc_nll(): target_lengths must lie in [0, {targets.shape[1]}], got {tl.tolist()}")
+        raise ShapeError(f"{name}(): target_lengths must lie in [0, {targets.shape[1]}], got {tl.tolist()}")
     width = 2 * targets.shape[1] + 1
     ext = np.full((batch, width), blank, np.int64)
     ext[:, 1::2] = targets
@@ -49,7 +51,7 @@ def _recursions(log_probs, targets, input_lengths, target_lengths, blank):
     used = s[None] < (2 * tl + 1)[:, None]
     bad = used & ((ext < 0) | (ext >= classes))
     if bad.any():
-        raise ArgumentError(f"ctc_nll(): targets hold class {int(ext[bad][0])}, outside [0, {classes})")
+        raise ArgumentError(f"{name}(): targets hold class {int(ext[bad][0])}, outside [0, {classes})")
     ext = np.where(used, ext, blank)
     skip = (s >= 2)[None] & (ext != blank) & (ext != np.roll(ext, 2, axis=1))
     lp = np.take_along_axis(log_probs.astype(np.float64), np.broadcast_to(ext[None], (steps, batch, width)), axis=2)
@@ -108,7 +110,7 @@ def ctc_nll(log_probs, targets, input_lengths, target_lengths, *, blank, zero_in
     ``blank``). (N,) losses, 0-d unbatched; an impossible alignment is inf, or 0 with ``zero_infinity``.
     ``F.ctc_loss`` reduces them as torch's."""
     lp, tg, il, tl = _batched(log_probs, targets, input_lengths, target_lengths)
-    loss = _recursions(lp, tg, il, tl, blank)[2]
+    loss = _recursions(lp, tg, il, tl, blank, "ctc_nll")[2]
     if zero_infinity:
         loss = np.where(np.isinf(loss), 0.0, loss)
     return loss.astype(log_probs.dtype).reshape(() if log_probs.ndim == 2 else -1)
@@ -154,7 +156,7 @@ def ctc_nll_grad(log_probs, targets, input_lengths, target_lengths, dloss, *, bl
     """Gradient of ctc_nll: −dloss[n]·exp(log Σ_{s: l'ₛ = c} αₜ(s)βₜ(s) − log_probs[t, n, c] + loss[n]) at steps
     t < input_lengths[n], 0 beyond and for an infinite loss under ``zero_infinity``."""
     lp, tg, il, tl = _batched(log_probs, targets, input_lengths, target_lengths)
-    alpha, beta, loss, ext = _recursions(lp, tg, il, tl, blank)
+    alpha, beta, loss, ext = _recursions(lp, tg, il, tl, blank, "ctc_nll_grad")
     steps, batch, classes = lp.shape
     through = np.full((steps, batch, classes), _NEG)
     t_idx, n_idx = np.meshgrid(np.arange(steps), np.arange(batch), indexing="ij")
@@ -216,7 +218,7 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reducti
     """``torch.nn.functional.ctc_loss``: ``ctc_nll``'s per-sample losses reduced — "mean": each divided by its
     target length (at least 1), then averaged; "sum"; "none". The lengths may be tensors or lists of ints."""
     if reduction not in ("mean", "sum", "none"):
-        raise ArgumentError(f"ctc_nll(): argument 'reduction' must be 'mean', 'sum' or 'none', got {reduction!r}")
+        raise ArgumentError(f"ctc_loss(): argument 'reduction' must be 'mean', 'sum' or 'none', got {reduction!r}")
     lengths = [t if hasattr(t, "shape") else np.asarray(t, np.int64) for t in (input_lengths, target_lengths)]
     losses = F.ctc_nll(log_probs, targets, *lengths, blank=blank, zero_infinity=zero_infinity)
     if reduction == "none":
