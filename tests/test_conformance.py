@@ -8,6 +8,7 @@ from opforge import ops as F
 from opforge.testing import ConformanceError, GradcheckError, check_op, gradcheck, gradgradcheck
 
 ALL_OPS = sorted(op.name for op in of.registry)  # collected at import: ops that tests define are not in it
+ONCE = {"ctc_nll"}  # differentiable once, as torch's (its second derivative is refused, naming the op)
 
 
 @pytest.mark.parametrize("name", ALL_OPS)
@@ -16,7 +17,7 @@ def test_every_registered_op_conforms(name):
     assert report.samples > 0 and not report.failures
     opdef = of.registry.get(name)
     if "no_grad" not in opdef.traits:
-        assert report.order == 2, f"{name} should be twice differentiable: {report}"
+        assert report.order == (1 if name in ONCE else 2), f"{name} should be twice differentiable: {report}"
 
 
 def test_the_suite_covers_the_seed_designs_examples():

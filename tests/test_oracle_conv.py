@@ -160,6 +160,13 @@ def torch_adaptive(kind, nd, indices=False):
     return adaptive
 
 
+def torch_max_unpool(x, indices, *, output_size):
+    nd = x.dim() - 2
+    unpool = getattr(TF, f"max_unpool{nd}d")
+    out = n_list(output_size, nd)  # a kernel that makes torch's default output size this one (stride 1)
+    return unpool(x, indices, [o - n + 1 for o, n in zip(out, x.shape[2:])], 1, output_size=out)
+
+
 def torch_adaptive_avg_pool_grad(dy, *, input_size):
     nd = dy.dim() - 2
     x = torch.zeros((*dy.shape[:2], *n_list(input_size, nd)), dtype=dy.dtype, requires_grad=True)
@@ -268,6 +275,11 @@ ORACLE = {
     "adaptive_avg_pool_grad": (torch_adaptive_avg_pool_grad, ()),
     "adaptive_max_pool2d": (torch_adaptive("max", 2), ()),
     "adaptive_max_pool2d_with_indices": (torch_adaptive("max", 2, indices=True), (), 2),
+    "adaptive_max_pool1d": (torch_adaptive("max", 1), ()),
+    "adaptive_max_pool1d_with_indices": (torch_adaptive("max", 1, indices=True), (), 2),
+    "adaptive_max_pool3d": (torch_adaptive("max", 3), ()),
+    "adaptive_max_pool3d_with_indices": (torch_adaptive("max", 3, indices=True), (), 2),
+    "max_unpool": (torch_max_unpool, ()),
     "interpolate": (torch_interpolate, (
         Sample.of(randn(1, 2, 3, 4), scale_factor=2.0),  # nearest, exactly twice
         Sample.of(randn(1, 1, 7, 5), size=[3, 9], mode="nearest"),

@@ -730,8 +730,9 @@ def test_the_mock_resolves_torch_and_puts_the_real_one_back():
         with pytest.raises(AttributeError, match=r"module 'torch' has no attribute 'multinomial': "
                                                  r"opforge.mock_torch: torch.multinomial is PyTorch's"):
             mocked.multinomial
-        with pytest.raises(AttributeError, match=r"torch.nn.CTCLoss is PyTorch's, and opforge does not have it"):
-            mocked.nn.CTCLoss
+        with pytest.raises(AttributeError, match=r"torch.nn.AdaptiveLogSoftmaxWithLoss is PyTorch's, and opforge does "
+                                                 r"not have it"):
+            mocked.nn.AdaptiveLogSoftmaxWithLoss
         with pytest.raises(AttributeError, match=r"module 'torch' has no attribute 'trace'"):
             mocked.trace  # of.trace traces programs: not torch's trace
         with pytest.raises(AttributeError, match=r"has no attribute 'Program'"):
@@ -744,10 +745,11 @@ def test_the_mock_resolves_torch_and_puts_the_real_one_back():
 
 def test_lazy_names_fail_when_used():
     with mock_torch.enable(lazy=True):
-        from torch.nn import CTCLoss  # read, never used: the program goes on
+        from torch.nn import AdaptiveLogSoftmaxWithLoss  # read, never used: the program goes on
 
-        with pytest.raises(AttributeError, match=r"torch.nn.CTCLoss is PyTorch's, and opforge does not have it"):
-            CTCLoss()
+        with pytest.raises(AttributeError, match=r"torch.nn.AdaptiveLogSoftmaxWithLoss is PyTorch's, and opforge does "
+                                                 r"not have it"):
+            AdaptiveLogSoftmaxWithLoss()
 
 
 def test_python_m_opforge_mock_torch_runs_a_script(tmp_path):

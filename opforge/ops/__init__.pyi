@@ -29,13 +29,15 @@ def softshrink(x: _TensorLike, lambd: float = 0.5) -> Tensor:
     """y = x − lambd above lambd, x + lambd below −lambd, 0 between (NaN stays NaN)."""
 
 def shrink_grad(x: _TensorLike, dy: _TensorLike, *, lambd: float = 0.5) -> Tensor:
-    """Gradient of hardshrink and softshrink: dy where x < −lambd or x > lambd, else 0 (0 at NaN, as torch)."""
+    """Gradient of hardshrink and softshrink: dy where x < −lambd or x > lambd, else 0; NaN where x is NaN (the
+    library's rule for elementwise gradients; torch gives 0 there).
+    """
 
 def threshold(x: _TensorLike, threshold: float, value: float) -> Tensor:
     """y = value where x ≤ threshold, else x (NaN stays NaN)."""
 
 def threshold_grad(x: _TensorLike, dy: _TensorLike, *, threshold: float) -> Tensor:
-    """Gradient of threshold: 0 where x ≤ threshold, else dy (dy at NaN, as torch)."""
+    """Gradient of threshold: 0 where x ≤ threshold, else dy; NaN where x is NaN (torch gives dy there)."""
 
 class _rrelu_with_noise_result(NamedTuple):
     y: Tensor

@@ -1,8 +1,9 @@
 """torch.nn.functional's shrinking and thresholding activations: hardshrink, softshrink, threshold, rrelu, and the
 compositions softsign and tanhshrink.
 
-Each follows torch at its kinks and at NaN: the comparisons are torch's (a NaN input is neither inside nor below the
-bound, so it comes out as NaN, and the shrinks pass it no gradient while threshold passes dy). softsign and
+Each follows torch at its kinks and at NaN values: the comparisons are torch's (a NaN input is neither inside nor
+below the bound, so it comes out as NaN). Their gradients at a NaN input are NaN, the library's rule for
+elementwise ops (tests/test_oracle_activations.py; torch gives 0 or dy there). softsign and
 tanhshrink are compositions in torch (x / (1 + |x|), x − tanh x), and are here too, so that their gradients are
 the same at every point, infinities included.
 """
@@ -10,7 +11,7 @@ the same at every point, infinities included.
 from opforge import ops as F
 
 from ._common import Sample, Spec, function, np, op
-from .elementwise import _away_from
+from .elementwise import _away_from, _carry_nan
 
 
 def _check_lambd(*, lambd):
@@ -48,8 +49,9 @@ def _(x, dy, *, lambd):
 @op("shrink_grad(Tensor<floating> x, Tensor<floating> dy, *, float lambd=0.5) -> Tensor dx",
     traits=["elementwise", "pointwise"])
 def shrink_grad(x, dy, *, lambd):
-    """Gradient of hardshrink and softshrink: dy where x < −lambd or x > lambd, else 0 (0 at NaN, as torch)."""
-    return np.where(np.logical_or(x < -lambd, x > lambd), dy, 0).astype(dy.dtype, copy=False)
+    """Gradient of hardshrink and softshrink: dy where x < −lambd or x > lambd, else 0; NaN where x is NaN (the
+    library's rule for elementwise gradients; torch gives 0 there)."""
+    return _carry_nan(x, np.where(np.logical_or(x < -lambd, x > lambd), dy, 0).astype(dy.dtype, copy=False))
 
 
 @shrink_grad.grad
@@ -98,8 +100,8 @@ def _(rng):
 @op("threshold_grad(Tensor<floating> x, Tensor<floating> dy, *, float threshold) -> Tensor dx",
     traits=["elementwise", "pointwise"])
 def threshold_grad(x, dy, *, threshold):
-    """Gradient of threshold: 0 where x ≤ threshold, else dy (dy at NaN, as torch)."""
-    return np.where(x <= threshold, 0, dy).astype(dy.dtype, copy=False)
+    """Gradient of threshold: 0 where x ≤ threshold, else dy; NaN where x is NaN (torch gives dy there)."""
+    return _carry_nan(x, np.where(x <= threshold, 0, dy).astype(dy.dtype, copy=False))
 
 
 @threshold_grad.grad
