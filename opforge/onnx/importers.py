@@ -210,6 +210,16 @@ def _(n):
     return F.where(F.logical_and(q < 0, F.remainder(x, y) != 0), q + 1, q)
 
 
+@onnx_op("Mod")
+def _(n):
+    x, y = _operands(n)
+    r = F.remainder(x, y)  # the sign of y, as Python's %: ONNX's fmod=0
+    if not n.attr("fmod", 0):
+        return r
+    # fmod=1, C's fmod: the sign of x. Where the remainder is not 0 and its sign is not x's, it is y away from it.
+    return F.where(F.logical_and(r != 0, F.not_equal(r < 0, x < 0)), r - y, r)
+
+
 @onnx_op("Pow")
 def _(n):
     y = F.pow(*_operands(n))
@@ -1007,3 +1017,120 @@ def _(n):
         hot = F.permute(hot, dims=order)
     off, on = values[0], values[1]
     return F.cast(hot, dtype=values.dtype) * (on - off) + off
+
+
+# -- attention -------------------------------------------------------------------------------------------------------
+
+
+def _heads(x, shape, heads, n, what):
+    """A 3-D (batch, sequence, heads·size) input as 4-D (batch, heads, sequence, size)."""
+    if heads is None:
+        raise n.unsupported(f"a 3-D {what} without q_num_heads and kv_num_heads")
+    if isinstance(shape[2], int) and shape[2] % heads:
+        raise n.unsupported(f"{what} of hidden size {shape[2]} split into {heads} heads")
+    return F.permute(F.reshape(x, shape=[shape[0], shape[1], heads, -1]), dims=[0, 2, 1, 3])
+
+
+@onnx_op("Attention")
+def _(n):
+    """ONNX's Attention (opset 23 on) as our ops, step by step as ONNX's reference computes it: Q and K both scaled
+    by √scale, the key and value caches concatenated, the masks (attn_mask, causal, sliding window, key padding)
+    summed into one additive bias, softcap before the bias, a row whose bias is -inf throughout gives zeros."""
+    q, k, v = n.input(0), n.input(1), n.input(2)
+    rank = len(n.shape(0))
+    q_heads, kv_heads = n.attr("q_num_heads"), n.attr("kv_num_heads")
+    if not rank == len(n.shape(1)) == len(n.shape(2)) or rank not in (3, 4):
+        raise n.unsupported(f"Q, K and V of ranks {rank}, {len(n.shape(1))} and {len(n.shape(2))} (3 or 4 each)")
+    if rank == 3:
+        q = _heads(q, n.shape(0), q_heads, n, "Q")
+        k, v = (_heads(t, n.shape(i), kv_heads, n, name) for t, i, name in ((k, 1, "K"), (v, 2, "V")))
+    dtype = n.spec(0).dtype
+    head_size = q.shape[3]
+    scale = n.attr("scale")
+    if scale is None:
+        if isinstance(head_size, Dim):
+            raise n.unsupported("the default scale over a head size known only at run time")
+        root = math.sqrt(1 / math.sqrt(head_size))
+    else:  # a float attribute: its root is taken in float32, as ONNX's function body and reference take it
+        root = float(np.sqrt(np.float32(scale)))
+    root = float(np.asarray(root, dtype))  # ONNX scales Q and K each by √scale, in Q's type
+    if n.has(4) != n.has(5):
+        raise n.unsupported("past_key without past_value, or past_value without past_key")
+    if n.has(6) and n.has(4):
+        raise n.unsupported("nonpad_kv_seqlen with a past cache")
+    past = 0
+    if n.has(4):
+        past = n.shape(4)[2]
+        k, v = F.concat([n.input(4), k], axis=2), F.concat([n.input(5), v], axis=2)
+    present_k, present_v = k, v
+    q_len, kv_len = q.shape[2], k.shape[2]
+    if any(isinstance(d, Dim) for d in (q_len, kv_len, past)):
+        raise n.unsupported("sequence lengths known only at run time")
+
+    # the additive bias, (q_len, kv_len) or broadcasting to (batch, heads, q_len, kv_len): 0 or -inf, or the mask
+    bias = None
+    if n.has(3):
+        mask = n.input(3)
+        missing = kv_len - n.shape(3)[-1]
+        if missing > 0:  # a mask shorter than the keys: the rest is masked out
+            mask = F.pad(mask, pad=[0, missing], value=0.0 if mask.dtype == D.bool_ else -math.inf)
+        bias = F.where(mask, 0.0, -math.inf) if mask.dtype == D.bool_ else mask
+        bias = F.cast(bias, dtype=dtype) if bias.dtype != dtype else bias
+    ahead = np.arange(q_len)[:, None] - np.arange(kv_len)[None, :]  # query i's position minus key j's
+    if n.has(6):  # the keys past each batch's count are padding; its queries are the last q_len before them
+        lengths = F.reshape(n.input(6), shape=[-1, 1, 1, 1])
+        offset, pad = lengths - q_len, F.less_equal(lengths, np.arange(kv_len))
+        pad_bias = F.where(pad, -math.inf, 0.0)
+    else:
+        offset, pad_bias = past, None
+    allowed = None
+    if n.attr("is_causal", 0):
+        allowed = -ahead <= offset  # key j <= i + offset
+    left, right = n.attr("left_window_size", -1), n.attr("right_window_size", -1)
+    for size, sign in ((left, 1), (right, -1)):
+        if size >= 0:
+            inside = (ahead * sign + offset * sign) <= size
+            allowed = inside if allowed is None else F.logical_and(allowed, inside) if not isinstance(
+                allowed, np.ndarray) or not isinstance(inside, np.ndarray) else allowed & inside
+    if allowed is not None:
+        allowed = F.where(allowed, 0.0, -math.inf) if not isinstance(allowed, np.ndarray) else \
+            np.where(allowed, 0.0, -math.inf).astype(dtype)
+        bias = allowed if bias is None else bias + allowed
+    if pad_bias is not None:
+        bias = pad_bias if bias is None else bias + pad_bias
+    if isinstance(bias, np.ndarray):
+        bias = n._importer.constant(f"{n.name}.bias", bias)
+    if bias is not None and bias.dtype != dtype:
+        bias = F.cast(bias, dtype=dtype)
+
+    q_count, k_count = q.shape[1], k.shape[1]
+    if q_count != k_count:  # grouped-query attention: each key/value head serves q_count // k_count query heads
+        if any(isinstance(d, Dim) for d in (q_count, k_count)) or q_count % k_count:
+            raise n.unsupported(f"{q_count} query heads over {k_count} key/value heads")
+        k = F.repeat_interleave(k, repeats=[q_count // k_count], axis=1)
+        v = F.repeat_interleave(v, repeats=[q_count // k_count], axis=1)
+    scores = F.matmul(q * root, F.transpose(k * root, perm=[0, 1, 3, 2]))
+    raw = scores
+    softcap = n.attr("softcap", 0.0)
+    if softcap > 0:
+        scores = F.tanh(scores * (1 / softcap)) * softcap
+    capped = scores
+    if bias is not None:
+        scores = scores + bias
+    precision = n.attr("softmax_precision")
+    logits = scores if precision is None else F.cast(scores, dtype=dtype_of(precision, f"{n.where()}: "
+                                                                                        "softmax_precision"))
+    weights = F.softmax(logits, axis=-1)
+    if bias is not None:  # a query whose keys are all masked out gets zeros (its softmax is 0/0)
+        weights = F.where(F.amax(bias, axis=-1, keepdim=True) == -math.inf, 0.0, weights)
+    weights = F.cast(weights, dtype=dtype) if weights.dtype != dtype else weights
+    y = F.matmul(weights, v)
+    if rank == 3:
+        y = F.reshape(F.permute(y, dims=[0, 2, 1, 3]), shape=[y.shape[0], y.shape[2], -1])
+    mode = n.attr("qk_matmul_output_mode", 0)
+    if mode not in (0, 1, 2, 3):
+        raise n.unsupported(f"qk_matmul_output_mode={mode} (0 to 3)")
+    outputs = [y, present_k, present_v]
+    if n.outputs > 3 and n.proto.output[3]:
+        outputs.append((raw, capped, scores, weights)[mode])
+    return outputs[:n.outputs]
