@@ -109,3 +109,35 @@ def test_mod_matches_torch(fmod, elem):
     want = (torch.fmod if fmod else torch.remainder)(torch.tensor(x), torch.tensor(y)).numpy()
     np.testing.assert_array_equal(z, want) if dtype == np.int64 else np.testing.assert_allclose(z, want, rtol=1e-12)
     assert z.dtype == dtype
+
+
+@pytest.mark.parametrize("mode, transform, antialias, torch_mode", [
+    ("linear", "pytorch_half_pixel", 0, "bilinear"),
+    ("cubic", "half_pixel", 0, "bicubic"),
+    ("linear", "align_corners", 0, "bilinear-corners"),
+    ("cubic", "pytorch_half_pixel", 1, "bicubic-antialias"),
+    ("nearest", "asymmetric", 0, "nearest"),
+])
+@pytest.mark.parametrize("size", [(7, 3), (2, 9)])
+def test_resize_matches_torch_interpolate_values_and_gradients(mode, transform, antialias, torch_mode, size):
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(2, 3, 5, 4))
+    kw = {"mode": mode, "coordinate_transformation_mode": transform}
+    if mode == "cubic":
+        kw["cubic_coeff_a"] = -0.75  # torch's bicubic
+    if mode == "nearest":
+        kw["nearest_mode"] = "floor"  # torch's "nearest"
+    if antialias:  # torch's antialiased bicubic: PIL's (a = -0.5, the taps inside the image only)
+        kw.update(antialias=1, cubic_coeff_a=-0.5, exclude_outside=1)
+    sizes = onnx.numpy_helper.from_array(np.array(size, np.int64), "sizes")
+    node = helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], axes=[2, 3], **kw)
+    graph = helper.make_graph([node], "g", [info("x", [2, 3, 5, 4])], [info("y", None)], initializer=[sizes])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    (y,), grads = run(model, {"x": x}, wrt=("x",))
+    t = torch.tensor(x, requires_grad=True)
+    name = torch_mode.split("-")[0]
+    options = {"align_corners": "corners" in torch_mode} if name != "nearest" else {}
+    want = torch.nn.functional.interpolate(t, size=size, mode=name, antialias=bool(antialias), **options)
+    want.sum().backward()
+    np.testing.assert_allclose(y, want.detach().numpy(), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(grads["x"], t.grad.numpy(), rtol=1e-9, atol=1e-12)

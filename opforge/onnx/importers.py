@@ -1134,3 +1134,167 @@ def _(n):
     if n.outputs > 3 and n.proto.output[3]:
         outputs.append((raw, capped, scores, weights)[mode])
     return outputs[:n.outputs]
+
+
+# -- resizing --------------------------------------------------------------------------------------------------------
+
+
+def _resize_coeffs(mode, nearest_mode, a, antialias):
+    """ONNX's interpolation weights of the neighbours of a source coordinate, as a function of its distance past the
+    neighbour on its left (``ratio``, in (0, 1]) and the axis' scale: as ONNX's reference defines them."""
+
+    def nearest(ratio, scale):
+        if float(ratio).is_integer():
+            return np.array([0.0, 1.0])
+        pick = {"round_prefer_floor": ratio > 0.5, "round_prefer_ceil": ratio >= 0.5, "floor": False,
+                "ceil": True}[nearest_mode]
+        return np.array([0.0, 1.0]) if pick else np.array([1.0, 0.0])
+
+    def cubic(ratio, scale):
+        if not antialias:
+            return np.array([((a * (r + 1) - 5 * a) * (r + 1) + 8 * a) * (r + 1) - 4 * a if i in (0, 3) else
+                             ((a + 2) * r - (a + 3)) * r * r + 1 for i, r in enumerate(
+                                 (ratio, ratio, 1 - ratio, 1 - ratio))])
+        scale = min(scale, 1.0)  # antialiasing widens the kernel where the axis shrinks
+        start = int(np.floor(-2 / scale) + 1)
+        x = np.abs(scale * (np.arange(start, 2 - start) - ratio))
+        w = np.where(x <= 1, (a + 2) * x**3 - (a + 3) * x**2 + 1,
+                     np.where(x < 2, a * x**3 - 5 * a * x**2 + 8 * a * x - 4 * a, 0.0))
+        return w / w.sum()
+
+    def linear(ratio, scale):
+        if not antialias:
+            return np.array([1 - ratio, ratio])
+        scale = min(scale, 1.0)
+        start = int(np.floor(-1 / scale) + 1)
+        w = np.clip(1 - np.abs((np.arange(start, 2 - start) - ratio) * scale), 0, 1)
+        return w / w.sum()
+
+    return {"nearest": nearest, "cubic": cubic, "linear": linear}[mode]
+
+
+def _resize_matrix(n, size, out, scale, coeffs, transform, roi, exclude_outside):
+    """The (out, size) matrix that resizes one axis as ONNX's reference does (its resizing is linear in the data and
+    separable by axis), and the output positions that take the extrapolation value (tf_crop_and_resize's outside)."""
+    y = np.arange(out, dtype=np.float64)
+    width = scale * size
+    extrapolated = None
+    if transform == "align_corners":
+        x = np.zeros(out) if width == 1 else y * (size - 1) / (width - 1)
+    elif transform == "asymmetric":
+        x = y / scale
+    elif transform == "tf_crop_and_resize":
+        x = np.full(out, (roi[1] - roi[0]) * (size - 1) / 2) if width == 1 else \
+            y * (roi[1] - roi[0]) * (size - 1) / (width - 1)
+        x = x + roi[0] * (size - 1)
+        extrapolated = (x < 0) | (x > size - 1)
+    elif transform == "pytorch_half_pixel":
+        x = np.full(out, -0.5) if width == 1 else (y + 0.5) / scale - 0.5
+    elif transform == "half_pixel":
+        x = (y + 0.5) / scale - 0.5
+    elif transform == "half_pixel_symmetric":
+        x = size / 2 * (1 - out / width) + (y + 0.5) / scale - 0.5
+    else:
+        raise n.unsupported(f"coordinate_transformation_mode={transform!r}")
+    left = np.floor(x)
+    ratios = np.where(x == left, 1.0, x - left)  # an exact coordinate counts as 1 past the neighbour on its left
+    w = np.array([coeffs(float(r), scale) for r in ratios]).reshape(out, -1)
+    taps = w.shape[1]
+    pad = -(-taps // 2)  # the taps nearest the coordinate, ties to the smaller index, over the edge-padded axis
+    padded = x + pad
+    p = np.floor(padded).astype(np.int64)
+    frac = padded - p
+    if taps % 2 == 0:
+        offset = np.where(frac == 0, -(taps // 2), -(taps // 2) + 1)
+    else:
+        offset = np.where(frac <= 0.5, -((taps - 1) // 2), -((taps - 1) // 2) + 1)
+    index = (p + offset)[:, None] + np.arange(taps)[None, :] - pad
+    if exclude_outside:
+        w = np.where((index < 0) | (index >= size), 0.0, w)
+        total = w.sum(axis=1, keepdims=True)
+        w = w / np.where(total == 0, 1.0, total)
+    matrix = np.zeros((out, size))
+    np.add.at(matrix, (np.repeat(np.arange(out), taps), np.clip(index, 0, size - 1).reshape(-1)), w.reshape(-1))
+    return matrix, extrapolated
+
+
+@onnx_op("Resize", "Upsample")
+def _(n):
+    """Resize as one matrix product per resized axis (the matrix built here from the sizes, as ONNX's reference
+    computes the weights): every mode, coordinate transformation, antialiasing and aspect-ratio policy, with
+    gradients."""
+    shape = list(n.shape(0))
+    rank = len(shape)
+    if n.op_type == "Upsample" or n.opset < 11:  # Upsample, Resize-10: scales only, asymmetric coordinates
+        scales = n.attr("scales") if n.op_type == "Upsample" and n.opset < 9 else n.const(1, "scales")
+        sizes, roi, axes = None, None, list(range(rank))
+        transform, nearest_mode, a, exclude, extrapolation, policy, antialias = \
+            "asymmetric", "floor" if n.op_type == "Upsample" else "round_prefer_floor", -0.75, 0, 0.0, "stretch", 0
+        n.attr("width_scale")
+        n.attr("height_scale")
+    else:
+        roi = n.const(1, "roi") if n.has(1) else None
+        scales = n.const(2, "scales") if n.has(2) else None
+        sizes = n.const(3, "sizes") if n.has(3) else None
+        transform = n.attr("coordinate_transformation_mode", "half_pixel")
+        nearest_mode = n.attr("nearest_mode", "round_prefer_floor")
+        a, exclude = n.attr("cubic_coeff_a", -0.75), n.attr("exclude_outside", 0)
+        extrapolation, policy = n.attr("extrapolation_value", 0.0), n.attr("keep_aspect_ratio_policy", "stretch")
+        antialias = n.attr("antialias", 0)
+        axes = n.axes(n.attr("axes", range(rank)), rank)
+    mode = n.attr("mode", "nearest")
+    if mode not in ("nearest", "linear", "cubic"):
+        raise n.unsupported(f"mode={mode!r}")
+    if mode == "nearest" and antialias:
+        raise n.unsupported("antialias with mode='nearest'")
+    if scales is not None and np.size(scales) == 0:
+        scales = None
+    if (scales is None) == (sizes is None):
+        raise n.unsupported("both scales and sizes, or neither (ONNX wants one)")
+    if any(isinstance(shape[i], Dim) for i in axes):
+        raise n.unsupported("resizing a dim known only at run time")
+    given = [float(s) for s in np.asarray(scales if sizes is None else sizes).reshape(-1)]
+    if len(given) != len(axes):
+        raise n.unsupported(f"{len(given)} {'scales' if sizes is None else 'sizes'} for {len(axes)} axes")
+    if roi is not None and np.size(roi):
+        roi = [float(r) for r in np.asarray(roi).reshape(-1)]
+        if len(roi) != 2 * len(axes):
+            raise n.unsupported(f"a roi of {len(roi)} values for {len(axes)} axes (two per axis)")
+        roi = {ax: (roi[i], roi[len(axes) + i]) for i, ax in enumerate(axes)}
+    else:
+        roi = {ax: (0.0, 1.0) for ax in axes}
+    if sizes is None:
+        if any(s <= 0 or not math.isfinite(s) for s in given):
+            raise n.unsupported(f"scales {given} (positive and finite)")
+        scale = dict(zip(axes, given))
+        out = {ax: int(scale[ax] * shape[ax]) for ax in axes}
+    else:
+        scale = {ax: s / shape[ax] for ax, s in zip(axes, given)}
+        if policy != "stretch":
+            if policy not in ("not_larger", "not_smaller"):
+                raise n.unsupported(f"keep_aspect_ratio_policy={policy!r}")
+            common = (min if policy == "not_larger" else max)(scale.values())
+            scale = dict.fromkeys(axes, common)
+            out = {ax: int(common * shape[ax] + 0.5) for ax in axes}
+        else:
+            out = {ax: int(s) for ax, s in zip(axes, given)}
+    n.allocate([max(out.values(), default=0), max(shape[ax] for ax in axes)], np.float64)  # the largest matrix
+    coeffs = _resize_coeffs(mode, nearest_mode, a, antialias)
+    x = n.input(0)
+    dtype = n.spec(0).dtype
+    y = x if dtype.kind != "i" else F.cast(x, dtype=D.float64)
+    for ax in axes:
+        if math.isclose(scale[ax], 1.0) and out[ax] == shape[ax] and roi[ax] == (0.0, 1.0):
+            continue  # (the reference skips it too: an identity)
+        matrix, extrapolated = _resize_matrix(n, shape[ax], out[ax], scale[ax], coeffs, transform, roi[ax],
+                                              exclude)
+        y = F.transpose(y, perm=[*(i for i in range(rank) if i != ax), ax])  # the axis last, for the product
+        y = F.matmul(y, np.ascontiguousarray(matrix.T).astype(y.dtype))
+        if extrapolated is not None and extrapolated.any():
+            y = F.where(extrapolated, extrapolation, y)
+        back = list(range(rank - 1))
+        back.insert(ax, rank - 1)
+        y = F.transpose(y, perm=back)
+    if y is x:
+        return F.identity(x)
+    return y if dtype.kind != "i" else F.cast(F.round(y), dtype=dtype)
