@@ -141,3 +141,107 @@ def test_resize_matches_torch_interpolate_values_and_gradients(mode, transform, 
     want.sum().backward()
     np.testing.assert_allclose(y, want.detach().numpy(), rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(grads["x"], t.grad.numpy(), rtol=1e-9, atol=1e-12)
+
+
+# -- validity -----------------------------------------------------------------------------------------------------
+
+
+def softmax_model():
+    return model_of([helper.make_node("Softmax", ["x"], ["y"])], [info("x", [2, 3, 4])], [info("y", [2, 3, 4])],
+                    opset=13)
+
+
+@pytest.mark.parametrize("ir_version", [2, 1, 0])
+def test_a_model_without_opset_import_is_refused(ir_version):
+    # read as opset 1, Softmax would normalise over the dims from axis 1 on, flattened, not over the last one
+    m = softmax_model()
+    m.ClearField("opset_import")
+    m.ir_version = ir_version
+    with pytest.raises(of.onnx.OnnxImportError, match=r"IR version|imports no opset"):
+        of.onnx.load(m)
+
+
+@pytest.mark.parametrize("ir_version", [0, 2, 1000, -5])
+def test_ir_versions_out_of_range_are_refused(ir_version):
+    m = softmax_model()
+    m.ir_version = ir_version
+    with pytest.raises(of.onnx.OnnxImportError, match=f"declares IR version {ir_version}; opforge reads IR versions 3"):
+        of.onnx.load(m)
+
+
+def batchnorm_model():
+    rng = np.random.default_rng(3)
+    arrays = {"scale": rng.uniform(0.5, 2, 3), "bias": rng.normal(size=3), "mean": rng.normal(size=3),
+              "var": rng.uniform(0.5, 2, 3)}
+    node = helper.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["y"])
+    graph = helper.make_graph([node], "g", [info("x", [2, 3, 4])], [info("y", [2, 3, 4])],
+                              initializer=[onnx.numpy_helper.from_array(v, k) for k, v in arrays.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)]), arrays
+
+
+def test_batchnorm_running_statistics_are_buffers_not_parameters():
+    model, arrays = batchnorm_model()
+    net = of.onnx.load_module(model)
+    assert [n for n, _ in net.named_parameters()] == ["scale", "bias"]
+    assert [n for n, _ in net.named_buffers()] == ["mean", "var"]
+    x = np.random.default_rng(4).normal(size=(2, 3, 4))
+    y = net(of.tensor(x))
+    want = (x - arrays["mean"][:, None]) / np.sqrt(arrays["var"][:, None] + 1e-5) * arrays["scale"][:, None] + \
+        arrays["bias"][:, None]
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-12)
+    y.sum().backward()
+    assert all(b.grad is None for b in net.buffers())
+    program = of.onnx.load(model)  # append_backward's default: the trainable parameters only
+    assert {v.name for v in program.block.vars.values() if v.persistable and not v.stop_gradient} == {"scale", "bias"}
+
+
+def external_model(tmp_path):
+    from onnx.external_data_helper import convert_model_to_external_data
+
+    w = np.arange(6, dtype=np.float64).reshape(2, 3)
+    graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g", [info("x", [2, 3])],
+                              [info("y", [2, 3])], initializer=[onnx.numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    convert_model_to_external_data(model, all_tensors_to_one_file=True, location="weights.bin", size_threshold=0)
+    onnx.save_model(model, tmp_path / "m.onnx")
+    return onnx.load_model(tmp_path / "m.onnx", load_external_data=False), w
+
+
+def test_external_data_inside_the_models_folder_is_read(tmp_path):
+    _, w = external_model(tmp_path)
+    x = np.ones((2, 3))
+    out = of.Executor(of.onnx.load(tmp_path / "m.onnx")).run({"x": x})["y"]
+    np.testing.assert_array_equal(out, x + w)
+    np.testing.assert_array_equal(of.onnx.load_module(str(tmp_path / "m.onnx"))(of.tensor(x)).numpy(), x + w)
+
+
+def _retarget(tmp_path, model, **entries):
+    t = model.graph.initializer[0]
+    for e in t.external_data:
+        if e.key in entries:
+            e.value = str(entries.pop(e.key))
+    for k, v in entries.items():
+        t.external_data.add(key=k, value=str(v))
+    onnx.save_model(model, tmp_path / "m.onnx")
+    with pytest.raises(of.onnx.OnnxImportError) as e:
+        of.onnx.load(tmp_path / "m.onnx")
+    return str(e.value)
+
+
+def test_external_data_outside_the_folder_or_of_the_wrong_size_is_refused(tmp_path):
+    model, _ = external_model(tmp_path)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "secret").write_bytes(b"\0" * 48)
+    sub = tmp_path / "sub"
+    onnx.save_model(model, sub / "m.onnx")
+    assert "no '..'" in _retarget(sub, model, location="../secret")
+    assert "no '..'" in _retarget(tmp_path, model, location=str(tmp_path / "secret"))  # absolute
+    (tmp_path / "link").symlink_to(tmp_path / "secret")
+    (sub / "link").symlink_to(tmp_path / "secret")
+    assert "not a file inside the model's folder" in _retarget(sub, model, location="link")
+    assert "takes 48 bytes" in _retarget(tmp_path, model, location="weights.bin", length=40)
+    assert "takes 48 bytes" in _retarget(tmp_path, model, location="weights.bin", length=48, offset=8)
+    model.graph.initializer[0].ClearField("external_data")
+    model.graph.initializer[0].external_data.add(key="location", value="weights.bin")
+    with pytest.raises(of.onnx.OnnxImportError, match="load the model from its path"):
+        of.onnx.load(model)  # a ModelProto: no folder to read from
