@@ -245,3 +245,58 @@ def test_external_data_outside_the_folder_or_of_the_wrong_size_is_refused(tmp_pa
     model.graph.initializer[0].external_data.add(key="location", value="weights.bin")
     with pytest.raises(of.onnx.OnnxImportError, match="load the model from its path"):
         of.onnx.load(model)  # a ModelProto: no folder to read from
+
+
+# -- ops by composition, against torch (values and gradients) ------------------------------------------------------
+
+def _single(op, x_shape, opset=21, inputs=(), **attrs):
+    """A model of one node of ``op`` over x (float64) and constant ``inputs`` (initializers)."""
+    names = ["x", *[f"c{i}" for i in range(len(inputs))]]
+    graph = helper.make_graph([helper.make_node(op, names, ["y"], **attrs)], "g", [info("x", x_shape)],
+                              [info("y", None)],
+                              initializer=[onnx.numpy_helper.from_array(v, f"c{i}") for i, v in enumerate(inputs)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+F_ = torch.nn.functional
+_CASES = {
+    "LRN": (lambda: _single("LRN", [2, 6, 3, 3], size=3, alpha=0.25, beta=0.75, bias=1.5),
+            lambda t: F_.local_response_norm(t, 3, alpha=0.25, beta=0.75, k=1.5), (2, 6, 3, 3)),
+    "LpPool": (lambda: _single("LpPool", [2, 3, 6, 5], p=3, kernel_shape=[2, 3], strides=[2, 1]),
+               lambda t: F_.lp_pool2d(t.abs(), 3, (2, 3), stride=(2, 1)), (2, 3, 6, 5)),
+    "AveragePool dilated": (
+        lambda: _single("AveragePool", [1, 2, 7, 7], kernel_shape=[2, 2], dilations=[2, 2], pads=[1, 1, 1, 1]),
+        lambda t: F_.conv2d(F_.pad(t, (1, 1, 1, 1)), torch.full((2, 1, 2, 2), 0.25, dtype=t.dtype), dilation=2,
+                            groups=2) / F_.conv2d(F_.pad(torch.ones_like(t), (1, 1, 1, 1)),
+                                                  torch.full((2, 1, 2, 2), 0.25, dtype=t.dtype), dilation=2,
+                                                  groups=2), (1, 2, 7, 7)),
+    "DepthToSpace CRD": (lambda: _single("DepthToSpace", [2, 8, 2, 3], blocksize=2, mode="CRD"),
+                         lambda t: F_.pixel_shuffle(t, 2), (2, 8, 2, 3)),
+    "SpaceToDepth CRD": (lambda: _single("SpaceToDepth", [2, 2, 4, 6], opset=28, blocksize=2, mode="CRD"),
+                         lambda t: F_.pixel_unshuffle(t, 2), (2, 2, 4, 6)),
+    "GatherND": (lambda: _single("GatherND", [3, 4, 2], inputs=[np.array([[[2, 1]], [[-1, 0]]], np.int64)]),
+                 lambda t: t[torch.tensor([[2], [-1]]), torch.tensor([[1], [0]])], (3, 4, 2)),
+    "CumProd exclusive reverse": (
+        lambda: _single("CumProd", [3, 4], opset=26, inputs=[np.array(1, np.int64)], exclusive=1, reverse=1),
+        lambda t: torch.cat([torch.ones(3, 1, dtype=t.dtype), t.flip(1)[:, :-1]], 1).cumprod(1).flip(1),
+        (3, 4)),
+    "Asinh": (lambda: _single("Asinh", [5]), torch.asinh, (5,)),
+    "Atanh": (lambda: _single("Atanh", [5]), torch.atanh, (5,)),
+    "Acosh": (lambda: _single("Acosh", [5]), lambda t: torch.acosh(t.abs() + 1.5), (5,)),
+    "Swish": (lambda: _single("Swish", [5], opset=24, alpha=0.5), lambda t: t * torch.sigmoid(0.5 * t), (5,)),
+    "Det": (lambda: _single("Det", [2, 3, 3]), torch.linalg.det, (2, 3, 3)),
+}
+
+
+@pytest.mark.parametrize("name", list(_CASES))
+def test_composed_importers_match_torch(name):
+    make, reference, shape = _CASES[name]
+    x = np.random.default_rng(5).uniform(-0.9, 0.9, shape)
+    if name == "Acosh":  # its domain: x >= 1
+        x = np.abs(x) + 1.5
+    (y,), grads = run(make(), {"x": x}, wrt=("x",))
+    t = torch.tensor(x if name != "Acosh" else x - 1.5, requires_grad=True)
+    want = reference(t)
+    want.sum().backward()
+    np.testing.assert_allclose(y, want.detach().numpy(), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(grads["x"], t.grad.numpy(), rtol=1e-7, atol=1e-10)

@@ -16,10 +16,6 @@ from .types import _DTYPES
 # Node tests of ops we import that fail, and why. The test suite runs every other selected node test through ONNX's
 # own harness and checks that these still fail (docs/onnx.md lists them).
 KNOWN_FAILING = {
-    **{f"test_{k}": "AveragePool with dilations (avg_pool has none, as PyTorch's)" for k in (
-        "averagepool_2d_dilations", "averagepool_3d_dilations_small",
-        *(f"averagepool_3d_dilations_large_count_include_pad_is_{a}_ceil_mode_is_{b}"
-          for a in (0, 1) for b in ("False", "True")))},
     "test_maxpool_with_argmax_2d_precomputed_pads": "MaxPool's Indices output",
     "test_maxpool_with_argmax_2d_precomputed_strides": "MaxPool's Indices output",
     "test_batchnorm_epsilon_training_mode": "BatchNormalization in training mode",
@@ -35,6 +31,8 @@ KNOWN_FAILING = {
     "test_reduce_max_empty_set_bool": "reducing an empty group (amax refuses: no value)",
     "test_reduce_min_empty_set": "reducing an empty group (amin refuses: no value)",
     **{f"test_scatter_elements_with_reduction_{k}": f"ScatterElements reduction='{k}'" for k in ("max", "min", "mul")},
+    **{f"test_scatternd_{k}": f"ScatterND reduction='{k.split('_')[0].replace('multiply', 'mul')}'" for k in (
+        "max", "max_with_element_indices", "min", "min_with_element_indices", "multiply")},
     **{f"test_attention_{k}_expanded": "the expansion computes shapes and a pad value at run time (Expand by a "
                                          "computed shape, Pad by a computed constant)" for k in """
         23_boolmask_fullymasked_row_nan_robustness 23_fullymasked_qk_matmul_output_mode3_zero
@@ -77,7 +75,6 @@ KNOWN_FAILING_MODELS = {
     r"sequence_model": "sequences (SequenceConstruct, SplitToSequence, ...)",
     r"strnorm": "strings",
     r"gradient_of": "the preview training domain's Gradient op",
-    r"test_shrink": "Shrink",
 }
 
 

@@ -638,8 +638,9 @@ def _(n):
     maximum = n.op_type == "MaxPool"
     pool = _spatial(n, _MAX_POOL if maximum else _AVG_POOL, spatial)
     strides, dilations, pairs = _window(n, spatial, kernel)
-    if not maximum and any(d != 1 for d in dilations):
-        raise n.unsupported("AveragePool with dilations (avg_pool has none, as PyTorch's)")
+    dilated = not maximum and any(d != 1 for d in dilations)
+    if dilated:  # avg_pool has no dilations (as PyTorch's): window sums by a convolution, over the counts below
+        pool = _window_sums(n, list(dilations))
     reach = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]  # the dilated kernel's extent
     sizes = n.shape(0)[2:]
     if n.attr("ceil_mode", 0):  # more padding at the end, so that the floor of our ops gives ONNX's ceil
@@ -664,7 +665,7 @@ def _(n):
             return pool(x, padding=[b for b, _ in pairs], **window)
         return pool(_pad(x, padded, -math.inf), padding=[0] * spatial, **window)
     include = bool(n.attr("count_include_pad", 0))
-    if fits and (include or not any(pairs)) and not any(extra):
+    if fits and (include or not any(pairs)) and not any(extra) and not dilated:
         return pool(x, padding=[b for b, _ in pairs], **window)
     # window sums over the count of what each window covers: the input, and the pads when they count (never the
     # ceil-mode extra)
@@ -673,6 +674,35 @@ def _(n):
     counted = _pad(counted, [(0, 0), (0, 0), *((0, x_) for x_ in extra)], 0.0)
     total = pool(_pad(x, padded, 0.0), padding=[0] * spatial, **window)
     return total / pool(counted, padding=[0] * spatial, **window)
+
+
+def _window_sums(n, dilations):
+    """A function like avg_pool's that sums each (dilated) window of each channel: a depthwise convolution by ones."""
+    channels = n.shape(0)[1]
+    if isinstance(channels, Dim):
+        raise n.unsupported("window sums over a channel count known only at run time")
+    conv = _spatial(n, _CONV, len(dilations))
+
+    def sums(x, padding, kernel_size, stride):
+        ones = np.ones((channels, 1, *kernel_size), dtype=n.spec(0).dtype)
+        return conv(x, ones, None, stride=stride, padding=padding, dilation=dilations, groups=channels)
+
+    return sums
+
+
+@onnx_op("LpPool")
+def _(n):
+    kernel = tuple(n.attr("kernel_shape"))
+    spatial = len(kernel)
+    if n.attr("ceil_mode", 0):
+        raise n.unsupported("ceil_mode=1")
+    strides, dilations, pairs = _window(n, spatial, kernel)
+    p = n.attr("p", 2)
+    x = n.input(0)
+    powered = F.abs(x) if p == 1 else x * x if p == 2 else F.pow(F.abs(x), float(p))
+    powered, padding = _symmetric(powered, pairs)
+    total = _window_sums(n, list(dilations))(powered, padding, list(kernel), list(strides))
+    return total if p == 1 else F.sqrt(total) if p == 2 else F.pow(total, 1.0 / p)
 
 
 def _pad(x, pairs, value):
@@ -1298,3 +1328,178 @@ def _(n):
     if y is x:
         return F.identity(x)
     return y if dtype.kind != "i" else F.cast(F.round(y), dtype=dtype)
+
+
+# -- more ops by composition ------------------------------------------------------------------------------------------
+
+
+@onnx_op("TopK")
+def _(n):
+    shape = n.shape(0)
+    axis = n.axes([n.attr("axis", -1)], len(shape), "axis")[0]
+    k = int(np.asarray(n.const(1, "K")).reshape(-1)[0]) if n.opset >= 10 else n.attr("k")
+    n.attr("sorted")  # (unsorted: any order ONNX allows; ours is sorted)
+    values, indices = F.topk(n.input(0), k, axis=axis, largest=bool(n.attr("largest", 1)))
+    return [values, indices]
+
+
+@onnx_op("CumProd")
+def _(n):
+    x = n.input(0)
+    axis = n.axes([int(np.asarray(n.const(1, "axis")).reshape(-1)[0])], len(n.shape(0)), "axis")[0]
+    reverse = bool(n.attr("reverse", 0))
+    y = F.flip(x, axis=[axis]) if reverse else x
+    if n.attr("exclusive", 0):  # each product of the elements before it: the input shifted by one, a 1 first
+        size = n.shape(0)[axis]
+        if isinstance(size, Dim):
+            raise n.unsupported("exclusive along a dim known only at run time")
+        pairs = [(0, 0)] * len(n.shape(0))
+        pairs[axis] = (1, 0)
+        y = _pad(F.slice(y, axes=[axis], starts=[0], ends=[max(size - 1, 0)], steps=[1]), pairs, 1.0)
+    y = F.cumprod(y, axis=axis)
+    y = F.flip(y, axis=[axis]) if reverse else y
+    return y if y.dtype == x.dtype else F.cast(y, dtype=x.dtype)  # (ours makes int32 products int64, as torch)
+
+
+@onnx_op("Hardmax")
+def _(n):
+    x = n.input(0)
+    shape = n.shape(0)
+    if n.opset < 13:  # the input seen as 2-D, (dims before axis) x (dims from axis on), as Softmax then
+        axis = n.axes([n.attr("axis", 1)], len(shape), "axis")[0]
+        if any(isinstance(d, Dim) for d in shape[axis:]):
+            raise n.unsupported("opset < 13 hardmax over dims known only at run time")
+        flat = F.reshape(x, shape=[-1, math.prod(shape[axis:])])
+        hot = F.one_hot(F.argmax(flat, axis=-1), num_classes=math.prod(shape[axis:]))
+        return F.reshape(F.cast(hot, dtype=x.dtype), shape=list(shape))
+    axis = n.axes([n.attr("axis", -1)], len(shape), "axis")[0]
+    if isinstance(shape[axis], Dim):
+        raise n.unsupported("hardmax along a dim known only at run time")
+    hot = F.cast(F.one_hot(F.argmax(x, axis=axis), num_classes=shape[axis]), dtype=x.dtype)  # the first maximum
+    order = list(range(len(shape) - 1))
+    order.insert(axis, len(shape) - 1)
+    return F.permute(hot, dims=order)
+
+
+def _nd_rows(n, batch_dims):
+    """GatherND and ScatterND: the data as rows (its leading dims flattened: the batch dims, then those the
+    indices' last dim names), and the row each index tuple names, of the indices' shape less its last dim."""
+    shape, index_shape = n.shape(0), n.shape(1)
+    k = index_shape[-1]
+    if isinstance(k, Dim) or any(isinstance(d, Dim) for d in shape[:batch_dims + k]) or \
+            any(isinstance(d, Dim) for d in index_shape[:batch_dims]):
+        raise n.unsupported("indexed dims known only at run time")
+    if not 0 <= batch_dims < len(shape) or k > len(shape) - batch_dims or len(index_shape) <= batch_dims:
+        raise n.unsupported(f"batch_dims={batch_dims} with data of shape {n.spec(0).shape} and indices of shape "
+                            f"{n.spec(1).shape}")
+    indexed = shape[batch_dims:batch_dims + k]
+    index = n.input(1)
+    index = F.where(index < 0, index + np.array(indexed, np.int64), index)  # negative: from the end
+    strides = np.array([math.prod(indexed[i + 1:]) for i in range(k)], np.int64)
+    row = F.sum(index * strides, axis=-1)
+    if batch_dims:  # each batch's rows come after the rows of the batches before it
+        batches = math.prod(shape[:batch_dims])
+        n.allocate((batches,), np.int64)
+        first = (np.arange(batches, dtype=np.int64) * math.prod(indexed)).reshape(
+            *shape[:batch_dims], *[1] * (len(index_shape) - 1 - batch_dims))
+        row = row + first
+    rows = F.reshape(n.input(0), shape=[math.prod(shape[:batch_dims + k]), *shape[batch_dims + k:]])
+    return rows, row
+
+
+@onnx_op("GatherND")
+def _(n):
+    rows, row = _nd_rows(n, n.attr("batch_dims", 0))
+    return F.take(rows, row, axis=0)
+
+
+@onnx_op("ScatterND")
+def _(n):
+    rows, row = _nd_rows(n, 0)
+    reduction = n.attr("reduction", "none")
+    flat = F.reshape(row, shape=[-1])
+    updates = F.reshape(n.input(2), shape=[-1, *rows.shape[1:]])
+    if reduction == "add":
+        y = F.index_add(rows, 0, flat, updates)
+    elif reduction == "none":  # the written rows (ONNX requires them distinct) take the updates, the rest stays
+        written = F.index_add(F.zeros_like(rows, dtype=D.int64), 0, flat, F.ones_like(updates, dtype=D.int64)) > 0
+        y = F.where(written, F.index_add(F.zeros_like(rows), 0, flat, updates), rows)
+    else:
+        raise n.unsupported(f"reduction={reduction!r} (none and add map, onto index_add)")
+    return F.reshape(y, shape=list(n.shape(0)))
+
+
+@onnx_op("SpaceToDepth", "DepthToSpace")
+def _(n):
+    b = n.attr("blocksize")
+    shape = n.shape(0)
+    if len(shape) != 4 or any(isinstance(d, Dim) for d in shape[1:]):
+        raise n.unsupported(f"an input of shape {n.spec(0).shape} (N, C, H, W with C, H and W known)")
+    batch, c, h, w = shape
+    x = n.input(0)
+    if n.op_type == "SpaceToDepth":  # DCR: depth as (row offset, column offset, channel); CRD the other way
+        y = F.reshape(x, shape=[batch, c, h // b, b, w // b, b])
+        order = [0, 3, 5, 1, 2, 4] if n.attr("mode", "DCR") == "DCR" else [0, 1, 3, 5, 2, 4]
+        return F.reshape(F.permute(y, dims=order), shape=[batch, c * b * b, h // b, w // b])
+    if n.attr("mode", "DCR") == "DCR":  # depth as (row offset, column offset, channel)
+        y = F.permute(F.reshape(x, shape=[batch, b, b, c // (b * b), h, w]), dims=[0, 3, 4, 1, 5, 2])
+    else:  # CRD: (channel, row offset, column offset), PyTorch's pixel_shuffle
+        y = F.permute(F.reshape(x, shape=[batch, c // (b * b), b, b, h, w]), dims=[0, 1, 4, 2, 5, 3])
+    return F.reshape(y, shape=[batch, c // (b * b), h * b, w * b])
+
+
+@onnx_op("LRN")
+def _(n):
+    size = n.attr("size")
+    alpha, beta, bias = n.attr("alpha", 1e-4), n.attr("beta", 0.75), n.attr("bias", 1.0)
+    shape = n.shape(0)
+    channels = shape[1]
+    if isinstance(channels, Dim):
+        raise n.unsupported("a channel count known only at run time")
+    x = n.input(0)
+    # the sum of squares over channels c - ⌊(size-1)/2⌋ .. c + ⌈(size-1)/2⌉, those past the ends counting 0
+    pairs = [(0, 0)] * len(shape)
+    pairs[1] = ((size - 1) // 2, size - 1 - (size - 1) // 2)
+    squares = _pad(x * x, pairs, 0.0)
+    windows = [F.slice(squares, axes=[1], starts=[i], ends=[i + channels], steps=[1]) for i in range(size)]
+    total = F.add_n(windows) if size > 1 else windows[0]
+    return x / F.pow(total * (alpha / size) + bias, beta)
+
+
+@onnx_op("Shrink")
+def _(n):
+    x = n.input(0)
+    bias, lambd = n.attr("bias", 0.0), n.attr("lambd", 0.5)
+    if x.dtype.kind in "iu":  # the bias in the input's type, as ONNX's reference casts it
+        bias = int(bias)
+    return F.where(x < -lambd, x + bias, F.where(x > lambd, x - bias, F.zeros_like(x)))
+
+
+@onnx_op("Swish")
+def _(n):
+    x = n.input(0)
+    alpha = n.attr("alpha", 1.0)
+    return x * F.sigmoid(x * alpha if alpha != 1.0 else x)
+
+
+@onnx_op("Det")
+def _(n):
+    return F.linalg_det(n.input(0))
+
+
+@onnx_op("Asinh", "Acosh", "Atanh")
+def _(n):
+    x = n.input(0)
+    if n.op_type == "Asinh":  # odd: computed on |x|, where log(|x| + √(x² + 1)) does not cancel
+        a = F.abs(x)
+        return F.sign(x) * F.log(a + F.sqrt(a * a + 1))
+    if n.op_type == "Acosh":
+        return F.log(x + F.sqrt(x * x - 1))
+    return (F.log1p(x) - F.log1p(-x)) * 0.5
+
+
+@onnx_op("Scatter")
+def _(n):  # ScatterElements' name before opset 11
+    x, index, src, axis = n.input(0), n.input(1), n.input(2), n.attr("axis", 0)
+    written = F.scatter_add(F.zeros_like(x), axis, index, F.ones_like(src)) > 0
+    return F.where(written, F.scatter_add(F.zeros_like(x), axis, index, src), x)
