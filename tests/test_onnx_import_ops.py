@@ -300,3 +300,26 @@ def test_composed_importers_match_torch(name):
     want.sum().backward()
     np.testing.assert_allclose(y, want.detach().numpy(), rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(grads["x"], t.grad.numpy(), rtol=1e-7, atol=1e-10)
+
+
+@pytest.mark.parametrize("cell", ["LSTM", "GRU", "RNN"])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_recurrent_layers_exported_by_torch_import_with_gradients(cell, bidirectional, tmp_path):
+    torch.manual_seed(0)
+    layer = getattr(torch.nn, cell)(4, 5, num_layers=2, bidirectional=bidirectional).double()
+    x = torch.randn(6, 3, 4, dtype=torch.float64)
+    torch.onnx.export(layer, (x,), tmp_path / "m.onnx", dynamo=False, input_names=["x"])
+    module = of.onnx.load_module(str(tmp_path / "m.onnx"))
+    got = module(of.tensor(x.numpy()))
+    got = got if not isinstance(got, dict) else next(iter(got.values()))
+    want = layer(x)[0]
+    np.testing.assert_allclose(got.numpy(), want.detach().numpy(), rtol=1e-9, atol=1e-12)
+    got.sum().backward()
+    want.sum().backward()
+    ours = dict(module.named_parameters())
+    # the exporter renames the weights and reorders their gate blocks (ONNX's order): the gradient of layer 0's
+    # input weights, directions stacked, holds torch's values, in another order
+    onnx_w = next(p for p in ours.values() if p.shape[-1] == 4 and p.shape[0] == (2 if bidirectional else 1))
+    want_grads = [layer.weight_ih_l0.grad, *([layer.weight_ih_l0_reverse.grad] if bidirectional else [])]
+    np.testing.assert_allclose(np.sort(onnx_w.grad.numpy().reshape(-1)),
+                               np.sort(torch.cat(want_grads).numpy().reshape(-1)), rtol=1e-9, atol=1e-12)

@@ -1503,3 +1503,155 @@ def _(n):  # ScatterElements' name before opset 11
     x, index, src, axis = n.input(0), n.input(1), n.input(2), n.attr("axis", 0)
     written = F.scatter_add(F.zeros_like(x), axis, index, F.ones_like(src)) > 0
     return F.where(written, F.scatter_add(F.zeros_like(x), axis, index, src), x)
+
+
+# -- recurrent layers ------------------------------------------------------------------------------------------------
+
+_RNN_DEFAULTS = {"RNN": ("Tanh",), "GRU": ("Sigmoid", "Tanh"), "LSTM": ("Sigmoid", "Tanh", "Tanh")}
+_RNN_PARAMETERS = {"LeakyRelu": (0.01,), "ThresholdedRelu": (1.0,), "Elu": (1.0,), "HardSigmoid": (0.2, 0.5),
+                   "Affine": (1.0, 0.0), "ScaledTanh": (1.0, 1.0)}  # their alpha (and beta) when not given
+
+
+def _rnn_activation(n, name, alphas, betas):
+    """An activation of ONNX's recurrent ops, taking its alpha and beta from the front of the node's lists."""
+    params = list(_RNN_PARAMETERS.get(name, ()))
+    if params:
+        params[0] = alphas.pop(0) if alphas else params[0]
+    if len(params) > 1:
+        params[1] = betas.pop(0) if betas else params[1]
+    a, b = [*params, None, None][:2]
+    table = {"Sigmoid": F.sigmoid, "Tanh": F.tanh, "Relu": F.relu, "Softsign": lambda x: x / (F.abs(x) + 1),
+             "Softplus": F.softplus, "LeakyRelu": lambda x: F.leaky_relu(x, alpha=a),
+             "ThresholdedRelu": lambda x: F.where(x > a, x, 0), "Elu": lambda x: F.elu(x, alpha=a),
+             "HardSigmoid": lambda x: F.clip(x * a + b, min=0.0, max=1.0), "Affine": lambda x: x * a + b,
+             "ScaledTanh": lambda x: F.tanh(x * b) * a}
+    if name not in table:
+        raise n.unsupported(f"activation {name!r}")
+    return table[name]
+
+
+def _blocks_of(t, count, size):
+    """t's last dim cut in ``count`` blocks of ``size``."""
+    last = len(t.shape) - 1
+    return [F.slice(t, axes=[last], starts=[i * size], ends=[(i + 1) * size], steps=[1]) for i in range(count)]
+
+
+@onnx_op("RNN", "GRU", "LSTM")
+def _(n):
+    """ONNX's recurrent layers. LSTM with its default activations and no peepholes, and GRU with
+    linear_before_reset=1 (PyTorch's cell), run on lstm_layer and gru_layer, ONNX's gate order (i, o, f, c; z, r,
+    h) mapped onto torch's (i, f, g, o; r, z, n); the other cells are unrolled over the steps, as our ops."""
+    kind = n.op_type
+    gates = {"RNN": 1, "GRU": 3, "LSTM": 4}[kind]
+    direction = n.attr("direction", "forward")
+    if direction not in ("forward", "reverse", "bidirectional"):
+        raise n.unsupported(f"direction={direction!r}")
+    dirs = 2 if direction == "bidirectional" else 1
+    size = n.attr("hidden_size")
+    layout, clip = n.attr("layout", 0), n.attr("clip")
+    lbr = n.attr("linear_before_reset", 0) if kind == "GRU" else 0
+    input_forget = n.attr("input_forget", 0) if kind == "LSTM" else 0
+    names = n.attr("activations") or _RNN_DEFAULTS[kind] * dirs
+    alphas, betas = list(n.attr("activation_alpha", ())), list(n.attr("activation_beta", ()))
+    if len(names) != len(_RNN_DEFAULTS[kind]) * dirs:
+        raise n.unsupported(f"{len(names)} activations ({len(_RNN_DEFAULTS[kind])} a direction wanted)")
+    acts = [_rnn_activation(n, name, alphas, betas) for name in names]
+    x = n.input(0)
+    if layout:  # batch first: ours run time first
+        x = F.transpose(x, perm=[1, 0, 2])
+    steps = n.shape(0)[1 if layout else 0]
+    if isinstance(steps, Dim):
+        raise n.unsupported("a sequence length known only at run time")
+    if size is None:
+        size = n.shape(2)[-1]
+    if n.has(4):  # sequence_lens: every sequence of the full length only (no padded batches)
+        lens = np.asarray(n.const(4, "sequence_lens")).reshape(-1)
+        if np.any(lens != steps):
+            raise n.unsupported(f"sequence_lens {lens.tolist()[:16]} shorter than the {steps} steps")
+    peepholes = n.input(7) if kind == "LSTM" and n.has(7) else None
+
+    def state(i):  # an initial state (dirs, N, H), zeros when not given
+        if n.has(i):
+            s = n.input(i)
+            return F.transpose(s, perm=[1, 0, 2]) if layout else s
+        zero = F.zeros_like(F.slice(F.take(x, np.array(0), axis=0), axes=[1], starts=[0], ends=[1], steps=[1]))
+        return F.stack([zero + np.zeros(size, n.spec(0).dtype)] * dirs, axis=0)
+
+    h0s, c0s = state(5), state(6) if kind == "LSTM" else None
+    default = list(names) == list(_RNN_DEFAULTS[kind] * dirs) and clip is None and not input_forget
+    ys, hs, cs = [], [], []
+    for d in range(dirs):
+        reverse = direction == "reverse" or d == 1
+        pick = np.array(d)
+        w, r = F.take(n.input(1), pick, axis=0), F.take(n.input(2), pick, axis=0)
+        wb, rb = _blocks_of(F.take(n.input(3), pick, axis=0), 2, gates * size) if n.has(3) else (None, None)
+        h0 = F.take(h0s, pick, axis=0)
+        act = acts[d * len(_RNN_DEFAULTS[kind]):(d + 1) * len(_RNN_DEFAULTS[kind])]
+        if default and ((kind == "LSTM" and peepholes is None) or (kind == "GRU" and lbr)):
+            order = [0, 2, 3, 1] if kind == "LSTM" else [1, 0, 2]  # torch's gate order from ONNX's
+            rows = np.concatenate([np.arange(g * size, (g + 1) * size) for g in order])
+            w, r = F.take(w, rows, axis=0), F.take(r, rows, axis=0)
+            wb, rb = (None, None) if wb is None else (F.take(wb, rows, axis=0), F.take(rb, rows, axis=0))
+            gx = F.matmul(x, F.transpose(w))
+            if kind == "LSTM":
+                gx = gx if wb is None else gx + (wb + rb)
+                y, cells, _ = F.lstm_layer(gx, h0, F.take(c0s, pick, axis=0), r, reverse=reverse)
+                cs.append(F.take(cells, np.array(0 if reverse else steps - 1), axis=0))
+            else:
+                gx = gx if wb is None else gx + wb
+                y = F.gru_layer(gx, h0, r, rb, reverse=reverse)[0]
+            ys.append(y)
+            hs.append(F.take(y, np.array(0 if reverse else steps - 1), axis=0))
+            continue
+        y, h, c = _rnn_unrolled(n, kind, x, w, r, wb, rb, h0, None if c0s is None else F.take(c0s, pick, axis=0),
+                                None if peepholes is None else F.take(peepholes, pick, axis=0), act, clip, lbr,
+                                input_forget, size, steps, reverse)
+        ys.append(y)
+        hs.append(h)
+        cs.append(c)
+    y = F.stack(ys, axis=1)  # (T, dirs, N, H)
+    y_h = F.stack(hs, axis=0)  # (dirs, N, H)
+    outs = [F.permute(y, dims=[2, 0, 1, 3]) if layout else y, F.transpose(y_h, perm=[1, 0, 2]) if layout else y_h]
+    if kind == "LSTM":
+        y_c = F.stack(cs, axis=0)
+        outs.append(F.transpose(y_c, perm=[1, 0, 2]) if layout else y_c)
+    return outs[:n.outputs]
+
+
+def _rnn_unrolled(n, kind, x, w, r, wb, rb, h, c, peepholes, act, clip, lbr, input_forget, size, steps, reverse):
+    """One direction of an ONNX recurrent layer, step by step as ONNX's definition reads: y (T, N, H), the last h
+    and (LSTM) c."""
+    gates = {"RNN": 1, "GRU": 3, "LSTM": 4}[kind]
+
+    def f(i, t):
+        return act[i](F.clip(t, min=-clip, max=clip) if clip is not None else t)
+
+    gx = F.matmul(x, F.transpose(w))
+    if wb is not None:
+        gx = gx + wb
+    r_blocks = _blocks_of(F.transpose(r), gates, size)  # each (H, H): h times it
+    rb_blocks = _blocks_of(rb, gates, size) if rb is not None else [None] * gates
+    p = _blocks_of(peepholes, 3, size) if peepholes is not None else None  # i, o, f
+
+    def recur(hidden, g):
+        out = F.matmul(hidden, r_blocks[g])
+        return out if rb_blocks[g] is None else out + rb_blocks[g]
+
+    ys = [None] * steps
+    for t in (range(steps - 1, -1, -1) if reverse else range(steps)):
+        g = _blocks_of(F.take(gx, np.array(t), axis=0), gates, size)
+        if kind == "RNN":
+            h = f(0, g[0] + recur(h, 0))
+        elif kind == "GRU":  # z, r, h
+            z = f(0, g[0] + recur(h, 0))
+            reset = f(0, g[1] + recur(h, 1))
+            hh = f(1, g[2] + (reset * recur(h, 2) if lbr else recur(reset * h, 2)))
+            h = hh + z * (h - hh)
+        else:  # i, o, f, c
+            i = f(0, g[0] + recur(h, 0) + (p[0] * c if p else 0))
+            forget = 1 - i if input_forget else f(0, g[2] + recur(h, 2) + (p[2] * c if p else 0))
+            c = forget * c + i * f(1, g[3] + recur(h, 3))
+            o = f(0, g[1] + recur(h, 1) + (p[1] * c if p else 0))
+            h = o * act[2](c)
+        ys[t] = h
+    return F.stack(ys, axis=0), h, c
