@@ -323,3 +323,40 @@ def test_recurrent_layers_exported_by_torch_import_with_gradients(cell, bidirect
     want_grads = [layer.weight_ih_l0.grad, *([layer.weight_ih_l0_reverse.grad] if bidirectional else [])]
     np.testing.assert_allclose(np.sort(onnx_w.grad.numpy().reshape(-1)),
                                np.sort(torch.cat(want_grads).numpy().reshape(-1)), rtol=1e-9, atol=1e-12)
+
+
+# -- narrow integer types ------------------------------------------------------------------------------------------
+
+def _backend_and_onnxruntime(model, feeds):
+    from opforge.onnx.backend import OpforgeBackend
+
+    ours = OpforgeBackend.prepare(model).run(feeds)
+    return ours, onnxruntime_outputs(model, feeds)
+
+
+@pytest.mark.parametrize("elem, dtype", [(TensorProto.UINT8, np.uint8), (TensorProto.INT8, np.int8),
+                                         (TensorProto.UINT16, np.uint16), (TensorProto.INT16, np.int16),
+                                         (TensorProto.UINT32, np.uint32)])
+def test_narrow_integers_wrap_after_each_op_as_onnxruntime(elem, dtype):
+    # (x + y) // 2 and (x - y) * 3: each result wraps in the type before the next op reads it (uint8: 250 + 10
+    # is 4, halved 2, where int64 arithmetic would give 130)
+    info = np.iinfo(dtype)
+    x = np.array([info.max - 5, info.min, 7, info.max], dtype)
+    y = np.array([10, 3, 2, info.max], dtype)
+    nodes = [helper.make_node("Add", ["x", "y"], ["s"]), helper.make_node("Div", ["s", "two"], ["half"]),
+             helper.make_node("Sub", ["x", "y"], ["d"]), helper.make_node("Mul", ["d", "three"], ["m"]),
+             helper.make_node("Cast", ["half"], ["f"], to=TensorProto.FLOAT)]
+    consts = [onnx.numpy_helper.from_array(np.array(2, dtype), "two"),
+              onnx.numpy_helper.from_array(np.array(3, dtype), "three")]
+    graph = helper.make_graph(nodes, "g", [info_of("x", elem), info_of("y", elem)],
+                              [info_of("half", elem), info_of("m", elem), info_of("f", TensorProto.FLOAT)],
+                              initializer=consts)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    ours, theirs = _backend_and_onnxruntime(model, {"x": x, "y": y})
+    for got, want in zip(ours, theirs):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+
+
+def info_of(name, elem):
+    return helper.make_tensor_value_info(name, elem, [4])

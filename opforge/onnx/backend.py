@@ -8,6 +8,7 @@ import onnx.backend.base as base
 
 from ..program.executor import Executor
 from .importer import NeedsConstant, load
+from .types import NARROW
 
 
 class OpforgeRep(base.BackendRep):
@@ -23,9 +24,14 @@ class OpforgeRep(base.BackendRep):
         self.executor = Executor(program) if program is not None else None
         self._bound: dict = {}
         self.needed: set = set()  # graph inputs the importer needs as constants
+        self.narrow = {vi.name: vi.type.tensor_type.elem_type for vi in model.graph.output
+                       if vi.type.tensor_type.elem_type in NARROW}
 
     def run(self, inputs, **kwargs):
         feed = dict(inputs) if isinstance(inputs, dict) else dict(zip(self.inputs, inputs))
+        # narrow integers (uint8, int8, ...): held as int64 (types.NARROW), given back in their type
+        feed = {k: np.asarray(v).astype(np.int64) if np.asarray(v).dtype in NARROW.values() else v
+                for k, v in feed.items()}
         executor = self.executor
         if executor is None:
             # integer inputs (axes, shapes, pads, indices), scalars (a ratio, a pad value) and the inputs the
@@ -47,7 +53,8 @@ class OpforgeRep(base.BackendRep):
             feed = {k: v for k, v in feed.items() if k in executor.program.feeds}
         with np.errstate(all="ignore"):  # ONNX's semantics: log(0) is -inf, 0/0 NaN, without a warning
             out = executor.run(feed)
-        return tuple(out[name] for name in executor.program.outputs)
+        return tuple(out[name].astype(NARROW[self.narrow[name]]) if name in self.narrow else out[name]
+                     for name in executor.program.outputs)
 
 
 class OpforgeBackend(base.Backend):

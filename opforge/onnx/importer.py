@@ -24,7 +24,7 @@ from ..program.desc import Program
 from ..program.trace import Variable, trace, tracing_program
 from ..tensor import Tensor
 from .shapes import constant, from_shapes, shape_variable, sizes_of
-from .types import _DTYPES, _TYPE_NAMES, OnnxImportError, dtype_of
+from .types import _DTYPES, _TYPE_NAMES, NARROW, OnnxImportError, dtype_of, stored_dtype, wrap
 
 OPSETS = (7, 23)  # the ai.onnx opset versions the importers are written for
 MAX_CONSTANT_BYTES = 1 << 30  # load()'s default bound on the constants it computes from sizes the file gives
@@ -44,8 +44,9 @@ class Node:
     """What an importer sees of one ONNX node: its attributes (each read is recorded, so that an attribute no
     importer read is refused by name), its inputs as program variables or constants, and the opset."""
 
-    def __init__(self, proto, opset: int, env: dict, importer):
+    def __init__(self, proto, opset: int, env: dict, importer, narrow: dict | None = None):
         self.proto = proto
+        self.narrow = narrow or {}  # value name -> its narrow ONNX type (held as int64)
         self.op_type = proto.op_type
         self.opset = opset
         self.name = _node_name(proto)
@@ -430,7 +431,8 @@ def _external(t, what: str, folder: Path | None):
     if not path.is_relative_to(root) or not path.is_file():
         raise OnnxImportError(f"{name} keeps its data in {location!r}, which is not a file inside the model's "
                               f"folder {str(folder)!r} (a symlink out of it, a folder, or missing)")
-    dtype = dtype_of(t.data_type, name)
+    dtype_of(t.data_type, name)
+    dtype = stored_dtype(t.data_type)
     if len(t.dims) > MAX_RANK or any(d < 0 for d in t.dims):
         raise OnnxImportError(f"{name} has dims {list(t.dims)[:MAX_RANK + 1]}")
     size = math.prod(t.dims) * dtype.itemsize
@@ -489,6 +491,7 @@ class _Parsed:
                       and vi.name not in self.bound}
         self.names = {*self.arrays, *self.feeds, *(o for n in graph.node for o in n.output)}
         self.outputs = [vi.name for vi in graph.output]
+        self.narrow = _narrow_types(self.model, self.opset)
         # BatchNormalization's running mean and variance: state, not trained (buffers of load_module)
         self.statistics = {i for n in graph.node if n.op_type == "BatchNormalization" and n.domain in ("", "ai.onnx")
                            for i in n.input[3:5] if i in self.arrays}
@@ -507,11 +510,11 @@ class _Parsed:
             else:
                 env[name] = array
         for proto in self.graph.node:
-            n = Node(proto, self.opset, env, imp)
+            n = Node(proto, self.opset, env, imp, self.narrow)
             _check_types(n)
             known = _fold(n)
             if known is not None:  # shape arithmetic on values known at import: computed now, not recorded
-                env[proto.output[0]] = known
+                env[proto.output[0]] = _wrap_narrow(n, proto.output[0], known)
                 continue
             try:
                 result = IMPORTERS[proto.op_type](n)
@@ -530,7 +533,7 @@ class _Parsed:
                 raise n.unsupported(f"output(s) {wanted[len(results):]}")
             for name, value in zip(wanted, results):
                 if name:
-                    env[name] = value
+                    env[name] = _wrap_narrow(n, name, value)
         result = {}
         for name in self.outputs:
             value = env[name]
@@ -741,6 +744,8 @@ def _check_types(n: Node):
                                       "with no gaps")
             continue
         dtype = n.spec(i).dtype
+        narrow = n.narrow.get(n.proto.input[i])
+        dtype = NARROW[narrow] if narrow else dtype
         name = f"tensor({_TYPE_NAMES.get(dtype, dtype.name)})"
         param = formal.type_str
         if name not in allowed.get(param, {param}):
@@ -759,3 +764,69 @@ def _symbolic_dims(v) -> bool:
 
 def _symbolic(v) -> bool:
     return isinstance(v, tuple) or (isinstance(v, np.ndarray) and v.dtype == object)
+
+
+# ONNX ops whose result stays in the range of its narrow integer input (no wrapping needed after them)
+_KEEP_RANGE = {"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Concat", "Split", "Slice",
+               "Gather", "GatherElements", "GatherND", "Max", "Min", "Clip", "Where", "Expand", "Tile", "MaxPool",
+               "ReduceMax", "ReduceMin", "TopK", "Constant", "Relu", "DepthToSpace", "SpaceToDepth", "Trilu",
+               "ScatterElements", "ScatterND", "Scatter", "Sign", "QuantizeLinear", "DynamicQuantizeLinear",
+               "BitwiseAnd", "BitwiseOr", "BitwiseXor"}
+
+
+def _wrap_narrow(n: Node, name: str, value):
+    """``value``, the output ``name`` of node ``n``, wrapped into its narrow ONNX type's range where it has one (its
+    int64 result may have left it: uint8 250 + 10 is 4 in ONNX)."""
+    elem = n.narrow.get(name)
+    if elem is None or n.op_type in _KEEP_RANGE or isinstance(value, tuple) or \
+            (isinstance(value, np.ndarray) and value.dtype.kind not in "iu"):
+        return value
+    if getattr(value, "dtype", None) is not None and value.dtype.kind not in "iu":
+        return value
+    from .. import ops as F
+
+    if n.op_type == "Resize":  # (ONNX's reference saturates a resized integer image)
+        info = np.iinfo(NARROW[elem])
+        return F.clip(value, min=int(info.min), max=int(info.max))
+    return wrap(value, elem, F)
+
+
+def _narrow_types(model, opset: int) -> dict:
+    """Value name -> ONNX type, for the values of narrow integer types (``types.NARROW``): the graph's inputs and
+    initializers as declared, each node's outputs as its op's schema gives them (an output of an input's type
+    parameter takes that input's type; Cast, CastLike, Constant and the quantizers say theirs)."""
+    import onnx
+
+    graph = model.graph
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in graph.input}
+    types |= {t.name: t.data_type for t in graph.initializer}
+    for node in graph.node:
+        attrs = {a.name: a for a in node.attribute}
+        given = [types.get(i) for i in node.input]
+        t = node.op_type
+        if t == "Cast":
+            outs = [attrs["to"].i if "to" in attrs else None]
+        elif t == "CastLike":
+            outs = [given[1] if len(given) > 1 else None]
+        elif t in ("Constant", "ConstantOfShape"):
+            value = attrs.get("value")
+            outs = [value.t.data_type if value is not None and value.HasField("t") else None]
+        elif t == "QuantizeLinear":
+            dtype = attrs["output_dtype"].i if "output_dtype" in attrs and attrs["output_dtype"].i else None
+            outs = [dtype or (given[2] if len(given) > 2 and node.input[2] else 2)]
+        elif t == "DynamicQuantizeLinear":
+            outs = [2, 1, 2]
+        else:
+            try:
+                schema = onnx.defs.get_schema(t, opset, "")
+            except onnx.defs.SchemaError:
+                continue
+            params = [f.type_str for f in schema.inputs]
+            outs = []
+            for formal in schema.outputs:
+                first = next((i for i, p in enumerate(params) if p == formal.type_str), None)
+                outs.append(given[first] if first is not None and first < len(given) else None)
+        for name, elem in zip(node.output, outs):
+            if name and elem is not None:
+                types[name] = elem
+    return {name: elem for name, elem in types.items() if elem in NARROW}

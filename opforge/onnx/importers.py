@@ -661,9 +661,13 @@ def _(n):
     padded = [(0, 0), (0, 0), *((b, e + x_) for (b, e), x_ in zip(pairs, extra))]
     fits = all(b == e + x_ and 2 * b <= k for (b, e), x_, k in zip(pairs, extra, kernel))
     if maximum:
+        exact = x.dtype.kind in "iu"  # integers (uint8 images) pooled as float64: exact below 2**53
+        y = F.cast(x, dtype=D.float64) if exact else x
         if fits:
-            return pool(x, padding=[b for b, _ in pairs], **window)
-        return pool(_pad(x, padded, -math.inf), padding=[0] * spatial, **window)
+            y = pool(y, padding=[b for b, _ in pairs], **window)
+        else:
+            y = pool(_pad(y, padded, -math.inf), padding=[0] * spatial, **window)
+        return F.cast(y, dtype=x.dtype) if exact else y
     include = bool(n.attr("count_include_pad", 0))
     if fits and (include or not any(pairs)) and not any(extra) and not dilated:
         return pool(x, padding=[b for b, _ in pairs], **window)
