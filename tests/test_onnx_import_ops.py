@@ -360,3 +360,37 @@ def test_narrow_integers_wrap_after_each_op_as_onnxruntime(elem, dtype):
 
 def info_of(name, elem):
     return helper.make_tensor_value_info(name, elem, [4])
+
+
+def test_a_quantized_qdq_model_matches_onnxruntime():
+    # QuantizeLinear/DequantizeLinear around a convolution, per-channel int8 weights (as quantization tools write)
+    rng = np.random.default_rng(6)
+    w = rng.integers(-128, 128, (4, 3, 3, 3)).astype(np.int8)
+    consts = {"w": w, "w_scale": rng.uniform(0.01, 0.05, 4).astype(np.float32), "w_zero": np.zeros(4, np.int8),
+              "x_scale": np.array(0.02, np.float32), "x_zero": np.array(128, np.uint8)}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zero"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "x_scale", "x_zero"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w", "w_scale", "w_zero"], ["wd"], axis=0),
+             helper.make_node("Conv", ["xd", "wd"], ["y"], pads=[1, 1, 1, 1]),
+             helper.make_node("QuantizeLinear", ["y", "x_scale", "x_zero"], ["yq"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 5, 5])],
+                              [helper.make_tensor_value_info("yq", TensorProto.UINT8, [1, 4, 5, 5])],
+                              initializer=[onnx.numpy_helper.from_array(v, k) for k, v in consts.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    x = rng.uniform(-2, 2, (1, 3, 5, 5)).astype(np.float32)
+    (ours,), (theirs,) = _backend_and_onnxruntime(model, {"x": x})
+    assert ours.dtype == np.uint8
+    np.testing.assert_array_equal(ours, theirs)
+
+
+@pytest.mark.parametrize("direction", ["LEFT", "RIGHT"])
+def test_bitshift_of_uint8_matches_onnxruntime(direction):
+    x = np.array([1, 200, 255, 16, 7], np.uint8)
+    y = np.array([1, 2, 7, 3, 0], np.uint8)
+    graph = helper.make_graph([helper.make_node("BitShift", ["x", "y"], ["z"], direction=direction)], "g",
+                              [helper.make_tensor_value_info(k, TensorProto.UINT8, [5]) for k in "xy"],
+                              [helper.make_tensor_value_info("z", TensorProto.UINT8, [5])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    (ours,), (theirs,) = _backend_and_onnxruntime(model, {"x": x, "y": y})
+    np.testing.assert_array_equal(ours, theirs)
+    assert ours.dtype == np.uint8

@@ -18,7 +18,7 @@ from .. import ops as F
 from ..core import dtypes as D
 from ..core.spec import Dim, Elem
 from .shapes import constant, sizes_of
-from .types import dtype_of
+from .types import NARROW, dtype_of
 
 IMPORTERS: dict = {}
 
@@ -1659,3 +1659,114 @@ def _rnn_unrolled(n, kind, x, w, r, wb, rb, h, c, peepholes, act, clip, lbr, inp
             h = o * act[2](c)
         ys[t] = h
     return F.stack(ys, axis=0), h, c
+
+
+# -- quantization and bits ----------------------------------------------------------------------------------------
+
+_QUANT_RANGES = {2: (0, 255), 3: (-128, 127), 4: (0, 65535), 5: (-32768, 32767)}  # uint8, int8, uint16, int16
+
+
+def _along(n, t, rank: int, axis: int, block: int, shape):
+    """A quantization parameter (a scalar, one value per slice along ``axis``, or one per block of ``block`` along
+    it) shaped to broadcast against the input."""
+    t_shape = list(t.shape)
+    if len(t_shape) == 0 or (len(t_shape) == 1 and t_shape[0] == 1 and not block):
+        return t
+    axis = n.axes([axis], rank, "axis")[0]  # (checked where it is used: a scalar scale has none)
+    if block:
+        if len(t_shape) != rank:
+            raise n.unsupported(f"a blocked parameter of shape {t_shape} for an input of rank {rank}")
+        if isinstance(shape[axis], Dim):
+            raise n.unsupported("blocks along a dim known only at run time")
+        t = F.repeat_interleave(t, repeats=[block], axis=axis)
+        return F.slice(t, axes=[axis], starts=[0], ends=[shape[axis]], steps=[1])
+    if len(t_shape) != 1:
+        raise n.unsupported(f"a parameter of shape {t_shape} (a scalar or one value per slice along axis)")
+    return F.reshape(t, shape=[*[1] * axis, -1, *[1] * (rank - axis - 1)])
+
+
+def _quant_axis(n):
+    rank = len(n.shape(0))
+    axis = n.attr("axis", 1)
+    block = n.attr("block_size", 0)
+    return rank, axis, block
+
+
+@onnx_op("QuantizeLinear")
+def _(n):
+    """y = saturate(round_half_even(x / scale) + zero_point) in the zero point's type (uint8 by default)."""
+    n.attr("saturate")  # (float8 outputs only)
+    rank, axis, block = _quant_axis(n)
+    elem = n.narrow.get(n.proto.output[0])
+    if elem not in _QUANT_RANGES:
+        raise n.unsupported("a quantized type other than int8, uint8, int16 or uint16")
+    x = n.input(0)
+    precision = n.attr("precision")
+    scale = _along(n, n.input(1), rank, axis, block, n.shape(0))
+    if precision:
+        dtype = dtype_of(precision, f"{n.where()}: attribute 'precision'")
+        x, scale = F.cast(x, dtype=dtype), F.cast(scale, dtype=dtype)
+    elif x.dtype.kind in "iu":
+        x = F.cast(x, dtype=scale.dtype)
+    q = F.cast(F.round(x / scale), dtype=D.int64)  # (NumPy's round: half to even, as ONNX)
+    if n.has(2):
+        q = q + _along(n, n.input(2), rank, axis, block, n.shape(0))
+    lo, hi = _QUANT_RANGES[elem]
+    n.attr("output_dtype")
+    return F.clip(q, min=lo, max=hi)
+
+
+@onnx_op("DequantizeLinear")
+def _(n):
+    """y = (x - zero_point) * scale, in the scale's type."""
+    rank, axis, block = _quant_axis(n)
+    n.attr("output_dtype")
+    x = n.input(0)
+    if n.has(2):
+        x = x - _along(n, n.input(2), rank, axis, block, n.shape(0))
+    scale = n.input(1)
+    return F.cast(x, dtype=scale.dtype) * _along(n, scale, rank, axis, block, n.shape(0))
+
+
+@onnx_op("DynamicQuantizeLinear")
+def _(n):
+    """uint8 quantization of x over its range widened to hold 0: scale (max - min) / 255, zero point the rounded
+    -min / scale."""
+    x = n.input(0)
+    lo, hi = F.minimum(F.amin(x), 0.0), F.maximum(F.amax(x), 0.0)
+    scale = (hi - lo) / 255.0
+    zero = F.cast(F.clip(F.round(-lo / scale), min=0.0, max=255.0), dtype=D.int64)
+    y = F.clip(F.cast(F.round(x / scale), dtype=D.int64) + zero, min=0, max=255)
+    return [y, scale, zero]
+
+
+@onnx_op("BitShift")
+def _(n):
+    """x shifted by y bits, as ONNX's reference: a shift past the type's width (or negative) gives 0, or -1 shifting
+    a negative x right; left shifts wrap in the type. Computed in int64 (x·2^y wraps modulo 2**64 as the shift)."""
+    x, y = n.input(0), n.input(1)
+    elem = n.narrow.get(n.proto.input[0])
+    bits = np.iinfo(NARROW[elem]).bits if elem else x.dtype.itemsize * 8
+    wide, shift = (F.cast(t, dtype=D.int64) if t.dtype != D.int64 else t for t in (x, y))
+    inside = F.logical_and(shift >= 0, shift < bits)
+    amount = F.where(inside, shift, 0)
+    if n.attr("direction") == "LEFT":
+        out = F.where(inside, wide * F.pow(np.int64(2), amount), 0)
+    else:  # (a shift by 63 gives the sign, as past the width: 2**63 is past int64)
+        sign = F.where(wide < 0, -1, 0)
+        out = F.where(F.logical_and(inside, amount < 63),
+                      F.floor_divide(wide, F.pow(np.int64(2), F.minimum(amount, 62))), sign)
+    return out if x.dtype == D.int64 else F.cast(out, dtype=x.dtype)
+
+
+@onnx_op("BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot")
+def _(n):
+    x = n.input(0)
+    if n.op_type == "BitwiseNot":
+        return F.bitwise_not(x)
+    y = n.input(1)
+    if n.op_type == "BitwiseAnd":
+        return F.bitwise_and(x, y)
+    if n.op_type == "BitwiseOr":
+        return F.bitwise_or(x, y)
+    return F.bitwise_and(F.bitwise_or(x, y), F.bitwise_not(F.bitwise_and(x, y)))
