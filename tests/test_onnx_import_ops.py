@@ -394,3 +394,35 @@ def test_bitshift_of_uint8_matches_onnxruntime(direction):
     (ours,), (theirs,) = _backend_and_onnxruntime(model, {"x": x, "y": y})
     np.testing.assert_array_equal(ours, theirs)
     assert ours.dtype == np.uint8
+
+
+@pytest.mark.parametrize("op, torch_fn", [
+    ("HannWindow", torch.hann_window), ("BlackmanWindow", torch.blackman_window),
+    ("HammingWindow", lambda *a, **k: torch.hamming_window(*a, alpha=25 / 46, beta=21 / 46, **k)),  # ONNX's α, β
+])
+@pytest.mark.parametrize("periodic", [0, 1])
+def test_windows_match_torch(op, torch_fn, periodic):
+    size = onnx.numpy_helper.from_array(np.array(10, np.int64), "size")
+    graph = helper.make_graph([helper.make_node(op, ["size"], ["y"], periodic=periodic,
+                                                output_datatype=TensorProto.DOUBLE)], "g", [],
+                              [info("y", [10])], initializer=[size])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    (y,), _ = run(model, {})
+    np.testing.assert_allclose(y, torch_fn(10, periodic=bool(periodic), dtype=torch.float64).numpy(), atol=1e-12)
+
+
+def test_causal_conv_with_state_matches_torch_with_gradients():
+    rng = np.random.default_rng(7)
+    x, w, past = (rng.normal(size=s).astype(np.float32) for s in ((2, 3, 6), (3, 1, 4), (2, 3, 3)))  # (float only)
+    node = helper.make_node("CausalConvWithState", ["x", "w", "", "past"], ["y", "state"], activation="silu")
+    f32 = TensorProto.FLOAT
+    model = model_of([node], [info("x", [2, 3, 6], f32), info("w", [3, 1, 4], f32), info("past", [2, 3, 3], f32)],
+                     [info("y", None, f32), info("state", None, f32)], opset=27)
+    (y, state), grads = run(model, {"x": x, "w": w, "past": past}, wrt=("x", "w"))
+    t = {k: torch.tensor(v, requires_grad=True) for k, v in {"x": x, "w": w, "past": past}.items()}
+    want = F_.silu(F_.conv1d(torch.cat([t["past"], t["x"]], 2), t["w"], groups=3))
+    want.sum().backward()
+    np.testing.assert_allclose(y, want.detach().numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(state, np.concatenate([past, x], 2)[:, :, -3:])
+    for k in ("x", "w"):
+        np.testing.assert_allclose(grads[k], t[k].grad.numpy(), rtol=1e-5, atol=1e-6)

@@ -1770,3 +1770,112 @@ def _(n):
     if n.op_type == "BitwiseOr":
         return F.bitwise_or(x, y)
     return F.bitwise_and(F.bitwise_or(x, y), F.bitwise_not(F.bitwise_and(x, y)))
+
+
+# -- more ops: windows, crops, selections ----------------------------------------------------------------------------
+
+
+@onnx_op("HannWindow", "HammingWindow", "BlackmanWindow")
+def _(n):
+    """The window, made at load from its size (ONNX's formulas; periodic divides by the size, else by size - 1)."""
+    size = int(np.asarray(n.const(0, "size")).reshape(-1)[0])
+    dtype = dtype_of(n.attr("output_datatype", 1), f"{n.where()}: attribute 'output_datatype'")
+    period = size if n.attr("periodic", 1) else size - 1
+    k = np.arange(n.allocate((max(size, 0),), np.float64)[0], dtype=np.float64)
+    if n.op_type == "HannWindow":
+        w = np.sin(k * np.pi / period) ** 2
+    elif n.op_type == "HammingWindow":
+        w = 25 / 46 - np.cos(k * np.pi * 2 / period) * (21 / 46)
+    else:
+        w = 0.42 - 0.5 * np.cos(k * np.pi * 2 / period) + 0.08 * np.cos(k * np.pi * 4 / period)
+    return w.astype(dtype)
+
+
+@onnx_op("CausalConvWithState")
+def _(n):
+    """A depthwise causal 1-d convolution over (past state, input), SiLU optionally, and the last k - 1 steps as
+    the next state."""
+    x, w, b = n.input(0), n.input(1), n.input(2)
+    shape, k = n.shape(0), n.shape(1)[2]
+    if len(shape) != 3 or isinstance(shape[1], Dim) or isinstance(k, Dim):
+        raise n.unsupported(f"an input of shape {n.spec(0).shape} and weights of shape {n.spec(1).shape}")
+    if n.has(3):
+        past = n.input(3)
+    else:
+        past = F.zeros_like(F.slice(x, axes=[2], starts=[0], ends=[1], steps=[1])) * np.zeros((k - 1,), x.dtype)
+    padded = F.concat([past, x], axis=2)
+    y = F.conv1d(padded, w, b, stride=[1], padding=[0], dilation=[1], groups=shape[1])
+    activation = n.attr("activation", "none")
+    if activation in ("silu", "swish"):
+        y = y * F.sigmoid(y)
+    elif activation != "none":
+        raise n.unsupported(f"activation={activation!r}")
+    length = padded.shape[2]
+    if isinstance(length, Dim):
+        raise n.unsupported("a sequence length known only at run time")
+    state = F.slice(padded, axes=[2], starts=[length - (k - 1)], ends=[length], steps=[1])
+    return [y, state]
+
+
+@onnx_op("CenterCropPad")
+def _(n):
+    shape = list(n.shape(0))
+    rank = len(shape)
+    wanted = n.ints(1, "shape")
+    axes = n.axes(n.attr("axes", range(rank)), rank)
+    if len(wanted) != len(axes):
+        raise n.unsupported(f"{len(wanted)} sizes for {len(axes)} axes")
+    y = n.input(0)
+    for a, size in zip(axes, wanted):
+        dim = shape[a]
+        if isinstance(dim, Dim) or isinstance(size, Dim):
+            raise n.unsupported("cropping or padding a dim known only at run time")
+        if size < dim:  # the centre, the odd one off the end
+            start = (dim - size) // 2
+            y = F.slice(y, axes=[a], starts=[start], ends=[start + size], steps=[1])
+        elif size > dim:  # zeros around, the odd one at the end
+            pairs = [(0, 0)] * rank
+            pairs[a] = ((size - dim) // 2, size - dim - (size - dim) // 2)
+            y = _pad(y, pairs, 0.0)
+    return y if y is not n.env[n.proto.input[0]] else F.identity(y)
+
+
+@onnx_op("Compress")
+def _(n):
+    """The slices where the condition (known at load) is true; along no axis, of the flattened input."""
+    keep = np.flatnonzero(np.asarray(n.const(1, "condition")).reshape(-1))
+    x = n.input(0)
+    axis = n.attr("axis")
+    if axis is None:
+        x, axis = F.reshape(x, shape=[-1]), 0
+    else:
+        axis = n.axes([axis], len(n.shape(0)), "axis")[0]
+    size = F.reshape(x, shape=[-1]).shape[0] if axis is None else x.shape[axis]
+    if not isinstance(size, Dim) and keep.size and keep[-1] >= size:
+        raise n.unsupported(f"a condition of {keep[-1] + 1} or more values for a dim of size {size}")
+    return F.take(x, keep.astype(np.int64), axis=axis)
+
+
+@onnx_op("NonZero")
+def _(n):
+    """The indices of the nonzero elements of an input known at load (how many there are is its data: a shape a
+    program must know)."""
+    return np.stack(np.nonzero(np.asarray(n.const(0, "X")))).astype(np.int64).reshape(len(n.shape(0)), -1)
+
+
+@onnx_op("ReverseSequence")
+def _(n):
+    """Each batch row's first sequence_lens[i] steps reversed (the lengths known at load): one gather."""
+    lens = np.asarray(n.const(1, "sequence_lens")).reshape(-1)
+    batch_axis, time_axis = n.attr("batch_axis", 1), n.attr("time_axis", 0)
+    shape = n.shape(0)
+    steps = shape[time_axis]
+    if isinstance(steps, Dim) or len(lens) != shape[batch_axis] or np.any((lens < 0) | (lens > steps)):
+        raise n.unsupported(f"sequence_lens {lens.tolist()[:16]} for a time dim of {steps}")
+    order = np.tile(np.arange(steps), (len(lens), 1))  # (batch, time): the step each position reads
+    for i, length in enumerate(lens):
+        order[i, :length] = order[i, :length][::-1]
+    index = order if batch_axis < time_axis else order.T
+    index = index.reshape([index.shape[0] if a == min(batch_axis, time_axis) else index.shape[1]
+                           if a == max(batch_axis, time_axis) else 1 for a in range(len(shape))])
+    return F.gather(n.input(0), time_axis, np.broadcast_to(index, shape).copy())
