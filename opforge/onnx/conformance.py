@@ -37,6 +37,10 @@ KNOWN_FAILING = {
     **{f"test_center_crop_pad_{k}_expanded": "the expansion computes the pads at run time (from the input's shape "
                                              "through Max, Sub and Div over float values)" for k in (
         "crop_and_pad", "crop_axes_chw", "crop_axes_hwc", "crop", "crop_negative_axes_hwc", "pad")},
+    **{f"test_linear_attention_{k}_expanded": "the expansion runs the recurrence in a Scan (control flow)" for k in (
+        "decode_step", "delta", "explicit_scale", "fp16", "gated_delta_beta_scalar", "gated_delta", "gated_delta_gqa",
+        "gated_delta_mqa", "gated", "gated_per_head_decay", "linear", "linear_t1_no_past", "no_past_explicit_zeros",
+        "prefill_with_past")},
     **{f"test_scatternd_{k}": f"ScatterND reduction='{k.split('_')[0].replace('multiply', 'mul')}'" for k in (
         "max", "max_with_element_indices", "min", "min_with_element_indices", "multiply")},
     **{f"test_attention_{k}_expanded": "the expansion computes shapes and a pad value at run time (Expand by a "

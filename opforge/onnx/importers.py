@@ -1879,3 +1879,67 @@ def _(n):
     index = index.reshape([index.shape[0] if a == min(batch_axis, time_axis) else index.shape[1]
                            if a == max(batch_axis, time_axis) else 1 for a in range(len(shape))])
     return F.gather(n.input(0), time_axis, np.broadcast_to(index, shape).copy())
+
+
+@onnx_op("LinearAttention")
+def _(n):
+    """ONNX's linear attention, its recurrence unrolled over the (known) steps as ONNX's reference runs it, in
+    float32: a state S (B, H_kv, d_k, d_v) decayed by exp(decay) (gated rules), the value corrected by beta·(v −
+    Sᵀk) (delta rules), then S += k ⊗ v; each step reads scale·q·S, S's heads repeated over the query groups."""
+    rule = n.attr("update_rule", "gated_delta")
+    if rule not in ("linear", "gated", "delta", "gated_delta"):
+        raise n.unsupported(f"update_rule={rule!r}")
+    n.attr("chunk_size")  # (a tuning hint: no effect on the result)
+    q_heads, kv_heads = n.attr("q_num_heads"), n.attr("kv_num_heads")
+    gating, delta = rule in ("gated", "gated_delta"), rule in ("delta", "gated_delta")
+    if gating != n.has(4) or delta != n.has(5):
+        raise n.unsupported(f"update_rule={rule!r} with{'' if n.has(4) else 'out'} decay and "
+                            f"with{'' if n.has(5) else 'out'} beta")
+    shapes = [n.shape(i) for i in range(3)]
+    if any(len(s) != 3 or any(isinstance(d, Dim) for d in s[1:]) for s in shapes) or q_heads % kv_heads:
+        raise n.unsupported(f"query, key and value of shapes {[n.spec(i).shape for i in range(3)]} with "
+                            f"{q_heads} and {kv_heads} heads")
+    dtype = n.spec(0).dtype
+    f32 = D.float32
+    batch, steps = shapes[0][0], shapes[0][1]
+    d_k, d_v = shapes[0][2] // q_heads, shapes[2][2] // kv_heads
+
+    def heads(t, count, size):  # (B, T, count·size) -> (B, count, T, size), in float32
+        t = F.permute(F.reshape(t, shape=[batch, steps, count, size]), dims=[0, 2, 1, 3])
+        return F.cast(t, dtype=f32) if t.dtype != f32 else t
+
+    q, k, v = heads(n.input(0), q_heads, d_k), heads(n.input(1), kv_heads, d_k), heads(n.input(2), kv_heads, d_v)
+    if gating:
+        last = n.shape(4)[2]
+        decay = heads(n.input(4), kv_heads, 1 if last == kv_heads else d_k)
+    if delta:
+        last = n.shape(5)[2]
+        beta = heads(n.input(5), last, 1)
+    if n.has(3):
+        state = n.input(3)
+        state_dtype = state.dtype
+        state = F.cast(state, dtype=f32) if state.dtype != f32 else state
+    else:
+        state_dtype = dtype
+        state = F.zeros_like(F.slice(k, axes=[2, 3], starts=[0, 0], ends=[1, 1], steps=[1, 1])) * \
+            np.zeros((d_k, d_v), np.float32)
+    scale = n.attr("scale") or 1 / math.sqrt(d_k)
+    group = q_heads // kv_heads
+    outputs = []
+
+    def at(t, i):
+        return F.take(t, np.array(i), axis=2)
+
+    for i in range(steps):
+        k_t, v_t = at(k, i), at(v, i)  # (B, H_kv, d)
+        if gating:
+            state = state * F.unsqueeze(F.exp(at(decay, i)), axis=-1)
+        if delta:
+            retrieved = F.sum(state * F.unsqueeze(k_t, axis=-1), axis=2)  # Sᵀk: (B, H_kv, d_v)
+            v_t = at(beta, i) * (v_t - retrieved)
+        state = state + F.unsqueeze(k_t, axis=-1) * F.unsqueeze(v_t, axis=-2)
+        read = F.repeat_interleave(state, repeats=[group], axis=1) if group > 1 else state
+        outputs.append(F.sum(F.unsqueeze(at(q, i), axis=-1) * read, axis=2) * scale)  # (B, H_q, d_v)
+    y = F.reshape(F.stack(outputs, axis=1), shape=[batch, steps, q_heads * d_v])
+    y = F.cast(y, dtype=dtype) if dtype != f32 else y
+    return [y, F.cast(state, dtype=state_dtype) if state_dtype != f32 else state]
