@@ -45,7 +45,7 @@ def _ints_attr_or_input(n, name, index, since):
 _UNARY = {"Identity": F.identity, "Neg": F.neg, "Exp": F.exp, "Log": F.log, "Tanh": F.tanh, "Sigmoid": F.sigmoid,
           "Relu": F.relu, "Abs": F.abs, "Sign": F.sign, "Floor": F.floor, "Ceil": F.ceil, "Round": F.round,
           "Sqrt": F.sqrt, "Reciprocal": F.reciprocal, "Sin": F.sin, "Cos": F.cos, "Erf": F.erf,
-          "IsNaN": F.isnan, "Not": F.logical_not}
+          "IsNaN": F.isnan, "Not": F.logical_not, "Asin": F.asin, "Acos": F.acos, "Atan": F.atan}
 
 
 @onnx_op(*_UNARY)
@@ -1943,3 +1943,44 @@ def _(n):
     y = F.reshape(F.stack(outputs, axis=1), shape=[batch, steps, q_heads * d_v])
     y = F.cast(y, dtype=dtype) if dtype != f32 else y
     return [y, F.cast(state, dtype=state_dtype) if state_dtype != f32 else state]
+
+
+@onnx_op("RotaryEmbedding")
+def _(n):
+    """Rotary position embedding, as ONNX's reference: the first rotary_embedding_dim features of each head
+    rotated pairwise (halves, or interleaved pairs) by the cached cos and sin of each position."""
+    x = n.input(0)
+    shape = list(n.shape(0))
+    rank = len(shape)
+    if rank == 4:  # (B, H, S, D) -> (B, S, H, D)
+        x = F.permute(x, dims=[0, 2, 1, 3])
+    elif rank == 3:
+        heads = n.attr("num_heads")
+        if not heads or isinstance(shape[2], Dim):
+            raise n.unsupported("a 3-D input without num_heads")
+        x = F.reshape(x, shape=[shape[0], shape[1], heads, shape[2] // heads])
+    else:
+        raise n.unsupported(f"an input of rank {rank} (3 or 4)")
+    n.attr("num_heads")
+    size = x.shape[3]
+    if isinstance(size, Dim):
+        raise n.unsupported("a head size known only at run time")
+    dim = n.attr("rotary_embedding_dim", 0) or size
+    cos, sin = n.input(1), n.input(2)
+    if n.has(3):  # the caches' rows at each position: (B, S, dim/2)
+        cos, sin = F.take(cos, n.input(3), axis=0), F.take(sin, n.input(3), axis=0)
+    cos, sin = F.unsqueeze(cos, axis=2), F.unsqueeze(sin, axis=2)
+    rotated = F.slice(x, axes=[3], starts=[0], ends=[dim], steps=[1])
+    if n.attr("interleaved", 0):
+        x1 = F.slice(rotated, axes=[3], starts=[0], ends=[dim], steps=[2])
+        x2 = F.slice(rotated, axes=[3], starts=[1], ends=[dim], steps=[2])
+    else:
+        x1, x2 = _blocks_of(rotated, 2, dim // 2)
+    real, imag = cos * x1 - sin * x2, sin * x1 + cos * x2
+    if n.attr("interleaved", 0):
+        rotated = F.reshape(F.stack([real, imag], axis=-1), shape=[*rotated.shape[:3], dim])
+    else:
+        rotated = F.concat([real, imag], axis=-1)
+    y = F.concat([rotated, F.slice(x, axes=[3], starts=[dim], ends=[size], steps=[1])], axis=-1) if dim < size \
+        else rotated
+    return F.permute(y, dims=[0, 2, 1, 3]) if rank == 4 else F.reshape(y, shape=shape)

@@ -382,6 +382,15 @@ def sin(x: _TensorLike) -> Tensor:
 def cos(x: _TensorLike) -> Tensor:
     """Cosine."""
 
+def asin(x: _TensorLike) -> Tensor:
+    """Inverse sine, in [−π/2, π/2] (NaN outside [−1, 1])."""
+
+def acos(x: _TensorLike) -> Tensor:
+    """Inverse cosine, in [0, π] (NaN outside [−1, 1])."""
+
+def atan(x: _TensorLike) -> Tensor:
+    """Inverse tangent, in (−π/2, π/2)."""
+
 def erf(x: _TensorLike) -> Tensor:
     """The error function, erf(x) = 2/√π ∫₀ˣ e^(−t²) dt."""
 
