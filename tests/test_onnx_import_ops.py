@@ -426,3 +426,24 @@ def test_causal_conv_with_state_matches_torch_with_gradients():
     np.testing.assert_array_equal(state, np.concatenate([past, x], 2)[:, :, -3:])
     for k in ("x", "w"):
         np.testing.assert_allclose(grads[k], t[k].grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_qlinear_matmul_and_matmul_integer_match_onnxruntime():
+    rng = np.random.default_rng(8)
+    a, b = rng.integers(0, 256, (3, 5)).astype(np.uint8), rng.integers(0, 256, (5, 4)).astype(np.uint8)
+    consts = {"a_scale": np.array(0.03, np.float32), "a_zero": np.array(120, np.uint8),
+              "b_scale": np.array(0.02, np.float32), "b_zero": np.array(130, np.uint8),
+              "y_scale": np.array(0.5, np.float32), "y_zero": np.array(100, np.uint8)}
+    nodes = [helper.make_node("QLinearMatMul", ["a", "a_scale", "a_zero", "b", "b_scale", "b_zero", "y_scale",
+                                                "y_zero"], ["y"]),
+             helper.make_node("MatMulInteger", ["a", "b", "a_zero", "b_zero"], ["i"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("a", TensorProto.UINT8, [3, 5]),
+                                           helper.make_tensor_value_info("b", TensorProto.UINT8, [5, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.UINT8, [3, 4]),
+                               helper.make_tensor_value_info("i", TensorProto.INT32, [3, 4])],
+                              initializer=[onnx.numpy_helper.from_array(v, k) for k, v in consts.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    ours, theirs = _backend_and_onnxruntime(model, {"a": a, "b": b})
+    for got, want in zip(ours, theirs):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)

@@ -558,19 +558,24 @@ def _spatial(n, table: dict, rank: int):
     return table[rank]
 
 
-def _kernel(n) -> tuple:
+def _kernel(n, weights_input: int = 1) -> tuple:
     """A convolution's kernel_shape: the weights' shape says it; a kernel_shape attribute must say the same."""
-    weights = n.spec(1).shape[2:]
+    weights = n.spec(weights_input).shape[2:]
     kernel = tuple(n.attr("kernel_shape", weights))
     if len(kernel) != len(weights) or any(w is not None and k != w for k, w in zip(kernel, weights)):
-        raise n.unsupported(f"kernel_shape {list(kernel)} with weights of shape {n.spec(1).shape}")
+        raise n.unsupported(f"kernel_shape {list(kernel)} with weights of shape {n.spec(weights_input).shape}")
     return kernel
 
 
 @onnx_op("Conv")
 def _(n):
-    x, w, b = n.input(0), n.input(1), n.input(2)
-    kernel = _kernel(n)
+    return _conv(n, n.input(0), n.input(1), n.input(2))
+
+
+def _conv(n, x, w, b, weights_input: int = 1):
+    """Conv's computation on x, w and b given (ConvInteger and QLinearConv give theirs), its window attributes read
+    from the node."""
+    kernel = _kernel(n, weights_input)
     spatial = len(n.shape(0)) - 2
     conv = _spatial(n, _CONV, spatial)
     strides, dilations, pairs = _window(n, spatial, kernel)
@@ -1984,3 +1989,60 @@ def _(n):
     y = F.concat([rotated, F.slice(x, axes=[3], starts=[dim], ends=[size], steps=[1])], axis=-1) if dim < size \
         else rotated
     return F.permute(y, dims=[0, 2, 1, 3]) if rank == 4 else F.reshape(y, shape=shape)
+
+
+# -- integer and quantized products -----------------------------------------------------------------------------------
+
+
+def _centred(n, i, zero_i, per_channel_axis=None):
+    """Input ``i`` less its zero point (input ``zero_i``; one per output channel along ``per_channel_axis`` when it
+    is 1-D there), in float64: integer sums of products, exact below 2**53."""
+    x = F.cast(n.input(i), dtype=D.float64)
+    if n.has(zero_i):
+        zero = F.cast(n.input(zero_i), dtype=D.float64)
+        if per_channel_axis is not None and len(zero.shape) == 1 and zero.shape[0] != 1:
+            zero = F.reshape(zero, shape=[-1, *[1] * (len(n.shape(i)) - 1)])
+        x = x - zero
+    return x
+
+
+def _requantize(n, acc, scale, zero_i, like_i):
+    """round_half_even(acc·scale) + zero point, saturated to the output's type (the zero point's, or input
+    ``like_i``'s)."""
+    elem = n.narrow.get(n.proto.output[0])
+    if elem not in _QUANT_RANGES:
+        raise n.unsupported("an output type other than int8, uint8, int16 or uint16")
+    y = acc * scale
+    if n.has(zero_i):
+        y = y + F.cast(n.input(zero_i), dtype=y.dtype)
+    lo, hi = _QUANT_RANGES[elem]
+    return F.cast(F.clip(F.round(y), min=float(lo), max=float(hi)), dtype=D.int64)
+
+
+@onnx_op("MatMulInteger")
+def _(n):
+    return F.cast(F.round(F.matmul(_centred(n, 0, 2), _centred(n, 1, 3))), dtype=D.int32)
+
+
+@onnx_op("ConvInteger")
+def _(n):
+    y = _conv(n, _centred(n, 0, 2), _centred(n, 1, 3, per_channel_axis=0), None)
+    return F.cast(F.round(y), dtype=D.int32)
+
+
+@onnx_op("QLinearMatMul")
+def _(n):
+    acc = F.matmul(_centred(n, 0, 2), _centred(n, 3, 5))
+    scale = n.input(1) * n.input(4) / n.input(6)  # (in the scales' type, as ONNX's reference)
+    return _requantize(n, F.cast(acc, dtype=scale.dtype), scale, 7, 0)
+
+
+@onnx_op("QLinearConv")
+def _(n):
+    bias = F.cast(n.input(8), dtype=D.float64) if n.has(8) else None
+    acc = _conv(n, _centred(n, 0, 2), _centred(n, 3, 5, per_channel_axis=0), bias, weights_input=3)
+    w_scale = n.input(4)
+    if len(w_scale.shape) == 1 and w_scale.shape[0] != 1:  # one scale per output channel
+        w_scale = F.reshape(w_scale, shape=[-1, *[1] * (len(n.shape(0)) - 2)])
+    scale = n.input(1) * w_scale / n.input(6)
+    return _requantize(n, F.cast(acc, dtype=scale.dtype), scale, 7, 0)
