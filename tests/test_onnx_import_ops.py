@@ -447,3 +447,29 @@ def test_qlinear_matmul_and_matmul_integer_match_onnxruntime():
     for got, want in zip(ours, theirs):
         assert got.dtype == want.dtype
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("mode", ["linear", "cubic", "nearest"])
+@pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align", [0, 1])
+def test_grid_sample_matches_torch_values_and_gradients(mode, padding, align):
+    rng = np.random.default_rng(9)
+    x, grid = rng.normal(size=(2, 3, 4, 5)), rng.uniform(-1.3, 1.3, (2, 3, 6, 2))
+    node = helper.make_node("GridSample", ["x", "grid"], ["y"], mode=mode, padding_mode=padding, align_corners=align)
+    model = model_of([node], [info("x", [2, 3, 4, 5]), info("grid", [2, 3, 6, 2])], [info("y", None)], opset=22)
+    (y,), grads = run(model, {"x": x, "grid": grid}, wrt=("x", "grid") if mode != "nearest" else ("x",))
+    t = {k: torch.tensor(v, requires_grad=True) for k, v in {"x": x, "grid": grid}.items()}
+    want = F_.grid_sample(t["x"], t["grid"], mode={"linear": "bilinear", "cubic": "bicubic"}.get(mode, mode),
+                          padding_mode=padding, align_corners=bool(align))
+    want.sum().backward()
+    if mode == "cubic" and padding == "border":
+        # ONNX clamps a coordinate past the border before taking its taps, torch clamps the taps only: ONNX's
+        # reference is the oracle of the values here, torch of the gradients where no coordinate is past it
+        from onnx.reference import ReferenceEvaluator
+
+        want = ReferenceEvaluator(model).run(None, {"x": x, "grid": grid})[0]  # (its coordinates in float32)
+        np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+        return
+    np.testing.assert_allclose(y, want.detach().numpy(), rtol=1e-9, atol=1e-12)
+    for k in grads:
+        np.testing.assert_allclose(grads[k], t[k].grad.numpy(), rtol=1e-7, atol=1e-10)

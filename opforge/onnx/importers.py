@@ -2046,3 +2046,97 @@ def _(n):
         w_scale = F.reshape(w_scale, shape=[-1, *[1] * (len(n.shape(0)) - 2)])
     scale = n.input(1) * w_scale / n.input(6)
     return _requantize(n, F.cast(acc, dtype=scale.dtype), scale, 7, 0)
+
+
+# -- grid sampling ---------------------------------------------------------------------------------------------------
+
+
+def _reflect(u, lo: float, hi: float):
+    """u reflected by the near border until it lies in [lo, hi] (ONNX's and torch's GridSample)."""
+    span = hi - lo
+    if span <= 0:
+        return F.zeros_like(u) + lo
+    below, above = lo - u, u - hi
+    out = []
+    for dx, even, odd in ((below, lambda r: lo + r, lambda r: hi - r), (above, lambda r: hi - r, lambda r: lo + r)):
+        d = F.maximum(dx, 0.0)
+        count = F.floor(d / span)
+        r = d - count * span
+        out.append(F.where(F.remainder(count, 2.0) == 0, even(r), odd(r)))
+    return F.where(below > 0, out[0], F.where(above > 0, out[1], u))
+
+
+def _cubic_weights(t, a=-0.75):
+    """Keys' cubic convolution weights of the taps at -1, 0, 1, 2 for a fraction t in [0, 1)."""
+    s, u = t + 1, 1 - t
+    return [((a * s - 5 * a) * s + 8 * a) * s - 4 * a, ((a + 2) * t - (a + 3)) * t * t + 1,
+            ((a + 2) * u - (a + 3)) * u * u + 1, ((a * (u + 1) - 5 * a) * (u + 1) + 8 * a) * (u + 1) - 4 * a]
+
+
+@onnx_op("GridSample")
+def _(n):
+    """Each output point reads the input at its grid coordinates (x first, in [-1, 1]), as ONNX's reference: taps
+    gathered from the flattened spatial dims, weighed (nearest: one tap, rounded half to even; linear: 2 a dim;
+    cubic: 4), padded by zeros, the border or reflections."""
+    mode = {"bilinear": "linear", "bicubic": "cubic"}.get(n.attr("mode", "linear"), n.attr("mode", "linear"))
+    padding, align = n.attr("padding_mode", "zeros"), n.attr("align_corners", 0)
+    if mode not in ("nearest", "linear", "cubic") or padding not in ("zeros", "border", "reflection"):
+        raise n.unsupported(f"mode={mode!r} with padding_mode={padding!r}")
+    shape, grid_shape = n.shape(0), n.shape(1)
+    sizes = list(shape[2:])
+    k = len(sizes)
+    if any(isinstance(d, Dim) for d in [*sizes, shape[1], *grid_shape[1:]]) or grid_shape[-1] != k:
+        raise n.unsupported(f"an input of shape {n.spec(0).shape} and a grid of shape {n.spec(1).shape}")
+    x, grid = n.input(0), n.input(1)
+    batch, channels = shape[0], shape[1]
+    points = math.prod(grid_shape[1:-1])
+    grid = F.reshape(grid, shape=[batch, points, k])
+    coords = []
+    for i, size in enumerate(sizes):  # the grid gives the last spatial dim first
+        g = F.reshape(F.slice(grid, axes=[2], starts=[k - 1 - i], ends=[k - i], steps=[1]), shape=[batch, points])
+        u = (g + 1) * ((size - 1) / 2) if align else ((g + 1) * size - 1) / 2
+        if mode == "nearest":
+            u = F.round(u)  # (half to even, as ONNX's reference and torch)
+        lo, hi = (0.0, size - 1.0) if align else (-0.5, size - 0.5)
+        if padding == "border":  # (a coordinate within [lo, hi] stays: the taps are clamped below)
+            u = F.where(F.logical_or(u < lo, u > hi), F.clip(u, min=0.0, max=size - 1.0), u)
+        elif padding == "reflection":
+            u = _reflect(u, lo, hi)
+        coords.append((u, lo, hi))
+    taps_per_dim = []  # per dim: [(index as float, weight)]
+    for u, _, _ in coords:
+        if mode == "nearest":
+            taps_per_dim.append([(u, None)])
+            continue
+        base = F.floor(u)
+        t = u - base
+        if mode == "linear":
+            taps_per_dim.append([(base, 1 - t), (base + 1, t)])
+        else:
+            taps_per_dim.append([(base + (j - 1), w) for j, w in enumerate(_cubic_weights(t))])
+    flat = F.reshape(x, shape=[batch, channels, math.prod(sizes)])
+    total = None
+    for combo in np.ndindex(*[len(taps) for taps in taps_per_dim]):
+        index, weight, inside = None, None, None
+        for i, (size, j) in enumerate(zip(sizes, combo)):
+            tap, w = taps_per_dim[i][j]
+            _, lo, hi = coords[i]
+            if padding == "zeros":
+                ok = F.logical_and(tap >= 0, tap <= size - 1)
+                inside = ok if inside is None else F.logical_and(inside, ok)
+                tap = F.clip(tap, min=0.0, max=size - 1.0)
+            elif padding == "border":
+                tap = F.clip(tap, min=0.0, max=size - 1.0)
+            else:
+                tap = F.clip(F.floor(F.abs(_reflect(tap, lo, hi))) * F.sign(_reflect(tap, lo, hi)), min=0.0,
+                             max=size - 1.0)  # (int() of the reflected tap: toward zero)
+            stride = math.prod(sizes[i + 1:])
+            term = F.cast(tap, dtype=D.int64) * stride
+            index = term if index is None else index + term
+            weight = w if weight is None else (weight if w is None else weight * w)
+        if inside is not None:
+            weight = F.cast(inside, dtype=x.dtype) if weight is None else F.where(inside, weight, 0.0)
+        picked = F.gather(flat, 2, F.broadcast_to(F.unsqueeze(index, axis=1), shape=[batch, channels, points]))
+        term = picked if weight is None else picked * F.unsqueeze(weight, axis=1)
+        total = term if total is None else total + term
+    return F.reshape(total, shape=[batch, channels, *grid_shape[1:-1]])
