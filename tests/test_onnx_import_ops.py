@@ -473,3 +473,33 @@ def test_grid_sample_matches_torch_values_and_gradients(mode, padding, align):
     np.testing.assert_allclose(y, want.detach().numpy(), rtol=1e-9, atol=1e-12)
     for k in grads:
         np.testing.assert_allclose(grads[k], t[k].grad.numpy(), rtol=1e-7, atol=1e-10)
+
+
+@pytest.mark.parametrize("align", [0, 1])
+def test_affine_grid_matches_torch_with_gradients(align):
+    theta = np.random.default_rng(10).normal(size=(2, 2, 3))
+    size = onnx.numpy_helper.from_array(np.array([2, 3, 4, 5], np.int64), "size")
+    graph = helper.make_graph([helper.make_node("AffineGrid", ["theta", "size"], ["grid"], align_corners=align)],
+                              "g", [info("theta", [2, 2, 3])], [info("grid", None)], initializer=[size])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    (grid,), _ = run(model, {"theta": theta})
+    t = torch.tensor(theta, requires_grad=True)
+    want = F_.affine_grid(t, [2, 3, 4, 5], align_corners=bool(align))
+    (want * torch.arange(want.numel(), dtype=t.dtype).reshape(want.shape)).sum().backward()
+    np.testing.assert_allclose(grid, want.detach().numpy(), rtol=1e-12, atol=1e-12)
+    module = of.onnx.load_module(model)  # a weighted sum, so that each grid element's gradient counts
+    th = of.tensor(theta, requires_grad=True)
+    (module(th) * of.tensor(np.arange(want.numel(), dtype=np.float64).reshape(want.shape))).sum().backward()
+    np.testing.assert_allclose(th.grad.numpy(), t.grad.numpy(), rtol=1e-10)
+
+
+def test_col2im_with_pads_matches_torch_fold():
+    x = np.random.default_rng(11).normal(size=(1, 2 * 2 * 3, 12))
+    consts = [onnx.numpy_helper.from_array(np.array(v, np.int64), k) for k, v in
+              (("image", [4, 5]), ("block", [2, 3]))]
+    node = helper.make_node("Col2Im", ["x", "image", "block"], ["y"], pads=[1, 0, 1, 1], strides=[2, 1])
+    graph = helper.make_graph([node], "g", [info("x", [1, 12, 12])], [info("y", None)], initializer=consts)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    (y,), _ = run(model, {"x": x})
+    padded = F_.fold(torch.tensor(x), (6, 6), (2, 3), stride=(2, 1))  # the image padded (1, 1) and (0, 1)
+    np.testing.assert_allclose(y, padded[:, :, 1:5, 0:5].numpy(), rtol=1e-12)

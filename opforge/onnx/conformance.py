@@ -41,6 +41,9 @@ KNOWN_FAILING = {
         "decode_step", "delta", "explicit_scale", "fp16", "gated_delta_beta_scalar", "gated_delta", "gated_delta_gqa",
         "gated_delta_mqa", "gated", "gated_per_head_decay", "linear", "linear_t1_no_past", "no_past_explicit_zeros",
         "prefill_with_past")},
+    **{f"test_affine_grid_{k}_expanded": "the expansion branches with If (control flow)" for k in (
+        "2d", "2d_align_corners", "3d", "3d_align_corners")},
+    "test_col2im_5d": "Col2Im of a 3-d image (fold is 2-d, as PyTorch's)",
     **{f"test_scatternd_{k}": f"ScatterND reduction='{k.split('_')[0].replace('multiply', 'mul')}'" for k in (
         "max", "max_with_element_indices", "min", "min_with_element_indices", "multiply")},
     **{f"test_attention_{k}_expanded": "the expansion computes shapes and a pad value at run time (Expand by a "

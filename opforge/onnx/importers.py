@@ -2140,3 +2140,44 @@ def _(n):
         term = picked if weight is None else picked * F.unsqueeze(weight, axis=1)
         total = term if total is None else total + term
     return F.reshape(total, shape=[batch, channels, *grid_shape[1:-1]])
+
+
+@onnx_op("AffineGrid")
+def _(n):
+    """theta (N, k, k+1) applied to the homogeneous coordinates of the output's grid points (in [-1, 1], at the
+    pixels' corners or centres), as ONNX's reference: (N, *size, k), x first."""
+    size = [int(s) for s in n.ints(1, "size")]
+    spatial = size[2:]
+    if len(spatial) not in (2, 3):
+        raise n.unsupported(f"size {size} (2-D or 3-D)")
+    align = n.attr("align_corners", 0)
+    n.allocate([math.prod(spatial), len(spatial) + 1], np.float64)
+    axes = []
+    for d in spatial:
+        if align:
+            axes.append(np.linspace(-1.0, 1.0, d) if d > 1 else np.array([-1.0]))
+        else:
+            axes.append(-1 + (2 * np.arange(d) + 1) / d)
+    mesh = np.meshgrid(*axes, indexing="ij")  # per dim, over the grid
+    homogeneous = np.stack([*reversed([m.reshape(-1) for m in mesh]), np.ones(math.prod(spatial))])  # (k+1, P)
+    theta = n.input(0)
+    grid = F.matmul(theta, homogeneous.astype(theta.dtype))  # (N, k, P)
+    return F.reshape(F.transpose(grid, perm=[0, 2, 1]), shape=[-1, *spatial, len(spatial)])
+
+
+@onnx_op("Col2Im")
+def _(n):
+    """Columns added back into the image (PyTorch's fold), begin and end pads cut from the image after."""
+    image, block = [int(s) for s in n.ints(1, "image_shape")], [int(s) for s in n.ints(2, "block_shape")]
+    k = len(image)
+    strides, dilations = _per_dim(n, "strides", 1, k), _per_dim(n, "dilations", 1, k)
+    pads = _per_dim(n, "pads", 0, 2 * k)
+    if k != 2:
+        raise n.unsupported(f"a {k}-d image (fold is 2-d)")
+    padded = [s + b + e for s, b, e in zip(image, pads[:k], pads[k:])]
+    y = F.fold(n.input(0), output_size=padded, kernel_size=block, dilation=list(dilations), padding=[0, 0],
+               stride=list(strides))
+    if not any(pads):
+        return y
+    return F.slice(y, axes=[2, 3], starts=list(pads[:k]), ends=[p - e for p, e in zip(padded, pads[k:])],
+                   steps=[1, 1])
