@@ -503,3 +503,29 @@ def test_col2im_with_pads_matches_torch_fold():
     (y,), _ = run(model, {"x": x})
     padded = F_.fold(torch.tensor(x), (6, 6), (2, 3), stride=(2, 1))  # the image padded (1, 1) and (0, 1)
     np.testing.assert_allclose(y, padded[:, :, 1:5, 0:5].numpy(), rtol=1e-12)
+
+
+def test_batchnorm_training_mode_matches_torch_and_onnx():
+    from onnx.reference import ReferenceEvaluator
+
+    rng = np.random.default_rng(12)
+    x = rng.normal(size=(4, 3, 5))
+    stats = {"scale": rng.uniform(0.5, 2, 3), "bias": rng.normal(size=3), "mean": rng.normal(size=3),
+             "var": rng.uniform(0.5, 2, 3)}
+    node = helper.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["y", "rm", "rv"],
+                            training_mode=1, momentum=0.75)
+    model = model_of([node], [info("x", [4, 3, 5]), *(info(k, [3]) for k in stats)],
+                     [info("y", None), info("rm", None), info("rv", None)], opset=15)
+    feeds = {"x": x, **stats}
+    (y, rm, rv), grads = run(model, feeds, wrt=("x", "scale"))
+    t = {k: torch.tensor(v, requires_grad=k in ("x", "scale")) for k, v in feeds.items()}
+    running_mean = t["mean"].clone()
+    want = F_.batch_norm(t["x"], running_mean, t["var"].clone(), t["scale"], t["bias"], training=True,
+                         momentum=0.25)
+    want.sum().backward()
+    np.testing.assert_allclose(y, want.detach().numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(rm, running_mean.numpy(), rtol=1e-12)
+    for k in ("x", "scale"):
+        np.testing.assert_allclose(grads[k], t[k].grad.numpy(), rtol=1e-8, atol=1e-10)
+    # the running variance: ONNX's takes the batch's biased variance (torch's the unbiased one)
+    np.testing.assert_allclose(rv, ReferenceEvaluator(model).run(None, feeds)[2], rtol=1e-12)

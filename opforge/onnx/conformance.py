@@ -18,8 +18,6 @@ from .types import _DTYPES
 KNOWN_FAILING = {
     "test_maxpool_with_argmax_2d_precomputed_pads": "MaxPool's Indices output",
     "test_maxpool_with_argmax_2d_precomputed_strides": "MaxPool's Indices output",
-    "test_batchnorm_epsilon_training_mode": "BatchNormalization in training mode",
-    "test_batchnorm_example_training_mode": "BatchNormalization in training mode",
     **{f"test_training_dropout{k}": "random draws: opforge's generator draws other numbers than the reference's"
        for k in ("", "_default", "_default_mask", "_mask")},
     **{f"test_range_{k}_expanded": "the expansion uses Loop (control flow)" for k in (

@@ -387,11 +387,29 @@ def _(n):
         raise n.unsupported("training mode (is_test=0)")
     if n.attr("spatial", 1) != 1:
         raise n.unsupported("spatial=0")
+    if n.opset >= 14 and n.attr("training_mode", 0):
+        return _batch_norm_training(n)
     if n.attr("training_mode", 0) or n.outputs > 1:
-        raise n.unsupported("training mode (batch statistics as outputs)")
+        raise n.unsupported("training mode (batch statistics as outputs) before opset 14")
     x, scale, bias, mean, var = (n.input(i) for i in range(5))
     y, _, _ = F.batch_norm_with_stats(x, mean, var, scale, bias, training=False, eps=n.attr("epsilon", 1e-5))
     return y
+
+
+def _batch_norm_training(n):
+    """Training mode (opset 14 on): normalised by the batch's mean and (biased) variance per channel; the running
+    statistics given back as running·momentum + batch·(1 − momentum), as ONNX's reference."""
+    x, scale, bias, mean, var = (n.input(i) for i in range(5))
+    rank = len(n.shape(0))
+    axes = [0, *range(2, rank)]
+    momentum, eps = n.attr("momentum", 0.9), n.attr("epsilon", 1e-5)
+    batch_mean = F.mean(x, axis=axes, keepdim=True)
+    centred = x - batch_mean
+    batch_var = F.mean(centred * centred, axis=axes, keepdim=True)
+    per_channel = [-1, *[1] * (rank - 2)]
+    y = centred * F.rsqrt(batch_var + eps) * F.reshape(scale, shape=per_channel) + F.reshape(bias, shape=per_channel)
+    flat_mean, flat_var = F.reshape(batch_mean, shape=[-1]), F.reshape(batch_var, shape=[-1])
+    return [y, mean * momentum + flat_mean * (1 - momentum), var * momentum + flat_var * (1 - momentum)][:n.outputs]
 
 
 @onnx_op("InstanceNormalization")
