@@ -529,3 +529,17 @@ def test_batchnorm_training_mode_matches_torch_and_onnx():
         np.testing.assert_allclose(grads[k], t[k].grad.numpy(), rtol=1e-8, atol=1e-10)
     # the running variance: ONNX's takes the batch's biased variance (torch's the unbiased one)
     np.testing.assert_allclose(rv, ReferenceEvaluator(model).run(None, feeds)[2], rtol=1e-12)
+
+
+@pytest.mark.parametrize("storage_order", [0, 1])
+def test_maxpool_indices_match_onnxruntime(storage_order):
+    x = np.random.default_rng(13).normal(size=(2, 3, 5, 6)).astype(np.float32)
+    node = helper.make_node("MaxPool", ["x"], ["y", "i"], kernel_shape=[2, 3], strides=[2, 2], pads=[1, 1, 1, 1],
+                            storage_order=storage_order)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 5, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 3, 3]),
+                               helper.make_tensor_value_info("i", TensorProto.INT64, [2, 3, 3, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)])
+    ours, theirs = _backend_and_onnxruntime(model, {"x": x})
+    for got, want in zip(ours, theirs):
+        np.testing.assert_array_equal(got, want)

@@ -16,8 +16,6 @@ from .types import _DTYPES
 # Node tests of ops we import that fail, and why. The test suite runs every other selected node test through ONNX's
 # own harness and checks that these still fail (docs/onnx.md lists them).
 KNOWN_FAILING = {
-    "test_maxpool_with_argmax_2d_precomputed_pads": "MaxPool's Indices output",
-    "test_maxpool_with_argmax_2d_precomputed_strides": "MaxPool's Indices output",
     **{f"test_training_dropout{k}": "random draws: opforge's generator draws other numbers than the reference's"
        for k in ("", "_default", "_default_mask", "_mask")},
     **{f"test_range_{k}_expanded": "the expansion uses Loop (control flow)" for k in (

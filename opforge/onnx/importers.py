@@ -652,10 +652,10 @@ def _(n):
 
 @onnx_op("MaxPool", "AveragePool")
 def _(n):
-    if n.outputs > 1:
-        raise n.unsupported("the Indices output")
+    if n.outputs > 1 and n.proto.output[1]:
+        return _max_pool_with_indices(n)
     if n.attr("storage_order", 0):
-        raise n.unsupported("storage_order=1")
+        raise n.unsupported("storage_order=1 without the Indices output")
     kernel = tuple(n.attr("kernel_shape"))
     spatial = len(kernel)
     maximum = n.op_type == "MaxPool"
@@ -701,6 +701,46 @@ def _(n):
     counted = _pad(counted, [(0, 0), (0, 0), *((0, x_) for x_ in extra)], 0.0)
     total = pool(_pad(x, padded, 0.0), padding=[0] * spatial, **window)
     return total / pool(counted, padding=[0] * spatial, **window)
+
+
+_MAX_POOL_INDICES = {1: F.max_pool1d_with_indices, 2: F.max_pool2d_with_indices, 3: F.max_pool3d_with_indices}
+
+
+def _max_pool_with_indices(n):
+    """MaxPool and its Indices: ours give each maximum's index in its (unpadded) plane; ONNX's count over the whole
+    tensor (batch and channel too), in row-major order, or column-major with storage_order=1."""
+    kernel = tuple(n.attr("kernel_shape"))
+    spatial = len(kernel)
+    strides, dilations, pairs = _window(n, spatial, kernel)
+    if any(b != e or 2 * b > k for (b, e), k in zip(pairs, kernel)):
+        raise n.unsupported(f"the Indices output with pads {pairs} (equal at both ends, at most half the kernel)")
+    sizes = n.shape(0)[1:]
+    if any(isinstance(d, Dim) for d in sizes):
+        raise n.unsupported("the Indices output over dims known only at run time")
+    pool = _spatial(n, _MAX_POOL_INDICES, spatial)
+    y, index = pool(n.input(0), kernel_size=list(kernel), stride=list(strides), padding=[b for b, _ in pairs],
+                    dilation=list(dilations), ceil_mode=bool(n.attr("ceil_mode", 0)))
+    plane = sizes[1:]
+    if n.attr("storage_order", 0):  # column-major within the plane: the position's digits read in reverse order
+        digits, rest = [], index
+        for size in reversed(plane):
+            digits.append(F.remainder(rest, size))
+            rest = F.floor_divide(rest, size)
+        index = None
+        for i, digit in enumerate(digits):  # digits[0] is the last dim's, now the slowest
+            stride = math.prod(plane[:len(plane) - 1 - i])
+            index = digit * stride if index is None else index + digit * stride
+    # each (batch, channel) plane's first element's index in the whole tensor: (n·C + c)·plane
+    planes = math.prod(plane)
+    channel_first = (np.arange(sizes[0], dtype=np.int64) * planes).reshape(-1, *[1] * spatial)
+    return [y, index + channel_first + _batch_offsets(index, sizes[0] * planes)]
+
+
+def _batch_offsets(like, per_item: int):
+    """n·per_item for each batch item n, broadcast to ``like``'s shape (its batch size may be known at run time
+    only)."""
+    ones = F.ones_like(like)
+    return (F.cumsum(ones, axis=0) - ones) * per_item
 
 
 def _window_sums(n, dilations):
