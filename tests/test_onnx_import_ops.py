@@ -543,3 +543,18 @@ def test_maxpool_indices_match_onnxruntime(storage_order):
     ours, theirs = _backend_and_onnxruntime(model, {"x": x})
     for got, want in zip(ours, theirs):
         np.testing.assert_array_equal(got, want)
+
+
+def test_maxpool_then_maxunpool_matches_torch_with_gradients():
+    x = np.random.default_rng(14).normal(size=(2, 3, 4, 6))
+    nodes = [helper.make_node("MaxPool", ["x"], ["p", "i"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("MaxUnpool", ["p", "i"], ["y"], kernel_shape=[2, 2], strides=[2, 2])]
+    graph = helper.make_graph(nodes, "g", [info("x", [2, 3, 4, 6])], [info("y", [2, 3, 4, 6])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)])
+    (y,), grads = run(model, {"x": x}, wrt=("x",))
+    t = torch.tensor(x, requires_grad=True)
+    pooled, index = F_.max_pool2d(t, 2, 2, return_indices=True)
+    want = F_.max_unpool2d(pooled, index, 2, 2)
+    want.sum().backward()
+    np.testing.assert_array_equal(y, want.detach().numpy())
+    np.testing.assert_array_equal(grads["x"], t.grad.numpy())

@@ -2239,3 +2239,28 @@ def _(n):
         return y
     return F.slice(y, axes=[2, 3], starts=list(pads[:k]), ends=[p - e for p, e in zip(padded, pads[k:])],
                    steps=[1, 1])
+
+
+@onnx_op("MaxUnpool")
+def _(n):
+    """Each value put back at its index (MaxPool's Indices: counted over the whole output tensor) in zeros of the
+    output's shape (output_shape, or the pooling's input size from kernel, strides and pads)."""
+    kernel = tuple(n.attr("kernel_shape"))
+    spatial = len(kernel)
+    strides, pads = _per_dim(n, "strides", 1, spatial), _per_dim(n, "pads", 0, 2 * spatial)
+    shape = n.shape(0)
+    if any(isinstance(d, Dim) for d in shape):
+        raise n.unsupported("an input of sizes known only at run time")
+    out = [*shape[:2], *((size - 1) * s + k - b - e for size, s, k, b, e in zip(
+        shape[2:], strides, kernel, pads[:spatial], pads[spatial:]))]
+    total = math.prod(n.allocate(out, n.spec(0).dtype))
+    x = n.input(0)
+    flat = F.index_add(np.zeros(total, x.dtype), 0, F.reshape(n.input(1), shape=[-1]), F.reshape(x, shape=[-1]))
+    y = F.reshape(flat, shape=out)
+    if not n.has(2):
+        return y
+    # output_shape: the indices still count over the shape above (as ONNX's reference reads them), zeros after
+    wanted = [int(d) for d in n.ints(2, "output_shape")]
+    if len(wanted) != len(out) or any(w < o for w, o in zip(wanted, out)) or wanted[:2] != out[:2]:
+        raise n.unsupported(f"output_shape {wanted} smaller than the unpooled {out}")
+    return _pad(y, [(0, w - o) for w, o in zip(wanted, out)], 0.0)
