@@ -558,3 +558,26 @@ def test_maxpool_then_maxunpool_matches_torch_with_gradients():
     want.sum().backward()
     np.testing.assert_array_equal(y, want.detach().numpy())
     np.testing.assert_array_equal(grads["x"], t.grad.numpy())
+
+
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin"])
+def test_reducing_an_empty_group_gives_the_identity_as_onnxruntime(op):
+    x = np.zeros((2, 0, 4), np.float32)
+    axes = onnx.numpy_helper.from_array(np.array([1], np.int64), "axes")
+    graph = helper.make_graph([helper.make_node(op, ["x", "axes"], ["y"], keepdims=1)], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 0, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 1, 4])], initializer=[axes])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    (ours,), (theirs,) = _backend_and_onnxruntime(model, {"x": x})
+    np.testing.assert_array_equal(ours, theirs)
+
+
+@pytest.mark.parametrize("op", ["If", "Loop", "Scan"])
+def test_control_flow_is_refused_naming_the_op(op):
+    body = helper.make_graph([helper.make_node("Identity", ["x"], ["z"])], "body", [], [info("z", [2])])
+    attrs = {"If": {"then_branch": body, "else_branch": body}, "Loop": {"body": body},
+             "Scan": {"body": body, "num_scan_inputs": 1}}[op]
+    node = helper.make_node(op, ["c"] if op == "If" else ["", "c"] if op == "Loop" else ["x"], ["y"], **attrs)
+    m = model_of([node], [info("c", [], TensorProto.BOOL), info("x", [2])], [info("y", [2])])
+    with pytest.raises(of.onnx.OnnxImportError, match=f"ONNX op {op} is not supported"):
+        of.onnx.load(m)

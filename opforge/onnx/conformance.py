@@ -23,9 +23,6 @@ KNOWN_FAILING = {
         "bfloat16_type_positive_delta")},
     "test_celu_bfloat16_expanded": "values differ beyond the tolerance (bfloat16 rounding in the expansion's steps; "
                                    "not investigated further)",
-    "test_reduce_max_empty_set": "reducing an empty group (amax refuses: no value)",
-    "test_reduce_max_empty_set_bool": "reducing an empty group (amax refuses: no value)",
-    "test_reduce_min_empty_set": "reducing an empty group (amin refuses: no value)",
     **{f"test_scatter_elements_with_reduction_{k}": f"ScatterElements reduction='{k}'" for k in ("max", "min", "mul")},
     **{f"test_{k}window{s}_expanded": "the expansion computes the window's size at run time (Range over a Cast "
                                        "of the size: float constants are not folded at load)"

@@ -300,6 +300,9 @@ def _(n):
     axes, keep = _reduce_axes(n), bool(n.attr("keepdims", 1))
     if axes == ():
         return F.identity(x)
+    empty = _empty_extreme(n, axes, keep)
+    if empty is not None:
+        return empty
     if n.op_type in _REDUCE:
         y = _REDUCE[n.op_type](x, axis=axes, keepdim=keep)
     elif n.op_type in ("ReduceL1", "ReduceL2"):
@@ -313,6 +316,27 @@ def _(n):
     else:
         y = F.log(F.sum(x, axis=axes, keepdim=keep))
     return y if y.dtype == x.dtype else F.cast(y, dtype=x.dtype)
+
+
+def _empty_extreme(n, axes, keep):
+    """ReduceMax/ReduceMin over a group with no elements: ONNX's identities (the type's lowest value for max, its
+    highest for min; -inf and inf for floats), where amax and amin refuse (no value)."""
+    shape = n.shape(0)
+    rank = len(shape)
+    reduced = list(range(rank)) if axes is None else n.axes(axes, rank)
+    if n.op_type not in ("ReduceMax", "ReduceMin") or not any(shape[a] == 0 for a in reduced) or \
+            any(isinstance(d, Dim) for d in shape):
+        return None
+    dtype = n.spec(0).dtype
+    highest = n.op_type == "ReduceMin"
+    if dtype == D.bool_:
+        value = highest
+    elif D.is_floating(dtype):
+        value = math.inf if highest else -math.inf
+    else:
+        value = (np.iinfo(dtype).max if highest else np.iinfo(dtype).min)
+    out = [1 if a in reduced else d for a, d in enumerate(shape) if keep or a not in reduced]
+    return np.full(n.allocate(out, dtype), value, dtype=dtype)
 
 
 @onnx_op("ArgMax", "ArgMin")
