@@ -581,3 +581,17 @@ def test_control_flow_is_refused_naming_the_op(op):
     m = model_of([node], [info("c", [], TensorProto.BOOL), info("x", [2])], [info("y", [2])])
     with pytest.raises(of.onnx.OnnxImportError, match=f"ONNX op {op} is not supported"):
         of.onnx.load(m)
+
+
+@pytest.mark.parametrize("mels, dft, rate, low, high", [(8, 16, 8192, 0.0, 4096.0), (5, 64, 16000, 100.0, 7000.0)])
+def test_mel_weight_matrix_matches_onnx_reference(mels, dft, rate, low, high):
+    from onnx.reference import ReferenceEvaluator
+
+    values = {"m": np.array(mels, np.int64), "d": np.array(dft, np.int64), "r": np.array(rate, np.int64),
+              "lo": np.array(low, np.float32), "hi": np.array(high, np.float32)}
+    graph = helper.make_graph([helper.make_node("MelWeightMatrix", list(values), ["y"])], "g", [],
+                              [info("y", None, TensorProto.FLOAT)],
+                              initializer=[onnx.numpy_helper.from_array(v, k) for k, v in values.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    (y,), _ = run(model, {})
+    np.testing.assert_allclose(y, ReferenceEvaluator(model).run(None, {})[0], rtol=1e-6)

@@ -2288,3 +2288,30 @@ def _(n):
     if len(wanted) != len(out) or any(w < o for w, o in zip(wanted, out)) or wanted[:2] != out[:2]:
         raise n.unsupported(f"output_shape {wanted} smaller than the unpooled {out}")
     return _pad(y, [(0, w - o) for w, o in zip(wanted, out)], 0.0)
+
+
+@onnx_op("MelWeightMatrix")
+def _(n):
+    """The mel filter bank, made at load from its (known) inputs as ONNX's reference makes it: triangles between
+    mel-spaced frequency bins over the dft_length // 2 + 1 spectrogram bins."""
+    mels, dft, rate, low, high = (np.asarray(n.const(i, what)).reshape(-1)[0] for i, what in enumerate(
+        ("num_mel_bins", "dft_length", "sample_rate", "lower_edge_hertz", "upper_edge_hertz")))
+    mels, dft, rate = int(mels), int(dft), int(rate)
+    dtype = dtype_of(n.attr("output_datatype", 1), f"{n.where()}: attribute 'output_datatype'")
+    if mels < 1 or dft < 1 or rate < 1:
+        raise n.unsupported(f"num_mel_bins={mels}, dft_length={dft}, sample_rate={rate} (positive)")
+    out = np.zeros(n.allocate((dft // 2 + 1, mels), np.float64))
+    low_mel, high_mel = (2595 * np.log1p(f / 700) / np.log(10) for f in (float(low), float(high)))
+    edges = np.arange(mels + 2) * ((high_mel - low_mel) / (mels + 2)) + low_mel
+    edges = (((dft + 1) * (700 * np.expm1(edges / 2595 * np.log(10)))) // rate).astype(int)
+    if edges.min() < 0 or edges.max() >= out.shape[0]:
+        raise n.unsupported(f"frequency edges past the {out.shape[0]} spectrogram bins")
+    for i in range(mels):
+        left, centre, right = edges[i:i + 3]
+        if centre == left:
+            out[centre, i] = 1
+        else:
+            out[left:centre + 1, i] = (np.arange(left, centre + 1) - left) / (centre - left)
+        if right > centre:
+            out[centre:right, i] = (right - np.arange(centre, right)) / (right - centre)
+    return out.astype(dtype)
