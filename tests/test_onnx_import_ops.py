@@ -595,3 +595,20 @@ def test_mel_weight_matrix_matches_onnx_reference(mels, dft, rate, low, high):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     (y,), _ = run(model, {})
     np.testing.assert_allclose(y, ReferenceEvaluator(model).run(None, {})[0], rtol=1e-6)
+
+
+def test_lstm_over_a_sequence_length_known_at_run_time():
+    # lstm_layer needs no static length: the program runs any sequence length (the unrolled cells need one)
+    rng = np.random.default_rng(15)
+    w, r = rng.normal(size=(1, 16, 3)).astype(np.float32), rng.normal(size=(1, 16, 4)).astype(np.float32)
+    node = helper.make_node("LSTM", ["x", "w", "r"], ["y", "h"], hidden_size=4)
+    f32 = TensorProto.FLOAT  # (ONNX Runtime's LSTM takes float32 only)
+    graph = helper.make_graph([node], "g", [info("x", ["t", 2, 3], f32)], [info("y", None, f32), info("h", None, f32)],
+                              initializer=[onnx.numpy_helper.from_array(w, "w"), onnx.numpy_helper.from_array(r, "r")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    exe = of.Executor(of.onnx.load(model))
+    for steps in (2, 5):
+        x = rng.normal(size=(steps, 2, 3)).astype(np.float32)
+        got = exe.run({"x": x})
+        for name, want in zip(("y", "h"), onnxruntime_outputs(model, {"x": x})):
+            np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-6)

@@ -1650,14 +1650,12 @@ def _(n):
     x = n.input(0)
     if layout:  # batch first: ours run time first
         x = F.transpose(x, perm=[1, 0, 2])
-    steps = n.shape(0)[1 if layout else 0]
-    if isinstance(steps, Dim):
-        raise n.unsupported("a sequence length known only at run time")
+    steps = n.shape(0)[1 if layout else 0]  # (a Dim is enough for lstm_layer and gru_layer; not to unroll)
     if size is None:
         size = n.shape(2)[-1]
     if n.has(4):  # sequence_lens: every sequence of the full length only (no padded batches)
         lens = np.asarray(n.const(4, "sequence_lens")).reshape(-1)
-        if np.any(lens != steps):
+        if isinstance(steps, Dim) or np.any(lens != steps):
             raise n.unsupported(f"sequence_lens {lens.tolist()[:16]} shorter than the {steps} steps")
     peepholes = n.input(7) if kind == "LSTM" and n.has(7) else None
 
@@ -1687,13 +1685,16 @@ def _(n):
             if kind == "LSTM":
                 gx = gx if wb is None else gx + (wb + rb)
                 y, cells, _ = F.lstm_layer(gx, h0, F.take(c0s, pick, axis=0), r, reverse=reverse)
-                cs.append(F.take(cells, np.array(0 if reverse else steps - 1), axis=0))
+                cs.append(F.take(cells, np.array(0 if reverse else -1), axis=0))
             else:
                 gx = gx if wb is None else gx + wb
                 y = F.gru_layer(gx, h0, r, rb, reverse=reverse)[0]
             ys.append(y)
-            hs.append(F.take(y, np.array(0 if reverse else steps - 1), axis=0))
+            hs.append(F.take(y, np.array(0 if reverse else -1), axis=0))
             continue
+        if isinstance(steps, Dim):
+            raise n.unsupported(f"this {kind} cell (unrolled over the steps) over a sequence length known only at "
+                                "run time")
         y, h, c = _rnn_unrolled(n, kind, x, w, r, wb, rb, h0, None if c0s is None else F.take(c0s, pick, axis=0),
                                 None if peepholes is None else F.take(peepholes, pick, axis=0), act, clip, lbr,
                                 input_forget, size, steps, reverse)
