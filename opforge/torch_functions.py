@@ -40,7 +40,9 @@ _NOT_TORCHS = {"batch_norm", "instance_norm", "embedding", "embedding_bag", "nor
 _SYNONYMS = {"clamp": "clip", "cat": "concat", "concatenate": "concat", "eq": "equal", "ne": "not_equal",
              "lt": "less", "le": "less_equal", "gt": "greater", "ge": "greater_equal", "negative": "neg",
              "multiply": "mul", "divide": "div", "true_divide": "div", "subtract": "sub", "absolute": "abs",
-             "det": "linalg_det", "inverse": "linalg_inv", "cholesky": "linalg_cholesky"}
+             "det": "linalg_det", "inverse": "linalg_inv", "cholesky": "linalg_cholesky",
+             "arcsin": "asin", "arccos": "acos", "arctan": "atan", "arcsinh": "asinh", "arccosh": "acosh",
+             "arctanh": "atanh", "arctan2": "atan2", "fix": "trunc"}
 
 
 def transpose(input, dim0, dim1):

@@ -382,15 +382,6 @@ def sin(x: _TensorLike) -> Tensor:
 def cos(x: _TensorLike) -> Tensor:
     """Cosine."""
 
-def asin(x: _TensorLike) -> Tensor:
-    """Inverse sine, in [−π/2, π/2] (NaN outside [−1, 1])."""
-
-def acos(x: _TensorLike) -> Tensor:
-    """Inverse cosine, in [0, π] (NaN outside [−1, 1])."""
-
-def atan(x: _TensorLike) -> Tensor:
-    """Inverse tangent, in (−π/2, π/2)."""
-
 def erf(x: _TensorLike) -> Tensor:
     """The error function, erf(x) = 2/√π ∫₀ˣ e^(−t²) dt."""
 
@@ -466,6 +457,125 @@ def glu(x: _TensorLike, axis: int = -1, *, dim: int | None = None) -> Tensor:
 def prelu(x: _TensorLike, weight: _TensorLike) -> Tensor:
     """y = x where x > 0, else weight·x; ``weight`` is (1,) or (C,), C the size of dim 1 (1 for an x of fewer
     dims), as torch's.
+    """
+
+# -- opforge.ops.elementwise_math
+
+def acos(x: _TensorLike) -> Tensor:
+    """Inverse cosine (NaN outside [−1, 1])."""
+
+def acosh(x: _TensorLike) -> Tensor:
+    """Inverse hyperbolic cosine (NaN below 1)."""
+
+def asin(x: _TensorLike) -> Tensor:
+    """Inverse sine (NaN outside [−1, 1])."""
+
+def asinh(x: _TensorLike) -> Tensor:
+    """Inverse hyperbolic sine."""
+
+def atan(x: _TensorLike) -> Tensor:
+    """Inverse tangent."""
+
+def atanh(x: _TensorLike) -> Tensor:
+    """Inverse hyperbolic tangent (±inf at ±1, NaN beyond)."""
+
+def cosh(x: _TensorLike) -> Tensor:
+    """Hyperbolic cosine."""
+
+def exp2(x: _TensorLike) -> Tensor:
+    """2ˣ."""
+
+def frac(x: _TensorLike) -> Tensor:
+    """The fractional part, x − trunc(x), with the sign of x (torch's frac: floating only)."""
+
+def log10(x: _TensorLike) -> Tensor:
+    """Logarithm to base 10."""
+
+def log2(x: _TensorLike) -> Tensor:
+    """Logarithm to base 2."""
+
+def sinh(x: _TensorLike) -> Tensor:
+    """Hyperbolic sine."""
+
+def tan(x: _TensorLike) -> Tensor:
+    """Tangent."""
+
+def trunc(x: _TensorLike) -> Tensor:
+    """x rounded towards 0 (integer tensors are returned unchanged)."""
+
+def logit(x: _TensorLike, eps: float | None = None) -> Tensor:
+    """ln(z / (1 − z)) with z = x, or x clamped to [eps, 1 − eps] when ``eps`` is given (NaN outside [0, 1]
+    without it).
+    """
+
+def isinf(x: _TensorLike) -> Tensor:
+    """True where x is +inf or −inf (never for integers and bools)."""
+
+def isneginf(x: _TensorLike) -> Tensor:
+    """True where x is −inf."""
+
+def isposinf(x: _TensorLike) -> Tensor:
+    """True where x is +inf."""
+
+def nan_to_num(x: _TensorLike, nan: float = 0.0, posinf: float | None = None, neginf: float | None = None) -> Tensor:
+    """NaN, +inf and −inf replaced by ``nan``, ``posinf`` and ``neginf`` (by default the largest and the
+    smallest finite value of x's dtype); integers and bools unchanged.
+    """
+
+def atan2(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """The angle of the point (y=x, x=y) in (−π, π]: ``torch.atan2(input, other)`` is atan(input / other) in the
+    right quadrant.
+    """
+
+def bitwise_left_shift(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """x << y: x·2ʸ, wrapping around; 0 for shifts by a negative count or by the width or more."""
+
+def bitwise_right_shift(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """x >> y: floor(x / 2ʸ); shifts by a negative count or by the width or more give 0 (−1 for a negative x)."""
+
+def bitwise_xor(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """x ^ y, bit by bit (the logical xor of bools)."""
+
+def copysign(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """|x| with the sign of y (the sign bit: −0.0 counts as negative)."""
+
+def fmax(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """The larger of x and y, ignoring a NaN (NaN where both are)."""
+
+def fmin(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """The smaller of x and y, ignoring a NaN (NaN where both are)."""
+
+def fmod(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """The remainder of x / y rounded towards 0, with the sign of x (C's fmod; ``remainder`` takes the sign of
+    y). Integers divided by 0 raise ``DivisionByZeroError``, as torch.
+    """
+
+def hypot(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """√(x² + y²), without overflow."""
+
+def logaddexp(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """ln(eˣ + eʸ), without overflow."""
+
+def xlogy(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """x·ln(y), 0 where x = 0 (unless y is NaN), as ``torch.xlogy``."""
+
+def logical_xor(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """True where exactly one of x and y is nonzero (True)."""
+
+def isclose(
+    x: _TensorLike,
+    y: _TensorLike,
+    rtol: float = 1e-05,
+    atol: float = 1e-08,
+    equal_nan: bool = False,
+) -> Tensor:
+    """|x − y| ≤ atol + |rtol·y| elementwise, as torch's: equal values (infinities included) are close, NaN is
+    close to NaN only with ``equal_nan``. Integers and bools compare their differences in float32, as torch.
+    """
+
+def lerp(x: _TensorLike, end: _TensorLike, weight: _TensorLike) -> Tensor:
+    """x + weight·(end − x), computed as torch does: from the nearer end (end − (end − x)·(1 − weight) where
+    |weight| ≥ ½), so that a weight of 1 gives ``end`` exactly.
     """
 
 # -- opforge.ops.embedding_bags
@@ -1784,6 +1894,16 @@ def sparse_mm(indices: _TensorLike, values: _TensorLike, dense: _TensorLike, *, 
     summed) times ``dense``: out[i] = Σₑ values[e]·dense[indices[1, e]] over the entries e of row i —
     ``torch.sparse.mm``. Its gradient for the values is a sampled product (⟨dout[row], dense[col]⟩ per entry),
     for the dense matrix the transposed sparse matrix times dout.
+    """
+
+def addcdiv(input, tensor1, tensor2, *, value=1) -> Any:
+    """``torch.addcdiv``: input + value·tensor1/tensor2. Integer tensor1 and tensor2 are refused, as torch
+    refuses them (its integer division here was removed).
+    """
+
+def addcmul(input, tensor1, tensor2, *, value=1) -> Any:
+    """``torch.addcmul``: input + value·tensor1·tensor2 (broadcast, promoted as torch does); a float ``value``
+    with integer tensors is refused, as torch refuses it.
     """
 
 def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-05) -> Any:

@@ -775,55 +775,6 @@ def _(x, dy):
     return -dy * F.sin(x)
 
 
-@op("asin(Tensor<floating> x) -> Tensor y", traits=["elementwise", "pointwise"])
-def asin(x):
-    """Inverse sine, in [−π/2, π/2] (NaN outside [−1, 1])."""
-    return np.arcsin(x)
-
-
-asin.onnx(lambda g, x: g.op("Asin", x))
-
-
-@asin.grad
-def _(x, dy):
-    return dy * F.rsqrt(1 - F.square(x))
-
-
-@op("acos(Tensor<floating> x) -> Tensor y", traits=["elementwise", "pointwise"])
-def acos(x):
-    """Inverse cosine, in [0, π] (NaN outside [−1, 1])."""
-    return np.arccos(x)
-
-
-acos.onnx(lambda g, x: g.op("Acos", x))
-
-
-@acos.grad
-def _(x, dy):
-    return -dy * F.rsqrt(1 - F.square(x))
-
-
-@asin.samples
-@acos.samples
-def _(rng):
-    yield Sample.of(rng.uniform(-0.9, 0.9, (2, 3)))  # inside the domain, away from ±1 where the slope is infinite
-    yield Sample.of(rng.uniform(-0.9, 0.9, ()))
-
-
-@op("atan(Tensor<floating> x) -> Tensor y", traits=["elementwise", "pointwise"])
-def atan(x):
-    """Inverse tangent, in (−π/2, π/2)."""
-    return np.arctan(x)
-
-
-atan.onnx(lambda g, x: g.op("Atan", x))
-
-
-@atan.grad
-def _(x, dy):
-    return dy / (F.square(x) + 1)
-
-
 def _erf(x):
     from scipy.special import erf  # imported on first use: SciPy takes a noticeable time to import
 

@@ -1,0 +1,357 @@
+"""PyTorch's OpInfo database as the oracle for the ops torch users reach for by name (issue 27): torch's own sample
+inputs for each op, run through opforge's function of torch's name (``of.<name>``, ``F.<name>`` for
+``nn.functional``, ``of.linalg.<name>``) with torch's arguments as torch writes them, then compared with what torch
+computes from the same inputs.
+
+``OPINFO`` maps an OpInfo name to a ``Case``. For each op:
+
+* ``test_forward``: every sample (``sample_inputs``, plus the ``reference_inputs`` of at most ``SMALL`` elements:
+  NaN, infinities, empty tensors, extreme values) in float64, float32, int64 and bool where torch takes the dtype:
+  the same values, shapes and dtypes; or, for a dtype the case lists in ``refuses``, an opforge error naming the op
+  (never a silently different result);
+* ``test_method``: the Tensor method and the in-place method, where torch has them, on the float64 samples;
+* ``test_gradients``: in float64, the same vector-Jacobian products for every floating input, and (where torch's
+  OpInfo says the op is twice differentiable) the same Hessian-vector products, derivative of the cotangent
+  included.
+
+The database lives in ``torch.testing._internal``, which imports ``expecttest`` (a test dependency of torch's own)
+only to subclass its ``TestCase``: where that package is not installed, a module holding ``unittest.TestCase`` under
+its name stands in (nothing here runs torch's test classes).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import types
+import unittest
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import pytest
+import torch
+
+import opforge as of
+from opforge import ops as F
+
+SMALL = 512  # reference inputs up to this many elements (the larger ones are the same values, repeated)
+# rtol, atol by the dtype of torch's result; integers and bools exact
+TOLERANCES = {torch.float64: (1e-7, 1e-9), torch.float32: (2e-5, 1e-6), torch.float16: (2e-3, 1e-3),
+              torch.bfloat16: (1.6e-2, 1e-2)}
+DTYPES = (torch.float64, torch.float32, torch.int64, torch.bool)
+
+
+@dataclass(frozen=True)
+class Case:
+    fn: Callable | None = None  # opforge's function; by default the one of torch's name (see _opforge_fn)
+    refuses: tuple = ()  # dtypes torch computes in that opforge refuses, naming the op
+    gradgrad: bool = True  # compare second derivatives (where OpInfo says torch has them)
+    skip: Callable | None = None  # (sample) -> a reason to leave the sample out, or None
+    rtol: float | None = None  # float64 tolerance, where torch's own kernel is less exact than the default's
+    extra: tuple = ()  # X(...) calls added to torch's samples: edges its database leaves out
+
+
+class X(NamedTuple):
+    """A call added to torch's samples, with NumPy arrays for tensors: it runs with the samples of its input's dtype
+    (with requires_grad for float64 tensors, in test_gradients)."""
+
+    input: np.ndarray
+    args: tuple = ()
+    kwargs: dict = {}  # noqa: RUF012 (never changed)
+
+    @classmethod
+    def of(cls, input, *args, **kwargs):
+        return cls(input, args, kwargs)
+
+    def to_torch(self, requires_grad: bool):
+        def one(v):
+            if isinstance(v, np.ndarray):
+                return torch.tensor(v, requires_grad=requires_grad and v.dtype == np.float64)
+            return type(v)(one(a) for a in v) if isinstance(v, (list, tuple)) else v
+        return X(one(self.input), tuple(one(a) for a in self.args), {k: one(v) for k, v in self.kwargs.items()})
+
+
+_INTS = (torch.int64, torch.bool)
+_NAN, _INF = np.nan, np.inf
+
+
+def a(*values, dtype=np.float64) -> np.ndarray:
+    return np.array(values, dtype=dtype)
+
+
+OPINFO: dict[str, Case] = {
+    # -- elementwise maths (opforge/ops/elementwise_math.py) ---------------------------------------------------------
+    **{name: Case(refuses=_INTS) for name in (
+        "tan", "sinh", "cosh", "asin", "acos", "atan", "asinh", "acosh", "atanh", "log2", "log10", "exp2", "frac")},
+    "atan2": Case(refuses=_INTS, extra=(X.of(a(0.0, -0.0, 0.0, 1.0, -2.0), a(0.0, -1.0, -0.0, 0.0, _INF)),)),
+    "hypot": Case(refuses=_INTS, extra=(X.of(a(0.0, 3.0, _INF), a(0.0, -4.0, _NAN)),)),
+    "logaddexp": Case(refuses=_INTS, extra=(X.of(a(-_INF, _INF, 0.0, 800.0), a(-_INF, 1.0, _INF, 799.0)),)),
+    "xlogy": Case(refuses=_INTS, extra=(X.of(a(0.0, 0.0, 1.5, 2.0, 0.0, -1.0), a(0.0, _NAN, 0.0, 3.0, 2.0, -1.0)),)),
+    "copysign": Case(refuses=_INTS, extra=(
+        X.of(a(1.0, -2.0, 0.0, -0.0, 3.0, 2.0), a(-1.0, 3.0, -1.0, 1.0, -0.0, _NAN)),
+    )),
+    "logit": Case(refuses=_INTS, extra=(
+        X.of(a(0.05, 0.1, 0.5, 0.9, 0.95, -0.1, 1.2), 0.1),  # at and beyond both clamps
+        X.of(a(0.2, -0.1, 1.2, 0.7)),  # NaN outside [0, 1] without eps, in the gradient too
+    )),
+    "lerp": Case(refuses=_INTS, extra=(
+        X.of(a(1.5, -2.0, 0.1), a(3.0, 7.0, 1e-17), 1.0),  # weight 1: end exactly
+        X.of(a(1.0, 2.0, 3.0), a(-1.0, 5.0, 0.5), a(0.0, 0.5, 0.75)),
+    )),
+    "trunc": Case(refuses=(torch.bool,), extra=(X.of(a(-2.5, -0.5, -0.0, 0.5, 2.5, _INF, _NAN)),)),
+    "fmod": Case(refuses=(torch.bool,), extra=(
+        X.of(a(5.5, -5.5, 5.5, -5.5), a(2.0, 2.0, -2.0, -2.0)),
+        X.of(a(7, -7, 7, -7, dtype=np.int64), a(3, 3, -3, -3, dtype=np.int64)),
+    )),
+    **{name: Case(refuses=(torch.bool,), extra=(
+        X.of(a(1.0, _NAN, 2.0, _NAN, 3.0, -0.0), a(_NAN, 0.5, 2.0, _NAN, -1.0, 0.0)),  # NaN ignored; ties to x
+    )) for name in ("fmax", "fmin")},
+    "addcmul": Case(),
+    "addcdiv": Case(),
+    "isinf": Case(),
+    "isposinf": Case(),
+    "isneginf": Case(),
+    "isclose": Case(extra=(
+        X.of(a(_NAN, _INF, -_INF, 1.0, 1.0), a(_NAN, _INF, _INF, 1.0 + 1e-6, 1.1), equal_nan=True),
+        X.of(a(100, 101, 5, dtype=np.int64), a(100, 100, 6, dtype=np.int64), rtol=0.01, atol=0.0),
+    )),
+    "nan_to_num": Case(extra=(
+        X.of(a(_NAN, _INF, -_INF, 1.5)), X.of(a(_NAN, _INF, -_INF, 1.5), 2.0, 1.0),
+        X.of(a(_NAN, _INF, -_INF, 1.5, dtype=np.float32), neginf=-3.0),
+    )),
+    "bitwise_xor": Case(),
+    "logical_xor": Case(),
+    **{name: Case(extra=(  # counts beyond the width and negative ones, as torch defines them
+        X.of(a(1, -8, 5, 3, -5, 7, dtype=np.int64), a(1, 2, 64, -1, 70, 63, dtype=np.int64)),
+        X.of(a(1, -8, 5, 3, -5, 7, dtype=np.int32), a(31, 2, 32, -1, 40, 3, dtype=np.int32)),
+    )) for name in ("bitwise_left_shift", "bitwise_right_shift")},
+}
+
+
+# -- the database -----------------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _op_db() -> dict:
+    if "expecttest" not in sys.modules:
+        try:
+            import expecttest  # noqa: F401
+        except ImportError:
+            sys.modules["expecttest"] = types.SimpleNamespace(TestCase=unittest.TestCase)
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    return {(o.name, o.variant_test_name): o for o in op_db}
+
+
+def _opinfo(name: str):
+    torch_name, _, variant = name.partition(":")
+    return _op_db()[(torch_name, variant)]
+
+
+def _opforge_fn(name: str) -> Callable:
+    case = OPINFO[name]
+    if case.fn is not None:
+        return case.fn
+    torch_name = name.partition(":")[0]
+    for prefix, namespace in (("nn.functional.", F), ("linalg.", of.linalg), ("special.", of.special)
+                              if hasattr(of, "special") else ("special.", F)):
+        if torch_name.startswith(prefix):
+            return getattr(namespace, torch_name.removeprefix(prefix))
+    return getattr(of, torch_name)
+
+
+def _samples(name: str, dtype, requires_grad: bool = False, reference: bool = False) -> list:
+    info = _opinfo(name)
+    if dtype not in info.supported_dtypes("cpu"):
+        return []
+    samples = list(info.sample_inputs("cpu", dtype, requires_grad=requires_grad))
+    if reference:
+        samples += [s for s in info.reference_inputs("cpu", dtype) if _size(s) <= SMALL]
+    samples += [x.to_torch(requires_grad) for x in OPINFO[name].extra
+                if str(x.input.dtype) == str(dtype).removeprefix("torch.")]
+    skip = OPINFO[name].skip
+    return [s for s in samples if all(t.dtype in _OURS for t in _tensors((s.input, s.args, s.kwargs)))
+            and (skip is None or skip(s) is None)]
+
+
+# the dtypes opforge has (a reference input may mix in complex or uint8 tensors: promotion tests of other dtypes)
+_OURS = (torch.bool, torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _size(sample) -> int:
+    return sum(t.numel() for t in _tensors((sample.input, sample.args, sample.kwargs)))
+
+
+def _tensors(value) -> list:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+# -- both frameworks on one sample ----------------------------------------------------------------------------------
+
+
+def _to_opforge(value, leaves: dict | None = None):
+    """torch's arguments for opforge: tensors as opforge tensors (floating ones as leaves when ``leaves`` collects
+    them), torch dtypes as NumPy's; numbers, strings and the rest as they are."""
+    if isinstance(value, torch.Tensor):
+        t = of.tensor(_array(value).copy(), requires_grad=leaves is not None and value.dtype == torch.float64)
+        if t.requires_grad:
+            leaves[id(value)] = t
+        return t
+    if isinstance(value, torch.dtype):
+        return np.dtype(str(value).removeprefix("torch."))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_opforge(v, leaves) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_opforge(v, leaves) for k, v in value.items()}
+    return value
+
+
+def _outputs(result) -> list:
+    """The tensors a call returned, in order (a tuple or named tuple of them, or one)."""
+    if isinstance(result, (tuple, list)):
+        return [t for r in result for t in _outputs(r)]
+    return [result]
+
+
+def _array(t) -> np.ndarray:
+    if isinstance(t, torch.Tensor):
+        if t.dtype == torch.bfloat16:  # which torch's .numpy() does not convert
+            return t.detach().float().numpy(force=True).astype(of.bfloat16)
+        return t.detach().numpy(force=True)
+    if isinstance(t, of.Tensor):
+        return t.numpy()
+    return np.asarray(t)
+
+
+def assert_same(got, want, what: str, rtol: float, atol: float) -> None:
+    got, want = _array(got), _array(want)
+    assert got.shape == want.shape, f"{what}: shape {got.shape}, torch says {want.shape}"
+    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype}, torch says {want.dtype}"
+    if want.dtype.kind == "f":
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, equal_nan=True, err_msg=what)
+    else:
+        np.testing.assert_array_equal(got, want, err_msg=what)
+
+
+def _describe(sample) -> str:
+    def one(v):
+        if isinstance(v, torch.Tensor):
+            return f"{v.dtype}{list(v.shape)}".replace("torch.", "")
+        return repr(v)
+    return (f"input {one(sample.input)}, args ({', '.join(one(a) for a in sample.args)}), "
+            f"kwargs {{{', '.join(f'{k}: {one(v)}' for k, v in sample.kwargs.items())}}}")
+
+
+def _tolerances(name: str, dtype) -> tuple:
+    rtol, atol = TOLERANCES.get(dtype, (0, 0))
+    if dtype == torch.float64 and OPINFO[name].rtol is not None:
+        rtol = OPINFO[name].rtol
+    return rtol, atol
+
+
+def _check_call(name, sample, of_call, torch_call, dtype, what) -> None:
+    with np.errstate(all="ignore"):
+        want = _outputs(torch_call(sample.input, *sample.args, **sample.kwargs))
+        if dtype in OPINFO[name].refuses:
+            with pytest.raises(of.OpforgeError, match=name.split(".")[-1].partition(":")[0]):
+                of_call(*_to_opforge([sample.input, *sample.args]), **_to_opforge(sample.kwargs))
+            return
+        got = _outputs(of_call(*_to_opforge([sample.input, *sample.args]), **_to_opforge(sample.kwargs)))
+    assert len(got) == len(want), f"{what}: {len(got)} outputs, torch gives {len(want)}"
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert_same(g, w, f"{what}, output {i}, {_describe(sample)}", *_tolerances(name, getattr(w, "dtype", None)))
+
+
+# -- the tests --------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("name", sorted(OPINFO))
+def test_forward(name, dtype):
+    info = _opinfo(name)
+    samples = _samples(name, dtype, reference=dtype in (torch.float64, torch.int64))
+    if not samples:
+        pytest.skip(f"torch's {name} takes no {dtype}")
+    for sample in samples:
+        _check_call(name, sample, _opforge_fn(name), info.op, dtype, f"{name} in {dtype}")
+
+
+@pytest.mark.parametrize("name", sorted(OPINFO))
+def test_method(name):
+    info = _opinfo(name)
+    if info.method_variant is None:
+        pytest.skip(f"torch has no Tensor.{name}")
+    torch_name = name.partition(":")[0]
+    for sample in _samples(name, torch.float64):
+        _check_call(name, sample, lambda x, *a, **k: getattr(x, torch_name)(*a, **k), info.method_variant,
+                    torch.float64, f"Tensor.{torch_name}")
+        if info.inplace_variant is None or _is_broadcast_up(sample):
+            continue
+        # in place: the method writes its result into the tensor (the same values as out of place)
+        with np.errstate(all="ignore"):
+            want = info.inplace_variant(sample.input.clone(), *sample.args, **sample.kwargs)
+            x = _to_opforge(sample.input)
+            got = getattr(x, f"{torch_name}_")(*_to_opforge(list(sample.args)), **_to_opforge(sample.kwargs))
+        assert got is x, f"Tensor.{torch_name}_ must return the tensor it changed"
+        assert_same(x, want, f"Tensor.{torch_name}_, {_describe(sample)}", *_tolerances(name, torch.float64))
+
+
+def _is_broadcast_up(sample) -> bool:
+    """Whether the result is larger than the input: an in-place call refuses that, in torch as in opforge."""
+    shapes = [tuple(t.shape) for t in _tensors((sample.input, sample.args))]
+    try:
+        return tuple(np.broadcast_shapes(*shapes)) != tuple(sample.input.shape)
+    except ValueError:
+        return True
+
+
+@pytest.mark.parametrize("name", sorted(OPINFO))
+def test_gradients(name):
+    info = _opinfo(name)
+    if not info.supports_autograd:
+        pytest.skip(f"torch's {name} has no gradient")
+    second = info.supports_gradgrad and OPINFO[name].gradgrad
+    for sample in _samples(name, torch.float64, requires_grad=True):
+        torch_leaves = [t for t in _tensors((sample.input, sample.args, sample.kwargs)) if t.requires_grad]
+        with np.errstate(all="ignore"):
+            want_out = [o for o in _outputs(info.op(sample.input, *sample.args, **sample.kwargs))
+                        if isinstance(o, torch.Tensor) and o.dtype == torch.float64 and o.requires_grad]
+            if not torch_leaves or not want_out:
+                continue
+            of_leaves: dict = {}
+            got_out = [o for o in _outputs(_opforge_fn(name)(*_to_opforge([sample.input, *sample.args], of_leaves),
+                                                             **_to_opforge(sample.kwargs, of_leaves)))
+                       if o.dtype == np.float64]
+            assert len(got_out) == len(want_out), f"{name}: {len(got_out)} float64 outputs, torch {len(want_out)}"
+            leaves = [of_leaves[id(t)] for t in torch_leaves]
+            want = _derivatives(TORCH, want_out, torch_leaves, second)
+            got = _derivatives(OPFORGE, got_out, leaves, second)
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_same(g, w, f"{name}: derivative {i}, {_describe(sample)}", *_tolerances(name, torch.float64))
+
+
+TORCH = types.SimpleNamespace(grad=torch.autograd.grad, tensor=lambda a, **k: torch.tensor(a, **k))
+OPFORGE = types.SimpleNamespace(grad=of.grad, tensor=lambda a, **k: of.tensor(a, **k))
+
+
+def _derivatives(fw, outputs, leaves, second: bool) -> list:
+    """u·∂f/∂x for each leaf x, for random cotangents u; with ``second``, also the gradients of Σ <u·∂f/∂x, v>
+    (random v) with respect to the leaves and to u. The random values are the same for both frameworks."""
+    rng = np.random.default_rng(0)
+    us = [fw.tensor(rng.standard_normal(tuple(o.shape)), requires_grad=second) for o in outputs]
+    grads = fw.grad(outputs, leaves, grad_outputs=us, create_graph=second, allow_unused=True)
+    firsts = [np.zeros(tuple(x.shape)) if g is None else _array(g) for g, x in zip(grads, leaves)]
+    vs = [fw.tensor(rng.standard_normal(tuple(x.shape))) for x in leaves]
+    terms = [(g * v).sum() for g, v in zip(grads, vs) if g is not None and g.requires_grad]
+    if not second or not terms:
+        return firsts
+    seconds = fw.grad([functools.reduce(lambda a, b: a + b, terms)], [*leaves, *us], allow_unused=True)
+    return firsts + [np.zeros(tuple(x.shape)) if g is None else _array(g) for g, x in zip(seconds, [*leaves, *us])]
