@@ -23,7 +23,7 @@ dispatch.install()  # binding 1: from here on every declared op has its function
 _OP_FAMILIES = ("half", "creation", "elementwise", "binary", "integer", "reduce", "shape", "linalg", "loss", "nn",
                 "normalization", "conv", "accumulate", "optim", "collective", "device", "pool", "resize", "recurrent",
                 "embedding_bags", "feature_dropout", "indexing", "similarity", "sorting", "sparse",
-                "elementwise_math")
+                "elementwise_math", "special")
 for _family in _OP_FAMILIES:
     importlib.import_module(f"{__name__}.ops.{_family}")
 from . import autodiff  # noqa: E402  (the eager backward pass, replay, anomaly detection)

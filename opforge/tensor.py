@@ -721,10 +721,12 @@ class TensorOps:
 _METHODS = ("tan", "sinh", "cosh", "asin", "acos", "atan", "asinh", "acosh", "atanh", "log2", "log10", "exp2",
             "logit", "xlogy", "trunc", "frac", "fmod", "copysign", "fmax", "fmin", "lerp", "addcmul", "addcdiv",
             "isinf", "isposinf", "isneginf", "isclose", "nan_to_num", "bitwise_xor", "logical_xor",
-            "bitwise_left_shift", "bitwise_right_shift", "atan2", "hypot", "logaddexp")
+            "bitwise_left_shift", "bitwise_right_shift", "atan2", "hypot", "logaddexp", "erfc", "erfinv", "lgamma",
+            "digamma", "i0")
 _IN_PLACE = ("tan", "sinh", "cosh", "asin", "acos", "atan", "asinh", "acosh", "atanh", "log2", "log10", "exp2",
              "logit", "xlogy", "trunc", "frac", "fmod", "copysign", "lerp", "addcmul", "addcdiv", "nan_to_num",
-             "bitwise_xor", "logical_xor", "bitwise_left_shift", "bitwise_right_shift", "atan2", "hypot")
+             "bitwise_xor", "logical_xor", "bitwise_left_shift", "bitwise_right_shift", "atan2", "hypot", "erfc",
+             "erfinv", "lgamma", "digamma", "i0")
 _METHOD_SYNONYMS = {"arcsin": "asin", "arccos": "acos", "arctan": "atan", "arcsinh": "asinh", "arccosh": "acosh",
                     "arctanh": "atanh", "arctan2": "atan2", "fix": "trunc"}
 for _name in _METHODS:
@@ -735,6 +737,18 @@ for _alias, _name in _METHOD_SYNONYMS.items():
     setattr(TensorOps, _alias, _method(_name))
     if _name in _IN_PLACE:
         setattr(TensorOps, f"{_alias}_", _in_place_method(_name))
+
+
+def _polygamma(self, n):
+    """``Tensor.polygamma(n)``: ``F.polygamma(n, self)`` (torch's method takes n after the tensor)."""
+    return F.polygamma(n, self)
+
+
+def _polygamma_(self, n):
+    return _in_place(self, "polygamma_", lambda t: F.polygamma(n, t))
+
+
+TensorOps.polygamma, TensorOps.polygamma_ = _polygamma, _polygamma_
 
 
 class Tensor(TensorOps):

@@ -123,6 +123,16 @@ OPINFO: dict[str, Case] = {
     )),
     "bitwise_xor": Case(),
     "logical_xor": Case(),
+    # -- special functions (opforge/ops/special.py) ----------------------------------------------------------------
+    "erfc": Case(refuses=_INTS),
+    "erfinv": Case(refuses=_INTS, extra=(X.of(a(-1.0, 1.0, -0.0, 0.0, 1.5, _NAN, 0.999999)),)),
+    "lgamma": Case(refuses=_INTS, extra=(X.of(a(0.0, -0.0, -1.0, -2.5, 1e-300, _INF, -_INF, 171.5, -1e-9)),)),
+    "digamma": Case(refuses=_INTS, extra=(X.of(a(0.0, -0.0, -1.0, -2.5, 1e-300, _INF, -_INF, 200.0, -1e-9)),)),
+    **{f"polygamma:polygamma_n_{n}": Case(fn=lambda x, n: of.polygamma(n, x), refuses=_INTS, extra=(
+        X.of(a(0.0, -1.0, -2.5, 1e-300, _INF, -_INF, 170.0, -1e-9, 3.3, -3.7), n),  # torch's values at the poles
+    )) for n in range(5)},
+    "i0": Case(refuses=_INTS, extra=(X.of(a(0.0, -0.0, 1e-20, -3.5, 700.0, _INF)),)),  # NaN: see docs/pytorch.md
+    "special.i1": Case(fn=lambda x: F.special_i1(x), refuses=_INTS, extra=(X.of(a(0.0, -0.0, 1e-20, -3.5, 700.0)),)),
     **{name: Case(extra=(  # counts beyond the width and negative ones, as torch defines them
         X.of(a(1, -8, 5, 3, -5, 7, dtype=np.int64), a(1, 2, 64, -1, 70, 63, dtype=np.int64)),
         X.of(a(1, -8, 5, 3, -5, 7, dtype=np.int32), a(31, 2, 32, -1, 40, 3, dtype=np.int32)),
@@ -155,8 +165,7 @@ def _opforge_fn(name: str) -> Callable:
     if case.fn is not None:
         return case.fn
     torch_name = name.partition(":")[0]
-    for prefix, namespace in (("nn.functional.", F), ("linalg.", of.linalg), ("special.", of.special)
-                              if hasattr(of, "special") else ("special.", F)):
+    for prefix, namespace in (("nn.functional.", F), ("linalg.", of.linalg)):
         if torch_name.startswith(prefix):
             return getattr(namespace, torch_name.removeprefix(prefix))
     return getattr(of, torch_name)

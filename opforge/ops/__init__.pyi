@@ -1896,6 +1896,31 @@ def sparse_mm(indices: _TensorLike, values: _TensorLike, dense: _TensorLike, *, 
     for the dense matrix the transposed sparse matrix times dout.
     """
 
+# -- opforge.ops.special
+
+def erfc(x: _TensorLike) -> Tensor:
+    """The complementary error function, 1 − erf(x), without its cancellation for large x."""
+
+def erfinv(x: _TensorLike) -> Tensor:
+    """The inverse of erf on (−1, 1): ±inf at ±1, NaN beyond; −0 stays −0 (as torch)."""
+
+def lgamma(x: _TensorLike) -> Tensor:
+    """ln |Γ(x)|: +inf at 0, at the negative integers and at ±inf (as torch; SciPy's gammaln(−inf) is −inf)."""
+
+def digamma(x: _TensorLike) -> Tensor:
+    """ψ(x) = d/dx ln Γ(x): ∓inf at ±0, NaN at the negative integers (as torch)."""
+
+def polygamma(n: int, x: _TensorLike) -> Tensor:
+    """ψ⁽ⁿ⁾(x), the n-th derivative of digamma (``torch.polygamma(n, input)``: n first). n = 0 is digamma, n = 1
+    torch's trigamma, and n ≥ 2 (−1)ⁿ⁺¹·n!·ζ(n + 1, x), NaN at +inf as torch's Hurwitz zeta gives it.
+    """
+
+def i0(x: _TensorLike) -> Tensor:
+    """The modified Bessel function of the first kind, of order 0."""
+
+def special_i1(x: _TensorLike) -> Tensor:
+    """The modified Bessel function of the first kind, of order 1 (``torch.special.i1``)."""
+
 def addcdiv(input, tensor1, tensor2, *, value=1) -> Any:
     """``torch.addcdiv``: input + value·tensor1/tensor2. Integer tensor1 and tensor2 are refused, as torch
     refuses them (its integer division here was removed).
