@@ -722,7 +722,9 @@ _METHODS = ("tan", "sinh", "cosh", "asin", "acos", "atan", "asinh", "acosh", "at
             "logit", "xlogy", "trunc", "frac", "fmod", "copysign", "fmax", "fmin", "lerp", "addcmul", "addcdiv",
             "isinf", "isposinf", "isneginf", "isclose", "nan_to_num", "bitwise_xor", "logical_xor",
             "bitwise_left_shift", "bitwise_right_shift", "atan2", "hypot", "logaddexp", "erfc", "erfinv", "lgamma",
-            "digamma", "i0")
+            "digamma", "i0", "all", "any", "count_nonzero", "nansum", "nanmean", "aminmax", "trace", "diff",
+            "logcumsumexp", "cummax", "cummin", "kthvalue", "median", "nanmedian", "mode", "quantile", "nanquantile",
+            "bincount", "unique")
 _IN_PLACE = ("tan", "sinh", "cosh", "asin", "acos", "atan", "asinh", "acosh", "atanh", "log2", "log10", "exp2",
              "logit", "xlogy", "trunc", "frac", "fmod", "copysign", "lerp", "addcmul", "addcdiv", "nan_to_num",
              "bitwise_xor", "logical_xor", "bitwise_left_shift", "bitwise_right_shift", "atan2", "hypot", "erfc",

@@ -34,7 +34,7 @@ from .torch_names import TORCH
 
 # namesakes of ops and functions that mean something else in torch (see the module docstring)
 _NOT_TORCHS = {"batch_norm", "instance_norm", "embedding", "embedding_bag", "normal", "transpose", "equal", "einsum",
-               "zeros", "ones", "full", "arange", "eye", "zeros_like", "ones_like"}
+               "zeros", "ones", "full", "arange", "eye", "zeros_like", "ones_like", "trace"}
 
 # torch's other names for our ops and functions
 _SYNONYMS = {"clamp": "clip", "cat": "concat", "concatenate": "concat", "eq": "equal", "ne": "not_equal",

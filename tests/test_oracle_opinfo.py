@@ -51,6 +51,9 @@ class Case:
     skip: Callable | None = None  # (sample) -> a reason to leave the sample out, or None
     rtol: float | None = None  # float64 tolerance, where torch's own kernel is less exact than the default's
     extra: tuple = ()  # X(...) calls added to torch's samples: edges its database leaves out
+    # (sample) -> (dim, keepdim) of a value-selecting reduction whose index among equal elements torch leaves
+    # unspecified (its quickselect names any one): its indices output must name an element equal to torch's value
+    ties: Callable | None = None
 
 
 class X(NamedTuple):
@@ -137,7 +140,34 @@ OPINFO: dict[str, Case] = {
         X.of(a(1, -8, 5, 3, -5, 7, dtype=np.int64), a(1, 2, 64, -1, 70, 63, dtype=np.int64)),
         X.of(a(1, -8, 5, 3, -5, 7, dtype=np.int32), a(31, 2, 32, -1, 40, 3, dtype=np.int32)),
     )) for name in ("bitwise_left_shift", "bitwise_right_shift")},
+    # -- reductions (opforge/ops/reduce_torch.py) ------------------------------------------------------------------
+    **{name: Case() for name in ("all", "any", "count_nonzero", "nansum", "aminmax", "diff", "cummax",
+                                 "cummin", "bincount", "unique")},
+    **{name: Case(refuses=_INTS) for name in ("nanmean", "logcumsumexp", "quantile", "nanquantile")},
+    **{f"{name}:{variant}": Case() for name in ("var_mean", "std_mean") for variant in ("", "unbiased")},
+    "trace": Case(fn=lambda x: F.trace(x)),  # of.trace traces a program
+    "kthvalue": Case(refuses=(torch.bool,), ties=lambda s: (_arg(s, 1, "dim", -1), _arg(s, 2, "keepdim", False))),
+    "median": Case(refuses=(torch.bool,), ties=lambda s: _median_ties(s), extra=(
+        X.of(a(1.0, 2.0, 1.0, 3.0, 2.0, 1.0)), X.of(a(1.0, _NAN, 0.5, _NAN)),  # ties share; NaN propagates
+        X.of(np.array([[3.0, 1.0, _NAN, 2.0], [0.5, 2.5, 1.5, -1.0]]), 1),
+    )),
+    "nanmedian": Case(refuses=(torch.bool,), ties=lambda s: _median_ties(s), extra=(
+        X.of(a(1.0, _NAN, 0.5, _NAN, 2.0)), X.of(np.array([[3.0, 1.0, _NAN, 2.0], [_NAN, 1.5, _NAN, 0.5]]), 1),
+    )),
+    "mode": Case(ties=lambda s: (_arg(s, 0, "dim", -1), _arg(s, 1, "keepdim", False)), extra=(
+        X.of(np.array([[2.0, 1.0, 2.0, 1.0, 3.0, 3.0, 1.0], [0.5, 0.5, 1.5, 2.5, 1.5, 4.0, 0.0]]), 1),
+    )),
 }
+
+
+def _arg(sample, position: int, name: str, default):
+    """A sample's argument given by position or by name."""
+    return sample.args[position] if len(sample.args) > position else sample.kwargs.get(name, default)
+
+
+def _median_ties(sample):
+    dim = _arg(sample, 0, "dim", None)
+    return (0, True) if dim is None else (dim, _arg(sample, 1, "keepdim", False))
 
 
 # -- the database -----------------------------------------------------------------------------------------------------
@@ -275,6 +305,13 @@ def _check_call(name, sample, of_call, torch_call, dtype, what) -> None:
             return
         got = _outputs(of_call(*_to_opforge([sample.input, *sample.args]), **_to_opforge(sample.kwargs)))
     assert len(got) == len(want), f"{what}: {len(got)} outputs, torch gives {len(want)}"
+    if OPINFO[name].ties is not None and len(got) == 2:  # the indices: of an element equal to the value
+        dim, keepdim = OPINFO[name].ties(sample)
+        x, index = _array(sample.input), _array(got[1])
+        index = index if keepdim or not x.ndim else np.expand_dims(index, dim)
+        named = np.take_along_axis(x, index, dim) if x.ndim else x
+        got[1] = named.reshape(_array(want[0]).shape)
+        want = [want[0], want[0]]
     for i, (g, w) in enumerate(zip(got, want)):
         assert_same(g, w, f"{what}, output {i}, {_describe(sample)}", *_tolerances(name, getattr(w, "dtype", None)))
 

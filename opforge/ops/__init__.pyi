@@ -1606,6 +1606,112 @@ def cumsum(x: _TensorLike, axis: int, *, dim: int | None = None) -> Tensor:
 def cumprod(x: _TensorLike, axis: int, *, dim: int | None = None) -> Tensor:
     """Running products along ``axis``: yᵢ = x₀·x₁·…·xᵢ. Integer and bool tensors multiply in int64."""
 
+# -- opforge.ops.reduce_torch
+
+def all(
+    x: _TensorLike,
+    axis: Sequence[int] | int | None = None,
+    keepdim: bool = False,
+    *,
+    dim: Sequence[int] | int | None = None,
+    keepdims: bool | None = None,
+) -> Tensor:
+    """``torch.all``: whether every element over ``axis`` is nonzero (all axes when None; NaN counts as
+    nonzero).
+    """
+
+def any(
+    x: _TensorLike,
+    axis: Sequence[int] | int | None = None,
+    keepdim: bool = False,
+    *,
+    dim: Sequence[int] | int | None = None,
+    keepdims: bool | None = None,
+) -> Tensor:
+    """``torch.any``: whether some element over ``axis`` is nonzero (all axes when None)."""
+
+def logcumsumexp(x: _TensorLike, axis: int, *, dim: int | None = None) -> Tensor:
+    """``torch.logcumsumexp``: running ln Σ eˣ along ``axis``, yᵢ = ln(e^x₀ + … + e^xᵢ), without overflow."""
+
+class _cummax_result(NamedTuple):
+    values: Tensor
+    indices: Tensor
+
+def cummax(x: _TensorLike, axis: int, *, dim: int | None = None) -> _cummax_result:
+    """``torch.cummax``: the running largest element along ``axis`` and the index of the last one equal to it."""
+
+class _cummin_result(NamedTuple):
+    values: Tensor
+    indices: Tensor
+
+def cummin(x: _TensorLike, axis: int, *, dim: int | None = None) -> _cummin_result:
+    """``torch.cummin``: the running smallest element along ``axis`` and the index of the last one equal to it."""
+
+class _kthvalue_result(NamedTuple):
+    values: Tensor
+    indices: Tensor
+
+def kthvalue(
+    x: _TensorLike,
+    k: int,
+    axis: int = -1,
+    keepdim: bool = False,
+    *,
+    dim: int | None = None,
+    keepdims: bool | None = None,
+) -> _kthvalue_result:
+    """``torch.kthvalue``: the k-th smallest element along ``axis`` (k from 1) and its index."""
+
+class _median_select_result(NamedTuple):
+    values: Tensor
+    indices: Tensor
+
+def median_select(
+    x: _TensorLike,
+    axis: int | None = None,
+    keepdim: bool = False,
+    *,
+    ignore_nan: bool = False,
+    dim: int | None = None,
+    keepdims: bool | None = None,
+) -> _median_select_result:
+    """The lower median along ``axis`` (of all elements when None) and its index: what ``median`` and
+    ``nanmedian`` return. A row holding NaN has median NaN (at its first NaN) unless ``ignore_nan``, which
+    leaves NaN out (NaN only where the row is all NaN).
+    """
+
+class _mode_result(NamedTuple):
+    values: Tensor
+    indices: Tensor
+
+def mode(
+    x: _TensorLike,
+    axis: int = -1,
+    keepdim: bool = False,
+    *,
+    dim: int | None = None,
+    keepdims: bool | None = None,
+) -> _mode_result:
+    """``torch.mode``: the most frequent value along ``axis`` (the smallest of equally frequent ones) and the
+    index of its last occurrence. Each NaN counts as a value of its own.
+    """
+
+def bincount(x: _TensorLike, weights: _TensorLike | None = None, minlength: int = 0) -> Tensor:
+    """``torch.bincount``: how often each value 0, 1, ... occurs in the 1-D non-negative ``x`` (int64), or the
+    sum of the ``weights`` at each (float32 weights sum in float32, all others in float64, as torch's); at least
+    ``minlength`` bins. Its length depends on the data: a program knows it at run time only.
+    """
+
+class _unique_all_result(NamedTuple):
+    values: Tensor
+    inverse: Tensor
+    counts: Tensor
+
+def unique_all(x: _TensorLike, *, axis: int | None = None) -> _unique_all_result:
+    """The sorted distinct elements of ``x`` (along ``axis``: its distinct slices), where each element came from
+    and how often each occurs: what ``unique`` returns. Each NaN is distinct, as in torch.
+    """
+
 # -- opforge.ops.resize
 
 def interpolate(
@@ -1931,6 +2037,11 @@ def addcmul(input, tensor1, tensor2, *, value=1) -> Any:
     with integer tensors is refused, as torch refuses it.
     """
 
+def aminmax(input, *, dim=None, keepdim=False) -> Any:
+    """``torch.aminmax``: the named tuple ``(min, max)`` over ``dim`` (all dims when None), each as ``amin`` and
+    ``amax`` (the gradient shared among ties).
+    """
+
 def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-05) -> Any:
     """``torch.nn.functional.batch_norm``: ``y`` (``batch_norm_with_stats``'s); with ``training``, the running
     statistics given are updated in place to (1 − momentum)·running + momentum·the batch's statistic.
@@ -1947,6 +2058,15 @@ def bmm(x, y) -> Any:
 def chunk(x, chunks, dim=0) -> Any:
     """``torch.chunk``: ``x`` cut along ``dim`` into at most ``chunks`` pieces of ceil(size / chunks) elements,
     the last one smaller (so there may be fewer pieces than asked for). A tuple, as torch's.
+    """
+
+def count_nonzero(input, dim=None, *, axis=None) -> Any:
+    """``torch.count_nonzero``: the number of nonzero elements over ``dim`` (every dim when None or ()), int64."""
+
+def diff(input, n=1, dim=-1, prepend=None, append=None, *, axis=None) -> Any:
+    """``torch.diff``: the n-th forward difference along ``dim``, ``out[i] = x[i + 1] − x[i]`` applied ``n``
+    times, after ``prepend`` and ``append`` are joined to ``input`` along ``dim``; for bool tensors ``x[i + 1]
+    != x[i]``.
     """
 
 def dropout(x, p=0.5, training=True, inplace=False) -> Any:
@@ -1987,6 +2107,13 @@ def max(x, dim=None, keepdim=False, *, axis=None) -> Any:
     it calls amax, argmax and gather, or maximum.
     """
 
+def median(input, dim=None, keepdim=False, *, axis=None) -> Any:
+    """``torch.median``: ``median(x)`` the lower median of all elements (NaN if one is NaN; the gradient shared
+    among the elements equal to it), ``median(x, dim, keepdim=False)`` the named tuple ``(values, indices)``
+    along ``dim`` (the gradient to the index). The lower of the two middle elements for an even count, not their
+    mean.
+    """
+
 def min(x, dim=None, keepdim=False, *, axis=None) -> Any:
     """``torch.min`` (and ``Tensor.min``): ``min(x)``, ``min(x, dim)`` -> ``(values, indices)``, ``min(x,
     other)`` (see ``max``).
@@ -1995,8 +2122,27 @@ def min(x, dim=None, keepdim=False, *, axis=None) -> Any:
 def mm(x, y) -> Any:
     """``torch.mm``: the product of two matrices (matmul of 2-D tensors only, as torch's: no broadcasting)."""
 
+def nanmean(input, dim=None, keepdim=False, *, dtype=None, axis=None) -> Any:
+    """``torch.nanmean``: the mean over ``dim`` of the elements that are not NaN (NaN where all are)."""
+
+def nanmedian(input, dim=None, keepdim=False, *, axis=None) -> Any:
+    """``torch.nanmedian``: ``median`` with NaN left out (NaN only where every element is)."""
+
+def nanquantile(input, q, dim=None, keepdim=False, *, interpolation='linear', axis=None) -> Any:
+    """``torch.nanquantile``: ``quantile`` with NaN left out (NaN only where every element is)."""
+
+def nansum(input, dim=None, keepdim=False, *, dtype=None, axis=None) -> Any:
+    """``torch.nansum``: the sum over ``dim`` with NaN counted as zero (its gradient 0 there)."""
+
 def narrow(x, dim, start, length) -> Any:
     """``torch.narrow``: elements ``start`` .. ``start + length - 1`` along ``dim`` (``start`` may be negative)."""
+
+def quantile(input, q, dim=None, keepdim=False, *, interpolation='linear', axis=None) -> Any:
+    """``torch.quantile``: the q-th quantiles along ``dim`` (of all elements when None), q a number or a 1-D
+    tensor of them in [0, 1] (then their results stacked first), between the sorted elements by
+    ``interpolation`` ('linear', 'lower', 'higher', 'midpoint', 'nearest': ties to even). NaN where the row
+    holds one.
+    """
 
 def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction='mean', beta=1.0) -> Any:
     """``torch.nn.functional.smooth_l1_loss``: ½·d²/beta where |d| < beta, else |d| − ½·beta, with d = input −
@@ -2004,11 +2150,28 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction='mea
     legacy ``size_average``/``reduce`` are refused: pass ``reduction``.
     """
 
+def std_mean(input, dim=None, unbiased=None, keepdim=False, *, correction=None, axis=None) -> Any:
+    """``torch.std_mean``: ``(std, mean)`` over ``dim``, as ``std`` and ``mean`` compute them."""
+
 def t(x) -> Any:
     """``torch.t``: a 2-D tensor transposed; 0-D and 1-D tensors as they are."""
+
+def trace(input) -> Any:
+    """``torch.trace`` (``Tensor.trace``): the sum of a matrix's main diagonal (int64 for integer matrices). Not
+    ``of.trace``, which traces a program.
+    """
 
 def unbind(x, dim=0) -> Any:
     """``torch.unbind``: the slices of ``x`` along ``dim``, that dim removed, as a tuple."""
 
 def unflatten(x, dim, sizes) -> Any:
     """``torch.unflatten``: dim ``dim`` split into dims of ``sizes`` (one of them may be -1)."""
+
+def unique(input, sorted=True, return_inverse=False, return_counts=False, dim=None) -> Any:
+    """``torch.unique``: the sorted distinct elements (along ``dim``: the distinct slices), and with
+    ``return_inverse`` / ``return_counts`` where each element went and how often each occurs (a tuple, as
+    torch). Sorted also with ``sorted=False``, as torch's CPU kernel does.
+    """
+
+def var_mean(input, dim=None, unbiased=None, keepdim=False, *, correction=None, axis=None) -> Any:
+    """``torch.var_mean``: ``(var, mean)`` over ``dim``, as ``var`` and ``mean`` compute them."""

@@ -675,6 +675,8 @@ def _inputs_c_ordered(op, opdef, var) -> str:
 
 
 def _nbytes(spec) -> int:
+    if None in spec.shape:  # a data_shaped op's output (bincount, unique): counted as 0, never given a pool buffer
+        return 0
     return math.prod(spec.shape) * spec.dtype.itemsize  # Python ints: a static size past 2**63 must not wrap
 
 
