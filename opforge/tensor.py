@@ -724,13 +724,15 @@ _METHODS = ("tan", "sinh", "cosh", "asin", "acos", "atan", "asinh", "acosh", "at
             "bitwise_left_shift", "bitwise_right_shift", "atan2", "hypot", "logaddexp", "erfc", "erfinv", "lgamma",
             "digamma", "i0", "all", "any", "count_nonzero", "nansum", "nanmean", "aminmax", "trace", "diff",
             "logcumsumexp", "cummax", "cummin", "kthvalue", "median", "nanmedian", "mode", "quantile", "nanquantile",
-            "bincount", "unique")
+            "bincount", "unique", "addmm", "addmv", "baddbmm", "inner", "kron", "cross", "logdet", "slogdet",
+            "cholesky_solve")
 _IN_PLACE = ("tan", "sinh", "cosh", "asin", "acos", "atan", "asinh", "acosh", "atanh", "log2", "log10", "exp2",
              "logit", "xlogy", "trunc", "frac", "fmod", "copysign", "lerp", "addcmul", "addcdiv", "nan_to_num",
              "bitwise_xor", "logical_xor", "bitwise_left_shift", "bitwise_right_shift", "atan2", "hypot", "erfc",
-             "erfinv", "lgamma", "digamma", "i0")
+             "erfinv", "lgamma", "digamma", "i0", "addmm", "addmv", "baddbmm")
 _METHOD_SYNONYMS = {"arcsin": "asin", "arccos": "acos", "arctan": "atan", "arcsinh": "asinh", "arccosh": "acosh",
-                    "arctanh": "atanh", "arctan2": "atan2", "fix": "trunc"}
+                    "arctanh": "atanh", "arctan2": "atan2", "fix": "trunc", "matrix_power": "linalg_matrix_power",
+                    "matrix_exp": "linalg_matrix_exp"}
 for _name in _METHODS:
     setattr(TensorOps, _name, _method(_name))
 for _name in _IN_PLACE:

@@ -42,7 +42,8 @@ _SYNONYMS = {"clamp": "clip", "cat": "concat", "concatenate": "concat", "eq": "e
              "multiply": "mul", "divide": "div", "true_divide": "div", "subtract": "sub", "absolute": "abs",
              "det": "linalg_det", "inverse": "linalg_inv", "cholesky": "linalg_cholesky",
              "arcsin": "asin", "arccos": "acos", "arctan": "atan", "arcsinh": "asinh", "arccosh": "acosh",
-             "arctanh": "atanh", "arctan2": "atan2", "fix": "trunc"}
+             "arctanh": "atanh", "arctan2": "atan2", "fix": "trunc",
+             "matrix_power": "linalg_matrix_power", "matrix_exp": "linalg_matrix_exp"}
 
 
 def transpose(input, dim0, dim1):

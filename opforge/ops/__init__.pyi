@@ -779,6 +779,50 @@ def linalg_svd(a: _TensorLike, *, full_matrices: bool = True) -> _linalg_svd_res
     in PyTorch.
     """
 
+# -- opforge.ops.linalg_torch
+
+class _linalg_eigh_result(NamedTuple):
+    eigenvalues: Tensor
+    eigenvectors: Tensor
+
+def linalg_eigh(a: _TensorLike, UPLO: str = 'L') -> _linalg_eigh_result:
+    """``torch.linalg.eigh``: the eigenvalues (ascending) and orthonormal eigenvectors (columns) of a symmetric
+    matrix. a is read through its symmetric part (a + aᵀ)/2, as ``linalg_cholesky`` reads it (torch reads the
+    triangle ``UPLO`` names): the same for a symmetric a, values and gradients (torch's formula), and the
+    gradient is then the derivative for any a. Each eigenvector's sign makes its largest entry positive (torch's
+    is LAPACK's choice); the gradient exists where the eigenvalues are distinct.
+    """
+
+class _linalg_slogdet_result(NamedTuple):
+    sign: Tensor
+    logabsdet: Tensor
+
+def linalg_slogdet(a: _TensorLike) -> _linalg_slogdet_result:
+    """``torch.linalg.slogdet``: the sign of the determinant (−1, 0 or 1) and ln |det|, without det's overflow."""
+
+def cholesky_solve(b: _TensorLike, l: _TensorLike, upper: bool = False) -> Tensor:
+    """``torch.cholesky_solve(B, L, upper=False)``: X with A·X = B for A = L·Lᵀ (``upper``: A = Uᵀ·U), given the
+    Cholesky factor; batch dims broadcast. A is formed from the whole of l (torch reads one triangle only): the
+    same for a triangular factor, values and gradients (torch's formula), and the gradient is then the
+    derivative for any l.
+    """
+
+def linalg_matrix_exp(a: _TensorLike) -> Tensor:
+    """``torch.linalg.matrix_exp``: e^a = Σ aᵏ/k! of a square matrix (SciPy's Padé approximation, in float64)."""
+
+def linalg_pinv(
+    a: _TensorLike,
+    *,
+    atol: float | None = None,
+    rtol: float | None = None,
+    hermitian: bool = False,
+) -> Tensor:
+    """``torch.linalg.pinv``: the Moore-Penrose pseudo-inverse, from the SVD, singular values at or below
+    max(atol, rtol·σ₁) taken as 0; rtol is eps·max(m, n) when neither is given, 0 when only atol is. The
+    gradient is torch's formula (defined where the rank does not change). ``hermitian`` says a is symmetric; the
+    result is the same either way (torch then reads one triangle of a, as the gradient formula does not).
+    """
+
 # -- opforge.ops.loss
 
 def nll_loss(
@@ -2037,10 +2081,21 @@ def addcmul(input, tensor1, tensor2, *, value=1) -> Any:
     with integer tensors is refused, as torch refuses it.
     """
 
+def addmm(input, mat1, mat2, *, beta=1, alpha=1) -> Any:
+    """``torch.addmm``: ``beta·input + alpha·(mat1 @ mat2)`` for matrices mat1 and mat2, input broadcasting to
+    the product's shape (ignored when beta is 0).
+    """
+
+def addmv(input, mat, vec, *, beta=1, alpha=1) -> Any:
+    """``torch.addmv``: ``beta·input + alpha·(mat @ vec)`` for a matrix and a vector."""
+
 def aminmax(input, *, dim=None, keepdim=False) -> Any:
     """``torch.aminmax``: the named tuple ``(min, max)`` over ``dim`` (all dims when None), each as ``amin`` and
     ``amax`` (the gradient shared among ties).
     """
+
+def baddbmm(input, batch1, batch2, *, beta=1, alpha=1) -> Any:
+    """``torch.baddbmm``: ``beta·input + alpha·bmm(batch1, batch2)``."""
 
 def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-05) -> Any:
     """``torch.nn.functional.batch_norm``: ``y`` (``batch_norm_with_stats``'s); with ``training``, the running
@@ -2052,8 +2107,19 @@ def bilinear(input1, input2, weight, bias=None) -> Any:
     with the same leading dims, weight (out, in1, in2) and bias (out): the einsum ``...i,oij,...j->...o``.
     """
 
+def block_diag(tensors) -> Any:
+    """``torch.block_diag``: the matrices (0-d as 1×1, 1-D as one row) along the diagonal of one matrix, zeros
+    elsewhere, in their result dtype.
+    """
+
 def bmm(x, y) -> Any:
     """``torch.bmm``: batched matrix products of two 3-D tensors with the same batch size (no broadcasting)."""
+
+def cdist(x1, x2, p=2.0, compute_mode='use_mm_for_euclid_dist_if_necessary') -> Any:
+    """``torch.cdist``: the p-norm distance between each row of x1 (..., P, M) and each row of x2 (..., R, M),
+    (..., P, R); batch dims broadcast. Computed from the differences whatever ``compute_mode`` says (torch's
+    matrix-product route for p = 2 is faster and less exact); the gradient is 0 where a distance is 0.
+    """
 
 def chunk(x, chunks, dim=0) -> Any:
     """``torch.chunk``: ``x`` cut along ``dim`` into at most ``chunks`` pieces of ceil(size / chunks) elements,
@@ -2062,6 +2128,11 @@ def chunk(x, chunks, dim=0) -> Any:
 
 def count_nonzero(input, dim=None, *, axis=None) -> Any:
     """``torch.count_nonzero``: the number of nonzero elements over ``dim`` (every dim when None or ()), int64."""
+
+def cross(input, other, dim=None) -> Any:
+    """``torch.cross``: the cross product of 3-vectors along ``dim`` (by default the first dim of size 3, as
+    torch reads it); the shapes broadcast.
+    """
 
 def diff(input, n=1, dim=-1, prepend=None, append=None, *, axis=None) -> Any:
     """``torch.diff``: the n-th forward difference along ``dim``, ``out[i] = x[i + 1] − x[i]`` applied ``n``
@@ -2084,6 +2155,9 @@ def dropout3d(x, p=0.5, training=True, inplace=False) -> Any:
 def flatten(x, start_dim=0, end_dim=-1) -> Any:
     """``torch.flatten``: dims ``start_dim`` .. ``end_dim`` merged into one (a 0-d tensor becomes 1-d)."""
 
+def inner(input, other) -> Any:
+    """``torch.inner``: the sum of products over the last dims (a 0-d operand multiplies)."""
+
 def instance_norm(
     x,
     running_mean=None,
@@ -2098,6 +2172,42 @@ def instance_norm(
     (``instance_norm_affine``), the running statistics given updated in place with ``instance_stats``; or, with
     ``use_input_stats=False``, normalised by the running statistics.
     """
+
+def kron(input, other) -> Any:
+    """``torch.kron``: the Kronecker product; the operand of lower rank gets leading dims of size 1."""
+
+def linalg_cross(input, other, *, dim=-1) -> Any:
+    """``torch.linalg.cross``: the cross product of 3-vectors along ``dim``; the shapes broadcast."""
+
+def linalg_eigvalsh(a, UPLO='L') -> Any:
+    """``torch.linalg.eigvalsh``: the eigenvalues of a symmetric matrix, ascending (``linalg_eigh``'s first)."""
+
+def linalg_lstsq(A, B, rcond=None, *, driver=None) -> Any:
+    """``torch.linalg.lstsq``: the named tuple ``(solution, residuals, rank, singular_values)`` of min ‖A·X − B‖
+    for A (..., m, n) and B (..., m, k) (or (..., m)). The solution is pinv(A)·B with singular values at or
+    below rcond·σ₁ dropped (rcond by default eps·max(m, n)): the minimum-norm solution, which is LAPACK's for
+    every driver where A has full rank (torch's default 'gelsy' gives another solution for a rank-deficient A).
+    As torch's: residuals (the squared residual norms) for m > n with drivers other than 'gelsy' (here also for
+    a rank-deficient A, where torch gives them empty), the rank for drivers other than 'gels', the singular
+    values for 'gelsd' and 'gelss'; the others empty. Differentiable through the SVD.
+    """
+
+def linalg_matrix_power(A, n) -> Any:
+    """``torch.linalg.matrix_power``: A multiplied by itself n times (the identity for n = 0; the inverse's
+    power for n < 0), by repeated squaring.
+    """
+
+def linalg_matrix_rank(A, *, atol=None, rtol=None, hermitian=False) -> Any:
+    """``torch.linalg.matrix_rank``: the number of singular values above max(atol, rtol·σ₁) (int64)."""
+
+def linalg_solve_triangular(A, B, *, upper, left=True, unitriangular=False) -> Any:
+    """``torch.linalg.solve_triangular``: X with A·X = B (``left=False``: X·A = B) for A upper (``upper``) or
+    lower triangular, its other triangle not read (nor its diagonal, taken as ones, when ``unitriangular``). The
+    gradient with respect to A lies in that triangle. A zero on the diagonal is an error (torch gives inf).
+    """
+
+def logdet(input) -> Any:
+    """``torch.logdet``: ln det: NaN for a negative determinant, −inf for 0 (as torch)."""
 
 def max(x, dim=None, keepdim=False, *, axis=None) -> Any:
     """``torch.max`` (and ``Tensor.max``): ``max(x)`` the largest value (the gradient shared among ties, as
@@ -2122,6 +2232,11 @@ def min(x, dim=None, keepdim=False, *, axis=None) -> Any:
 def mm(x, y) -> Any:
     """``torch.mm``: the product of two matrices (matmul of 2-D tensors only, as torch's: no broadcasting)."""
 
+def multi_dot(tensors) -> Any:
+    """``torch.linalg.multi_dot``: the product of matrices (the first may be a row vector and the last a column
+    vector, 1-D), left to right.
+    """
+
 def nanmean(input, dim=None, keepdim=False, *, dtype=None, axis=None) -> Any:
     """``torch.nanmean``: the mean over ``dim`` of the elements that are not NaN (NaN where all are)."""
 
@@ -2144,6 +2259,9 @@ def quantile(input, q, dim=None, keepdim=False, *, interpolation='linear', axis=
     holds one.
     """
 
+def slogdet(input) -> Any:
+    """``torch.slogdet`` (``torch.linalg.slogdet``): the named tuple ``(sign, logabsdet)``."""
+
 def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction='mean', beta=1.0) -> Any:
     """``torch.nn.functional.smooth_l1_loss``: ½·d²/beta where |d| < beta, else |d| − ½·beta, with d = input −
     target; then reduced. It is huber_loss with delta = beta, divided by beta (l1_loss when beta is 0). The
@@ -2155,6 +2273,11 @@ def std_mean(input, dim=None, unbiased=None, keepdim=False, *, correction=None, 
 
 def t(x) -> Any:
     """``torch.t``: a 2-D tensor transposed; 0-D and 1-D tensors as they are."""
+
+def tensordot(a, b, dims=2) -> Any:
+    """``torch.tensordot``: the sum of products over ``dims`` dims, the last ``dims`` of a with the first
+    ``dims`` of b (an int), or over the dims of a and b two lists name (``([1, 0], [0, 1])``).
+    """
 
 def trace(input) -> Any:
     """``torch.trace`` (``Tensor.trace``): the sum of a matrix's main diagonal (int64 for integer matrices). Not
