@@ -22,6 +22,7 @@ its name stands in (nothing here runs torch's test classes).
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import types
 import unittest
@@ -61,6 +62,9 @@ class Case:
     # torch's own test wrapper for an op of a symmetric matrix (gradcheck_wrapper_hermitian_input): both frameworks
     # are called on x + xᵀ (torch reads one triangle, opforge the symmetric part: docs/pytorch.md)
     symmetric: bool = False
+    # every stride-th of torch's samples only, where it has many (hundreds of flag combinations, each checked to
+    # the second derivative): the suite's time; OPFORGE_FUZZ=long runs them all
+    stride: int = 1
 
 
 class X(NamedTuple):
@@ -155,7 +159,8 @@ OPINFO: dict[str, Case] = {
     )) for name in ("bitwise_left_shift", "bitwise_right_shift")},
     # -- reductions (opforge/ops/reduce_torch.py) ------------------------------------------------------------------
     **{name: Case() for name in ("all", "any", "count_nonzero", "nansum", "aminmax", "diff", "cummax",
-                                 "cummin", "bincount", "unique")},
+                                 "cummin", "bincount")},
+    "unique": Case(stride=4),  # 528 samples
     **{name: Case(refuses=_INTS) for name in ("nanmean", "logcumsumexp", "quantile", "nanquantile")},
     **{f"{name}:{variant}": Case() for name in ("var_mean", "std_mean") for variant in ("", "unbiased")},
     "trace": Case(fn=lambda x: F.trace(x)),  # of.trace traces a program
@@ -173,8 +178,11 @@ OPINFO: dict[str, Case] = {
     # -- linear algebra (opforge/ops/linalg_torch.py) ----------------------------------------------------------------
     **{name: Case() for name in ("addmm", "addmm:decomposed", "bmm", "inner", "tensordot", "kron", "block_diag",
                                  "linalg.multi_dot", "linalg.cross", "cholesky_solve", "logdet", "linalg.slogdet",
-                                 "linalg.solve_triangular", "linalg.matrix_power",
+                                 "linalg.matrix_power",
                                  "linalg.matrix_rank", "linalg.matrix_rank:hermitian", "linalg.lstsq")},
+    **{name: Case() for name in ("linalg.lu_factor", "linalg.lu", "lu_unpack")},
+    "linalg.lu_solve": Case(stride=3),  # 108 samples
+    "linalg.solve_triangular": Case(stride=4),  # 144
     **{name: Case(symmetric=True) for name in ("linalg.eigvalsh", "linalg.pinv:hermitian")},
     **{name: Case(skip=_float_scale_of_integers) for name in ("addmv", "baddbmm")},
     # torch's float32 result is off by up to 5e-7 of the largest entry (9e4 in its samples), small entries included
@@ -245,6 +253,8 @@ def _samples(name: str, dtype, requires_grad: bool = False, reference: bool = Fa
     if dtype not in info.supported_dtypes("cpu"):
         return []
     samples = list(info.sample_inputs("cpu", dtype, requires_grad=requires_grad))
+    if os.environ.get("OPFORGE_FUZZ") != "long":
+        samples = samples[::OPINFO[name].stride]
     if reference:
         samples += [s for s in info.reference_inputs("cpu", dtype) if _size(s) <= SMALL]
     samples += [x.to_torch(requires_grad) for x in OPINFO[name].extra
@@ -413,19 +423,20 @@ def test_gradients(name):
     for sample in _samples(name, torch.float64, requires_grad=True):
         torch_leaves = [t for t in _tensors((sample.input, sample.args, sample.kwargs)) if t.requires_grad]
         with np.errstate(all="ignore"):
-            want_out = [o for o in _normalized(name, _outputs(_torch_fn(name, info.op)(sample.input, *sample.args,
-                                                                                    **sample.kwargs)),
-                                               torch.sign)
-                        if isinstance(o, torch.Tensor) and o.dtype == torch.float64 and o.requires_grad
-                        and o.numel()]  # (an empty output, such as lstsq's residuals for some drivers, has none)
-            if not torch_leaves or not want_out:
+            torch_out = _normalized(name, _outputs(_torch_fn(name, info.op)(sample.input, *sample.args,
+                                                                            **sample.kwargs)), torch.sign)
+            # the outputs torch differentiates (not an empty one, such as lstsq's residuals for some drivers)
+            differentiated = [i for i, o in enumerate(torch_out) if isinstance(o, torch.Tensor)
+                              and o.dtype == torch.float64 and o.requires_grad and o.numel()]
+            if not torch_leaves or not differentiated:
                 continue
             of_leaves: dict = {}
             got = _opforge_fn(name)(*_to_opforge([sample.input, *sample.args], of_leaves),
                                     **_to_opforge(sample.kwargs, of_leaves))
-            got_out = [o for o in _normalized(name, _outputs(got), F.sign)
-                       if o.dtype == np.float64 and o.requires_grad and o.numel()]
-            assert len(got_out) == len(want_out), f"{name}: {len(got_out)} float64 outputs, torch {len(want_out)}"
+            of_out = _normalized(name, _outputs(got), F.sign)
+            assert len(of_out) == len(torch_out), f"{name}: {len(of_out)} outputs, torch {len(torch_out)}"
+            want_out, got_out = [torch_out[i] for i in differentiated], [of_out[i] for i in differentiated]
+            assert all(o.requires_grad for o in got_out), f"{name}: an output torch differentiates is not recorded"
             leaves = [of_leaves[id(t)] for t in torch_leaves]
             want = _derivatives(TORCH, want_out, torch_leaves, second)
             got = _derivatives(OPFORGE, got_out, leaves, second)

@@ -823,6 +823,32 @@ def linalg_pinv(
     result is the same either way (torch then reads one triangle of a, as the gradient formula does not).
     """
 
+class _linalg_lu_factor_result(NamedTuple):
+    LU: Tensor
+    pivots: Tensor
+
+def linalg_lu_factor(A: _TensorLike, *, pivot: bool = True) -> _linalg_lu_factor_result:
+    """``torch.linalg.lu_factor``: the LU decomposition with partial pivoting of A (..., m, n), packed as
+    LAPACK's getrf gives it: ``(LU, pivots)``. Differentiable where A's leading k×k minors are not singular (k =
+    min(m, n)).
+    """
+
+class _lu_unpack_result(NamedTuple):
+    P: Tensor
+    L: Tensor
+    U: Tensor
+
+def lu_unpack(
+    LU: _TensorLike,
+    pivots: _TensorLike,
+    unpack_data: bool = True,
+    unpack_pivots: bool = True,
+) -> _lu_unpack_result:
+    """``torch.lu_unpack``: ``(P, L, U)`` with A = P·L·U from ``linalg_lu_factor``'s packed form: P (..., m, m)
+    a permutation, L (..., m, k) unit lower and U (..., k, n) upper triangular, k = min(m, n); P (without
+    ``unpack_pivots``) or L and U (without ``unpack_data``) empty.
+    """
+
 # -- opforge.ops.loss
 
 def nll_loss(
@@ -2190,6 +2216,14 @@ def linalg_lstsq(A, B, rcond=None, *, driver=None) -> Any:
     As torch's: residuals (the squared residual norms) for m > n with drivers other than 'gelsy' (here also for
     a rank-deficient A, where torch gives them empty), the rank for drivers other than 'gels', the singular
     values for 'gelsd' and 'gelss'; the others empty. Differentiable through the SVD.
+    """
+
+def linalg_lu(A, *, pivot=True) -> Any:
+    """``torch.linalg.lu``: the named tuple ``(P, L, U)`` with A = P·L·U (``linalg_lu_factor`` unpacked)."""
+
+def linalg_lu_solve(LU, pivots, B, *, left=True, adjoint=False) -> Any:
+    """``torch.linalg.lu_solve``: X with A·X = B (``left=False``: X·A = B; ``adjoint``: with Aᵀ) for A given as
+    ``linalg_lu_factor``'s (LU, pivots).
     """
 
 def linalg_matrix_power(A, n) -> Any:

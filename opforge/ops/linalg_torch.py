@@ -535,3 +535,184 @@ def linalg_lstsq(A, B, rcond=None, *, driver=None):
     if driver in ("gelsd", "gelss") and 0 not in (m, n):
         values = _singular_values(A, False).detach()
     return _LSTSQ(F.squeeze(solution, axis=[-1]) if vector else solution, residuals, rank, values)
+
+
+# -- the LU family ---------------------------------------------------------------------------------------------------
+# linalg_lu_factor gives LAPACK's packed form: LU holds L (unit lower, its diagonal not stored) below the diagonal
+# and U on and above it; pivots (int32, from 1) the row swaps, in order. lu_unpack unpacks it into A = P·L·U.
+
+
+def _lu_factor_shapes(shape):
+    if len(shape) < 2:
+        raise ShapeError(f"linalg_lu_factor(): A must be a matrix or a batch of them, got shape {tuple(shape)}")
+    *batch, m, n = shape
+    return (*batch, None if None in (m, n) else min(m, n))
+
+
+@op("linalg_lu_factor(Tensor<floating> A, *, bool pivot=True) -> (Tensor LU, Tensor<int32> pivots)")
+def linalg_lu_factor(A, *, pivot):
+    """``torch.linalg.lu_factor``: the LU decomposition with partial pivoting of A (..., m, n), packed as LAPACK's
+    getrf gives it: ``(LU, pivots)``. Differentiable where A's leading k×k minors are not singular (k = min(m, n))."""
+    from scipy.linalg import lu_factor  # imported on first use: SciPy takes a noticeable time to import
+
+    _lu_factor_shapes(A.shape)
+    k = min(A.shape[-2:])
+    packed = np.empty(A.shape, A.dtype)
+    pivots = np.empty((*A.shape[:-2], k), np.int32)
+    for i in np.ndindex(A.shape[:-2]):
+        if k:
+            packed[i], swaps = lu_factor(A[i], check_finite=False)
+            pivots[i] = swaps + 1
+    return packed, pivots
+
+
+@linalg_lu_factor.check
+def _(*, pivot):
+    if not pivot:
+        raise ValueError("argument 'pivot': LU without pivoting is not offered (torch's CPU kernel refuses it too)")
+
+
+@linalg_lu_factor.infer
+def _(A, *, pivot):
+    return Spec(A.shape, A.dtype), Spec(_lu_factor_shapes(A.shape), D.int32)
+
+
+@linalg_lu_factor.grad
+def _(LU, pivots, dLU):
+    p, l, u = F.lu_unpack(LU, pivots)
+    k = l.shape[-1]
+    ndim = len(LU.shape)
+    dl = F.slice(F.tril(dLU, diagonal=-1), axes=[ndim - 1], starts=[0], ends=[k], steps=[1])
+    du = F.slice(F.triu(dLU), axes=[ndim - 2], starts=[0], ends=[k], steps=[1])
+    return _lu_backward(p, l, u, dl, du)
+
+
+def _lu_backward(p, l, u, dl, du):
+    """torch's linalg_lu_backward: the gradient of A = P·L·U from those of L (strictly lower) and U (upper)."""
+    m, n = l.shape[-2], u.shape[-1]
+    k = min(m, n)
+    ndim = len(l.shape)
+
+    def part(t, axis, start, end):
+        return F.slice(t, axes=[ndim + axis], starts=[start], ends=[end], steps=[1])
+
+    if m == n:  # P·L⁻ᵀ·[Lᵀ·dL ∘ strictly lower + dU·Uᵀ ∘ upper]·U⁻ᵀ
+        grad = F.tril(F.matmul(_swap_last(l), dl), diagonal=-1) + F.triu(F.matmul(du, _swap_last(u)))
+        grad = linalg_solve_triangular(_swap_last(u), grad, upper=False, left=False)
+        grad = linalg_solve_triangular(_swap_last(l), grad, upper=True, unitriangular=True)
+    elif m < n:  # wide: the first k columns as the square case, the rest P·L⁻ᵀ·dU₂
+        u1 = part(u, -1, 0, k)
+        grad = F.matmul(_swap_last(l), dl) - F.matmul(F.triu(du), _swap_last(u))
+        grad = linalg_solve_triangular(_swap_last(u1), F.tril(grad, diagonal=-1), upper=False, left=False)
+        grad = F.concat([grad + F.triu(part(du, -1, 0, k)), part(du, -1, k, n)], axis=-1)
+        grad = linalg_solve_triangular(_swap_last(l), grad, upper=True, unitriangular=True)
+    else:  # tall: the first k rows as the square case, the rest P·dL₂·U⁻ᵀ
+        l1 = part(l, -2, 0, k)
+        grad = F.matmul(du, _swap_last(u)) - F.matmul(_swap_last(l), dl)
+        grad = linalg_solve_triangular(_swap_last(l1), F.triu(grad), upper=True, unitriangular=True)
+        grad = F.concat([grad + F.tril(part(dl, -2, 0, k), diagonal=-1), part(dl, -2, k, m)], axis=-2)
+        grad = linalg_solve_triangular(_swap_last(u), grad, upper=False, left=False)
+    return F.matmul(p, grad)
+
+
+def _lu_samples(rng):
+    yield Sample.of(_well_conditioned(rng, 3, 3))
+    yield Sample.of(rng.standard_normal((2, 3, 5)))
+    yield Sample.of(rng.standard_normal((5, 3)))
+
+
+linalg_lu_factor.samples(_lu_samples)
+
+
+@op("lu_unpack(Tensor<floating> LU, nograd Tensor<int32|int64> pivots, bool unpack_data=True, "
+    "bool unpack_pivots=True) -> (Tensor P, Tensor L, Tensor U)")
+def lu_unpack(LU, pivots, *, unpack_data, unpack_pivots):
+    """``torch.lu_unpack``: ``(P, L, U)`` with A = P·L·U from ``linalg_lu_factor``'s packed form: P (..., m, m) a
+    permutation, L (..., m, k) unit lower and U (..., k, n) upper triangular, k = min(m, n); P (without
+    ``unpack_pivots``) or L and U (without ``unpack_data``) empty."""
+    *batch, m, n = LU.shape
+    k = min(m, n)
+    _check_pivots(LU.shape, pivots.shape)
+    if unpack_data:
+        l_ = np.tril(LU[..., :, :k], -1) + np.eye(m, k, dtype=LU.dtype)
+        u = np.triu(LU[..., :k, :])
+    else:
+        l_ = u = np.zeros(0, LU.dtype)
+    if not unpack_pivots:
+        return np.zeros(0, LU.dtype), l_, u
+    if pivots.size and (pivots.min() < 1 or pivots.max() > m):
+        raise ArgumentError(f"lu_unpack(): pivots must be in [1, {m}] (LAPACK's, from 1), got values from "
+                            f"{pivots.min()} to {pivots.max()}")
+    p = np.zeros((*batch, m, m), LU.dtype)
+    for i in np.ndindex(tuple(batch)):
+        order = np.arange(m)
+        for j, swap in enumerate(pivots[i] - 1):
+            order[[j, swap]] = order[[swap, j]]
+        p[i][order, np.arange(m)] = 1  # row j of L·U is row order[j] of A
+    return p, l_, u
+
+
+def _check_pivots(lu_shape, pivots_shape):
+    if len(lu_shape) < 2:
+        raise ShapeError(f"lu_unpack(): LU must be a matrix or a batch of them, got shape {tuple(lu_shape)}")
+    expected = _lu_factor_shapes(lu_shape)
+    if len(pivots_shape) != len(expected) or any(
+            a is not None and b is not None and a != b for a, b in zip(pivots_shape, expected)):
+        raise ShapeError(f"lu_unpack(): pivots of shape {tuple(pivots_shape)} do not fit LU of shape "
+                         f"{tuple(lu_shape)}: expected {expected}")
+
+
+@lu_unpack.infer
+def _(LU, pivots, *, unpack_data, unpack_pivots):
+    _check_pivots(LU.shape, pivots.shape)
+    *batch, m, n = LU.shape
+    k = None if None in (m, n) else min(m, n)
+    empty = Spec((0,), LU.dtype)
+    data = (Spec((*batch, m, k), LU.dtype), Spec((*batch, k, n), LU.dtype)) if unpack_data else (empty, empty)
+    return (Spec((*batch, m, m), LU.dtype) if unpack_pivots else empty), *data
+
+
+@lu_unpack.grad
+def _(LU, dL, dU, *, unpack_data):
+    if not unpack_data:
+        return None, None
+    # L is LU's strictly lower part (its first k columns), U its upper part (its first k rows)
+    m, n = LU.shape[-2:]
+    k = min(m, n)
+    lower = F.pad(F.tril(dL, diagonal=-1), pad=[0, n - k])
+    return lower + F.pad(F.triu(dU), pad=[0, 0, 0, m - k]), None
+
+
+@lu_unpack.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((3, 3)), np.array([2, 3, 3], np.int32))
+    yield Sample.of(rng.standard_normal((2, 4, 3)), np.array([[4, 2, 3], [1, 3, 3]], np.int32))
+    yield Sample.of(rng.standard_normal((2, 3)), np.array([1, 2], np.int32), unpack_pivots=False)
+
+
+_LU = namedtuple("lu", ("P", "L", "U"))
+
+
+@function
+def linalg_lu(A, *, pivot=True):
+    """``torch.linalg.lu``: the named tuple ``(P, L, U)`` with A = P·L·U (``linalg_lu_factor`` unpacked)."""
+    return _LU(*F.lu_unpack(*F.linalg_lu_factor(A, pivot=pivot)))
+
+
+@function
+def linalg_lu_solve(LU, pivots, B, *, left=True, adjoint=False):
+    """``torch.linalg.lu_solve``: X with A·X = B (``left=False``: X·A = B; ``adjoint``: with Aᵀ) for A given as
+    ``linalg_lu_factor``'s (LU, pivots)."""
+    p, l, u = F.lu_unpack(LU, pivots)
+    if left and not adjoint:  # P·L·U·X = B
+        y = linalg_solve_triangular(l, F.matmul(_swap_last(p), B), upper=False, unitriangular=True)
+        return linalg_solve_triangular(u, y, upper=True)
+    if left:  # Uᵀ·Lᵀ·Pᵀ·X = B
+        y = linalg_solve_triangular(_swap_last(u), B, upper=False)
+        return F.matmul(p, linalg_solve_triangular(_swap_last(l), y, upper=True, unitriangular=True))
+    if not adjoint:  # X·P·L·U = B
+        y = linalg_solve_triangular(u, B, upper=True, left=False)
+        return F.matmul(linalg_solve_triangular(l, y, upper=False, left=False, unitriangular=True), _swap_last(p))
+    # X·Uᵀ·Lᵀ·Pᵀ = B
+    y = linalg_solve_triangular(_swap_last(l), F.matmul(B, p), upper=True, left=False, unitriangular=True)
+    return linalg_solve_triangular(_swap_last(u), y, upper=False, left=False)
