@@ -306,9 +306,15 @@ def _along_last(x, axis):
     return moved, back
 
 
+def _refuse_empty_tensor(shape):
+    if 0 in shape:
+        raise ShapeError(f"median_select(): cannot take the median of an empty tensor (shape {tuple(shape)})")
+
+
 def _select_spec(op_name):
     def infer(x, *, axis, keepdim, k=None, ignore_nan=None):
         if axis is None:
+            _refuse_empty_tensor(x.shape)
             shape = (1,) * len(x.shape) if keepdim else ()
         else:
             _refuse_empty_axis(op_name, x.shape, axis)
@@ -370,12 +376,11 @@ def median_select(x, *, axis, keepdim, ignore_nan):
     ``nanmedian`` return. A row holding NaN has median NaN (at its first NaN) unless ``ignore_nan``, which leaves
     NaN out (NaN only where the row is all NaN)."""
     if axis is None:
-        if x.size == 0:
-            raise ShapeError("median(): cannot take the median of an empty tensor")
+        _refuse_empty_tensor(x.shape)
         values, indices = median_select(x.reshape(-1), axis=0, keepdim=False, ignore_nan=ignore_nan)
         shape = (1,) * x.ndim if keepdim else ()
         return values.reshape(shape), indices.reshape(shape)
-    _refuse_empty_axis("median", x.shape, axis)
+    _refuse_empty_axis("median_select", x.shape, axis)
     rows, back = _along_last(x, axis)
     order = np.argsort(rows, axis=-1, kind="stable")
     nan = np.isnan(rows) if D.is_floating(x.dtype) else np.zeros(rows.shape, bool)
@@ -388,7 +393,7 @@ def median_select(x, *, axis, keepdim, ignore_nan):
     return back(np.take_along_axis(rows, index, -1), keepdim), back(index, keepdim).astype(np.int64)
 
 
-median_select.infer(_select_spec("median"))
+median_select.infer(_select_spec("median_select"))
 median_select.grad(lambda x, values, indices, dvalues, *, axis, keepdim:
              _selection_grad(x, values, indices, dvalues, axis, keepdim))
 
@@ -583,6 +588,7 @@ def unique_all(x, *, axis):
     if axis is None:
         values, inverse, counts = np.unique(x.reshape(-1), return_inverse=True, return_counts=True, equal_nan=False)
         return values, inverse.reshape(x.shape).astype(np.int64), counts.astype(np.int64)
+    _one_axis("unique_all", x.shape, axis)
     values, inverse, counts = np.unique(x, return_inverse=True, return_counts=True, axis=axis, equal_nan=False)
     return values, inverse.reshape(-1).astype(np.int64), counts.astype(np.int64)
 
@@ -591,7 +597,7 @@ def unique_all(x, *, axis):
 def _(x, *, axis):
     if axis is None:
         return Spec((None,), x.dtype), Spec(x.shape, D.int64), Spec((None,), D.int64)
-    (a,) = _one_axis("unique", x.shape, axis)
+    (a,) = _one_axis("unique_all", x.shape, axis)
     return (Spec(tuple(None if i == a else d for i, d in enumerate(x.shape)), x.dtype), Spec((x.shape[a],), D.int64),
             Spec((None,), D.int64))
 
