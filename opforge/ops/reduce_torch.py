@@ -228,9 +228,6 @@ def _(rng):
 # -- cummax, cummin --------------------------------------------------------------------------------------------------
 
 
-_CUM_TYPES = {name: namedtuple(name, ("values", "indices")) for name in ("cummax", "cummin")}
-
-
 def _cumulative_extreme(x, axis, accumulate):
     """Running extremes along ``axis`` and, as torch, the index of the last element equal to each (the last NaN
     once one has come: NaN propagates)."""
@@ -408,8 +405,7 @@ def _(rng):
     yield Sample.of(rng.integers(0, 3, (2, 5)), axis=1)
 
 
-_MEDIAN_TYPES = {name: namedtuple(name, ("values", "indices")) for name in ("median", "nanmedian", "mode",
-                                                                            "kthvalue")}
+_MEDIAN_TYPES = {name: namedtuple(name, ("values", "indices")) for name in ("median", "nanmedian")}
 
 
 def _median(name, input, dim, keepdim, axis):
