@@ -22,8 +22,9 @@ dispatch.install()  # binding 1: from here on every declared op has its function
 # family. half first: it gives every op declared after it (the library's, then yours) its half-precision kernels.
 _OP_FAMILIES = ("half", "creation", "elementwise", "binary", "integer", "reduce", "shape", "linalg", "loss", "nn",
                 "normalization", "conv", "accumulate", "optim", "collective", "device", "pool", "resize", "recurrent",
-                "embedding_bags", "feature_dropout", "indexing", "similarity", "sorting", "sparse", "activations",
-                "margin_losses", "selection", "shape_functions", "ctc", "sampling")
+                "embedding_bags", "feature_dropout", "indexing", "similarity", "sorting", "sparse",
+                "reduce_torch", "linalg_torch", "elementwise_math", "special", "activations", "margin_losses",
+                "selection", "shape_functions", "ctc", "sampling")
 for _family in _OP_FAMILIES:
     importlib.import_module(f"{__name__}.ops.{_family}")
 from . import autodiff  # noqa: E402  (the eager backward pass, replay, anomaly detection)

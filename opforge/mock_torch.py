@@ -59,7 +59,8 @@ _TOP_DENIED = {"trace", "testing", "distributed", "ops", "onnx", "data", "nn", "
 _SPEC = {
     "torch": (of, torch_names.TORCH - _TOP_DENIED, {
         "__version__": of.__version__, "cuda": None, "backends": None, "accelerator": None,
-        "nn": None, "optim": None, "utils": None, "autograd": None, "linalg": None}),
+        "nn": None, "optim": None, "utils": None, "autograd": None, "linalg": None,
+        "trace": functional.trace}),  # torch.trace sums a diagonal (of.trace traces a program)
     "torch.nn": (nn, torch_names.NN, {"functional": None, "init": None, "utils": None, "Parameter": nn.Parameter}),
     "torch.nn.functional": (functional, torch_names.FUNCTIONAL, {}),
     "torch.nn.init": (init, torch_names.INIT, {}),

@@ -341,6 +341,24 @@ class TensorOps:
     def __invert__(self):
         return F.bitwise_not(self)
 
+    def __xor__(self, other):
+        return F.bitwise_xor(self, other if type(other) is Tensor else _lift(other, self))
+
+    def __rxor__(self, other):
+        return F.bitwise_xor(_lift(other, self), self)
+
+    def __lshift__(self, other):
+        return F.bitwise_left_shift(self, other if type(other) is Tensor else _lift(other, self))
+
+    def __rlshift__(self, other):
+        return F.bitwise_left_shift(_lift(other, self), self)
+
+    def __rshift__(self, other):
+        return F.bitwise_right_shift(self, other if type(other) is Tensor else _lift(other, self))
+
+    def __rrshift__(self, other):
+        return F.bitwise_right_shift(_lift(other, self), self)
+
     def __matmul__(self, other):
         return F.matmul(self, other)
 
@@ -720,6 +738,45 @@ class TensorOps:
     def __itruediv__(self, other):
         return _in_place(self, "/=", lambda t: t / other)
 
+
+
+# torch's Tensor methods for the ops of the families added in issue 27 (ops/elementwise_math.py, ...): each is
+# F.<op> with this tensor first, and its in-place form where torch has one; torch's other names for some of them.
+_METHODS = ("tan", "sinh", "cosh", "asin", "acos", "atan", "asinh", "acosh", "atanh", "log2", "log10", "exp2",
+            "logit", "xlogy", "trunc", "frac", "fmod", "copysign", "fmax", "fmin", "lerp", "addcmul", "addcdiv",
+            "isinf", "isposinf", "isneginf", "isclose", "nan_to_num", "bitwise_xor", "logical_xor",
+            "bitwise_left_shift", "bitwise_right_shift", "atan2", "hypot", "logaddexp", "erfc", "erfinv", "lgamma",
+            "digamma", "i0", "all", "any", "count_nonzero", "nansum", "nanmean", "aminmax", "trace", "diff",
+            "logcumsumexp", "cummax", "cummin", "kthvalue", "median", "nanmedian", "mode", "quantile", "nanquantile",
+            "bincount", "unique", "addmm", "addmv", "baddbmm", "inner", "kron", "cross", "logdet", "slogdet",
+            "cholesky_solve")
+_IN_PLACE = ("tan", "sinh", "cosh", "asin", "acos", "atan", "asinh", "acosh", "atanh", "log2", "log10", "exp2",
+             "logit", "xlogy", "trunc", "frac", "fmod", "copysign", "lerp", "addcmul", "addcdiv", "nan_to_num",
+             "bitwise_xor", "logical_xor", "bitwise_left_shift", "bitwise_right_shift", "atan2", "hypot", "erfc",
+             "erfinv", "lgamma", "digamma", "i0", "addmm", "addmv", "baddbmm")
+_METHOD_SYNONYMS = {"arcsin": "asin", "arccos": "acos", "arctan": "atan", "arcsinh": "asinh", "arccosh": "acosh",
+                    "arctanh": "atanh", "arctan2": "atan2", "fix": "trunc", "matrix_power": "linalg_matrix_power",
+                    "matrix_exp": "linalg_matrix_exp"}
+for _name in _METHODS:
+    setattr(TensorOps, _name, _method(_name))
+for _name in _IN_PLACE:
+    setattr(TensorOps, f"{_name}_", _in_place_method(_name))
+for _alias, _name in _METHOD_SYNONYMS.items():
+    setattr(TensorOps, _alias, _method(_name))
+    if _name in _IN_PLACE:
+        setattr(TensorOps, f"{_alias}_", _in_place_method(_name))
+
+
+def _polygamma(self, n):
+    """``Tensor.polygamma(n)``: ``F.polygamma(n, self)`` (torch's method takes n after the tensor)."""
+    return F.polygamma(n, self)
+
+
+def _polygamma_(self, n):
+    return _in_place(self, "polygamma_", lambda t: F.polygamma(n, t))
+
+
+TensorOps.polygamma, TensorOps.polygamma_ = _polygamma, _polygamma_
 
 
 class Tensor(TensorOps):

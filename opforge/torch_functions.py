@@ -34,13 +34,16 @@ from .torch_names import TORCH
 
 # namesakes of ops and functions that mean something else in torch (see the module docstring)
 _NOT_TORCHS = {"batch_norm", "instance_norm", "embedding", "embedding_bag", "normal", "transpose", "equal", "einsum",
-               "zeros", "ones", "full", "arange", "eye", "zeros_like", "ones_like"}
+               "zeros", "ones", "full", "arange", "eye", "zeros_like", "ones_like", "trace"}
 
 # torch's other names for our ops and functions
 _SYNONYMS = {"clamp": "clip", "cat": "concat", "concatenate": "concat", "eq": "equal", "ne": "not_equal",
              "lt": "less", "le": "less_equal", "gt": "greater", "ge": "greater_equal", "negative": "neg",
              "multiply": "mul", "divide": "div", "true_divide": "div", "subtract": "sub", "absolute": "abs",
-             "det": "linalg_det", "inverse": "linalg_inv", "cholesky": "linalg_cholesky"}
+             "det": "linalg_det", "inverse": "linalg_inv", "cholesky": "linalg_cholesky",
+             "arcsin": "asin", "arccos": "acos", "arctan": "atan", "arcsinh": "asinh", "arccosh": "acosh",
+             "arctanh": "atanh", "arctan2": "atan2", "fix": "trunc",
+             "matrix_power": "linalg_matrix_power", "matrix_exp": "linalg_matrix_exp"}
 
 
 def transpose(input, dim0, dim1):

@@ -51,8 +51,8 @@ def _program(opdef, sample, dtype, rows: int):
 
     def fn(**tensors):
         pre = {k: t * 1.0 if D.is_floating(t.dtype) else t for k, t in tensors.items()}
-        args = [pre.get(n) for n in names[:len(sample.args)]]
-        y = opdef.fn(*args, **{k: pre[k] for k in sample.kwargs if k in pre}, **attrs)
+        args = {n: pre.get(n) for n in names[:len(sample.args)]}  # by name: an attr may come first (polygamma)
+        y = opdef.fn(**args, **{k: pre[k] for k in sample.kwargs if k in pre}, **attrs)
         return F.logical_not(y) if y.dtype == D.bool_ else -y
 
     specs = {k: of.Spec(v.shape, v.dtype) for k, v in feeds.items()}

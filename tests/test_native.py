@@ -26,7 +26,14 @@ DECLARED = sorted(op.name for op in of.registry if op.scalar_expression is not N
 # (cast and round depend on dtypes and rounding modes C does not share with NumPy as written; the others are not
 # yet written as expressions.)
 WITHOUT = {"cast", "round", "pow", "clip", "elu", "selu", "celu", "gelu", "gelu_grad", "softplus", "isfinite", "mish",
-           "logsigmoid", "hardswish_grad"}
+           "logsigmoid", "hardswish_grad",
+           # torch's elementwise maths and special functions (ops/elementwise_math.py, ops/special.py): not yet
+           # written as expressions
+           "acos", "acosh", "asin", "asinh", "atan", "atan2", "atanh", "bitwise_left_shift", "bitwise_right_shift",
+           "bitwise_xor", "copysign", "cosh", "digamma", "erfc", "erfinv", "exp2", "fmax", "fmin", "fmod", "frac",
+           "hypot", "i0", "isclose", "isinf", "isneginf", "isposinf", "lerp", "lgamma", "log10", "log2", "logaddexp",
+           "logical_xor", "logit", "nan_to_num", "polygamma", "sinh", "special_i1", "tan", "trunc", "xlogy",
+           "hardshrink", "softshrink", "shrink_grad", "threshold", "threshold_grad"}
 SPECIAL = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, -3.5, 2.5, 700.0, -700.0, 0.5, 1.0])
 
 

@@ -134,6 +134,9 @@ ORACLE: dict[str, Oracle] = {
     "reciprocal": Oracle(torch.reciprocal, extra=(Sample.of(away_from_zero(3, 2)),)),
     "sin": Oracle(torch.sin, extra=(Sample.of(uniform(-10, 10, 7)),)),
     "cos": Oracle(torch.cos, extra=(Sample.of(uniform(-10, 10, 7)),)),
+    "asin": Oracle(torch.asin, extra=(Sample.of(uniform(-0.99, 0.99, 7)),)),
+    "acos": Oracle(torch.acos, extra=(Sample.of(uniform(-0.99, 0.99, 7)),)),
+    "atan": Oracle(torch.atan, extra=(Sample.of(uniform(-50, 50, 7)),)),
     "erf": Oracle(torch.erf, extra=(Sample.of(uniform(-4, 4, 3, 3)),)),
     "softplus": Oracle(lambda x, beta, threshold: TF.softplus(x, beta=beta, threshold=threshold), extra=(
         Sample.of(uniform(-40, 40, 20)),  # both sides of the threshold, and far below it
@@ -323,6 +326,7 @@ def check_hvp_where_torch_is_nan(of_fn, torch_fn, arrays, seed: int = 2) -> None
 def test_table_covers_the_ops():
     required = {
         "sign", "expm1", "log1p", "rsqrt", "reciprocal", "sin", "cos", "softplus", "elu", "selu", "gelu", "gelu_grad",
+        "asin", "acos", "atan",
         "silu", "erf", "clip", "floor", "ceil", "round", "isnan", "isfinite", "logical_not", "minimum", "logical_and",
         "logical_or", "prod", "amax", "amin", "argmax", "argmin", "var", "std", "logsumexp", "norm",
         "cumsum", "cumprod",

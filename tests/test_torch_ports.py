@@ -733,8 +733,8 @@ def test_the_mock_resolves_torch_and_puts_the_real_one_back():
         with pytest.raises(AttributeError, match=r"torch.nn.AdaptiveLogSoftmaxWithLoss is PyTorch's, and opforge does "
                                                  r"not have it"):
             mocked.nn.AdaptiveLogSoftmaxWithLoss
-        with pytest.raises(AttributeError, match=r"module 'torch' has no attribute 'trace'"):
-            mocked.trace  # of.trace traces programs: not torch's trace
+        # torch.trace sums a diagonal (F.trace), never of.trace, which traces programs
+        assert mocked.trace is of.ops.trace and mocked.trace(mocked.tensor([[1.0, 2.0], [3.0, 4.0]])).item() == 5.0
         with pytest.raises(AttributeError, match=r"has no attribute 'Program'"):
             mocked.Program  # opforge's own names are not torch's
         with pytest.raises(ModuleNotFoundError, match=r"No module named 'torch.distributed': opforge.mock_torch "

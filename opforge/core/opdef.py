@@ -30,11 +30,11 @@ TRAITS = {
     "no_grad": "not differentiable: outputs never require grad, autograd skips the op",
     "random": "draws from the seeded generator; never merged with an identical op",
     "shape_only": "the output depends on the inputs' shapes and dtypes, not their values: a plan computes it once",
-    "data_dependent": "an output's size depends on the inputs' values (nonzero's rows): its shape rule gives that dim "
-                      "as unknown (None), which the kernel's result then fills in",
     "pointwise": "each output element depends only on the input elements at its position (after broadcasting), so "
                  "the kernels give the same bits on row blocks as on whole arrays: the executor may run a chain of "
                  "such ops block by block, in one pass over memory (opforge.program.fusion)",
+    "data_shaped": "some output dims depend on the input values (bincount, unique): infer gives them as None, "
+                   "known only when the kernel has run; the memory plan gives such outputs no pool buffer",
     "commutative": "a pointwise op of two inputs that gives the same result with them swapped: its output may also "
                    "be written into the second input's buffer",
 }

@@ -8,6 +8,7 @@ import onnx.backend.base as base
 
 from ..program.executor import Executor
 from .importer import NeedsConstant, load
+from .types import NARROW
 
 
 class OpforgeRep(base.BackendRep):
@@ -22,22 +23,38 @@ class OpforgeRep(base.BackendRep):
         self.program = program
         self.executor = Executor(program) if program is not None else None
         self._bound: dict = {}
+        self.needed: set = set()  # graph inputs the importer needs as constants
+        self.narrow = {vi.name: vi.type.tensor_type.elem_type for vi in model.graph.output
+                       if vi.type.tensor_type.elem_type in NARROW}
 
     def run(self, inputs, **kwargs):
         feed = dict(inputs) if isinstance(inputs, dict) else dict(zip(self.inputs, inputs))
+        # narrow integers (uint8, int8, ...): held as int64 (types.NARROW), given back in their type
+        feed = {k: np.asarray(v).astype(np.int64) if np.asarray(v).dtype in NARROW.values() else v
+                for k, v in feed.items()}
         executor = self.executor
         if executor is None:
-            # integer inputs (axes, shapes, pads, indices) and scalars (a ratio, a pad value): constants here
-            bind = {k: np.asarray(v) for k, v in feed.items()
-                    if np.asarray(v).dtype.kind in "iub" or np.asarray(v).size <= 1}
-            key = tuple((k, v.dtype.str, v.shape, v.tobytes()) for k, v in sorted(bind.items()))
-            executor = self._bound.get(key)
-            if executor is None:
-                executor = self._bound[key] = Executor(load(self.model, bind=bind))
+            # integer inputs (axes, shapes, pads, indices), scalars (a ratio, a pad value) and the inputs the
+            # importer asked for (Resize's scales): constants here
+            while True:
+                bind = {k: np.asarray(v) for k, v in feed.items()
+                        if np.asarray(v).dtype.kind in "iub" or np.asarray(v).size <= 1 or k in self.needed}
+                key = tuple((k, v.dtype.str, v.shape, v.tobytes()) for k, v in sorted(bind.items()))
+                executor = self._bound.get(key)
+                if executor is not None:
+                    break
+                try:
+                    executor = self._bound[key] = Executor(load(self.model, bind=bind))
+                    break
+                except NeedsConstant as e:
+                    if e.input_name not in feed or e.input_name in self.needed:
+                        raise
+                    self.needed.add(e.input_name)
             feed = {k: v for k, v in feed.items() if k in executor.program.feeds}
         with np.errstate(all="ignore"):  # ONNX's semantics: log(0) is -inf, 0/0 NaN, without a warning
             out = executor.run(feed)
-        return tuple(out[name] for name in executor.program.outputs)
+        return tuple(out[name].astype(NARROW[self.narrow[name]]) if name in self.narrow else out[name]
+                     for name in executor.program.outputs)
 
 
 class OpforgeBackend(base.Backend):
@@ -49,7 +66,9 @@ class OpforgeBackend(base.Backend):
         except NeedsConstant as e:
             if e.input_name not in {vi.name for vi in model.graph.input}:
                 raise
-            return OpforgeRep(model)  # loaded at run time, with its integer inputs bound
+            rep = OpforgeRep(model)  # loaded at run time, with its integer inputs bound
+            rep.needed.add(e.input_name)
+            return rep
 
     @classmethod
     def run_model(cls, model, inputs, device: str = "CPU", **kwargs):

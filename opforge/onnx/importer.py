@@ -1,6 +1,7 @@
 """Import: an ONNX model becomes a Program of our ops, which the Executor runs and ``append_backward`` differentiates.
 
-The model is read as data (protobuf, no pickle, no external files, no custom ops: nothing in it is executed), checked,
+The model is read as data (protobuf, no pickle, external data from files inside the model's folder only, no custom
+ops: nothing in it is executed), checked,
 and then *traced*: each node's importer (``importers.py``, keyed by ONNX op type) calls our ops on program
 variables, exactly as a traced function does, so every node becomes one or several OpDescs checked by the ops' own
 shape rules. Float initializers become trainable parameters; integer and bool ones (shapes, indices) constants.
@@ -23,7 +24,7 @@ from ..program.desc import Program
 from ..program.trace import Variable, trace, tracing_program
 from ..tensor import Tensor
 from .shapes import constant, from_shapes, shape_variable, sizes_of
-from .types import _DTYPES, _TYPE_NAMES, OnnxImportError, dtype_of
+from .types import _DTYPES, _TYPE_NAMES, NARROW, OnnxImportError, dtype_of, stored_dtype, wrap
 
 OPSETS = (7, 23)  # the ai.onnx opset versions the importers are written for
 MAX_CONSTANT_BYTES = 1 << 30  # load()'s default bound on the constants it computes from sizes the file gives
@@ -43,8 +44,9 @@ class Node:
     """What an importer sees of one ONNX node: its attributes (each read is recorded, so that an attribute no
     importer read is refused by name), its inputs as program variables or constants, and the opset."""
 
-    def __init__(self, proto, opset: int, env: dict, importer):
+    def __init__(self, proto, opset: int, env: dict, importer, narrow: dict | None = None):
         self.proto = proto
+        self.narrow = narrow or {}  # value name -> its narrow ONNX type (held as int64)
         self.op_type = proto.op_type
         self.opset = opset
         self.name = _node_name(proto)
@@ -217,8 +219,9 @@ _FLAGS = {"keepdims", "noop_with_empty_axes", "select_last_index", "transA", "tr
 
 
 class Importer:
-    def __init__(self, model, max_constant_bytes: int = MAX_CONSTANT_BYTES):
+    def __init__(self, model, max_constant_bytes: int = MAX_CONSTANT_BYTES, folder: Path | None = None):
         self.model = model
+        self.folder = folder  # where external data is read from (the model file's folder), or None
         self.initial: dict = {}  # float initializer name -> its value (read when a node needs a constant)
         self._constants: dict = {}  # name -> read-only Tensor: one program constant per ONNX value
         self.max_constant_bytes = max_constant_bytes
@@ -243,8 +246,19 @@ class Importer:
     def array(self, proto, what: str) -> np.ndarray:
         from onnx import numpy_helper
 
-        _self_contained(proto, what)
         dtype_of(proto.data_type, f"{what}: tensor {proto.name!r}")
+        external = _external(proto, what, self.folder)
+        if external is not None:  # read into a copy that holds its data
+            path, offset, size = external
+            with open(path, "rb") as f:
+                f.seek(offset)
+                data = f.read(size)
+            held = type(proto)()
+            held.CopyFrom(proto)
+            held.ClearField("external_data")
+            held.data_location = held.DEFAULT
+            held.raw_data = data
+            proto = held
         try:
             array = numpy_helper.to_array(proto)
         except Exception as e:
@@ -292,13 +306,16 @@ def _read(source):
 def _opset(model) -> int:
     import onnx
 
+    if not 3 <= model.ir_version <= onnx.IR_VERSION:  # (0: not set)
+        raise OnnxImportError(f"onnx.load(): the model declares IR version {model.ir_version}; opforge reads IR "
+                              f"versions 3 to {onnx.IR_VERSION} (onnx {onnx.__version__}); older models have no "
+                              "opset versions (onnx.version_converter updates them)")
     versions = {}
     for o in model.opset_import:
         versions[o.domain or "ai.onnx"] = o.version
-    if not model.opset_import:  # IR version 2 models: opset 1 implied
-        if model.ir_version >= 3:
-            raise OnnxImportError(f"onnx.load(): the model (IR version {model.ir_version}) imports no opset")
-        versions["ai.onnx"] = 1
+    if not model.opset_import:  # (reading it as opset 1, as IR version 2 did, would give other numbers)
+        raise OnnxImportError(f"onnx.load(): the model (IR version {model.ir_version}) imports no opset: the "
+                              "meaning of its ops is unknown")
     if "ai.onnx" not in versions:
         raise OnnxImportError(f"onnx.load(): the model imports no ai.onnx opset (it imports {sorted(versions)})")
     newest = onnx.defs.onnx_opset_version()
@@ -312,14 +329,15 @@ def _node_name(node) -> str:
     return node.name or (node.output[0] if node.output else "?")
 
 
-def _check(model, opset: int):
+def _check(model, opset: int, folder: Path | None = None):
     """Refuse what is not valid ONNX, or not what opforge imports, before anything in the model is read: each node
     must be of a type we import, read only names assigned before it (no cycles), assign names no one else does, and
     pass ``onnx.checker``'s check against its op's schema (its number of inputs and outputs, its attributes and their
     types); each tensor must hold the data its dims say. Refused before the checker sees them: names that are not
-    UTF-8 (protobuf hands them over as bytes), data in external files, and anything that nests (subgraphs, functions,
-    training graphs, sequence or map types), which opforge does not import and the checker walks recursively, down
-    to a C stack overflow for a graph nested thousands deep."""
+    UTF-8 (protobuf hands them over as bytes), data in external files but for files inside the model's folder
+    (``_external``), and anything that nests (subgraphs, functions, training graphs, sequence or map types), which
+    opforge does not import and the checker walks recursively, down to a C stack overflow for a graph nested
+    thousands deep."""
     from onnx import IR_VERSION, checker
 
     from .importers import IMPORTERS  # (they import this module's helpers)
@@ -355,8 +373,8 @@ def _check(model, opset: int):
                                   f"{next(n for n in names if names.count(n) > 1)!r}")
     for t in graph.initializer:
         text(t.name, "initializer name")
-        _self_contained(t, "initializer")
-        valid(checker.check_tensor, t, f"initializer {t.name!r}")
+        if _external(t, "initializer", folder) is None:  # (the checker looks for external files in the cwd)
+            valid(checker.check_tensor, t, f"initializer {t.name!r}")
     defined = {vi.name for vi in graph.input} | {t.name for t in graph.initializer}
     for node in graph.node:
         for value in (node.name, node.op_type, node.domain, *node.input, *node.output):
@@ -373,7 +391,7 @@ def _check(model, opset: int):
             if a.HasField("g") or a.graphs or a.HasField("tp") or a.type_protos:
                 raise OnnxImportError(f"{where}: attribute {a.name!r} holds a subgraph or a type: not supported")
             for t in [a.t, *a.tensors]:
-                _self_contained(t, f"{where}: attribute {a.name!r}")
+                _external(t, f"{where}: attribute {a.name!r}", None)
         for i in node.input:
             if i and i not in defined:
                 raise OnnxImportError(f"{where}: input {i!r} is neither a graph input, an initializer nor the output "
@@ -390,11 +408,45 @@ def _check(model, opset: int):
             raise OnnxImportError(f"onnx.load(): graph output {vi.name!r} is produced by no node, input or initializer")
 
 
-def _self_contained(t, what: str):
-    if t.data_location == t.EXTERNAL or t.external_data:
-        raise OnnxImportError(f"{what}: tensor {t.name!r} keeps its data in an external file; opforge reads "
-                              "self-contained models only (onnx.load_model with load_external_data, then pass the "
-                              "ModelProto)")
+def _external(t, what: str, folder: Path | None):
+    """None for a tensor that holds its data; for one that keeps it in a file, (the file, offset, byte count),
+    checked before anything is read: a file inside the model's folder (a relative path without '..', resolving,
+    symlinks followed, inside the folder), holding at that offset as many bytes as the tensor's dims say."""
+    from pathlib import PurePath
+
+    if not (t.data_location == t.EXTERNAL or t.external_data):
+        return None
+    name = f"{what}: tensor {t.name!r}"
+    if folder is None:
+        raise OnnxImportError(f"{name} keeps its data in an external file; load the model from its path (the file "
+                              "is read from the model's folder), or pass a ModelProto with the data loaded")
+    info = {e.key: e.value for e in t.external_data}
+    location = info.get("location", "")
+    relative = PurePath(location)
+    if not location or relative.is_absolute() or relative.anchor or ".." in relative.parts:
+        raise OnnxImportError(f"{name} keeps its data in {location!r}: opforge reads external data from files "
+                              "inside the model's folder only (a relative path, no '..')")
+    root = folder.resolve()
+    path = (folder / relative).resolve()
+    if not path.is_relative_to(root) or not path.is_file():
+        raise OnnxImportError(f"{name} keeps its data in {location!r}, which is not a file inside the model's "
+                              f"folder {str(folder)!r} (a symlink out of it, a folder, or missing)")
+    dtype_of(t.data_type, name)
+    dtype = stored_dtype(t.data_type)
+    if len(t.dims) > MAX_RANK or any(d < 0 for d in t.dims):
+        raise OnnxImportError(f"{name} has dims {list(t.dims)[:MAX_RANK + 1]}")
+    size = math.prod(t.dims) * dtype.itemsize
+    try:
+        offset = int(info.get("offset", 0))
+        length = int(info.get("length", size))
+    except ValueError:
+        raise OnnxImportError(f"{name}: external data offset {info.get('offset')!r} or length "
+                              f"{info.get('length')!r} is not a number") from None
+    available = path.stat().st_size
+    if length != size or offset < 0 or offset + size > available:
+        raise OnnxImportError(f"{name} of dims {list(t.dims)} ({dtype}) takes {size} bytes; its external data "
+                              f"says {length} bytes at offset {offset} of {location!r}, a file of {available} bytes")
+    return path, offset, size
 
 
 def _value_spec(vi, what: str) -> Spec:
@@ -418,10 +470,11 @@ class _Parsed:
 
     def __init__(self, source, bind=None, max_constant_bytes: int = MAX_CONSTANT_BYTES):
         self.model = _read(source)
+        folder = Path(source).parent if isinstance(source, (str, Path)) else None
         self.opset = _opset(self.model)
-        _check(self.model, self.opset)
+        _check(self.model, self.opset, folder)
         graph = self.graph = self.model.graph
-        self.importer = Importer(self.model, max_constant_bytes)
+        self.importer = Importer(self.model, max_constant_bytes, folder)
         if graph.sparse_initializer:
             raise OnnxImportError("onnx.load(): sparse initializers are not supported")
         self.arrays = {t.name: self.importer.array(t, "initializer") for t in graph.initializer}
@@ -438,6 +491,10 @@ class _Parsed:
                       and vi.name not in self.bound}
         self.names = {*self.arrays, *self.feeds, *(o for n in graph.node for o in n.output)}
         self.outputs = [vi.name for vi in graph.output]
+        self.narrow = _narrow_types(self.model, self.opset)
+        # BatchNormalization's running mean and variance: state, not trained (buffers of load_module)
+        self.statistics = {i for n in graph.node if n.op_type == "BatchNormalization" and n.domain in ("", "ai.onnx")
+                           for i in n.input[3:5] if i in self.arrays}
         self.declared = {vi.name: vi.type.tensor_type.elem_type for vi in graph.output}  # (0: not declared)
 
     def run(self, inputs: dict, params: dict) -> dict:
@@ -453,11 +510,11 @@ class _Parsed:
             else:
                 env[name] = array
         for proto in self.graph.node:
-            n = Node(proto, self.opset, env, imp)
+            n = Node(proto, self.opset, env, imp, self.narrow)
             _check_types(n)
             known = _fold(n)
             if known is not None:  # shape arithmetic on values known at import: computed now, not recorded
-                env[proto.output[0]] = known
+                env[proto.output[0]] = _wrap_narrow(n, proto.output[0], known)
                 continue
             try:
                 result = IMPORTERS[proto.op_type](n)
@@ -476,7 +533,7 @@ class _Parsed:
                 raise n.unsupported(f"output(s) {wanted[len(results):]}")
             for name, value in zip(wanted, results):
                 if name:
-                    env[name] = value
+                    env[name] = _wrap_narrow(n, name, value)
         result = {}
         for name in self.outputs:
             value = env[name]
@@ -519,7 +576,8 @@ def load(source, bind: dict | None = None, *, max_constant_bytes: int = MAX_CONS
         params = {}
         for name, array in parsed.arrays.items():
             if array.dtype.kind == "f":
-                program.add_var(name, Spec(array.shape, array.dtype), persistable=True)
+                program.add_var(name, Spec(array.shape, array.dtype), persistable=True,
+                                stop_gradient=name in parsed.statistics)
                 program.values[name] = array
                 params[name] = Variable(program, name)
         return parsed.run(variables, params)
@@ -548,11 +606,17 @@ class OnnxModule(Module):
         super().__init__()
         self._parsed = parsed
         self._onnx_names = {}  # ONNX initializer name -> our attribute (ONNX names may hold dots)
+        self._onnx_buffers = {}  # the same for BatchNormalization's running statistics, buffers
         for name, array in parsed.arrays.items():
             if array.dtype.kind == "f":
-                attr = f"p{len(self._onnx_names)}"
-                setattr(self, attr, tensor(array, requires_grad=True))
-                self._onnx_names[name] = attr
+                if name in parsed.statistics:
+                    attr = f"b{len(self._onnx_buffers)}"
+                    self.register_buffer(attr, tensor(array))
+                    self._onnx_buffers[name] = attr
+                else:
+                    attr = f"p{len(self._onnx_names)}"
+                    setattr(self, attr, tensor(array, requires_grad=True))
+                    self._onnx_names[name] = attr
 
     @property
     def input_names(self) -> list:
@@ -562,13 +626,18 @@ class OnnxModule(Module):
         for name, attr in self._onnx_names.items():
             yield prefix + name, getattr(self, attr)
 
+    def named_buffers(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        for name, attr in self._onnx_buffers.items():
+            yield prefix + name, getattr(self, attr)
+
     def forward(self, *args, **kwargs):
         inputs = dict(zip(self._parsed.feeds, args)) | kwargs
         missing = set(self._parsed.feeds) - set(inputs)
         if missing:
             raise OnnxImportError(f"OnnxModule(): missing input(s) {sorted(missing)}")
         try:
-            out = self._parsed.run(inputs, {n: getattr(self, a) for n, a in self._onnx_names.items()})
+            state = {n: getattr(self, a) for n, a in [*self._onnx_names.items(), *self._onnx_buffers.items()]}
+            out = self._parsed.run(inputs, state)
         except OnnxImportError:
             raise
         except OpforgeError as e:
@@ -675,6 +744,8 @@ def _check_types(n: Node):
                                       "with no gaps")
             continue
         dtype = n.spec(i).dtype
+        narrow = n.narrow.get(n.proto.input[i])
+        dtype = NARROW[narrow] if narrow else dtype
         name = f"tensor({_TYPE_NAMES.get(dtype, dtype.name)})"
         param = formal.type_str
         if name not in allowed.get(param, {param}):
@@ -693,3 +764,69 @@ def _symbolic_dims(v) -> bool:
 
 def _symbolic(v) -> bool:
     return isinstance(v, tuple) or (isinstance(v, np.ndarray) and v.dtype == object)
+
+
+# ONNX ops whose result stays in the range of its narrow integer input (no wrapping needed after them)
+_KEEP_RANGE = {"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Concat", "Split", "Slice",
+               "Gather", "GatherElements", "GatherND", "Max", "Min", "Clip", "Where", "Expand", "Tile", "MaxPool",
+               "ReduceMax", "ReduceMin", "TopK", "Constant", "Relu", "DepthToSpace", "SpaceToDepth", "Trilu",
+               "ScatterElements", "ScatterND", "Scatter", "Sign", "QuantizeLinear", "DynamicQuantizeLinear",
+               "BitwiseAnd", "BitwiseOr", "BitwiseXor"}
+
+
+def _wrap_narrow(n: Node, name: str, value):
+    """``value``, the output ``name`` of node ``n``, wrapped into its narrow ONNX type's range where it has one (its
+    int64 result may have left it: uint8 250 + 10 is 4 in ONNX)."""
+    elem = n.narrow.get(name)
+    if elem is None or n.op_type in _KEEP_RANGE or isinstance(value, tuple) or \
+            (isinstance(value, np.ndarray) and value.dtype.kind not in "iu"):
+        return value
+    if getattr(value, "dtype", None) is not None and value.dtype.kind not in "iu":
+        return value
+    from .. import ops as F
+
+    if n.op_type == "Resize":  # (ONNX's reference saturates a resized integer image)
+        info = np.iinfo(NARROW[elem])
+        return F.clip(value, min=int(info.min), max=int(info.max))
+    return wrap(value, elem, F)
+
+
+def _narrow_types(model, opset: int) -> dict:
+    """Value name -> ONNX type, for the values of narrow integer types (``types.NARROW``): the graph's inputs and
+    initializers as declared, each node's outputs as its op's schema gives them (an output of an input's type
+    parameter takes that input's type; Cast, CastLike, Constant and the quantizers say theirs)."""
+    import onnx
+
+    graph = model.graph
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in graph.input}
+    types |= {t.name: t.data_type for t in graph.initializer}
+    for node in graph.node:
+        attrs = {a.name: a for a in node.attribute}
+        given = [types.get(i) for i in node.input]
+        t = node.op_type
+        if t == "Cast":
+            outs = [attrs["to"].i if "to" in attrs else None]
+        elif t == "CastLike":
+            outs = [given[1] if len(given) > 1 else None]
+        elif t in ("Constant", "ConstantOfShape"):
+            value = attrs.get("value")
+            outs = [value.t.data_type if value is not None and value.HasField("t") else None]
+        elif t == "QuantizeLinear":
+            dtype = attrs["output_dtype"].i if "output_dtype" in attrs and attrs["output_dtype"].i else None
+            outs = [dtype or (given[2] if len(given) > 2 and node.input[2] else 2)]
+        elif t == "DynamicQuantizeLinear":
+            outs = [2, 1, 2]
+        else:
+            try:
+                schema = onnx.defs.get_schema(t, opset, "")
+            except onnx.defs.SchemaError:
+                continue
+            params = [f.type_str for f in schema.inputs]
+            outs = []
+            for formal in schema.outputs:
+                first = next((i for i, p in enumerate(params) if p == formal.type_str), None)
+                outs.append(given[first] if first is not None and first < len(given) else None)
+        for name, elem in zip(node.output, outs):
+            if name and elem is not None:
+                types[name] = elem
+    return {name: elem for name, elem in types.items() if elem in NARROW}

@@ -526,6 +526,125 @@ def prelu(x: _TensorLike, weight: _TensorLike) -> Tensor:
     fewer dims), as torch's.
     """
 
+# -- opforge.ops.elementwise_math
+
+def acos(x: _TensorLike) -> Tensor:
+    """Inverse cosine (NaN outside [−1, 1])."""
+
+def acosh(x: _TensorLike) -> Tensor:
+    """Inverse hyperbolic cosine (NaN below 1)."""
+
+def asin(x: _TensorLike) -> Tensor:
+    """Inverse sine (NaN outside [−1, 1])."""
+
+def asinh(x: _TensorLike) -> Tensor:
+    """Inverse hyperbolic sine."""
+
+def atan(x: _TensorLike) -> Tensor:
+    """Inverse tangent."""
+
+def atanh(x: _TensorLike) -> Tensor:
+    """Inverse hyperbolic tangent (±inf at ±1, NaN beyond)."""
+
+def cosh(x: _TensorLike) -> Tensor:
+    """Hyperbolic cosine."""
+
+def exp2(x: _TensorLike) -> Tensor:
+    """2ˣ."""
+
+def frac(x: _TensorLike) -> Tensor:
+    """The fractional part, x − trunc(x), with the sign of x (torch's frac: floating only)."""
+
+def log10(x: _TensorLike) -> Tensor:
+    """Logarithm to base 10."""
+
+def log2(x: _TensorLike) -> Tensor:
+    """Logarithm to base 2."""
+
+def sinh(x: _TensorLike) -> Tensor:
+    """Hyperbolic sine."""
+
+def tan(x: _TensorLike) -> Tensor:
+    """Tangent."""
+
+def trunc(x: _TensorLike) -> Tensor:
+    """x rounded towards 0 (integer tensors are returned unchanged)."""
+
+def logit(x: _TensorLike, eps: float | None = None) -> Tensor:
+    """ln(z / (1 − z)) with z = x, or x clamped to [eps, 1 − eps] when ``eps`` is given (NaN outside [0, 1]
+    without it).
+    """
+
+def isinf(x: _TensorLike) -> Tensor:
+    """True where x is +inf or −inf (never for integers and bools)."""
+
+def isneginf(x: _TensorLike) -> Tensor:
+    """True where x is −inf."""
+
+def isposinf(x: _TensorLike) -> Tensor:
+    """True where x is +inf."""
+
+def nan_to_num(x: _TensorLike, nan: float = 0.0, posinf: float | None = None, neginf: float | None = None) -> Tensor:
+    """NaN, +inf and −inf replaced by ``nan``, ``posinf`` and ``neginf`` (by default the largest and the
+    smallest finite value of x's dtype); integers and bools unchanged.
+    """
+
+def atan2(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """The angle of the point (y=x, x=y) in (−π, π]: ``torch.atan2(input, other)`` is atan(input / other) in the
+    right quadrant.
+    """
+
+def bitwise_left_shift(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """x << y: x·2ʸ, wrapping around; 0 for shifts by a negative count or by the width or more."""
+
+def bitwise_right_shift(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """x >> y: floor(x / 2ʸ); shifts by a negative count or by the width or more give 0 (−1 for a negative x)."""
+
+def bitwise_xor(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """x ^ y, bit by bit (the logical xor of bools)."""
+
+def copysign(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """|x| with the sign of y (the sign bit: −0.0 counts as negative)."""
+
+def fmax(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """The larger of x and y, ignoring a NaN (NaN where both are)."""
+
+def fmin(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """The smaller of x and y, ignoring a NaN (NaN where both are)."""
+
+def fmod(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """The remainder of x / y rounded towards 0, with the sign of x (C's fmod; ``remainder`` takes the sign of
+    y). Integers divided by 0 raise ``DivisionByZeroError``, as torch.
+    """
+
+def hypot(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """√(x² + y²), without overflow."""
+
+def logaddexp(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """ln(eˣ + eʸ), without overflow."""
+
+def xlogy(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """x·ln(y), 0 where x = 0 (unless y is NaN), as ``torch.xlogy``."""
+
+def logical_xor(x: _TensorLike, y: _TensorLike) -> Tensor:
+    """True where exactly one of x and y is nonzero (True)."""
+
+def isclose(
+    x: _TensorLike,
+    y: _TensorLike,
+    rtol: float = 1e-05,
+    atol: float = 1e-08,
+    equal_nan: bool = False,
+) -> Tensor:
+    """|x − y| ≤ atol + |rtol·y| elementwise, as torch's: equal values (infinities included) are close, NaN is
+    close to NaN only with ``equal_nan``. Integers and bools compare their differences in float32, as torch.
+    """
+
+def lerp(x: _TensorLike, end: _TensorLike, weight: _TensorLike) -> Tensor:
+    """x + weight·(end − x), computed as torch does: from the nearer end (end − (end − x)·(1 − weight) where
+    |weight| ≥ ½), so that a weight of 1 gives ``end`` exactly.
+    """
+
 # -- opforge.ops.embedding_bags
 
 def embedding_bag(
@@ -725,6 +844,76 @@ def linalg_svd(a: _TensorLike, *, full_matrices: bool = True) -> _linalg_svd_res
     choice. Differentiable where the singular values are distinct and nonzero (where m != n; at k for square
     matrices); the columns beyond k of full matrices are not determined by a, and their gradient is ignored, as
     in PyTorch.
+    """
+
+# -- opforge.ops.linalg_torch
+
+class _linalg_eigh_result(NamedTuple):
+    eigenvalues: Tensor
+    eigenvectors: Tensor
+
+def linalg_eigh(a: _TensorLike, UPLO: str = 'L') -> _linalg_eigh_result:
+    """``torch.linalg.eigh``: the eigenvalues (ascending) and orthonormal eigenvectors (columns) of a symmetric
+    matrix. a is read through its symmetric part (a + aᵀ)/2, as ``linalg_cholesky`` reads it (torch reads the
+    triangle ``UPLO`` names): the same for a symmetric a, values and gradients (torch's formula), and the
+    gradient is then the derivative for any a. Each eigenvector's sign makes its largest entry positive (torch's
+    is LAPACK's choice); the gradient exists where the eigenvalues are distinct.
+    """
+
+class _linalg_slogdet_result(NamedTuple):
+    sign: Tensor
+    logabsdet: Tensor
+
+def linalg_slogdet(a: _TensorLike) -> _linalg_slogdet_result:
+    """``torch.linalg.slogdet``: the sign of the determinant (−1, 0 or 1) and ln |det|, without det's overflow."""
+
+def cholesky_solve(b: _TensorLike, l: _TensorLike, upper: bool = False) -> Tensor:
+    """``torch.cholesky_solve(B, L, upper=False)``: X with A·X = B for A = L·Lᵀ (``upper``: A = Uᵀ·U), given the
+    Cholesky factor; batch dims broadcast. A is formed from the whole of l (torch reads one triangle only): the
+    same for a triangular factor, values and gradients (torch's formula), and the gradient is then the
+    derivative for any l.
+    """
+
+def linalg_matrix_exp(a: _TensorLike) -> Tensor:
+    """``torch.linalg.matrix_exp``: e^a = Σ aᵏ/k! of a square matrix (SciPy's Padé approximation, in float64)."""
+
+def linalg_pinv(
+    a: _TensorLike,
+    *,
+    atol: float | None = None,
+    rtol: float | None = None,
+    hermitian: bool = False,
+) -> Tensor:
+    """``torch.linalg.pinv``: the Moore-Penrose pseudo-inverse, from the SVD, singular values at or below
+    max(atol, rtol·σ₁) taken as 0; rtol is eps·max(m, n) when neither is given, 0 when only atol is. The
+    gradient is torch's formula (defined where the rank does not change). ``hermitian`` says a is symmetric; the
+    result is the same either way (torch then reads one triangle of a, as the gradient formula does not).
+    """
+
+class _linalg_lu_factor_result(NamedTuple):
+    LU: Tensor
+    pivots: Tensor
+
+def linalg_lu_factor(A: _TensorLike, *, pivot: bool = True) -> _linalg_lu_factor_result:
+    """``torch.linalg.lu_factor``: the LU decomposition with partial pivoting of A (..., m, n), packed as
+    LAPACK's getrf gives it: ``(LU, pivots)``. Differentiable where A's leading k×k minors are not singular (k =
+    min(m, n)).
+    """
+
+class _lu_unpack_result(NamedTuple):
+    P: Tensor
+    L: Tensor
+    U: Tensor
+
+def lu_unpack(
+    LU: _TensorLike,
+    pivots: _TensorLike,
+    unpack_data: bool = True,
+    unpack_pivots: bool = True,
+) -> _lu_unpack_result:
+    """``torch.lu_unpack``: ``(P, L, U)`` with A = P·L·U from ``linalg_lu_factor``'s packed form: P (..., m, m)
+    a permutation, L (..., m, k) unit lower and U (..., k, n) upper triangular, k = min(m, n); P (without
+    ``unpack_pivots``) or L and U (without ``unpack_data``) empty.
     """
 
 # -- opforge.ops.loss
@@ -1594,6 +1783,112 @@ def cumsum(x: _TensorLike, axis: int, *, dim: int | None = None) -> Tensor:
 def cumprod(x: _TensorLike, axis: int, *, dim: int | None = None) -> Tensor:
     """Running products along ``axis``: yᵢ = x₀·x₁·…·xᵢ. Integer and bool tensors multiply in int64."""
 
+# -- opforge.ops.reduce_torch
+
+def all(
+    x: _TensorLike,
+    axis: Sequence[int] | int | None = None,
+    keepdim: bool = False,
+    *,
+    dim: Sequence[int] | int | None = None,
+    keepdims: bool | None = None,
+) -> Tensor:
+    """``torch.all``: whether every element over ``axis`` is nonzero (all axes when None; NaN counts as
+    nonzero).
+    """
+
+def any(
+    x: _TensorLike,
+    axis: Sequence[int] | int | None = None,
+    keepdim: bool = False,
+    *,
+    dim: Sequence[int] | int | None = None,
+    keepdims: bool | None = None,
+) -> Tensor:
+    """``torch.any``: whether some element over ``axis`` is nonzero (all axes when None)."""
+
+def logcumsumexp(x: _TensorLike, axis: int, *, dim: int | None = None) -> Tensor:
+    """``torch.logcumsumexp``: running ln Σ eˣ along ``axis``, yᵢ = ln(e^x₀ + … + e^xᵢ), without overflow."""
+
+class _cummax_result(NamedTuple):
+    values: Tensor
+    indices: Tensor
+
+def cummax(x: _TensorLike, axis: int, *, dim: int | None = None) -> _cummax_result:
+    """``torch.cummax``: the running largest element along ``axis`` and the index of the last one equal to it."""
+
+class _cummin_result(NamedTuple):
+    values: Tensor
+    indices: Tensor
+
+def cummin(x: _TensorLike, axis: int, *, dim: int | None = None) -> _cummin_result:
+    """``torch.cummin``: the running smallest element along ``axis`` and the index of the last one equal to it."""
+
+class _kthvalue_result(NamedTuple):
+    values: Tensor
+    indices: Tensor
+
+def kthvalue(
+    x: _TensorLike,
+    k: int,
+    axis: int = -1,
+    keepdim: bool = False,
+    *,
+    dim: int | None = None,
+    keepdims: bool | None = None,
+) -> _kthvalue_result:
+    """``torch.kthvalue``: the k-th smallest element along ``axis`` (k from 1) and its index."""
+
+class _median_select_result(NamedTuple):
+    values: Tensor
+    indices: Tensor
+
+def median_select(
+    x: _TensorLike,
+    axis: int | None = None,
+    keepdim: bool = False,
+    *,
+    ignore_nan: bool = False,
+    dim: int | None = None,
+    keepdims: bool | None = None,
+) -> _median_select_result:
+    """The lower median along ``axis`` (of all elements when None) and its index: what ``median`` and
+    ``nanmedian`` return. A row holding NaN has median NaN (at its first NaN) unless ``ignore_nan``, which
+    leaves NaN out (NaN only where the row is all NaN).
+    """
+
+class _mode_result(NamedTuple):
+    values: Tensor
+    indices: Tensor
+
+def mode(
+    x: _TensorLike,
+    axis: int = -1,
+    keepdim: bool = False,
+    *,
+    dim: int | None = None,
+    keepdims: bool | None = None,
+) -> _mode_result:
+    """``torch.mode``: the most frequent value along ``axis`` (the smallest of equally frequent ones) and the
+    index of its last occurrence. Each NaN counts as a value of its own.
+    """
+
+def bincount(x: _TensorLike, weights: _TensorLike | None = None, minlength: int = 0) -> Tensor:
+    """``torch.bincount``: how often each value 0, 1, ... occurs in the 1-D non-negative ``x`` (int64), or the
+    sum of the ``weights`` at each (float32 weights sum in float32, all others in float64, as torch's); at least
+    ``minlength`` bins. Its length depends on the data: a program knows it at run time only.
+    """
+
+class _unique_all_result(NamedTuple):
+    values: Tensor
+    inverse: Tensor
+    counts: Tensor
+
+def unique_all(x: _TensorLike, *, axis: int | None = None) -> _unique_all_result:
+    """The sorted distinct elements of ``x`` (along ``axis``: its distinct slices), where each element came from
+    and how often each occurs: what ``unique`` returns. Each NaN is distinct, as in torch.
+    """
+
 # -- opforge.ops.resize
 
 def interpolate(
@@ -1980,6 +2275,54 @@ def sparse_mm(indices: _TensorLike, values: _TensorLike, dense: _TensorLike, *, 
     for the dense matrix the transposed sparse matrix times dout.
     """
 
+# -- opforge.ops.special
+
+def erfc(x: _TensorLike) -> Tensor:
+    """The complementary error function, 1 − erf(x), without its cancellation for large x."""
+
+def erfinv(x: _TensorLike) -> Tensor:
+    """The inverse of erf on (−1, 1): ±inf at ±1, NaN beyond; −0 stays −0 (as torch)."""
+
+def lgamma(x: _TensorLike) -> Tensor:
+    """ln |Γ(x)|: +inf at 0, at the negative integers and at ±inf (as torch; SciPy's gammaln(−inf) is −inf)."""
+
+def digamma(x: _TensorLike) -> Tensor:
+    """ψ(x) = d/dx ln Γ(x): ∓inf at ±0, NaN at the negative integers (as torch)."""
+
+def polygamma(n: int, x: _TensorLike) -> Tensor:
+    """ψ⁽ⁿ⁾(x), the n-th derivative of digamma (``torch.polygamma(n, input)``: n first). n = 0 is digamma, n = 1
+    torch's trigamma, and n ≥ 2 (−1)ⁿ⁺¹·n!·ζ(n + 1, x), NaN at +inf as torch's Hurwitz zeta gives it.
+    """
+
+def i0(x: _TensorLike) -> Tensor:
+    """The modified Bessel function of the first kind, of order 0."""
+
+def special_i1(x: _TensorLike) -> Tensor:
+    """The modified Bessel function of the first kind, of order 1 (``torch.special.i1``)."""
+
+def addcdiv(input, tensor1, tensor2, *, value=1) -> Any:
+    """``torch.addcdiv``: input + value·tensor1/tensor2. Integer tensor1 and tensor2 are refused, as torch
+    refuses them (its integer division here was removed).
+    """
+
+def addcmul(input, tensor1, tensor2, *, value=1) -> Any:
+    """``torch.addcmul``: input + value·tensor1·tensor2 (broadcast, promoted as torch does); a float ``value``
+    with integer tensors is refused, as torch refuses it.
+    """
+
+def addmm(input, mat1, mat2, *, beta=1, alpha=1) -> Any:
+    """``torch.addmm``: ``beta·input + alpha·(mat1 @ mat2)`` for matrices mat1 and mat2, input broadcasting to
+    the product's shape (ignored when beta is 0).
+    """
+
+def addmv(input, mat, vec, *, beta=1, alpha=1) -> Any:
+    """``torch.addmv``: ``beta·input + alpha·(mat @ vec)`` for a matrix and a vector."""
+
+def aminmax(input, *, dim=None, keepdim=False) -> Any:
+    """``torch.aminmax``: the named tuple ``(min, max)`` over ``dim`` (all dims when None), each as ``amin`` and
+    ``amax`` (the gradient shared among ties).
+    """
+
 def atleast_1d(tensors) -> Any:
     """``torch.atleast_1d``: a 0-d tensor as (1,), the others as they are; one tensor for one, else a tuple."""
 
@@ -1989,6 +2332,9 @@ def atleast_2d(tensors) -> Any:
 def atleast_3d(tensors) -> Any:
     """``torch.atleast_3d``: 0-d as (1, 1, 1), (n,) as (1, n, 1), (m, n) as (m, n, 1), the others as they are."""
 
+def baddbmm(input, batch1, batch2, *, beta=1, alpha=1) -> Any:
+    """``torch.baddbmm``: ``beta·input + alpha·bmm(batch1, batch2)``."""
+
 def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-05) -> Any:
     """``torch.nn.functional.batch_norm``: ``y`` (``batch_norm_with_stats``'s); with ``training``, the running
     statistics given are updated in place to (1 − momentum)·running + momentum·the batch's statistic.
@@ -1997,6 +2343,11 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=Fa
 def bilinear(input1, input2, weight, bias=None) -> Any:
     """``torch.nn.functional.bilinear``: y = x₁ᵀ·A·x₂ + b over the last dims, for inputs (*, in1) and (*, in2)
     with the same leading dims, weight (out, in1, in2) and bias (out): the einsum ``...i,oij,...j->...o``.
+    """
+
+def block_diag(tensors) -> Any:
+    """``torch.block_diag``: the matrices (0-d as 1×1, 1-D as one row) along the diagonal of one matrix, zeros
+    elsewhere, in their result dtype.
     """
 
 def bmm(x, y) -> Any:
@@ -2010,9 +2361,23 @@ def bucketize(input, boundaries, *, out_int32=False, right=False) -> Any:
     boundaries[i−1] < x ≤ boundaries[i], or with ``right`` boundaries[i−1] ≤ x < boundaries[i].
     """
 
+def cdist(x1, x2, p=2.0, compute_mode='use_mm_for_euclid_dist_if_necessary') -> Any:
+    """``torch.cdist``: the p-norm distance between each row of x1 (..., P, M) and each row of x2 (..., R, M),
+    (..., P, R); batch dims broadcast. Computed from the differences whatever ``compute_mode`` says (torch's
+    matrix-product route for p = 2 is faster and less exact); the gradient is 0 where a distance is 0.
+    """
+
 def chunk(x, chunks, dim=0) -> Any:
     """``torch.chunk``: ``x`` cut along ``dim`` into at most ``chunks`` pieces of ceil(size / chunks) elements,
     the last one smaller (so there may be fewer pieces than asked for). A tuple, as torch's.
+    """
+
+def count_nonzero(input, dim=None, *, axis=None) -> Any:
+    """``torch.count_nonzero``: the number of nonzero elements over ``dim`` (every dim when None or ()), int64."""
+
+def cross(input, other, dim=None) -> Any:
+    """``torch.cross``: the cross product of 3-vectors along ``dim`` (by default the first dim of size 3, as
+    torch reads it); the shapes broadcast.
     """
 
 def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reduction='mean', zero_infinity=False) -> Any:
@@ -2032,6 +2397,12 @@ def diag_embed(input, offset=0, dim1=-2, dim2=-1) -> Any:
 
 def diagflat(input, offset=0) -> Any:
     """``torch.diagflat``: the square matrix with the flattened input on diagonal ``offset``."""
+
+def diff(input, n=1, dim=-1, prepend=None, append=None, *, axis=None) -> Any:
+    """``torch.diff``: the n-th forward difference along ``dim``, ``out[i] = x[i + 1] − x[i]`` applied ``n``
+    times, after ``prepend`` and ``append`` are joined to ``input`` along ``dim``; for bool tensors ``x[i + 1]
+    != x[i]``.
+    """
 
 def dropout(x, p=0.5, training=True, inplace=False) -> Any:
     """``torch.nn.functional.dropout``: ``dropout_with_mask``'s output ``y``, without the mask."""
@@ -2076,6 +2447,9 @@ def hinge_embedding_loss(input, target, margin=1.0, size_average=None, reduce=No
 def hstack(tensors) -> Any:
     """``torch.hstack``: concatenated along dim 1 (dim 0 for 1-D tensors), after atleast_1d."""
 
+def inner(input, other) -> Any:
+    """``torch.inner``: the sum of products over the last dims (a 0-d operand multiplies)."""
+
 def instance_norm(
     x,
     running_mean=None,
@@ -2091,11 +2465,55 @@ def instance_norm(
     ``use_input_stats=False``, normalised by the running statistics.
     """
 
+def kron(input, other) -> Any:
+    """``torch.kron``: the Kronecker product; the operand of lower rank gets leading dims of size 1."""
+
+def linalg_cross(input, other, *, dim=-1) -> Any:
+    """``torch.linalg.cross``: the cross product of 3-vectors along ``dim``; the shapes broadcast."""
+
+def linalg_eigvalsh(a, UPLO='L') -> Any:
+    """``torch.linalg.eigvalsh``: the eigenvalues of a symmetric matrix, ascending (``linalg_eigh``'s first)."""
+
+def linalg_lstsq(A, B, rcond=None, *, driver=None) -> Any:
+    """``torch.linalg.lstsq``: the named tuple ``(solution, residuals, rank, singular_values)`` of min ‖A·X − B‖
+    for A (..., m, n) and B (..., m, k) (or (..., m)). The solution is pinv(A)·B with singular values at or
+    below rcond·σ₁ dropped (rcond by default eps·max(m, n)): the minimum-norm solution, which is LAPACK's for
+    every driver where A has full rank (torch's default 'gelsy' gives another solution for a rank-deficient A).
+    As torch's: residuals (the squared residual norms) for m > n with drivers other than 'gelsy' (here also for
+    a rank-deficient A, where torch gives them empty), the rank for drivers other than 'gels', the singular
+    values for 'gelsd' and 'gelss'; the others empty. Differentiable through the SVD.
+    """
+
+def linalg_lu(A, *, pivot=True) -> Any:
+    """``torch.linalg.lu``: the named tuple ``(P, L, U)`` with A = P·L·U (``linalg_lu_factor`` unpacked)."""
+
+def linalg_lu_solve(LU, pivots, B, *, left=True, adjoint=False) -> Any:
+    """``torch.linalg.lu_solve``: X with A·X = B (``left=False``: X·A = B; ``adjoint``: with Aᵀ) for A given as
+    ``linalg_lu_factor``'s (LU, pivots).
+    """
+
+def linalg_matrix_power(A, n) -> Any:
+    """``torch.linalg.matrix_power``: A multiplied by itself n times (the identity for n = 0; the inverse's
+    power for n < 0), by repeated squaring.
+    """
+
+def linalg_matrix_rank(A, *, atol=None, rtol=None, hermitian=False) -> Any:
+    """``torch.linalg.matrix_rank``: the number of singular values above max(atol, rtol·σ₁) (int64)."""
+
+def linalg_solve_triangular(A, B, *, upper, left=True, unitriangular=False) -> Any:
+    """``torch.linalg.solve_triangular``: X with A·X = B (``left=False``: X·A = B) for A upper (``upper``) or
+    lower triangular, its other triangle not read (nor its diagonal, taken as ones, when ``unitriangular``). The
+    gradient with respect to A lies in that triangle. A zero on the diagonal is an error (torch gives inf).
+    """
+
 def local_response_norm(input, size, alpha=0.0001, beta=0.75, k=1.0) -> Any:
     """``torch.nn.functional.local_response_norm``: x / (k + alpha·mean of x² over ``size`` neighbouring
     channels)^beta, for an (N, C, ...) input; the window is zero-padded, size//2 channels before and (size −
     1)//2 after, and the mean divides by ``size`` (torch's composition, step for step).
     """
+
+def logdet(input) -> Any:
+    """``torch.logdet``: ln det: NaN for a negative determinant, −inf for 0 (as torch)."""
 
 def max(x, dim=None, keepdim=False, *, axis=None) -> Any:
     """``torch.max`` (and ``Tensor.max``): ``max(x)`` the largest value (the gradient shared among ties, as
@@ -2123,6 +2541,13 @@ def max_unpool3d(input, indices, kernel_size, stride=None, padding=0, output_siz
     unbatched input (C, ...) too.
     """
 
+def median(input, dim=None, keepdim=False, *, axis=None) -> Any:
+    """``torch.median``: ``median(x)`` the lower median of all elements (NaN if one is NaN; the gradient shared
+    among the elements equal to it), ``median(x, dim, keepdim=False)`` the named tuple ``(values, indices)``
+    along ``dim`` (the gradient to the index). The lower of the two middle elements for an even count, not their
+    mean.
+    """
+
 def meshgrid(tensors, *, indexing=None) -> Any:
     """``torch.meshgrid``: for 1-D (or 0-d) tensors of sizes n₁ … n_k, k tensors of shape (n₁, …, n_k), the i-th
     varying along dim i ("ij", torch's default) — or with indexing="xy" the first two dims swapped (NumPy's
@@ -2136,6 +2561,11 @@ def min(x, dim=None, keepdim=False, *, axis=None) -> Any:
 
 def mm(x, y) -> Any:
     """``torch.mm``: the product of two matrices (matmul of 2-D tensors only, as torch's: no broadcasting)."""
+
+def multi_dot(tensors) -> Any:
+    """``torch.linalg.multi_dot``: the product of matrices (the first may be a row vector and the last a column
+    vector, 1-D), left to right.
+    """
 
 def multi_margin_loss(
     input,
@@ -2163,6 +2593,18 @@ def multilabel_soft_margin_loss(input, target, weight=None, size_average=None, r
     of −w·(y·log σ(x) + (1 − y)·log σ(−x)), then reduced.
     """
 
+def nanmean(input, dim=None, keepdim=False, *, dtype=None, axis=None) -> Any:
+    """``torch.nanmean``: the mean over ``dim`` of the elements that are not NaN (NaN where all are)."""
+
+def nanmedian(input, dim=None, keepdim=False, *, axis=None) -> Any:
+    """``torch.nanmedian``: ``median`` with NaN left out (NaN only where every element is)."""
+
+def nanquantile(input, q, dim=None, keepdim=False, *, interpolation='linear', axis=None) -> Any:
+    """``torch.nanquantile``: ``quantile`` with NaN left out (NaN only where every element is)."""
+
+def nansum(input, dim=None, keepdim=False, *, dtype=None, axis=None) -> Any:
+    """``torch.nansum``: the sum over ``dim`` with NaN counted as zero (its gradient 0 there)."""
+
 def narrow(x, dim, start, length) -> Any:
     """``torch.narrow``: elements ``start`` .. ``start + length - 1`` along ``dim`` (``start`` may be negative)."""
 
@@ -2186,6 +2628,13 @@ def poisson_nll_loss(
     where target > 1. Then reduced.
     """
 
+def quantile(input, q, dim=None, keepdim=False, *, interpolation='linear', axis=None) -> Any:
+    """``torch.quantile``: the q-th quantiles along ``dim`` (of all elements when None), q a number or a 1-D
+    tensor of them in [0, 1] (then their results stacked first), between the sorted elements by
+    ``interpolation`` ('linear', 'lower', 'higher', 'midpoint', 'nearest': ties to even). NaN where the row
+    holds one.
+    """
+
 def rot90(input, k=1, dims=[0, 1]) -> Any:
     """``torch.rot90``: ``input`` turned by k·90° in the plane of ``dims``, from the first dim towards the
     second (k may be negative).
@@ -2195,6 +2644,9 @@ def rrelu(input, lower=0.125, upper=0.3333333333333333, training=False, inplace=
     """``torch.nn.functional.rrelu``: ``rrelu_with_noise``'s output ``y`` (the slopes kept inside the op for
     backward); ``inplace=True`` writes it into ``input``.
     """
+
+def slogdet(input) -> Any:
+    """``torch.slogdet`` (``torch.linalg.slogdet``): the named tuple ``(sign, logabsdet)``."""
 
 def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction='mean', beta=1.0) -> Any:
     """``torch.nn.functional.smooth_l1_loss``: ½·d²/beta where |d| < beta, else |d| − ½·beta, with d = input −
@@ -2210,6 +2662,9 @@ def soft_margin_loss(input, target, size_average=None, reduce=None, reduction='m
 
 def softsign(input) -> Any:
     """``torch.nn.functional.softsign``: x / (1 + |x|), as torch composes it (NaN at ±inf, its gradient too)."""
+
+def std_mean(input, dim=None, unbiased=None, keepdim=False, *, correction=None, axis=None) -> Any:
+    """``torch.std_mean``: ``(std, mean)`` over ``dim``, as ``std`` and ``mean`` compute them."""
 
 def t(x) -> Any:
     """``torch.t``: a 2-D tensor transposed; 0-D and 1-D tensors as they are."""
@@ -2227,6 +2682,16 @@ def tensor_split(input, indices_or_sections, dim=0) -> Any:
     or the pieces between the given split indices (clamped to the size, so some may be empty). A tuple.
     """
 
+def tensordot(a, b, dims=2) -> Any:
+    """``torch.tensordot``: the sum of products over ``dims`` dims, the last ``dims`` of a with the first
+    ``dims`` of b (an int), or over the dims of a and b two lists name (``([1, 0], [0, 1])``).
+    """
+
+def trace(input) -> Any:
+    """``torch.trace`` (``Tensor.trace``): the sum of a matrix's main diagonal (int64 for integer matrices). Not
+    ``of.trace``, which traces a program.
+    """
+
 def unbind(x, dim=0) -> Any:
     """``torch.unbind``: the slices of ``x`` along ``dim``, that dim removed, as a tuple."""
 
@@ -2238,6 +2703,15 @@ def unfold_windows(input, dimension, size, step) -> Any:
     elements every ``step`` along ``dimension``, that dim becoming the number of windows and a last dim of
     ``size`` added. The windows may overlap; their gradients add up (``take``'s).
     """
+
+def unique(input, sorted=True, return_inverse=False, return_counts=False, dim=None) -> Any:
+    """``torch.unique``: the sorted distinct elements (along ``dim``: the distinct slices), and with
+    ``return_inverse`` / ``return_counts`` where each element went and how often each occurs (a tuple, as
+    torch). Sorted also with ``sorted=False``, as torch's CPU kernel does.
+    """
+
+def var_mean(input, dim=None, unbiased=None, keepdim=False, *, correction=None, axis=None) -> Any:
+    """``torch.var_mean``: ``(var, mean)`` over ``dim``, as ``var`` and ``mean`` compute them."""
 
 def vstack(tensors) -> Any:
     """``torch.vstack`` (``row_stack``): concatenated along dim 0, after atleast_2d."""

@@ -129,7 +129,7 @@ def _(rng):
 # -- masked_select and masked_scatter -------------------------------------------------------------------------------
 
 
-@op("masked_select(Tensor x, nograd Tensor<bool> mask) -> Tensor y", traits=["data_dependent"])
+@op("masked_select(Tensor x, nograd Tensor<bool> mask) -> Tensor y", traits=["data_shaped"])
 def masked_select(x, mask):
     """``torch.masked_select``: the elements of x where ``mask`` (x and mask broadcast together) is True, in
     order, as a 1-D tensor; its length depends on the mask (unknown in a traced program's shape rule)."""
@@ -254,7 +254,7 @@ def _(rng):
 # -- nonzero, searchsorted, bucketize, isin, tril/triu_indices ------------------------------------------------------
 
 
-@op("argwhere(Tensor x) -> Tensor<int64> y", traits=["no_grad", "data_dependent"])
+@op("argwhere(Tensor x) -> Tensor<int64> y", traits=["no_grad", "data_shaped"])
 def argwhere(x):
     """``torch.argwhere`` (and ``torch.nonzero``): the index of each nonzero element of x, one row (of x's rank)
     per element in C order, int64; a 0-d x gives (0 or 1, 0). The number of rows depends on the data."""

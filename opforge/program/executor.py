@@ -675,7 +675,7 @@ def _inputs_c_ordered(op, opdef, var) -> str:
 
 
 def _nbytes(spec) -> int:
-    """A buffer's size; 0 for a size the data decides (nonzero's rows): the kernel allocates that one itself."""
+    """A buffer's size; 0 for a size the data decides (nonzero's rows, bincount's): the kernel allocates that one."""
     if None in spec.shape:
         return 0
     return math.prod(spec.shape) * spec.dtype.itemsize  # Python ints: a static size past 2**63 must not wrap

@@ -1,0 +1,456 @@
+"""torch's elementwise maths beyond the basics of ``elementwise.py`` and ``binary.py``: the trigonometric and
+hyperbolic functions and their inverses, logarithms and powers of 2 and 10, logit, xlogy, trunc and frac, fmod,
+copysign, fmax/fmin, lerp, the tests for infinities, isclose, nan_to_num, xor and the shifts.
+
+Each means what its torch namesake means, values, dtypes and the gradient's convention at edges (where torch's
+derivative formula gives NaN, say at hypot(0, 0), so does ours). The floating functions refuse integer tensors as
+the library's others do (torch would compute in float32): convert first. Gradient rules are written with ops, so
+they differentiate again.
+"""
+
+import math
+
+import ml_dtypes
+
+from opforge import ops as F
+
+from ..core.errors import ArgumentError
+from ._common import D, Sample, Spec, function, np, op, promoted
+from .binary import _compare_spec
+from .integer import _no_integer_zero
+
+
+def _floating(name: str, doc: str, kernel, rule, samples=None):
+    """A unary floating op ``name(x) -> y`` with NumPy's ``kernel`` and the gradient ``rule``."""
+    opdef = op(f"{name}(Tensor<floating> x) -> Tensor y", traits=["elementwise", "pointwise"])(_kernel(kernel, doc))
+    opdef.grad(rule)
+    if samples is not None:
+        opdef.samples(samples)
+    return opdef
+
+
+def _kernel(ufunc, doc):
+    def kernel(x):
+        return ufunc(x)
+
+    kernel.__doc__ = doc
+    return kernel
+
+
+def _uniform(low, high):
+    def samples(rng):
+        yield Sample.of(rng.uniform(low, high, (2, 3)))
+        yield Sample.of(rng.uniform(low, high, (5,)))
+        yield Sample.of(rng.uniform(low, high, ()))
+    return samples
+
+
+_LN2, _LN10 = math.log(2.0), math.log(10.0)
+
+# The rules are torch's formulas (derivatives.yaml), so values at the edges of the domain agree too.
+tan = _floating("tan", "Tangent.", np.tan, lambda y, dy: dy * (1 + y * y), _uniform(-1.2, 1.2))
+sinh = _floating("sinh", "Hyperbolic sine.", np.sinh, lambda x, dy: dy * F.cosh(x))
+cosh = _floating("cosh", "Hyperbolic cosine.", np.cosh, lambda x, dy: dy * F.sinh(x))
+asin = _floating("asin", "Inverse sine (NaN outside [−1, 1]).", np.arcsin,
+                 lambda x, dy: dy * F.rsqrt(1 - x * x), _uniform(-0.9, 0.9))
+acos = _floating("acos", "Inverse cosine (NaN outside [−1, 1]).", np.arccos,
+                 lambda x, dy: -dy * F.rsqrt(1 - x * x), _uniform(-0.9, 0.9))
+atan = _floating("atan", "Inverse tangent.", np.arctan, lambda x, dy: dy / (x * x + 1))
+asinh = _floating("asinh", "Inverse hyperbolic sine.", np.arcsinh, lambda x, dy: dy * F.rsqrt(x * x + 1))
+acosh = _floating("acosh", "Inverse hyperbolic cosine (NaN below 1).", np.arccosh,
+                  lambda x, dy: dy * F.rsqrt(x * x - 1), _uniform(1.2, 3.0))
+atanh = _floating("atanh", "Inverse hyperbolic tangent (±inf at ±1, NaN beyond).", np.arctanh,
+                  lambda x, dy: dy / (1 - x * x), _uniform(-0.9, 0.9))
+log2 = _floating("log2", "Logarithm to base 2.", np.log2, lambda x, dy: dy / (x * _LN2), _uniform(0.3, 3.0))
+log10 = _floating("log10", "Logarithm to base 10.", np.log10, lambda x, dy: dy / (x * _LN10), _uniform(0.3, 3.0))
+exp2 = _floating("exp2", "2ˣ.", np.exp2, lambda y, dy: dy * y * _LN2)
+frac = _floating("frac", "The fractional part, x − trunc(x), with the sign of x (torch's frac: floating only).",
+                 lambda x: x - np.trunc(x), lambda dy: dy)
+
+for _opdef, _onnx in ((tan, "Tan"), (sinh, "Sinh"), (cosh, "Cosh"), (asin, "Asin"), (acos, "Acos"), (atan, "Atan"),
+                      (asinh, "Asinh"), (acosh, "Acosh"), (atanh, "Atanh")):
+    _opdef.onnx(lambda g, x, _t=_onnx: g.op(_t, x))
+
+
+@frac.samples
+def _(rng):  # away from the integers, where frac jumps
+    yield Sample.of(np.floor(rng.uniform(-4, 4, (2, 3))) + rng.uniform(0.1, 0.9, (2, 3)))
+    yield Sample.of(np.array(-2.25))
+
+
+@op("trunc(Tensor<number> x) -> Tensor y", traits=["elementwise", "pointwise"])
+def trunc(x):
+    """x rounded towards 0 (integer tensors are returned unchanged)."""
+    return np.trunc(x) if D.is_floating(x.dtype) else x.copy()
+
+
+@trunc.grad
+def _(dy):
+    return F.zeros_like(dy)  # piecewise constant: 0, at the jumps too (as torch)
+
+
+@trunc.samples
+def _(rng):
+    yield Sample.of(np.floor(rng.uniform(-4, 4, (2, 3))) + rng.uniform(0.1, 0.9, (2, 3)))
+    yield Sample.of(np.array(-2.5))
+    yield Sample.of(rng.integers(-5, 5, (4,)))
+
+
+@op("logit(Tensor<floating> x, float? eps=None) -> Tensor y", traits=["elementwise", "pointwise"])
+def logit(x, *, eps):
+    """ln(z / (1 − z)) with z = x, or x clamped to [eps, 1 − eps] when ``eps`` is given (NaN outside [0, 1]
+    without it)."""
+    if eps is not None:
+        x = np.clip(x, eps, 1 - eps)
+    with np.errstate(divide="ignore", invalid="ignore"):  # ±inf at 0 and 1, NaN outside: as torch
+        return np.log(x / (1 - x))
+
+
+@logit.grad
+def _(x, dy, *, eps):
+    # torch's: 1/(x(1 − x)); 0 where eps clamps x (outside [eps, 1 − eps]), NaN outside [0, 1] without eps
+    g = dy / (x * (1 - x))
+    if eps is None:
+        return F.where((x < 0) | (x > 1), math.nan, g)
+    return F.where((x < eps) | (x > 1 - eps), 0, g)
+
+
+@logit.samples
+def _(rng):
+    yield Sample.of(rng.uniform(0.1, 0.9, (2, 3)))
+    yield Sample.of(rng.uniform(0.1, 0.9, ()))
+    yield Sample.of(np.array([0.05, 0.3, 0.6, 0.97]), eps=0.2)  # clamped at both ends, away from the bounds
+
+
+# -- tests of values: bool results -----------------------------------------------------------------------------------
+
+
+def _bool_spec(x):
+    return Spec(x.shape, D.bool_)
+
+
+def _special_samples(rng):
+    yield Sample.of(np.array([[0.0, -1.5, np.nan], [np.inf, -np.inf, 2.0]]))
+    yield Sample.of(rng.integers(-2, 2, (4,)))
+    yield Sample.of(rng.standard_normal(3) > 0)
+
+
+def _value_test(name: str, doc: str, test):
+    def kernel(x):
+        return test(x) if D.is_floating(x.dtype) else np.zeros(x.shape, bool)
+
+    kernel.__doc__ = doc
+    opdef = op(f"{name}(Tensor x) -> Tensor<bool> y", traits=["no_grad", "pointwise"], infer=_bool_spec)(kernel)
+    opdef.samples(_special_samples)
+    return opdef
+
+
+isinf = _value_test("isinf", "True where x is +inf or −inf (never for integers and bools).", np.isinf)
+isposinf = _value_test("isposinf", "True where x is +inf.", np.isposinf)
+isneginf = _value_test("isneginf", "True where x is −inf.", np.isneginf)
+
+
+def _nan_to_num(x, *, nan, posinf, neginf):
+    """NaN, +inf and −inf replaced by ``nan``, ``posinf`` and ``neginf`` (by default the largest and the smallest
+    finite value of x's dtype); integers and bools unchanged."""
+    if not D.is_floating(x.dtype):
+        return x.copy()
+    info = ml_dtypes.finfo(x.dtype)
+    y = np.where(np.isnan(x), np.asarray(nan, x.dtype), x)
+    y = np.where(np.isposinf(x), np.asarray(info.max if posinf is None else posinf, x.dtype), y)
+    return np.where(np.isneginf(x), np.asarray(info.min if neginf is None else neginf, x.dtype), y)
+
+
+nan_to_num = op("nan_to_num(Tensor x, float nan=0.0, float? posinf=None, float? neginf=None) -> Tensor y",
+                traits=["pointwise"], infer=lambda x, **_: x)(_nan_to_num)
+nan_to_num.kernel(dtypes=list(D.HALF))(_nan_to_num)  # in the half dtype itself: its own largest value, not float32's
+
+
+@nan_to_num.grad
+def _(x, dy):
+    # torch's: the gradient passes where x is finite, 0 where it was replaced (a NaN there is a constant, not NaN)
+    return F.where(F.isfinite(x), dy, 0)
+
+
+@nan_to_num.samples
+def _(rng):
+    # the default replacements of ±inf are the dtype's extremes, which no other dtype and no numeric derivative
+    # can follow: tests/test_oracle_opinfo.py compares them with torch's
+    yield Sample.of(np.array([[np.inf, np.nan, -np.inf], [0.5, -1.5, 2.0]]), nan=1.5, posinf=7.0, neginf=-7.0)
+    yield Sample.of(rng.standard_normal(()))
+    yield Sample.of(rng.integers(-2, 2, (4,)))
+
+
+# -- two tensors, broadcast and promoted as torch does -------------------------------------------------------------
+
+
+def _binary(name: str, inputs: str, doc: str, kernel, rule=None, samples=None, traits=()):
+    """A broadcasting op ``name(x, y)`` whose ``kernel`` gets both arrays in their promoted dtype."""
+    def run(x, y):
+        if x.dtype is not y.dtype:  # NumPy would promote otherwise than torch
+            x, y = promoted(x, y)
+        return kernel(x, y)
+
+    run.__doc__ = doc
+    opdef = op(f"{name}({inputs}) -> Tensor out", traits=["broadcast", "pointwise", *traits])(run)
+    if rule is not None:
+        opdef.grad(rule)
+    if samples is not None:
+        opdef.samples(samples)
+    return opdef
+
+
+_FLOATS = "Tensor<floating> x, Tensor<floating> y"
+_NUMBERS = "Tensor<number> x, Tensor<number> y"
+
+
+def _atan2_grad(x, y, dout):
+    # torch's: 1/(x² + y²) taken as 0 where it overflows, so the gradient at (0, 0) is 0 (its own derivative NaN)
+    r = F.reciprocal(x * x + y * y)
+    r = F.where(F.isinf(r), 0, r)
+    return dout * y * r, dout * -x * r
+
+
+def _hypot_grad(x, y, out, dout):
+    return dout * x / out, dout * y / out  # torch's: NaN at (0, 0)
+
+
+def _logaddexp_grad(x, y, dout):
+    return dout / (1 + F.exp(y - x)), dout / (1 + F.exp(x - y))
+
+
+atan2 = _binary("atan2", _FLOATS, "The angle of the point (y=x, x=y) in (−π, π]: ``torch.atan2(input, other)`` is "
+                "atan(input / other) in the right quadrant.", np.arctan2, _atan2_grad)
+hypot = _binary("hypot", _FLOATS, "√(x² + y²), without overflow.", np.hypot, _hypot_grad)
+logaddexp = _binary("logaddexp", _FLOATS, "ln(eˣ + eʸ), without overflow.", np.logaddexp, _logaddexp_grad)
+
+
+def _xlogy(x, y):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(np.isnan(y), np.nan, np.where(x == 0, 0, x * np.log(y))).astype(x.dtype)
+
+
+def _xlogy_grad(x, y, dout):
+    # torch's: d/dx = ln y (as xlogy(dout, y)), 0 where x = 0 and y ≤ 0; d/dy = x / y
+    return F.where((x == 0) & (y <= 0), 0, F.xlogy(dout, y)), dout * x / y
+
+
+xlogy = _binary("xlogy", _FLOATS, "x·ln(y), 0 where x = 0 (unless y is NaN), as ``torch.xlogy``.", _xlogy,
+                _xlogy_grad)
+
+
+@atan2.samples
+@hypot.samples
+@logaddexp.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((2, 3)), rng.standard_normal((2, 3)))
+    yield Sample.of(rng.standard_normal((2, 3)), rng.standard_normal(3))
+    yield Sample.of(rng.standard_normal(()), rng.standard_normal((2, 1)))
+
+
+@xlogy.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((2, 3)), rng.uniform(0.5, 2.0, (2, 3)))
+    yield Sample.of(rng.standard_normal(()), rng.uniform(0.5, 2.0, (3,)))
+
+
+def _fmod(x, y):
+    _no_integer_zero("fmod", x, y)
+    return np.fmod(x, y)
+
+
+def _fmod_grad(x, y, dout, needs_input_grad):
+    # torch's: d/dx = 1, d/dy = −trunc(x / y) (wherever x / y is not an integer; the same expression at the jumps)
+    return dout, -dout * F.trunc(x / y) if needs_input_grad[1] else None
+
+
+fmod = _binary("fmod", _NUMBERS, "The remainder of x / y rounded towards 0, with the sign of x (C's fmod; "
+               "``remainder`` takes the sign of y). Integers divided by 0 raise ``DivisionByZeroError``, as torch.",
+               _fmod, _fmod_grad)
+
+
+@fmod.samples
+def _(rng):
+    def off_the_jumps(x_shape, y_shape):
+        y = rng.uniform(0.5, 2.0, y_shape) * rng.choice([-1, 1], y_shape)
+        return (rng.integers(-3, 3, x_shape) + rng.uniform(0.2, 0.8, x_shape)) * y, y
+
+    yield Sample.of(*off_the_jumps((2, 3), (2, 3)))
+    yield Sample.of(*off_the_jumps((2, 3), (3,)))
+    yield Sample.of(np.array([7, -7, 7, -7]), np.array([3, 3, -3, -3]))
+
+
+def _copysign_grad(x, out, dout):
+    # torch's: out / x (±1 as the sign changes or not), 0 where x = 0; nothing for y (only its sign bit counts)
+    return dout * F.where(x == 0, 0, out / x), None
+
+
+copysign = _binary("copysign", _FLOATS, "|x| with the sign of y (the sign bit: −0.0 counts as negative).",
+                   np.copysign, _copysign_grad)
+
+
+@copysign.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((2, 3)), rng.standard_normal((2, 3)))
+    yield Sample.of(rng.standard_normal((2, 3)), np.array([-0.5, 0.5, 2.0]))  # ±0.0: in the torch oracle
+
+
+def _nan_ignoring_grad(x_wins):
+    def rule(x, y, dout):
+        # torch's: the gradient goes to x where it is kept (ties included) or y is NaN, else to y
+        to_x = x_wins(x, y) | F.isnan(y)
+        return F.where(to_x, dout, 0), F.where(to_x, 0, dout)
+    return rule
+
+
+fmax = _binary("fmax", _NUMBERS, "The larger of x and y, ignoring a NaN (NaN where both are).", np.fmax,
+               _nan_ignoring_grad(lambda x, y: x >= y))
+fmin = _binary("fmin", _NUMBERS, "The smaller of x and y, ignoring a NaN (NaN where both are).", np.fmin,
+               _nan_ignoring_grad(lambda x, y: x <= y))
+
+
+@fmax.samples
+@fmin.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((2, 3)), rng.standard_normal((2, 3)))  # NaNs: in the torch oracle
+    yield Sample.of(rng.standard_normal((2, 3)), rng.standard_normal(3))
+    yield Sample.of(rng.integers(-3, 3, (4,)), np.array(1, np.int32))
+
+
+# -- bits and truth values -----------------------------------------------------------------------------------------
+
+_INTEGERS = "Tensor<integer|bool> x, Tensor<integer|bool> y"
+
+
+bitwise_xor = _binary("bitwise_xor", _INTEGERS, "x ^ y, bit by bit (the logical xor of bools).", np.bitwise_xor,
+                      traits=("no_grad",))
+
+
+def _shift(left: bool):
+    def kernel(x, y):
+        # torch's: a shift by a negative count or by the width or more gives 0 (-1 for a negative x shifted right)
+        bits = x.dtype.itemsize * 8
+        fits = (y >= 0) & (y < bits)
+        count = np.where(fits, y, 0).astype(x.dtype)
+        if left:
+            return np.where(fits, np.left_shift(x, count), 0).astype(x.dtype)
+        return np.where(fits, np.right_shift(x, count), np.where(x < 0, -1, 0)).astype(x.dtype)
+    return kernel
+
+
+bitwise_left_shift = _binary("bitwise_left_shift", "Tensor<integer> x, Tensor<integer> y",
+                             "x << y: x·2ʸ, wrapping around; 0 for shifts by a negative count or by the width or more.",
+                             _shift(True), traits=("no_grad",))
+bitwise_right_shift = _binary("bitwise_right_shift", "Tensor<integer> x, Tensor<integer> y",
+                              "x >> y: floor(x / 2ʸ); shifts by a negative count or by the width or more give 0 "
+                              "(−1 for a negative x).", _shift(False), traits=("no_grad",))
+
+
+@bitwise_left_shift.samples
+@bitwise_right_shift.samples
+def _(rng):
+    yield Sample.of(rng.integers(-8, 8, (2, 3)), rng.integers(-1, 66, (2, 3)))
+    yield Sample.of(rng.integers(-8, 8, (4,)).astype(np.int32), np.array(3, np.int32))
+
+
+@bitwise_xor.samples
+def _(rng):
+    yield Sample.of(rng.integers(-8, 8, (2, 3)), rng.integers(-8, 8, (2, 3)))
+    yield Sample.of(rng.standard_normal((2, 3)) > 0, rng.standard_normal(3) > 0)
+    yield Sample.of(rng.integers(0, 16, (4,)).astype(np.int32), np.array(True))
+
+
+@op("logical_xor(Tensor x, Tensor y) -> Tensor<bool> out", traits=["no_grad", "pointwise"],
+    infer=_compare_spec("logical_xor"))
+def logical_xor(x, y):
+    """True where exactly one of x and y is nonzero (True)."""
+    return np.logical_xor(x, y)
+
+
+@logical_xor.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((2, 3)) > 0, rng.standard_normal((2, 3)) > 0)
+    yield Sample.of(rng.integers(-1, 2, (4, 1)), rng.standard_normal((1, 3)).round())
+
+
+@op("isclose(Tensor x, Tensor y, float rtol=1e-05, float atol=1e-08, bool equal_nan=False) -> Tensor<bool> out",
+    traits=["no_grad", "pointwise"], infer=lambda x, y, **_: _compare_spec("isclose")(x, y))
+def isclose(x, y, *, rtol, atol, equal_nan):
+    """|x − y| ≤ atol + |rtol·y| elementwise, as torch's: equal values (infinities included) are close, NaN is
+    close to NaN only with ``equal_nan``. Integers and bools compare their differences in float32, as torch."""
+    if x.dtype is not y.dtype:
+        x, y = promoted(x, y)
+    close = x == y
+    if equal_nan and D.is_floating(x.dtype):
+        close |= np.isnan(x) & np.isnan(y)
+    if x.dtype == D.bool_:
+        x, y = x.astype(D.float32), y.astype(D.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        actual = np.abs(x - y)
+        allowed = atol + np.abs(rtol * (y if D.is_floating(y.dtype) else y.astype(D.float32)))
+        return close | (np.isfinite(actual) & (actual <= allowed))
+
+
+@isclose.samples
+def _(rng):
+    x = rng.standard_normal((2, 3))
+    yield Sample.of(x, x + np.array([0.0, 1e-9, 1e-3]))
+    yield Sample.of(np.array([np.nan, np.inf, -np.inf, 1.0]), np.array([np.nan, np.inf, np.inf, 1.0 + 1e-6]),
+                    equal_nan=True)
+    yield Sample.of(np.array([100, 101, 5]), np.array([100, 100, 6]), rtol=0.01, atol=0.0)
+
+
+# -- three tensors ----------------------------------------------------------------------------------------------------
+
+
+@op("lerp(Tensor<floating> x, Tensor<floating> end, Tensor<floating> weight) -> Tensor out",
+    traits=["broadcast", "pointwise"])
+def lerp(x, end, weight):
+    """x + weight·(end − x), computed as torch does: from the nearer end (end − (end − x)·(1 − weight) where
+    |weight| ≥ ½), so that a weight of 1 gives ``end`` exactly."""
+    x, end, weight = promoted(x, end, weight)
+    diff = end - x
+    return np.where(np.abs(weight) < 0.5, x + weight * diff, end - diff * (1 - weight))
+
+
+@lerp.grad
+def _(x, end, weight, dout, needs_input_grad):
+    return (dout * (1 - weight) if needs_input_grad[0] else None, dout * weight if needs_input_grad[1] else None,
+            dout * (end - x) if needs_input_grad[2] else None)
+
+
+@lerp.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((2, 3)), rng.standard_normal((2, 3)), rng.uniform(-0.5, 1.5, (2, 3)))
+    yield Sample.of(rng.standard_normal((2, 3)), rng.standard_normal(3), np.array(0.75))
+    yield Sample.of(rng.standard_normal(()), rng.standard_normal((2, 1)), rng.uniform(0, 1, (1, 3)))
+
+
+def _in_result_type(*tensors) -> list:
+    """The tensors in their common dtype (torch.result_type), as torch's fused kernels take them: the product or
+    quotient is computed in that dtype too, not in the dtype of the two factors."""
+    dtype = D.result_type(*(t for t in tensors if hasattr(t, "dtype")))
+    return [F.cast(t, dtype=dtype) if hasattr(t, "dtype") and t.dtype != dtype else t for t in tensors]
+
+
+@function
+def addcmul(input, tensor1, tensor2, *, value=1):
+    """``torch.addcmul``: input + value·tensor1·tensor2 (broadcast, promoted as torch does); a float ``value``
+    with integer tensors is refused, as torch refuses it."""
+    if isinstance(value, float) and not any(D.is_floating(getattr(t, "dtype", D.int64))
+                                            for t in (input, tensor1, tensor2)):
+        raise ArgumentError(f"addcmul(): value={value!r} is a float and the tensors are integers: torch refuses it "
+                            "too (give an int value, or floating tensors)")
+    input, tensor1, tensor2 = _in_result_type(input, tensor1, tensor2)
+    return input + (tensor1 * tensor2 if value == 1 else value * tensor1 * tensor2)
+
+
+@function
+def addcdiv(input, tensor1, tensor2, *, value=1):
+    """``torch.addcdiv``: input + value·tensor1/tensor2. Integer tensor1 and tensor2 are refused, as torch refuses
+    them (its integer division here was removed)."""
+    if not (D.is_floating(getattr(tensor1, "dtype", D.float32)) or D.is_floating(getattr(tensor2, "dtype", D.float32))):
+        raise ArgumentError("addcdiv(): integer division of tensor1 by tensor2 is not supported, as in torch: "
+                            "divide floating tensors (or use (tensor1 // tensor2) for a floor division)")
+    input, tensor1, tensor2 = _in_result_type(input, tensor1, tensor2)
+    return input + (tensor1 / tensor2 if value == 1 else value * tensor1 / tensor2)

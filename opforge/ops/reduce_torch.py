@@ -1,0 +1,615 @@
+"""torch's reductions beyond ``reduce.py``'s: all and any, count_nonzero, nansum and nanmean, aminmax, var_mean and
+std_mean, trace, diff, logcumsumexp, cummax and cummin, the order statistics (kthvalue, median, nanmedian, mode,
+quantile, nanquantile), bincount and unique.
+
+Each means what its torch namesake means: its call forms (positional in torch's order, ``dim=`` beside ``axis=``,
+``keepdim``), values, dtypes, which element a value-selecting reduction names on ties and NaN, and its gradient's
+convention (to the selected index, or shared among ties where torch shares it). Those written with existing ops are
+functions; the others are ops whose gradient rules are written with ops, so they differentiate again.
+"""
+
+import builtins
+from collections import namedtuple
+
+from opforge import ops as F
+
+from ..core.errors import ArgumentError, describe
+from ._common import D, Sample, ShapeError, Spec, function, normalize_axes, np, op
+from .reduce import _expand, _reduce_samples, _reduced_shape
+
+
+def _dims(dim, axis, name: str):
+    """torch's ``dim`` (or its spelling ``axis``) as the axes of a reduction: None, one int or a sequence."""
+    if axis is not None:
+        if dim is not None:
+            raise ArgumentError(f"{name}(): give dim or axis (two spellings of one argument), not both")
+        dim = axis
+    if dim is None or isinstance(dim, (list, tuple)):
+        return dim
+    if isinstance(dim, (int, np.integer)) and not isinstance(dim, (bool, np.bool_)):
+        return [int(dim)]
+    raise ArgumentError(f"{name}(): dim must be an int, a sequence of ints or None, got {describe(dim)}")
+
+
+def _all_if_empty(dims):
+    """torch's sum-like reductions read ``dim=()`` as every dim (NumPy's as none)."""
+    return None if dims is not None and len(dims) == 0 else dims
+
+
+# -- all, any ------------------------------------------------------------------------------------------------------
+
+
+def _bool_reduction_spec(op_name):
+    def infer(x, *, axis, keepdim):
+        return Spec(_reduced_shape(op_name, x.shape, axis, keepdim), D.bool_)
+    return infer
+
+
+def _bool_samples(rng):
+    yield from _reduce_samples(rng)
+    yield Sample.of(rng.integers(0, 2, (3, 4)).astype(bool), axis=1)
+    yield Sample.of(np.array([[0.0, 1.0], [2.0, np.nan]]), axis=0)
+
+
+@op("all(Tensor x, int[] axis/dim=None, bool keepdim/keepdims=False) -> Tensor<bool> y", traits=["no_grad"])
+def all(x, *, axis, keepdim):
+    """``torch.all``: whether every element over ``axis`` is nonzero (all axes when None; NaN counts as nonzero)."""
+    return np.all(x, axis=normalize_axes("all", axis, x.ndim), keepdims=keepdim)
+
+
+@op("any(Tensor x, int[] axis/dim=None, bool keepdim/keepdims=False) -> Tensor<bool> y", traits=["no_grad"])
+def any(x, *, axis, keepdim):
+    """``torch.any``: whether some element over ``axis`` is nonzero (all axes when None)."""
+    return np.any(x, axis=normalize_axes("any", axis, x.ndim), keepdims=keepdim)
+
+
+for _fn in (all, any):
+    _fn.infer(_bool_reduction_spec(_fn.name))
+    _fn.samples(_bool_samples)
+
+
+# -- reductions written with ops -------------------------------------------------------------------------------------
+
+
+@function
+def count_nonzero(input, dim=None, *, axis=None):
+    """``torch.count_nonzero``: the number of nonzero elements over ``dim`` (every dim when None or ()), int64."""
+    return F.sum(F.not_equal(input, F.zeros_like(input)), axis=_all_if_empty(_dims(dim, axis, "count_nonzero")))
+
+
+@function
+def nansum(input, dim=None, keepdim=False, *, dtype=None, axis=None):
+    """``torch.nansum``: the sum over ``dim`` with NaN counted as zero (its gradient 0 there)."""
+    if dtype is not None:
+        input = F.cast(input, dtype=dtype)
+    dims = _all_if_empty(_dims(dim, axis, "nansum"))
+    if D.is_floating(input.dtype):
+        input = F.where(F.isnan(input), F.zeros_like(input), input)
+    return F.sum(input, axis=dims, keepdim=keepdim)
+
+
+@function
+def nanmean(input, dim=None, keepdim=False, *, dtype=None, axis=None):
+    """``torch.nanmean``: the mean over ``dim`` of the elements that are not NaN (NaN where all are)."""
+    if dtype is not None:
+        input = F.cast(input, dtype=dtype)
+    if not D.is_floating(input.dtype):
+        raise ArgumentError(f"nanmean(): argument 'input' must be a floating tensor, got {input.dtype} (as torch's)")
+    dims = _all_if_empty(_dims(dim, axis, "nanmean"))
+    present = F.logical_not(F.isnan(input))
+    total = F.sum(F.where(present, input, F.zeros_like(input)), axis=dims, keepdim=keepdim)
+    return total / F.cast(F.sum(present, axis=dims, keepdim=keepdim), dtype=input.dtype)
+
+
+_AMINMAX = namedtuple("aminmax", ("min", "max"))
+
+
+@function
+def aminmax(input, *, dim=None, keepdim=False):
+    """``torch.aminmax``: the named tuple ``(min, max)`` over ``dim`` (all dims when None), each as ``amin`` and
+    ``amax`` (the gradient shared among ties)."""
+    dims = _dims(dim, None, "aminmax")
+    return _AMINMAX(F.amin(input, axis=dims, keepdim=keepdim), F.amax(input, axis=dims, keepdim=keepdim))
+
+
+def _moments(name, input, dim, unbiased, keepdim, correction, axis):
+    """torch.var_mean's call forms: (input, dim, unbiased, keepdim), (input, unbiased), (input, dim, *, correction,
+    keepdim). Returns the dims and the correction."""
+    if isinstance(dim, (bool, np.bool_)):  # var_mean(x, True): unbiased, over every dim
+        dim, unbiased = None, builtins.bool(dim)
+    if unbiased is not None and correction is not None:
+        raise ArgumentError(f"{name}(): give unbiased or correction, not both")
+    if correction is None:
+        correction = 1 if unbiased is None or unbiased else 0
+    return _dims(dim, axis, name), float(correction)
+
+
+_VAR_MEAN = namedtuple("var_mean", ("var", "mean"))  # torch returns a plain tuple: these compare equal to one
+_STD_MEAN = namedtuple("std_mean", ("std", "mean"))
+
+
+@function
+def var_mean(input, dim=None, unbiased=None, keepdim=False, *, correction=None, axis=None):
+    """``torch.var_mean``: ``(var, mean)`` over ``dim``, as ``var`` and ``mean`` compute them."""
+    dims, correction = _moments("var_mean", input, dim, unbiased, keepdim, correction, axis)
+    return _VAR_MEAN(F.var(input, axis=dims, correction=correction, keepdim=keepdim),
+                     F.mean(input, axis=dims, keepdim=keepdim))
+
+
+@function
+def std_mean(input, dim=None, unbiased=None, keepdim=False, *, correction=None, axis=None):
+    """``torch.std_mean``: ``(std, mean)`` over ``dim``, as ``std`` and ``mean`` compute them."""
+    dims, correction = _moments("std_mean", input, dim, unbiased, keepdim, correction, axis)
+    return _STD_MEAN(F.std(input, axis=dims, correction=correction, keepdim=keepdim),
+                     F.mean(input, axis=dims, keepdim=keepdim))
+
+
+@function
+def trace(input):
+    """``torch.trace`` (``Tensor.trace``): the sum of a matrix's main diagonal (int64 for integer matrices). Not
+    ``of.trace``, which traces a program."""
+    if len(input.shape) != 2:
+        raise ShapeError(f"trace(): expects a matrix (2-D), got a tensor of shape {tuple(input.shape)}")
+    return F.sum(F.diagonal(input))
+
+
+@function
+def diff(input, n=1, dim=-1, prepend=None, append=None, *, axis=None):
+    """``torch.diff``: the n-th forward difference along ``dim``, ``out[i] = x[i + 1] − x[i]`` applied ``n`` times,
+    after ``prepend`` and ``append`` are joined to ``input`` along ``dim``; for bool tensors ``x[i + 1] != x[i]``."""
+    (dim,) = _dims(dim, axis, "diff")
+    if not isinstance(n, (int, np.integer)) or n < 0:
+        raise ArgumentError(f"diff(): argument 'n' must be a non-negative int, got {describe(n)}")
+    if not input.shape:
+        raise ShapeError("diff(): expects a tensor of at least one dim, got a 0-d tensor")
+    d = normalize_axes("diff", [dim], len(input.shape))[0]
+    if n == 0:  # as torch: prepend and append are not joined either
+        return input
+    parts = [t for t in (prepend, input, append) if t is not None]
+    x = F.concat(parts, axis=d) if len(parts) > 1 else input
+    for _ in range(n):
+        size = x.shape[d]
+        if size == 0:
+            break
+        later = F.slice(x, axes=[d], starts=[1], ends=[size], steps=[1])
+        earlier = F.slice(x, axes=[d], starts=[0], ends=[size - 1], steps=[1])
+        x = F.not_equal(later, earlier) if x.dtype == D.bool_ else later - earlier
+    return x
+
+
+# -- logcumsumexp ---------------------------------------------------------------------------------------------------
+
+
+def _one_axis(op_name, shape, axis):
+    return normalize_axes(op_name, [axis], len(shape))
+
+
+@op("logcumsumexp(Tensor<floating> x, int axis/dim) -> Tensor y")
+def logcumsumexp(x, *, axis):
+    """``torch.logcumsumexp``: running ln Σ eˣ along ``axis``, yᵢ = ln(e^x₀ + … + e^xᵢ), without overflow."""
+    if x.ndim == 0:
+        _one_axis("logcumsumexp", x.shape, axis)
+        return x.copy()
+    with np.errstate(invalid="ignore"):  # −inf + inf: NaN, as torch
+        return np.logaddexp.accumulate(x, axis=axis)
+
+
+@logcumsumexp.infer
+def _(x, *, axis):
+    _one_axis("logcumsumexp", x.shape, axis)
+    return Spec(x.shape, x.dtype)
+
+
+@logcumsumexp.grad
+def _(x, y, dy, *, axis):
+    # dxᵢ = Σⱼ≥ᵢ dyⱼ·e^(xᵢ − yⱼ), computed as torch (after TensorFlow) does without overflow: the positive and the
+    # negative parts of dy each as e^(xᵢ + ln Σⱼ≥ᵢ e^(ln|dyⱼ| − yⱼ)), a reversed logcumsumexp.
+    if not x.shape:
+        return dy
+    lowest = float(np.finfo(np.dtype(str(x.dtype))).min)
+
+    def from_end(t):
+        return F.flip(F.logcumsumexp(F.flip(t, axis=[axis]), axis=axis), axis=[axis])
+
+    log_abs = F.log(F.abs(F.where(dy == 0, F.ones_like(dy), dy)))
+    positive = F.exp(from_end(F.where(dy > 0, log_abs, lowest) - y) + x)
+    negative = F.exp(from_end(F.where(dy < 0, log_abs, lowest) - y) + x)
+    return positive - negative
+
+
+@logcumsumexp.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((2, 3, 4)), axis=1)
+    yield Sample.of(rng.standard_normal((2, 3)) * 300, axis=-1)  # would overflow as ln(cumsum(eˣ))
+    yield Sample.of(rng.standard_normal(5), axis=0)
+    yield Sample.of(rng.standard_normal(()), axis=0)
+
+
+# -- cummax, cummin --------------------------------------------------------------------------------------------------
+
+
+def _cumulative_extreme(x, axis, accumulate):
+    """Running extremes along ``axis`` and, as torch, the index of the last element equal to each (the last NaN
+    once one has come: NaN propagates)."""
+    if x.ndim == 0:
+        return x.copy(), np.zeros((), np.int64)
+    values = accumulate(x, axis=axis)
+    hit = (x == values) | (np.isnan(x) & np.isnan(values)) if D.is_floating(x.dtype) else x == values
+    shape = [1] * x.ndim
+    shape[axis] = x.shape[axis]
+    positions = np.where(hit, np.arange(x.shape[axis]).reshape(shape), 0)
+    return values, np.maximum.accumulate(positions, axis=axis) if x.size else positions.astype(np.int64)
+
+
+@op("cummax(Tensor x, int axis/dim) -> (Tensor values, Tensor<int64> indices)")
+def cummax(x, *, axis):
+    """``torch.cummax``: the running largest element along ``axis`` and the index of the last one equal to it."""
+    _one_axis("cummax", x.shape, axis)
+    values, indices = _cumulative_extreme(x, axis, np.maximum.accumulate)
+    return values, indices.astype(np.int64)
+
+
+@op("cummin(Tensor x, int axis/dim) -> (Tensor values, Tensor<int64> indices)")
+def cummin(x, *, axis):
+    """``torch.cummin``: the running smallest element along ``axis`` and the index of the last one equal to it."""
+    _one_axis("cummin", x.shape, axis)
+    values, indices = _cumulative_extreme(x, axis, np.minimum.accumulate)
+    return values, indices.astype(np.int64)
+
+
+def _cumulative_extreme_spec(op_name):
+    def infer(x, *, axis):
+        _one_axis(op_name, x.shape, axis)
+        return Spec(x.shape, x.dtype), Spec(x.shape, D.int64)
+    return infer
+
+
+def _selected_grad(indices, dvalues, x_spec, *, axis):
+    """Each value's gradient to the element it was taken from (torch's value_selecting_reduction_backward)."""
+    if not x_spec.shape:
+        return dvalues
+    return F.gather_grad(dvalues, indices, shape=x_spec.shape, axis=axis)
+
+
+def _cumulative_samples(rng):
+    yield Sample.of(rng.standard_normal((2, 3, 4)), axis=1)
+    yield Sample.of(rng.standard_normal((3, 5)), axis=-1)
+    yield Sample.of(rng.standard_normal(()), axis=0)
+    yield Sample.of(rng.integers(-2, 3, (3, 4)), axis=1)  # ties: the last index
+
+
+for _fn in (cummax, cummin):
+    _fn.infer(_cumulative_extreme_spec(_fn.name))
+    _fn.grad(_selected_grad)
+    _fn.samples(_cumulative_samples)
+
+
+# -- order statistics -----------------------------------------------------------------------------------------------
+# Sorting is stable with NaN as the largest element (as ``sort``), which picks torch's index among ties in the
+# samples here; torch's own selection (a quickselect) names some other tied index, or NaN, in cases it leaves
+# unspecified (docs/pytorch.md).
+
+
+def _along_last(x, axis):
+    """x with ``axis`` moved last (a 0-d x as one element), and a function that puts a kept last axis back."""
+    if x.ndim == 0:
+        return x.reshape(1), lambda t, keepdim: t.reshape(())
+    moved = np.moveaxis(x, axis, -1)
+
+    def back(t, keepdim):  # t has a last axis of size 1
+        t = np.moveaxis(t, -1, axis)
+        return t if keepdim else np.squeeze(t, axis)
+
+    return moved, back
+
+
+def _refuse_empty_tensor(shape):
+    if 0 in shape:
+        raise ShapeError(f"median_select(): cannot take the median of an empty tensor (shape {tuple(shape)})")
+
+
+def _select_spec(op_name):
+    def infer(x, *, axis, keepdim, k=None, ignore_nan=None):
+        if axis is None:
+            _refuse_empty_tensor(x.shape)
+            shape = (1,) * len(x.shape) if keepdim else ()
+        else:
+            _refuse_empty_axis(op_name, x.shape, axis)
+            shape = _reduced_shape(op_name, x.shape, [axis], keepdim)
+        return Spec(shape, x.dtype), Spec(shape, D.int64)
+    return infer
+
+
+def _refuse_empty_axis(op_name, shape, axis):
+    (a,) = _one_axis(op_name, shape, axis) if shape else (None,)
+    if a is not None and shape[a] == 0:
+        raise ShapeError(f"{op_name}(): cannot select from dim {a} of size 0 (input shape {tuple(shape)})")
+
+
+def _selection_grad(x, values, indices, dvalues, axis, keepdim):
+    """The gradient of a value-selecting reduction: to the selected index along ``axis``; over all elements
+    (``axis`` None), shared among the elements equal to the value (NaN counting as equal to NaN), as torch's."""
+    if axis is None:
+        v = F.reshape(values, shape=[1] * len(x.shape))
+        hit = F.logical_or(x == v, F.logical_and(F.isnan(x), F.isnan(v)))
+        share = F.cast(hit, dtype=dvalues.dtype)
+        return share * (F.reshape(dvalues, shape=[1] * len(x.shape)) / F.sum(share))
+    if not x.shape:
+        return dvalues
+    return F.gather_grad(_expand(dvalues, x.shape, [axis], keepdim), _expand(indices, x.shape, [axis], keepdim),
+                         shape=x.shape, axis=axis)
+
+
+@op("kthvalue(Tensor<number> x, int k, int axis/dim=-1, bool keepdim/keepdims=False) -> (Tensor values, "
+    "Tensor<int64> indices)")
+def kthvalue(x, *, k, axis, keepdim):
+    """``torch.kthvalue``: the k-th smallest element along ``axis`` (k from 1) and its index."""
+    _refuse_empty_axis("kthvalue", x.shape, axis)
+    n = x.shape[axis] if x.ndim else 1
+    if not 1 <= k <= n:
+        raise ArgumentError(f"kthvalue(): argument 'k' must be in [1, {n}] (the size of dim {axis}), got {k}")
+    rows, back = _along_last(x, axis)
+    index = np.argsort(rows, axis=-1, kind="stable")[..., k - 1:k]
+    return back(np.take_along_axis(rows, index, -1), keepdim), back(index, keepdim).astype(np.int64)
+
+
+kthvalue.infer(_select_spec("kthvalue"))
+kthvalue.grad(lambda x, values, indices, dvalues, *, axis, keepdim:
+             _selection_grad(x, values, indices, dvalues, axis, keepdim))
+
+
+@kthvalue.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((2, 3, 4)), k=2, axis=1)
+    yield Sample.of(rng.standard_normal((3, 5)), k=5, keepdim=True)
+    yield Sample.of(rng.standard_normal(()), k=1, axis=0)
+    yield Sample.of(rng.integers(0, 3, (2, 6)), k=3)  # ties
+
+
+@op("median_select(Tensor<number> x, int? axis/dim=None, bool keepdim/keepdims=False, *, bool ignore_nan=False) "
+    "-> (Tensor values, Tensor<int64> indices)")
+def median_select(x, *, axis, keepdim, ignore_nan):
+    """The lower median along ``axis`` (of all elements when None) and its index: what ``median`` and
+    ``nanmedian`` return. A row holding NaN has median NaN (at its first NaN) unless ``ignore_nan``, which leaves
+    NaN out (NaN only where the row is all NaN)."""
+    if axis is None:
+        _refuse_empty_tensor(x.shape)
+        values, indices = median_select(x.reshape(-1), axis=0, keepdim=False, ignore_nan=ignore_nan)
+        shape = (1,) * x.ndim if keepdim else ()
+        return values.reshape(shape), indices.reshape(shape)
+    _refuse_empty_axis("median_select", x.shape, axis)
+    rows, back = _along_last(x, axis)
+    order = np.argsort(rows, axis=-1, kind="stable")
+    nan = np.isnan(rows) if D.is_floating(x.dtype) else np.zeros(rows.shape, bool)
+    if ignore_nan:
+        present = rows.shape[-1] - np.sum(nan, axis=-1, keepdims=True)
+        index = np.take_along_axis(order, np.maximum(present - 1, 0) // 2, -1)
+    else:
+        index = order[..., (rows.shape[-1] - 1) // 2:][..., :1]
+        index = np.where(nan.any(-1, keepdims=True), np.argmax(nan, -1)[..., None], index)
+    return back(np.take_along_axis(rows, index, -1), keepdim), back(index, keepdim).astype(np.int64)
+
+
+median_select.infer(_select_spec("median_select"))
+median_select.grad(lambda x, values, indices, dvalues, *, axis, keepdim:
+             _selection_grad(x, values, indices, dvalues, axis, keepdim))
+
+
+@median_select.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((2, 3, 4)), axis=1)
+    yield Sample.of(rng.standard_normal((3, 4)), axis=0, keepdim=True)
+    yield Sample.of(rng.standard_normal((3, 4)))
+    # (ties, where the gradient is shared, are not differentiable: tests/test_oracle_opinfo.py checks torch's rule)
+    yield Sample.of(np.array([[1.0, np.nan, -1.0, 2.0], [0.5, 0.25, 3.0, 2.5]]), axis=1, ignore_nan=True)
+    yield Sample.of(rng.integers(0, 3, (2, 5)), axis=1)
+
+
+_MEDIAN_TYPES = {name: namedtuple(name, ("values", "indices")) for name in ("median", "nanmedian")}
+
+
+def _median(name, input, dim, keepdim, axis):
+    if axis is not None:
+        if dim is not None:
+            raise ArgumentError(f"{name}(): give dim or axis (two spellings of one argument), not both")
+        dim = axis
+    if dim is None:
+        return F.median_select(input, ignore_nan=name == "nanmedian").values
+    if not isinstance(dim, (int, np.integer)) or isinstance(dim, (bool, np.bool_)):
+        raise ArgumentError(f"{name}(): dim must be one int or None, got {describe(dim)}")
+    return _MEDIAN_TYPES[name](*F.median_select(input, dim, keepdim, ignore_nan=name == "nanmedian"))
+
+
+@function
+def median(input, dim=None, keepdim=False, *, axis=None):
+    """``torch.median``: ``median(x)`` the lower median of all elements (NaN if one is NaN; the gradient shared
+    among the elements equal to it), ``median(x, dim, keepdim=False)`` the named tuple ``(values, indices)`` along
+    ``dim`` (the gradient to the index). The lower of the two middle elements for an even count, not their mean."""
+    return _median("median", input, dim, keepdim, axis)
+
+
+@function
+def nanmedian(input, dim=None, keepdim=False, *, axis=None):
+    """``torch.nanmedian``: ``median`` with NaN left out (NaN only where every element is)."""
+    return _median("nanmedian", input, dim, keepdim, axis)
+
+
+@op("mode(Tensor x, int axis/dim=-1, bool keepdim/keepdims=False) -> (Tensor values, Tensor<int64> indices)")
+def mode(x, *, axis, keepdim):
+    """``torch.mode``: the most frequent value along ``axis`` (the smallest of equally frequent ones) and the index
+    of its last occurrence. Each NaN counts as a value of its own."""
+    _refuse_empty_axis("mode", x.shape, axis)
+    rows, back = _along_last(x, axis)
+    flat = rows.reshape(-1, rows.shape[-1])
+    values, indices = np.empty(len(flat), x.dtype), np.empty(len(flat), np.int64)
+    for i, row in enumerate(flat):
+        uniques, counts = np.unique(row, return_counts=True, equal_nan=False)
+        values[i] = uniques[np.argmax(counts)]  # the first largest count: the smallest value
+        indices[i] = np.flatnonzero((row == values[i]) | (np.isnan(row) & np.isnan(values[i]))
+                                    if D.is_floating(x.dtype) else row == values[i])[-1]
+    shape = (*rows.shape[:-1], 1)
+    return back(values.reshape(shape), keepdim), back(indices.reshape(shape), keepdim)
+
+
+mode.infer(_select_spec("mode"))
+mode.grad(lambda x, values, indices, dvalues, *, axis, keepdim:
+             _selection_grad(x, values, indices, dvalues, axis, keepdim))
+
+
+@mode.samples
+def _(rng):
+    yield Sample.of(rng.standard_normal((2, 3, 4)), axis=1)
+    yield Sample.of(rng.standard_normal((2, 5)), keepdim=True)  # distinct: the smallest (ties in the oracle test)
+    yield Sample.of(rng.standard_normal(()))
+    yield Sample.of(rng.integers(0, 3, (2, 6)), axis=0)
+
+
+_INTERPOLATIONS = ("linear", "lower", "higher", "midpoint", "nearest")
+
+
+def _quantile(name, input, q, dim, keepdim, interpolation, ignore_nan):
+    if interpolation not in _INTERPOLATIONS:
+        raise ArgumentError(f"{name}(): argument 'interpolation' must be one of {', '.join(_INTERPOLATIONS)}, got "
+                            f"{interpolation!r}")
+    if not D.is_floating(input.dtype):
+        raise ArgumentError(f"{name}(): argument 'input' must be a floating tensor, got {input.dtype} (as torch's)")
+    if hasattr(q, "shape"):  # a tensor: differentiable, as torch's (the lerp weights depend on it)
+        if len(q.shape) > 1:
+            raise ShapeError(f"{name}(): argument 'q' must be a number or a 0-d or 1-D tensor, got shape "
+                             f"{tuple(q.shape)}")
+        scalar_q, values_q = len(q.shape) == 0, np.reshape(q.numpy(), -1)
+        qs = [q] if scalar_q else [F.reshape(F.slice(q, axes=[0], starts=[i], ends=[i + 1], steps=[1]), shape=[])
+                                   for i in range(q.shape[0])]
+    else:
+        scalar_q, values_q, qs = True, np.array([q], float), [float(q)]
+    if not ((values_q >= 0) & (values_q <= 1)).all():  # NaN fails this too
+        raise ArgumentError(f"{name}(): argument 'q' must be in [0, 1], got {values_q.tolist()}")
+    if dim is None:
+        x, d = F.reshape(input, shape=[-1]), 0
+    else:
+        x, d = input, normalize_axes(name, [dim], len(input.shape))[0] if input.shape else 0
+        if not input.shape:
+            x = F.reshape(input, shape=[1])
+    if x.shape[d] == 0:
+        raise ShapeError(f"{name}(): cannot take quantiles over an empty dim (input shape {tuple(input.shape)})")
+    values = F.sort(x, axis=d).values  # NaN last
+    nan_count = F.sum(F.isnan(values), axis=d, keepdim=True)
+    last = x.shape[d] - 1
+    if ignore_nan:
+        top = F.cast(F.maximum(last - nan_count, F.zeros_like(nan_count)), dtype=x.dtype)  # torch's ranks
+        top_nan = F.zeros_like(nan_count) > 0  # an all-NaN row reads its first, NaN, element
+    else:
+        top, top_nan = F.cast(F.zeros_like(nan_count) + last, dtype=x.dtype), nan_count > 0
+    results = []
+    for v in qs:
+        # torch: a row holding NaN reads its last element, NaN
+        rank = F.where(top_nan, float(last), top * (v if type(v) is float else F.cast(v, dtype=x.dtype)))
+        if interpolation in ("lower", "higher", "nearest"):
+            rank = {"lower": F.floor, "higher": F.ceil, "nearest": F.round}[interpolation](rank)
+        below = F.gather(values, d, F.cast(F.floor(rank), dtype="int64"))
+        if interpolation in ("linear", "midpoint"):
+            above = F.gather(values, d, F.cast(F.ceil(rank), dtype="int64"))
+            weight = F.zeros_like(rank) + 0.5 if interpolation == "midpoint" else rank - F.floor(rank)
+            below = F.lerp(below, above, weight)
+        if dim is None:
+            below = F.reshape(below, shape=[1] * len(input.shape) if keepdim else [])
+        elif not keepdim or not input.shape:
+            below = F.squeeze(below, axis=[d]) if input.shape else F.reshape(below, shape=[])
+        results.append(below)
+    return results[0] if scalar_q else F.stack(results)
+
+
+@function
+def quantile(input, q, dim=None, keepdim=False, *, interpolation="linear", axis=None):
+    """``torch.quantile``: the q-th quantiles along ``dim`` (of all elements when None), q a number or a 1-D tensor
+    of them in [0, 1] (then their results stacked first), between the sorted elements by ``interpolation``
+    ('linear', 'lower', 'higher', 'midpoint', 'nearest': ties to even). NaN where the row holds one."""
+    return _quantile("quantile", input, q, _median_dim(dim, axis, "quantile"), keepdim, interpolation, False)
+
+
+@function
+def nanquantile(input, q, dim=None, keepdim=False, *, interpolation="linear", axis=None):
+    """``torch.nanquantile``: ``quantile`` with NaN left out (NaN only where every element is)."""
+    return _quantile("nanquantile", input, q, _median_dim(dim, axis, "nanquantile"), keepdim, interpolation, True)
+
+
+def _median_dim(dim, axis, name):
+    dims = _dims(dim, axis, name)
+    if dims is not None and len(dims) != 1:
+        raise ArgumentError(f"{name}(): dim must be one int or None, got {dims}")
+    return None if dims is None else dims[0]
+
+
+# -- bincount, unique -----------------------------------------------------------------------------------------------
+
+
+@op("bincount(Tensor<int32|int64> x, Tensor? weights=None, int minlength=0) -> Tensor y",
+    traits=["no_grad", "data_shaped"])
+def bincount(x, weights, *, minlength):
+    """``torch.bincount``: how often each value 0, 1, ... occurs in the 1-D non-negative ``x`` (int64), or the sum
+    of the ``weights`` at each (float32 weights sum in float32, all others in float64, as torch's); at least
+    ``minlength`` bins. Its length depends on the data: a program knows it at run time only."""
+    if x.size and x.min() < 0:
+        raise ArgumentError(f"bincount(): argument 'x' must hold no negative values, got {int(x.min())}")
+    if weights is None:
+        return np.bincount(x, minlength=minlength).astype(np.int64)
+    dtype = np.float32 if weights.dtype == np.float32 else np.float64
+    return np.bincount(x, weights.astype(np.float64), minlength=minlength).astype(dtype)
+
+
+@bincount.infer
+def _(x, weights, *, minlength):
+    if len(x.shape) != 1:
+        raise ShapeError(f"bincount(): argument 'x' must be 1-D, got shape {x.shape}")
+    if weights is not None and weights.shape != x.shape:
+        raise ShapeError(f"bincount(): weights of shape {weights.shape} must have x's shape, {x.shape}")
+    if minlength < 0:
+        raise ArgumentError(f"bincount(): argument 'minlength' must be >= 0, got {minlength}")
+    dtype = D.int64 if weights is None else D.float32 if weights.dtype == D.float32 else D.float64
+    return Spec((None,), dtype)
+
+
+@bincount.samples
+def _(rng):
+    yield Sample.of(rng.integers(0, 5, 7))
+    yield Sample.of(rng.integers(0, 4, 6), rng.standard_normal(6), minlength=8)
+    yield Sample.of(np.zeros(0, np.int64), minlength=2)
+
+
+@op("unique_all(Tensor x, *, int? axis=None) -> (Tensor values, Tensor<int64> inverse, Tensor<int64> counts)",
+    traits=["no_grad", "data_shaped"])
+def unique_all(x, *, axis):
+    """The sorted distinct elements of ``x`` (along ``axis``: its distinct slices), where each element came from
+    and how often each occurs: what ``unique`` returns. Each NaN is distinct, as in torch."""
+    if axis is None:
+        values, inverse, counts = np.unique(x.reshape(-1), return_inverse=True, return_counts=True, equal_nan=False)
+        return values, inverse.reshape(x.shape).astype(np.int64), counts.astype(np.int64)
+    _one_axis("unique_all", x.shape, axis)
+    values, inverse, counts = np.unique(x, return_inverse=True, return_counts=True, axis=axis, equal_nan=False)
+    return values, inverse.reshape(-1).astype(np.int64), counts.astype(np.int64)
+
+
+@unique_all.infer
+def _(x, *, axis):
+    if axis is None:
+        return Spec((None,), x.dtype), Spec(x.shape, D.int64), Spec((None,), D.int64)
+    (a,) = _one_axis("unique_all", x.shape, axis)
+    return (Spec(tuple(None if i == a else d for i, d in enumerate(x.shape)), x.dtype), Spec((x.shape[a],), D.int64),
+            Spec((None,), D.int64))
+
+
+@unique_all.samples
+def _(rng):
+    yield Sample.of(rng.integers(0, 4, (3, 4)))
+    yield Sample.of(np.array([1.0, np.nan, 2.0, np.nan, 1.0]))
+    yield Sample.of(rng.integers(0, 2, (4, 2)), axis=0)
+
+
+@function
+def unique(input, sorted=True, return_inverse=False, return_counts=False, dim=None):
+    """``torch.unique``: the sorted distinct elements (along ``dim``: the distinct slices), and with
+    ``return_inverse`` / ``return_counts`` where each element went and how often each occurs (a tuple, as torch).
+    Sorted also with ``sorted=False``, as torch's CPU kernel does."""
+    values, inverse, counts = F.unique_all(input, axis=dim)
+    extra = [t for t, wanted in ((inverse, return_inverse), (counts, return_counts)) if wanted]
+    return (values, *extra) if extra else values
