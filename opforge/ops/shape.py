@@ -434,8 +434,9 @@ def _(rng):
 
 @op("flip(Tensor x, int[] axis/dims) -> Tensor y")
 def flip(x, *, axis):
-    """Reverses the order of the elements along each dim in ``axis``."""
-    return np.flip(x, normalize_axes("flip", axis, x.ndim))
+    """Reverses the order of the elements along each dim in ``axis``. The result is a copy, as torch's (NumPy's
+    flip is a view: an in-place write to the result would change ``x``)."""
+    return np.flip(x, normalize_axes("flip", axis, x.ndim)).copy()
 
 
 @flip.onnx
