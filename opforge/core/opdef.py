@@ -35,6 +35,9 @@ TRAITS = {
                  "such ops block by block, in one pass over memory (opforge.program.fusion)",
     "data_shaped": "some output dims depend on the input values (bincount, unique): infer gives them as None, "
                    "known only when the kernel has run; the memory plan gives such outputs no pool buffer",
+    "view": "the output shares the first input's memory where NumPy can make a view (a slice, a transpose, a reshape "
+            "of contiguous memory), so an in-place write to one shows in the other: traced code follows it as eager "
+            "code does (opforge.program.trace)",
     "commutative": "a pointwise op of two inputs that gives the same result with them swapped: its output may also "
                    "be written into the second input's buffer",
 }

@@ -1878,7 +1878,9 @@ def permute(x: _TensorLike, dims: Sequence[int] | int) -> Tensor:
     """Reorders the dims: dim i of the result is dim ``dims[i]`` of ``x`` (``torch.permute``)."""
 
 def flip(x: _TensorLike, axis: Sequence[int] | int, *, dims: Sequence[int] | int | None = None) -> Tensor:
-    """Reverses the order of the elements along each dim in ``axis``."""
+    """Reverses the order of the elements along each dim in ``axis``. The result is a copy, as torch's (NumPy's
+    flip is a view: an in-place write to the result would change ``x``).
+    """
 
 def concat(xs: Sequence[_TensorLike], axis: int = 0, *, dim: int | None = None) -> Tensor:
     """Joins tensors along an existing dim ``axis``; the other dims must agree (``torch.cat``)."""

@@ -76,7 +76,7 @@ def _nan_at_nan(x, g):
 # -- the seed designs' examples --------------------------------------------------------------------------------
 
 
-@op("identity(Tensor x) -> Tensor y", traits=["elementwise", "pointwise"])
+@op("identity(Tensor x) -> Tensor y", traits=["elementwise", "pointwise", "view"])
 def identity(x):
     """Returns its input unchanged (a new tensor sharing the data)."""
     return x

@@ -11,7 +11,7 @@ from ..core.errors import ArgumentError, describe
 from ._common import D, P, S, Sample, ShapeError, Spec, broadcast_shapes, function, normalize_axes, np, op, shapes_agree
 
 
-@op("reshape(Tensor x, int[] shape) -> Tensor y")
+@op("reshape(Tensor x, int[] shape) -> Tensor y", traits=["view"])
 def reshape(x, *, shape):
     """The same elements in a new shape; one dim may be -1 (inferred)."""
     return np.reshape(x, shape)
@@ -103,7 +103,7 @@ def _(rng):
     yield Sample.of(rng.standard_normal(()))
 
 
-@op("transpose(Tensor x, *, int[] perm=None) -> Tensor y")
+@op("transpose(Tensor x, *, int[] perm=None) -> Tensor y", traits=["view"])
 def transpose(x, *, perm):
     """Permutes the dims (reverses them when ``perm`` is None)."""
     return np.transpose(x, perm)
@@ -146,7 +146,7 @@ def _(rng):
     yield Sample.of(rng.standard_normal((2, 3, 4)), perm=[-1, 0, 1])
 
 
-@op("broadcast_to(Tensor x, int[] shape/size) -> Tensor y")
+@op("broadcast_to(Tensor x, int[] shape/size) -> Tensor y", traits=["view"])
 def broadcast_to(x, *, shape):
     """``x`` repeated along dims of size 1 (and new leading dims) to ``shape``. A -1 keeps the size of the dim of
     ``x`` it lines up with, as ``Tensor.expand`` (not allowed for a new leading dim)."""
@@ -223,7 +223,7 @@ def _slice_spec(op_name, shape, axes, starts, ends, steps):
     return tuple(out)
 
 
-@op("slice(Tensor x, *, int[] axes, int[] starts, int[] ends, int[] steps) -> Tensor y")
+@op("slice(Tensor x, *, int[] axes, int[] starts, int[] ends, int[] steps) -> Tensor y", traits=["view"])
 def slice(x, *, axes, starts, ends, steps):
     """Basic slicing, ``x[starts:ends:steps]`` along ``axes`` (indices already normalised by the caller)."""
     return x[_slice_index(x.ndim, axes, starts, ends, steps)]
@@ -311,7 +311,7 @@ def _squeezed_axes(op_name, shape, axis):
     return tuple(a for a in axes if shape[a] == 1)
 
 
-@op("squeeze(Tensor x, int[] axis/dim=None) -> Tensor y")
+@op("squeeze(Tensor x, int[] axis/dim=None) -> Tensor y", traits=["view"])
 def squeeze(x, *, axis):
     """Removes dims of size 1: every one when ``axis`` is None, else those listed (a listed dim whose size is
     not 1 is left alone, as in PyTorch)."""
@@ -353,7 +353,7 @@ def _(rng):
     yield Sample.of(rng.standard_normal(()))
 
 
-@op("unsqueeze(Tensor x, int axis/dim) -> Tensor y")
+@op("unsqueeze(Tensor x, int axis/dim) -> Tensor y", traits=["view"])
 def unsqueeze(x, *, axis):
     """Inserts a dim of size 1 at ``axis`` (in [-ndim-1, ndim], counted in the result)."""
     return np.expand_dims(x, axis)
@@ -397,7 +397,7 @@ def _permutation(op_name, perm, shape):
     return tuple(p % n for p in perm)
 
 
-@op("permute(Tensor x, int[] dims) -> Tensor y")
+@op("permute(Tensor x, int[] dims) -> Tensor y", traits=["view"])
 def permute(x, *, dims):
     """Reorders the dims: dim i of the result is dim ``dims[i]`` of ``x`` (``torch.permute``)."""
     return np.transpose(x, dims)
@@ -601,7 +601,7 @@ def _split_sizes(size, sections):
     return [chunk] * (size // chunk) + ([size % chunk] if size % chunk or size == 0 else [])
 
 
-@op("split(Tensor x, int[] sections/split_size_or_sections, int axis/dim=0) -> Tensor[] ys")
+@op("split(Tensor x, int[] sections/split_size_or_sections, int axis/dim=0) -> Tensor[] ys", traits=["view"])
 def split(x, *, sections, axis):
     """Cuts ``x`` along ``axis`` into pieces of the sizes in ``sections`` (which must add up to the dim), or, when
     ``sections`` is one number n (``split(x, sections=n)``), into pieces of n, the last one smaller: both as
