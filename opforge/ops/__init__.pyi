@@ -1161,13 +1161,14 @@ def sgd_momentum_buffer(
     grad: _TensorLike,
     param: _TensorLike,
     step: _TensorLike,
+    momentum: _TensorLike,
     *,
-    momentum: float,
     dampening: float = 0.0,
     weight_decay: float = 0.0,
 ) -> Tensor:
     """SGD's new momentum buffer: d = grad + weight_decay·param; d itself on the first step (``step`` = 0, the
-    number of steps taken so far), else momentum·buf + (1 − dampening)·d — as ``torch.optim.SGD``.
+    number of steps taken so far), else momentum·buf + (1 − dampening)·d — as ``torch.optim.SGD``. ``momentum``
+    is a 0-d tensor (a schedule may cycle it).
     """
 
 def sgd_update(
@@ -1175,26 +1176,27 @@ def sgd_update(
     grad: _TensorLike,
     lr: _TensorLike,
     momentum_buffer: _TensorLike | None = None,
+    momentum: _TensorLike | None = None,
     *,
-    momentum: float = 0.0,
     weight_decay: float = 0.0,
     nesterov: bool = False,
 ) -> Tensor:
     """SGD's new parameter: param − lr·d, with d = grad + weight_decay·param, then, given the step's new
     ``momentum_buffer`` b (from sgd_momentum_buffer), d + momentum·b (``nesterov``) or b — as
-    ``torch.optim.SGD``. ``momentum`` is used by Nesterov's look-ahead only.
+    ``torch.optim.SGD``. ``momentum`` (a 0-d tensor) is used by Nesterov's look-ahead only.
     """
 
 def adam_exp_avg(
     exp_avg: _TensorLike,
     grad: _TensorLike,
     param: _TensorLike,
+    beta1: _TensorLike,
     *,
-    beta1: float,
     weight_decay: float = 0.0,
 ) -> Tensor:
     """Adam's new first moment: exp_avg + (1 − beta1)·(g − exp_avg) with g = grad + weight_decay·param (Adam's
-    L2 decay; pass 0 for AdamW) — ``exp_avg.lerp_(g, 1 − beta1)`` in ``torch.optim.Adam``.
+    L2 decay; pass 0 for AdamW) — ``exp_avg.lerp_(g, 1 − beta1)`` in ``torch.optim.Adam``. ``beta1`` is a 0-d
+    tensor (a schedule may cycle it).
     """
 
 def adam_exp_avg_sq(
@@ -1215,8 +1217,8 @@ def adam_update(
     exp_avg_sq: _TensorLike,
     step: _TensorLike,
     lr: _TensorLike,
+    beta1: _TensorLike,
     *,
-    beta1: float,
     beta2: float,
     eps: float = 1e-08,
     weight_decay: float = 0.0,

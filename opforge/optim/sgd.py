@@ -51,17 +51,17 @@ class SGD(Optimizer):
         return entries
 
     def _update(self, p, g, lr, group, state) -> None:
-        momentum, weight_decay = group["momentum"], group["weight_decay"]
+        momentum, weight_decay = group.value("momentum"), group["weight_decay"]  # (a tensor: schedules cycle it)
         if group["maximize"]:
             g = -g
         buf = None
-        if momentum != 0:
+        if group["momentum"] != 0:
             if "momentum_buffer" not in state:  # a schedule (CyclicLR, OneCycleLR) turned momentum on
                 self._add_missing_state(p, group, state)
             step = live(state["step"])
-            buf = F.sgd_momentum_buffer(live(state["momentum_buffer"]), g, p, step, momentum=momentum,
+            buf = F.sgd_momentum_buffer(live(state["momentum_buffer"]), g, p, step, momentum,
                                         dampening=group["dampening"], weight_decay=weight_decay)
             assign(state["momentum_buffer"], buf)
             assign(state["step"], step + 1)
-        assign(p, F.sgd_update(p, g, lr, buf, momentum=momentum, weight_decay=weight_decay,
+        assign(p, F.sgd_update(p, g, lr, buf, momentum if group["nesterov"] else None, weight_decay=weight_decay,
                                nesterov=group["nesterov"]))
