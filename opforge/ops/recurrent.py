@@ -70,6 +70,47 @@ def _gate_rows(dtype, n: int, h: int, sigmoid: list):
     return tuple(np.broadcast_to(r, (n, len(flags))).copy() for r in rows)
 
 
+class _StepProduct:
+    """``a·w`` for the few rows ``a`` (N, K) of one step and a fixed w (K, M), into a given (N, M) array: the one
+    product per step of a recurrent layer. For float32 and at most 64 rows it runs as a stack of column blocks of w
+    (one ``matmul`` call on (k, K, width) blocks, then one pass that lays the (k, N, width) result out as (N, M)):
+    OpenBLAS multiplies such narrow blocks with its small-matrix kernel, faster than the whole product (measured,
+    CPU time, one thread, N = 20: (20, 256)·(256, 1024) 125 → 94 µs in blocks of 64 columns, (20, 256)·(256, 768)
+    88 → 50 µs; (20, 1024)·(1024, 256) 126 → 84 µs in blocks of 32, (20, 768)·(768, 256) 95 → 54 µs). Each
+    element is the same dot product either way; how BLAS splits its sum may differ in the last bit. Otherwise, one
+    product from a contiguous copy of w (h·W_hhᵀ runs ~1.7x faster so than from the transposed view)."""
+
+    FORWARD, BACKWARD = 64, 32  # block widths for h·W_hhᵀ and dgates·W_hh
+
+    def __init__(self, w, n: int, width: int):
+        k_dim, m = w.shape
+        self.blocks = None
+        if w.dtype == np.float32 and n <= 64 and m % width == 0 and m > width:
+            self.k, self.width = m // width, width
+            self.blocks = np.ascontiguousarray(w.reshape(k_dim, self.k, width).transpose(1, 0, 2))  # one copy
+            self.scratch = np.empty((self.k, n, width), w.dtype)
+        else:
+            self.w = np.ascontiguousarray(w)
+
+    def __call__(self, a, out, add=None):
+        """out = a·w, or add + a·w where ``add`` (like out) is given."""
+        if self.blocks is None:
+            np.matmul(a, self.w, out=out)
+            if add is not None:
+                out += add
+            return out
+        b = a.shape[0]
+        part = self.scratch[:, :b]
+        np.matmul(a, self.blocks, out=part)
+        laid = part.transpose(1, 0, 2)
+        blocked = out.reshape(b, self.k, self.width)
+        if add is None:
+            np.copyto(blocked, laid)
+        else:
+            np.add(laid, add.reshape(b, self.k, self.width), out=blocked)
+        return out
+
+
 def _check_batch_sizes(op_name, batch_sizes, t):
     if batch_sizes is not None and (len(batch_sizes.shape) != 1 or not _same_dims(batch_sizes.shape, (t,))):
         raise ShapeError(f"{op_name}(): batch_sizes must have shape ({t},), one count per step, got "
@@ -145,7 +186,7 @@ def lstm_layer(gx, h0, c0, w_hh, batch_sizes, *, reverse):
     sizes = _sizes("lstm_layer", batch_sizes, t, n)
     y, cells, gates = np.empty((t, n, h), gx.dtype), np.empty((t, n, h), gx.dtype), np.empty_like(gx)
     scale, shift = _gate_rows(gx.dtype, n, h, [True, True, False, True])
-    w_t = np.ascontiguousarray(w_hh.T)  # (H, 4H): h·W_hhᵀ runs ~1.7x faster from a contiguous copy
+    product = _StepProduct(w_hh.T, n, _StepProduct.FORWARD)  # h·W_hhᵀ
     h_prev, c_prev = np.asarray(h0), np.asarray(c0)
     zero_start = not h_prev.any()  # the default initial state: the first step's product is zero
     ig = np.empty((n, h), gx.dtype)
@@ -156,8 +197,7 @@ def lstm_layer(gx, h0, c0, w_hh, batch_sizes, *, reverse):
             np.copyto(g, gx[step, :b])
             zero_start = False
         else:
-            np.matmul(h_prev[:b], w_t, out=g)
-            g += gx[step, :b]
+            product(h_prev[:b], g, add=gx[step, :b])
         g *= scale[:b]  # the gate block in one tanh: σ(x) = 0.5·tanh(x/2) + 0.5 for i, f and o
         np.tanh(g, out=g)
         g *= scale[:b]
@@ -221,7 +261,7 @@ def lstm_layer_grad(gates, cells, c0, w_hh, dy, dcells, dgates, batch_sizes, *, 
     sizes = _sizes("lstm_layer_grad", batch_sizes, t, n)
     dpre = np.empty_like(gates)
     dh, dc = np.zeros((n, h), gates.dtype), np.zeros((n, h), gates.dtype)
-    w_hh = np.ascontiguousarray(w_hh)
+    product = _StepProduct(w_hh, n, _StepProduct.BACKWARD)
     # The gradients of gates and cells: zero unless something read those outputs (the engine hands zeros then)
     dgates = dgates if dgates.any() else None
     dcells = dcells if dcells.any() else None
@@ -235,12 +275,10 @@ def lstm_layer_grad(gates, cells, c0, w_hh, dy, dcells, dgates, batch_sizes, *, 
         g, p, jb = gates[step, :b], dpre[step], jac[:b]
         i, f, gg, o = g[:, :h], g[:, h:2 * h], g[:, 2 * h:3 * h], g[:, 3 * h:]
         c_prev = (c0 if k == t - 1 else cells[order[t - 2 - k]])[:b]
-        # the activations' derivatives from their values: σ' = σ(1 − σ), tanh' = 1 − tanh²
         np.subtract(1, g, out=jb)
         jb *= g
         np.multiply(gg, gg, out=jb[:, 2 * h:3 * h])
         np.subtract(1, jb[:, 2 * h:3 * h], out=jb[:, 2 * h:3 * h])
-        # D: the gradient of c this step, from later steps and through h = o·tanh(c)
         kc = np.tanh(cells[step, :b], out=tc[:b])
         np.multiply(kc, kc, out=tmp[:b])
         np.subtract(1, tmp[:b], out=tmp[:b])
@@ -256,7 +294,7 @@ def lstm_layer_grad(gates, cells, c0, w_hh, dy, dcells, dgates, batch_sizes, *, 
         p[:b] *= jb
         p[b:] = 0
         np.multiply(db, f, out=dc[:b])
-        np.matmul(p[:b], w_hh, out=dh[:b])
+        product(p[:b], dh[:b])
     return dpre, dh, dc
 
 
@@ -390,7 +428,7 @@ def gru_layer(gx, h0, w_hh, b_hh, batch_sizes, *, reverse):
     h = three_h // 3
     sizes = _sizes("gru_layer", batch_sizes, t, n)
     y, gates, hn = np.empty((t, n, h), gx.dtype), np.empty_like(gx), np.empty((t, n, h), gx.dtype)
-    w_t = np.ascontiguousarray(w_hh.T)
+    product = _StepProduct(w_hh.T, n, _StepProduct.FORWARD)  # h·W_hhᵀ
     gh = np.empty((n, three_h), gx.dtype)
     h_prev = np.asarray(h0)
     zero_start = not h_prev.any()  # the default initial state: the first step's product is zero
@@ -401,7 +439,7 @@ def gru_layer(gx, h0, w_hh, b_hh, batch_sizes, *, reverse):
             ghb[...] = 0
             zero_start = False
         else:
-            np.matmul(h_prev[:b], w_t, out=ghb)
+            product(h_prev[:b], ghb)
         if b_hh is not None:
             ghb += b_hh
         g = gates[step, :b]
@@ -472,7 +510,7 @@ def gru_layer_grad(gates, hn, y, h0, w_hh, dy, dgates, dhn, batch_sizes, *, reve
     sizes = _sizes("gru_layer_grad", batch_sizes, t, n)
     dgx, dgh = np.empty_like(gates), np.empty_like(gates)
     dh = np.zeros((n, h), gates.dtype)
-    w_hh = np.ascontiguousarray(w_hh)
+    product = _StepProduct(w_hh, n, _StepProduct.BACKWARD)
     dgates = dgates if dgates.any() else None  # as lstm_layer_grad: zero unless something read those outputs
     dhn = dhn if dhn.any() else None
     order = list(_steps(t, reverse))
@@ -513,7 +551,7 @@ def gru_layer_grad(gates, hn, y, h0, w_hh, dy, dgates, dhn, batch_sizes, *, reve
             hh[:b, 2 * h:] += dhn[step, :b]
         x[b:], hh[b:] = 0, 0
         dhb *= z
-        dhb += np.matmul(hh[:b], w_hh, out=rec[:b])
+        dhb += product(hh[:b], rec[:b])
     return dgx, dgh, dh
 
 
