@@ -257,3 +257,33 @@ def test_a_reshape_of_a_value_of_unknown_layout_written_in_place_is_refused():
     fn(of.tensor(ramp(2, 3)))
     with pytest.raises(ArgumentError, match="transposed memory"):
         of.compile(fn)(of.tensor(ramp(2, 3)))
+
+
+def test_a_captured_tensor_read_after_a_captured_alias_was_written_is_refused():
+    # base and base.T, both captured, share memory: eagerly `base * 1` after a write through the transpose sees the
+    # write; a program reads each captured tensor as its own value (it gave the old one): refused, naming both
+    base = of.tensor(ramp(2, 3))
+    transposed = base.T
+
+    def fn(x):
+        transposed[0].add_(x[0])
+        return base * 1
+
+    with pytest.raises(ArgumentError, match="shares memory with"):
+        of.compile(fn)(of.tensor(np.ones(3)))
+    # reading it before the write is what eager code does too
+    base = of.tensor(ramp(2, 3))
+    transposed = base.T
+    eager_base = of.tensor(ramp(2, 3))
+    eager_t = eager_base.T
+
+    def before(b, t, x):
+        y = b * 1
+        t[0].add_(x[0])
+        return y
+
+    compiled = of.compile(lambda x: before(base, transposed, x))
+    for _ in range(2):
+        x = of.tensor(np.ones(3))
+        np.testing.assert_array_equal(compiled(x).numpy(), before(eager_base, eager_t, x).numpy())
+        np.testing.assert_array_equal(base.numpy(), eager_base.numpy())

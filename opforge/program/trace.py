@@ -28,7 +28,7 @@ from ..core.interpreters import EAGER, Interpreter, current_interpreter, interpr
 from ..core.opdef import OpDef
 from ..core.spec import Dim, Elem, Spec, undim
 from ..dispatch import check_same_dtype, coerce_inputs
-from ..tensor import Tensor, TensorOps, put, wrap
+from ..tensor import Tensor, TensorOps, _owner, put, wrap
 from .desc import OpDesc, Program
 
 
@@ -299,6 +299,7 @@ class TraceState:
         self.views: dict = {}  # id(variable) -> its _View: how it shares other memory, as eagerly
         self.no_grad_writes: set = set()  # values written under no_grad into values with history (see _write)
         self.arrays: dict = {}  # feed -> the array a compiled call passed (its layout decides what a reshape is)
+        self.updated_memory: dict = {}  # id(memory owner) -> (captured tensor, its variable) changed in place
 
 
 _states: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Program -> its TraceState
@@ -401,6 +402,7 @@ class Tracer(Interpreter):
         if value.spec.shape != program.block.vars[name].spec.shape:
             raise ArgumentError(f"assign(): value {value.spec} does not fit {program.block.vars[name]}")
         program.updates[name] = value.name
+        self.state.updated_memory[id(_owner(target._data))] = (target, name)
 
     def grad_of(self, param: Tensor):
         name = self._grad(var_for_tensor(self.program, param))
@@ -552,6 +554,14 @@ def _input_name(program: Program, opdef: OpDef, arg: str, value) -> str:
     name = var_for_tensor(program, value)
     updated = program.updates.get(name)
     if updated is None:
+        written = trace_state(program).updated_memory
+        other = written.get(id(_owner(value._data))) if written else None
+        if other is not None and other[0] is not value:
+            raise ArgumentError(
+                f"{opdef.name}(): argument '{arg}' is a tensor the traced function reads (shape {value.shape}) that "
+                f"shares memory with '{other[1]}', which it changed in place earlier (a view of it, or it of this "
+                "one); eagerly the read sees the change, a compiled function reads each captured tensor as its own "
+                "value: read it before the change, pass it as an argument, or make the view inside the function")
         return name
     if value.requires_grad and _grad_mode.enabled:
         raise ArgumentError(
