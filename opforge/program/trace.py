@@ -267,6 +267,8 @@ def _differentiable(program: Program, name: str) -> bool:
     """Whether variable ``name`` would require grad eagerly: it was computed, through ops recorded with gradients,
     from a tensor that requires grad (a parameter, an argument)."""
     block, tensor_of = program.block, trace_state(program).tensor_of
+    if block.vars[name].stop_gradient:  # (made under no_grad, as most values an in-place op changes there)
+        return False
     producer = {n: op for op in block.ops for n in op.output_names()}
     todo, seen = [name], set()
     while todo:
