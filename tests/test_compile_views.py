@@ -287,3 +287,11 @@ def test_a_captured_tensor_read_after_a_captured_alias_was_written_is_refused():
         x = of.tensor(np.ones(3))
         np.testing.assert_array_equal(compiled(x).numpy(), before(eager_base, eager_t, x).numpy())
         np.testing.assert_array_equal(base.numpy(), eager_base.numpy())
+
+
+def test_views_of_values_sized_at_run_time_trace_and_writes_through_them_are_refused():
+    # of.trace with a None dim: a reshape of a slice may be a view or a copy; no error until a write needs to know
+    program = of.trace(lambda x: x[:, 1:].reshape(-1, 2).T * 2, x=of.Spec((None, 3), "float64"))
+    assert program.outputs
+    with pytest.raises(ArgumentError, match="known only at run time"):
+        of.trace(lambda x: (x[:, 1:].reshape(-1, 2).T.mul_(2), x * 1)[1], x=of.Spec((None, 3), "float64"))

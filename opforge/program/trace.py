@@ -302,6 +302,7 @@ class TraceState:
         self.no_grad_writes: set = set()  # values written under no_grad into values with history (see _write)
         self.arrays: dict = {}  # feed -> the array a compiled call passed (its layout decides what a reshape is)
         self.updated_memory: dict = {}  # id(memory owner) -> (captured tensor, its variable) changed in place
+        self.cutting = False  # a view is being cut again from its memory's new content (current_name)
 
 
 _states: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Program -> its TraceState
@@ -581,9 +582,9 @@ def constant_name(program: Program, array: np.ndarray) -> str:
     return var_for_tensor(program, wrap(device.from_host(array), device))
 
 
-def _append(program: Program, role: str, opdef: OpDef, inputs: tuple, attrs: dict, views: bool = True):
+def _append(program: Program, role: str, opdef: OpDef, inputs: tuple, attrs: dict):
     """Append ``opdef`` applied to ``inputs`` to ``program``; return output Variables shaped like eager results
-    (those of a view op noted as views of its input's memory, unless ``views`` is False)."""
+    (those of a view op noted as views of its input's memory)."""
     block = program.block
     slots = coerce_inputs(opdef, inputs, lambda arg, v: _input_name(program, opdef, arg, v),
                           lambda arg, array: constant_name(program, array))
@@ -617,7 +618,7 @@ def _append(program: Program, role: str, opdef: OpDef, inputs: tuple, attrs: dic
         n = len(outputs[o.name])
         result.append(flat[i:i + n] if o.is_list else flat[i])
         i += n
-    if views and "view" in opdef.traits and inputs and isinstance(inputs[0], (Variable, Tensor)):
+    if "view" in opdef.traits and inputs and isinstance(inputs[0], (Variable, Tensor)):
         _note_views(program, opdef, inputs[0], attrs, result[0])
     return result[0] if len(result) == 1 else opdef.result_type(*result)
 
@@ -756,6 +757,13 @@ def _runtime_size(value) -> bool:
     return isinstance(value, Dim)
 
 
+def _known_sizes(view: _View) -> bool:
+    """Whether the sizes a view's ops work on are known while tracing (not so in ``of.trace`` with a ``None`` dim):
+    else whether it copied is left open, and only a write through it, or a read after a write, is refused."""
+    shape = tuple(view.memory.owner.shape)
+    return None not in shape and not _runtime_size(shape) and not any(_runtime_size(a) for _, a, _ in view.chain)
+
+
 def _may_copy(view: _View) -> bool:
     """Whether ``view``'s ops may have copied (a reshape of memory that is not C-ordered): then whether it is a view
     is worked out when it is made, since later views share its memory if it copied."""
@@ -770,10 +778,13 @@ def _may_copy(view: _View) -> bool:
 
 
 def _note_views(program: Program, opdef: OpDef, source, attrs: dict, result) -> None:
-    """Note the outputs of view op ``opdef`` on ``source`` as views of ``source``'s memory."""
+    """Note the outputs of view op ``opdef`` on ``source`` as views of ``source``'s memory (not while a view is cut
+    again: those ops' outputs are the view's new values, not views of their own)."""
     state = trace_state(program)
+    if state.cutting:
+        return
     view = state.views.get(id(source))
-    if view is not None and view.variable is source and _may_copy(view):
+    if view is not None and view.variable is source and _may_copy(view) and _known_sizes(view):
         view = _view_of(state, source)
     if view is not None and view.variable is source:
         memory, chain = view.memory, view.chain
@@ -821,14 +832,17 @@ def current_name(variable: Variable) -> str:
             "update: read it under of.no_grad(), or update it at the end")
     stop_gradient = program.block.vars[variable.name].stop_gradient
     x = Variable(program, content)
-    enabled = _grad_mode.enabled
+    interpreter = current_interpreter()  # (a sharding tracer gives the new ops' outputs their layouts)
+    apply = interpreter.apply if isinstance(interpreter, Tracer) and interpreter.program is program else \
+        Tracer(program).apply
+    enabled, state.cutting = _grad_mode.enabled, True
     _grad_mode.enabled = view.grad
     try:
         for op, attrs, index in view.chain:
-            x = _append(program, "forward", op, (x,), attrs, views=False)
+            x = apply(op, (x,), attrs)
             x = x if index is None else x[index]
     finally:
-        _grad_mode.enabled = enabled
+        _grad_mode.enabled, state.cutting = enabled, False
     program.block.vars[x.name].stop_gradient = stop_gradient or program.block.vars[x.name].stop_gradient
     variable.name, view.seen = x.name, content
     return variable.name
