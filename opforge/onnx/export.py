@@ -23,7 +23,7 @@ from ..program.desc import Program
 from ..program.trace import trace
 
 DEFAULT_OPSET = 21
-MIN_OPSET = 18  # every Reduce* takes its axes as an input from 18 on: one way to write each mapping
+MIN_OPSET = 17  # what many runtimes in the field still run; Graph.reduce writes Reduce*'s axes as each opset wants
 MAX_OPSET = 23  # the newest opset the pinned ONNX Runtime runs every op we emit at
 
 
@@ -194,12 +194,19 @@ class Graph:
         return self.op("Cast", x, to=elem_type(dtype), spec=None if shape is None else Spec(shape, dtype))
 
     def reduce(self, op_type: str, x: Value, axis, keepdim: bool, spec: Spec | None = None) -> Value:
-        """A Reduce* node over ``axis`` (None: every axis; (): none, as NumPy's ``axis=()``)."""
+        """A Reduce* node over ``axis`` (None: every axis; (): none, as NumPy's ``axis=()``). ReduceSum takes its
+        axes as an input from opset 13 on, the other Reduce* from 18 on; before that they are an attribute."""
+        axes_as_input = op_type == "ReduceSum" or self.opset >= 18
         if axis is None:
             return self.op(op_type, x, keepdims=keepdim, spec=spec)
         if not axis:
+            if not axes_as_input:  # no noop_with_empty_axes before 18: reducing over no axis changes nothing
+                return self.op("Identity", x, spec=spec)
             return self.op(op_type, x, keepdims=keepdim, noop_with_empty_axes=1, spec=spec)
-        return self.op(op_type, x, self.ints(a % max(x.ndim, 1) for a in axis), keepdims=keepdim, spec=spec)
+        axes = [a % max(x.ndim, 1) for a in axis]
+        if not axes_as_input:
+            return self.op(op_type, x, keepdims=keepdim, axes=axes, spec=spec)
+        return self.op(op_type, x, self.ints(axes), keepdims=keepdim, spec=spec)
 
     def exact(self, value: float) -> bool:
         """Whether ``value`` survives as an ONNX float attribute (float32): float64 exports need it exact."""

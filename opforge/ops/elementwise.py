@@ -1445,7 +1445,13 @@ def glu(x, *, axis):
 
 @glu.onnx
 def _(g, x, *, axis):
-    a, b = g.op("Split", x, axis=axis, num_outputs=2, outputs=2)
+    half = g.outputs[0].shape[axis]
+    if half is not None:  # Split's sizes as an input: every opset from 13
+        a, b = g.op("Split", x, g.ints([half, half]), axis=axis, outputs=2)
+    elif g.opset >= 18:
+        a, b = g.op("Split", x, axis=axis, num_outputs=2, outputs=2)
+    else:
+        raise g.unsupported(f"glu over dim {axis} of a size known only at run time needs opset 18 (num_outputs)")
     return g.op("Mul", a, g.op("Sigmoid", b))
 
 
