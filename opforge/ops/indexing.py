@@ -420,3 +420,24 @@ def _(rng):
     yield Sample.of(rng.standard_normal((2, 3)), rng.standard_normal((2, 3)) > 0, rng.standard_normal(()))
     yield Sample.of(rng.standard_normal(3), rng.standard_normal((2, 3)) > 0, rng.standard_normal(()))  # broadcast
     yield Sample.of(rng.integers(-3, 3, (4,)), np.array([True, False, True, False]), np.array(5))
+
+
+@masked_fill.onnx
+def _(g, x, mask, value):
+    return g.op("Where", mask, g.cast(value, x.dtype), x, spec=g.outputs[0])
+
+
+@index_add.onnx
+def _(g, x, index, source, *, axis, alpha):
+    dtype = g.outputs[0].dtype
+    x, source = g.cast(x, dtype), g.cast(source, dtype)
+    if alpha != 1:
+        source = g.op("Mul", source, g.scalar(alpha, source))
+    if x.ndim == 0:  # a 0-d x is its one slice
+        return g.op("Add", x, g.op("Reshape", source, g.ints([]), spec=g.outputs[0]), spec=g.outputs[0])
+    # ScatterElements adds source[..., i, ...] at x[..., index[i], ...]: index laid along the axis, spread over the
+    # other dims of source
+    a = axis % x.ndim
+    along = g.op("Reshape", g.cast(index, D.int64), g.ints([-1 if d == a else 1 for d in range(x.ndim)]))
+    spread = g.op("Expand", along, g.op("Shape", source))
+    return g.op("ScatterElements", x, spread, source, axis=a, reduction="add", spec=g.outputs[0])
