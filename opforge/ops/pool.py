@@ -698,10 +698,41 @@ def _adaptive_avg_rule(nd, dy, x_spec):
     return dx if batched else F.squeeze(dx, axis=[0])
 
 
+def _adaptive_onnx_dims(g, x, nd, output_size):
+    """([(axis, input size, output size)] of the spatial dims pooled in windows, [the axes pooled whole (output
+    size 1)]); a dim of a size known only at run time can only be pooled whole."""
+    dims, whole = [], []
+    for d, (n, o) in enumerate(zip(x.shape[-nd:], win.expand(output_size, nd))):
+        if o == 1:
+            whole.append(x.ndim - nd + d)
+        elif n is None:
+            raise g.unsupported(f"adaptive pooling to {o} over spatial dim {d}, of a size known only at run time "
+                                "(output size 1, global pooling, is written then)")
+        else:
+            dims.append((x.ndim - nd + d, n, o))
+    return dims, whole
+
+
+def _adaptive_avg_onnx(nd, g, x, *, output_size):
+    dims, whole = _adaptive_onnx_dims(g, x, nd, output_size)
+    if whole:  # global average pooling over these dims
+        x = g.reduce("ReduceMean", x, whole, True, spec=Spec(tuple(1 if i in whole else d for i, d in
+                                                                  enumerate(x.shape)), x.dtype))
+    for a, n, o in dims:  # each spatial dim in turn, moved last and multiplied by the averaging matrix, as the kernel
+        perm = list(range(x.ndim))
+        perm[a], perm[-1] = perm[-1], perm[a]
+        moved = x if a == x.ndim - 1 else g.op("Transpose", x, perm=perm)
+        y = g.op("MatMul", moved, g.const(_averaging(n, o).T.astype(x.dtype)))
+        x = y if a == x.ndim - 1 else g.op("Transpose", y, perm=perm)
+        x.spec = Spec(tuple(o if i == a else d for i, d in enumerate(x.shape)), x.dtype)
+    return x
+
+
 def _define_adaptive_avg(opdef, nd, samples) -> None:
     opdef.check(functools.partial(_check_output_size, nd))
     opdef.infer(functools.partial(_adaptive_spec, opdef.name, nd))
     opdef.grad(functools.partial(_adaptive_avg_rule, nd))
+    opdef.onnx(functools.partial(_adaptive_avg_onnx, nd))
     opdef.samples(samples)
 
 
@@ -781,13 +812,16 @@ _define_adaptive_avg(adaptive_avg_pool3d, 3, lambda rng: [
 ])
 
 
+def _adaptive_taps(n: int, o: int) -> np.ndarray:
+    """The (o, k) input positions of each adaptive window's taps, the short windows repeating their last."""
+    start, end = _adaptive_bounds(n, o)
+    return np.minimum(start[:, None] + np.arange(int((end - start).max())), end[:, None] - 1)
+
+
 def _adaptive_max(x, out):
     """Adaptive max pooling of a batched x: (y, the flat index of each window's maximum)."""
     a = win.batch_last(x)
-    tables = []  # per dim: (o, k) input positions of each window's taps, the short windows repeating their last
-    for n, o in zip(x.shape[2:], out):
-        start, end = _adaptive_bounds(n, o)
-        tables.append(np.minimum(start[:, None] + np.arange(int((end - start).max())), end[:, None] - 1))
+    tables = [_adaptive_taps(n, o) for n, o in zip(x.shape[2:], out)]  # per dim
     views, flats = [], []
     for tap in np.ndindex(*(t.shape[1] for t in tables)):
         positions = np.ix_(*(t[:, i] for t, i in zip(tables, tap)))
@@ -814,6 +848,24 @@ def adaptive_max_pool2d(x, *, output_size):
 
 adaptive_max_pool2d.check(functools.partial(_check_output_size, 2))
 adaptive_max_pool2d.infer(functools.partial(_adaptive_spec, "adaptive_max_pool2d", 2))
+
+
+def _onnx_gather_taps(g, x, a, n, o):
+    """x with spatial dim ``a`` (of size n) replaced by the (o, k) taps of the adaptive windows."""
+    return g.op("Gather", x, g.const(_adaptive_taps(n, o)), axis=a,
+                spec=Spec((*x.shape[:a], o, None, *x.shape[a + 1:]), x.dtype))
+
+
+@adaptive_max_pool2d.onnx
+def _(g, x, *, output_size):
+    dims, whole = _adaptive_onnx_dims(g, x, 2, output_size)
+    if whole:  # global max pooling over these dims
+        x = g.reduce("ReduceMax", x, whole, True, spec=Spec(tuple(1 if i in whole else d for i, d in
+                                                                 enumerate(x.shape)), x.dtype))
+    for a, n, o in dims:  # a window's max is the max over its rows of the max over its columns: one dim at a time
+        x = g.reduce("ReduceMax", _onnx_gather_taps(g, x, a, n, o), [a + 1], False,
+                     spec=Spec(tuple(o if i == a else d for i, d in enumerate(x.shape)), x.dtype))
+    return x
 
 
 @adaptive_max_pool2d.grad
@@ -850,3 +902,24 @@ def _(x, *, output_size):
 
 adaptive_max_pool2d_with_indices.grad(functools.partial(_scatter_rule, 2))
 adaptive_max_pool2d_with_indices.samples(_adaptive_max_samples)
+
+
+@adaptive_max_pool2d_with_indices.onnx
+def _(g, x, *, output_size):
+    # every window's taps gathered into a last dim (oh, ow, kh·kw), in the kernel's order: the first maximum is the
+    # kernel's, and a table gives its flat index h·W + w
+    if None in x.shape[-2:]:
+        raise g.unsupported(f"the indices of adaptive max pooling over sizes {list(x.shape[-2:])} known only at run "
+                            "time")
+    (ah, h, oh), (aw, w, ow) = [(x.ndim - 2 + d, n, o) for d, (n, o) in
+                                enumerate(zip(x.shape[-2:], win.expand(output_size, 2)))]
+    rows, cols = _adaptive_taps(h, oh), _adaptive_taps(w, ow)
+    lead = x.ndim - 2
+    taps = _onnx_gather_taps(g, _onnx_gather_taps(g, x, aw, w, ow), ah, h, oh)  # (..., oh, kh, ow, kw)
+    taps = g.op("Transpose", taps, perm=[*range(lead), lead, lead + 2, lead + 1, lead + 3])
+    taps = g.op("Reshape", taps, g.ints([*(0,) * lead, oh, ow, rows.shape[1] * cols.shape[1]]))
+    first = g.op("ArgMax", taps, axis=-1, keepdims=1, select_last_index=0)
+    flat = rows[:, None, :, None] * w + cols[None, :, None, :]  # (oh, ow, kh, kw)
+    flat = g.op("Expand", g.const(flat.reshape(oh, ow, -1).astype(np.int64)), g.op("Shape", taps))
+    y = g.op("Squeeze", g.op("GatherElements", taps, first, axis=-1), g.ints([-1]), spec=g.outputs[0])
+    return y, g.op("Squeeze", g.op("GatherElements", flat, first, axis=-1), g.ints([-1]), spec=g.outputs[1])
