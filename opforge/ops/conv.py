@@ -469,9 +469,31 @@ def _define_conv_transpose(opdef, nd: int, samples) -> None:
     opdef.check(functools.partial(_check_transpose, nd))
     opdef.infer(functools.partial(_conv_transpose_spec, opdef.name, nd))
     opdef.grad(_conv_transpose_grad)
-    opdef.sbp(_sbp)  # no ONNX mapping: ONNX's reference evaluator, which runs float64 ConvTranspose, mishandles
-    # groups
+    opdef.sbp(_sbp)
+    opdef.onnx(_conv_transpose_onnx)
     opdef.samples(samples)
+
+
+def _conv_transpose_onnx(g, x, weight, bias, *, stride, padding, output_padding, groups, dilation):
+    nd = weight.ndim - 2
+    dtype = g.outputs[0].dtype
+    x, weight = g.cast(x, dtype), g.cast(weight, dtype)
+    bias = None if bias is None else g.cast(bias, dtype)
+    geometry = {"strides": win.expand(stride, nd), "pads": win.expand(padding, nd) * 2,
+                "output_padding": win.expand(output_padding, nd), "dilations": win.expand(dilation, nd)}
+
+    def build(x, spec):
+        if groups == 1 or weight.shape[0] is None or dtype != D.float64:
+            return g.op("ConvTranspose", x, weight, bias, group=groups, **geometry, spec=spec)
+        # float64: one ConvTranspose per group, concatenated. ONNX Runtime has no float64 kernel, and ONNX's
+        # reference evaluator, which runs such models, gets group > 1 wrong (onnx 1.23)
+        xs = g.op("Split", x, g.ints([weight.shape[0] // groups] * groups), axis=1, outputs=groups)
+        ws = g.op("Split", weight, g.ints([weight.shape[0] // groups] * groups), axis=0, outputs=groups)
+        ys = [g.op("ConvTranspose", xi, wi, **geometry, spec=spec) for xi, wi in zip(xs, ws)]
+        y = g.op("Concat", *ys, axis=1, spec=spec)
+        return y if bias is None else g.op("Add", y, g.op("Reshape", bias, g.ints([-1, *(1,) * nd])), spec=spec)
+
+    return win.onnx_batched(g, x, nd, build)
 
 
 @op("conv_transpose1d(Tensor<floating> x, Tensor<floating> weight, Tensor<floating>? bias=None, *, "
