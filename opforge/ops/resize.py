@@ -265,3 +265,55 @@ def _(rng):
     yield Sample.of(rng.standard_normal((2, 2, 4, 6)), downscale_factor=2)
     yield Sample.of(rng.standard_normal((1, 3, 6)), downscale_factor=3)
 
+
+
+# -- ONNX export --------------------------------------------------------------------------------------------------
+
+
+@interpolate.onnx
+def _(g, x, *, size, scale_factor, mode, align_corners, recompute_scale_factor):
+    nd = x.ndim - 2
+    scales = None if scale_factor is None else win.expand(scale_factor, nd)
+    if mode == "nearest" and scales is not None and all(float(s).is_integer() for s in scales):
+        # output i reads input ⌊i/s⌋, exactly, also in float32: ONNX's Resize says so for any (run-time) size
+        return g.op("Resize", x, None, g.const(np.array([1, 1, *scales], np.float32)), mode="nearest",
+                    coordinate_transformation_mode="asymmetric", nearest_mode="floor", spec=g.outputs[0])
+    if None in x.shape[2:]:
+        raise g.unsupported(f"interpolate mode={mode!r} over spatial sizes {list(x.shape[2:])} known only at run "
+                            "time (only 'nearest' by whole scale factors is written then)")
+    # the kernel's own maps, one dim at a time, the last first: each output a Gather of the inputs it reads, times
+    # their weights (ONNX's Resize computes its positions in float32: float64 models would differ)
+    maps = _all_maps(x.shape[2:], g.outputs[0].shape[2:], scale_factor, mode, align_corners, recompute_scale_factor)
+    for axis in reversed(range(2, x.ndim)):
+        spec = Spec(tuple(len(maps[axis - 2][0][0]) if a == axis else d for a, d in enumerate(x.shape)), x.dtype)
+        terms = []
+        for i, wt in maps[axis - 2]:
+            term = g.op("Gather", x, g.const(i), axis=axis, spec=spec)
+            if wt is not None:
+                term = g.op("Mul", term, g.const(_along(spec.shape, axis, wt.astype(x.dtype))), spec=spec)
+            terms.append(term)
+        x = terms[0] if len(terms) == 1 else g.op("Add", *terms, spec=spec)
+    return x
+
+
+def _onnx_shuffle(g, x, r, up):
+    """pixel_shuffle (up) or pixel_unshuffle as the kernel writes them: Reshape, Transpose, Reshape, with the
+    shapes read from x's at run time."""
+    n = x.ndim - 3
+    lead = g.op("Shape", x, start=0, end=n, spec=Spec((n,), np.dtype(np.int64)))
+    c, h, w = (g.op("Shape", x, start=i, end=i + 1, spec=Spec((1,), np.dtype(np.int64))) for i in range(n, n + 3))
+    rr = g.ints([r])
+    if up:
+        split = g.op("Concat", lead, g.ints([-1, r, r]), h, w, axis=0)
+        perm = [*range(n), n, n + 3, n + 1, n + 4, n + 2]
+        whole = g.op("Concat", lead, g.ints([-1]), g.op("Mul", h, rr), g.op("Mul", w, rr), axis=0)
+    else:
+        split = g.op("Concat", lead, c, g.op("Div", h, rr), rr, g.op("Div", w, rr), rr, axis=0)
+        perm = [*range(n), n, n + 2, n + 4, n + 1, n + 3]
+        whole = g.op("Concat", lead, g.ints([-1]), g.op("Div", h, rr), g.op("Div", w, rr), axis=0)
+    y = g.op("Transpose", g.op("Reshape", x, split), perm=perm)
+    return g.op("Reshape", y, whole, spec=g.outputs[0])
+
+
+pixel_shuffle.onnx(lambda g, x, *, upscale_factor: _onnx_shuffle(g, x, upscale_factor, True))
+pixel_unshuffle.onnx(lambda g, x, *, downscale_factor: _onnx_shuffle(g, x, downscale_factor, False))
