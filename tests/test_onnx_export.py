@@ -112,26 +112,31 @@ def test_every_mapped_op_matches_onnx_runtime(name, opset):
                 assert_close(g, w, f"{name} sample {i} {dtype} output {k}", loose=loose)
 
 
-RUN_TIME_SIZES = {  # an op on spatial sizes known only at run time (a fully convolutional net): (op, attrs)
-    "adaptive_avg_pool2d": (of.ops.adaptive_avg_pool2d, {"output_size": 1}),  # a classifier head
-    "adaptive_max_pool2d": (of.ops.adaptive_max_pool2d, {"output_size": [1, 1]}),
-    "interpolate nearest ×2": (of.ops.interpolate, {"scale_factor": [2.0, 3.0]}),
-    "interpolate nearest ×2 3-d": (of.ops.interpolate, {"scale_factor": 2.0}),
-    "pixel_shuffle": (of.ops.pixel_shuffle, {"upscale_factor": 2}),
-    "pixel_unshuffle": (of.ops.pixel_unshuffle, {"downscale_factor": 2}),
+IMAGES = ((None, 4, None, None), [(3, 4, 2, 4), (3, 4, 6, 2)])  # spatial sizes known only at run time
+RUN_TIME_SIZES = {  # an op on sizes known only at run time (a fully convolutional net, a batch): (op, attrs, sizes)
+    "adaptive_avg_pool2d": (of.ops.adaptive_avg_pool2d, {"output_size": 1}, IMAGES),  # a classifier head
+    "adaptive_max_pool2d": (of.ops.adaptive_max_pool2d, {"output_size": [1, 1]}, IMAGES),
+    "interpolate nearest": (of.ops.interpolate, {"scale_factor": [2.0, 3.0]}, IMAGES),
+    "interpolate nearest 3-d": (of.ops.interpolate, {"scale_factor": 2.0},
+                                ((None, 4, None, None, 3), [(3, 4, 2, 4, 3), (1, 4, 3, 1, 3)])),
+    "pixel_shuffle": (of.ops.pixel_shuffle, {"upscale_factor": 2}, IMAGES),
+    "pixel_unshuffle": (of.ops.pixel_unshuffle, {"downscale_factor": 2}, IMAGES),
+    "roll": (of.ops.roll, {"shifts": [2, -7], "axis": [0, 1]}, ((None, None), [(3, 4), (5, 2)])),
+    "roll flattened": (of.ops.roll, {"shifts": [3]}, ((None, 2), [(3, 2), (1, 2)])),
+    "repeat_interleave": (of.ops.repeat_interleave, {"repeats": [3], "axis": 1},
+                          ((2, None, 2), [(2, 3, 2), (2, 1, 2)])),
 }
 
 
 @pytest.mark.parametrize("opset", [17, of.onnx.DEFAULT_OPSET])
 @pytest.mark.parametrize("case", RUN_TIME_SIZES)
 def test_ops_on_run_time_sizes_match_onnx_runtime_at_several_sizes(case, opset):
-    fn, attrs = RUN_TIME_SIZES[case]
-    rank = 5 if "3-d" in case else 4
-    program = of.trace(lambda x: {"y": fn(x, **attrs)}, x=of.Spec((None, 4, *(None,) * (rank - 2)), "float32"))
+    fn, attrs, (spec, shapes) = RUN_TIME_SIZES[case]
+    program = of.trace(lambda x: {"y": fn(x, **attrs)}, x=of.Spec(spec, "float32"))
     model = of.onnx.export(program, opset=opset)
     rng = np.random.default_rng(0)
-    for spatial in ((2, 4, 6)[:rank - 2], (6, 2, 4)[:rank - 2]):
-        x = rng.standard_normal((3, 4, *spatial)).astype(np.float32)
+    for shape in shapes:
+        x = rng.standard_normal(shape).astype(np.float32)
         (got,), _ = run_onnx(model, {"x": x})
         assert_close(got, of.Executor(program).run(x=x)["y"], f"{case} at {x.shape}")
 

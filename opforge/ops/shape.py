@@ -815,6 +815,27 @@ def _(rng):
     yield Sample.of(rng.standard_normal(()), shifts=[3])
 
 
+@roll.onnx
+def _(g, x, *, shifts, axis):
+    if axis is None:  # the flattened tensor rolled, and shaped back
+        flat = g.op("Reshape", x, g.ints([-1]), spec=Spec((None,), x.dtype))
+        return g.op("Reshape", _onnx_roll(g, flat, shifts[0], 0), g.op("Shape", x), spec=g.outputs[0])
+    for s, a in zip(shifts, axis):
+        x = _onnx_roll(g, x, s, a % x.ndim)
+    return x
+
+
+def _onnx_roll(g, x, shift, a):
+    """x rolled by ``shift`` along axis ``a``: its last (shift mod n) elements, then the others (n read at run
+    time)."""
+    n = g.op("Shape", x, start=a, end=a + 1, spec=Spec((1,), D.int64))
+    cut = g.op("Sub", n, g.op("Mod", g.ints([shift]), n, fmod=0))  # Mod of int64: the sign of n, as Python's %
+    axes = g.ints([a])
+    tail = g.op("Slice", x, cut, g.ints([2**63 - 1]), axes, spec=x.spec)
+    head = g.op("Slice", x, g.ints([0]), cut, axes, spec=x.spec)
+    return g.op("Concat", tail, head, axis=a, spec=x.spec)
+
+
 def _repeat_plan(op_name, shape, repeats, axis):
     """(the axis repeated, or None for the flattened tensor; the size of the dim before and after repeating)."""
     if axis is None:
@@ -877,6 +898,24 @@ def _(rng):
     yield Sample.of(rng.standard_normal((3, 2)), repeats=[1, 0, 3], axis=0)
     yield Sample.of(rng.standard_normal((2, 2)), repeats=[2, 1, 1, 3])  # flattened, one count per element
     yield Sample.of(rng.standard_normal(()), repeats=[3])
+
+
+@repeat_interleave.onnx
+def _(g, x, *, repeats, axis):
+    a, n, _ = _repeat_plan("repeat_interleave", x.shape, repeats, axis)
+    if a is None:
+        x, a = g.op("Reshape", x, g.ints([-1]), spec=Spec((n,), x.dtype)), 0
+    if len(repeats) > 1 or n is not None:  # a Gather of each element as many times as it repeats
+        counts = np.broadcast_to(np.asarray(repeats), (n,))
+        return g.op("Gather", x, g.const(np.repeat(np.arange(n), counts)), axis=a, spec=g.outputs[0])
+    # one count, a size known at run time: each slice tiled along a new dim after it, which is then merged into it
+    r = repeats[0]
+    tiled = g.op("Tile", g.op("Unsqueeze", x, g.ints([a + 1])), g.ints([r if i == a + 1 else 1
+                                                                        for i in range(x.ndim + 1)]))
+    shape = g.op("Shape", x)
+    merged = g.op("Concat", g.op("Slice", shape, g.ints([0]), g.ints([a])), g.ints([-1]),
+                  g.op("Slice", shape, g.ints([a + 1]), g.ints([x.ndim])), axis=0)
+    return g.op("Reshape", tiled, merged, spec=g.outputs[0])
 
 
 @op("repeat_interleave_grad(Tensor dy, *, int[] shape, int[] repeats, int? axis=None) -> Tensor dx")
@@ -954,6 +993,21 @@ def _(rng):
     yield Sample.of(rng.standard_normal((3, 4)), offset=1)
     yield Sample.of(rng.standard_normal((2, 3, 4)), offset=-1, axis1=-1, axis2=0)
     yield Sample.of(rng.standard_normal((2, 3)), offset=4)  # beyond the matrix: empty
+
+
+@diagonal.onnx
+def _(g, x, *, offset, axis1, axis2):
+    a1, a2, length = _diagonal_plan("diagonal", x.shape, offset, axis1, axis2)
+    if length is None:
+        raise g.unsupported(f"the diagonal of dims {a1}, {a2} of sizes known only at run time (shape {x.shape})")
+    # the two dims moved last and merged: the diagonal is a Gather of flat positions there
+    rest = [i for i in range(x.ndim) if i not in (a1, a2)]
+    n2 = x.shape[a2]
+    moved = g.op("Transpose", x, perm=[*rest, a1, a2])
+    merged = g.op("Reshape", moved, g.ints([0] * len(rest) + [-1]))
+    k = np.arange(length)
+    flat = (k - builtins.min(offset, 0)) * n2 + k + builtins.max(offset, 0)
+    return g.op("Gather", merged, g.const(flat.astype(np.int64)), axis=len(rest), spec=g.outputs[0])
 
 
 @op("diagonal_grad(Tensor dy, *, int[] shape, int offset=0, int axis1=0, int axis2=1) -> Tensor dx")
