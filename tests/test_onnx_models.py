@@ -62,3 +62,85 @@ def test_exported_model_matches_onnx_runtime_at_two_batch_sizes(name, tmp_path):
         # Two runtimes sum in different orders: an element near 0 has no relative precision left, so the absolute
         # tolerance is rtol times the output's scale.
         np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * np.abs(want).max())
+
+
+import word_lstm  # noqa: E402
+
+
+def _node_types(proto) -> set:
+    return {node.op_type for node in proto.graph.node}
+
+
+@pytest.mark.parametrize("opset", [17, of.onnx.DEFAULT_OPSET])
+def test_word_lstm_language_model_with_its_state_matches_onnx_runtime(opset):
+    # the model of examples/word_lstm.py, reading and returning the LSTM's state (h, c): the cell states every step
+    # are read (c_n), so the steps are written out; a window of 5 words over 3 streams (a state of a batch size known
+    # only at run time is refused by nn.LSTM's trace: its check compares the two inputs' symbolic batch sizes)
+    model = word_lstm.make_model(50, hidden=8, layers=2)
+    model.eval()
+
+    def step(x, h, c):
+        logits, (h2, c2) = model(x, (h, c))
+        return {"logits": logits, "h_n": h2, "c_n": c2}
+
+    specs = {"x": of.Spec((5, 3), "int64"), "h": of.Spec((2, 3, 8), "float32"), "c": of.Spec((2, 3, 8), "float32")}
+    proto = of.onnx.export(step, None, specs, opset=opset)
+    run = session(proto)
+    rng = np.random.default_rng(0)
+    for _ in range(2):
+        feeds = {"x": rng.integers(0, 50, (5, 3)), "h": rng.standard_normal((2, 3, 8)).astype(np.float32),
+                 "c": rng.standard_normal((2, 3, 8)).astype(np.float32)}
+        with of.no_grad():
+            want = step(*(of.tensor(feeds[k]) for k in ("x", "h", "c")))
+        for (name, w), got in zip(want.items(), run.run(None, feeds)):
+            np.testing.assert_allclose(got, w.numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("opset", [17, of.onnx.DEFAULT_OPSET])
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_recurrent_layers_are_onnx_lstm_and_gru_nodes(kind, opset):
+    # a bidirectional 2-layer encoder read by its outputs: one ONNX node per layer and direction, any batch size (the
+    # length is fixed: nn.LSTM's trace reads y[-1], which program mode cannot index over a run-time length)
+    of.manual_seed(0)
+    rnn = getattr(nn, kind)(3, 4, num_layers=2, bidirectional=True)
+    rnn.eval()
+    proto = of.onnx.export(lambda x: {"y": rnn(x)[0]}, None, of.Spec((7, None, 3), "float32"), opset=opset)
+    assert sum(node.op_type == kind for node in proto.graph.node) == 4
+    run = session(proto)
+    rng = np.random.default_rng(0)
+    for n in (1, 3):
+        x = rng.standard_normal((7, n, 3)).astype(np.float32)
+        with of.no_grad():
+            want = rnn(of.tensor(x))[0].numpy()
+        (got,) = run.run(None, {"x": x})
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_sequence_ops_as_onnx_nodes_over_run_time_lengths_and_packed_batches(kind, reverse):
+    # lstm_layer/gru_layer read by y alone: one node over any number of steps; batch_sizes (a packed batch) become
+    # ONNX's sequence_lens, and the rows past their length keep their state as ours do (ONNX writes zeros there)
+    t, n, h, k = None, 3, 2, 4 if kind == "lstm" else 3
+    specs = {"gx": of.Spec((t, n, k * h), "float32"), "h0": of.Spec((n, h), "float32"),
+             "c0": of.Spec((n, h), "float32"), "w": of.Spec((k * h, h), "float32"),
+             "b": of.Spec((k * h,), "float32"), "sizes": of.Spec((t,), "int64")}
+
+    def fn(gx, h0, c0, w, b, sizes):
+        if kind == "lstm":
+            return {"y": of.ops.lstm_layer(gx, h0, c0, w, sizes, reverse=reverse)[0]}
+        return {"y": of.ops.gru_layer(gx, h0, w, b, sizes, reverse=reverse)[0]}
+
+    program = of.trace(fn, **specs)
+    proto = of.onnx.export(program)
+    assert kind.upper() in _node_types(proto)
+    run = session(proto)
+    rng = np.random.default_rng(0)
+    for sizes in ([3, 3, 3, 3, 3], [3, 2, 2, 1], [1]):
+        feeds = {name: rng.standard_normal([len(sizes) if d is None else d for d in spec.shape]).astype(np.float32)
+                 for name, spec in specs.items() if name != "sizes"}
+        feeds["sizes"] = np.array(sizes, np.int64)
+        feeds = {name: feeds[name] for name in (i.name for i in proto.graph.input)}
+        want = of.Executor(program).run(feeds)["y"]
+        (got,) = run.run(None, feeds)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=str(sizes))

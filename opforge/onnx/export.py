@@ -72,7 +72,9 @@ class Graph:
     """The builder an op's ONNX mapping writes through: ``g.op(...)`` adds a node, ``g.const(...)`` a constant.
 
     ``g.opset`` is the opset being written; ``g.outputs`` the Specs of the op being lowered (a mapping that must
-    cast to the op's result dtype reads it there); ``g.unsupported(why)`` refuses an attr combination clearly.
+    cast to the op's result dtype reads it there); ``g.needed`` whether the model reads each of them (a mapping may
+    return None for one it does not: the states a sequence op keeps for its backward pass); ``g.unsupported(why)``
+    refuses an attr combination clearly.
     """
 
     def __init__(self, opset: int, program: Program):
@@ -87,6 +89,7 @@ class Graph:
         self._counter = 0
         self.values: dict = {}  # our variable name -> Value
         self.outputs: list = []
+        self.needed: list = []
         self.current = ""  # the op being lowered, for messages
 
     # -- for mappings ---------------------------------------------------------------------------------------------
@@ -278,15 +281,19 @@ def program_to_onnx(program: Program, opset: int = DEFAULT_OPSET, name: str = "o
             else:
                 args.append(g.values[names[0]] if names else None)
         g.outputs = [block.vars[n].spec for n in op.output_names()]
+        g.needed = [n in used for n in op.output_names()]
         result = opdef.onnx_fn(g, *args, **op.attrs)
         flat = []
         for o, r in zip(opdef.outputs, result if len(opdef.outputs) > 1 else (result,)):
             flat.extend(r if o.is_list else [r])
-        if len(flat) != len(op.output_names()) or not all(isinstance(v, Value) for v in flat):
+        if len(flat) != len(op.output_names()) or not all(
+                isinstance(v, Value) or (v is None and not needed) for v, needed in zip(flat, g.needed)):
             raise OnnxExportError(f"{g.current}: the ONNX mapping of '{op.type}' must return "
-                                  f"{len(op.output_names())} Value(s), returned {describe(result)}")
+                                  f"{len(op.output_names())} Value(s) (None only for those the model does not read), "
+                                  f"returned {describe(result)}")
         for n, v in zip(op.output_names(), flat):
-            g.values[n] = Value(v.name, block.vars[n].spec)
+            if v is not None:
+                g.values[n] = Value(v.name, block.vars[n].spec)
     outputs = _name_outputs(g, program, helper)
     initializers = [numpy_helper.from_array(np.asarray(a), n) for n, a in g.initializers.items()]
     graph = helper.make_graph(g.nodes, name, inputs, outputs, initializer=initializers)

@@ -651,3 +651,131 @@ def _(rng):
 
 
 __all__ = ["gru_layer", "gru_layer_grad", "lstm_layer", "lstm_layer_grad"]
+
+
+# -- ONNX export ------------------------------------------------------------------------------------------------------
+# The outputs y alone (inference): one ONNX LSTM/GRU node, fed gx as its input through a permutation matrix that puts
+# the gate blocks in ONNX's order (gx already holds x·W_ihᵀ and the input biases). What the backward pass reads (every
+# step's cell states, the gates) ONNX's nodes do not give: where the model reads them, the steps are written out with
+# the kernel's math, one block of nodes a step (the number of steps must then be known).
+
+_ONNX_ORDER = {"LSTM": [0, 3, 1, 2], "GRU": [1, 0, 2]}  # ONNX's gate blocks (i, o, f, c; z, r, h) in ours
+
+
+def _onnx_gate_rows(kind: str, h: int) -> np.ndarray:
+    return np.concatenate([np.arange(b * h, (b + 1) * h) for b in _ONNX_ORDER[kind]])
+
+
+def _onnx_valid(g, batch_sizes, gx):
+    """(T, N, 1) bool: which rows take part in each step."""
+    i64 = np.dtype(np.int64)
+    rows = g.op("Range", g.const(np.array(0, np.int64)), g.op("Squeeze", g.op("Shape", gx, start=1, end=2),
+                                                                 g.ints([0])), g.const(np.array(1, np.int64)),
+                spec=Spec((gx.shape[1],), i64))
+    valid = g.op("Less", g.op("Unsqueeze", rows, g.ints([0])), g.op("Unsqueeze", batch_sizes, g.ints([1])))
+    return g.op("Unsqueeze", valid, g.ints([2]), spec=Spec((gx.shape[0], gx.shape[1], 1), np.dtype(bool)))
+
+
+def _onnx_sequence_node(g, kind, gx, h0, c0, w_hh, b_hh, batch_sizes, reverse):
+    h = w_hh.shape[1]
+    if h is None:
+        raise g.unsupported(f"a hidden size known only at run time (w_hh {w_hh.shape})")
+    gates = len(_ONNX_ORDER[kind])
+    rows = _onnx_gate_rows(kind, h)
+    dtype = gx.dtype
+    w = g.const(np.eye(gates * h, dtype=dtype)[rows][None])  # ONNX's X·Wᵀ is gx with its blocks reordered
+    r = g.op("Unsqueeze", g.op("Gather", w_hh, g.const(rows), axis=0), g.ints([0]))
+    b = None
+    if b_hh is not None:  # GRU: ONNX's Rb is b_hh, applied inside r·(h·W_hnᵀ + b_hn) as torch (linear_before_reset)
+        b = g.op("Concat", g.const(np.zeros((1, gates * h), dtype)),
+                 g.op("Unsqueeze", g.op("Gather", b_hh, g.const(rows), axis=0), g.ints([0])), axis=1)
+    lens = valid = None
+    if batch_sizes is not None:
+        valid = _onnx_valid(g, batch_sizes, gx)
+        lens = g.cast(g.reduce("ReduceSum", g.cast(valid, np.dtype(np.int64)), [0, 2], False), np.dtype(np.int32))
+    states = [g.op("Unsqueeze", s, g.ints([0])) for s in ((h0, c0) if kind == "LSTM" else (h0,))]
+    extra = {"linear_before_reset": 1} if kind == "GRU" else {}
+    outs = g.op(kind, gx, w, r, b, lens, *states, hidden_size=h, direction="reverse" if reverse else "forward",
+                outputs=2, **extra)
+    y = g.op("Squeeze", outs[0], g.ints([1]), spec=g.outputs[0])
+    if valid is None:
+        return y
+    # past its length ONNX writes zeros; our rows keep their state: the last (forward) or the initial one (reverse;
+    # also a row of length 0, whose last state ONNX gives as zeros)
+    kept = h0
+    if not reverse:
+        started = g.op("Unsqueeze", g.op("Greater", lens, g.const(np.array(0, np.int32))), g.ints([1]))
+        kept = g.op("Where", started, g.op("Squeeze", outs[1], g.ints([0])), h0)
+    return g.op("Where", valid, y, kept, spec=g.outputs[0])
+
+
+def _onnx_steps(g, kind, gx, h0, c0, w_hh, b_hh, batch_sizes, reverse):
+    """Every step written out, as the kernel computes it: (y, cells, gates) of an LSTM, (y, gates, hn) of a GRU."""
+    t, n, width = gx.shape
+    if t is None:
+        raise g.unsupported(f"{kind}'s states of every step (what its backward pass reads) over a number of steps "
+                            "known only at run time; a model that reads only the outputs y is written as one "
+                            f"ONNX {kind} node")
+    h = width // (4 if kind == "LSTM" else 3)
+    valid = None if batch_sizes is None else _onnx_valid(g, batch_sizes, gx)
+    w_t = g.op("Transpose", w_hh, perm=[1, 0])
+    zero = g.scalar(0, gx)
+    step_spec = Spec((n, width), gx.dtype)
+    state_spec = Spec((n, h), gx.dtype)
+    ys, cs, gs, hs = [None] * t, [None] * t, [None] * t, [None] * t
+    h_prev, c_prev = h0, c0
+
+    def block(x, j):
+        return g.op("Slice", x, g.ints([j * h]), g.ints([(j + 1) * h]), g.ints([1]), spec=state_spec)
+
+    for step in _steps(t, reverse):
+        x = g.op("Gather", gx, g.const(np.array(step, np.int64)), axis=0, spec=step_spec)
+        m = None if valid is None else g.op("Gather", valid, g.const(np.array(step, np.int64)), axis=0)
+        gh = g.op("MatMul", h_prev, w_t, spec=step_spec)
+        if kind == "LSTM":
+            pre = g.op("Add", gh, x)
+            i, f, gg, o = (g.op("Tanh" if j == 2 else "Sigmoid", block(pre, j)) for j in range(4))
+            c = g.op("Add", g.op("Mul", f, c_prev), g.op("Mul", i, gg))
+            hy = g.op("Mul", g.op("Tanh", c), o)
+            act = g.op("Concat", i, f, gg, o, axis=1, spec=step_spec)
+            extra = c
+        else:
+            if b_hh is not None:
+                gh = g.op("Add", gh, b_hh)
+            r, z = (g.op("Sigmoid", g.op("Add", block(x, j), block(gh, j))) for j in range(2))
+            nn = g.op("Tanh", g.op("Add", block(x, 2), g.op("Mul", r, block(gh, 2))))
+            hy = g.op("Add", g.op("Mul", g.op("Sub", h_prev, nn), z), nn)
+            act = g.op("Concat", r, z, nn, axis=1, spec=step_spec)
+            extra = block(gh, 2)
+        if m is not None:  # rows past their length keep their state; their gates (and hn) are 0
+            hy = g.op("Where", m, hy, h_prev)
+            act = g.op("Where", m, act, zero)
+            extra = g.op("Where", m, extra, c_prev if kind == "LSTM" else zero)
+        ys[step], gs[step] = hy, act
+        if kind == "LSTM":
+            cs[step] = c_prev = extra
+        else:
+            hs[step] = extra
+        h_prev = hy
+
+    def stacked(values, spec):
+        return g.op("Concat", *(g.op("Unsqueeze", v, g.ints([0])) for v in values), axis=0, spec=spec)
+
+    y = stacked(ys, g.outputs[0])
+    if kind == "LSTM":
+        return y, stacked(cs, g.outputs[1]), stacked(gs, g.outputs[2])
+    return y, stacked(gs, g.outputs[1]), stacked(hs, g.outputs[2])
+
+
+@lstm_layer.onnx
+def _(g, gx, h0, c0, w_hh, batch_sizes, *, reverse):
+    if any(g.needed[1:]):
+        return _onnx_steps(g, "LSTM", gx, h0, c0, w_hh, None, batch_sizes, reverse)
+    return _onnx_sequence_node(g, "LSTM", gx, h0, c0, w_hh, None, batch_sizes, reverse), None, None
+
+
+@gru_layer.onnx
+def _(g, gx, h0, w_hh, b_hh, batch_sizes, *, reverse):
+    if any(g.needed[1:]):
+        return _onnx_steps(g, "GRU", gx, h0, None, w_hh, b_hh, batch_sizes, reverse)
+    return _onnx_sequence_node(g, "GRU", gx, h0, None, w_hh, b_hh, batch_sizes, reverse), None, None
