@@ -1191,3 +1191,101 @@ def _(rng):
                     margin=3.0, reduction="sum")
     yield Sample.of(rng.standard_normal(5), rng.standard_normal(5), rng.standard_normal(5), p=3.0, margin=1.5,
                     eps=0.0)
+
+
+# -- ONNX export of the losses above that had none: the kernels' formulas ------------------------------------------
+
+
+def _onnx_reduce(g, losses, reduction):
+    if reduction == "none":
+        return losses
+    return g.reduce("ReduceMean" if reduction == "mean" else "ReduceSum", losses, None, False, spec=g.outputs[0])
+
+
+def _onnx_operands(g, *xs):
+    return [g.cast(x, g.outputs[0].dtype) for x in xs]
+
+
+@l1_loss.onnx
+def _(g, x, target, *, reduction):
+    x, target = _onnx_operands(g, x, target)
+    return _onnx_reduce(g, g.op("Abs", g.op("Sub", x, target)), reduction)
+
+
+@huber_loss.onnx
+def _(g, x, target, *, reduction, delta):
+    x, target = _onnx_operands(g, x, target)
+    d = g.op("Abs", g.op("Sub", x, target))
+    quadratic = g.op("Mul", g.op("Mul", d, d), g.scalar(0.5, x))
+    linear = g.op("Mul", g.op("Sub", d, g.scalar(0.5 * delta, x)), g.scalar(delta, x))
+    return _onnx_reduce(g, g.op("Where", g.op("Less", d, g.scalar(delta, x)), quadratic, linear), reduction)
+
+
+@kl_div.onnx
+def _(g, x, target, *, reduction, log_target):
+    x, target = _onnx_operands(g, x, target)
+    if log_target:
+        losses = g.op("Mul", g.op("Exp", target), g.op("Sub", target, x))
+    else:  # xlogy(t, t): 0 at t = 0
+        zero = g.scalar(0, x)
+        t_log_t = g.op("Where", g.op("Equal", target, zero), zero, g.op("Mul", target, g.op("Log", target)))
+        losses = g.op("Sub", t_log_t, g.op("Mul", target, x))
+    if reduction != "batchmean":
+        return _onnx_reduce(g, losses, reduction)
+    total = g.reduce("ReduceSum", losses, None, False)
+    rows = g.cast(g.op("Shape", x, start=0, end=1), x.dtype) if x.ndim else g.scalar(1, x)
+    return g.op("Div", total, g.op("Reshape", rows, g.ints([])), spec=g.outputs[0])
+
+
+@binary_cross_entropy.onnx
+def _(g, probs, target, weight, *, reduction):
+    dtype = probs.dtype
+    target = g.cast(target, dtype)
+    clamp = g.scalar(_CLAMP, probs)
+    log_p = g.op("Max", g.op("Log", probs), clamp)
+    log_q = g.op("Max", g.call("log1p", g.op("Neg", probs)), clamp)
+    losses = g.op("Neg", g.op("Add", g.op("Mul", target, log_p),
+                              g.op("Mul", g.op("Sub", g.scalar(1, probs), target), log_q)))
+    if weight is not None:
+        losses = g.op("Mul", losses, g.cast(weight, dtype))
+    return _onnx_reduce(g, losses, reduction)
+
+
+@cosine_embedding_loss.onnx
+def _(g, x1, x2, target, *, margin, reduction):
+    x1, x2 = _onnx_operands(g, x1, x2)
+    last = [max(x1.ndim, x2.ndim) - 1]
+
+    def total(v):
+        return g.reduce("ReduceSum", v, last, False)
+
+    eps = g.scalar(_COSINE_EPS, x1)
+    norms = g.op("Mul", g.op("Add", total(g.op("Mul", x1, x1)), eps), g.op("Add", total(g.op("Mul", x2, x2)), eps))
+    cos = g.op("Div", total(g.op("Mul", x1, x2)), g.op("Sqrt", norms))
+    zero, one = g.scalar(0, x1), g.scalar(1, x1)
+    unlike = g.op("Where", g.op("Equal", target, g.scalar(-1, target)),
+                  g.op("Max", g.op("Sub", cos, g.scalar(margin, x1)), zero), zero)
+    losses = g.op("Where", g.op("Equal", target, g.scalar(1, target)), g.op("Sub", one, cos), unlike)
+    return _onnx_reduce(g, losses, reduction)
+
+
+@margin_ranking_loss.onnx
+def _(g, x1, x2, target, *, margin, reduction):
+    x1, x2, target = _onnx_operands(g, x1, x2, target)
+    z = g.op("Add", g.op("Mul", g.op("Neg", target), g.op("Sub", x1, x2)), g.scalar(margin, x1))
+    return _onnx_reduce(g, g.op("Max", z, g.scalar(0, x1)), reduction)
+
+
+@triplet_margin_loss.onnx
+def _(g, anchor, positive, negative, *, margin, p, eps, swap, reduction):
+    anchor, positive, negative = _onnx_operands(g, anchor, positive, negative)
+    last = [anchor.ndim - 1]
+
+    def distance(u, v):  # pairwise_distance's
+        return g.call("norm", g.op("Add", g.op("Sub", u, v), g.scalar(eps, u)), p=p, axis=last, keepdim=False)
+
+    d_neg = distance(anchor, negative)
+    if swap:
+        d_neg = g.op("Min", d_neg, distance(positive, negative))
+    z = g.op("Sub", g.op("Add", distance(anchor, positive), g.scalar(margin, anchor)), d_neg)
+    return _onnx_reduce(g, g.op("Max", z, g.scalar(0, anchor)), reduction)
