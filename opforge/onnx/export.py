@@ -129,7 +129,8 @@ class Graph:
             clean[k] = v
         self.nodes.append(self._helper.make_node(op_type, names, outs, name=self.fresh(f"n_{op_type}"), **clean))
         if spec is None and outputs == 1:
-            spec = next((v.spec for v in inputs if isinstance(v, Value)), None)
+            typed = inputs[1:] if op_type == "Where" else inputs  # Where's first input is its bool condition
+            spec = next((v.spec for v in typed if isinstance(v, Value)), None)
             if spec is not None and op_type in _RESULT_DTYPE:
                 spec = Spec((spec.ndim,) if op_type == "Shape" else spec.shape, _RESULT_DTYPE[op_type])
         values = [Value(n, spec if outputs == 1 else None) for n in outs]
