@@ -121,6 +121,8 @@ RUN_TIME_SIZES = {  # an op on sizes known only at run time (a fully convolution
                                 ((None, 4, None, None, 3), [(3, 4, 2, 4, 3), (1, 4, 3, 1, 3)])),
     "pixel_shuffle": (of.ops.pixel_shuffle, {"upscale_factor": 2}, IMAGES),
     "pixel_unshuffle": (of.ops.pixel_unshuffle, {"downscale_factor": 2}, IMAGES),
+    "unfold": (of.ops.unfold, {"kernel_size": [2, 1], "padding": 1, "stride": [1, 2]}, IMAGES),
+    "fold": (of.ops.fold, {"output_size": [4, 5], "kernel_size": 2, "stride": [2, 1]}, ((None, 12, 8), [(2, 12, 8)])),
     "roll": (of.ops.roll, {"shifts": [2, -7], "axis": [0, 1]}, ((None, None), [(3, 4), (5, 2)])),
     "roll flattened": (of.ops.roll, {"shifts": [3]}, ((None, 2), [(3, 2), (1, 2)])),
     "repeat_interleave": (of.ops.repeat_interleave, {"repeats": [3], "axis": 1},

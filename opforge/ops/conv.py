@@ -650,3 +650,52 @@ def _(rng):
     yield Sample.of(_randn(rng, 1, 8, 15), output_size=[5, 4], kernel_size=2, dilation=[2, 1], padding=1,
                     stride=[2, 1])
     yield Sample.of(_randn(rng, 12, 4), output_size=[3, 3], kernel_size=2, stride=2, padding=1)  # unbatched
+
+
+# -- ONNX export of unfold and fold: a convolution (and its transpose) of each channel with one-hot kernels -------
+
+
+def _onnx_taps(g, kernel, dtype):
+    """(taps, 1, kH, kW) weights, tap t reading kernel position t (row-major) alone: a convolution with them is
+    im2col's gathering, exactly (every product is by 1 or 0)."""
+    taps = math.prod(kernel)
+    return g.const(np.eye(taps, dtype=dtype).reshape(taps, 1, *kernel))
+
+
+def _onnx_window_attrs(kernel_size, dilation, padding, stride):
+    return {"strides": win.expand(stride, 2), "pads": win.expand(padding, 2) * 2, "dilations": win.expand(dilation, 2)}
+
+
+@unfold.onnx
+def _(g, x, *, kernel_size, dilation, padding, stride):
+    batched = x.ndim == 4
+    if not batched:
+        x = g.op("Unsqueeze", x, g.ints([0]), spec=Spec((1, *x.shape), x.dtype))
+    kernel = win.expand(kernel_size, 2)
+    # every channel an image of its own (N·C, 1, H, W), so that one filter per tap serves all
+    images = g.op("Reshape", x, g.ints([-1, 1, 0, 0]))
+    cols = g.op("Conv", images, _onnx_taps(g, kernel, x.dtype), kernel_shape=kernel,
+                **_onnx_window_attrs(kernel_size, dilation, padding, stride))
+    rows = g.op("Mul", g.op("Shape", x, start=1, end=2), g.ints([math.prod(kernel)]))
+    y = g.op("Reshape", cols, g.op("Concat", g.op("Shape", x, start=0, end=1), rows, g.ints([-1]), axis=0),
+             spec=Spec((x.shape[0], *g.outputs[0].shape[-2:]), x.dtype))
+    return y if batched else g.op("Squeeze", y, g.ints([0]), spec=g.outputs[0])
+
+
+@fold.onnx
+def _(g, x, *, output_size, kernel_size, dilation, padding, stride):
+    batched, _, w = _fold_geometry("fold", x.shape, output_size, kernel_size, dilation, padding, stride)
+    if not batched:
+        x = g.op("Unsqueeze", x, g.ints([0]), spec=Spec((1, *x.shape), x.dtype))
+    kernel = win.expand(kernel_size, 2)
+    attrs = _onnx_window_attrs(kernel_size, dilation, padding, stride)
+    # ConvTranspose's size is (o − 1)·s + d·(k − 1) + 1 − 2p: the positions no window reaches, behind, come as
+    # output padding
+    reached = [(o - 1) * s + d * (k - 1) + 1 - 2 * p for o, s, d, k, p in
+               zip(w.out, attrs["strides"], attrs["dilations"], kernel, win.expand(padding, 2))]
+    cols = g.op("Reshape", x, g.ints([-1, math.prod(kernel), *w.out]))  # (N·C, taps, oh, ow)
+    images = g.op("ConvTranspose", cols, _onnx_taps(g, kernel, x.dtype), kernel_shape=kernel,
+                  output_padding=[n - r for n, r in zip(w.size, reached)], **attrs)
+    y = g.op("Reshape", images, g.op("Concat", g.op("Shape", x, start=0, end=1), g.ints([-1, *w.size]), axis=0),
+             spec=Spec((x.shape[0], *g.outputs[0].shape[-3:]), x.dtype))
+    return y if batched else g.op("Squeeze", y, g.ints([0]), spec=g.outputs[0])
