@@ -176,13 +176,38 @@ def _max_pool_onnx(nd, g, x, *, kernel_size, stride, padding, dilation, ceil_mod
     return win.onnx_batched(g, x, nd, build)
 
 
+def _max_pool_indices_onnx(nd, g, x, *, kernel_size, stride, padding, dilation, ceil_mode):
+    # ONNX's MaxPool indices are flat over the whole (padded) tensor, PyTorch's over each unpadded image: the
+    # position in the image is taken apart into coordinates, which lose the padding in front
+    _, w = _geometry("", nd, x.shape, kernel_size, stride, padding, dilation, ceil_mode)
+    if None in x.shape[-nd:]:
+        raise g.unsupported(f"max pooling's indices over spatial sizes {list(x.shape[-nd:])} known only at run time")
+    i64 = np.dtype(np.int64)
+    batched = x.ndim == nd + 2
+    if not batched:
+        x = g.op("Unsqueeze", x, g.ints([0]), spec=Spec((1, *x.shape), x.dtype))
+    padded = [n + lo + hi for n, lo, hi in zip(x.shape[2:], w.lo, w.hi)]
+    y, flat = g.op("MaxPool", win.onnx_pad(g, x, w, -np.inf), kernel_shape=w.kernel, strides=w.stride,
+                   dilations=w.dilation, outputs=2)
+    rest = g.op("Mod", flat, g.const(np.array(math.prod(padded), np.int64)), spec=Spec((), i64))
+    index, unit = None, 1
+    for size, lo, n in reversed(list(zip(padded, w.lo, x.shape[2:]))):
+        size = g.const(np.array(size, np.int64))
+        at = g.op("Sub", g.op("Mod", rest, size), g.const(np.array(lo, np.int64)))
+        term = g.op("Mul", at, g.const(np.array(unit, np.int64))) if unit != 1 else at
+        index = term if index is None else g.op("Add", index, term)
+        rest, unit = g.op("Div", rest, size), unit * n
+    if not batched:
+        y, index = (g.op("Squeeze", v, g.ints([0])) for v in (y, index))
+    return y, index
+
+
 def _define_max_pool(opdef, nd, samples, indices: bool = False) -> None:
     opdef.check(functools.partial(_check, nd))
     opdef.infer(functools.partial(_max_pool_indices_spec if indices else _max_pool_spec, opdef.name, nd))
     opdef.grad(functools.partial(_scatter_rule if indices else _max_pool_rule, nd))
     opdef.sbp(functools.partial(_sbp, nd, outputs=2 if indices else 1))
-    if not indices:  # ONNX's MaxPool indices are flat over the whole tensor, PyTorch's over each image
-        opdef.onnx(functools.partial(_max_pool_onnx, nd))
+    opdef.onnx(functools.partial(_max_pool_indices_onnx if indices else _max_pool_onnx, nd))
     opdef.samples(samples)
 
 
