@@ -148,3 +148,18 @@ def test_ops_refuse_what_run_time_sizes_keep_from_onnx():
                        x=of.Spec((1, 2, None, None), "float32"))
     with pytest.raises(of.onnx.OnnxExportError, match=r"interpolate.*bilinear.*known only at run time"):
         of.onnx.export(program)
+
+
+@pytest.mark.parametrize("op", ["dropout1d_with_mask", "dropout2d_with_mask", "dropout3d_with_mask"])
+def test_channel_dropout_in_training_draws_one_mask_per_channel_in_onnx_runtime(op):
+    # the draws are ONNX Runtime's own: what must agree is their layout, the scaling, and the rate (3200 channels:
+    # the kept fraction's standard deviation is 0.008)
+    shape = {"dropout1d_with_mask": (50, 64, 3), "dropout2d_with_mask": (50, 64, 3, 2),
+             "dropout3d_with_mask": (50, 64, 2, 2, 2)}[op]
+    program = of.trace(lambda x: dict(zip(("y", "mask"), getattr(of.ops, op)(x, p=0.3))),
+                       x=of.Spec((None, *shape[1:]), "float32"))
+    x = np.random.default_rng(0).uniform(1, 2, shape).astype(np.float32)
+    (y, mask), _ = run_onnx(of.onnx.export(program), {"x": x})
+    assert mask.shape == (*shape[:2], *(1,) * (len(shape) - 2)) and mask.dtype == np.bool_
+    np.testing.assert_allclose(y, np.where(mask, x / np.float32(0.7), 0), rtol=1e-6)
+    assert abs(mask.mean() - 0.7) < 0.05
