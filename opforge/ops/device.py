@@ -23,6 +23,9 @@ def _(*, device):
     get_device(device, "to_device()")  # an unknown device is refused at the call, naming the known ones
 
 
+to_device.onnx(lambda g, x, *, device: g.op("Identity", x))  # an ONNX model has no devices: its runtime places values
+
+
 @to_device.grad
 def _(x, dy, *, device):
     return F.to_device(dy, device=x.device.name)

@@ -525,6 +525,9 @@ def _(a, y, dy):
     return scale * _swap_last(F.linalg_inv(a))
 
 
+linalg_det.onnx(lambda g, a: g.op("Det", a, spec=g.outputs[0]))
+
+
 @linalg_det.samples
 def _(rng):
     yield Sample.of(rng.standard_normal((3, 3)))

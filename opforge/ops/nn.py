@@ -485,6 +485,16 @@ def _(index, weight, *, num_embeddings, start, padding_idx):
     return Spec((*index.shape, weight.shape[1]), weight.dtype)
 
 
+@embedding_rows.onnx
+def _(g, index, weight, *, num_embeddings, start, padding_idx):
+    # the rows this block holds, zeros for the others
+    local = g.op("Sub", g.cast(index, np.dtype(np.int64)), g.const(np.array(start, np.int64)))
+    rows = g.op("Shape", weight, start=0, end=1)
+    held = g.op("And", g.op("GreaterOrEqual", local, g.const(np.array(0, np.int64))), g.op("Less", local, rows))
+    picked = g.op("Gather", weight, g.op("Where", held, local, g.const(np.array(0, np.int64))), axis=0)
+    return g.op("Where", g.op("Unsqueeze", held, g.ints([-1])), picked, g.scalar(0, weight), spec=g.outputs[0])
+
+
 @embedding_rows.grad
 def _(index, dy, weight_spec, *, num_embeddings, start, padding_idx):
     rows = weight_spec.shape[0]

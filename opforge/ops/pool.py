@@ -455,6 +455,18 @@ def _(dy, indices, *, input_size):
     return Spec((*dy.shape[:2], *size), dy.dtype)
 
 
+@pool_scatter.onnx
+def _(g, dy, indices, *, input_size):
+    # per image and channel, each dy added at its flat spatial index: ScatterElements over (N, C, ∏size)
+    flat = [0, 0, -1]
+    zeros = g.filled(g.op("Concat", g.op("Shape", dy, start=0, end=2), g.ints([math.prod(input_size)]), axis=0), 0,
+                     dy.dtype)
+    dx = g.op("ScatterElements", zeros, g.op("Reshape", indices, g.ints(flat)), g.op("Reshape", dy, g.ints(flat)),
+              axis=2, reduction="add")
+    return g.op("Reshape", dx, g.op("Concat", g.op("Shape", dy, start=0, end=2), g.ints(input_size), axis=0),
+                spec=g.outputs[0])
+
+
 @pool_scatter.grad
 def _(indices, ddx):
     return F.pool_gather(ddx, indices), None
@@ -484,6 +496,13 @@ def pool_gather(x, indices):
 def _(x, indices):
     _index_geometry("pool_gather", indices.shape, x.shape)
     return Spec(tuple(indices.shape), x.dtype)
+
+
+@pool_gather.onnx
+def _(g, x, indices):
+    flat = g.ints([0, 0, -1])
+    y = g.op("GatherElements", g.op("Reshape", x, flat), g.op("Reshape", indices, flat), axis=2)
+    return g.op("Reshape", y, g.op("Shape", indices), spec=g.outputs[0])
 
 
 @pool_gather.grad
