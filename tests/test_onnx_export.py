@@ -1,5 +1,6 @@
 """ONNX export: every op with a mapping, and whole models, give in ONNX Runtime what they give in opforge."""
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -163,3 +164,34 @@ def test_channel_dropout_in_training_draws_one_mask_per_channel_in_onnx_runtime(
     assert mask.shape == (*shape[:2], *(1,) * (len(shape) - 2)) and mask.dtype == np.bool_
     np.testing.assert_allclose(y, np.where(mask, x / np.float32(0.7), 0), rtol=1e-6)
     assert abs(mask.mean() - 0.7) < 0.05
+
+
+def library_ops():
+    library = str(Path(of.__file__).parent)
+    return sorted(op.name for op in registry if op.defined_at.startswith(library))
+
+
+def test_every_op_has_an_onnx_mapping_or_is_on_the_documented_list():
+    from opforge.onnx.export import NOT_EXPORTABLE, not_exportable
+
+    missing = [n for n in library_ops() if registry.get(n).onnx_fn is None and not not_exportable(n)]
+    assert not missing, f"ops without an ONNX mapping (give each one with @op.onnx, or say in opforge/onnx/export.py " \
+                        f"NOT_EXPORTABLE and docs/onnx.md why ONNX cannot express it): {missing}"
+    stale = [n for n in library_ops() if registry.get(n).onnx_fn is not None and not_exportable(n)]
+    assert not stale, f"ops with an ONNX mapping listed as not exportable: {stale}"
+    documented = Path(__file__).resolve().parents[1].joinpath("docs", "onnx.md").read_text()
+    listed = [n for n in NOT_EXPORTABLE if f"`{n}`" not in documented]
+    assert not listed, f"ops listed as not exportable but missing from docs/onnx.md: {listed}"
+
+
+@pytest.mark.parametrize("name", [n for n in library_ops() if registry.get(n).onnx_fn is None])
+def test_exporting_an_op_without_an_onnx_form_says_which_and_why(name):
+    from opforge.onnx.export import not_exportable
+
+    opdef = registry.get(name)
+    samples = _samples(opdef)
+    if not samples:
+        pytest.skip(f"{name} has no samples")
+    with pytest.raises(of.onnx.OnnxExportError, match=rf"op '{name}' has no ONNX form: "
+                                                      rf"{re.escape(not_exportable(name))}"):
+        export_sample(opdef, samples[0], "float64")

@@ -31,6 +31,30 @@ class OnnxExportError(OpforgeError, ValueError):
     """A program that cannot be written as ONNX: an op with no mapping, or attrs its mapping cannot express."""
 
 
+# The ops that have no ONNX form, and why (docs/onnx.md lists them; tests/test_onnx_export.py fails on any other op
+# without a mapping). Besides these, the dedicated gradient ops (``_GRADIENT_OP``) have none: a model is exported
+# for inference, and a program's backward ops fall away.
+_NO_FACTORIZATION = "ONNX has no matrix inverse, linear solve or factorization op (only Det)"
+_ONE_DEVICE = "a collective across ranks: an ONNX model runs in one process"
+_TRAINING = "an optimizer's update, a training step: ONNX models are exported for inference"
+NOT_EXPORTABLE = {
+    **dict.fromkeys(["linalg_inv", "linalg_solve", "linalg_cholesky", "linalg_qr", "linalg_svd"], _NO_FACTORIZATION),
+    **dict.fromkeys(["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all"], _ONE_DEVICE),
+    **dict.fromkeys(["sgd_momentum_buffer", "sgd_update", "adam_exp_avg", "adam_exp_avg_sq", "adam_update"],
+                    _TRAINING),
+}
+_GRADIENT_OP = re.compile(r"_grad(_grad|_input|_weight)?$")  # relu_grad, max_pool_grad_grad, conv_grad_input
+
+
+def not_exportable(op_name: str) -> str | None:
+    """Why op ``op_name`` has no ONNX form, or None if it should have one."""
+    if op_name in NOT_EXPORTABLE:
+        return NOT_EXPORTABLE[op_name]
+    if _GRADIENT_OP.search(op_name):
+        return "a gradient op: ONNX models are exported for inference (the backward pass falls away)"
+    return None
+
+
 def elem_type(dtype: np.dtype) -> int:
     from onnx import helper
 
@@ -269,6 +293,8 @@ def program_to_onnx(program: Program, opset: int = DEFAULT_OPSET, name: str = "o
     for i, op in enumerate(ops):
         opdef = registry.get(op.type)
         g.current = f"op #{i} {op.type} -> {', '.join(op.output_names())}"
+        if opdef.onnx_fn is None and not_exportable(op.type):
+            raise OnnxExportError(f"onnx.export(): op '{op.type}' has no ONNX form: {not_exportable(op.type)}")
         if opdef.onnx_fn is None:
             raise OnnxExportError(
                 f"onnx.export(): op '{op.type}' (defined at {opdef.defined_at}) has no ONNX mapping; give it one "
