@@ -40,12 +40,13 @@ MODELS = {  # name: (make the model, the input Spec, make a batch of n, rtol)
 }
 
 
+@pytest.mark.parametrize("opset", [17, of.onnx.DEFAULT_OPSET])
 @pytest.mark.parametrize("name", MODELS)
-def test_exported_model_matches_onnx_runtime_at_two_batch_sizes(name, tmp_path):
+def test_exported_model_matches_onnx_runtime_at_two_batch_sizes(name, opset, tmp_path):
     make, spec, batch, rtol = MODELS[name]
     model = make()
     path = tmp_path / f"{name}.onnx"
-    proto = of.onnx.export(model, path, spec)
+    proto = of.onnx.export(model, path, spec, opset=opset)
     onnx.checker.check_model(str(path), full_check=True)
     feed = proto.graph.input[0].name
     assert proto.graph.input[0].type.tensor_type.shape.dim[0].dim_param == f"{feed}_dim0"  # the batch: dynamic
@@ -144,3 +145,29 @@ def test_sequence_ops_as_onnx_nodes_over_run_time_lengths_and_packed_batches(kin
         want = of.Executor(program).run(feeds)["y"]
         (got,) = run.run(None, feeds)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=str(sizes))
+
+
+def image_model():
+    # a classifier and a decoder over images of any size: ConvTranspose, Upsample, PixelShuffle, channel dropout
+    # (off in eval), batch norm and a global average pooling head
+    of.manual_seed(0)
+    features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Dropout2d(0.2),
+                             nn.ConvTranspose2d(8, 8, 2, stride=2, groups=2), nn.Upsample(scale_factor=2),
+                             nn.Conv2d(8, 16, 3, padding=1), nn.PixelShuffle(2), nn.MaxPool2d(2))
+    return nn.Sequential(features, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 5))
+
+
+@pytest.mark.parametrize("opset", [17, of.onnx.DEFAULT_OPSET])
+def test_image_model_over_any_image_size_matches_onnx_runtime(opset):
+    model = image_model()
+    model.eval()
+    proto = of.onnx.export(model, None, of.Spec((None, 3, None, None), "float32"), opset=opset)
+    assert {"ConvTranspose", "Resize"} <= _node_types(proto)
+    run = session(proto)
+    rng = np.random.default_rng(0)
+    for shape in ((2, 3, 5, 7), (1, 3, 8, 4)):
+        x = rng.standard_normal(shape).astype(np.float32)
+        with of.no_grad():
+            want = model(of.tensor(x)).numpy()
+        (got,) = run.run(None, {"x": x})
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
