@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import re
+from pathlib import Path
 
 import numpy as np
 
@@ -46,11 +47,16 @@ NOT_EXPORTABLE = {
 _GRADIENT_OP = re.compile(r"_grad(_grad|_input|_weight)?$")  # relu_grad, max_pool_grad_grad, conv_grad_input
 
 
-def not_exportable(op_name: str) -> str | None:
-    """Why op ``op_name`` has no ONNX form, or None if it should have one."""
-    if op_name in NOT_EXPORTABLE:
-        return NOT_EXPORTABLE[op_name]
-    if _GRADIENT_OP.search(op_name):
+_LIBRARY = str(Path(__file__).resolve().parents[1])
+
+
+def not_exportable(opdef) -> str | None:
+    """Why the library's op ``opdef`` has no ONNX form, or None if it should have one (a user's op always may)."""
+    if not opdef.defined_at.startswith(_LIBRARY):
+        return None
+    if opdef.name in NOT_EXPORTABLE:
+        return NOT_EXPORTABLE[opdef.name]
+    if _GRADIENT_OP.search(opdef.name):
         return "a gradient op: ONNX models are exported for inference (the backward pass falls away)"
     return None
 
@@ -293,8 +299,8 @@ def program_to_onnx(program: Program, opset: int = DEFAULT_OPSET, name: str = "o
     for i, op in enumerate(ops):
         opdef = registry.get(op.type)
         g.current = f"op #{i} {op.type} -> {', '.join(op.output_names())}"
-        if opdef.onnx_fn is None and not_exportable(op.type):
-            raise OnnxExportError(f"onnx.export(): op '{op.type}' has no ONNX form: {not_exportable(op.type)}")
+        if opdef.onnx_fn is None and not_exportable(opdef):
+            raise OnnxExportError(f"onnx.export(): op '{op.type}' has no ONNX form: {not_exportable(opdef)}")
         if opdef.onnx_fn is None:
             raise OnnxExportError(
                 f"onnx.export(): op '{op.type}' (defined at {opdef.defined_at}) has no ONNX mapping; give it one "
