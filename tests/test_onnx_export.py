@@ -207,3 +207,9 @@ def test_a_users_op_without_mapping_is_told_how_to_add_one_whatever_its_name():
             of.onnx.export(lambda x: {"y": scale_grad(x)}, None, of.Spec((2,), "float32"))
     finally:
         of.registry.remove("onnx_test_scale_grad")
+
+
+def test_graph_where_takes_the_spec_of_its_values_not_of_its_condition():
+    g = of.onnx.Graph(of.onnx.DEFAULT_OPSET, of.trace(lambda x: {"y": x}, x=of.Spec((2,), "float32")))
+    condition, x = of.onnx.Value("c", of.Spec((2,), "bool")), of.onnx.Value("x", of.Spec((2,), "float32"))
+    assert np.dtype(g.op("Where", condition, x, x).dtype) == np.float32
