@@ -213,3 +213,17 @@ def test_graph_where_takes_the_spec_of_its_values_not_of_its_condition():
     g = of.onnx.Graph(of.onnx.DEFAULT_OPSET, of.trace(lambda x: {"y": x}, x=of.Spec((2,), "float32")))
     condition, x = of.onnx.Value("c", of.Spec((2,), "bool")), of.onnx.Value("x", of.Spec((2,), "float32"))
     assert np.dtype(g.op("Where", condition, x, x).dtype) == np.float32
+
+
+@pytest.mark.parametrize("opset", [17, of.onnx.DEFAULT_OPSET])
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag_over_run_time_bags_with_padding_matches_onnx_runtime(mode, opset):
+    weight = np.random.default_rng(0).standard_normal((6, 3))
+    program = of.trace(lambda index, offsets: {"y": of.ops.embedding_bag(index, of.tensor(weight), offsets, mode=mode,
+                                                                         padding_idx=2)},
+                       index=of.Spec((None,), "int64"), offsets=of.Spec((None,), "int64"))
+    model = of.onnx.export(program, opset=opset)
+    for index, offsets in (([0, 2, 2, 1, 2, 5], [0, 3, 3, 5]), ([2, 4], [0, 1])):  # an empty bag; only padding
+        feeds = {"index": np.array(index), "offsets": np.array(offsets)}
+        (got,), _ = run_onnx(model, feeds)
+        assert_close(got, of.Executor(program).run(feeds)["y"], f"{mode} {feeds}")

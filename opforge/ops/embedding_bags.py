@@ -205,12 +205,17 @@ def _(g, index, weight, offsets, per_sample_weights, *, mode, include_last_offse
     shape = g.op("Concat", count, g.op("Shape", weight, start=1, end=2), axis=0)
     targets = g.op("Expand", g.op("Unsqueeze", bag, g.ints([1])), g.op("Shape", rows))
     if mode == "max":
-        if g.opset < 18:
-            raise g.unsupported("embedding_bag mode 'max' needs opset 18 (ScatterElements reduction 'max')")
         low = g.scalar(-np.inf, rows)
         if used is not None:
             rows = g.op("Where", used, rows, low, spec=rows.spec)
-        y = g.op("ScatterElements", g.filled(shape, -np.inf, dtype), targets, rows, axis=0, reduction="max")
+        if g.opset >= 18:
+            y = g.op("ScatterElements", g.filled(shape, -np.inf, dtype), targets, rows, axis=0, reduction="max")
+        else:  # no ScatterElements 'max' before 18: each bag's max over a (bags, entries, dim) table of its rows
+            bags = g.op("Range", zero, g.op("Squeeze", count, g.ints([0])), one, spec=Spec((None,), i64))
+            member = g.op("Equal", g.op("Unsqueeze", bag, g.ints([0])), g.op("Unsqueeze", bags, g.ints([1])))
+            table = g.op("Where", g.op("Unsqueeze", member, g.ints([2])), g.op("Unsqueeze", rows, g.ints([0])), low,
+                         spec=Spec((None, None, weight.shape[1]), dtype))
+            y = g.reduce("ReduceMax", table, [1], False, spec=g.outputs[0])
         return g.op("Where", g.op("IsInf", y, detect_positive=0), g.scalar(0, rows), y, spec=g.outputs[0])
     if used is not None:
         rows = g.op("Where", used, rows, g.scalar(0, rows), spec=rows.spec)

@@ -1137,8 +1137,16 @@ def pad(x, *, pad, mode, value):
 def _(g, x, *, pad, mode, value):
     pairs = _pad_pairs(pad, x.ndim)
     onnx_mode = {"constant": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}[mode]
-    if onnx_mode == "wrap" and g.opset < 19:
-        raise g.unsupported("mode 'circular' needs opset 19 (Pad's mode 'wrap')")
+    if onnx_mode == "wrap" and g.opset < 19:  # no mode 'wrap' before 19: the kernel's Gather of each padded dim
+        y = x
+        for d, (before, after) in enumerate(pairs):
+            if not (before or after):
+                continue
+            if x.shape[d] is None:
+                raise g.unsupported(f"mode 'circular' over dim {d} of a size known only at run time needs opset 19 "
+                                    "(Pad's mode 'wrap')")
+            y = g.op("Gather", y, g.const(_pad_source(x.shape[d], before, after, mode)), axis=d)
+        return g.op("Identity", y, spec=g.outputs[0])
     if not pairs:
         return g.op("Identity", x)
     pads = g.ints([b for b, _ in pairs] + [a for _, a in pairs])
