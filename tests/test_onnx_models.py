@@ -107,6 +107,8 @@ def test_recurrent_layers_are_onnx_lstm_and_gru_nodes(kind, opset):
     rnn.eval()
     proto = of.onnx.export(lambda x: {"y": rnn(x)[0]}, None, of.Spec((7, None, 3), "float32"), opset=opset)
     assert sum(node.op_type == kind for node in proto.graph.node) == 4
+    # the input projections are the nodes' own input weights (W_ih in ONNX's gate order), not MatMuls before them
+    assert not {"MatMul", "Gemm"} & _node_types(proto)
     run = session(proto)
     rng = np.random.default_rng(0)
     for n in (1, 3):

@@ -120,6 +120,7 @@ class Graph:
         self.values: dict = {}  # our variable name -> Value
         self.outputs: list = []
         self.needed: list = []
+        self._sources: dict = {}  # ONNX value name -> (our op, its input Values, its attrs)
         self.current = ""  # the op being lowered, for messages
 
     # -- for mappings ---------------------------------------------------------------------------------------------
@@ -246,6 +247,12 @@ class Graph:
         """Whether ``value`` survives as an ONNX float attribute (float32): float64 exports need it exact."""
         return float(np.float32(value)) == float(value)
 
+    def source(self, value: Value):
+        """(op name, input Values, attrs) of the op of ours whose result ``value`` is, or None (a feed, a parameter,
+        a constant): a mapping may write a node of its own over that op's inputs (an ONNX LSTM over the input
+        projection's x and weights). The producer's nodes stay only if something else reads them."""
+        return self._sources.get(value.name)
+
     def unsupported(self, why: str) -> OnnxExportError:
         return OnnxExportError(f"{self.current}: cannot be written as ONNX opset {self.opset}: {why}")
 
@@ -327,8 +334,10 @@ def program_to_onnx(program: Program, opset: int = DEFAULT_OPSET, name: str = "o
         for n, v in zip(op.output_names(), flat):
             if v is not None:
                 g.values[n] = Value(v.name, block.vars[n].spec)
+                g._sources[v.name] = (op.type, args, dict(op.attrs))
+    read = _drop_unread_nodes(g, {g.values[var].name for var in program.outputs.values()})
     outputs = _name_outputs(g, program, helper)
-    initializers = [numpy_helper.from_array(np.asarray(a), n) for n, a in g.initializers.items()]
+    initializers = [numpy_helper.from_array(np.asarray(a), n) for n, a in g.initializers.items() if n in read]
     graph = helper.make_graph(g.nodes, name, inputs, outputs, initializer=initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="opforge",
                               producer_version=_version())
@@ -338,6 +347,18 @@ def program_to_onnx(program: Program, opset: int = DEFAULT_OPSET, name: str = "o
     except Exception as e:  # our bug, not the user's: say which model and why
         raise OnnxExportError(f"onnx.export(): the written model fails onnx.checker: {e}") from None
     return model
+
+
+def _drop_unread_nodes(g: Graph, read: set) -> set:
+    """Remove the nodes nothing reads (a mapping that wrote a node over its input's producer leaves them); return
+    the names the graph reads."""
+    kept = []
+    for node in reversed(g.nodes):
+        if any(o in read for o in node.output):
+            kept.append(node)
+            read.update(node.input)
+    g.nodes[:] = kept[::-1]
+    return read
 
 
 def _name_outputs(g: Graph, program: Program, helper) -> list:

@@ -681,21 +681,32 @@ def _onnx_sequence_node(g, kind, gx, h0, c0, w_hh, b_hh, batch_sizes, reverse):
     if h is None:
         raise g.unsupported(f"a hidden size known only at run time (w_hh {w_hh.shape})")
     gates = len(_ONNX_ORDER[kind])
-    rows = _onnx_gate_rows(kind, h)
+    rows = g.const(_onnx_gate_rows(kind, h))
     dtype = gx.dtype
-    w = g.const(np.eye(gates * h, dtype=dtype)[rows][None])  # ONNX's X·Wᵀ is gx with its blocks reordered
-    r = g.op("Unsqueeze", g.op("Gather", w_hh, g.const(rows), axis=0), g.ints([0]))
+
+    def per_gate(v):  # ONNX's (1, gates·H, ...) layout, its blocks in ONNX's order
+        return g.op("Unsqueeze", g.op("Gather", g.cast(v, dtype), rows, axis=0), g.ints([0]))
+
+    source = g.source(gx)
+    if source is not None and source[0] == "linear" and source[1][0].ndim == 3 and source[1][1].ndim == 2:
+        # gx = x·W_ihᵀ + b, the input projection: the node takes x and W_ih itself (its nodes fall away)
+        x, w_ih, b_ih = source[1]
+        x, w, wb = g.cast(x, dtype), per_gate(w_ih), None if b_ih is None else per_gate(b_ih)
+    else:  # any other gx: the node's input weights are the permutation that reorders its gate blocks
+        x, w, wb = gx, g.const(np.eye(gates * h, dtype=dtype)[_onnx_gate_rows(kind, h)][None]), None
+    r = per_gate(w_hh)
+    rb = None if b_hh is None else per_gate(b_hh)  # GRU: inside r·(h·W_hnᵀ + b_hn), as torch (linear_before_reset)
     b = None
-    if b_hh is not None:  # GRU: ONNX's Rb is b_hh, applied inside r·(h·W_hnᵀ + b_hn) as torch (linear_before_reset)
-        b = g.op("Concat", g.const(np.zeros((1, gates * h), dtype)),
-                 g.op("Unsqueeze", g.op("Gather", b_hh, g.const(rows), axis=0), g.ints([0])), axis=1)
+    if wb is not None or rb is not None:
+        zeros = g.const(np.zeros((1, gates * h), dtype))
+        b = g.op("Concat", wb or zeros, rb or zeros, axis=1)
     lens = valid = None
     if batch_sizes is not None:
         valid = _onnx_valid(g, batch_sizes, gx)
         lens = g.cast(g.reduce("ReduceSum", g.cast(valid, np.dtype(np.int64)), [0, 2], False), np.dtype(np.int32))
     states = [g.op("Unsqueeze", s, g.ints([0])) for s in ((h0, c0) if kind == "LSTM" else (h0,))]
     extra = {"linear_before_reset": 1} if kind == "GRU" else {}
-    outs = g.op(kind, gx, w, r, b, lens, *states, hidden_size=h, direction="reverse" if reverse else "forward",
+    outs = g.op(kind, x, w, r, b, lens, *states, hidden_size=h, direction="reverse" if reverse else "forward",
                 outputs=2, **extra)
     y = g.op("Squeeze", outs[0], g.ints([1]), spec=g.outputs[0])
     if valid is None:
