@@ -227,3 +227,22 @@ def test_embedding_bag_over_run_time_bags_with_padding_matches_onnx_runtime(mode
         feeds = {"index": np.array(index), "offsets": np.array(offsets)}
         (got,), _ = run_onnx(model, feeds)
         assert_close(got, of.Executor(program).run(feeds)["y"], f"{mode} {feeds}")
+
+
+SPECIAL_VALUES = np.array([0.0, -0.0, 1.5, -2.0, 7.0, np.inf, -np.inf, np.nan, 1e300, -1e-300])
+SPECIAL_BINARY = ["remainder", "floor_divide"]  # float ops whose mappings are compositions: IEEE's edges too
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("name", SPECIAL_BINARY)
+def test_composed_binary_ops_keep_signed_zeros_infinities_and_nan_in_onnx_runtime(name, dtype):
+    with np.errstate(over="ignore"):  # 1e300 is inf in float32
+        x, y = (a.ravel().astype(dtype) for a in np.meshgrid(SPECIAL_VALUES, SPECIAL_VALUES))
+    program = of.trace(lambda x, y: {"out": getattr(of.ops, name)(x, y)}, x=of.Spec(x.shape, dtype),
+                       y=of.Spec(y.shape, dtype))
+    with np.errstate(all="ignore"):
+        want = of.Executor(program).run(x=x, y=y)["out"]
+    (got,), _ = run_onnx(of.onnx.export(program), {"x": x, "y": y})
+    assert_close(got, want, f"{name} {dtype}")
+    zero = want == 0
+    np.testing.assert_array_equal(np.signbit(got[zero]), np.signbit(want[zero]), err_msg=f"{name}: signs of zeros")

@@ -116,13 +116,27 @@ def _onnx_float_mod(g, x, y):
     return m, off
 
 
+def _onnx_sign_bit(g, v):
+    """v < 0, or v = −0.0 (whose reciprocal is −inf)."""
+    zero = g.scalar(0, v)
+    return g.op("Or", g.op("Less", v, zero), g.op("Less", g.op("Reciprocal", v), zero))
+
+
+def _onnx_signed(g, v, negative):
+    """|v| with the sign ``negative`` says, a zero's too: |v|·(±1), since ONNX Runtime's Where turns a −0.0 it picks
+    into +0.0."""
+    sign = g.op("Where", negative, g.scalar(-1, v), g.scalar(1, v))
+    return g.op("Mul", g.op("Abs", v), sign, spec=g.outputs[0])
+
+
 @remainder.onnx
 def _(g, x, y):
     x, y = _onnx_operands(g, x, y)
     if x.dtype.kind != "f":
         return g.op("Mod", x, y, fmod=0, spec=g.outputs[0])  # integers: the divisor's sign, as Python
     m, off = _onnx_float_mod(g, x, y)
-    return g.op("Where", off, g.op("Add", m, y), m, spec=g.outputs[0])
+    r = g.op("Where", off, g.op("Add", m, y), m)
+    return _onnx_signed(g, r, _onnx_sign_bit(g, y))  # y's sign, a zero's too (NumPy's)
 
 
 @floor_divide.onnx
@@ -136,8 +150,10 @@ def _(g, x, y):
     q = g.op("Div", g.op("Sub", x, m), y)
     q = g.op("Where", off, g.op("Sub", q, g.scalar(1, x)), q)
     low = g.op("Floor", q)
-    return g.op("Where", g.op("Greater", g.op("Sub", q, low), g.scalar(0.5, x)), g.op("Add", low, g.scalar(1, x)),
-                low, spec=g.outputs[0])
+    q = g.op("Where", g.op("Greater", g.op("Sub", q, low), g.scalar(0.5, x)), g.op("Add", low, g.scalar(1, x)), low)
+    q = g.op("Where", g.op("Equal", y, g.scalar(0, x)), g.op("Div", x, y), q)  # x/0: ±inf or NaN
+    # the sign of x/y, a zero's too (NumPy's)
+    return _onnx_signed(g, q, g.op("Xor", _onnx_sign_bit(g, x), _onnx_sign_bit(g, y)))
 
 
 def _onnx_bitwise(logical: str, bitwise: str):
