@@ -240,9 +240,9 @@ def test_composed_binary_ops_keep_signed_zeros_infinities_and_nan_in_onnx_runtim
         x, y = (a.ravel().astype(dtype) for a in np.meshgrid(SPECIAL_VALUES, SPECIAL_VALUES))
     program = of.trace(lambda x, y: {"out": getattr(of.ops, name)(x, y)}, x=of.Spec(x.shape, dtype),
                        y=of.Spec(y.shape, dtype))
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"):  # (ONNX's reference evaluator, for float64 Atan, divides by zero too)
         want = of.Executor(program).run(x=x, y=y)["out"]
-    (got,), _ = run_onnx(of.onnx.export(program), {"x": x, "y": y})
+        (got,), _ = run_onnx(of.onnx.export(program), {"x": x, "y": y})
     assert_close(got, want, f"{name} {dtype}")
     zero = want == 0
     np.testing.assert_array_equal(np.signbit(got[zero]), np.signbit(want[zero]), err_msg=f"{name}: signs of zeros")
