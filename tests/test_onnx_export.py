@@ -120,6 +120,16 @@ RUN_TIME_SIZES = {  # an op on sizes known only at run time (a fully convolution
     "interpolate nearest": (of.ops.interpolate, {"scale_factor": [2.0, 3.0]}, IMAGES),
     "interpolate nearest 3-d": (of.ops.interpolate, {"scale_factor": 2.0},
                                 ((None, 4, None, None, 3), [(3, 4, 2, 4, 3), (1, 4, 3, 1, 3)])),
+    "interpolate bilinear ×": (of.ops.interpolate, {"scale_factor": [1.5, 2.0], "mode": "bilinear"}, IMAGES),
+    "interpolate bilinear size": (of.ops.interpolate, {"size": [5, 3], "mode": "bilinear"}, IMAGES),
+    "interpolate bilinear corners": (of.ops.interpolate, {"scale_factor": 2.5, "mode": "bilinear",
+                                                          "align_corners": True}, IMAGES),
+    "interpolate bilinear recomputed": (of.ops.interpolate, {"scale_factor": 0.6, "mode": "bilinear",
+                                                             "recompute_scale_factor": True}, IMAGES),
+    "interpolate linear": (of.ops.interpolate, {"scale_factor": 1.7, "mode": "linear"},
+                           ((None, 4, None), [(3, 4, 5), (1, 4, 2)])),
+    "interpolate trilinear": (of.ops.interpolate, {"size": [3, 4, 2], "mode": "trilinear"},
+                              ((None, 4, None, None, 3), [(3, 4, 2, 4, 3), (1, 4, 3, 1, 3)])),
     "pixel_shuffle": (of.ops.pixel_shuffle, {"upscale_factor": 2}, IMAGES),
     "pixel_unshuffle": (of.ops.pixel_unshuffle, {"downscale_factor": 2}, IMAGES),
     "unfold": (of.ops.unfold, {"kernel_size": [2, 1], "padding": 1, "stride": [1, 2]}, IMAGES),
@@ -146,7 +156,7 @@ def test_ops_on_run_time_sizes_match_onnx_runtime_at_several_sizes(case, opset):
 
 def test_ops_refuse_what_run_time_sizes_keep_from_onnx():
     program = of.trace(lambda x: {"y": of.ops.interpolate(x, size=[3, 5], mode="bilinear")},
-                       x=of.Spec((1, 2, None, None), "float32"))
+                       x=of.Spec((1, 2, None, None), "float64"))
     with pytest.raises(of.onnx.OnnxExportError, match=r"interpolate.*bilinear.*known only at run time"):
         of.onnx.export(program)
 

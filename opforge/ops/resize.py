@@ -279,8 +279,11 @@ def _(g, x, *, size, scale_factor, mode, align_corners, recompute_scale_factor):
         return g.op("Resize", x, None, g.const(np.array([1, 1, *scales], np.float32)), mode="nearest",
                     coordinate_transformation_mode="asymmetric", nearest_mode="floor", spec=g.outputs[0])
     if None in x.shape[2:]:
+        if mode in _LINEAR and x.dtype != np.float64:
+            return _onnx_linear_resize(g, x, size, scales, align_corners, recompute_scale_factor)
         raise g.unsupported(f"interpolate mode={mode!r} over spatial sizes {list(x.shape[2:])} known only at run "
-                            "time (only 'nearest' by whole scale factors is written then)")
+                            "time (written then: 'nearest' by whole scale factors, and the linear modes below "
+                            "float64, whose Resize computes its positions in float32)")
     # the kernel's own maps, one dim at a time, the last first: each output a Gather of the inputs it reads, times
     # their weights (ONNX's Resize computes its positions in float32: float64 models would differ)
     maps = _all_maps(x.shape[2:], g.outputs[0].shape[2:], scale_factor, mode, align_corners, recompute_scale_factor)
@@ -317,3 +320,22 @@ def _onnx_shuffle(g, x, r, up):
 
 pixel_shuffle.onnx(lambda g, x, *, upscale_factor: _onnx_shuffle(g, x, upscale_factor, True))
 pixel_unshuffle.onnx(lambda g, x, *, downscale_factor: _onnx_shuffle(g, x, downscale_factor, False))
+
+
+def _onnx_linear_resize(g, x, size, scales, align_corners, recompute_scale_factor):
+    """The linear modes over sizes known only at run time: ONNX's Resize, whose source positions are the kernel's
+    (align_corners: i·(n − 1)/(o − 1); else (i + ½)/s − ½, clamped to the input) computed in float32: within
+    float32's rounding of ours, so for float32 and the half types only."""
+    transform = "align_corners" if align_corners else "half_pixel"
+    if scales is not None and not recompute_scale_factor and not align_corners:  # positions by the given scale
+        return g.op("Resize", x, None, g.const(np.array([1, 1, *scales], np.float32)), mode="linear",
+                    coordinate_transformation_mode=transform, spec=g.outputs[0])
+    if size is None:  # the output size ⌊n·s⌋, positions by n/o
+        spatial = g.op("Shape", x, start=2, spec=Spec((x.ndim - 2,), np.dtype(np.int64)))
+        size_value = g.cast(g.op("Floor", g.op("Mul", g.cast(spatial, np.float64), g.const(np.array(scales)))),
+                            np.int64)
+    else:
+        size_value = g.ints(win.expand(size, x.ndim - 2))
+    sizes = g.op("Concat", g.op("Shape", x, start=0, end=2), size_value, axis=0)
+    return g.op("Resize", x, None, None, sizes, mode="linear", coordinate_transformation_mode=transform,
+                spec=g.outputs[0])
