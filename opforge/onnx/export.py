@@ -334,7 +334,7 @@ def program_to_onnx(program: Program, opset: int = DEFAULT_OPSET, name: str = "o
         for n, v in zip(op.output_names(), flat):
             if v is not None:
                 g.values[n] = Value(v.name, block.vars[n].spec)
-                g._sources[v.name] = (op.type, args, dict(op.attrs))
+                g._sources.setdefault(v.name, (op.type, args, dict(op.attrs)))  # a mapping may pass a Value on
     read = _drop_unread_nodes(g, {g.values[var].name for var in program.outputs.values()})
     outputs = _name_outputs(g, program, helper)
     initializers = [numpy_helper.from_array(np.asarray(a), n) for n, a in g.initializers.items() if n in read]
