@@ -654,10 +654,11 @@ __all__ = ["gru_layer", "gru_layer_grad", "lstm_layer", "lstm_layer_grad"]
 
 
 # -- ONNX export ------------------------------------------------------------------------------------------------------
-# The outputs y alone (inference): one ONNX LSTM/GRU node, fed gx as its input through a permutation matrix that puts
-# the gate blocks in ONNX's order (gx already holds x·W_ihᵀ and the input biases). What the backward pass reads (every
-# step's cell states, the gates) ONNX's nodes do not give: where the model reads them, the steps are written out with
-# the kernel's math, one block of nodes a step (the number of steps must then be known).
+# The outputs y alone (inference): one ONNX LSTM/GRU node, its weights' gate blocks in ONNX's order. Where gx is the
+# layer's input projection (linear: x·W_ihᵀ + b), the node takes x, W_ih and b itself; any other gx is its input
+# through a permutation matrix. What the backward pass reads (every step's cell states, the gates) ONNX's nodes do not
+# give: where the model reads them, the steps are written out with the kernel's math, one block of nodes a step (the
+# number of steps must then be known).
 
 _ONNX_ORDER = {"LSTM": [0, 3, 1, 2], "GRU": [1, 0, 2]}  # ONNX's gate blocks (i, o, f, c; z, r, h) in ours
 
