@@ -173,3 +173,20 @@ def test_image_model_over_any_image_size_matches_onnx_runtime(opset):
             want = model(of.tensor(x)).numpy()
         (got,) = run.run(None, {"x": x})
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_exported_recurrent_layers_give_torchs_outputs_in_onnx_runtime(kind):
+    # an outsider against an outsider: the ONNX nodes' gate order and GRU's reset convention are torch's
+    torch = pytest.importorskip("torch")
+    of.manual_seed(0)
+    ours = getattr(nn, kind)(3, 4, num_layers=2, bidirectional=True)
+    ours.eval()
+    theirs = getattr(torch.nn, kind)(3, 4, num_layers=2, bidirectional=True)
+    theirs.load_state_dict({k: torch.from_numpy(v.numpy().copy()) for k, v in ours.state_dict().items()})
+    proto = of.onnx.export(lambda x: {"y": ours(x)[0]}, None, of.Spec((6, None, 3), "float32"))
+    x = np.random.default_rng(0).standard_normal((6, 2, 3)).astype(np.float32)
+    (got,) = session(proto).run(None, {"x": x})
+    with torch.no_grad():
+        want = theirs(torch.from_numpy(x))[0].numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
