@@ -240,7 +240,8 @@ def test_embedding_bag_over_run_time_bags_with_padding_matches_onnx_runtime(mode
 
 
 SPECIAL_VALUES = np.array([0.0, -0.0, 1.5, -2.0, 7.0, np.inf, -np.inf, np.nan, 1e300, -1e-300])
-SPECIAL_BINARY = ["remainder", "floor_divide"]  # float ops whose mappings are compositions: IEEE's edges too
+# float ops whose mappings are compositions: IEEE's edges too
+SPECIAL_BINARY = ["remainder", "floor_divide", "fmod", "atan2", "hypot", "copysign", "logaddexp", "xlogy"]
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])

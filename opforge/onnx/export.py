@@ -38,11 +38,15 @@ class OnnxExportError(OpforgeError, ValueError):
 _NO_FACTORIZATION = "ONNX has no matrix inverse, linear solve or factorization op (only Det)"
 _ONE_DEVICE = "a collective across ranks: an ONNX model runs in one process"
 _TRAINING = "an optimizer's update, a training step: ONNX models are exported for inference"
+_SPECIAL = "ONNX has no special functions but Erf, and a composition of its ops would not keep their accuracy"
 NOT_EXPORTABLE = {
-    **dict.fromkeys(["linalg_inv", "linalg_solve", "linalg_cholesky", "linalg_qr", "linalg_svd"], _NO_FACTORIZATION),
+    **dict.fromkeys(["linalg_inv", "linalg_solve", "linalg_cholesky", "linalg_qr", "linalg_svd",
+                     "linalg_eigh", "linalg_lu_factor", "lu_unpack", "cholesky_solve", "linalg_pinv",
+                     "linalg_slogdet", "linalg_matrix_exp"], _NO_FACTORIZATION),
     **dict.fromkeys(["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all"], _ONE_DEVICE),
     **dict.fromkeys(["sgd_momentum_buffer", "sgd_update", "adam_exp_avg", "adam_exp_avg_sq", "adam_update"],
                     _TRAINING),
+    **dict.fromkeys(["erfc", "erfinv", "lgamma", "digamma", "polygamma", "i0", "special_i1"], _SPECIAL),
 }
 _GRADIENT_OP = re.compile(r"_grad(_grad|_input|_weight)?$")  # relu_grad, max_pool_grad_grad, conv_grad_input
 
