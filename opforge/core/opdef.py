@@ -351,7 +351,7 @@ class OpDef:
     def find_kernel(self, device, dtype) -> Kernel:
         """The kernel for ``device`` (a Device or its name) and ``dtype``: the device's own, else one for every
         device, else (for a device that shares another's arrays) that device's."""
-        if type(device) is not Device:
+        if not isinstance(device, Device):
             device = get_device(device, f"op '{self.name}'.find_kernel()")
         key = (device.name, dtype)
         kernel = self._kernel_cache.get(key)

@@ -282,8 +282,8 @@ def bernoulli(p: _TensorLike) -> Tensor:
 # -- opforge.ops.device
 
 def to_device(x: _TensorLike, *, device: str) -> Tensor:
-    """A copy of x on ``device`` (the name of a registered device). This kernel reads host memory (it serves
-    every device whose arrays are host arrays); a device with memory of its own gives it a kernel of its own.
+    """A copy of x on ``device`` (the name of a registered device). ``xp`` is the array module of x's device:
+    one with memory of its own (CuPy's) has ``asnumpy``, which reads x back to the host.
     """
 
 # -- opforge.ops.elementwise

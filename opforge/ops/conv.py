@@ -100,7 +100,7 @@ def _columns(x, w: win.Windows, groups: int):
     """The im2col matrices of x, (groups, C/groups·∏kernel, ∏out·N), in scratch memory: one copy of a view of the
     padded input."""
     view = win.im2col(win.pad(win.batch_last(x), w), w)
-    cols = win.scratch("cols", view.shape, x.dtype)
+    cols = win.scratch("cols", view.shape, x.dtype, x)
     np.copyto(cols, view)
     return cols.reshape(groups, -1, math.prod(w.out) * x.shape[0])
 
@@ -122,7 +122,7 @@ def _input_grad(dy, weight, w: win.Windows, groups: int):
         return _input_grad_as_conv(dy, weight, flipped, groups)    # output channels than input channels
     dy2 = win.batch_last_array(dy, "dy").reshape(groups, out_c // groups, -1)  # no copy when dy is batch-last
     wt = weight.reshape(groups, out_c // groups, -1).transpose(0, 2, 1)
-    cols = np.matmul(wt, dy2, out=win.scratch("cols", (groups, wt.shape[1], dy2.shape[2]), dy.dtype))
+    cols = np.matmul(wt, dy2, out=win.scratch("cols", (groups, wt.shape[1], dy2.shape[2]), dy.dtype, dy))
     cols = cols.reshape(-1, *w.kernel, *w.out, n)  # (C, *kernel, *out, N)
     return win.batch_first(win.interior(win.col2im(cols, w, (cols.shape[0], *w.padded, n)), w))
 

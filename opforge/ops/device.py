@@ -4,7 +4,7 @@ back (tinygrad's idea) — so ``Tensor.to(device)`` and ``Tensor.cpu()`` differe
 from opforge import ops as F
 
 from ..core.devices import default_device, get_device
-from ._common import Sample, np, op
+from ._common import Sample, op
 
 
 def _destination(attrs: dict):
@@ -12,10 +12,13 @@ def _destination(attrs: dict):
 
 
 @op("to_device(Tensor x, *, str device) -> Tensor y", traits=["elementwise"], out_device=_destination)
-def to_device(x, *, device):
-    """A copy of x on ``device`` (the name of a registered device). This kernel reads host memory (it serves every
-    device whose arrays are host arrays); a device with memory of its own gives it a kernel of its own."""
-    return get_device(device).from_host(np.asarray(x), copy=True)
+def to_device(x, *, device, xp):
+    """A copy of x on ``device`` (the name of a registered device). ``xp`` is the array module of x's device: one
+    with memory of its own (CuPy's) has ``asnumpy``, which reads x back to the host."""
+    target = get_device(device)
+    if type(x) is target.array_type:  # the same kind of arrays: copied there, never through the host
+        return target.xp.array(x, copy=True)
+    return target.from_host(xp.asnumpy(x) if hasattr(xp, "asnumpy") else x, copy=True)
 
 
 @to_device.check

@@ -14,8 +14,11 @@ with an ordinary ``add`` (a 0-d copy per step, nothing to save there).
 
 The learning rate, the step count, SGD's momentum and Adam's beta1 are 0-d tensor *inputs*, not attrs: a schedule
 changes them between steps (``OneCycleLR`` cycles the momentum or beta1 with the learning rate), and an attr would
-be frozen into the compiled program, which would be traced again at every step. Kernels read them with ``.item()``
-and compute with Python floats, so a float32 parameter stays float32 (Python scalars do not promote NumPy arrays).
+be frozen into the compiled program, which would be traced again at every step. On the host, kernels read them with
+``.item()`` and compute with Python floats, so a float32 parameter stays float32 (Python scalars do not promote NumPy
+arrays). On another device a read would stall it at every parameter of every step: there they stay 0-d arrays of the
+device, the factors made from them are cast to the parameter's dtype (what NumPy does to the Python float on the
+host, so the values are the same), and the first-step choice of SGD's buffer is a ``where``.
 Kernels never change their inputs, except that the executor may pass an ``out=`` that *is* the declared inplace
 input: every kernel below reads what it needs from that input before writing ``out``.
 """
@@ -73,9 +76,12 @@ def _check_beta(name: str, beta: float) -> None:
         raise ValueError(f"argument '{name}' must be in [0, 1), got {beta}")
 
 
-def _hyper(op_name: str, name: str, value) -> float:
+def _hyper(op_name: str, name: str, value, dtype):
     """A hyper-parameter given as a 0-d tensor (a schedule may change it), read as a Python float and checked as
-    its attr was: a momentum >= 0, a beta in [0, 1)."""
+    its attr was: a momentum >= 0, a beta in [0, 1). On another device it is not read (see the module docstring):
+    a 0-d array of the device in the parameter's ``dtype``, unchecked."""
+    if type(value) is not np.ndarray:
+        return value.astype(dtype)
     value = value.item()
     try:
         if name.startswith("beta"):
@@ -104,7 +110,7 @@ def _add_scaled(base, scale: float, d, out):
     if base.ndim == 0 or base.size <= _BLOCK:
         return np.add(base, d * scale, out=out)
     rows = max(1, _BLOCK // (base.size // base.shape[0]))
-    product = np.empty((rows, *base.shape[1:]), np.result_type(d, scale))
+    product = np.empty((rows, *base.shape[1:]), np.result_type(d, scale), like=base)
     for start in range(0, base.shape[0], rows):
         r = slice(start, start + rows)
         block = d[r]
@@ -132,8 +138,13 @@ def sgd_momentum_buffer(buf, grad, param, step, momentum, *, dampening, weight_d
     number of steps taken so far), else momentum·buf + (1 − dampening)·d — as ``torch.optim.SGD``. ``momentum``
     is a 0-d tensor (a schedule may cycle it)."""
     _validate(sgd_momentum_buffer, buf, grad, param, step, momentum, dampening=dampening, weight_decay=weight_decay)
-    momentum = _hyper("sgd_momentum_buffer", "momentum", momentum)
+    momentum = _hyper("sgd_momentum_buffer", "momentum", momentum, buf.dtype)
     d = _decayed(grad, param, weight_decay)
+    if type(step) is not np.ndarray:  # a device's 0-d array: no read (see the module docstring)
+        new = np.where(step == 0, d, np.multiply(buf, momentum) + d * (1 - dampening))
+        out = _target(out, buf)
+        np.copyto(out, new)
+        return out
     if step.item() == 0:  # PyTorch starts the buffer as a copy of d (so dampening does not touch the first step)
         out = _target(out, buf)
         np.copyto(out, d)
@@ -181,10 +192,11 @@ def sgd_update(param, grad, lr, momentum_buffer, momentum, *, weight_decay, nest
     if momentum_buffer is not None and nesterov:
         if momentum is None:
             raise ShapeError("sgd_update(): nesterov=True needs the momentum")
-        d = d + _hyper("sgd_update", "momentum", momentum) * momentum_buffer
+        d = d + _hyper("sgd_update", "momentum", momentum, param.dtype) * momentum_buffer
     elif momentum_buffer is not None:
         d = momentum_buffer
-    return _add_scaled(param, -lr.item(), d, _target(out, param))  # param − lr·d, in place when out is param
+    scale = -lr.item() if type(lr) is np.ndarray else (-lr).astype(param.dtype)  # (see the module docstring)
+    return _add_scaled(param, scale, d, _target(out, param))  # param − lr·d, in place when out is param
 
 
 @sgd_update.infer
@@ -237,7 +249,7 @@ def adam_exp_avg(exp_avg, grad, param, beta1, *, weight_decay, out=None):
     decay; pass 0 for AdamW) — ``exp_avg.lerp_(g, 1 − beta1)`` in ``torch.optim.Adam``. ``beta1`` is a 0-d tensor
     (a schedule may cycle it)."""
     _validate(adam_exp_avg, exp_avg, grad, param, beta1, weight_decay=weight_decay)
-    beta1 = _hyper("adam_exp_avg", "beta1", beta1)
+    beta1 = _hyper("adam_exp_avg", "beta1", beta1, exp_avg.dtype)
     return _lerp(exp_avg, _decayed(grad, param, weight_decay), 1 - beta1, out=out)
 
 
@@ -309,16 +321,23 @@ def adam_update(param, exp_avg, exp_avg_sq, step, lr, beta1, *, beta2, eps, weig
     (AdamW; Adam's L2 decay is in the moments) — as ``torch.optim.Adam``/``AdamW``."""
     _validate(adam_update, param, exp_avg, exp_avg_sq, step, lr, beta1, beta2=beta2, eps=eps,
               weight_decay=weight_decay, decoupled=decoupled)
-    t, lr, beta1 = step.item(), lr.item(), _hyper("adam_update", "beta1", beta1)
-    if t < 1:
-        raise ShapeError(f"adam_update(): 'step' counts the steps taken including this one, so it must be >= 1, "
-                         f"got {t}")
+    if type(step) is np.ndarray:
+        t, lr, beta1 = step.item(), lr.item(), _hyper("adam_update", "beta1", beta1, param.dtype)
+        if t < 1:
+            raise ShapeError(f"adam_update(): 'step' counts the steps taken including this one, so it must be >= 1, "
+                             f"got {t}")
+        typed = float
+    else:  # a device's 0-d arrays, not read (see the module docstring; a step < 1 is not checked there: the
+        t = step  # bias corrections divide by 0 and the parameter becomes inf or NaN)
+
+        def typed(factor):
+            return factor.astype(param.dtype)
     step_size = lr / (1 - beta1 ** t)
     bias_correction2_sqrt = (1 - beta2 ** t) ** 0.5
-    change = exp_avg / (np.sqrt(exp_avg_sq) / bias_correction2_sqrt + eps)
-    change = change * -step_size
+    change = exp_avg / (np.sqrt(exp_avg_sq) / typed(bias_correction2_sqrt) + eps)
+    change = change * typed(-step_size)
     out = _target(out, param)
-    base = np.multiply(param, 1 - lr * weight_decay, out=out) if decoupled and weight_decay else param
+    base = np.multiply(param, typed(1 - lr * weight_decay), out=out) if decoupled and weight_decay else param
     return np.add(base, change, out=out)
 
 

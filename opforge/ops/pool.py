@@ -54,14 +54,14 @@ def _unbatched(a, batched: bool):
     return a if batched else a[0]
 
 
-def _flat_positions(w: win.Windows, tap) -> np.ndarray:
+def _flat_positions(w: win.Windows, tap, like) -> np.ndarray:
     """For one tap: the flat index, in the unpadded input's spatial dims, of what it reads at each output, shaped
-    (1, *out, 1) to broadcast against a batch-last array."""
-    flat = np.zeros((), np.int64)
+    (1, *out, 1) to broadcast against a batch-last array; on the device of the array ``like``."""
+    flat = np.zeros((), np.int64, like=like)
     for i, (t, o, s, d, lo, n) in enumerate(zip(tap, w.out, w.stride, w.dilation, w.lo, w.size)):
         shape = [1] * len(w.out)
         shape[i] = o
-        flat = flat * n + (np.arange(o) * s + t * d - lo).reshape(shape)
+        flat = flat * n + (np.arange(o, like=like) * s + t * d - lo).reshape(shape)
     return flat.reshape(1, *w.out, 1)
 
 
@@ -84,10 +84,10 @@ def _first_maxima(views, y=None):
     """For each tap, the mask of the windows whose maximum it holds, as PyTorch assigns them: the first tap with
     the maximum value, or in a window holding a NaN the last NaN. ``y``: the maxima, if computed already."""
     if y is None:
-        y = _window_max(views, win.scratch("max", views[0].shape, views[0].dtype))
+        y = _window_max(views, win.scratch("max", views[0].shape, views[0].dtype, views[0]))
     hits = [v == y for v in views]
     nan = np.isnan(y)  # such a window's hits are all False so far (NaN equals nothing)
-    any_nan = nan.any()
+    any_nan = type(y) is not np.ndarray or nan.any()  # (a device's array takes the general path: no read)
     if not any_nan and sum(np.count_nonzero(h) for h in hits) == y.size:
         return hits  # one tap per window holds its maximum: no tie to break (the common case)
     if any_nan:
@@ -95,7 +95,7 @@ def _first_maxima(views, y=None):
             last_nan = np.isnan(v) & nan
             hit |= last_nan
             nan ^= last_nan
-    free = np.ones(y.shape, bool)
+    free = np.ones(y.shape, bool, like=y)
     for hit in hits:
         hit &= free
         free ^= hit
@@ -115,9 +115,9 @@ def _max_pool(x, w):
 def _max_pool_indices(x, w):
     _, views = _padded_views(x, w, -np.inf)
     y = _window_max(views)
-    indices = np.zeros(y.shape, np.int64)
+    indices = np.zeros(y.shape, np.int64, like=y)
     for tap, hit in zip(np.ndindex(*w.kernel), _first_maxima(views, y)):
-        indices += hit * _flat_positions(w, tap)
+        indices += hit * _flat_positions(w, tap, y)
     return win.batch_first(y), win.batch_first(indices)
 
 
@@ -332,7 +332,7 @@ def max_pool_grad(x, dy, *, kernel_size, stride, padding, dilation, ceil_mode):
     ap, views = _padded_views(x, w, -np.inf)
     hits = _first_maxima(views)
     dy = win.batch_last_array(dy, "dy").astype(np.result_type(x, dy), copy=False)
-    dxp = np.zeros(ap.shape, dy.dtype)
+    dxp = np.zeros(ap.shape, dy.dtype, like=dy)
     for index, hit in zip(win.tap_slices(w), hits):
         if w.disjoint:  # every position lies in one window at most: write, do not add
             np.multiply(dy, hit, out=dxp[index])
@@ -377,7 +377,7 @@ def max_pool_grad_grad(x, ddx, *, kernel_size, stride, padding, dilation, ceil_m
     _, views = _padded_views(x, w, -np.inf)
     hits = _first_maxima(views)
     _, dd_views = _padded_views(ddx.astype(np.result_type(x, ddx), copy=False), w, 0.0, "pad2")
-    ddy = np.zeros(hits[0].shape, dd_views[0].dtype)
+    ddy = np.zeros(hits[0].shape, dd_views[0].dtype, like=dd_views[0])
     for v, hit in zip(dd_views, hits):
         ddy += v * hit
     return win.batch_first(ddy)
@@ -440,7 +440,7 @@ def pool_scatter(dy, indices, *, input_size):
     win.check_dy("pool_scatter", dy.shape, indices.shape)
     flat = _flat_index("pool_scatter", indices, size)
     rows, count = flat.shape[0], math.prod(size)
-    keys = (flat + np.arange(rows)[:, None] * count).ravel()
+    keys = (flat + np.arange(rows, like=flat)[:, None] * count).ravel()
     dx = np.bincount(keys, weights=dy.reshape(rows, -1).ravel(), minlength=rows * count)  # sums in float64
     return dx.astype(dy.dtype, copy=False).reshape(*dy.shape[:2], *size)
 
@@ -660,7 +660,7 @@ def avg_pool_grad(dy, *, input_size, kernel_size, stride, padding, ceil_mode, co
     each window's dy divided as its sum was and spread over the window; overlapping windows add up."""
     _, w = _avg_pool_grad_spec(Spec(dy.shape, dy.dtype), input_size, kernel_size, stride, padding, ceil_mode)
     share = win.batch_last(dy) / _divisor(w, count_include_pad, divisor_override, dy.dtype)
-    dxp = np.zeros((share.shape[0], *w.padded, share.shape[-1]), dy.dtype)
+    dxp = np.zeros((share.shape[0], *w.padded, share.shape[-1]), dy.dtype, like=dy)
     for index in win.tap_slices(w):
         dxp[index] += share
     return win.batch_first(win.interior(dxp, w))
@@ -710,8 +710,8 @@ def _averaging(n: int, o: int) -> np.ndarray:
 
 def _along_spatial(a, matrices):
     """a (N, C, *spatial) with matrix d (m, n_d) applied along spatial dim d: (N, C, *m)."""
-    for d, m in enumerate(matrices):
-        a = np.moveaxis(np.matmul(m.astype(a.dtype, copy=False), np.moveaxis(a, 2 + d, -2)), -2, 2 + d)
+    for d, m in enumerate(matrices):  # (host matrices, from the geometry: copied to a's device)
+        a = np.moveaxis(np.matmul(np.asarray(m, a.dtype, like=a), np.moveaxis(a, 2 + d, -2)), -2, 2 + d)
     return a
 
 
@@ -873,10 +873,10 @@ def _adaptive_max(x, out):
         flat = np.zeros((), np.int64)
         for p, n in zip(positions, x.shape[2:]):
             flat = flat * n + p
-        flats.append(flat[..., None])
+        flats.append(np.asarray(flat[..., None], like=a))  # (host geometry, copied to a's device)
     y = _window_max(views)
     hits = _first_maxima(views, y)  # a repeated position equals an earlier tap, so never takes a window's max
-    indices = np.zeros(y.shape, np.int64)
+    indices = np.zeros(y.shape, np.int64, like=y)
     for flat, hit in zip(flats, hits):
         indices += hit * flat
     return win.batch_first(y), win.batch_first(indices)

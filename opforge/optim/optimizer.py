@@ -405,8 +405,11 @@ class Optimizer:
         for i, entries in state.items():
             for key, value in entries.items():
                 t = self.state[params[i]][key]
-                host = value._device.to_host(value._data) if isinstance(value, Tensor) else np.asarray(value)
-                t._device.copy_into(t._data, t._device.from_host(host))
+                if isinstance(value, Tensor) and value._device is t._device:  # copied there, not through the host
+                    t._device.copy_into(t._data, value._data)
+                else:
+                    host = value._device.to_host(value._data) if isinstance(value, Tensor) else np.asarray(value)
+                    t._device.copy_into(t._data, t._device.from_host(host))
                 note_write(t._data, "load_state_dict()")
         for group, hyper in zip(self.param_groups, hypers):
             for key, value in hyper.items():
