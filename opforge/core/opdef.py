@@ -52,8 +52,11 @@ class Kernel(NamedTuple):
     takes_xp: bool  # accepts xp= (its device's array module)
 
     def bind(self, device):
-        """The kernel as dispatch and the executor call it on ``device``: with ``xp`` filled in if it takes it."""
-        return functools.partial(self.fn, xp=device.xp) if self.takes_xp else self.fn
+        """The kernel as dispatch and the executor call it on ``device``: with ``xp`` filled in if it takes it and
+        its default (``xp=np``, say) is not that device's module already (no partial's cost on the host)."""
+        if not self.takes_xp or (self.fn.__kwdefaults__ or {}).get("xp") is device.xp:
+            return self.fn
+        return functools.partial(self.fn, xp=device.xp)
 
 
 class GradRule(NamedTuple):

@@ -78,12 +78,20 @@ def max_last(x):
 def max_over(x, axes: tuple):
     """max x over ``axes`` (normalised, sorted), kept as size-1 dims (−inf for an empty axis): max_last's route
     for the last axis alone."""
-    if axes == (x.ndim - 1,) or type(x) is np.ndarray:
-        return max_last(x) if axes == (x.ndim - 1,) else np.maximum.reduce(x, axis=axes, keepdims=True,
-                                                                          initial=-np.inf)
+    if axes == (x.ndim - 1,):
+        return max_last(x)
+    if type(x) is np.ndarray:
+        return np.maximum.reduce(x, axis=axes, keepdims=True, initial=-np.inf)
     if all(x.shape[a] for a in axes):  # a device's array, as in max_last
         return x.max(axis=axes, keepdims=True)
     return np.full_like(x, -np.inf, shape=tuple(1 if a in axes else d for a, d in enumerate(x.shape)))
+
+
+def min_over(x, axes: tuple):
+    """min x over ``axes`` (normalised, sorted), kept as size-1 dims (+inf for an empty axis)."""
+    if type(x) is np.ndarray:
+        return np.minimum.reduce(x, axis=axes, keepdims=True, initial=np.inf)
+    return -max_over(-x, axes)  # a device's array (negation is exact)
 
 
 _ROWS: dict = {}  # (value, length, dtype) -> a read-only row of that value

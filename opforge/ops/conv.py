@@ -574,7 +574,7 @@ def unfold(x, *, kernel_size, dilation, padding, stride):
     x = x if batched else x[None]
     w = _unfold_geometry("unfold", x.shape[2:], kernel_size, dilation, padding, stride)
     n, c = x.shape[:2]
-    cols = np.array(win.im2col(win.pad(win.batch_last(x), w), w)).reshape(c * w.taps, -1, n)  # out of scratch
+    cols = win.im2col(win.pad(win.batch_last(x), w), w).copy().reshape(c * w.taps, -1, n)  # out of scratch
     return (win.batch_first(cols)) if batched else cols[..., 0]
 
 

@@ -22,7 +22,7 @@ def _shape_samples(rng):
 
 
 @op("zeros(*, int[] shape, dtype dtype=None) -> Tensor y", traits=["no_grad"], infer=_shape_spec("zeros"))
-def zeros(*, shape, dtype, xp):
+def zeros(*, shape, dtype, xp=np):
     """A tensor of zeros (float32 unless ``dtype`` says otherwise)."""
     return xp.zeros(shape, dtype or D.DEFAULT_FLOAT)
 
@@ -31,7 +31,7 @@ zeros.onnx(lambda g, *, shape, dtype: g.filled(g.ints(shape), 0, dtype or D.DEFA
 
 
 @op("ones(*, int[] shape, dtype dtype=None) -> Tensor y", traits=["no_grad"], infer=_shape_spec("ones"))
-def ones(*, shape, dtype, xp):
+def ones(*, shape, dtype, xp=np):
     """A tensor of ones (float32 unless ``dtype`` says otherwise)."""
     return xp.ones(shape, dtype or D.DEFAULT_FLOAT)
 
@@ -41,7 +41,7 @@ ones.onnx(lambda g, *, shape, dtype: g.filled(g.ints(shape), 1, dtype or D.DEFAU
 
 @op("full(*, int[] shape, float fill_value, dtype dtype=None) -> Tensor y", traits=["no_grad"],
     infer=_shape_spec("full"))
-def full(*, shape, fill_value, dtype, xp):
+def full(*, shape, fill_value, dtype, xp=np):
     """A tensor filled with ``fill_value``."""
     return xp.full(shape, fill_value, dtype or D.DEFAULT_FLOAT)
 
@@ -81,7 +81,7 @@ def _(g, *, shape, low, high, dtype):
 
 
 @op("arange(*, float start, float stop, float step=1.0, dtype dtype=None) -> Tensor y", traits=["no_grad"])
-def arange(*, start, stop, step, dtype, xp):
+def arange(*, start, stop, step, dtype, xp=np):
     """Evenly spaced values in [start, stop)."""
     return xp.arange(start, stop, step).astype(dtype or D.DEFAULT_FLOAT)
 
@@ -131,7 +131,7 @@ def _(rng):
 
 
 @op("eye(int n, int m=None, *, dtype dtype=None) -> Tensor y", traits=["no_grad"])
-def eye(*, n, m, dtype, xp):
+def eye(*, n, m, dtype, xp=np):
     """The n×m identity matrix (m defaults to n)."""
     return xp.eye(n, m, dtype=dtype or D.DEFAULT_FLOAT)
 

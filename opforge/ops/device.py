@@ -4,7 +4,7 @@ back (tinygrad's idea) — so ``Tensor.to(device)`` and ``Tensor.cpu()`` differe
 from opforge import ops as F
 
 from ..core.devices import default_device, get_device
-from ._common import Sample, op
+from ._common import Sample, np, op
 
 
 def _destination(attrs: dict):
@@ -12,7 +12,7 @@ def _destination(attrs: dict):
 
 
 @op("to_device(Tensor x, *, str device) -> Tensor y", traits=["elementwise"], out_device=_destination)
-def to_device(x, *, device, xp):
+def to_device(x, *, device, xp=np):
     """A copy of x on ``device`` (the name of a registered device). ``xp`` is the array module of x's device: one
     with memory of its own (CuPy's) has ``asnumpy``, which reads x back to the host."""
     target = get_device(device)

@@ -24,6 +24,7 @@ from ._common import (
     _subtract,
     broadcast_shapes,
     constant_row,
+    min_over,
     normalize_axes,
     np,
     op,
@@ -318,14 +319,10 @@ _ZERO = {np.dtype(t): _typed(0, np.dtype(t)) for t in (np.float16, np.float32, n
 _ONE = {dtype: _typed(1, dtype) for dtype in _ZERO}
 
 
-def _zero(x):
-    """0 for a kernel on x: the cached 0-d array of x's dtype on the host; on a device the Python 0 (CuPy takes
-    numbers and NumPy scalars, not host arrays; a Python number takes the array's dtype there as here)."""
-    return _ZERO.get(x.dtype, 0) if type(x) is np.ndarray else 0
-
-
 def _one(x):
-    """1 for a kernel on x, as ``_zero``."""
+    """1 for a kernel on x: the cached 0-d array of x's dtype on the host; on a device the Python 1 (CuPy takes
+    numbers and NumPy scalars, not host arrays; a Python number takes the array's dtype there as here). The
+    hottest kernels inline it, and its 0 (``_ZERO``)."""
     return _ONE.get(x.dtype, 1) if type(x) is np.ndarray else 1
 
 
@@ -350,7 +347,7 @@ def _(y, dy):
     inplace={"dx": "dy"})
 def tanh_grad(y, dy, out=None):
     """Gradient of tanh from its output: dx = dy·(1 − y²)."""
-    one = _one(y)  # a 1 of y's dtype: no Python-scalar promotion
+    one = _ONE.get(y.dtype, 1) if type(y) is np.ndarray else 1  # _one(y): no Python-scalar promotion
     if out is None and y.size <= 4096:  # small: fresh arrays cost less than the checks for reusing one (0.6 µs
         return _multiply(dy, _subtract(one, _multiply(y, y)))  # against 1.0 on 16 elements)
     t = _multiply(y, y)
@@ -440,7 +437,7 @@ def relu(x, out=None):
             np.maximum(flat_x[:body].reshape(-1, _ROW), zeros, out=flat_y[:body].reshape(-1, _ROW))
         np.maximum(flat_x[body:], zeros[:n - body], out=flat_y[body:])
         return y
-    return np.maximum(x, _zero(x), out=out)
+    return np.maximum(x, _ZERO.get(x.dtype, 0) if type(x) is np.ndarray else 0, out=out)  # (see _one)
 
 
 relu.scalar("maximum(x, 0)")
@@ -461,7 +458,8 @@ def relu_grad(y, dy, out=None):
     A dedicated op for speed: ``np.where`` on a random mask is branchy and several times slower than a
     multiply by the mask, which is the backward of every ReLU network. (A NaN in ``dy`` where y ≤ 0 stays NaN.)
     """
-    return _carry_nan(y, np.multiply(dy, np.greater(y, _zero(y)), out=out))
+    return _carry_nan(y, np.multiply(dy, np.greater(y, _ZERO.get(y.dtype, 0) if type(y) is np.ndarray else 0),
+                                     out=out))  # (see _one)
 
 
 relu_grad.scalar("y if isnan(y) else dy * (y > 0)")
@@ -530,7 +528,7 @@ def _like_spec(x, *, dtype=None):
 
 
 @op("zeros_like(Tensor x, *, dtype dtype=None) -> Tensor y", traits=["no_grad", "shape_only"], infer=_like_spec)
-def zeros_like(x, *, dtype, xp):
+def zeros_like(x, *, dtype, xp=np):
     """Zeros of the shape (and, unless ``dtype`` is given, the dtype) of ``x``."""
     return xp.zeros(x.shape, dtype or x.dtype)
 
@@ -539,7 +537,7 @@ zeros_like.onnx(lambda g, x, *, dtype: g.filled(g.op("Shape", x), 0, dtype or x.
 
 
 @op("ones_like(Tensor x, *, dtype dtype=None) -> Tensor y", traits=["no_grad", "shape_only"], infer=_like_spec)
-def ones_like(x, *, dtype, xp):
+def ones_like(x, *, dtype, xp=np):
     """Ones of the shape (and, unless ``dtype`` is given, the dtype) of ``x``."""
     return xp.ones(x.shape, dtype or x.dtype)
 
@@ -1057,7 +1055,7 @@ def clip(x, min, max):
     dtype = _clip_spec(x, min, max).dtype
     x, min, max = (None if a is None else a.astype(dtype, copy=False) for a in (x, min, max))
     y = x if min is None else np.maximum(x, min)
-    return np.asarray(y if max is None else np.minimum(y, max))
+    return y if max is None else np.minimum(y, max)  # (a NumPy scalar for a 0-d x: dispatch makes it an array)
 
 
 
@@ -1420,7 +1418,7 @@ def _(rng):
 def softmin(x, *, axis):
     """softmax(−x) along ``axis``: exp(−x) / Σ exp(−x), shifted by min x so nothing overflows."""
     axes = normalize_axes("softmin", [axis], x.ndim)
-    e = np.exp(np.min(x, axis=axes, keepdims=True, initial=np.inf) - x)
+    e = np.exp(min_over(x, axes) - x)
     return e / np.sum(e, axis=axes, keepdims=True)
 
 

@@ -79,13 +79,13 @@ def embedding_bag(index, weight, offsets, per_sample_weights, *, mode, include_l
         bad = flat[(flat < 0) | (flat >= weight.shape[0])][0]
         raise ArgumentError(f"embedding_bag(): index holds {int(bad)}, outside [0, {weight.shape[0]}) (the rows of "
                             f"the weight)")
-    used = np.ones(len(flat), bool)
+    used = np.ones(len(flat), bool, like=flat)
     if padding_idx is not None:
         used &= flat != padding_idx % weight.shape[0]
     rows = weight[flat[used]]
     if per_sample_weights is not None:
         rows = rows * per_sample_weights.reshape(-1)[used, None]
-    y = np.zeros((count, weight.shape[1]), spec.dtype)
+    y = np.zeros((count, weight.shape[1]), spec.dtype, like=weight)
     if mode == "max":
         y.fill(-np.inf)
         np.maximum.at(y, bag[used], rows)

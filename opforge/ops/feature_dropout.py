@@ -26,7 +26,7 @@ def _mask_shape(op_name, shape):
 def _drop_channels(op_name, x, p, training, rng):
     shape = _mask_shape(op_name, x.shape)
     if not training or p == 0.0:
-        return x.copy(), np.ones(shape, np.bool_)
+        return x.copy(), np.ones(shape, np.bool_, like=x)
     keep = rng.random(shape) >= p
     return np.where(keep, x * _dropout_scale(p, training), 0).astype(x.dtype, copy=False), keep
 

@@ -15,6 +15,7 @@ get the same treatment for integer and bool first inputs whenever a half input t
 from ..core import dtypes as D
 from ..core.opdef import registry
 from ..core.spec import Spec
+from ._common import np
 
 
 def _widened(value, xp):
@@ -60,10 +61,10 @@ def _half_kernel(opdef, *, only_if_half: bool):
         return _rounded(out, specs[0] if len(specs) == 1 else specs, xp)
 
     if "random" in opdef.traits:
-        def kernel(*inputs, rng, xp, **attrs):
+        def kernel(*inputs, rng, xp=np, **attrs):
             return run(inputs, attrs, {"rng": rng}, xp)
     else:
-        def kernel(*inputs, xp, **attrs):
+        def kernel(*inputs, xp=np, **attrs):
             return run(inputs, attrs, {}, xp)
     kernel.__doc__ = "Computes in float32 and rounds to the half dtype (see opforge.ops.half)."
     return kernel

@@ -508,7 +508,7 @@ def _(rng):
 def linalg_det(a):
     """``torch.linalg.det``: the determinant of each square matrix of ``a`` (..., n, n) -> (...)."""
     _square("linalg_det", a.shape)
-    return np.asarray(np.linalg.det(a))
+    return np.linalg.det(a)  # (a NumPy scalar for one matrix on the host: dispatch makes it an array)
 
 
 @linalg_det.infer

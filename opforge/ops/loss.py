@@ -143,7 +143,7 @@ def _unrows(rows, shape: tuple):
         return rows
     if len(shape) == 1:
         return rows.reshape(shape)
-    return np.ascontiguousarray(np.moveaxis(rows.reshape(shape[0], *shape[2:], shape[1]), -1, 1))
+    return np.ascontiguousarray(np.moveaxis(rows.reshape(shape[0], *shape[2:], shape[1]), -1, 1), like=rows)
 
 
 def _scores_shape(target_shape: tuple, num_classes) -> tuple:
@@ -301,7 +301,7 @@ def nll_loss_grad(dloss, target, weight, *, num_classes, ignore_index, reduction
     t, valid = _targets("nll_loss_grad", target, num_classes, ignore_index)
     rw = _row_weights(t, valid, None if weight is None else weight.astype(dloss.dtype, copy=False), dloss.dtype)
     s = _row_scale(dloss, len(t), rw, valid, reduction)
-    dx = np.zeros((len(t), num_classes), dloss.dtype)
+    dx = np.zeros((len(t), num_classes), dloss.dtype, like=dloss)
     dx[np.arange(len(t), like=dx), t] = -(s if weight is None else s * rw)
     return _unrows(dx, _scores_shape(target.shape, num_classes))
 
@@ -871,7 +871,7 @@ def kl_div(x, target, *, reduction, log_target):
             losses = np.where(target == 0, 0, target * np.log(target)) - target * x
     if reduction != "batchmean":
         return _reduce(losses, reduction)
-    return np.asarray(np.sum(losses) / (x.shape[0] if x.ndim else 1))
+    return np.sum(losses) / (x.shape[0] if x.ndim else 1)  # (a NumPy scalar on the host: dispatch's)
 
 
 @kl_div.check

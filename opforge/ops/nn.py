@@ -180,7 +180,7 @@ def softmax_grad(y, dy, *, axis, out=None):
     if y.shape != dy.shape:
         _validate(softmax_grad, y, dy, axis=axis)
     if not y.ndim:  # one element: y·(dy − dy·y)
-        return np.asarray(y * (dy - dy * y))
+        return y * (dy - dy * y)  # (a NumPy scalar on the host: dispatch makes it a 0-d array)
     axes = _axes("softmax_grad", axis, y.ndim)
     with row_buffers(row_width(y, axes)):
         dx = np.subtract(dy, _sum(dy, axes, y), out=out)
@@ -219,7 +219,7 @@ def log_softmax_grad(y, dy, *, axis, out=None):
     if y.shape != dy.shape:
         _validate(log_softmax_grad, y, dy, axis=axis)
     if not y.ndim:  # one element: dy − exp(y)·dy
-        return np.asarray(dy - np.exp(y) * dy)
+        return dy - np.exp(y) * dy  # (as softmax_grad's)
     axes = _axes("log_softmax_grad", axis, y.ndim)
     s = _sum(dy, axes)
     e = np.exp(y, out=out)  # y's own buffer, when it dies here: read before it is written, element by element
@@ -296,7 +296,7 @@ def dropout_with_mask(x, *, p, training, rng):
     reproduces them. Nothing is drawn when the op is the identity (not training, or p = 0).
     """
     if not training or p == 0.0:
-        return x.copy(), np.ones(x.shape, np.bool_)
+        return x.copy(), np.ones(x.shape, np.bool_, like=x)
     keep = rng.random(x.shape) >= p
     return np.where(keep, x * _dropout_scale(p, training), 0).astype(x.dtype, copy=False), keep
 
@@ -401,7 +401,7 @@ def embedding_grad(dy, index, *, num_embeddings, padding_idx):
     several times add up); the padding row stays 0."""
     _validate(embedding_grad, dy, index, num_embeddings=num_embeddings, padding_idx=padding_idx)
     _check_indices("embedding_grad", index, num_embeddings)
-    dw = np.zeros((num_embeddings, dy.shape[-1]), dy.dtype)
+    dw = np.zeros((num_embeddings, dy.shape[-1]), dy.dtype, like=dy)
     np.add.at(dw, index.reshape(-1), dy.reshape(index.size, dy.shape[-1]))  # (not -1: rows of 0 elements)
     if padding_idx is not None:
         dw[padding_idx % num_embeddings] = 0
@@ -537,7 +537,7 @@ def _attention_np(q, k, v, attn_mask, is_causal, scale, save=None):
         s = s + attn_mask
     allowed = attn_mask if attn_mask is not None and attn_mask.dtype == np.bool_ else None
     if is_causal:
-        allowed = np.tril(np.ones(s.shape[-2:], np.bool_))
+        allowed = np.tril(np.ones(s.shape[-2:], np.bool_, like=s))
     if allowed is not None:
         s = np.where(allowed, s, -np.inf)
     if attn_mask is None:

@@ -519,9 +519,9 @@ def _(rng):
 # -- average pooling -------------------------------------------------------------------------------------------------
 
 
-def _divisor(w: win.Windows, count_include_pad: bool, divisor_override, dtype):
+def _divisor(w: win.Windows, count_include_pad: bool, divisor_override, dtype, like=None):
     """What each window's sum is divided by: a number, or an array (1, *out, 1) of ``dtype`` where window sizes
-    differ."""
+    differ (on the device of the array ``like``, if given)."""
     if divisor_override is not None:
         return divisor_override
     counts = []
@@ -532,7 +532,7 @@ def _divisor(w: win.Windows, count_include_pad: bool, divisor_override, dtype):
     if all((c == c[0]).all() for c in counts):
         return math.prod(int(c[0]) for c in counts)
     grid = functools.reduce(np.multiply.outer, counts)
-    return grid.reshape(1, *w.out, 1).astype(dtype)
+    return np.asarray(grid.reshape(1, *w.out, 1), dtype, like=like)
 
 
 def _avg_pool(x, w, count_include_pad, divisor_override):
@@ -540,7 +540,7 @@ def _avg_pool(x, w, count_include_pad, divisor_override):
     y = views[0].copy()
     for v in views[1:]:
         y += v
-    np.divide(y, _divisor(w, count_include_pad, divisor_override, y.dtype), out=y)
+    np.divide(y, _divisor(w, count_include_pad, divisor_override, y.dtype, like=y), out=y)
     return win.batch_first(y)
 
 
@@ -659,7 +659,7 @@ def avg_pool_grad(dy, *, input_size, kernel_size, stride, padding, ceil_mode, co
     """Gradient of average pooling (1-, 2- or 3-D, by dy's rank) for an input of spatial size ``input_size``:
     each window's dy divided as its sum was and spread over the window; overlapping windows add up."""
     _, w = _avg_pool_grad_spec(Spec(dy.shape, dy.dtype), input_size, kernel_size, stride, padding, ceil_mode)
-    share = win.batch_last(dy) / _divisor(w, count_include_pad, divisor_override, dy.dtype)
+    share = win.batch_last(dy) / _divisor(w, count_include_pad, divisor_override, dy.dtype, like=dy)
     dxp = np.zeros((share.shape[0], *w.padded, share.shape[-1]), dy.dtype, like=dy)
     for index in win.tap_slices(w):
         dxp[index] += share

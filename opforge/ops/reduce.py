@@ -347,10 +347,10 @@ def min(x, dim=None, keepdim=False, *, axis=None):
 def _arg_extreme(op_name, find, x, axis, keepdim):
     """Index of the first largest (smallest) element along ``axis``; over the flattened tensor when None."""
     if axis is None:
-        return np.asarray(find(x), np.int64).reshape((1,) * x.ndim if keepdim else ())
+        return find(x).astype(np.int64).reshape((1,) * x.ndim if keepdim else ())  # (a NumPy scalar on the host)
     if x.ndim == 0:
         normalize_axes(op_name, (axis,), 0)  # 0 and -1 are the only axes of a 0-d tensor
-        return np.zeros((), np.int64)
+        return np.zeros((), np.int64, like=x)
     return find(x, axis=axis, keepdims=keepdim).astype(np.int64, copy=False)
 
 

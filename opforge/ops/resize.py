@@ -100,8 +100,10 @@ def interpolate(x, *, size, scale_factor, mode, align_corners, recompute_scale_f
     out = _sizes("interpolate", x.shape, size, scale_factor, mode)
     maps = _all_maps(x.shape[2:], out, scale_factor, mode, align_corners, recompute_scale_factor)
     for axis in reversed(range(2, x.ndim)):  # the last dim first, as PyTorch's arithmetic
-        terms = [np.take(x, i, axis) if wt is None else np.take(x, i, axis) * _along(x.shape, axis, wt.astype(
-            x.dtype)) for i, wt in maps[axis - 2]]
+        terms = []
+        for i, wt in maps[axis - 2]:  # (host geometry: copied to x's device)
+            read = np.take(x, np.asarray(i, like=x), axis)
+            terms.append(read if wt is None else read * _along(x.shape, axis, np.asarray(wt, x.dtype, like=x)))
         x = terms[0] if len(terms) == 1 else terms[0] + terms[1]
     return x
 
@@ -149,13 +151,13 @@ def interpolate_grad(dy, *, input_size, size, scale_factor, mode, align_corners,
     shape = _grad_sizes(Spec(dy.shape, dy.dtype), input_size, size, scale_factor, mode)
     maps = _all_maps(shape[2:], dy.shape[2:], scale_factor, mode, align_corners, recompute_scale_factor)
     for axis in range(2, dy.ndim):
-        out = np.zeros((*dy.shape[:axis], shape[axis], *dy.shape[axis + 1:]), dy.dtype)
+        out = np.zeros((*dy.shape[:axis], shape[axis], *dy.shape[axis + 1:]), dy.dtype, like=dy)
         for i, wt in maps[axis - 2]:
-            weighted = dy if wt is None else dy * _along(dy.shape, axis, wt.astype(dy.dtype))
+            weighted = dy if wt is None else dy * _along(dy.shape, axis, np.asarray(wt, dy.dtype, like=dy))
             starts = np.flatnonzero(np.diff(i, prepend=-1))  # i never decreases: runs of one input
             index = [slice(None)] * dy.ndim
             index[axis] = i[starts]
-            out[tuple(index)] += np.add.reduceat(weighted, starts, axis=axis)
+            out[tuple(index)] += np.add.reduceat(weighted, np.asarray(starts, like=dy), axis=axis)
         dy = out
     return dy
 

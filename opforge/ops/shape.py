@@ -267,7 +267,7 @@ def _(rng):
 @op("slice_grad(Tensor dy, *, int[] shape, int[] axes, int[] starts, int[] ends, int[] steps) -> Tensor dx")
 def slice_grad(dy, *, shape, axes, starts, ends, steps):
     """Gradient of slice: zeros of ``shape`` with ``dy`` written where the slice took its elements."""
-    dx = np.zeros(shape, dy.dtype)
+    dx = np.zeros(shape, dy.dtype, like=dy)
     dx[_slice_index(len(shape), axes, starts, ends, steps)] = dy
     return dx
 
@@ -607,7 +607,7 @@ def split(x, *, sections, axis):
     ``sections`` is one number n (``split(x, sections=n)``), into pieces of n, the last one smaller: both as
     ``torch.split``. The pieces are views of ``x``."""
     a, sizes = _split_plan(x.shape, sections, axis)
-    return np.split(x, np.cumsum(sizes)[:-1], axis=a)
+    return np.split(x, np.cumsum(sizes)[:-1].tolist(), axis=a)  # (host offsets, as a list: a device takes those)
 
 
 @split.onnx
@@ -923,7 +923,7 @@ def repeat_interleave_grad(dy, *, shape, repeats, axis):
     """Gradient of ``repeat_interleave``: the copies of each element of an input of ``shape`` summed back into it."""
     a, n, _ = _repeat_plan("repeat_interleave_grad", tuple(shape), repeats, axis)
     counts = np.broadcast_to(np.asarray(repeats), (n,))
-    dx = np.zeros((n, *dy.shape[1:]) if a is None else (*dy.shape[:a], n, *dy.shape[a + 1:]), dy.dtype)
+    dx = np.zeros((n, *dy.shape[1:]) if a is None else (*dy.shape[:a], n, *dy.shape[a + 1:]), dy.dtype, like=dy)
     np.add.at(dx, (builtins.slice(None),) * (a or 0) + (np.repeat(np.arange(n), counts),), dy)
     return dx.reshape(shape)
 
@@ -1015,7 +1015,7 @@ def diagonal_grad(dy, *, shape, offset, axis1, axis2):
     """Gradient of ``diagonal``: zeros of ``shape`` with ``dy`` written on the diagonal ``diagonal`` reads (with
     ``axis1``, ``axis2`` = -2, -1, ``torch.diag_embed``)."""
     a1, a2, length = _diagonal_grad_plan(dy.shape, shape, offset, axis1, axis2)
-    dx = np.zeros(shape, dy.dtype)
+    dx = np.zeros(shape, dy.dtype, like=dy)
     k = np.arange(length)
     np.moveaxis(dx, (a1, a2), (-2, -1))[..., k - builtins.min(offset, 0), k + builtins.max(offset, 0)] = dy
     return dx
@@ -1129,7 +1129,7 @@ def pad(x, *, pad, mode, value):
     y = x
     for d, (before, after) in enumerate(pairs):
         if before or after:
-            y = np.take(y, _pad_source(x.shape[d], before, after, mode), axis=d)
+            y = np.take(y, np.asarray(_pad_source(x.shape[d], before, after, mode), like=y), axis=d)
     return y if y is not x else x.copy()
 
 
@@ -1190,7 +1190,7 @@ def pad_grad(dy, *, shape, pad, mode):
     dx = dy
     for d, (before, after) in enumerate(_pad_pairs(pad, len(shape))):
         if before or after:
-            acc = np.zeros((*dx.shape[:d], shape[d], *dx.shape[d + 1:]), dy.dtype)
+            acc = np.zeros((*dx.shape[:d], shape[d], *dx.shape[d + 1:]), dy.dtype, like=dy)
             np.add.at(acc, (builtins.slice(None),) * d + (_pad_source(shape[d], before, after, mode),), dx)
             dx = acc
     return dx if dx is not dy else dy.copy()

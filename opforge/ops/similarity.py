@@ -116,7 +116,7 @@ def pairwise_distance(x1, x2, *, p, eps, keepdim):
     """``torch.nn.functional.pairwise_distance``: the p-norm of x1 − x2 + eps over the last dim (x1 and x2
     broadcast); ``eps`` keeps the norm differentiable where x1 = x2."""
     diff = x1 - x2 + eps
-    return np.asarray(vector_norm(diff, p, _distance_axes(diff.shape), keepdim))
+    return vector_norm(diff, p, _distance_axes(diff.shape), keepdim)  # (a NumPy scalar on the host: dispatch's)
 
 
 pairwise_distance.check(_check_p)

@@ -13,7 +13,7 @@ from .shape import _one_axis
 def _order(x, axis, descending):
     """The stable sorting permutation along ``axis`` (0 for a 0-d tensor)."""
     if x.ndim == 0:
-        return np.zeros((), np.int64)
+        return np.zeros((), np.int64, like=x)
     if not descending:
         return np.argsort(x, axis=axis, kind="stable")
     # Largest first with ties in their original order: sort the reversed tensor ascending (ties then come last
@@ -99,8 +99,8 @@ def topk(x, *, k, axis, largest, sorted):
     sorted also with ``sorted=False`` (PyTorch leaves the order unspecified then)."""
     _topk_shape(x.shape, k, axis)
     if x.ndim == 0:
-        return x.copy(), np.zeros((), np.int64)
-    indices = np.take(_order(x, axis, largest), np.arange(k), axis=axis)
+        return x.copy(), np.zeros((), np.int64, like=x)
+    indices = np.take(_order(x, axis, largest), np.arange(k, like=x), axis=axis)
     return np.take_along_axis(x, indices, axis), indices
 
 
