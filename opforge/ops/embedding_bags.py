@@ -49,7 +49,7 @@ def _bag_spec(index, weight, offsets, per_sample_weights, mode, include_last_off
 def _bags_np(index, offsets, include_last_offset):
     """(the flat index, the bag of each entry, the number of bags) from the kernel's arrays."""
     if index.ndim == 2:
-        return index.reshape(-1), np.repeat(np.arange(index.shape[0]), index.shape[1]), index.shape[0]
+        return index.reshape(-1), np.repeat(np.arange(index.shape[0], like=index), index.shape[1]), index.shape[0]
     count = builtins.max(len(offsets) - include_last_offset, 0)
     if len(offsets) and (offsets[0] != 0 or np.any(np.diff(offsets) < 0) or offsets[-1] > len(index)):
         raise ArgumentError(f"embedding_bag(): offsets must start at 0, never decrease and not pass the "
@@ -58,7 +58,7 @@ def _bags_np(index, offsets, include_last_offset):
         # PyTorch's documented form; past it, its results depend on the mode and the dtype
         raise ArgumentError(f"embedding_bag(): with include_last_offset, the last offset closes the last bag: it "
                             f"must be {len(index)}, the number of entries, got offsets {offsets.tolist()}")
-    bag = np.searchsorted(offsets[:count], np.arange(len(index)), side="right") - 1
+    bag = np.searchsorted(offsets[:count], np.arange(len(index), like=index), side="right") - 1
     return index, bag, count
 
 
