@@ -204,3 +204,22 @@ def test_a_dataloader_over_device_tensors_yields_device_batches():
     collated = list(of.data.DataLoader(of.data.Subset(of.data.TensorDataset(x, y), range(6)), batch_size=3))
     assert all(t.device == "strict" for b in collated for t in b)
     np.testing.assert_array_equal(collated[1][0].cpu().numpy(), X[3:6])
+
+
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["plain", "recorded"])
+def test_a_kernel_that_computes_on_the_host_is_refused_not_wrapped(scratch_ops, requires_grad):
+    """Dispatch makes a kernel's result an array of the call's device: a host array there is a leak, refused,
+    not kept inside a device tensor (dispatch once tested for np.ndarray, the host's type, and let it through)."""
+    scratch_ops.append("host_leak_test")
+
+    @of.op("host_leak_test(Tensor x) -> Tensor y", traits=["elementwise"])
+    def host_leak_test(x):
+        return np.zeros(x.shape, x.dtype)  # on the host, whatever x's device
+
+    @host_leak_test.grad
+    def _(dy):
+        return dy
+
+    x = of.tensor([1.0, 2.0], device="strict", requires_grad=requires_grad)
+    with pytest.raises(strict.StrictHostError, match=r"returned a host numpy\.ndarray"):
+        F.host_leak_test(x)
