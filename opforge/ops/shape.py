@@ -86,7 +86,7 @@ def shape_as_tensor(x):
     """The shape of ``x`` as a 1-d int64 tensor (``torch._shape_as_tensor``, ONNX's Shape). In a program whose dims
     are known only at run time, sizes computed from it (``reshape(x, shape=...)`` fed by Shape → Gather → Concat in an
     imported ONNX model) are computed when the executor plans the run for the feeds' shapes."""
-    return np.array(x.shape, dtype=np.int64).reshape(x.ndim)
+    return np.asarray(x.shape, np.int64, like=x).reshape(x.ndim)  # (made on x's device)
 
 
 shape_as_tensor.onnx(lambda g, x: g.op("Shape", x))
