@@ -236,6 +236,10 @@ def _(rng):
 def _lerp(start, end, weight: float, out=None):
     """start + weight·(end − start), as ``torch.lerp``: from the nearer end, so weight 1 gives ``end`` exactly."""
     diff = end - start  # read start before out (which may be start) is written
+    if not isinstance(weight, float):  # a device's 0-d array: choose without reading it (see the module docstring)
+        out = _target(out, start)
+        np.copyto(out, np.where(abs(weight) < 0.5, start + weight * diff, end - diff * (1 - weight)))
+        return out
     if abs(weight) < 0.5:
         return np.add(start, weight * diff, out=_target(out, start))
     return np.subtract(end, diff * (1 - weight), out=_target(out, start))

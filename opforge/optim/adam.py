@@ -45,7 +45,7 @@ class Adam(Optimizer):
         return state
 
     def _update(self, p, g, lr, group, state) -> None:
-        (_, beta2), weight_decay = group["betas"], group["weight_decay"]
+        beta2, weight_decay = group.setting("betas")[1], group["weight_decay"]
         beta1 = group.value("beta1")  # a tensor: schedules cycle it
         decoupled = group["decoupled_weight_decay"]
         l2 = 0.0 if decoupled else weight_decay  # Adam's decay enters the moments, AdamW's the parameter
@@ -131,7 +131,7 @@ class Adamax(_AdamFamily):
                                   "capturable": capturable})
 
     def _update(self, p, g, lr, group, state) -> None:
-        beta1, beta2 = group.value("beta1"), group["betas"][1]
+        beta1, beta2 = group.value("beta1"), group.setting("betas")[1]
         step = live(state["step"]) + 1
         p_, g = self._decay(p, g, lr, group)
         exp_avg = lerp(live(state["exp_avg"]), g, 1 - beta1)
@@ -176,7 +176,7 @@ class NAdam(_AdamFamily):
         return {"step": state.pop("step"), "mu_product": tensor(np.array(1.0), device=p.device), **state}
 
     def _update(self, p, g, lr, group, state) -> None:
-        beta1, beta2, decay = group.value("beta1"), group["betas"][1], group["momentum_decay"]
+        beta1, beta2, decay = group.value("beta1"), group.setting("betas")[1], group["momentum_decay"]
         step = live(state["step"]) + 1
         t = count(step)
         p_, g = self._decay(p, g, lr, group)
@@ -216,7 +216,7 @@ class RAdam(_AdamFamily):
                                   "differentiable": differentiable})
 
     def _update(self, p, g, lr, group, state) -> None:
-        beta1, beta2 = group.value("beta1"), group["betas"][1]
+        beta1, beta2 = group.value("beta1"), group.setting("betas")[1]
         step = live(state["step"]) + 1
         t = count(step)
         p_, g = self._decay(p, g, lr, group)

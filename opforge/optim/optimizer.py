@@ -150,6 +150,16 @@ class ParamGroup(dict):
         except KeyError:
             return default
 
+    def setting(self, key: str):
+        """The entry as it was set, without reading a tensor: on a device each read of one would stall it (for
+        ``betas``, beta2 is a float here; beta1 and a momentum are only known as zero or not, ``nonzero``)."""
+        return super().__getitem__(key)
+
+    def nonzero(self, key: str) -> bool:
+        """Whether a hyper-parameter is nonzero, read without a device read for those kept in tensors."""
+        entry = super().__getitem__(key)
+        return entry[1] if isinstance(entry, _InTensor) else entry != 0
+
     def value(self, key: str):
         """A hyper-parameter as an update rule reads it: ``lr``, ``momentum`` or ``beta1`` as ops should see their
         tensor (``live``: a compiled step reads it at each run), any other as its Python value."""

@@ -119,7 +119,7 @@ class RMSprop(Optimizer):
 
     def _new_state(self, p, group) -> dict:
         state = {"step": tensor(_step(), device=p.device), "square_avg": _zeros(p)}
-        if group["momentum"] > 0:
+        if group.nonzero("momentum"):
             state["momentum_buffer"] = _zeros(p)
         if group["centered"]:
             state["grad_avg"] = _zeros(p)
@@ -127,7 +127,7 @@ class RMSprop(Optimizer):
 
     def _update(self, p, g, lr, group, state) -> None:
         alpha, momentum = group["alpha"], group.value("momentum")  # (a tensor: schedules cycle it)
-        if (group["momentum"] > 0 and "momentum_buffer" not in state) or (
+        if (group.nonzero("momentum") and "momentum_buffer" not in state) or (
                 group["centered"] and "grad_avg" not in state):
             self._add_missing_state(p, group, state)
         g = signed_decayed(g, p, group)
@@ -142,7 +142,7 @@ class RMSprop(Optimizer):
             avg = F.sqrt(square_avg)
         avg = avg + group["eps"]
         lr = scalar(lr, p)
-        if group["momentum"] > 0:
+        if group.nonzero("momentum"):
             buf = addcdiv(live(state["momentum_buffer"]) * scalar(momentum, p), g, avg)
             assign(state["momentum_buffer"], buf)
             assign(p, p - lr * buf)

@@ -39,7 +39,7 @@ class SGD(Optimizer):
                                 f"momentum={hyper['momentum']}, dampening={hyper['dampening']}")
 
     def _new_state(self, p, group) -> dict:
-        if group["momentum"] == 0:
+        if not group.nonzero("momentum"):
             return {}
         return {"momentum_buffer": tensor(np.zeros(p.shape, p.dtype), device=p.device),
                 "step": tensor(np.array(0, dtype=np.int64), device=p.device)}
@@ -55,7 +55,7 @@ class SGD(Optimizer):
         if group["maximize"]:
             g = -g
         buf = None
-        if group["momentum"] != 0:
+        if group.nonzero("momentum"):
             if "momentum_buffer" not in state:  # a schedule (CyclicLR, OneCycleLR) turned momentum on
                 self._add_missing_state(p, group, state)
             step = live(state["step"])
