@@ -321,7 +321,7 @@ def _kind(value) -> str:
 
 def _describe_leaf(value) -> str:
     if _kind(value) == "array":
-        return f"shape {tuple(np.shape(value))} and dtype {value.dtype}"
+        return f"shape {tuple(value.shape)} and dtype {value.dtype}"  # (.shape: a device's Tensor has no host copy)
     return _kind(value)
 
 
@@ -334,7 +334,7 @@ def diff_structure(expected, actual, path: str = "") -> list[str]:
     if ke != ka:
         return [f"{where}: expected {_describe_leaf(expected)}, got {_describe_leaf(actual)}"]
     if ke == "array":
-        se, sa = tuple(np.shape(expected)), tuple(np.shape(actual))
+        se, sa = tuple(expected.shape), tuple(actual.shape)
         problems = []
         if se != sa:
             problems.append(f"{where}: expected shape {se}, got {sa}")

@@ -23,12 +23,15 @@ from .tensor import Tensor, wrap
 
 
 def _arrays(arrays: tuple, who: str) -> tuple:
-    """The arrays as NumPy arrays of supported dtypes sharing their first dim; errors name them by position."""
+    """The arrays of supported dtypes sharing their first dim, each with its device: a Tensor's array stays on the
+    Tensor's device (its batches are made there, as torch's), other data becomes a host array. Errors name them by
+    position."""
     if not arrays:
         raise ArgumentError(f"{who}(): give at least one array")
-    out = []
+    out, devices = [], []
     for i, value in enumerate(arrays):
-        array = value._device.to_host(value._data) if isinstance(value, Tensor) else np.asarray(value)
+        array = value._data if isinstance(value, Tensor) else np.asarray(value)
+        devices.append(value._device if isinstance(value, Tensor) else CPU)
         if array.ndim == 0:
             raise ArgumentError(f"{who}(): array {i} is 0-d; each array needs a first dim that indexes samples")
         D.as_dtype(array.dtype, op=who, arg=f"array {i}")  # unsupported dtypes (uint8 images...) fail here
@@ -36,7 +39,7 @@ def _arrays(arrays: tuple, who: str) -> tuple:
     if len({len(a) for a in out}) > 1:
         sizes = ", ".join(f"array {i} has {len(a)} (shape {a.shape})" for i, a in enumerate(out))
         raise ArgumentError(f"{who}(): the arrays must have the same number of samples (first dim): {sizes}")
-    return tuple(out)
+    return tuple(out), tuple(devices)
 
 
 class Dataset:
@@ -50,13 +53,13 @@ class TensorDataset(Dataset):
     """Arrays (or Tensors) that share their first dim: ``ds[i]`` is the tuple of their i-th samples, as Tensors."""
 
     def __init__(self, *arrays):
-        self.arrays = _arrays(arrays, "TensorDataset")
+        self.arrays, self.devices = _arrays(arrays, "TensorDataset")
 
     def __len__(self) -> int:
         return len(self.arrays[0])
 
     def __getitem__(self, index) -> tuple:
-        return tuple(wrap(np.asarray(a[index])) for a in self.arrays)
+        return tuple(wrap(d.array(a[index]), d) for a, d in zip(self.arrays, self.devices))
 
 
 class Subset(Dataset):
@@ -103,8 +106,11 @@ def default_collate(samples: list):
     strings stay a list."""
     first = samples[0]
     if isinstance(first, (Tensor, np.ndarray, np.generic, bool, int, float)):
-        if isinstance(first, Tensor):
-            arrays = [s._device.to_host(s._data) for s in samples]
+        device = first._device if isinstance(first, Tensor) else CPU
+        if isinstance(first, Tensor):  # stacked on their device (as torch's), which must be one
+            if any(s._device is not device for s in samples if isinstance(s, Tensor)):
+                raise ArgumentError("default_collate(): samples on different devices cannot be stacked")
+            arrays = [s._data if isinstance(s, Tensor) else device.from_host(np.asarray(s)) for s in samples]
         else:
             arrays = [np.asarray(s, dtype=np.float64 if type(s) is float else np.int64 if type(s) is int else None)
                       for s in samples]
@@ -114,7 +120,7 @@ def default_collate(samples: list):
             raise ArgumentError(f"default_collate(): samples of different shapes cannot be stacked ({e}); give the "
                                 "DataLoader a collate_fn") from None
         D.as_dtype(batch.dtype, op="default_collate", arg="samples")  # unsupported dtypes (uint8 images...) fail here
-        return wrap(batch)
+        return wrap(batch, device)
     if isinstance(first, str):
         return list(samples)
     if isinstance(first, dict):
@@ -203,8 +209,8 @@ class DataLoader:
         collate = self.collate_fn or default_collate
         for b in range(len(self)):
             index = order[b * self.batch_size:(b + 1) * self.batch_size]
-            if arrays:  # a whole batch in one indexing per array (which copies)
-                yield tuple(wrap(a[index]) for a in self.dataset.arrays)
+            if arrays:  # a whole batch in one indexing per array (which copies), on the array's device
+                yield tuple(wrap(a[index], d) for a, d in zip(self.dataset.arrays, self.dataset.devices))
             else:
                 yield collate([self.dataset[int(i)] for i in index])
 

@@ -190,7 +190,7 @@ def _fast_path(opdef: OpDef, env: dict, inputs_src: str, attrs_src: str) -> list
             lines.append(f"            return _of_op.attach({inputs_src}, {attrs_src}, _of_out"
                          f"{', _of_save' if saving else ''})")
     if len(opdef.outputs) == 1:  # wrap(), written out: a call less on every op
-        lines += ["        if type(_of_out) is not _of_nd:",
+        lines += [f"        if type(_of_out) is not {device}.array_type:",
                   f"            _of_out = {device}.array(_of_out)",
                   *tensor_source("_of_t", "_of_out", device, indent=8),
                   "        return _of_t"]
@@ -260,7 +260,7 @@ def api_source(opdef: OpDef, env: dict | None = None) -> str:
     params += ([] if star or not (aliases or renamed) else ["*"]) + \
         [f"{alias}=_of_absent" for alias, _ in aliases + renamed]
     env.update({
-        "_of_op": opdef, "_of_T": Tensor, "_of_nd": np.ndarray, "_of_wrap": wrap, "_of_gm": _grad_mode,
+        "_of_op": opdef, "_of_T": Tensor, "_of_wrap": wrap, "_of_gm": _grad_mode,
         "_of_eager": None if _debug else EAGER, "_of_innermost": _innermost.get, "_of_run": _run_eagerly,
         "_of_find": _find_kernel, "_of_fail": _kernel_failed, "_of_check": check_attr, "_of_bad_dtype": _bad_dtype,
         "_of_wrap_all": _wrap_outputs, "_of_absent": _ABSENT, "_of_renamed": _renamed, "_of_spelled": _spelled,
@@ -320,7 +320,7 @@ def _generate_attach(opdef: OpDef) -> None:
 
 def _compile_attach(opdef: OpDef):
     """The op's straight-line attach, compiled; it replaces the stand-in in ``opdef.attach_args``."""
-    env = {"_of_op": opdef, "_of_nd": np.ndarray, "_of_wrap": wrap, "_of_new": object.__new__, "_of_T": Tensor}
+    env = {"_of_op": opdef, "_of_wrap": wrap, "_of_new": object.__new__, "_of_T": Tensor}
     names = "".join(p.name + ", " for p in opdef.inputs)
     source = "\n".join([f"def attach_args({names}_of_attrs, _of_y, _of_residuals=None):",
                         *_attach_lines(opdef, env, indent=4)]) + "\n"
@@ -367,7 +367,7 @@ def _attach_lines(opdef: OpDef, env: dict, indent: int, y: str = "_of_y", attrs:
     lines = [] if device else [f"_of_device = {names[0]}._device"]
     device = device or "_of_device"
     lines += [
-        f"if type({y}) is not _of_nd:",
+        f"if type({y}) is not {device}.array_type:",
         f"    {y} = {device}.array({y})",
         f"_of_dtype = {y}.dtype",
         "if _of_dtype.kind != 'f' and _of_dtype is not _of_bf16:",  # D.is_floating, inlined

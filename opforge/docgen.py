@@ -131,8 +131,19 @@ def _kernels_text(opdef: OpDef) -> str:
         if None in dtypes:
             rest = [str(d) for d in allowed if str(d) not in named]
             named.append(("every allowed dtype" if not named else "others") + (f" ({', '.join(rest)})" if rest else ""))
-        parts.append(f"`{device}`: {', '.join(named)}")
+        parts.append(f"`{'every device (takes xp)' if device is None else device}`: {', '.join(named)}")
     return "; ".join(parts)
+
+
+def _devices_text(opdef: OpDef) -> str:
+    """Where the op runs beyond the host: its kernels on a device whose arrays follow CuPy's rules (the strict test
+    device, ``opforge.testing.strict``, checks each op there), or the leak that keeps it on the CPU."""
+    from .testing import strict
+
+    leak = strict.NOT_YET_CLEAN.get(opdef.name)
+    if leak is not None:
+        return f"CPU only so far (on a CuPy-like device it leaks to the host: {leak})"
+    return "CPU, and CuPy-like devices (checked on the strict test device)"
 
 
 def _order_text(opdef: OpDef, order, recorded) -> str:
@@ -221,6 +232,7 @@ def _render_op(op: OpDef, order, recorded) -> list:
     if op.inplace:
         lines.append("- **In place:** " + ", ".join(f"`{o}` may reuse `{i}`'s buffer" for o, i in op.inplace.items()))
     lines.append(f"- **Kernels:** {_kernels_text(op)}")
+    lines.append(f"- **Devices:** {_devices_text(op)}")
     shape_rule = "its own infer rule" if op.infer_fn is not None else \
         f"trait `{'elementwise' if 'elementwise' in op.traits else 'broadcast'}`"
     lines.append(f"- **Shapes and dtypes:** {shape_rule}" + ("; attrs validated by a check function"

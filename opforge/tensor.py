@@ -1231,7 +1231,13 @@ def index_put(x, index, value):
         if len(mask.shape) < len(x.shape):
             mask = F.reshape(mask, [*mask.shape, *[1] * (len(x.shape) - len(mask.shape))])
         return F.where(mask, value, x)
-    positions = _positions(x.shape, index)
+    return put(x, _positions(x.shape, index), value)
+
+
+def put(x, positions: np.ndarray, value):
+    """``x`` with its elements at the flat (C-order) ``positions`` replaced by ``value``, broadcast to the positions'
+    shape (the last one winning where positions repeat), written with ops so that it differentiates and traces:
+    item assignment, and a compiled function's write through a view (``opforge.program.trace``)."""
     flat = positions.reshape(-1)
     last = len(flat) - 1 - np.unique(flat[::-1], return_index=True)[1]  # where a position repeats, its last value
     values = F.reshape(F.broadcast_to(value, list(positions.shape)), [-1])
@@ -1240,8 +1246,8 @@ def index_put(x, index, value):
         flat = flat[last]
     written = np.zeros(x.shape, bool)
     written.reshape(-1)[flat] = True
-    put = F.scatter_add(F.zeros_like(F.reshape(x, [-1])), 0, wrap(flat.astype(np.int64), x.device), values)
-    return F.where(wrap(x.device.from_host(written), x.device), F.reshape(put, list(x.shape)), x)
+    scattered = F.scatter_add(F.zeros_like(F.reshape(x, [-1])), 0, wrap(flat.astype(np.int64), x.device), values)
+    return F.where(wrap(x.device.from_host(written), x.device), F.reshape(scattered, list(x.shape)), x)
 
 
 def _fit_dtype(x, value):

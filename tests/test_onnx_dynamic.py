@@ -223,10 +223,9 @@ def test_dynamic_shape_idioms_match_torch(name):
         assert set(grads) >= {f"in{i}@GRAD" for i in floats}
 
 
-# (positions, half_slice, pad and length_mask import an integer division as floor_divide, which has no ONNX export
-# mapping yet: the exporters are issue 31's other part)
 @pytest.mark.parametrize("name", ["flatten", "heads", "zeros", "cls_token", "repeat", "causal_mask",
-                                  "scaled_attention", "cat_ones", "mean_over_count"])
+                                  "scaled_attention", "cat_ones", "mean_over_count", "positions", "half_slice", "pad",
+                                  "length_mask"])
 def test_an_imported_program_with_computed_sizes_exports_again(name):
     ort = pytest.importorskip("onnxruntime")
     _, proto = _export(name)

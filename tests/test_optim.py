@@ -123,27 +123,27 @@ def _t(a):
     return torch.tensor(np.asarray(a, dtype=np.float64))
 
 
-def _sgd_momentum_buffer(buf, grad, param, step, *, momentum, dampening=0.0, weight_decay=0.0):
-    ours = F.sgd_momentum_buffer(buf, grad, param, step, momentum=momentum, dampening=dampening,
-                                 weight_decay=weight_decay)
+def _sgd_momentum_buffer(buf, grad, param, step, momentum, *, dampening=0.0, weight_decay=0.0):
+    ours = F.sgd_momentum_buffer(buf, grad, param, step, momentum, dampening=dampening, weight_decay=weight_decay)
     bufs = [None if step == 0 else _t(buf)]
-    torch_sgd([_t(param)], [_t(grad)], bufs, weight_decay=weight_decay, momentum=momentum, lr=0.1,
+    torch_sgd([_t(param)], [_t(grad)], bufs, weight_decay=weight_decay, momentum=float(momentum), lr=0.1,
                         dampening=dampening, nesterov=False, maximize=False)
     return [(ours, bufs[0])]
 
 
-def _sgd_update(param, grad, lr, momentum_buffer=None, *, momentum=0.0, weight_decay=0.0, nesterov=False):
+def _sgd_update(param, grad, lr, momentum_buffer=None, momentum=None, *, weight_decay=0.0, nesterov=False):
     # Given a buffer, torch updates it first: the sample's buffer is the old one, and ours is updated by
     # sgd_momentum_buffer (a step after the first, dampening 0, as Nesterov needs) before sgd_update reads it.
     tp = _t(param)
     bufs = [None if momentum_buffer is None else _t(momentum_buffer)]
     torch_sgd([tp], [_t(grad)], bufs, weight_decay=weight_decay, lr=float(lr), dampening=0.0,
-                        momentum=momentum if momentum_buffer is not None else 0.0, nesterov=nesterov, maximize=False)
+                        momentum=float(momentum) if momentum_buffer is not None else 0.0, nesterov=nesterov,
+                        maximize=False)
     new_buf = None
     if momentum_buffer is not None:
-        new_buf = F.sgd_momentum_buffer(momentum_buffer, grad, param, np.array(1), momentum=momentum,
+        new_buf = F.sgd_momentum_buffer(momentum_buffer, grad, param, np.array(1), momentum,
                                         weight_decay=weight_decay)
-    ours = F.sgd_update(param, grad, lr, new_buf, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
+    ours = F.sgd_update(param, grad, lr, new_buf, momentum, weight_decay=weight_decay, nesterov=nesterov)
     return [(ours, tp)]
 
 
@@ -155,9 +155,9 @@ def _torch_adam(param, grad, exp_avg, exp_avg_sq, steps_taken, lr, *, beta1, bet
     return tensors
 
 
-def _adam_exp_avg(exp_avg, grad, param, *, beta1, weight_decay=0.0):
-    ours = F.adam_exp_avg(exp_avg, grad, param, beta1=beta1, weight_decay=weight_decay)
-    _, m, _ = _torch_adam(param, grad, exp_avg, np.ones_like(exp_avg), 0, 0.1, beta1=beta1, beta2=0.999,
+def _adam_exp_avg(exp_avg, grad, param, beta1, *, weight_decay=0.0):
+    ours = F.adam_exp_avg(exp_avg, grad, param, beta1, weight_decay=weight_decay)
+    _, m, _ = _torch_adam(param, grad, exp_avg, np.ones_like(exp_avg), 0, 0.1, beta1=float(beta1), beta2=0.999,
                           eps=1e-8, weight_decay=weight_decay, decoupled=False)
     return [(ours, m)]
 
@@ -169,16 +169,17 @@ def _adam_exp_avg_sq(exp_avg_sq, grad, param, *, beta2, weight_decay=0.0):
     return [(ours, v)]
 
 
-def _adam_update(param, exp_avg, exp_avg_sq, step, lr, *, beta1, beta2, eps=1e-8, weight_decay=0.0,
+def _adam_update(param, exp_avg, exp_avg_sq, step, lr, beta1, *, beta2, eps=1e-8, weight_decay=0.0,
                  decoupled=False):
     # The sample's moments are the old ones; a gradient is drawn, and ours go through the moment ops first.
     grad = np.random.default_rng(7).standard_normal(np.shape(param))
     l2 = 0.0 if decoupled else weight_decay
-    m = F.adam_exp_avg(exp_avg, grad, param, beta1=beta1, weight_decay=l2)
+    m = F.adam_exp_avg(exp_avg, grad, param, beta1, weight_decay=l2)
     v = F.adam_exp_avg_sq(exp_avg_sq, grad, param, beta2=beta2, weight_decay=l2)
-    ours = F.adam_update(param, m, v, step, lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
+    ours = F.adam_update(param, m, v, step, lr, beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
                          decoupled=decoupled)
-    tp, tm, tv = _torch_adam(param, grad, exp_avg, exp_avg_sq, int(step) - 1, float(lr), beta1=beta1, beta2=beta2,
+    tp, tm, tv = _torch_adam(param, grad, exp_avg, exp_avg_sq, int(step) - 1, float(lr), beta1=float(beta1),
+                             beta2=beta2,
                              eps=eps, weight_decay=weight_decay, decoupled=decoupled)
     return [(m, tm), (v, tv), (ours, tp)]
 
@@ -228,9 +229,11 @@ def test_update_ops_refuse_mismatched_shapes_and_bad_hyper_parameters():
     with pytest.raises(of.ShapeError, match=r"sgd_update\(\): 'lr' must be a 0-d tensor"):
         F.sgd_update(p, p, of.tensor(np.array([0.1])))
     with pytest.raises(of.ArgumentError, match=r"adam_exp_avg\(\): argument 'beta1' must be in \[0, 1\)"):
-        F.adam_exp_avg(p, p, p, beta1=1.0)
+        F.adam_exp_avg(p, p, p, of.tensor(np.array(1.0)))
+    with pytest.raises(of.ArgumentError, match=r"sgd_momentum_buffer\(\): argument 'momentum' must be >= 0"):
+        F.sgd_momentum_buffer(p, p, p, of.tensor(1), of.tensor(np.array(-0.5)))
     with pytest.raises(of.ShapeError, match=r"adam_update\(\): 'step' .* must be >= 1, got 0"):
-        F.adam_update(p, p, p, of.tensor(0), of.tensor(np.array(0.1)), beta1=0.9, beta2=0.999)
+        F.adam_update(p, p, p, of.tensor(0), of.tensor(np.array(0.1)), of.tensor(np.array(0.9)), beta2=0.999)
     with pytest.raises(of.ArgumentError, match=r"sgd_update\(\): argument 'lr' expected dtype"):
         F.sgd_update(p, p, of.tensor(1))
 

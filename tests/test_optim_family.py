@@ -433,6 +433,7 @@ def test_lbfgs_with_a_compiled_closure_equals_eager_and_refuses_to_be_compiled()
         assert opt.step(closure).item() == eager_opt.step(eager_closure).item()
     for a, b in zip(params, eager_params):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert sum(len(entries) for entries in closure.cache.values()) == 1  # every evaluation runs one program
     with pytest.raises(of.ArgumentError, match=r"LBFGS.step\(\) cannot run inside a compiled function"):
         of.compile(lambda x: opt.step(closure) * x)(of.tensor(1.0))
     with pytest.raises(of.ArgumentError, match=r"LBFGS.step\(\): needs a closure"):

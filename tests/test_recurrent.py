@@ -439,3 +439,55 @@ def test_device_argument_puts_parameters_there(cls):
         F.sum(o).backward()
     for a, b in zip(here.parameters(), there.parameters()):
         close(b.grad.cpu(), a.grad)
+
+
+# -- float32: the step products run as stacks of column blocks ---------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", ["LSTM", "GRU"])
+def test_float32_layers_whose_step_products_run_in_blocks_match_torch(cls):
+    from opforge.ops.recurrent import _StepProduct
+
+    hidden, batch = 128, 6  # 4·128 or 3·128 columns in blocks forwards, 128 in blocks backwards
+    gates = {"LSTM": 4, "GRU": 3}[cls] * hidden
+    assert _StepProduct(np.zeros((hidden, gates), np.float32), batch, _StepProduct.FORWARD).blocks is not None
+    assert _StepProduct(np.zeros((gates, hidden), np.float32), batch, _StepProduct.BACKWARD).blocks is not None
+    of.manual_seed(0)
+    ours = getattr(nn, cls)(8, hidden, 2, bidirectional=True)
+    theirs = getattr(TNN, cls)(8, hidden, 2, bidirectional=True)
+    theirs.load_state_dict({k: torch.from_numpy(v.numpy().copy()) for k, v in ours.state_dict().items()})
+    x = randn(7, batch, 8).astype(np.float32)
+    (xo,), (xt,) = leaves(x)
+    so, st = leaves(*[s.astype(np.float32) for s in _states(ours, batch, seed=3)])
+    # packed: every row in the first step, fewer later (the blocks' products on the first rows only)
+    lengths = [7, 6, 6, 4, 2, 1]
+    xo_in, xt_in = R.pack_padded_sequence(xo, lengths), TR.pack_padded_sequence(xt, torch.tensor(lengths))
+    out_o, out_t = ours(xo_in, _hx(ours, so)), theirs(xt_in, _hx(ours, st))
+    out_o = [R.pad_packed_sequence(out_o[0])[0], out_o[1]]
+    out_t = [TR.pad_packed_sequence(out_t[0])[0], out_t[1]]
+    outs_o, outs_t = flat(out_o), flat(out_t)
+    for a, b in zip(outs_o, outs_t):
+        close(a, b, rtol=1e-4, atol=1e-5)
+    weights = [randn(*a.shape, seed=k).astype(np.float32) for k, a in enumerate(outs_o)]
+    F.add_n([F.sum(a * of.tensor(w)) for a, w in zip(outs_o, weights)]).backward()
+    sum((b * t(w)).sum() for b, w in zip(outs_t, weights)).backward()
+    for a, b in zip([xo, *so], [xt, *st]):
+        close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
+    grads = dict(theirs.named_parameters())
+    for name, p in ours.named_parameters():
+        close(p.grad, grads[name].grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_a_step_product_in_blocks_equals_one_product():
+    from opforge.ops.recurrent import _StepProduct
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((256, 1024)).astype(np.float32)
+    product = _StepProduct(w, 20, _StepProduct.FORWARD)
+    assert product.blocks is not None
+    for rows in (20, 13, 1):  # all rows, and the first rows of a packed batch
+        a, add = rng.standard_normal((rows, 256)).astype(np.float32), rng.standard_normal((rows, 1024)).astype(
+            np.float32)
+        out = np.empty((rows, 1024), np.float32)
+        np.testing.assert_allclose(product(a, out), a @ w, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(product(a, out, add=add), a @ w + add, rtol=1e-5, atol=1e-5)

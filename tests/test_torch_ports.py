@@ -200,13 +200,16 @@ with torch.no_grad():
 
 
 def test_the_quickstart_runs_unchanged_and_trains_as_torch(tmp_path, monkeypatch):
+    torch.manual_seed(0)  # the program draws its initial weights unseeded: 3 epochs end anywhere in 40-75% accuracy
     theirs, ours = run_both(QUICKSTART, {1: ["model"]}, tmp_path, monkeypatch)
     assert_same_losses(theirs, ours, "loss")
     assert_same_losses(theirs, ours, "Avg loss")
     for line in ("Shape of X [N, C, H, W]: (64, 1, 28, 28)", "Shape of y: (64,) int64", "Using cpu device",
                  "Accuracy:", "Predicted:"):
         assert line in theirs and line in ours, line
-    assert _numbers(ours, "Accuracy")[-1] > 50  # it learned (10% by chance)
+    assert _numbers(ours, "Accuracy") == _numbers(theirs, "Accuracy")
+    losses = _numbers(ours, "Avg loss")
+    assert losses[-1] < losses[0]  # it learned
     assert re.findall(r"Predicted.*", ours) == re.findall(r"Predicted.*", theirs)
 
 

@@ -344,3 +344,11 @@ def test_numpy_functions_keep_numpys_meaning():
     same(np.std(x), np.std(_A))  # ddof=0, where torch's std is unbiased
     same(np.max(x, axis=0), np.max(_A, axis=0))  # values, where torch's max(dim) gives (values, indices)
     same(np.sum(of.tensor(_I)), torch.tensor(_I).sum())  # int32 sums to int64 in both
+
+
+def test_flip_returns_a_copy_as_torch():
+    # NumPy's flip is a view: writing the result in place changed the input, where torch's flip copies
+    x, t = of.tensor(_A.copy()), torch.tensor(_A.copy())
+    x.flip(0).add_(1)
+    t.flip(0).add_(1)
+    same(x, t)

@@ -123,7 +123,7 @@ class Communicator:
         """Every rank gets rank ``root``'s ``x``."""
         self._root(root, "broadcast")
         self._check("broadcast", x, root=root)
-        out = self._broadcast(np.array(x, copy=True, order="C"), root)
+        out = self._broadcast(x.copy(order="C"), root)  # (a copy on x's device)
         self._count(x.nbytes if self.rank == root else 0)
         return out
 

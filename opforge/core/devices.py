@@ -125,8 +125,9 @@ def manual_seed(seed: int) -> None:
         device._streams.generator = device.new_generator(seed)
 
 
-def register_device(name: str, xp=np, *, kernels_of: str | None = None, array_type=None) -> Device:
-    """Add a device: ``xp`` its array module; ``kernels_of`` a device whose kernels serve it where it has none."""
+def register_device(name: str, xp=np, *, kernels_of: str | None = None, array_type=None, cls=Device) -> Device:
+    """Add a device: ``xp`` its array module; ``kernels_of`` a device whose kernels serve it where it has none;
+    ``cls`` a subclass of ``Device`` where the device's arrays need their own moves on and off the host."""
     if not isinstance(name, str) or not name.isidentifier():
         raise ArgumentError(f"register_device(): argument 'name' expected an identifier, got {describe(name)}")
     if kernels_of is not None and kernels_of not in _DEVICES:
@@ -138,13 +139,13 @@ def register_device(name: str, xp=np, *, kernels_of: str | None = None, array_ty
             raise ArgumentError(f"register_device(): a device named {name!r} exists already with another "
                                 "array module or kernel source")
         return known
-    device = _DEVICES[name] = Device(name, xp, array_type=array_type, kernels_of=kernels_of)
+    device = _DEVICES[name] = cls(name, xp, array_type=array_type, kernels_of=kernels_of)
     return device
 
 
 def get_device(device, where: str = "device") -> Device:
     """``device`` (a name or a Device) as the registered Device; an unknown one is an error naming ``where``."""
-    if type(device) is Device:
+    if isinstance(device, Device):
         return device
     found = _DEVICES.get(device) if isinstance(device, str) else None
     if found is None:

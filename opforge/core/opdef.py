@@ -35,6 +35,9 @@ TRAITS = {
                  "such ops block by block, in one pass over memory (opforge.program.fusion)",
     "data_shaped": "some output dims depend on the input values (bincount, unique): infer gives them as None, "
                    "known only when the kernel has run; the memory plan gives such outputs no pool buffer",
+    "view": "the output shares the first input's memory where NumPy can make a view (a slice, a transpose, a reshape "
+            "of contiguous memory), so an in-place write to one shows in the other: traced code follows it as eager "
+            "code does (opforge.program.trace)",
     "commutative": "a pointwise op of two inputs that gives the same result with them swapped: its output may also "
                    "be written into the second input's buffer",
 }
@@ -49,8 +52,11 @@ class Kernel(NamedTuple):
     takes_xp: bool  # accepts xp= (its device's array module)
 
     def bind(self, device):
-        """The kernel as dispatch and the executor call it on ``device``: with ``xp`` filled in if it takes it."""
-        return functools.partial(self.fn, xp=device.xp) if self.takes_xp else self.fn
+        """The kernel as dispatch and the executor call it on ``device``: with ``xp`` filled in if it takes it and
+        its default (``xp=np``, say) is not that device's module already (no partial's cost on the host)."""
+        if not self.takes_xp or (self.fn.__kwdefaults__ or {}).get("xp") is device.xp:
+            return self.fn
+        return functools.partial(self.fn, xp=device.xp)
 
 
 class GradRule(NamedTuple):
@@ -348,7 +354,7 @@ class OpDef:
     def find_kernel(self, device, dtype) -> Kernel:
         """The kernel for ``device`` (a Device or its name) and ``dtype``: the device's own, else one for every
         device, else (for a device that shares another's arrays) that device's."""
-        if type(device) is not Device:
+        if not isinstance(device, Device):
             device = get_device(device, f"op '{self.name}'.find_kernel()")
         key = (device.name, dtype)
         kernel = self._kernel_cache.get(key)

@@ -225,7 +225,9 @@ def _parameter(shape, dtype, device) -> Tensor:
 def _check_state(layer: str, name: str, state, expected: tuple, dtype):
     if not isinstance(state, Tensor) and not hasattr(state, "shape"):
         raise ArgumentError(f"{layer}: {name} must be a tensor, got {describe(state)}")
-    if tuple(state.shape) != tuple(expected):
+    # sizes known only at run time (a traced batch: Dims of two inputs) cannot be compared until then
+    if len(state.shape) != len(expected) or any(
+            isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(state.shape, expected)):
         raise ShapeError(f"{layer}: expected {name} of size {tuple(expected)}, got {tuple(state.shape)}")
     if state.dtype != dtype:
         raise ArgumentError(f"{layer}: {name} has dtype {state.dtype}, the input {dtype}")

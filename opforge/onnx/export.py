@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import re
+from pathlib import Path
 
 import numpy as np
 
@@ -23,12 +24,51 @@ from ..program.desc import Program
 from ..program.trace import trace
 
 DEFAULT_OPSET = 21
-MIN_OPSET = 18  # every Reduce* takes its axes as an input from 18 on: one way to write each mapping
+MIN_OPSET = 17  # what many runtimes in the field still run; Graph.reduce writes Reduce*'s axes as each opset wants
 MAX_OPSET = 23  # the newest opset the pinned ONNX Runtime runs every op we emit at
 
 
 class OnnxExportError(OpforgeError, ValueError):
     """A program that cannot be written as ONNX: an op with no mapping, or attrs its mapping cannot express."""
+
+
+# The ops that have no ONNX form, and why (docs/onnx.md lists them; tests/test_onnx_export.py fails on any other op
+# without a mapping). Besides these, the dedicated gradient ops (``_GRADIENT_OP``) have none: a model is exported
+# for inference, and a program's backward ops fall away.
+_NO_FACTORIZATION = "ONNX has no matrix inverse, linear solve or factorization op (only Det)"
+_ONE_DEVICE = "a collective across ranks: an ONNX model runs in one process"
+_TRAINING = "an optimizer's update, a training step: ONNX models are exported for inference"
+_SPECIAL = "ONNX has no special functions but Erf, and a composition of its ops would not keep their accuracy"
+_NOT_YET = "no mapping written yet: the op landed after the exporters (ONNX can express it; export refuses it for now)"
+NOT_EXPORTABLE = {
+    **dict.fromkeys(["linalg_inv", "linalg_solve", "linalg_cholesky", "linalg_qr", "linalg_svd",
+                     "linalg_eigh", "linalg_lu_factor", "lu_unpack", "cholesky_solve", "linalg_pinv",
+                     "linalg_slogdet", "linalg_matrix_exp"], _NO_FACTORIZATION),
+    **dict.fromkeys(["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all"], _ONE_DEVICE),
+    **dict.fromkeys(["sgd_momentum_buffer", "sgd_update", "adam_exp_avg", "adam_exp_avg_sq", "adam_update"],
+                    _TRAINING),
+    **dict.fromkeys(["erfc", "erfinv", "lgamma", "digamma", "polygamma", "i0", "special_i1"], _SPECIAL),
+    **dict.fromkeys(["adaptive_max_pool1d", "adaptive_max_pool1d_with_indices", "adaptive_max_pool3d",
+                     "adaptive_max_pool3d_with_indices", "argwhere", "ctc_nll", "index_copy", "index_fill",
+                     "isin", "masked_scatter", "masked_select", "max_unpool", "scatter", "scatter_reduce",
+                     "searchsorted", "tril_indices", "triu_indices"],
+                    _NOT_YET),
+}
+_GRADIENT_OP = re.compile(r"_grad(_grad|_input|_weight)?$")  # relu_grad, max_pool_grad_grad, conv_grad_input
+
+
+_LIBRARY = str(Path(__file__).resolve().parents[1])
+
+
+def not_exportable(opdef) -> str | None:
+    """Why the library's op ``opdef`` has no ONNX form, or None if it should have one (a user's op always may)."""
+    if not opdef.defined_at.startswith(_LIBRARY):
+        return None
+    if opdef.name in NOT_EXPORTABLE:
+        return NOT_EXPORTABLE[opdef.name]
+    if _GRADIENT_OP.search(opdef.name):
+        return "a gradient op: ONNX models are exported for inference (the backward pass falls away)"
+    return None
 
 
 def elem_type(dtype: np.dtype) -> int:
@@ -72,7 +112,9 @@ class Graph:
     """The builder an op's ONNX mapping writes through: ``g.op(...)`` adds a node, ``g.const(...)`` a constant.
 
     ``g.opset`` is the opset being written; ``g.outputs`` the Specs of the op being lowered (a mapping that must
-    cast to the op's result dtype reads it there); ``g.unsupported(why)`` refuses an attr combination clearly.
+    cast to the op's result dtype reads it there); ``g.needed`` whether the model reads each of them (a mapping may
+    return None for one it does not: the states a sequence op keeps for its backward pass); ``g.unsupported(why)``
+    refuses an attr combination clearly.
     """
 
     def __init__(self, opset: int, program: Program):
@@ -87,6 +129,8 @@ class Graph:
         self._counter = 0
         self.values: dict = {}  # our variable name -> Value
         self.outputs: list = []
+        self.needed: list = []
+        self._sources: dict = {}  # ONNX value name -> (our op, its input Values, its attrs)
         self.current = ""  # the op being lowered, for messages
 
     # -- for mappings ---------------------------------------------------------------------------------------------
@@ -126,7 +170,8 @@ class Graph:
             clean[k] = v
         self.nodes.append(self._helper.make_node(op_type, names, outs, name=self.fresh(f"n_{op_type}"), **clean))
         if spec is None and outputs == 1:
-            spec = next((v.spec for v in inputs if isinstance(v, Value)), None)
+            typed = inputs[1:] if op_type == "Where" else inputs  # Where's first input is its bool condition
+            spec = next((v.spec for v in typed if isinstance(v, Value)), None)
             if spec is not None and op_type in _RESULT_DTYPE:
                 spec = Spec((spec.ndim,) if op_type == "Shape" else spec.shape, _RESULT_DTYPE[op_type])
         values = [Value(n, spec if outputs == 1 else None) for n in outs]
@@ -194,16 +239,29 @@ class Graph:
         return self.op("Cast", x, to=elem_type(dtype), spec=None if shape is None else Spec(shape, dtype))
 
     def reduce(self, op_type: str, x: Value, axis, keepdim: bool, spec: Spec | None = None) -> Value:
-        """A Reduce* node over ``axis`` (None: every axis; (): none, as NumPy's ``axis=()``)."""
+        """A Reduce* node over ``axis`` (None: every axis; (): none, as NumPy's ``axis=()``). ReduceSum takes its
+        axes as an input from opset 13 on, the other Reduce* from 18 on; before that they are an attribute."""
+        axes_as_input = op_type == "ReduceSum" or self.opset >= 18
         if axis is None:
             return self.op(op_type, x, keepdims=keepdim, spec=spec)
         if not axis:
+            if not axes_as_input:  # no noop_with_empty_axes before 18: reducing over no axis changes nothing
+                return self.op("Identity", x, spec=spec)
             return self.op(op_type, x, keepdims=keepdim, noop_with_empty_axes=1, spec=spec)
-        return self.op(op_type, x, self.ints(a % max(x.ndim, 1) for a in axis), keepdims=keepdim, spec=spec)
+        axes = [a % max(x.ndim, 1) for a in axis]
+        if not axes_as_input:
+            return self.op(op_type, x, keepdims=keepdim, axes=axes, spec=spec)
+        return self.op(op_type, x, self.ints(axes), keepdims=keepdim, spec=spec)
 
     def exact(self, value: float) -> bool:
         """Whether ``value`` survives as an ONNX float attribute (float32): float64 exports need it exact."""
         return float(np.float32(value)) == float(value)
+
+    def source(self, value: Value):
+        """(op name, input Values, attrs) of the op of ours whose result ``value`` is, or None (a feed, a parameter,
+        a constant): a mapping may write a node of its own over that op's inputs (an ONNX LSTM over the input
+        projection's x and weights). The producer's nodes stay only if something else reads them."""
+        return self._sources.get(value.name)
 
     def unsupported(self, why: str) -> OnnxExportError:
         return OnnxExportError(f"{self.current}: cannot be written as ONNX opset {self.opset}: {why}")
@@ -258,6 +316,8 @@ def program_to_onnx(program: Program, opset: int = DEFAULT_OPSET, name: str = "o
     for i, op in enumerate(ops):
         opdef = registry.get(op.type)
         g.current = f"op #{i} {op.type} -> {', '.join(op.output_names())}"
+        if opdef.onnx_fn is None and not_exportable(opdef):
+            raise OnnxExportError(f"onnx.export(): op '{op.type}' has no ONNX form: {not_exportable(opdef)}")
         if opdef.onnx_fn is None:
             raise OnnxExportError(
                 f"onnx.export(): op '{op.type}' (defined at {opdef.defined_at}) has no ONNX mapping; give it one "
@@ -271,17 +331,23 @@ def program_to_onnx(program: Program, opset: int = DEFAULT_OPSET, name: str = "o
             else:
                 args.append(g.values[names[0]] if names else None)
         g.outputs = [block.vars[n].spec for n in op.output_names()]
+        g.needed = [n in used for n in op.output_names()]
         result = opdef.onnx_fn(g, *args, **op.attrs)
         flat = []
         for o, r in zip(opdef.outputs, result if len(opdef.outputs) > 1 else (result,)):
             flat.extend(r if o.is_list else [r])
-        if len(flat) != len(op.output_names()) or not all(isinstance(v, Value) for v in flat):
+        if len(flat) != len(op.output_names()) or not all(
+                isinstance(v, Value) or (v is None and not needed) for v, needed in zip(flat, g.needed)):
             raise OnnxExportError(f"{g.current}: the ONNX mapping of '{op.type}' must return "
-                                  f"{len(op.output_names())} Value(s), returned {describe(result)}")
+                                  f"{len(op.output_names())} Value(s) (None only for those the model does not read), "
+                                  f"returned {describe(result)}")
         for n, v in zip(op.output_names(), flat):
-            g.values[n] = Value(v.name, block.vars[n].spec)
+            if v is not None:
+                g.values[n] = Value(v.name, block.vars[n].spec)
+                g._sources.setdefault(v.name, (op.type, args, dict(op.attrs)))  # a mapping may pass a Value on
+    read = _drop_unread_nodes(g, {g.values[var].name for var in program.outputs.values()})
     outputs = _name_outputs(g, program, helper)
-    initializers = [numpy_helper.from_array(np.asarray(a), n) for n, a in g.initializers.items()]
+    initializers = [numpy_helper.from_array(np.asarray(a), n) for n, a in g.initializers.items() if n in read]
     graph = helper.make_graph(g.nodes, name, inputs, outputs, initializer=initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="opforge",
                               producer_version=_version())
@@ -291,6 +357,18 @@ def program_to_onnx(program: Program, opset: int = DEFAULT_OPSET, name: str = "o
     except Exception as e:  # our bug, not the user's: say which model and why
         raise OnnxExportError(f"onnx.export(): the written model fails onnx.checker: {e}") from None
     return model
+
+
+def _drop_unread_nodes(g: Graph, read: set) -> set:
+    """Remove the nodes nothing reads (a mapping that wrote a node over its input's producer leaves them); return
+    the names the graph reads."""
+    kept = []
+    for node in reversed(g.nodes):
+        if any(o in read for o in node.output):
+            kept.append(node)
+            read.update(node.input)
+    g.nodes[:] = kept[::-1]
+    return read
 
 
 def _name_outputs(g: Graph, program: Program, helper) -> list:

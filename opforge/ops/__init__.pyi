@@ -349,8 +349,8 @@ def ctc_nll_grad(
 # -- opforge.ops.device
 
 def to_device(x: _TensorLike, *, device: str) -> Tensor:
-    """A copy of x on ``device`` (the name of a registered device). This kernel reads host memory (it serves
-    every device whose arrays are host arrays); a device with memory of its own gives it a kernel of its own.
+    """A copy of x on ``device`` (the name of a registered device). ``xp`` is the array module of x's device:
+    one with memory of its own (CuPy's) has ``asnumpy``, which reads x back to the host.
     """
 
 # -- opforge.ops.elementwise
@@ -1228,13 +1228,14 @@ def sgd_momentum_buffer(
     grad: _TensorLike,
     param: _TensorLike,
     step: _TensorLike,
+    momentum: _TensorLike,
     *,
-    momentum: float,
     dampening: float = 0.0,
     weight_decay: float = 0.0,
 ) -> Tensor:
     """SGD's new momentum buffer: d = grad + weight_decay·param; d itself on the first step (``step`` = 0, the
-    number of steps taken so far), else momentum·buf + (1 − dampening)·d — as ``torch.optim.SGD``.
+    number of steps taken so far), else momentum·buf + (1 − dampening)·d — as ``torch.optim.SGD``. ``momentum``
+    is a 0-d tensor (a schedule may cycle it).
     """
 
 def sgd_update(
@@ -1242,26 +1243,27 @@ def sgd_update(
     grad: _TensorLike,
     lr: _TensorLike,
     momentum_buffer: _TensorLike | None = None,
+    momentum: _TensorLike | None = None,
     *,
-    momentum: float = 0.0,
     weight_decay: float = 0.0,
     nesterov: bool = False,
 ) -> Tensor:
     """SGD's new parameter: param − lr·d, with d = grad + weight_decay·param, then, given the step's new
     ``momentum_buffer`` b (from sgd_momentum_buffer), d + momentum·b (``nesterov``) or b — as
-    ``torch.optim.SGD``. ``momentum`` is used by Nesterov's look-ahead only.
+    ``torch.optim.SGD``. ``momentum`` (a 0-d tensor) is used by Nesterov's look-ahead only.
     """
 
 def adam_exp_avg(
     exp_avg: _TensorLike,
     grad: _TensorLike,
     param: _TensorLike,
+    beta1: _TensorLike,
     *,
-    beta1: float,
     weight_decay: float = 0.0,
 ) -> Tensor:
     """Adam's new first moment: exp_avg + (1 − beta1)·(g − exp_avg) with g = grad + weight_decay·param (Adam's
-    L2 decay; pass 0 for AdamW) — ``exp_avg.lerp_(g, 1 − beta1)`` in ``torch.optim.Adam``.
+    L2 decay; pass 0 for AdamW) — ``exp_avg.lerp_(g, 1 − beta1)`` in ``torch.optim.Adam``. ``beta1`` is a 0-d
+    tensor (a schedule may cycle it).
     """
 
 def adam_exp_avg_sq(
@@ -1282,8 +1284,8 @@ def adam_update(
     exp_avg_sq: _TensorLike,
     step: _TensorLike,
     lr: _TensorLike,
+    beta1: _TensorLike,
     *,
-    beta1: float,
     beta2: float,
     eps: float = 1e-08,
     weight_decay: float = 0.0,
@@ -2081,7 +2083,9 @@ def permute(x: _TensorLike, dims: Sequence[int] | int) -> Tensor:
     """Reorders the dims: dim i of the result is dim ``dims[i]`` of ``x`` (``torch.permute``)."""
 
 def flip(x: _TensorLike, axis: Sequence[int] | int, *, dims: Sequence[int] | int | None = None) -> Tensor:
-    """Reverses the order of the elements along each dim in ``axis``."""
+    """Reverses the order of the elements along each dim in ``axis``. The result is a copy, as torch's (NumPy's
+    flip is a view: an in-place write to the result would change ``x``).
+    """
 
 def concat(xs: Sequence[_TensorLike], axis: int = 0, *, dim: int | None = None) -> Tensor:
     """Joins tensors along an existing dim ``axis``; the other dims must agree (``torch.cat``)."""

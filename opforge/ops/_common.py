@@ -63,6 +63,8 @@ def max_last(x):
     """max x over the last axis, kept as a size-1 dim (−inf for an empty axis). The same values as
     np.maximum.reduce (max is exact and propagates nan either way), without its per-row cost on many short rows."""
     width = x.shape[-1]
+    if type(x) is not np.ndarray:  # a device's array: its own max (CuPy's ufuncs reduce with add and multiply only)
+        return x.max(axis=-1, keepdims=True) if width else np.full_like(x, -np.inf, shape=(*x.shape[:-1], 1))
     rows = x.size // width if width else 0
     if rows < 16 or not x.flags.c_contiguous:
         return np.maximum.reduce(x, axis=-1, keepdims=True, initial=-np.inf)
@@ -78,7 +80,18 @@ def max_over(x, axes: tuple):
     for the last axis alone."""
     if axes == (x.ndim - 1,):
         return max_last(x)
-    return np.maximum.reduce(x, axis=axes, keepdims=True, initial=-np.inf)
+    if type(x) is np.ndarray:
+        return np.maximum.reduce(x, axis=axes, keepdims=True, initial=-np.inf)
+    if all(x.shape[a] for a in axes):  # a device's array, as in max_last
+        return x.max(axis=axes, keepdims=True)
+    return np.full_like(x, -np.inf, shape=tuple(1 if a in axes else d for a, d in enumerate(x.shape)))
+
+
+def min_over(x, axes: tuple):
+    """min x over ``axes`` (normalised, sorted), kept as size-1 dims (+inf for an empty axis)."""
+    if type(x) is np.ndarray:
+        return np.minimum.reduce(x, axis=axes, keepdims=True, initial=np.inf)
+    return -max_over(-x, axes)  # a device's array (negation is exact)
 
 
 _ROWS: dict = {}  # (value, length, dtype) -> a read-only row of that value

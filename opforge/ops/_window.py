@@ -201,7 +201,7 @@ def batch_last_array(a, name: str | None = None):
     view = batch_last(a)
     if view.flags.c_contiguous:
         return view
-    out = np.empty(view.shape, a.dtype) if name is None else scratch(name, view.shape, a.dtype)
+    out = np.empty(view.shape, a.dtype, like=a) if name is None else scratch(name, view.shape, a.dtype, a)
     copy_batch_last(out, view)
     return out
 
@@ -216,14 +216,18 @@ def batch_first(a):
 # A kernel's big temporaries (the padded input, the im2col matrix, the column gradient) live in buffers kept per
 # thread and reused from call to call: allocated afresh, each call would map new pages from the OS and fault them
 # in, which measured as much as the GEMM itself in a training step (glibc hands blocks this size back to the OS).
-# Only temporaries use them — nothing a kernel returns — and only up to SCRATCH_LIMIT bytes each.
+# Only temporaries use them — nothing a kernel returns — and only up to SCRATCH_LIMIT bytes each. Another device's
+# arrays come from its own allocator (CuPy's memory pool reuses blocks already).
 SCRATCH_LIMIT = 1 << 24  # 16 MB: beyond that the GEMM work dwarfs the page faults
 _scratch = threading.local()
 
 
-def scratch(name: str, shape: tuple, dtype):
-    """An uninitialised array of ``shape`` and ``dtype`` in this thread's reusable buffer ``name``."""
+def scratch(name: str, shape: tuple, dtype, like):
+    """An uninitialised array of ``shape`` and ``dtype`` in this thread's reusable buffer ``name``, on the device
+    of the array ``like``."""
     dtype = np.dtype(dtype)
+    if type(like) is not np.ndarray:
+        return np.empty(shape, dtype, like=like)
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes > SCRATCH_LIMIT:
         return np.empty(shape, dtype)
@@ -253,7 +257,7 @@ def pad(a, w: Windows, value=0.0, name: str = "pad"):
     a batch apart; one copy first is cheaper.)"""
     if not any(w.lo) and not any(w.hi) and (a.flags.c_contiguous or a.shape[-1] == 1):
         return a
-    out = scratch(name, (a.shape[0], *w.padded, a.shape[-1]), a.dtype)
+    out = scratch(name, (a.shape[0], *w.padded, a.shape[-1]), a.dtype, a)
     out.fill(value)
     copy_batch_last(out[_interior_index(w)], a)
     return out
@@ -276,6 +280,8 @@ def im2col(ap, w: Windows):
     """The windows of a padded batch-last buffer as a read-only view (C, *kernel, *out, N): the array each column
     of the convolution GEMM is a patch of, before the one copy that lays it out as a matrix."""
     nd = len(w.kernel)
+    if type(ap) is not np.ndarray:  # a device's array: NumPy's as_strided and buffers are host memory's
+        return _device_im2col(ap, w)
     spatial = ap.strides[1:nd + 1]
     shape = (ap.shape[0], *w.kernel, *w.out, ap.shape[-1])
     strides = (ap.strides[0], *(s * d for s, d in zip(spatial, w.dilation)),
@@ -287,10 +293,21 @@ def im2col(ap, w: Windows):
     return as_strided(ap, shape, strides, writeable=False)
 
 
+def _device_im2col(ap, w: Windows):
+    """im2col through ``sliding_window_view`` (which the device's array module has): every window of the dilated
+    kernel's span, then the outputs' and the taps' steps."""
+    nd = len(w.kernel)
+    span = tuple(d * (k - 1) + 1 for k, d in zip(w.kernel, w.dilation))
+    view = np.lib.stride_tricks.sliding_window_view(ap, span, axis=tuple(range(1, nd + 1)))  # (C, *starts, N, *span)
+    view = view[(slice(None), *(slice(0, (o - 1) * s + 1, s) for o, s in zip(w.out, w.stride)), slice(None),
+                 *(slice(None, None, d) for d in w.dilation))]
+    return view.transpose(0, *range(nd + 2, 2 * nd + 2), *range(1, nd + 1), nd + 1)
+
+
 def col2im(cols, w: Windows, shape: tuple):
     """The transpose of im2col: a zero padded buffer ``shape`` (C, *padded, N) to which every column value
     (cols: (C, *kernel, *out, N)) is added where im2col read it, one tap at a time, in place."""
-    ap = np.zeros(shape, cols.dtype)
+    ap = np.zeros(shape, cols.dtype, like=cols)
     for tap, index in zip(np.ndindex(*w.kernel), tap_slices(w)):
         view = ap[index]
         np.add(view, cols[(slice(None), *tap)], out=view)

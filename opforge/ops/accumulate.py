@@ -16,7 +16,9 @@ def add_n(xs, out=None):
     if not all(x.dtype is first for x in xs):  # NumPy would promote otherwise than PyTorch
         xs = promoted(*xs, dtype=D.promote(*(x.dtype for x in xs)))
     if out is None:
-        total = np.asarray(np.add(xs[0], xs[1])) if len(xs) > 1 else xs[0].copy()  # 0-d: an array, not a scalar
+        total = np.add(xs[0], xs[1]) if len(xs) > 1 else xs[0].copy()
+        if not total.ndim:  # 0-d: NumPy gives a scalar, which cannot be added into; [...] is it as a 0-d array
+            total = total[...]
         rest = xs[2:]
     else:
         into = next((i for i, x in enumerate(xs) if x is out), None)

@@ -177,3 +177,33 @@ def tanhshrink(input):
     return input - F.tanh(input)
 
 
+
+
+# -- ONNX export: the kernels' comparisons with Where (ONNX's Shrink takes float32 attributes) ---------------------
+
+
+def _onnx_inside(g, x, lambd):
+    return g.op("And", g.op("GreaterOrEqual", x, g.scalar(-lambd, x)), g.op("LessOrEqual", x, g.scalar(lambd, x)))
+
+
+hardshrink.onnx(lambda g, x, *, lambd: g.op("Where", _onnx_inside(g, x, lambd), g.scalar(0, x), x))
+
+
+@softshrink.onnx
+def _(g, x, *, lambd):
+    moved = g.op("Sub", x, g.op("Mul", g.op("Sign", x), g.scalar(lambd, x)))
+    return g.op("Where", _onnx_inside(g, x, lambd), g.scalar(0, x), moved)
+
+
+threshold.onnx(lambda g, x, *, threshold, value: g.op(
+    "Where", g.op("LessOrEqual", x, g.scalar(threshold, x)), g.scalar(value, x), x))
+
+
+@rrelu_with_noise.onnx
+def _(g, x, *, lower, upper, training):
+    if training:  # a slope per element drawn in [lower, upper) (ONNX Runtime's draws), where x ≤ 0
+        slopes = g.op("RandomUniformLike", x, low=float(lower), high=float(upper))
+        noise = g.op("Where", g.op("LessOrEqual", x, g.scalar(0, x)), slopes, g.scalar(1, x))
+    else:
+        noise = g.op("Where", g.op("Greater", x, g.scalar(0, x)), g.scalar(1, x), g.scalar((lower + upper) / 2, x))
+    return g.op("Mul", x, noise), noise

@@ -100,7 +100,7 @@ def _columns(x, w: win.Windows, groups: int):
     """The im2col matrices of x, (groups, C/groups·∏kernel, ∏out·N), in scratch memory: one copy of a view of the
     padded input."""
     view = win.im2col(win.pad(win.batch_last(x), w), w)
-    cols = win.scratch("cols", view.shape, x.dtype)
+    cols = win.scratch("cols", view.shape, x.dtype, x)
     np.copyto(cols, view)
     return cols.reshape(groups, -1, math.prod(w.out) * x.shape[0])
 
@@ -122,7 +122,7 @@ def _input_grad(dy, weight, w: win.Windows, groups: int):
         return _input_grad_as_conv(dy, weight, flipped, groups)    # output channels than input channels
     dy2 = win.batch_last_array(dy, "dy").reshape(groups, out_c // groups, -1)  # no copy when dy is batch-last
     wt = weight.reshape(groups, out_c // groups, -1).transpose(0, 2, 1)
-    cols = np.matmul(wt, dy2, out=win.scratch("cols", (groups, wt.shape[1], dy2.shape[2]), dy.dtype))
+    cols = np.matmul(wt, dy2, out=win.scratch("cols", (groups, wt.shape[1], dy2.shape[2]), dy.dtype, dy))
     cols = cols.reshape(-1, *w.kernel, *w.out, n)  # (C, *kernel, *out, N)
     return win.batch_first(win.interior(win.col2im(cols, w, (cols.shape[0], *w.padded, n)), w))
 
@@ -469,9 +469,31 @@ def _define_conv_transpose(opdef, nd: int, samples) -> None:
     opdef.check(functools.partial(_check_transpose, nd))
     opdef.infer(functools.partial(_conv_transpose_spec, opdef.name, nd))
     opdef.grad(_conv_transpose_grad)
-    opdef.sbp(_sbp)  # no ONNX mapping: ONNX's reference evaluator, which runs float64 ConvTranspose, mishandles
-    # groups
+    opdef.sbp(_sbp)
+    opdef.onnx(_conv_transpose_onnx)
     opdef.samples(samples)
+
+
+def _conv_transpose_onnx(g, x, weight, bias, *, stride, padding, output_padding, groups, dilation):
+    nd = weight.ndim - 2
+    dtype = g.outputs[0].dtype
+    x, weight = g.cast(x, dtype), g.cast(weight, dtype)
+    bias = None if bias is None else g.cast(bias, dtype)
+    geometry = {"strides": win.expand(stride, nd), "pads": win.expand(padding, nd) * 2,
+                "output_padding": win.expand(output_padding, nd), "dilations": win.expand(dilation, nd)}
+
+    def build(x, spec):
+        if groups == 1 or weight.shape[0] is None or dtype != D.float64:
+            return g.op("ConvTranspose", x, weight, bias, group=groups, **geometry, spec=spec)
+        # float64: one ConvTranspose per group, concatenated. ONNX Runtime has no float64 kernel, and ONNX's
+        # reference evaluator, which runs such models, gets group > 1 wrong (onnx 1.23)
+        xs = g.op("Split", x, g.ints([weight.shape[0] // groups] * groups), axis=1, outputs=groups)
+        ws = g.op("Split", weight, g.ints([weight.shape[0] // groups] * groups), axis=0, outputs=groups)
+        ys = [g.op("ConvTranspose", xi, wi, **geometry, spec=spec) for xi, wi in zip(xs, ws)]
+        y = g.op("Concat", *ys, axis=1, spec=spec)
+        return y if bias is None else g.op("Add", y, g.op("Reshape", bias, g.ints([-1, *(1,) * nd])), spec=spec)
+
+    return win.onnx_batched(g, x, nd, build)
 
 
 @op("conv_transpose1d(Tensor<floating> x, Tensor<floating> weight, Tensor<floating>? bias=None, *, "
@@ -552,7 +574,7 @@ def unfold(x, *, kernel_size, dilation, padding, stride):
     x = x if batched else x[None]
     w = _unfold_geometry("unfold", x.shape[2:], kernel_size, dilation, padding, stride)
     n, c = x.shape[:2]
-    cols = np.array(win.im2col(win.pad(win.batch_last(x), w), w)).reshape(c * w.taps, math.prod(w.out), n)  # (a copy)
+    cols = win.im2col(win.pad(win.batch_last(x), w), w).copy().reshape(c * w.taps, math.prod(w.out), n)  # (a copy)
     return (win.batch_first(cols)) if batched else cols[..., 0]
 
 
@@ -629,3 +651,52 @@ def _(rng):
     yield Sample.of(_randn(rng, 1, 8, 15), output_size=[5, 4], kernel_size=2, dilation=[2, 1], padding=1,
                     stride=[2, 1])
     yield Sample.of(_randn(rng, 12, 4), output_size=[3, 3], kernel_size=2, stride=2, padding=1)  # unbatched
+
+
+# -- ONNX export of unfold and fold: a convolution (and its transpose) of each channel with one-hot kernels -------
+
+
+def _onnx_taps(g, kernel, dtype):
+    """(taps, 1, kH, kW) weights, tap t reading kernel position t (row-major) alone: a convolution with them is
+    im2col's gathering, exactly (every product is by 1 or 0)."""
+    taps = math.prod(kernel)
+    return g.const(np.eye(taps, dtype=dtype).reshape(taps, 1, *kernel))
+
+
+def _onnx_window_attrs(kernel_size, dilation, padding, stride):
+    return {"strides": win.expand(stride, 2), "pads": win.expand(padding, 2) * 2, "dilations": win.expand(dilation, 2)}
+
+
+@unfold.onnx
+def _(g, x, *, kernel_size, dilation, padding, stride):
+    batched = x.ndim == 4
+    if not batched:
+        x = g.op("Unsqueeze", x, g.ints([0]), spec=Spec((1, *x.shape), x.dtype))
+    kernel = win.expand(kernel_size, 2)
+    # every channel an image of its own (N·C, 1, H, W), so that one filter per tap serves all
+    images = g.op("Reshape", x, g.ints([-1, 1, 0, 0]))
+    cols = g.op("Conv", images, _onnx_taps(g, kernel, x.dtype), kernel_shape=kernel,
+                **_onnx_window_attrs(kernel_size, dilation, padding, stride))
+    rows = g.op("Mul", g.op("Shape", x, start=1, end=2), g.ints([math.prod(kernel)]))
+    y = g.op("Reshape", cols, g.op("Concat", g.op("Shape", x, start=0, end=1), rows, g.ints([-1]), axis=0),
+             spec=Spec((x.shape[0], *g.outputs[0].shape[-2:]), x.dtype))
+    return y if batched else g.op("Squeeze", y, g.ints([0]), spec=g.outputs[0])
+
+
+@fold.onnx
+def _(g, x, *, output_size, kernel_size, dilation, padding, stride):
+    batched, _, w = _fold_geometry("fold", x.shape, output_size, kernel_size, dilation, padding, stride)
+    if not batched:
+        x = g.op("Unsqueeze", x, g.ints([0]), spec=Spec((1, *x.shape), x.dtype))
+    kernel = win.expand(kernel_size, 2)
+    attrs = _onnx_window_attrs(kernel_size, dilation, padding, stride)
+    # ConvTranspose's size is (o − 1)·s + d·(k − 1) + 1 − 2p: the positions no window reaches, behind, come as
+    # output padding
+    reached = [(o - 1) * s + d * (k - 1) + 1 - 2 * p for o, s, d, k, p in
+               zip(w.out, attrs["strides"], attrs["dilations"], kernel, win.expand(padding, 2))]
+    cols = g.op("Reshape", x, g.ints([-1, math.prod(kernel), *w.out]))  # (N·C, taps, oh, ow)
+    images = g.op("ConvTranspose", cols, _onnx_taps(g, kernel, x.dtype), kernel_shape=kernel,
+                  output_padding=[n - r for n, r in zip(w.size, reached)], **attrs)
+    y = g.op("Reshape", images, g.op("Concat", g.op("Shape", x, start=0, end=1), g.ints([-1, *w.size]), axis=0),
+             spec=Spec((x.shape[0], *g.outputs[0].shape[-3:]), x.dtype))
+    return y if batched else g.op("Squeeze", y, g.ints([0]), spec=g.outputs[0])

@@ -22,18 +22,18 @@ def _shape_samples(rng):
 
 
 @op("zeros(*, int[] shape, dtype dtype=None) -> Tensor y", traits=["no_grad"], infer=_shape_spec("zeros"))
-def zeros(*, shape, dtype):
+def zeros(*, shape, dtype, xp=np):
     """A tensor of zeros (float32 unless ``dtype`` says otherwise)."""
-    return np.zeros(shape, dtype or D.DEFAULT_FLOAT)
+    return xp.zeros(shape, dtype or D.DEFAULT_FLOAT)
 
 
 zeros.onnx(lambda g, *, shape, dtype: g.filled(g.ints(shape), 0, dtype or D.DEFAULT_FLOAT))
 
 
 @op("ones(*, int[] shape, dtype dtype=None) -> Tensor y", traits=["no_grad"], infer=_shape_spec("ones"))
-def ones(*, shape, dtype):
+def ones(*, shape, dtype, xp=np):
     """A tensor of ones (float32 unless ``dtype`` says otherwise)."""
-    return np.ones(shape, dtype or D.DEFAULT_FLOAT)
+    return xp.ones(shape, dtype or D.DEFAULT_FLOAT)
 
 
 ones.onnx(lambda g, *, shape, dtype: g.filled(g.ints(shape), 1, dtype or D.DEFAULT_FLOAT))
@@ -41,9 +41,9 @@ ones.onnx(lambda g, *, shape, dtype: g.filled(g.ints(shape), 1, dtype or D.DEFAU
 
 @op("full(*, int[] shape, float fill_value, dtype dtype=None) -> Tensor y", traits=["no_grad"],
     infer=_shape_spec("full"))
-def full(*, shape, fill_value, dtype):
+def full(*, shape, fill_value, dtype, xp=np):
     """A tensor filled with ``fill_value``."""
-    return np.full(shape, fill_value, dtype or D.DEFAULT_FLOAT)
+    return xp.full(shape, fill_value, dtype or D.DEFAULT_FLOAT)
 
 
 full.onnx(lambda g, *, shape, fill_value, dtype: g.filled(g.ints(shape), fill_value, dtype or D.DEFAULT_FLOAT))
@@ -81,9 +81,9 @@ def _(g, *, shape, low, high, dtype):
 
 
 @op("arange(*, float start, float stop, float step=1.0, dtype dtype=None) -> Tensor y", traits=["no_grad"])
-def arange(*, start, stop, step, dtype):
+def arange(*, start, stop, step, dtype, xp=np):
     """Evenly spaced values in [start, stop)."""
-    return np.arange(start, stop, step).astype(dtype or D.DEFAULT_FLOAT)
+    return xp.arange(start, stop, step).astype(dtype or D.DEFAULT_FLOAT)
 
 
 @arange.onnx
@@ -131,9 +131,9 @@ def _(rng):
 
 
 @op("eye(int n, int m=None, *, dtype dtype=None) -> Tensor y", traits=["no_grad"])
-def eye(*, n, m, dtype):
+def eye(*, n, m, dtype, xp=np):
     """The n×m identity matrix (m defaults to n)."""
-    return np.eye(n, m, dtype=dtype or D.DEFAULT_FLOAT)
+    return xp.eye(n, m, dtype=dtype or D.DEFAULT_FLOAT)
 
 
 eye.onnx(lambda g, **attrs: g.const(np.asarray(eye.fn(**attrs).numpy())))

@@ -12,15 +12,21 @@ def _destination(attrs: dict):
 
 
 @op("to_device(Tensor x, *, str device) -> Tensor y", traits=["elementwise"], out_device=_destination)
-def to_device(x, *, device):
-    """A copy of x on ``device`` (the name of a registered device). This kernel reads host memory (it serves every
-    device whose arrays are host arrays); a device with memory of its own gives it a kernel of its own."""
-    return get_device(device).from_host(np.asarray(x), copy=True)
+def to_device(x, *, device, xp=np):
+    """A copy of x on ``device`` (the name of a registered device). ``xp`` is the array module of x's device: one
+    with memory of its own (CuPy's) has ``asnumpy``, which reads x back to the host."""
+    target = get_device(device)
+    if type(x) is target.array_type:  # the same kind of arrays: copied there, never through the host
+        return target.xp.array(x, copy=True)
+    return target.from_host(xp.asnumpy(x) if hasattr(xp, "asnumpy") else x, copy=True)
 
 
 @to_device.check
 def _(*, device):
     get_device(device, "to_device()")  # an unknown device is refused at the call, naming the known ones
+
+
+to_device.onnx(lambda g, x, *, device: g.op("Identity", x))  # an ONNX model has no devices: its runtime places values
 
 
 @to_device.grad

@@ -24,6 +24,7 @@ from ._common import (
     _subtract,
     broadcast_shapes,
     constant_row,
+    min_over,
     normalize_axes,
     np,
     op,
@@ -34,6 +35,10 @@ from ._common import (
 def _carry_nan(x, dx):
     """``dx`` (a fresh array, changed in place) with NaN wherever ``x`` is NaN. The max over ``x`` tells cheaply
     whether it holds a NaN at all (max propagates NaN; it takes 2.5 µs over 64×512 float32, the sum 5.6)."""
+    if type(x) is not np.ndarray:  # a device's array: no read to choose (each read stalls the device)
+        if x.dtype.kind in "fc":
+            np.copyto(dx, np.nan, where=np.isnan(x))
+        return dx
     if x.dtype.kind in "fc" and x.size and np.isnan(np.maximum.reduce(x, axis=None)):
         if type(dx) is not np.ndarray:  # a NumPy scalar (ufuncs of 0-d arrays give one), which cannot be written
             dx = np.asarray(dx).copy()
@@ -76,7 +81,7 @@ def _nan_at_nan(x, g):
 # -- the seed designs' examples --------------------------------------------------------------------------------
 
 
-@op("identity(Tensor x) -> Tensor y", traits=["elementwise", "pointwise"])
+@op("identity(Tensor x) -> Tensor y", traits=["elementwise", "pointwise", "view"])
 def identity(x):
     """Returns its input unchanged (a new tensor sharing the data)."""
     return x
@@ -195,6 +200,8 @@ def leaky_relu(x, *, alpha):
         a = _TYPED[alpha][x.dtype]
     except KeyError:
         a = _typed(alpha, x.dtype)
+    if type(x) is not np.ndarray:  # a device's array takes the number (see _zero)
+        a = alpha
     scaled = _multiply(x, a)
     if alpha != alpha:  # NaN: x where x > 0, NaN elsewhere, as torch (max and min spread the NaN to every element)
         return np.where(x > 0, x, scaled)
@@ -312,6 +319,13 @@ _ZERO = {np.dtype(t): _typed(0, np.dtype(t)) for t in (np.float16, np.float32, n
 _ONE = {dtype: _typed(1, dtype) for dtype in _ZERO}
 
 
+def _one(x):
+    """1 for a kernel on x: the cached 0-d array of x's dtype on the host; on a device the Python 1 (CuPy takes
+    numbers and NumPy scalars, not host arrays; a Python number takes the array's dtype there as here). The
+    hottest kernels inline it, and its 0 (``_ZERO``)."""
+    return _ONE.get(x.dtype, 1) if type(x) is np.ndarray else 1
+
+
 @op("tanh(Tensor<floating> x) -> Tensor y", traits=["elementwise", "pointwise"], inplace={"y": "x"})
 def tanh(x, out=None):
     """Hyperbolic tangent."""
@@ -333,7 +347,7 @@ def _(y, dy):
     inplace={"dx": "dy"})
 def tanh_grad(y, dy, out=None):
     """Gradient of tanh from its output: dx = dy·(1 − y²)."""
-    one = _ONE.get(y.dtype, 1)  # a 1 of y's dtype: no Python-scalar promotion
+    one = _ONE.get(y.dtype, 1) if type(y) is np.ndarray else 1  # _one(y): no Python-scalar promotion
     if out is None and y.size <= 4096:  # small: fresh arrays cost less than the checks for reusing one (0.6 µs
         return _multiply(dy, _subtract(one, _multiply(y, y)))  # against 1.0 on 16 elements)
     t = _multiply(y, y)
@@ -388,7 +402,7 @@ def _(y, dy):
 @op("sigmoid_grad(Tensor<floating> y, Tensor<floating> dy) -> Tensor dx", traits=["elementwise", "pointwise"])
 def sigmoid_grad(y, dy):
     """Gradient of sigmoid from its output: dx = dy·y·(1 − y)."""
-    return dy * y * np.subtract(_ONE.get(y.dtype, 1), y)
+    return dy * y * np.subtract(_one(y), y)
 
 
 sigmoid_grad.scalar("dy * y * (1 - y)")
@@ -412,7 +426,8 @@ _ROW = 16384  # over NumPy's ufunc buffer (8192 elements): rows that fit in it t
 def relu(x, out=None):
     """y = max(x, 0)."""
     n = x.size
-    if n >= 4096 and x.dtype.kind == "f" and x.flags.c_contiguous and (out is None or out.flags.c_contiguous):
+    if n >= 4096 and type(x) is np.ndarray and x.dtype.kind == "f" and x.flags.c_contiguous and (
+            out is None or out.flags.c_contiguous):
         # NumPy's maximum takes its vector loop only when no operand is a broadcast scalar: against rows of zeros
         # it is 3.5x faster on 64×512 float32 here (2.8 against 10 µs; the same comparison, element by element).
         zeros = constant_row(0, _ROW, x.dtype)
@@ -422,7 +437,7 @@ def relu(x, out=None):
             np.maximum(flat_x[:body].reshape(-1, _ROW), zeros, out=flat_y[:body].reshape(-1, _ROW))
         np.maximum(flat_x[body:], zeros[:n - body], out=flat_y[body:])
         return y
-    return np.maximum(x, _ZERO.get(x.dtype, 0), out=out)
+    return np.maximum(x, _ZERO.get(x.dtype, 0) if type(x) is np.ndarray else 0, out=out)  # (see _one)
 
 
 relu.scalar("maximum(x, 0)")
@@ -443,7 +458,8 @@ def relu_grad(y, dy, out=None):
     A dedicated op for speed: ``np.where`` on a random mask is branchy and several times slower than a
     multiply by the mask, which is the backward of every ReLU network. (A NaN in ``dy`` where y ≤ 0 stays NaN.)
     """
-    return _carry_nan(y, np.multiply(dy, np.greater(y, _ZERO.get(y.dtype, 0)), out=out))
+    return _carry_nan(y, np.multiply(dy, np.greater(y, _ZERO.get(y.dtype, 0) if type(y) is np.ndarray else 0),
+                                     out=out))  # (see _one)
 
 
 relu_grad.scalar("y if isnan(y) else dy * (y > 0)")
@@ -512,18 +528,18 @@ def _like_spec(x, *, dtype=None):
 
 
 @op("zeros_like(Tensor x, *, dtype dtype=None) -> Tensor y", traits=["no_grad", "shape_only"], infer=_like_spec)
-def zeros_like(x, *, dtype):
+def zeros_like(x, *, dtype, xp=np):
     """Zeros of the shape (and, unless ``dtype`` is given, the dtype) of ``x``."""
-    return np.zeros(x.shape, dtype or x.dtype)
+    return xp.zeros(x.shape, dtype or x.dtype)
 
 
 zeros_like.onnx(lambda g, x, *, dtype: g.filled(g.op("Shape", x), 0, dtype or x.dtype))
 
 
 @op("ones_like(Tensor x, *, dtype dtype=None) -> Tensor y", traits=["no_grad", "shape_only"], infer=_like_spec)
-def ones_like(x, *, dtype):
+def ones_like(x, *, dtype, xp=np):
     """Ones of the shape (and, unless ``dtype`` is given, the dtype) of ``x``."""
-    return np.ones(x.shape, dtype or x.dtype)
+    return xp.ones(x.shape, dtype or x.dtype)
 
 
 ones_like.onnx(lambda g, x, *, dtype: g.filled(g.op("Shape", x), 1, dtype or x.dtype))
@@ -1039,7 +1055,7 @@ def clip(x, min, max):
     dtype = _clip_spec(x, min, max).dtype
     x, min, max = (None if a is None else a.astype(dtype, copy=False) for a in (x, min, max))
     y = x if min is None else np.maximum(x, min)
-    return np.asarray(y if max is None else np.minimum(y, max))
+    return y if max is None else np.minimum(y, max)  # (a NumPy scalar for a 0-d x: dispatch makes it an array)
 
 
 
@@ -1402,7 +1418,7 @@ def _(rng):
 def softmin(x, *, axis):
     """softmax(−x) along ``axis``: exp(−x) / Σ exp(−x), shifted by min x so nothing overflows."""
     axes = normalize_axes("softmin", [axis], x.ndim)
-    e = np.exp(np.min(x, axis=axes, keepdims=True, initial=np.inf) - x)
+    e = np.exp(min_over(x, axes) - x)
     return e / np.sum(e, axis=axes, keepdims=True)
 
 
@@ -1445,7 +1461,13 @@ def glu(x, *, axis):
 
 @glu.onnx
 def _(g, x, *, axis):
-    a, b = g.op("Split", x, axis=axis, num_outputs=2, outputs=2)
+    half = g.outputs[0].shape[axis]
+    if half is not None:  # Split's sizes as an input: every opset from 13
+        a, b = g.op("Split", x, g.ints([half, half]), axis=axis, outputs=2)
+    elif g.opset >= 18:
+        a, b = g.op("Split", x, axis=axis, num_outputs=2, outputs=2)
+    else:
+        raise g.unsupported(f"glu over dim {axis} of a size known only at run time needs opset 18 (num_outputs)")
     return g.op("Mul", a, g.op("Sigmoid", b))
 
 

@@ -17,7 +17,7 @@ from opforge import ops as F
 from ..core.errors import ArgumentError
 from ._common import D, Sample, Spec, function, np, op, promoted
 from .binary import _compare_spec
-from .integer import _no_integer_zero
+from .integer import _no_integer_zero, _onnx_sign_bit, _onnx_signed
 
 
 def _floating(name: str, doc: str, kernel, rule, samples=None):
@@ -454,3 +454,191 @@ def addcdiv(input, tensor1, tensor2, *, value=1):
                             "divide floating tensors (or use (tensor1 // tensor2) for a floor division)")
     input, tensor1, tensor2 = _in_result_type(input, tensor1, tensor2)
     return input + (tensor1 / tensor2 if value == 1 else value * tensor1 / tensor2)
+
+
+# -- ONNX export of the ops above ONNX has no node for: the kernels' formulas --------------------------------------
+
+
+def _onnx_operands(g, *xs):
+    return [g.cast(x, g.outputs[0].dtype) for x in xs]
+
+
+def _onnx_trunc(g, x):
+    return g.op("Where", g.op("Less", x, g.scalar(0, x)), g.op("Ceil", x), g.op("Floor", x))
+
+
+log2.onnx(lambda g, x: g.op("Div", g.op("Log", x), g.scalar(_LN2, x)))
+log10.onnx(lambda g, x: g.op("Div", g.op("Log", x), g.scalar(_LN10, x)))
+exp2.onnx(lambda g, x: g.op("Pow", g.scalar(2, x), x, spec=g.outputs[0]))
+frac.onnx(lambda g, x: g.op("Sub", x, _onnx_trunc(g, x)))
+trunc.onnx(lambda g, x: _onnx_trunc(g, x) if D.is_floating(x.dtype) else g.op("Identity", x))
+
+
+@logit.onnx
+def _(g, x, *, eps):
+    if eps is not None:
+        x = g.op("Clip", x, g.scalar(eps, x), g.scalar(1 - eps, x))
+    return g.op("Log", g.op("Div", x, g.op("Sub", g.scalar(1, x), x)))
+
+
+def _onnx_value_test(positive: bool, negative: bool):
+    def mapping(g, x):
+        if not D.is_floating(x.dtype):
+            return g.filled(g.op("Shape", x), False, D.bool_)
+        return g.op("IsInf", x, detect_positive=positive, detect_negative=negative, spec=g.outputs[0])
+    return mapping
+
+
+isinf.onnx(_onnx_value_test(True, True))
+isposinf.onnx(_onnx_value_test(True, False))
+isneginf.onnx(_onnx_value_test(False, True))
+
+
+@nan_to_num.onnx
+def _(g, x, *, nan, posinf, neginf):
+    if not D.is_floating(x.dtype):
+        return g.op("Identity", x)
+    info = ml_dtypes.finfo(x.dtype)
+    y = g.op("Where", g.op("IsNaN", x), g.scalar(nan, x), x)
+    y = g.op("Where", g.op("IsInf", x, detect_negative=0), g.scalar(info.max if posinf is None else posinf, x), y)
+    return g.op("Where", g.op("IsInf", x, detect_positive=0), g.scalar(info.min if neginf is None else neginf, x), y)
+
+
+@atan2.onnx
+def _(g, x, y):
+    # C's atan2(x, y) (x, y are torch's input and other: the angle of the point (y, x)), its special cases
+    # included: the angle's size from |x| and |y|, its half-plane from y's sign bit, its sign from x's
+    x, y = _onnx_operands(g, x, y)
+    zero = g.scalar(0, x)
+    ax, ay, y_negative = g.op("Abs", x), g.op("Abs", y), _onnx_sign_bit(g, y)
+    t = g.op("Atan", g.op("Div", ax, ay))  # ay = 0 gives π/2, ax = inf π/2, ay = inf 0
+    size = g.op("Where", y_negative, g.op("Sub", g.scalar(math.pi, x), t), t)
+    both_inf = g.op("And", g.op("IsInf", x), g.op("IsInf", y))
+    size = g.op("Where", both_inf, g.op("Where", y_negative, g.scalar(3 * math.pi / 4, x), g.scalar(math.pi / 4, x)),
+                size)
+    size = g.op("Where", g.op("Equal", x, zero), g.op("Where", y_negative, g.scalar(math.pi, x), zero), size)
+    angle = _onnx_signed(g, size, _onnx_sign_bit(g, x))
+    return g.op("Where", g.op("Or", g.op("IsNaN", x), g.op("IsNaN", y)), g.scalar(math.nan, x), angle,
+                spec=g.outputs[0])
+
+
+@hypot.onnx
+def _(g, x, y):
+    # the larger magnitude times √(1 + r²), r the ratio of the smaller: no overflow (0 where both are 0)
+    x, y = (g.op("Abs", v) for v in _onnx_operands(g, x, y))
+    big, small = g.op("Max", x, y), g.op("Min", x, y)
+    zero = g.scalar(0, x)
+    ratio = g.op("Div", small, g.op("Where", g.op("Equal", big, zero), g.scalar(1, x), big))
+    length = g.op("Mul", big, g.op("Sqrt", g.op("Add", g.scalar(1, x), g.op("Mul", ratio, ratio))))
+    infinite = g.op("Or", g.op("IsInf", x), g.op("IsInf", y))  # inf, even beside a NaN (C's hypot)
+    return g.op("Where", infinite, g.scalar(math.inf, x), length, spec=g.outputs[0])
+
+
+@logaddexp.onnx
+def _(g, x, y):
+    # max + ln(1 + e^−|x − y|); equal arguments (infinities too) give x + ln 2
+    x, y = _onnx_operands(g, x, y)
+    spread = g.call("log1p", g.op("Exp", g.op("Neg", g.op("Abs", g.op("Sub", x, y)))))
+    return g.op("Where", g.op("Equal", x, y), g.op("Add", x, g.scalar(_LN2, x)),
+                g.op("Add", g.op("Max", x, y), spread), spec=g.outputs[0])
+
+
+@xlogy.onnx
+def _(g, x, y):
+    x, y = _onnx_operands(g, x, y)
+    product = g.op("Where", g.op("Equal", x, g.scalar(0, x)), g.scalar(0, x), g.op("Mul", x, g.op("Log", y)))
+    return g.op("Where", g.op("IsNaN", y), g.scalar(math.nan, x), product, spec=g.outputs[0])
+
+
+fmod.onnx(lambda g, x, y: g.op("Mod", *_onnx_operands(g, x, y), fmod=1, spec=g.outputs[0]))
+
+
+@copysign.onnx
+def _(g, x, y):
+    x, y = _onnx_operands(g, x, y)
+    return _onnx_signed(g, g.op("Abs", x), _onnx_sign_bit(g, y))
+
+
+def _onnx_nan_ignoring(extreme: str):
+    def mapping(g, x, y):
+        x, y = _onnx_operands(g, x, y)
+        if not D.is_floating(x.dtype):
+            return g.op(extreme, x, y, spec=g.outputs[0])
+        kept = g.op("Where", g.op("IsNaN", y), x, g.op(extreme, x, y))
+        return g.op("Where", g.op("IsNaN", x), y, kept, spec=g.outputs[0])
+    return mapping
+
+
+fmax.onnx(_onnx_nan_ignoring("Max"))
+fmin.onnx(_onnx_nan_ignoring("Min"))
+
+
+@bitwise_xor.onnx
+def _(g, x, y):
+    x, y = _onnx_operands(g, x, y)
+    if x.dtype == D.bool_:
+        return g.op("Xor", x, y, spec=g.outputs[0])
+    if g.opset < 18:
+        raise g.unsupported("BitwiseXor on integers needs opset 18")
+    return g.op("BitwiseXor", x, y, spec=g.outputs[0])
+
+
+def _onnx_shift(left: bool):
+    def mapping(g, x, y):
+        # ONNX's BitShift takes unsigned integers: the bits of x as such (a Cast wraps modulo 2ⁿ), shifted, and
+        # back; a right shift of a negative x is ~((~x) >> y), which fills with ones. Counts outside [0, n) give
+        # 0 (−1 for a negative x shifted right), as the kernel.
+        x, y = _onnx_operands(g, x, y)
+        bits = x.dtype.itemsize * 8
+        unsigned = np.dtype(f"uint{bits}")
+        zero, minus_one = g.scalar(0, x), g.scalar(-1, x)
+        fits = g.op("And", g.op("GreaterOrEqual", y, zero), g.op("Less", y, g.scalar(bits, x)))
+        count = g.cast(g.op("Where", fits, y, zero), unsigned)
+
+        def shifted(v):
+            return g.cast(g.op("BitShift", g.cast(v, unsigned), count, direction="LEFT" if left else "RIGHT",
+                               spec=Spec(g.outputs[0].shape, unsigned)), x.dtype)
+
+        if left:
+            return g.op("Where", fits, shifted(x), zero, spec=g.outputs[0])
+        negative = g.op("Less", x, zero)
+        flipped = g.op("Sub", minus_one, shifted(g.op("Sub", minus_one, x)))  # ~v is −1 − v
+        inside = g.op("Where", negative, flipped, shifted(x))
+        return g.op("Where", fits, inside, g.op("Where", negative, minus_one, zero), spec=g.outputs[0])
+    return mapping
+
+
+bitwise_left_shift.onnx(_onnx_shift(True))
+bitwise_right_shift.onnx(_onnx_shift(False))
+logical_xor.onnx(lambda g, x, y: g.op("Xor", g.cast(x, D.bool_), g.cast(y, D.bool_), spec=g.outputs[0]))
+
+
+@isclose.onnx
+def _(g, x, y, *, rtol, atol, equal_nan):
+    dtype = D.promote(x.dtype, y.dtype)
+    x, y = g.cast(x, dtype), g.cast(y, dtype)
+    close = g.op("Equal", x, y)
+    if equal_nan and D.is_floating(dtype):
+        close = g.op("Or", close, g.op("And", g.op("IsNaN", x), g.op("IsNaN", y)))
+    if dtype == D.bool_:
+        x, y = g.cast(x, D.float32), g.cast(y, D.float32)
+    # as the kernel's NumPy: a float dtype compares in it; integer differences against float32 bounds in float64
+    exact = D.is_floating(x.dtype)
+    bound_type = x.dtype if exact else D.float32
+    actual = g.op("Abs", g.op("Sub", x, y))
+    allowed = g.op("Add", g.const(np.asarray(atol, bound_type)), g.op("Abs", g.op(
+        "Mul", g.const(np.asarray(rtol, bound_type)), g.cast(y, bound_type))))
+    if not exact:
+        actual, allowed = g.cast(actual, D.float64), g.cast(allowed, D.float64)
+    finite = g.op("Not", g.op("Or", g.op("IsInf", actual), g.op("IsNaN", actual))) if exact else None
+    within = g.op("LessOrEqual", actual, allowed)
+    return g.op("Or", close, within if finite is None else g.op("And", finite, within), spec=g.outputs[0])
+
+
+@lerp.onnx
+def _(g, x, end, weight):
+    x, end, weight = _onnx_operands(g, x, end, weight)
+    diff = g.op("Sub", end, x)
+    near_x = g.op("Add", x, g.op("Mul", weight, diff))
+    near_end = g.op("Sub", end, g.op("Mul", diff, g.op("Sub", g.scalar(1, x), weight)))
+    return g.op("Where", g.op("Less", g.op("Abs", weight), g.scalar(0.5, x)), near_x, near_end, spec=g.outputs[0])

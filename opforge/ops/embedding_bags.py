@@ -49,7 +49,7 @@ def _bag_spec(index, weight, offsets, per_sample_weights, mode, include_last_off
 def _bags_np(index, offsets, include_last_offset):
     """(the flat index, the bag of each entry, the number of bags) from the kernel's arrays."""
     if index.ndim == 2:
-        return index.reshape(-1), np.repeat(np.arange(index.shape[0]), index.shape[1]), index.shape[0]
+        return index.reshape(-1), np.repeat(np.arange(index.shape[0], like=index), index.shape[1]), index.shape[0]
     count = builtins.max(len(offsets) - include_last_offset, 0)
     if len(offsets) and (offsets[0] != 0 or np.any(np.diff(offsets) < 0) or offsets[-1] > len(index)):
         raise ArgumentError(f"embedding_bag(): offsets must start at 0, never decrease and not pass the "
@@ -58,7 +58,7 @@ def _bags_np(index, offsets, include_last_offset):
         # PyTorch's documented form; past it, its results depend on the mode and the dtype
         raise ArgumentError(f"embedding_bag(): with include_last_offset, the last offset closes the last bag: it "
                             f"must be {len(index)}, the number of entries, got offsets {offsets.tolist()}")
-    bag = np.searchsorted(offsets[:count], np.arange(len(index)), side="right") - 1
+    bag = np.searchsorted(offsets[:count], np.arange(len(index), like=index), side="right") - 1
     return index, bag, count
 
 
@@ -79,13 +79,13 @@ def embedding_bag(index, weight, offsets, per_sample_weights, *, mode, include_l
         bad = flat[(flat < 0) | (flat >= weight.shape[0])][0]
         raise ArgumentError(f"embedding_bag(): index holds {int(bad)}, outside [0, {weight.shape[0]}) (the rows of "
                             f"the weight)")
-    used = np.ones(len(flat), bool)
+    used = np.ones(len(flat), bool, like=flat)
     if padding_idx is not None:
         used &= flat != padding_idx % weight.shape[0]
     rows = weight[flat[used]]
     if per_sample_weights is not None:
         rows = rows * per_sample_weights.reshape(-1)[used, None]
-    y = np.zeros((count, weight.shape[1]), spec.dtype)
+    y = np.zeros((count, weight.shape[1]), spec.dtype, like=weight)
     if mode == "max":
         y.fill(-np.inf)
         np.maximum.at(y, bag[used], rows)
@@ -166,3 +166,63 @@ def _(rng):
     yield Sample.of(np.array([[0, 2, 5], [1, 3, 1]]), weight, mode="max")  # row 1 twice in a bag: once counts
     yield Sample.of(np.array([3, 2, 5, 1, 3, 4]), weight, np.array([0, 1, 4, 6]), mode="max", include_last_offset=True)
     yield Sample.of(np.array([0, 2, 2, 1, 2]), weight, np.array([0, 3]), padding_idx=2)
+
+
+# -- ONNX export: each entry's row gathered, then added (or maxed) into its bag with ScatterElements -------------
+
+
+@embedding_bag.onnx
+def _(g, index, weight, offsets, per_sample_weights, *, mode, include_last_offset, padding_idx):
+    i64 = np.dtype(np.int64)
+    dtype = g.outputs[0].dtype
+    weight = g.cast(weight, dtype)
+    zero, one = g.const(np.array(0, np.int64)), g.const(np.array(1, np.int64))
+    if index.ndim == 2:  # bag b holds row b of the index
+        flat = g.op("Reshape", g.cast(index, i64), g.ints([-1]), spec=Spec((None,), i64))
+        count = g.op("Shape", index, start=0, end=1, spec=Spec((1,), i64))
+        bags = g.op("Range", zero, g.op("Squeeze", count, g.ints([0])), one, spec=Spec((None,), i64))
+        bag = g.op("Reshape", g.op("Expand", g.op("Unsqueeze", bags, g.ints([1])), g.op("Shape", index)),
+                   g.ints([-1]), spec=Spec((None,), i64))
+    else:  # the bag of entry i: how many of the bags' offsets are at or before i, less one (the kernel's searchsorted)
+        flat = g.cast(index, i64)
+        starts = g.cast(offsets, i64)
+        if include_last_offset:
+            starts = g.op("Slice", starts, g.ints([0]), g.ints([-1]), g.ints([0]), spec=Spec((None,), i64))
+        count = g.op("Shape", starts, spec=Spec((1,), i64))
+        positions = g.op("Range", zero, g.op("Squeeze", g.op("Shape", flat), g.ints([0])), one, spec=Spec((None,), i64))
+        started = g.op("LessOrEqual", g.op("Unsqueeze", starts, g.ints([0])), g.op("Unsqueeze", positions, g.ints([1])),
+                       spec=Spec((None, None), D.bool_))  # (entries, bags)
+        bag = g.op("Sub", g.reduce("ReduceSum", g.cast(started, i64), [1], False, spec=Spec((None,), i64)), one)
+    rows = g.op("Gather", weight, flat, axis=0, spec=Spec((None, weight.shape[1]), dtype))
+    if per_sample_weights is not None:
+        scale = g.op("Reshape", g.cast(per_sample_weights, dtype), g.ints([-1, 1]))
+        rows = g.op("Mul", rows, scale, spec=rows.spec)
+    used = None
+    if padding_idx is not None:  # entries of the padding row are left out (of a mean's count too)
+        n = weight.shape[0] if weight.shape[0] is not None else g.unsupported("padding_idx with a run-time table size")
+        used = g.op("Unsqueeze", g.op("Not", g.op("Equal", flat, g.const(np.array(padding_idx % n, np.int64)))),
+                    g.ints([1]))
+    shape = g.op("Concat", count, g.op("Shape", weight, start=1, end=2), axis=0)
+    targets = g.op("Expand", g.op("Unsqueeze", bag, g.ints([1])), g.op("Shape", rows))
+    if mode == "max":
+        low = g.scalar(-np.inf, rows)
+        if used is not None:
+            rows = g.op("Where", used, rows, low, spec=rows.spec)
+        if g.opset >= 18:
+            y = g.op("ScatterElements", g.filled(shape, -np.inf, dtype), targets, rows, axis=0, reduction="max")
+        else:  # no ScatterElements 'max' before 18: each bag's max over a (bags, entries, dim) table of its rows
+            bags = g.op("Range", zero, g.op("Squeeze", count, g.ints([0])), one, spec=Spec((None,), i64))
+            member = g.op("Equal", g.op("Unsqueeze", bag, g.ints([0])), g.op("Unsqueeze", bags, g.ints([1])))
+            table = g.op("Where", g.op("Unsqueeze", member, g.ints([2])), g.op("Unsqueeze", rows, g.ints([0])), low,
+                         spec=Spec((None, None, weight.shape[1]), dtype))
+            y = g.reduce("ReduceMax", table, [1], False, spec=g.outputs[0])
+        return g.op("Where", g.op("IsInf", y, detect_positive=0), g.scalar(0, rows), y, spec=g.outputs[0])
+    if used is not None:
+        rows = g.op("Where", used, rows, g.scalar(0, rows), spec=rows.spec)
+    y = g.op("ScatterElements", g.filled(shape, 0, dtype), targets, rows, axis=0, reduction="add", spec=g.outputs[0])
+    if mode == "sum":
+        return y
+    counted = g.filled(g.op("Shape", bag), 1, dtype) if used is None else g.cast(g.op("Squeeze", used, g.ints([1])),
+                                                                                  dtype)
+    counts = g.op("ScatterElements", g.filled(count, 0, dtype), bag, counted, axis=0, reduction="add")
+    return g.op("Div", y, g.op("Unsqueeze", g.op("Max", counts, g.scalar(1, rows)), g.ints([1])), spec=g.outputs[0])

@@ -26,7 +26,7 @@ def _mask_shape(op_name, shape):
 def _drop_channels(op_name, x, p, training, rng):
     shape = _mask_shape(op_name, x.shape)
     if not training or p == 0.0:
-        return x.copy(), np.ones(shape, np.bool_)
+        return x.copy(), np.ones(shape, np.bool_, like=x)
     keep = rng.random(shape) >= p
     return np.where(keep, x * _dropout_scale(p, training), 0).astype(x.dtype, copy=False), keep
 
@@ -82,8 +82,25 @@ def _samples(low_rank):
     return samples
 
 
+def _onnx(op_name):
+    def mapping(g, x, *, p, training):
+        # one uniform draw per channel (per sample and channel when batched), as the kernel: kept where it is ≥ p
+        unbatched = _RANKS[op_name][1]
+        kept = 1 if x.ndim == unbatched else 2
+        shape = g.op("Concat", g.op("Shape", x, start=0, end=kept), g.ints([1] * (x.ndim - kept)), axis=0)
+        if not training or p == 0.0:
+            return g.op("Identity", x), g.filled(shape, True, D.bool_)
+        draws = g.op("RandomUniformLike", g.filled(shape, 0, x.dtype))
+        mask = g.op("GreaterOrEqual", draws, g.scalar(p, x), spec=g.outputs[1])
+        scaled = g.op("Mul", x, g.scalar(_dropout_scale(p, training), x))
+        return g.op("Where", mask, scaled, g.scalar(0, x), spec=g.outputs[0]), mask
+
+    return mapping
+
+
 for _op in (dropout1d_with_mask, dropout2d_with_mask, dropout3d_with_mask):
     _op.check(_check)
+    _op.onnx(_onnx(_op.name))
     _op.infer(_infer(_op.name))
     _op.grad(_grad)
     _op.samples(_samples(_RANKS[_op.name][0][0]))

@@ -18,11 +18,11 @@ from ..core.spec import Spec
 from ._common import np
 
 
-def _widened(value):
-    if isinstance(value, np.ndarray) and value.dtype in D.HALF:
+def _widened(value, xp):
+    if isinstance(value, xp.ndarray) and value.dtype in D.HALF:
         return value.astype(D.float32)
     if isinstance(value, list):
-        return [_widened(v) for v in value]
+        return [_widened(v, xp) for v in value]
     return value
 
 
@@ -32,38 +32,40 @@ def _spec(value):
     return None if value is None else Spec(value.shape, value.dtype)
 
 
-def _rounded(out, spec):
-    """Each output as the dtype its Spec says (a float32 result of a half op becomes half)."""
+def _rounded(out, spec, xp):
+    """Each output as the dtype its Spec says (a float32 result of a half op becomes half), an array of the
+    kernel's device (``xp``: a 0-d result may be a NumPy scalar on the host)."""
     if isinstance(out, tuple):
-        return tuple(_rounded(o, s) for o, s in zip(out, spec))
+        return tuple(_rounded(o, s, xp) for o, s in zip(out, spec))
     if isinstance(out, list):
-        return [_rounded(o, s) for o, s in zip(out, spec)]
-    out = np.asarray(out)
+        return [_rounded(o, s, xp) for o, s in zip(out, spec)]
+    out = xp.asarray(out)
     return out if out.dtype == spec.dtype else out.astype(spec.dtype)
 
 
 def _half_kernel(opdef, *, only_if_half: bool):
-    """The op's generic CPU kernel on float32 copies of the half inputs, its outputs rounded as inferred."""
+    """The op's generic CPU kernel on float32 copies of the half inputs, its outputs rounded as inferred. It takes
+    ``xp``: it serves the devices that run the CPU's kernels too, on their arrays."""
 
-    def run(inputs, attrs, extra):
+    def run(inputs, attrs, extra, xp):
         if "save" in attrs:  # the dict for the kernel's residuals (OpDef.saves): the kernel's, not the shape rule's
             extra = {**extra, "save": attrs.pop("save")}
         base = _generic(opdef)  # looked up per call: a kernel replaced later is followed
         if base.takes_xp:
-            extra = {**extra, "xp": np}
+            extra = {**extra, "xp": xp}
         base = base.fn
-        if only_if_half and not any(isinstance(a, np.ndarray) and a.dtype in D.HALF for a in inputs):
+        if only_if_half and not any(isinstance(a, xp.ndarray) and a.dtype in D.HALF for a in inputs):
             return base(*inputs, **attrs, **extra)
-        out = base(*(_widened(a) for a in inputs), **attrs, **extra)
+        out = base(*(_widened(a, xp) for a in inputs), **attrs, **extra)
         specs = opdef.infer_specs([_spec(a) for a in inputs], attrs)
-        return _rounded(out, specs[0] if len(specs) == 1 else specs)
+        return _rounded(out, specs[0] if len(specs) == 1 else specs, xp)
 
     if "random" in opdef.traits:
-        def kernel(*inputs, rng, **attrs):
-            return run(inputs, attrs, {"rng": rng})
+        def kernel(*inputs, rng, xp=np, **attrs):
+            return run(inputs, attrs, {"rng": rng}, xp)
     else:
-        def kernel(*inputs, **attrs):
-            return run(inputs, attrs, {})
+        def kernel(*inputs, xp=np, **attrs):
+            return run(inputs, attrs, {}, xp)
     kernel.__doc__ = "Computes in float32 and rounds to the half dtype (see opforge.ops.half)."
     return kernel
 

@@ -74,10 +74,10 @@ def take_grad(dy, index, *, shape, axis):
     it from (an index that repeats collects the sum)."""
     _take_grad_spec(dy.shape, index.shape, shape, axis)
     if axis is None:
-        dx = np.zeros(int(np.prod(shape)), dy.dtype)
+        dx = np.zeros(int(np.prod(shape)), dy.dtype, like=dy)
         np.add.at(dx, _checked_index("take_grad", index, dx.size), dy)
         return dx.reshape(shape)
-    dx = np.zeros(shape, dy.dtype)
+    dx = np.zeros(shape, dy.dtype, like=dy)
     np.add.at(dx, (builtins.slice(None),) * (axis % len(shape)) + (_checked_index("take_grad", index, shape[axis]),),
               dy)
     return dx
@@ -177,7 +177,7 @@ def gather_grad(dy, index, *, shape, axis):
     """Gradient of ``gather``: zeros of ``shape`` with each element of ``dy`` added where ``gather`` read it from
     (``scatter_add`` into zeros, without making the zeros first)."""
     a = _gather_shapes("gather_grad", tuple(shape), index.shape, axis, dy.shape)
-    dx = np.zeros(shape, dy.dtype)
+    dx = np.zeros(shape, dy.dtype, like=dy)
     np.add.at(dx, _grid_index(_checked_index("gather_grad", index, shape[a]), a), dy)
     return dx
 
@@ -296,7 +296,8 @@ def one_hot(index, *, num_classes):
                                 "and index is empty; pass num_classes")
         num_classes = builtins.max(int(index.max()) + 1, 1)
     index = _checked_index("one_hot", index, num_classes, negative=False)
-    return (index[..., None] == np.arange(num_classes)).astype(np.int64)
+    column = index[..., None]  # (an array even where index came as a NumPy scalar)
+    return (column == np.arange(num_classes, like=column)).astype(np.int64)
 
 
 @one_hot.onnx
@@ -343,7 +344,7 @@ def index_add(x, index, source, *, axis, alpha):
     added = (source * alpha if alpha != 1 else source).astype(dtype, copy=False)
     if x.ndim == 0:  # a 0-d x is its one slice
         _checked_index("index_add", index, 1)
-        return np.asarray(x + added, dtype)
+        return (x + added).astype(dtype)
     out = x.astype(dtype, copy=True)
     np.add.at(out, (builtins.slice(None),) * (axis % x.ndim) + (_checked_index("index_add", index.reshape(-1),
                                                                                x.shape[axis]),), added)
@@ -420,3 +421,24 @@ def _(rng):
     yield Sample.of(rng.standard_normal((2, 3)), rng.standard_normal((2, 3)) > 0, rng.standard_normal(()))
     yield Sample.of(rng.standard_normal(3), rng.standard_normal((2, 3)) > 0, rng.standard_normal(()))  # broadcast
     yield Sample.of(rng.integers(-3, 3, (4,)), np.array([True, False, True, False]), np.array(5))
+
+
+@masked_fill.onnx
+def _(g, x, mask, value):
+    return g.op("Where", mask, g.cast(value, x.dtype), x, spec=g.outputs[0])
+
+
+@index_add.onnx
+def _(g, x, index, source, *, axis, alpha):
+    dtype = g.outputs[0].dtype
+    x, source = g.cast(x, dtype), g.cast(source, dtype)
+    if alpha != 1:
+        source = g.op("Mul", source, g.scalar(alpha, source))
+    if x.ndim == 0:  # a 0-d x is its one slice
+        return g.op("Add", x, g.op("Reshape", source, g.ints([]), spec=g.outputs[0]), spec=g.outputs[0])
+    # ScatterElements adds source[..., i, ...] at x[..., index[i], ...]: index laid along the axis, spread over the
+    # other dims of source
+    a = axis % x.ndim
+    along = g.op("Reshape", g.cast(index, D.int64), g.ints([-1 if d == a else 1 for d in range(x.ndim)]))
+    spread = g.op("Expand", along, g.op("Shape", source))
+    return g.op("ScatterElements", x, spread, source, axis=a, reduction="add", spec=g.outputs[0])

@@ -4,7 +4,7 @@ PyTorch do), and bitwise logic on integer and bool tensors (on bools, the logica
 from opforge import ops as F
 
 from ..core.errors import DivisionByZeroError
-from ._common import Sample, np, op, promoted
+from ._common import D, Sample, np, op, promoted
 
 
 def _no_integer_zero(op_name: str, x, y) -> None:
@@ -97,3 +97,76 @@ def _(rng):
     yield Sample.of(rng.integers(-8, 8, (2, 3)))
     yield Sample.of(rng.standard_normal(4) > 0)
     yield Sample.of(np.array(5, dtype=np.int32))
+
+
+# -- ONNX export -------------------------------------------------------------------------------------------------
+
+
+def _onnx_operands(g, x, y):
+    dtype = g.outputs[0].dtype
+    return g.cast(x, dtype), g.cast(y, dtype)
+
+
+def _onnx_float_mod(g, x, y):
+    """NumPy's float remainder: fmod (exact), moved into y's sign where it is nonzero and the signs differ."""
+    m = g.op("Mod", x, y, fmod=1)
+    zero = g.scalar(0, x)
+    off = g.op("And", g.op("Not", g.op("Equal", m, zero)),
+               g.op("Xor", g.op("Less", m, zero), g.op("Less", y, zero)))
+    return m, off
+
+
+def _onnx_sign_bit(g, v):
+    """v < 0, or v = −0.0 (whose reciprocal is −inf)."""
+    zero = g.scalar(0, v)
+    return g.op("Or", g.op("Less", v, zero), g.op("Less", g.op("Reciprocal", v), zero))
+
+
+def _onnx_signed(g, v, negative):
+    """|v| with the sign ``negative`` says, a zero's too: |v|·(±1), since ONNX Runtime's Where turns a −0.0 it picks
+    into +0.0."""
+    sign = g.op("Where", negative, g.scalar(-1, v), g.scalar(1, v))
+    return g.op("Mul", g.op("Abs", v), sign, spec=g.outputs[0])
+
+
+@remainder.onnx
+def _(g, x, y):
+    x, y = _onnx_operands(g, x, y)
+    if x.dtype.kind != "f":
+        return g.op("Mod", x, y, fmod=0, spec=g.outputs[0])  # integers: the divisor's sign, as Python
+    m, off = _onnx_float_mod(g, x, y)
+    r = g.op("Where", off, g.op("Add", m, y), m)
+    return _onnx_signed(g, r, _onnx_sign_bit(g, y))  # y's sign, a zero's too (NumPy's)
+
+
+@floor_divide.onnx
+def _(g, x, y):
+    x, y = _onnx_operands(g, x, y)
+    if x.dtype.kind != "f":  # x − (x mod y) is a multiple of y: ONNX's truncating Div is exact on it
+        return g.op("Div", g.op("Sub", x, g.op("Mod", x, y, fmod=0)), y, spec=g.outputs[0])
+    # NumPy's float floor division: (x − fmod(x, y)) / y, one less where the remainder moved, rounded to the nearest
+    # integer (the quotient is within rounding of one)
+    m, off = _onnx_float_mod(g, x, y)
+    q = g.op("Div", g.op("Sub", x, m), y)
+    q = g.op("Where", off, g.op("Sub", q, g.scalar(1, x)), q)
+    low = g.op("Floor", q)
+    q = g.op("Where", g.op("Greater", g.op("Sub", q, low), g.scalar(0.5, x)), g.op("Add", low, g.scalar(1, x)), low)
+    q = g.op("Where", g.op("Equal", y, g.scalar(0, x)), g.op("Div", x, y), q)  # x/0: ±inf or NaN
+    # the sign of x/y, a zero's too (NumPy's)
+    return _onnx_signed(g, q, g.op("Xor", _onnx_sign_bit(g, x), _onnx_sign_bit(g, y)))
+
+
+def _onnx_bitwise(logical: str, bitwise: str):
+    def mapping(g, *operands):
+        operands = [g.cast(v, g.outputs[0].dtype) for v in operands]
+        if g.outputs[0].dtype == D.bool_:
+            return g.op(logical, *operands, spec=g.outputs[0])
+        if g.opset < 18:
+            raise g.unsupported(f"{bitwise} on integers needs opset 18")
+        return g.op(bitwise, *operands, spec=g.outputs[0])
+    return mapping
+
+
+bitwise_and.onnx(_onnx_bitwise("And", "BitwiseAnd"))
+bitwise_or.onnx(_onnx_bitwise("Or", "BitwiseOr"))
+bitwise_not.onnx(_onnx_bitwise("Not", "BitwiseNot"))

@@ -508,7 +508,7 @@ def _(rng):
 def linalg_det(a):
     """``torch.linalg.det``: the determinant of each square matrix of ``a`` (..., n, n) -> (...)."""
     _square("linalg_det", a.shape)
-    return np.asarray(np.linalg.det(a))
+    return np.linalg.det(a)  # (a NumPy scalar for one matrix on the host: dispatch makes it an array)
 
 
 @linalg_det.infer
@@ -523,6 +523,9 @@ def _(a, y, dy):
     # not done here: linalg_inv refuses the matrix.
     scale = F.unsqueeze(F.unsqueeze(dy * y, axis=-1), axis=-1)
     return scale * _swap_last(F.linalg_inv(a))
+
+
+linalg_det.onnx(lambda g, a: g.op("Det", a, spec=g.outputs[0]))
 
 
 @linalg_det.samples

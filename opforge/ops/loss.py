@@ -49,18 +49,19 @@ def _reduce(losses, reduction: str):
     """A kernel's unreduced losses, reduced. The mean of no losses is nan, as in torch."""
     if reduction == "none":
         return losses
-    total = np.add.reduce(losses, axis=None)
+    total = np.add.reduce(losses, axis=None)  # a NumPy scalar on the host: dispatch makes it a 0-d array
     if reduction == "sum":
-        return np.asarray(total)
+        return total
     return _divide(total, losses.size)
 
 
 def _divide(total, count):
-    """total / count as an array; 0/0 is nan (as in torch), without NumPy's warning."""
-    if count:
-        return np.asarray(total / count)
+    """total / count (a NumPy scalar on the host, which dispatch makes a 0-d array); 0/0 is nan (as in torch),
+    without NumPy's warning. A count on a device is not read to choose."""
+    if isinstance(count, (int, np.generic)) and count:
+        return total / count
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.asarray(total / count)
+        return total / count
 
 
 def _spread(dloss, reduction: str, shape: tuple, batch: tuple | None = None):
@@ -142,7 +143,7 @@ def _unrows(rows, shape: tuple):
         return rows
     if len(shape) == 1:
         return rows.reshape(shape)
-    return np.ascontiguousarray(np.moveaxis(rows.reshape(shape[0], *shape[2:], shape[1]), -1, 1))
+    return np.ascontiguousarray(np.moveaxis(rows.reshape(shape[0], *shape[2:], shape[1]), -1, 1), like=rows)
 
 
 def _scores_shape(target_shape: tuple, num_classes) -> tuple:
@@ -150,10 +151,24 @@ def _scores_shape(target_shape: tuple, num_classes) -> tuple:
     return (*target_shape[:axis], num_classes, *target_shape[axis:])
 
 
-def _targets(op_name: str, target, num_classes: int, ignore_index: int):
+def _targets(op_name: str, target, num_classes: int, ignore_index: int, read: bool = True):
     """Flat class indices and the mask of those that count (None when all do; the others then read class 0). An
-    index out of range that is not ignore_index is an error naming the op, as in torch."""
+    index out of range that is not ignore_index is an error naming the op, as in torch.
+
+    On a device, the checks' answers come back in one read (each read stalls it); with ``read=False`` (a gradient,
+    whose forward pass checked the same targets) nothing is read: out-of-range targets count as ignored."""
     t = target.reshape(-1)
+    if type(t) is not np.ndarray and not read:
+        valid = (t != ignore_index) & (t >= 0) & (t < num_classes)
+        return np.where(valid, t, 0), valid
+    if type(t) is not np.ndarray:
+        valid = t != ignore_index
+        bad = valid & ((t < 0) | (t >= num_classes))
+        any_bad, some_ignored = np.stack([bad.any(), ~valid.all()]).tolist() if t.size else (False, False)
+        if any_bad:
+            raise ArgumentError(f"{op_name}(): target holds class {int(t[bad][0])}, outside [0, {num_classes}) and "
+                                f"not ignore_index ({ignore_index})")
+        return (np.where(valid, t, 0), valid) if some_ignored else (t, None)
     # 0 <= t < num_classes for all t, in one reduce: read as unsigned, a negative index is larger than any class
     if not t.size or (np.maximum.reduce(t.view(f"u{t.itemsize}")) < num_classes
                       and not 0 <= ignore_index < num_classes):
@@ -189,9 +204,9 @@ def _row_scale(dloss, rows: int, row_weights, valid, reduction: str):
 def _reduce_rows(losses, row_weights, rows: int, reduction: str):
     if reduction == "none":
         return losses
-    total = np.add.reduce(losses, axis=None)
+    total = np.add.reduce(losses, axis=None)  # a NumPy scalar on the host: dispatch makes it a 0-d array
     if reduction == "sum":
-        return np.asarray(total)
+        return total
     return _divide(total, rows if row_weights is None else np.add.reduce(row_weights))
 
 
@@ -243,7 +258,7 @@ def nll_loss(log_probs, target, weight, *, ignore_index, reduction):
     x = _rows(log_probs)
     t, valid = _targets("nll_loss", target, x.shape[1], ignore_index)
     rw = _row_weights(t, valid, None if weight is None else weight.astype(x.dtype, copy=False), x.dtype)
-    losses = -x[np.arange(len(t)), t]
+    losses = -x[np.arange(len(t), like=x), t]
     if weight is not None:
         losses *= rw
     if valid is not None:  # not a product: an ignored −inf must not make a nan
@@ -286,8 +301,8 @@ def nll_loss_grad(dloss, target, weight, *, num_classes, ignore_index, reduction
     t, valid = _targets("nll_loss_grad", target, num_classes, ignore_index)
     rw = _row_weights(t, valid, None if weight is None else weight.astype(dloss.dtype, copy=False), dloss.dtype)
     s = _row_scale(dloss, len(t), rw, valid, reduction)
-    dx = np.zeros((len(t), num_classes), dloss.dtype)
-    dx[np.arange(len(t)), t] = -(s if weight is None else s * rw)
+    dx = np.zeros((len(t), num_classes), dloss.dtype, like=dloss)
+    dx[np.arange(len(t), like=dx), t] = -(s if weight is None else s * rw)
     return _unrows(dx, _scores_shape(target.shape, num_classes))
 
 
@@ -321,12 +336,13 @@ def _minus_log_softmax_at(x, t, e, sums, c):
     0). Where e[t] is under the smallest normal number the loss is large (over 87 in float32), and that difference
     is exact enough; the ratio's e[t] would not be. So where the ratio overflows (e[t] = exp(−74), Σ e = exp(60) in
     float32: the loss is 134, not inf)."""
-    rows = np.arange(len(t))
+    rows = np.arange(len(t), like=e)
     e_t = e[rows, t]
     tiny = np.finfo(e.dtype).tiny
     with np.errstate(over="ignore", divide="ignore"):  # (those rows take the other form below)
         ratio = sums / e_t
-    if np.minimum.reduce(e_t, initial=np.inf) >= tiny and np.maximum.reduce(ratio, initial=0) < np.inf:
+    if type(e) is np.ndarray and np.minimum.reduce(e_t, initial=np.inf) >= tiny and \
+            np.maximum.reduce(ratio, initial=0) < np.inf:  # (on a device, no read to choose: the general form)
         return np.log(ratio)
     z_t = x[rows, t] if c is None else x[rows, t] - c[:, 0]
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -364,7 +380,7 @@ def cross_entropy(logits, target, weight, *, ignore_index, reduction, label_smoo
     if eps:  # the smoothing term needs Σ_c z_c with z = x − max x (no cancellation however large the logits)
         with row_buffers(row_width(x, (1,))):
             z = x - max_last(x)
-        losses = -z[np.arange(rows), t]
+        losses = -z[np.arange(rows, like=z), t]
         smooth = np.add.reduce(z, axis=1) if w is None else z @ w
         np.exp(z, out=z)  # in place: exp(x − max), the same values as _exp_sums(x, (1,), shift=True)
         e, sums = z, _sum(z, (1,))[:, 0]
@@ -506,7 +522,10 @@ def cross_entropy_grad(logits, target, dloss, weight, exp_rows, row_sums, *, ign
     the target's share is subtracted.
 
     ``exp_rows`` and ``row_sums``, exp(logits − c) as rows (samples, classes) and their sums, are what
-    cross_entropy's forward pass kept: given, the softmax is one multiply of them (the same values)."""
+    cross_entropy's forward pass kept: given, the softmax is one multiply of them (the same values).
+
+    On a device the targets are not read to check them again (cross_entropy did): there a target out of range
+    gets no gradient instead of an error."""
     axis = _class_axis(logits.ndim)
     samples = logits.shape[:axis] + logits.shape[axis + 1:]
     if (logits.ndim == 0 or target.shape != samples or dloss.shape != (samples if reduction == "none" else ())
@@ -517,7 +536,7 @@ def cross_entropy_grad(logits, target, dloss, weight, exp_rows, row_sums, *, ign
     rows, classes = x.shape
     w = None if weight is None else weight.astype(x.dtype, copy=False)
     eps = label_smoothing
-    t, valid = _targets("cross_entropy_grad", target, classes, ignore_index)
+    t, valid = _targets("cross_entropy_grad", target, classes, ignore_index, read=False)
     rw = _row_weights(t, valid, w, x.dtype)
     s = _row_scale(dloss, rows, rw, valid, reduction)
     hot = s if w is None else s * rw  # s·w[t]: the target class's share of Q
@@ -538,7 +557,7 @@ def cross_entropy_grad(logits, target, dloss, weight, exp_rows, row_sums, *, ign
         sq, dst = sq / sums[:, 0], e if dst is None else dst
     with row_buffers(row_width(x, (1,))):
         p = np.multiply(e, sq.reshape(-1, 1), out=dst)
-    p[np.arange(rows), t] -= hot
+    p[np.arange(rows, like=p), t] -= hot
     if eps:
         spread = spread.reshape(-1, 1) if np.ndim(spread) else spread
         p -= spread if w is None else spread * w
@@ -852,7 +871,7 @@ def kl_div(x, target, *, reduction, log_target):
             losses = np.where(target == 0, 0, target * np.log(target)) - target * x
     if reduction != "batchmean":
         return _reduce(losses, reduction)
-    return np.asarray(np.sum(losses) / (x.shape[0] if x.ndim else 1))
+    return np.sum(losses) / (x.shape[0] if x.ndim else 1)  # (a NumPy scalar on the host: dispatch's)
 
 
 @kl_div.check
@@ -1191,3 +1210,101 @@ def _(rng):
                     margin=3.0, reduction="sum")
     yield Sample.of(rng.standard_normal(5), rng.standard_normal(5), rng.standard_normal(5), p=3.0, margin=1.5,
                     eps=0.0)
+
+
+# -- ONNX export of the losses above that had none: the kernels' formulas ------------------------------------------
+
+
+def _onnx_reduce(g, losses, reduction):
+    if reduction == "none":
+        return losses
+    return g.reduce("ReduceMean" if reduction == "mean" else "ReduceSum", losses, None, False, spec=g.outputs[0])
+
+
+def _onnx_operands(g, *xs):
+    return [g.cast(x, g.outputs[0].dtype) for x in xs]
+
+
+@l1_loss.onnx
+def _(g, x, target, *, reduction):
+    x, target = _onnx_operands(g, x, target)
+    return _onnx_reduce(g, g.op("Abs", g.op("Sub", x, target)), reduction)
+
+
+@huber_loss.onnx
+def _(g, x, target, *, reduction, delta):
+    x, target = _onnx_operands(g, x, target)
+    d = g.op("Abs", g.op("Sub", x, target))
+    quadratic = g.op("Mul", g.op("Mul", d, d), g.scalar(0.5, x))
+    linear = g.op("Mul", g.op("Sub", d, g.scalar(0.5 * delta, x)), g.scalar(delta, x))
+    return _onnx_reduce(g, g.op("Where", g.op("Less", d, g.scalar(delta, x)), quadratic, linear), reduction)
+
+
+@kl_div.onnx
+def _(g, x, target, *, reduction, log_target):
+    x, target = _onnx_operands(g, x, target)
+    if log_target:
+        losses = g.op("Mul", g.op("Exp", target), g.op("Sub", target, x))
+    else:  # xlogy(t, t): 0 at t = 0
+        zero = g.scalar(0, x)
+        t_log_t = g.op("Where", g.op("Equal", target, zero), zero, g.op("Mul", target, g.op("Log", target)))
+        losses = g.op("Sub", t_log_t, g.op("Mul", target, x))
+    if reduction != "batchmean":
+        return _onnx_reduce(g, losses, reduction)
+    total = g.reduce("ReduceSum", losses, None, False)
+    rows = g.cast(g.op("Shape", x, start=0, end=1), x.dtype) if x.ndim else g.scalar(1, x)
+    return g.op("Div", total, g.op("Reshape", rows, g.ints([])), spec=g.outputs[0])
+
+
+@binary_cross_entropy.onnx
+def _(g, probs, target, weight, *, reduction):
+    dtype = probs.dtype
+    target = g.cast(target, dtype)
+    clamp = g.scalar(_CLAMP, probs)
+    log_p = g.op("Max", g.op("Log", probs), clamp)
+    log_q = g.op("Max", g.call("log1p", g.op("Neg", probs)), clamp)
+    losses = g.op("Neg", g.op("Add", g.op("Mul", target, log_p),
+                              g.op("Mul", g.op("Sub", g.scalar(1, probs), target), log_q)))
+    if weight is not None:
+        losses = g.op("Mul", losses, g.cast(weight, dtype))
+    return _onnx_reduce(g, losses, reduction)
+
+
+@cosine_embedding_loss.onnx
+def _(g, x1, x2, target, *, margin, reduction):
+    x1, x2 = _onnx_operands(g, x1, x2)
+    last = [max(x1.ndim, x2.ndim) - 1]
+
+    def total(v):
+        return g.reduce("ReduceSum", v, last, False)
+
+    eps = g.scalar(_COSINE_EPS, x1)
+    norms = g.op("Mul", g.op("Add", total(g.op("Mul", x1, x1)), eps), g.op("Add", total(g.op("Mul", x2, x2)), eps))
+    cos = g.op("Div", total(g.op("Mul", x1, x2)), g.op("Sqrt", norms))
+    zero, one = g.scalar(0, x1), g.scalar(1, x1)
+    unlike = g.op("Where", g.op("Equal", target, g.scalar(-1, target)),
+                  g.op("Max", g.op("Sub", cos, g.scalar(margin, x1)), zero), zero)
+    losses = g.op("Where", g.op("Equal", target, g.scalar(1, target)), g.op("Sub", one, cos), unlike)
+    return _onnx_reduce(g, losses, reduction)
+
+
+@margin_ranking_loss.onnx
+def _(g, x1, x2, target, *, margin, reduction):
+    x1, x2, target = _onnx_operands(g, x1, x2, target)
+    z = g.op("Add", g.op("Mul", g.op("Neg", target), g.op("Sub", x1, x2)), g.scalar(margin, x1))
+    return _onnx_reduce(g, g.op("Max", z, g.scalar(0, x1)), reduction)
+
+
+@triplet_margin_loss.onnx
+def _(g, anchor, positive, negative, *, margin, p, eps, swap, reduction):
+    anchor, positive, negative = _onnx_operands(g, anchor, positive, negative)
+    last = [anchor.ndim - 1]
+
+    def distance(u, v):  # pairwise_distance's
+        return g.call("norm", g.op("Add", g.op("Sub", u, v), g.scalar(eps, u)), p=p, axis=last, keepdim=False)
+
+    d_neg = distance(anchor, negative)
+    if swap:
+        d_neg = g.op("Min", d_neg, distance(positive, negative))
+    z = g.op("Sub", g.op("Add", distance(anchor, positive), g.scalar(margin, anchor)), d_neg)
+    return _onnx_reduce(g, g.op("Max", z, g.scalar(0, anchor)), reduction)

@@ -83,7 +83,7 @@ def _sum(a, axes: tuple, b=None):
     and 0.7 of it for Σ a (2.5 against 3.6 µs for 64×1000), with no larger error, and each row summed by the same
     call whatever the other rows. Other dtypes take einsum's loops, several times faster than np.add.reduce, which
     sums each contiguous row pairwise."""
-    if axes == (a.ndim - 1,):
+    if axes == (a.ndim - 1,) and type(a) is np.ndarray:
         if a.dtype.char in "fd" and (b is None or b.dtype == a.dtype):
             return np.vecdot(a, constant_row(1, a.shape[-1], a.dtype) if b is None else b)[..., None]
         if b is None:
@@ -103,7 +103,7 @@ def _exp_sums(x, axes, shift: bool = False):
     accurate as exp of the rounded difference x − max. That skips a max and a subtraction over the data, a third of
     a softmax. The groups that fail the test (overflow, every value very negative, −∞ or nan) are done again with
     their max; each group's values depend on that group alone."""
-    if not shift and x.dtype.char in "fd":
+    if not shift and x.dtype.char in "fd" and type(x) is np.ndarray:  # (a device's array: no read to choose)
         with overflow_ignored():  # an overflow (in exp or in the sum) sends its group to the max below
             e = np.exp(x)
             s = _sum(e, axes)
@@ -180,7 +180,7 @@ def softmax_grad(y, dy, *, axis, out=None):
     if y.shape != dy.shape:
         _validate(softmax_grad, y, dy, axis=axis)
     if not y.ndim:  # one element: y·(dy − dy·y)
-        return np.asarray(y * (dy - dy * y))
+        return y * (dy - dy * y)  # (a NumPy scalar on the host: dispatch makes it a 0-d array)
     axes = _axes("softmax_grad", axis, y.ndim)
     with row_buffers(row_width(y, axes)):
         dx = np.subtract(dy, _sum(dy, axes, y), out=out)
@@ -219,7 +219,7 @@ def log_softmax_grad(y, dy, *, axis, out=None):
     if y.shape != dy.shape:
         _validate(log_softmax_grad, y, dy, axis=axis)
     if not y.ndim:  # one element: dy − exp(y)·dy
-        return np.asarray(dy - np.exp(y) * dy)
+        return dy - np.exp(y) * dy  # (as softmax_grad's)
     axes = _axes("log_softmax_grad", axis, y.ndim)
     s = _sum(dy, axes)
     e = np.exp(y, out=out)  # y's own buffer, when it dies here: read before it is written, element by element
@@ -296,7 +296,7 @@ def dropout_with_mask(x, *, p, training, rng):
     reproduces them. Nothing is drawn when the op is the identity (not training, or p = 0).
     """
     if not training or p == 0.0:
-        return x.copy(), np.ones(x.shape, np.bool_)
+        return x.copy(), np.ones(x.shape, np.bool_, like=x)
     keep = rng.random(x.shape) >= p
     return np.where(keep, x * _dropout_scale(p, training), 0).astype(x.dtype, copy=False), keep
 
@@ -401,7 +401,7 @@ def embedding_grad(dy, index, *, num_embeddings, padding_idx):
     several times add up); the padding row stays 0."""
     _validate(embedding_grad, dy, index, num_embeddings=num_embeddings, padding_idx=padding_idx)
     _check_indices("embedding_grad", index, num_embeddings)
-    dw = np.zeros((num_embeddings, dy.shape[-1]), dy.dtype)
+    dw = np.zeros((num_embeddings, dy.shape[-1]), dy.dtype, like=dy)
     np.add.at(dw, index.reshape(-1), dy.reshape(index.size, dy.shape[-1]))  # (not -1: rows of 0 elements)
     if padding_idx is not None:
         dw[padding_idx % num_embeddings] = 0
@@ -485,6 +485,16 @@ def _(index, weight, *, num_embeddings, start, padding_idx):
     return Spec((*index.shape, weight.shape[1]), weight.dtype)
 
 
+@embedding_rows.onnx
+def _(g, index, weight, *, num_embeddings, start, padding_idx):
+    # the rows this block holds, zeros for the others
+    local = g.op("Sub", g.cast(index, np.dtype(np.int64)), g.const(np.array(start, np.int64)))
+    rows = g.op("Shape", weight, start=0, end=1)
+    held = g.op("And", g.op("GreaterOrEqual", local, g.const(np.array(0, np.int64))), g.op("Less", local, rows))
+    picked = g.op("Gather", weight, g.op("Where", held, local, g.const(np.array(0, np.int64))), axis=0)
+    return g.op("Where", g.op("Unsqueeze", held, g.ints([-1])), picked, g.scalar(0, weight), spec=g.outputs[0])
+
+
 @embedding_rows.grad
 def _(index, dy, weight_spec, *, num_embeddings, start, padding_idx):
     rows = weight_spec.shape[0]
@@ -527,7 +537,7 @@ def _attention_np(q, k, v, attn_mask, is_causal, scale, save=None):
         s = s + attn_mask
     allowed = attn_mask if attn_mask is not None and attn_mask.dtype == np.bool_ else None
     if is_causal:
-        allowed = np.tril(np.ones(s.shape[-2:], np.bool_))
+        allowed = np.tril(np.ones(s.shape[-2:], np.bool_, like=s))
     if allowed is not None:
         s = np.where(allowed, s, -np.inf)
     if attn_mask is None:

@@ -12,15 +12,20 @@ that reads a state tensor's new value (the parameter update reads the new moment
 makes it; the executor writes in place only once the old value has no reader left. The step counter is advanced
 with an ordinary ``add`` (a 0-d copy per step, nothing to save there).
 
-The learning rate and the step count are 0-d tensor *inputs*, not attrs: a schedule changes the learning rate
-between steps and an attr would be frozen into the compiled program. Kernels read them with ``.item()`` and compute
-with Python floats, so a float32 parameter stays float32 (Python scalars do not promote NumPy arrays).
+The learning rate, the step count, SGD's momentum and Adam's beta1 are 0-d tensor *inputs*, not attrs: a schedule
+changes them between steps (``OneCycleLR`` cycles the momentum or beta1 with the learning rate), and an attr would
+be frozen into the compiled program, which would be traced again at every step. On the host, kernels read them with
+``.item()`` and compute with Python floats, so a float32 parameter stays float32 (Python scalars do not promote NumPy
+arrays). On another device a read would stall it at every parameter of every step: there they stay 0-d arrays of the
+device, the factors made from them are cast to the parameter's dtype (what NumPy does to the Python float on the
+host, so the values are the same), and the first-step choice of SGD's buffer is a ``where``.
 Kernels never change their inputs, except that the executor may pass an ``out=`` that *is* the declared inplace
 input: every kernel below reads what it needs from that input before writing ``out``.
 """
 
 import math
 
+from ..core.errors import ArgumentError
 from ._common import B, S, Sample, ShapeError, Spec, np, op
 
 
@@ -71,6 +76,23 @@ def _check_beta(name: str, beta: float) -> None:
         raise ValueError(f"argument '{name}' must be in [0, 1), got {beta}")
 
 
+def _hyper(op_name: str, name: str, value, dtype):
+    """A hyper-parameter given as a 0-d tensor (a schedule may change it), read as a Python float and checked as
+    its attr was: a momentum >= 0, a beta in [0, 1). On another device it is not read (see the module docstring):
+    a 0-d array of the device in the parameter's ``dtype``, unchecked."""
+    if type(value) is not np.ndarray:
+        return value.astype(dtype)
+    value = value.item()
+    try:
+        if name.startswith("beta"):
+            _check_beta(name, value)
+        else:
+            _check_nonnegative(**{name: value})
+    except ValueError as e:
+        raise ArgumentError(f"{op_name}(): {e}") from None
+    return value
+
+
 def _target(out, like):
     """Where a kernel writes its result: the executor's ``out=`` buffer, else a new array (0-d ones too: NumPy
     returns scalars, not arrays, from 0-d arithmetic without ``out``)."""
@@ -88,7 +110,7 @@ def _add_scaled(base, scale: float, d, out):
     if base.ndim == 0 or base.size <= _BLOCK:
         return np.add(base, d * scale, out=out)
     rows = max(1, _BLOCK // (base.size // base.shape[0]))
-    product = np.empty((rows, *base.shape[1:]), np.result_type(d, scale))
+    product = np.empty((rows, *base.shape[1:]), np.result_type(d, scale), like=base)
     for start in range(0, base.shape[0], rows):
         r = slice(start, start + rows)
         block = d[r]
@@ -109,14 +131,20 @@ def _decayed(grad, param, weight_decay: float):
 
 
 @op("sgd_momentum_buffer(Tensor<floating> buf, Tensor<floating> grad, Tensor<floating> param, "
-    "Tensor<integer> step, *, float momentum, float dampening=0.0, float weight_decay=0.0) -> Tensor buf_out",
-    traits=["no_grad"], inplace={"buf_out": "buf"})
-def sgd_momentum_buffer(buf, grad, param, step, *, momentum, dampening, weight_decay, out=None):
+    "Tensor<integer> step, Tensor<floating> momentum, *, float dampening=0.0, float weight_decay=0.0) "
+    "-> Tensor buf_out", traits=["no_grad"], inplace={"buf_out": "buf"})
+def sgd_momentum_buffer(buf, grad, param, step, momentum, *, dampening, weight_decay, out=None):
     """SGD's new momentum buffer: d = grad + weight_decay·param; d itself on the first step (``step`` = 0, the
-    number of steps taken so far), else momentum·buf + (1 − dampening)·d — as ``torch.optim.SGD``."""
-    _validate(sgd_momentum_buffer, buf, grad, param, step, momentum=momentum, dampening=dampening,
-              weight_decay=weight_decay)
+    number of steps taken so far), else momentum·buf + (1 − dampening)·d — as ``torch.optim.SGD``. ``momentum``
+    is a 0-d tensor (a schedule may cycle it)."""
+    _validate(sgd_momentum_buffer, buf, grad, param, step, momentum, dampening=dampening, weight_decay=weight_decay)
+    momentum = _hyper("sgd_momentum_buffer", "momentum", momentum, buf.dtype)
     d = _decayed(grad, param, weight_decay)
+    if type(step) is not np.ndarray:  # a device's 0-d array: no read (see the module docstring)
+        new = np.where(step == 0, d, np.multiply(buf, momentum) + d * (1 - dampening))
+        out = _target(out, buf)
+        np.copyto(out, new)
+        return out
     if step.item() == 0:  # PyTorch starts the buffer as a copy of d (so dampening does not touch the first step)
         out = _target(out, buf)
         np.copyto(out, d)
@@ -126,14 +154,15 @@ def sgd_momentum_buffer(buf, grad, param, step, *, momentum, dampening, weight_d
 
 
 @sgd_momentum_buffer.infer
-def _(buf, grad, param, step, *, momentum, dampening, weight_decay):
+def _(buf, grad, param, step, momentum, *, dampening, weight_decay):
     _scalar_input("sgd_momentum_buffer", "step", step)
+    _scalar_input("sgd_momentum_buffer", "momentum", momentum)
     return _like_param("sgd_momentum_buffer", param, buf=buf, grad=grad)
 
 
 @sgd_momentum_buffer.check
-def _(*, momentum, dampening, weight_decay):
-    _check_nonnegative(momentum=momentum, weight_decay=weight_decay)
+def _(*, dampening, weight_decay):
+    _check_nonnegative(weight_decay=weight_decay)
     if math.isnan(dampening):
         raise ValueError("argument 'dampening' must not be NaN")
 
@@ -144,37 +173,43 @@ sgd_momentum_buffer.sbp(_blockwise)
 @sgd_momentum_buffer.samples
 def _(rng):
     yield Sample.of(rng.standard_normal((3, 4)), rng.standard_normal((3, 4)), rng.standard_normal((3, 4)),
-                    np.array(2), momentum=0.9, dampening=0.1, weight_decay=0.01)
+                    np.array(2), np.array(0.9), dampening=0.1, weight_decay=0.01)
     yield Sample.of(rng.standard_normal(5), rng.standard_normal(5), rng.standard_normal(5), np.array(0),
-                    momentum=0.5, dampening=0.3)  # the first step: the buffer becomes d
+                    np.array(0.5), dampening=0.3)  # the first step: the buffer becomes d
     yield Sample.of(rng.standard_normal(()), rng.standard_normal(()), rng.standard_normal(()), np.array(7),
-                    momentum=0.99, weight_decay=0.1)
+                    np.array(0.99), weight_decay=0.1)
 
 
 @op("sgd_update(Tensor<floating> param, Tensor<floating> grad, Tensor<floating> lr, "
-    "Tensor<floating>? momentum_buffer=None, *, float momentum=0.0, float weight_decay=0.0, bool nesterov=False) "
-    "-> Tensor param_out", traits=["no_grad"], inplace={"param_out": "param"})
-def sgd_update(param, grad, lr, momentum_buffer, *, momentum, weight_decay, nesterov, out=None):
+    "Tensor<floating>? momentum_buffer=None, Tensor<floating>? momentum=None, *, float weight_decay=0.0, "
+    "bool nesterov=False) -> Tensor param_out", traits=["no_grad"], inplace={"param_out": "param"})
+def sgd_update(param, grad, lr, momentum_buffer, momentum, *, weight_decay, nesterov, out=None):
     """SGD's new parameter: param − lr·d, with d = grad + weight_decay·param, then, given the step's new
     ``momentum_buffer`` b (from sgd_momentum_buffer), d + momentum·b (``nesterov``) or b — as ``torch.optim.SGD``.
-    ``momentum`` is used by Nesterov's look-ahead only."""
-    _validate(sgd_update, param, grad, lr, momentum_buffer, momentum=momentum, weight_decay=weight_decay,
-              nesterov=nesterov)
+    ``momentum`` (a 0-d tensor) is used by Nesterov's look-ahead only."""
+    _validate(sgd_update, param, grad, lr, momentum_buffer, momentum, weight_decay=weight_decay, nesterov=nesterov)
     d = _decayed(grad, param, weight_decay)
-    if momentum_buffer is not None:
-        d = d + momentum * momentum_buffer if nesterov else momentum_buffer
-    return _add_scaled(param, -lr.item(), d, _target(out, param))  # param − lr·d, in place when out is param
+    if momentum_buffer is not None and nesterov:
+        if momentum is None:
+            raise ShapeError("sgd_update(): nesterov=True needs the momentum")
+        d = d + _hyper("sgd_update", "momentum", momentum, param.dtype) * momentum_buffer
+    elif momentum_buffer is not None:
+        d = momentum_buffer
+    scale = -lr.item() if type(lr) is np.ndarray else (-lr).astype(param.dtype)  # (see the module docstring)
+    return _add_scaled(param, scale, d, _target(out, param))  # param − lr·d, in place when out is param
 
 
 @sgd_update.infer
-def _(param, grad, lr, momentum_buffer, *, momentum, weight_decay, nesterov):
+def _(param, grad, lr, momentum_buffer, momentum, *, weight_decay, nesterov):
     _scalar_input("sgd_update", "lr", lr)
+    if momentum is not None:
+        _scalar_input("sgd_update", "momentum", momentum)
     return _like_param("sgd_update", param, grad=grad, momentum_buffer=momentum_buffer)
 
 
 @sgd_update.check
-def _(*, momentum, weight_decay, nesterov):
-    _check_nonnegative(momentum=momentum, weight_decay=weight_decay)
+def _(*, weight_decay, nesterov):
+    _check_nonnegative(weight_decay=weight_decay)
 
 
 sgd_update.sbp(_blockwise)
@@ -184,9 +219,9 @@ sgd_update.sbp(_blockwise)
 def _(rng):
     yield Sample.of(rng.standard_normal((3, 4)), rng.standard_normal((3, 4)), np.array(0.1))
     yield Sample.of(rng.standard_normal(6), rng.standard_normal(6), np.array(0.05), rng.standard_normal(6),
-                    momentum=0.9, weight_decay=0.01)
+                    np.array(0.9), weight_decay=0.01)
     yield Sample.of(rng.standard_normal((2, 3)), rng.standard_normal((2, 3)), np.array(0.3),
-                    rng.standard_normal((2, 3)), momentum=0.8, nesterov=True)
+                    rng.standard_normal((2, 3)), np.array(0.8), nesterov=True)
     yield Sample.of(rng.standard_normal(()), rng.standard_normal(()), np.array(1.0), weight_decay=0.5)
 
 
@@ -201,28 +236,35 @@ def _(rng):
 def _lerp(start, end, weight: float, out=None):
     """start + weight·(end − start), as ``torch.lerp``: from the nearer end, so weight 1 gives ``end`` exactly."""
     diff = end - start  # read start before out (which may be start) is written
+    if not isinstance(weight, float):  # a device's 0-d array: choose without reading it (see the module docstring)
+        out = _target(out, start)
+        np.copyto(out, np.where(abs(weight) < 0.5, start + weight * diff, end - diff * (1 - weight)))
+        return out
     if abs(weight) < 0.5:
         return np.add(start, weight * diff, out=_target(out, start))
     return np.subtract(end, diff * (1 - weight), out=_target(out, start))
 
 
-@op("adam_exp_avg(Tensor<floating> exp_avg, Tensor<floating> grad, Tensor<floating> param, *, float beta1, "
-    "float weight_decay=0.0) -> Tensor exp_avg_out", traits=["no_grad"], inplace={"exp_avg_out": "exp_avg"})
-def adam_exp_avg(exp_avg, grad, param, *, beta1, weight_decay, out=None):
+@op("adam_exp_avg(Tensor<floating> exp_avg, Tensor<floating> grad, Tensor<floating> param, "
+    "Tensor<floating> beta1, *, float weight_decay=0.0) -> Tensor exp_avg_out", traits=["no_grad"],
+    inplace={"exp_avg_out": "exp_avg"})
+def adam_exp_avg(exp_avg, grad, param, beta1, *, weight_decay, out=None):
     """Adam's new first moment: exp_avg + (1 − beta1)·(g − exp_avg) with g = grad + weight_decay·param (Adam's L2
-    decay; pass 0 for AdamW) — ``exp_avg.lerp_(g, 1 − beta1)`` in ``torch.optim.Adam``."""
-    _validate(adam_exp_avg, exp_avg, grad, param, beta1=beta1, weight_decay=weight_decay)
+    decay; pass 0 for AdamW) — ``exp_avg.lerp_(g, 1 − beta1)`` in ``torch.optim.Adam``. ``beta1`` is a 0-d tensor
+    (a schedule may cycle it)."""
+    _validate(adam_exp_avg, exp_avg, grad, param, beta1, weight_decay=weight_decay)
+    beta1 = _hyper("adam_exp_avg", "beta1", beta1, exp_avg.dtype)
     return _lerp(exp_avg, _decayed(grad, param, weight_decay), 1 - beta1, out=out)
 
 
 @adam_exp_avg.infer
-def _(exp_avg, grad, param, *, beta1, weight_decay):
+def _(exp_avg, grad, param, beta1, *, weight_decay):
+    _scalar_input("adam_exp_avg", "beta1", beta1)
     return _like_param("adam_exp_avg", param, exp_avg=exp_avg, grad=grad)
 
 
 @adam_exp_avg.check
-def _(*, beta1, weight_decay):
-    _check_beta("beta1", beta1)
+def _(*, weight_decay):
     _check_nonnegative(weight_decay=weight_decay)
 
 
@@ -232,10 +274,10 @@ adam_exp_avg.sbp(_blockwise)
 @adam_exp_avg.samples
 def _(rng):
     yield Sample.of(rng.standard_normal((3, 4)), rng.standard_normal((3, 4)), rng.standard_normal((3, 4)),
-                    beta1=0.9)
-    yield Sample.of(rng.standard_normal(5), rng.standard_normal(5), rng.standard_normal(5), beta1=0.3,
+                    np.array(0.9))
+    yield Sample.of(rng.standard_normal(5), rng.standard_normal(5), rng.standard_normal(5), np.array(0.3),
                     weight_decay=0.1)  # a small beta1: torch's lerp takes its other branch
-    yield Sample.of(rng.standard_normal(()), rng.standard_normal(()), rng.standard_normal(()), beta1=0.0)
+    yield Sample.of(rng.standard_normal(()), rng.standard_normal(()), rng.standard_normal(()), np.array(0.0))
 
 
 @op("adam_exp_avg_sq(Tensor<floating> exp_avg_sq, Tensor<floating> grad, Tensor<floating> param, *, float beta2, "
@@ -274,38 +316,45 @@ def _(rng):
 
 
 @op("adam_update(Tensor<floating> param, Tensor<floating> exp_avg, Tensor<floating> exp_avg_sq, "
-    "Tensor<integer> step, Tensor<floating> lr, *, float beta1, float beta2, float eps=1e-8, "
+    "Tensor<integer> step, Tensor<floating> lr, Tensor<floating> beta1, *, float beta2, float eps=1e-8, "
     "float weight_decay=0.0, bool decoupled=False) -> Tensor param_out",
     traits=["no_grad"], inplace={"param_out": "param"})
-def adam_update(param, exp_avg, exp_avg_sq, step, lr, *, beta1, beta2, eps, weight_decay, decoupled, out=None):
+def adam_update(param, exp_avg, exp_avg_sq, step, lr, beta1, *, beta2, eps, weight_decay, decoupled, out=None):
     """Adam's new parameter from the step's new moments and step count t ≥ 1: p − lr/(1 − beta1ᵗ) · exp_avg /
     (√exp_avg_sq / √(1 − beta2ᵗ) + eps), where p is param, or param·(1 − lr·weight_decay) when ``decoupled``
     (AdamW; Adam's L2 decay is in the moments) — as ``torch.optim.Adam``/``AdamW``."""
-    _validate(adam_update, param, exp_avg, exp_avg_sq, step, lr, beta1=beta1, beta2=beta2, eps=eps,
+    _validate(adam_update, param, exp_avg, exp_avg_sq, step, lr, beta1, beta2=beta2, eps=eps,
               weight_decay=weight_decay, decoupled=decoupled)
-    t, lr = step.item(), lr.item()
-    if t < 1:
-        raise ShapeError(f"adam_update(): 'step' counts the steps taken including this one, so it must be >= 1, "
-                         f"got {t}")
+    if type(step) is np.ndarray:
+        t, lr, beta1 = step.item(), lr.item(), _hyper("adam_update", "beta1", beta1, param.dtype)
+        if t < 1:
+            raise ShapeError(f"adam_update(): 'step' counts the steps taken including this one, so it must be >= 1, "
+                             f"got {t}")
+        typed = float
+    else:  # a device's 0-d arrays, not read (see the module docstring; a step < 1 is not checked there: the
+        t = step  # bias corrections divide by 0 and the parameter becomes inf or NaN)
+
+        def typed(factor):
+            return factor.astype(param.dtype)
     step_size = lr / (1 - beta1 ** t)
     bias_correction2_sqrt = (1 - beta2 ** t) ** 0.5
-    change = exp_avg / (np.sqrt(exp_avg_sq) / bias_correction2_sqrt + eps)
-    change = change * -step_size
+    change = exp_avg / (np.sqrt(exp_avg_sq) / typed(bias_correction2_sqrt) + eps)
+    change = change * typed(-step_size)
     out = _target(out, param)
-    base = np.multiply(param, 1 - lr * weight_decay, out=out) if decoupled and weight_decay else param
+    base = np.multiply(param, typed(1 - lr * weight_decay), out=out) if decoupled and weight_decay else param
     return np.add(base, change, out=out)
 
 
 @adam_update.infer
-def _(param, exp_avg, exp_avg_sq, step, lr, *, beta1, beta2, eps, weight_decay, decoupled):
+def _(param, exp_avg, exp_avg_sq, step, lr, beta1, *, beta2, eps, weight_decay, decoupled):
     _scalar_input("adam_update", "step", step)
     _scalar_input("adam_update", "lr", lr)
+    _scalar_input("adam_update", "beta1", beta1)
     return _like_param("adam_update", param, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq)
 
 
 @adam_update.check
-def _(*, beta1, beta2, eps, weight_decay, decoupled):
-    _check_beta("beta1", beta1)
+def _(*, beta2, eps, weight_decay, decoupled):
     _check_beta("beta2", beta2)
     _check_nonnegative(eps=eps, weight_decay=weight_decay)
 
@@ -318,9 +367,9 @@ def _(rng):
     def moments(shape):
         return rng.standard_normal(shape), rng.standard_normal(shape) * 0.1, rng.uniform(0.01, 1, shape)
 
-    yield Sample.of(*moments((3, 4)), np.array(1), np.array(1e-3), beta1=0.9, beta2=0.999)
-    yield Sample.of(*moments(5), np.array(10), np.array(0.01), beta1=0.8, beta2=0.99, eps=1e-6, weight_decay=0.1)
-    yield Sample.of(*moments((2, 3)), np.array(3), np.array(0.1), beta1=0.9, beta2=0.999, weight_decay=0.01,
+    yield Sample.of(*moments((3, 4)), np.array(1), np.array(1e-3), np.array(0.9), beta2=0.999)
+    yield Sample.of(*moments(5), np.array(10), np.array(0.01), np.array(0.8), beta2=0.99, eps=1e-6, weight_decay=0.1)
+    yield Sample.of(*moments((2, 3)), np.array(3), np.array(0.1), np.array(0.9), beta2=0.999, weight_decay=0.01,
                     decoupled=True)
-    yield Sample.of(*moments(()), np.array(2), np.array(0.5), beta1=0.0, beta2=0.5)
+    yield Sample.of(*moments(()), np.array(2), np.array(0.5), np.array(0.0), beta2=0.5)
 

@@ -54,14 +54,14 @@ def _unbatched(a, batched: bool):
     return a if batched else a[0]
 
 
-def _flat_positions(w: win.Windows, tap) -> np.ndarray:
+def _flat_positions(w: win.Windows, tap, like) -> np.ndarray:
     """For one tap: the flat index, in the unpadded input's spatial dims, of what it reads at each output, shaped
-    (1, *out, 1) to broadcast against a batch-last array."""
-    flat = np.zeros((), np.int64)
+    (1, *out, 1) to broadcast against a batch-last array; on the device of the array ``like``."""
+    flat = np.zeros((), np.int64, like=like)
     for i, (t, o, s, d, lo, n) in enumerate(zip(tap, w.out, w.stride, w.dilation, w.lo, w.size)):
         shape = [1] * len(w.out)
         shape[i] = o
-        flat = flat * n + (np.arange(o) * s + t * d - lo).reshape(shape)
+        flat = flat * n + (np.arange(o, like=like) * s + t * d - lo).reshape(shape)
     return flat.reshape(1, *w.out, 1)
 
 
@@ -84,10 +84,10 @@ def _first_maxima(views, y=None):
     """For each tap, the mask of the windows whose maximum it holds, as PyTorch assigns them: the first tap with
     the maximum value, or in a window holding a NaN the last NaN. ``y``: the maxima, if computed already."""
     if y is None:
-        y = _window_max(views, win.scratch("max", views[0].shape, views[0].dtype))
+        y = _window_max(views, win.scratch("max", views[0].shape, views[0].dtype, views[0]))
     hits = [v == y for v in views]
     nan = np.isnan(y)  # such a window's hits are all False so far (NaN equals nothing)
-    any_nan = nan.any()
+    any_nan = type(y) is not np.ndarray or nan.any()  # (a device's array takes the general path: no read)
     if not any_nan and sum(np.count_nonzero(h) for h in hits) == y.size:
         return hits  # one tap per window holds its maximum: no tie to break (the common case)
     if any_nan:
@@ -95,7 +95,7 @@ def _first_maxima(views, y=None):
             last_nan = np.isnan(v) & nan
             hit |= last_nan
             nan ^= last_nan
-    free = np.ones(y.shape, bool)
+    free = np.ones(y.shape, bool, like=y)
     for hit in hits:
         hit &= free
         free ^= hit
@@ -115,9 +115,9 @@ def _max_pool(x, w):
 def _max_pool_indices(x, w):
     _, views = _padded_views(x, w, -np.inf)
     y = _window_max(views)
-    indices = np.zeros(y.shape, np.int64)
+    indices = np.zeros(y.shape, np.int64, like=y)
     for tap, hit in zip(np.ndindex(*w.kernel), _first_maxima(views, y)):
-        indices += hit * _flat_positions(w, tap)
+        indices += hit * _flat_positions(w, tap, y)
     return win.batch_first(y), win.batch_first(indices)
 
 
@@ -176,13 +176,38 @@ def _max_pool_onnx(nd, g, x, *, kernel_size, stride, padding, dilation, ceil_mod
     return win.onnx_batched(g, x, nd, build)
 
 
+def _max_pool_indices_onnx(nd, g, x, *, kernel_size, stride, padding, dilation, ceil_mode):
+    # ONNX's MaxPool indices are flat over the whole (padded) tensor, PyTorch's over each unpadded image: the
+    # position in the image is taken apart into coordinates, which lose the padding in front
+    _, w = _geometry("", nd, x.shape, kernel_size, stride, padding, dilation, ceil_mode)
+    if None in x.shape[-nd:]:
+        raise g.unsupported(f"max pooling's indices over spatial sizes {list(x.shape[-nd:])} known only at run time")
+    i64 = np.dtype(np.int64)
+    batched = x.ndim == nd + 2
+    if not batched:
+        x = g.op("Unsqueeze", x, g.ints([0]), spec=Spec((1, *x.shape), x.dtype))
+    padded = [n + lo + hi for n, lo, hi in zip(x.shape[2:], w.lo, w.hi)]
+    y, flat = g.op("MaxPool", win.onnx_pad(g, x, w, -np.inf), kernel_shape=w.kernel, strides=w.stride,
+                   dilations=w.dilation, outputs=2)
+    rest = g.op("Mod", flat, g.const(np.array(math.prod(padded), np.int64)), spec=Spec((), i64))
+    index, unit = None, 1
+    for size, lo, n in reversed(list(zip(padded, w.lo, x.shape[2:]))):
+        size = g.const(np.array(size, np.int64))
+        at = g.op("Sub", g.op("Mod", rest, size), g.const(np.array(lo, np.int64)))
+        term = g.op("Mul", at, g.const(np.array(unit, np.int64))) if unit != 1 else at
+        index = term if index is None else g.op("Add", index, term)
+        rest, unit = g.op("Div", rest, size), unit * n
+    if not batched:
+        y, index = (g.op("Squeeze", v, g.ints([0])) for v in (y, index))
+    return y, index
+
+
 def _define_max_pool(opdef, nd, samples, indices: bool = False) -> None:
     opdef.check(functools.partial(_check, nd))
     opdef.infer(functools.partial(_max_pool_indices_spec if indices else _max_pool_spec, opdef.name, nd))
     opdef.grad(functools.partial(_scatter_rule if indices else _max_pool_rule, nd))
     opdef.sbp(functools.partial(_sbp, nd, outputs=2 if indices else 1))
-    if not indices:  # ONNX's MaxPool indices are flat over the whole tensor, PyTorch's over each image
-        opdef.onnx(functools.partial(_max_pool_onnx, nd))
+    opdef.onnx(functools.partial(_max_pool_indices_onnx if indices else _max_pool_onnx, nd))
     opdef.samples(samples)
 
 
@@ -307,7 +332,7 @@ def max_pool_grad(x, dy, *, kernel_size, stride, padding, dilation, ceil_mode):
     ap, views = _padded_views(x, w, -np.inf)
     hits = _first_maxima(views)
     dy = win.batch_last_array(dy, "dy").astype(np.result_type(x, dy), copy=False)
-    dxp = np.zeros(ap.shape, dy.dtype)
+    dxp = np.zeros(ap.shape, dy.dtype, like=dy)
     for index, hit in zip(win.tap_slices(w), hits):
         if w.disjoint:  # every position lies in one window at most: write, do not add
             np.multiply(dy, hit, out=dxp[index])
@@ -352,7 +377,7 @@ def max_pool_grad_grad(x, ddx, *, kernel_size, stride, padding, dilation, ceil_m
     _, views = _padded_views(x, w, -np.inf)
     hits = _first_maxima(views)
     _, dd_views = _padded_views(ddx.astype(np.result_type(x, ddx), copy=False), w, 0.0, "pad2")
-    ddy = np.zeros(hits[0].shape, dd_views[0].dtype)
+    ddy = np.zeros(hits[0].shape, dd_views[0].dtype, like=dd_views[0])
     for v, hit in zip(dd_views, hits):
         ddy += v * hit
     return win.batch_first(ddy)
@@ -415,7 +440,7 @@ def pool_scatter(dy, indices, *, input_size):
     win.check_dy("pool_scatter", dy.shape, indices.shape)
     flat = _flat_index("pool_scatter", indices, size)
     rows, count = flat.shape[0], math.prod(size)
-    keys = (flat + np.arange(rows)[:, None] * count).ravel()
+    keys = (flat + np.arange(rows, like=flat)[:, None] * count).ravel()
     dx = np.bincount(keys, weights=dy.reshape(rows, -1).ravel(), minlength=rows * count)  # sums in float64
     return dx.astype(dy.dtype, copy=False).reshape(*dy.shape[:2], *size)
 
@@ -428,6 +453,18 @@ def _(dy, indices, *, input_size):
     size = _index_geometry("pool_scatter", indices.shape, None, input_size)
     win.check_dy("pool_scatter", dy.shape, indices.shape)
     return Spec((*dy.shape[:2], *size), dy.dtype)
+
+
+@pool_scatter.onnx
+def _(g, dy, indices, *, input_size):
+    # per image and channel, each dy added at its flat spatial index: ScatterElements over (N, C, ∏size)
+    flat = [0, 0, -1]
+    zeros = g.filled(g.op("Concat", g.op("Shape", dy, start=0, end=2), g.ints([math.prod(input_size)]), axis=0), 0,
+                     dy.dtype)
+    dx = g.op("ScatterElements", zeros, g.op("Reshape", indices, g.ints(flat)), g.op("Reshape", dy, g.ints(flat)),
+              axis=2, reduction="add")
+    return g.op("Reshape", dx, g.op("Concat", g.op("Shape", dy, start=0, end=2), g.ints(input_size), axis=0),
+                spec=g.outputs[0])
 
 
 @pool_scatter.grad
@@ -459,6 +496,13 @@ def pool_gather(x, indices):
 def _(x, indices):
     _index_geometry("pool_gather", indices.shape, x.shape)
     return Spec(tuple(indices.shape), x.dtype)
+
+
+@pool_gather.onnx
+def _(g, x, indices):
+    flat = g.ints([0, 0, -1])
+    y = g.op("GatherElements", g.op("Reshape", x, flat), g.op("Reshape", indices, flat), axis=2)
+    return g.op("Reshape", y, g.op("Shape", indices), spec=g.outputs[0])
 
 
 @pool_gather.grad
@@ -565,9 +609,9 @@ max_unpool1d, max_unpool2d, max_unpool3d = (_unpool_function(nd) for nd in (1, 2
 # -- average pooling -------------------------------------------------------------------------------------------------
 
 
-def _divisor(w: win.Windows, count_include_pad: bool, divisor_override, dtype):
+def _divisor(w: win.Windows, count_include_pad: bool, divisor_override, dtype, like=None):
     """What each window's sum is divided by: a number, or an array (1, *out, 1) of ``dtype`` where window sizes
-    differ."""
+    differ (on the device of the array ``like``, if given)."""
     if divisor_override is not None:
         return divisor_override
     counts = []
@@ -578,7 +622,7 @@ def _divisor(w: win.Windows, count_include_pad: bool, divisor_override, dtype):
     if all((c == c[0]).all() for c in counts):
         return math.prod(int(c[0]) for c in counts)
     grid = functools.reduce(np.multiply.outer, counts)
-    return grid.reshape(1, *w.out, 1).astype(dtype)
+    return np.asarray(grid.reshape(1, *w.out, 1), dtype, like=like)
 
 
 def _avg_pool(x, w, count_include_pad, divisor_override):
@@ -586,7 +630,7 @@ def _avg_pool(x, w, count_include_pad, divisor_override):
     y = views[0].copy()
     for v in views[1:]:
         y += v
-    np.divide(y, _divisor(w, count_include_pad, divisor_override, y.dtype), out=y)
+    np.divide(y, _divisor(w, count_include_pad, divisor_override, y.dtype, like=y), out=y)
     return win.batch_first(y)
 
 
@@ -705,8 +749,8 @@ def avg_pool_grad(dy, *, input_size, kernel_size, stride, padding, ceil_mode, co
     """Gradient of average pooling (1-, 2- or 3-D, by dy's rank) for an input of spatial size ``input_size``:
     each window's dy divided as its sum was and spread over the window; overlapping windows add up."""
     _, w = _avg_pool_grad_spec(Spec(dy.shape, dy.dtype), input_size, kernel_size, stride, padding, ceil_mode)
-    share = win.batch_last(dy) / _divisor(w, count_include_pad, divisor_override, dy.dtype)
-    dxp = np.zeros((share.shape[0], *w.padded, share.shape[-1]), dy.dtype)
+    share = win.batch_last(dy) / _divisor(w, count_include_pad, divisor_override, dy.dtype, like=dy)
+    dxp = np.zeros((share.shape[0], *w.padded, share.shape[-1]), dy.dtype, like=dy)
     for index in win.tap_slices(w):
         dxp[index] += share
     return win.batch_first(win.interior(dxp, w))
@@ -756,8 +800,8 @@ def _averaging(n: int, o: int) -> np.ndarray:
 
 def _along_spatial(a, matrices):
     """a (N, C, *spatial) with matrix d (m, n_d) applied along spatial dim d: (N, C, *m)."""
-    for d, m in enumerate(matrices):
-        a = np.moveaxis(np.matmul(m.astype(a.dtype, copy=False), np.moveaxis(a, 2 + d, -2)), -2, 2 + d)
+    for d, m in enumerate(matrices):  # (host matrices, from the geometry: copied to a's device)
+        a = np.moveaxis(np.matmul(np.asarray(m, a.dtype, like=a), np.moveaxis(a, 2 + d, -2)), -2, 2 + d)
     return a
 
 
@@ -788,10 +832,41 @@ def _adaptive_avg_rule(nd, dy, x_spec):
     return dx if batched else F.squeeze(dx, axis=[0])
 
 
+def _adaptive_onnx_dims(g, x, nd, output_size):
+    """([(axis, input size, output size)] of the spatial dims pooled in windows, [the axes pooled whole (output
+    size 1)]); a dim of a size known only at run time can only be pooled whole."""
+    dims, whole = [], []
+    for d, (n, o) in enumerate(zip(x.shape[-nd:], win.expand(output_size, nd))):
+        if o == 1:
+            whole.append(x.ndim - nd + d)
+        elif n is None:
+            raise g.unsupported(f"adaptive pooling to {o} over spatial dim {d}, of a size known only at run time "
+                                "(output size 1, global pooling, is written then)")
+        else:
+            dims.append((x.ndim - nd + d, n, o))
+    return dims, whole
+
+
+def _adaptive_avg_onnx(nd, g, x, *, output_size):
+    dims, whole = _adaptive_onnx_dims(g, x, nd, output_size)
+    if whole:  # global average pooling over these dims
+        x = g.reduce("ReduceMean", x, whole, True, spec=Spec(tuple(1 if i in whole else d for i, d in
+                                                                  enumerate(x.shape)), x.dtype))
+    for a, n, o in dims:  # each spatial dim in turn, moved last and multiplied by the averaging matrix, as the kernel
+        perm = list(range(x.ndim))
+        perm[a], perm[-1] = perm[-1], perm[a]
+        moved = x if a == x.ndim - 1 else g.op("Transpose", x, perm=perm)
+        y = g.op("MatMul", moved, g.const(_averaging(n, o).T.astype(x.dtype)))
+        x = y if a == x.ndim - 1 else g.op("Transpose", y, perm=perm)
+        x.spec = Spec(tuple(o if i == a else d for i, d in enumerate(x.shape)), x.dtype)
+    return x
+
+
 def _define_adaptive_avg(opdef, nd, samples) -> None:
     opdef.check(functools.partial(_check_output_size, nd))
     opdef.infer(functools.partial(_adaptive_spec, opdef.name, nd))
     opdef.grad(functools.partial(_adaptive_avg_rule, nd))
+    opdef.onnx(functools.partial(_adaptive_avg_onnx, nd))
     opdef.samples(samples)
 
 
@@ -871,13 +946,16 @@ _define_adaptive_avg(adaptive_avg_pool3d, 3, lambda rng: [
 ])
 
 
+def _adaptive_taps(n: int, o: int) -> np.ndarray:
+    """The (o, k) input positions of each adaptive window's taps, the short windows repeating their last."""
+    start, end = _adaptive_bounds(n, o)
+    return np.minimum(start[:, None] + np.arange(int((end - start).max())), end[:, None] - 1)
+
+
 def _adaptive_max(x, out):
     """Adaptive max pooling of a batched x: (y, the flat index of each window's maximum)."""
     a = win.batch_last(x)
-    tables = []  # per dim: (o, k) input positions of each window's taps, the short windows repeating their last
-    for n, o in zip(x.shape[2:], out):
-        start, end = _adaptive_bounds(n, o)
-        tables.append(np.minimum(start[:, None] + np.arange(int((end - start).max())), end[:, None] - 1))
+    tables = [_adaptive_taps(n, o) for n, o in zip(x.shape[2:], out)]  # per dim
     views, flats = [], []
     for tap in np.ndindex(*(t.shape[1] for t in tables)):
         positions = np.ix_(*(t[:, i] for t, i in zip(tables, tap)))
@@ -885,10 +963,10 @@ def _adaptive_max(x, out):
         flat = np.zeros((), np.int64)
         for p, n in zip(positions, x.shape[2:]):
             flat = flat * n + p
-        flats.append(flat[..., None])
+        flats.append(np.asarray(flat[..., None], like=a))  # (host geometry, copied to a's device)
     y = _window_max(views)
     hits = _first_maxima(views, y)  # a repeated position equals an earlier tap, so never takes a window's max
-    indices = np.zeros(y.shape, np.int64)
+    indices = np.zeros(y.shape, np.int64, like=y)
     for flat, hit in zip(flats, hits):
         indices += hit * flat
     return win.batch_first(y), win.batch_first(indices)
@@ -904,6 +982,24 @@ def adaptive_max_pool2d(x, *, output_size):
 
 adaptive_max_pool2d.check(functools.partial(_check_output_size, 2))
 adaptive_max_pool2d.infer(functools.partial(_adaptive_spec, "adaptive_max_pool2d", 2))
+
+
+def _onnx_gather_taps(g, x, a, n, o):
+    """x with spatial dim ``a`` (of size n) replaced by the (o, k) taps of the adaptive windows."""
+    return g.op("Gather", x, g.const(_adaptive_taps(n, o)), axis=a,
+                spec=Spec((*x.shape[:a], o, None, *x.shape[a + 1:]), x.dtype))
+
+
+@adaptive_max_pool2d.onnx
+def _(g, x, *, output_size):
+    dims, whole = _adaptive_onnx_dims(g, x, 2, output_size)
+    if whole:  # global max pooling over these dims
+        x = g.reduce("ReduceMax", x, whole, True, spec=Spec(tuple(1 if i in whole else d for i, d in
+                                                                 enumerate(x.shape)), x.dtype))
+    for a, n, o in dims:  # a window's max is the max over its rows of the max over its columns: one dim at a time
+        x = g.reduce("ReduceMax", _onnx_gather_taps(g, x, a, n, o), [a + 1], False,
+                     spec=Spec(tuple(o if i == a else d for i, d in enumerate(x.shape)), x.dtype))
+    return x
 
 
 @adaptive_max_pool2d.grad
@@ -990,3 +1086,24 @@ adaptive_max_pool3d, adaptive_max_pool3d_with_indices = _define_adaptive_max(3, 
     Sample.of(_distinct(rng, 1, 2, 3, 4, 5), output_size=[2, 2, 3]),
     Sample.of(_distinct(rng, 2, 3, 2, 3), output_size=[3, 1, 2]),  # unbatched
 ])
+
+
+@adaptive_max_pool2d_with_indices.onnx
+def _(g, x, *, output_size):
+    # every window's taps gathered into a last dim (oh, ow, kh·kw), in the kernel's order: the first maximum is the
+    # kernel's, and a table gives its flat index h·W + w
+    if None in x.shape[-2:]:
+        raise g.unsupported(f"the indices of adaptive max pooling over sizes {list(x.shape[-2:])} known only at run "
+                            "time")
+    (ah, h, oh), (aw, w, ow) = [(x.ndim - 2 + d, n, o) for d, (n, o) in
+                                enumerate(zip(x.shape[-2:], win.expand(output_size, 2)))]
+    rows, cols = _adaptive_taps(h, oh), _adaptive_taps(w, ow)
+    lead = x.ndim - 2
+    taps = _onnx_gather_taps(g, _onnx_gather_taps(g, x, aw, w, ow), ah, h, oh)  # (..., oh, kh, ow, kw)
+    taps = g.op("Transpose", taps, perm=[*range(lead), lead, lead + 2, lead + 1, lead + 3])
+    taps = g.op("Reshape", taps, g.ints([*(0,) * lead, oh, ow, rows.shape[1] * cols.shape[1]]))
+    first = g.op("ArgMax", taps, axis=-1, keepdims=1, select_last_index=0)
+    flat = rows[:, None, :, None] * w + cols[None, :, None, :]  # (oh, ow, kh, kw)
+    flat = g.op("Expand", g.const(flat.reshape(oh, ow, -1).astype(np.int64)), g.op("Shape", taps))
+    y = g.op("Squeeze", g.op("GatherElements", taps, first, axis=-1), g.ints([-1]), spec=g.outputs[0])
+    return y, g.op("Squeeze", g.op("GatherElements", flat, first, axis=-1), g.ints([-1]), spec=g.outputs[1])

@@ -168,6 +168,14 @@ def _(x, *, shape):
     return Spec(tuple(shape), x.dtype)
 
 
+@sum_to.onnx
+def _(g, x, *, shape):
+    lead = x.ndim - len(shape)
+    axes = [*range(lead), *(lead + i for i, d in enumerate(shape) if d == 1 and x.shape[lead + i] != 1)]
+    y = g.reduce("ReduceSum", x, axes, True) if axes else x
+    return g.op("Reshape", y, g.ints(shape), spec=g.outputs[0])
+
+
 @sum_to.grad
 def _(dy, x_spec):
     return F.broadcast_to(dy, shape=x_spec.shape)
@@ -339,10 +347,10 @@ def min(x, dim=None, keepdim=False, *, axis=None):
 def _arg_extreme(op_name, find, x, axis, keepdim):
     """Index of the first largest (smallest) element along ``axis``; over the flattened tensor when None."""
     if axis is None:
-        return np.asarray(find(x), np.int64).reshape((1,) * x.ndim if keepdim else ())
+        return find(x).astype(np.int64).reshape((1,) * x.ndim if keepdim else ())  # (a NumPy scalar on the host)
     if x.ndim == 0:
         normalize_axes(op_name, (axis,), 0)  # 0 and -1 are the only axes of a 0-d tensor
-        return np.zeros((), np.int64)
+        return np.zeros((), np.int64, like=x)
     return find(x, axis=axis, keepdims=keepdim).astype(np.int64, copy=False)
 
 
@@ -666,6 +674,26 @@ def cumprod(x, *, axis):
         normalize_axes("cumprod", (axis,), 0)
         return x.astype(dtype)
     return np.cumprod(x, axis=axis, dtype=dtype)
+
+
+@cumprod.onnx
+def _(g, x, *, axis):
+    # ONNX has no CumProd: a scan in ⌈log₂ n⌉ steps, each multiplying in the running products 2ᵏ places before
+    # (shifted in from the front, with ones); the products come in another order than NumPy's, to the rounding
+    x = g.cast(x, g.outputs[0].dtype)
+    if x.ndim == 0:
+        return g.op("Identity", x)
+    a = axis % x.ndim
+    n = x.shape[a]
+    if n is None:
+        raise g.unsupported(f"cumprod along dim {a} of a size known only at run time (shape {x.shape})")
+    step, axes, one = 1, g.ints([a]), g.scalar(1, x)
+    while step < n:
+        pads = [step if i == a else 0 for i in range(x.ndim)] + [0] * x.ndim
+        shifted = g.op("Slice", g.op("Pad", x, g.ints(pads), one), g.ints([0]), g.ints([n]), axes)
+        x = g.op("Mul", x, shifted)
+        step *= 2
+    return x
 
 
 @cumprod.infer

@@ -613,3 +613,214 @@ def unique(input, sorted=True, return_inverse=False, return_counts=False, dim=No
     values, inverse, counts = F.unique_all(input, axis=dim)
     extra = [t for t, wanted in ((inverse, return_inverse), (counts, return_counts)) if wanted]
     return (values, *extra) if extra else values
+
+
+# -- ONNX export -------------------------------------------------------------------------------------------------
+
+
+def _onnx_nonzero(g, x):
+    return g.op("Not", g.op("Equal", x, g.scalar(0, x))) if x.dtype != D.bool_ else x
+
+
+def _onnx_truth(reduction):
+    def mapping(g, x, *, axis, keepdim):
+        # ReduceMin/ReduceMax of 0/1 (NaN is nonzero: True); over no elements ONNX gives the type's extremes,
+        # which compare as all's True and any's False
+        flags = g.cast(_onnx_nonzero(g, x), D.int32)
+        axes = None if axis is None else list(normalize_axes("all", axis, x.ndim))
+        return g.op("Greater", g.reduce(reduction, flags, axes, keepdim), g.const(np.array(0, np.int32)),
+                    spec=g.outputs[0])
+    return mapping
+
+
+all.onnx(_onnx_truth("ReduceMin"))
+any.onnx(_onnx_truth("ReduceMax"))
+
+
+def _onnx_scan(g, x, axis, combine, fill):
+    """The running ``combine`` along ``axis`` (associative), in ⌈log₂ n⌉ steps: each combines in the running value
+    2ᵏ places before (shifted in from the front, ``fill`` where there is none)."""
+    a = axis % x.ndim
+    n = x.shape[a]
+    if n is None:
+        raise g.unsupported(f"a running reduction along dim {a} of a size known only at run time (shape {x.shape})")
+    step, axes = 1, g.ints([a])
+    while step < n:
+        pads = [step if i == a else 0 for i in range(x.ndim)] + [0] * x.ndim
+        shifted = g.op("Slice", g.op("Pad", x, g.ints(pads), fill), g.ints([0]), g.ints([n]), axes, spec=x.spec)
+        x = combine(x, shifted)
+        step *= 2
+    return x
+
+
+@logcumsumexp.onnx
+def _(g, x, *, axis):
+    if x.ndim == 0:
+        return g.op("Identity", x)
+    return _onnx_scan(g, x, axis, lambda a, b: g.call("logaddexp", a, b), g.scalar(-np.inf, x))
+
+
+def _onnx_cumulative_extreme(extreme):
+    def mapping(g, x, *, axis):
+        if x.ndim == 0:
+            return g.op("Identity", x), g.const(np.zeros((), np.int64))
+        a = axis % x.ndim
+        floating = D.is_floating(x.dtype)
+
+        def combine(u, v):  # NaN, once come, stays (as NumPy's accumulate)
+            out = g.op(extreme, u, v, spec=u.spec)
+            if floating:
+                out = g.op("Where", g.op("IsNaN", u), u, g.op("Where", g.op("IsNaN", v), v, out), spec=u.spec)
+            return out
+
+        info = np.finfo(x.dtype) if floating else np.iinfo(x.dtype)
+        fill = (-np.inf if extreme == "Max" else np.inf) if floating else (info.min if extreme == "Max" else info.max)
+        values = _onnx_scan(g, x, a, combine, g.scalar(fill, x))
+        hit = g.op("Equal", x, values)
+        if floating:
+            hit = g.op("Or", hit, g.op("And", g.op("IsNaN", x), g.op("IsNaN", values)))
+        n = x.shape[a]
+        positions = g.const(np.arange(n, dtype=np.int64).reshape([-1 if i == a else 1 for i in range(x.ndim)]))
+        spec = Spec(x.shape, D.int64)
+        hits = g.op("Where", hit, positions, g.const(np.array(0, np.int64)), spec=spec)
+        zero = g.const(np.array(np.iinfo(np.int64).min, np.int64))
+        indices = _onnx_scan(g, hits, a, lambda u, v: g.op("Max", u, v, spec=spec), zero)
+        return values, indices
+    return mapping
+
+
+cummax.onnx(_onnx_cumulative_extreme("Max"))
+cummin.onnx(_onnx_cumulative_extreme("Min"))
+
+
+def _onnx_kept(g, t, a, keepdim, spec):
+    return t if keepdim else g.op("Squeeze", t, g.ints([a]), spec=spec)
+
+
+@kthvalue.onnx
+def _(g, x, *, k, axis, keepdim):
+    # the k-th of TopK's k smallest, which orders ties by index (our stable sort) and NaN last
+    if x.ndim == 0:
+        return g.op("Identity", x), g.const(np.zeros((), np.int64))
+    a = axis % x.ndim
+    values, indices = g.op("TopK", x, g.ints([k]), axis=a, largest=0, sorted=1, outputs=2)
+    last = (g.ints([k - 1]), g.ints([k]), g.ints([a]))
+    return (_onnx_kept(g, g.op("Slice", values, *last), a, keepdim, g.outputs[0]),
+            _onnx_kept(g, g.op("Slice", indices, *last), a, keepdim, g.outputs[1]))
+
+
+@median_select.onnx
+def _(g, x, *, axis, keepdim, ignore_nan):
+    if axis is None:  # of all elements: those of the flattened x, shaped as the result
+        flat = g.op("Reshape", x, g.ints([-1]), spec=Spec((None,), x.dtype))
+        values, indices = _onnx_median(g, flat, 0, ignore_nan)
+        shape = g.ints([1] * x.ndim if keepdim else [])
+        return (g.op("Reshape", values, shape, spec=g.outputs[0]), g.op("Reshape", indices, shape, spec=g.outputs[1]))
+    if x.ndim == 0:
+        return g.op("Identity", x), g.const(np.zeros((), np.int64))
+    a = axis % x.ndim
+    values, indices = _onnx_median(g, x, a, ignore_nan)
+    return _onnx_kept(g, values, a, keepdim, g.outputs[0]), _onnx_kept(g, indices, a, keepdim, g.outputs[1])
+
+
+def _onnx_median(g, x, a, ignore_nan):
+    """(values, indices) of the lower median along axis ``a``, kept as a dim of 1: the kernel's stable order
+    (TopK of every element, NaN last) read at the middle."""
+    i64 = D.int64
+    n = g.op("Shape", x, start=a, end=a + 1, spec=Spec((1,), i64))
+    order = g.op("TopK", x, n, axis=a, largest=0, sorted=1, outputs=2)[1]
+    one = g.const(np.array(1, np.int64))
+    nan = g.op("IsNaN", x) if D.is_floating(x.dtype) else None
+    if nan is not None and ignore_nan:  # the middle of the elements that are not NaN (they come first)
+        present = g.op("Sub", n, g.reduce("ReduceSum", g.cast(nan, i64), [a], True, spec=Spec((), i64)))
+        middle = g.op("Div", g.op("Max", g.op("Sub", present, one), g.const(np.array(0, np.int64))),
+                      g.const(np.array(2, np.int64)))
+        index = g.op("GatherElements", order, middle, axis=a)
+    else:
+        middle = g.op("Div", g.op("Sub", n, one), g.const(np.array(2, np.int64)))
+        index = g.op("Slice", order, middle, g.op("Add", middle, one), g.ints([a]))
+        if nan is not None:  # a row holding NaN: its first NaN
+            flags = g.cast(nan, D.int32)
+            first = g.op("ArgMax", flags, axis=a, keepdims=1, select_last_index=0)
+            index = g.op("Where", g.op("Greater", g.reduce("ReduceMax", flags, [a], True, spec=Spec((), D.int32)),
+                                       g.const(np.array(0, np.int32))), first, index)
+    return g.op("GatherElements", x, index, axis=a), index
+
+
+@mode.onnx
+def _(g, x, *, axis, keepdim):
+    # each element's count among its row's (an (n, n) comparison), the smallest value of the largest count, and
+    # its last occurrence; each NaN is a value of its own, counted once
+    if x.ndim == 0:
+        return g.op("Identity", x), g.const(np.zeros((), np.int64))
+    a = axis % x.ndim
+    n = x.shape[a]
+    if n is None:
+        raise g.unsupported(f"mode along dim {a} of a size known only at run time (shape {x.shape})")
+    i64 = D.int64
+    pairs = g.op("Equal", g.op("Unsqueeze", x, g.ints([a + 1])), g.op("Unsqueeze", x, g.ints([a])),
+                 spec=Spec((None,) * (x.ndim + 1), D.bool_))
+    counts = g.reduce("ReduceSum", g.cast(pairs, i64), [a + 1], False, spec=Spec(x.shape, i64))
+    floating = D.is_floating(x.dtype)
+    nan = g.op("IsNaN", x) if floating else None
+    if floating:
+        counts = g.op("Add", counts, g.cast(nan, i64))
+    best = g.reduce("ReduceMax", counts, [a], True, spec=Spec(x.shape, i64))
+    candidate = g.op("Equal", counts, best)
+    if floating:
+        candidate = g.op("And", candidate, g.op("Not", nan))
+    top = np.inf if floating else np.iinfo(x.dtype).max
+    value = g.reduce("ReduceMin", g.op("Where", candidate, x, g.scalar(top, x), spec=x.spec), [a], True,
+                     spec=x.spec)
+    same = g.op("Equal", x, value)
+    if floating:  # a row of NaN alone: NaN, at its last
+        all_nan = g.op("Equal", g.reduce("ReduceMax", g.cast(candidate, D.int32), [a], True,
+                                         spec=Spec(x.shape, D.int32)), g.const(np.array(0, np.int32)))
+        value = g.op("Where", all_nan, g.scalar(np.nan, x), value, spec=x.spec)
+        same = g.op("Or", same, g.op("And", all_nan, nan))
+    positions = g.const(np.arange(n, dtype=np.int64).reshape([-1 if i == a else 1 for i in range(x.ndim)]))
+    index = g.reduce("ReduceMax", g.op("Where", same, positions, g.const(np.array(-1, np.int64)),
+                                       spec=Spec(x.shape, i64)), [a], True, spec=Spec(x.shape, i64))
+    return _onnx_kept(g, value, a, keepdim, g.outputs[0]), _onnx_kept(g, index, a, keepdim, g.outputs[1])
+
+
+@bincount.onnx
+def _(g, x, weights, *, minlength):
+    # max(x) + 1 bins, at least minlength (an empty x: minlength), each the count or the sum of the weights there
+    dtype = g.outputs[0].dtype
+    x = g.cast(x, D.int64)
+    top = g.op("ReduceMax", g.op("Concat", x, g.ints([minlength - 1]), axis=0), keepdims=1)
+    bins = g.op("Add", top, g.ints([1]))
+    added = g.filled(g.op("Shape", x), 1, dtype) if weights is None else g.cast(weights, dtype)
+    return g.op("ScatterElements", g.filled(bins, 0, dtype), x, added, axis=0, reduction="add", spec=g.outputs[0])
+
+
+@unique_all.onnx
+def _(g, x, *, axis):
+    # ONNX's Unique, sorted; it takes NaNs as one value, ours are each distinct: they are left out of it and come
+    # last, one value each, as NumPy's sort puts them
+    i64 = D.int64
+    if axis is not None:
+        if D.is_floating(x.dtype):
+            raise g.unsupported("unique slices of floating tensors (ONNX's Unique takes NaNs as equal, ours not)")
+        a = normalize_axes("unique", [axis], x.ndim)[0]
+        values, _, inverse, counts = g.op("Unique", x, axis=a, sorted=1, outputs=4)
+        return values, inverse, counts
+    flat = g.op("Reshape", x, g.ints([-1]), spec=Spec((None,), x.dtype))
+    if not D.is_floating(x.dtype):
+        values, _, inverse, counts = g.op("Unique", flat, sorted=1, outputs=4)
+        return values, g.op("Reshape", inverse, g.op("Shape", x)), counts
+    nan = g.op("IsNaN", flat, spec=Spec((None,), D.bool_))
+    number = g.op("Not", nan)
+    values, _, found, counts = g.op("Unique", g.op("Compress", flat, number, axis=0), sorted=1, outputs=4)
+    nans = g.reduce("ReduceSum", g.cast(nan, i64), [0], True, spec=Spec((1,), i64))
+    distinct = g.op("Shape", values, spec=Spec((1,), i64))
+    values = g.op("Concat", values, g.filled(nans, np.nan, x.dtype), axis=0)
+    counts = g.op("Concat", counts, g.filled(nans, 1, i64), axis=0)
+    # each number's place among the distinct values, each NaN's after them in its order
+    at_numbers = g.op("Squeeze", g.op("NonZero", number), g.ints([0]))
+    inverse = g.op("ScatterElements", g.filled(g.op("Shape", flat), 0, i64), at_numbers, found, axis=0)
+    nan_place = g.op("Add", distinct, g.op("Sub", g.op("CumSum", g.cast(nan, i64), g.const(np.array(0, np.int64))),
+                                          g.const(np.array(1, np.int64))))
+    inverse = g.op("Where", nan, nan_place, inverse)
+    return values, g.op("Reshape", inverse, g.op("Shape", x)), counts

@@ -135,8 +135,10 @@ def interpolate(x, *, size, scale_factor, mode, align_corners, recompute_scale_f
     out = _sizes("interpolate", x.shape, size, scale_factor, mode)
     maps = _all_maps(x.shape[2:], out, scale_factor, mode, align_corners, recompute_scale_factor)
     for axis in reversed(range(2, x.ndim)):  # the last dim first, as PyTorch's arithmetic
-        terms = [np.take(x, i, axis) if wt is None else np.take(x, i, axis) * _along(x.shape, axis, wt.astype(
-            x.dtype)) for i, wt in maps[axis - 2]]
+        terms = []
+        for i, wt in maps[axis - 2]:  # (host geometry: copied to x's device)
+            read = np.take(x, np.asarray(i, like=x), axis)
+            terms.append(read if wt is None else read * _along(x.shape, axis, np.asarray(wt, x.dtype, like=x)))
         x = terms[0]
         for term in terms[1:]:
             x = x + term
@@ -190,13 +192,13 @@ def interpolate_grad(dy, *, input_size, size, scale_factor, mode, align_corners,
     shape = _grad_sizes(Spec(dy.shape, dy.dtype), input_size, size, scale_factor, mode)
     maps = _all_maps(shape[2:], dy.shape[2:], scale_factor, mode, align_corners, recompute_scale_factor)
     for axis in range(2, dy.ndim):
-        out = np.zeros((*dy.shape[:axis], shape[axis], *dy.shape[axis + 1:]), dy.dtype)
+        out = np.zeros((*dy.shape[:axis], shape[axis], *dy.shape[axis + 1:]), dy.dtype, like=dy)
         for i, wt in maps[axis - 2]:
-            weighted = dy if wt is None else dy * _along(dy.shape, axis, wt.astype(dy.dtype))
+            weighted = dy if wt is None else dy * _along(dy.shape, axis, np.asarray(wt, dy.dtype, like=dy))
             starts = np.flatnonzero(np.diff(i, prepend=-1))  # i never decreases: runs of one input
             index = [slice(None)] * dy.ndim
             index[axis] = i[starts]
-            out[tuple(index)] += np.add.reduceat(weighted, starts, axis=axis)
+            out[tuple(index)] += np.add.reduceat(weighted, np.asarray(starts, like=dy), axis=axis)
         dy = out
     return dy
 
@@ -306,3 +308,79 @@ def _(rng):
     yield Sample.of(rng.standard_normal((2, 2, 4, 6)), downscale_factor=2)
     yield Sample.of(rng.standard_normal((1, 3, 6)), downscale_factor=3)
 
+
+
+# -- ONNX export --------------------------------------------------------------------------------------------------
+
+
+@interpolate.onnx
+def _(g, x, *, size, scale_factor, mode, align_corners, recompute_scale_factor):
+    nd = x.ndim - 2
+    scales = None if scale_factor is None else win.expand(scale_factor, nd)
+    if mode == "nearest" and scales is not None and all(float(s).is_integer() for s in scales):
+        # output i reads input ⌊i/s⌋, exactly, also in float32: ONNX's Resize says so for any (run-time) size
+        return g.op("Resize", x, None, g.const(np.array([1, 1, *scales], np.float32)), mode="nearest",
+                    coordinate_transformation_mode="asymmetric", nearest_mode="floor", spec=g.outputs[0])
+    if None in x.shape[2:]:
+        if mode in _LINEAR and x.dtype != np.float64:
+            return _onnx_linear_resize(g, x, size, scales, align_corners, recompute_scale_factor)
+        raise g.unsupported(f"interpolate mode={mode!r} over spatial sizes {list(x.shape[2:])} known only at run "
+                            "time (written then: 'nearest' by whole scale factors, and the linear modes below "
+                            "float64, whose Resize computes its positions in float32)")
+    # the kernel's own maps, one dim at a time, the last first: each output a Gather of the inputs it reads, times
+    # their weights (ONNX's Resize computes its positions in float32: float64 models would differ)
+    maps = _all_maps(x.shape[2:], g.outputs[0].shape[2:], scale_factor, mode, align_corners, recompute_scale_factor)
+    for axis in reversed(range(2, x.ndim)):
+        spec = Spec(tuple(len(maps[axis - 2][0][0]) if a == axis else d for a, d in enumerate(x.shape)), x.dtype)
+        terms = []
+        for i, wt in maps[axis - 2]:
+            term = g.op("Gather", x, g.const(i), axis=axis, spec=spec)
+            if wt is not None:
+                term = g.op("Mul", term, g.const(_along(spec.shape, axis, wt.astype(x.dtype))), spec=spec)
+            terms.append(term)
+        x = terms[0]
+        for term in terms[1:]:  # (bicubic reads four inputs per output; ONNX's Add takes two)
+            x = g.op("Add", x, term, spec=spec)
+    return x
+
+
+def _onnx_shuffle(g, x, r, up):
+    """pixel_shuffle (up) or pixel_unshuffle as the kernel writes them: Reshape, Transpose, Reshape, with the
+    shapes read from x's at run time."""
+    n = x.ndim - 3
+    lead = g.op("Shape", x, start=0, end=n, spec=Spec((n,), np.dtype(np.int64)))
+    c, h, w = (g.op("Shape", x, start=i, end=i + 1, spec=Spec((1,), np.dtype(np.int64))) for i in range(n, n + 3))
+    rr = g.ints([r])
+    if up:
+        split = g.op("Concat", lead, g.ints([-1, r, r]), h, w, axis=0)
+        perm = [*range(n), n, n + 3, n + 1, n + 4, n + 2]
+        whole = g.op("Concat", lead, g.ints([-1]), g.op("Mul", h, rr), g.op("Mul", w, rr), axis=0)
+    else:
+        split = g.op("Concat", lead, c, g.op("Div", h, rr), rr, g.op("Div", w, rr), rr, axis=0)
+        perm = [*range(n), n, n + 2, n + 4, n + 1, n + 3]
+        whole = g.op("Concat", lead, g.ints([-1]), g.op("Div", h, rr), g.op("Div", w, rr), axis=0)
+    y = g.op("Transpose", g.op("Reshape", x, split), perm=perm)
+    return g.op("Reshape", y, whole, spec=g.outputs[0])
+
+
+pixel_shuffle.onnx(lambda g, x, *, upscale_factor: _onnx_shuffle(g, x, upscale_factor, True))
+pixel_unshuffle.onnx(lambda g, x, *, downscale_factor: _onnx_shuffle(g, x, downscale_factor, False))
+
+
+def _onnx_linear_resize(g, x, size, scales, align_corners, recompute_scale_factor):
+    """The linear modes over sizes known only at run time: ONNX's Resize, whose source positions are the kernel's
+    (align_corners: i·(n − 1)/(o − 1); else (i + ½)/s − ½, clamped to the input) computed in float32: within
+    float32's rounding of ours, so for float32 and the half types only."""
+    transform = "align_corners" if align_corners else "half_pixel"
+    if scales is not None and not recompute_scale_factor and not align_corners:  # positions by the given scale
+        return g.op("Resize", x, None, g.const(np.array([1, 1, *scales], np.float32)), mode="linear",
+                    coordinate_transformation_mode=transform, spec=g.outputs[0])
+    if size is None:  # the output size ⌊n·s⌋, positions by n/o
+        spatial = g.op("Shape", x, start=2, spec=Spec((x.ndim - 2,), np.dtype(np.int64)))
+        size_value = g.cast(g.op("Floor", g.op("Mul", g.cast(spatial, np.float64), g.const(np.array(scales)))),
+                            np.int64)
+    else:
+        size_value = g.ints(win.expand(size, x.ndim - 2))
+    sizes = g.op("Concat", g.op("Shape", x, start=0, end=2), size_value, axis=0)
+    return g.op("Resize", x, None, None, sizes, mode="linear", coordinate_transformation_mode=transform,
+                spec=g.outputs[0])

@@ -11,7 +11,7 @@ from ..core.errors import ArgumentError, describe
 from ._common import D, P, S, Sample, ShapeError, Spec, broadcast_shapes, function, normalize_axes, np, op, shapes_agree
 
 
-@op("reshape(Tensor x, int[] shape) -> Tensor y")
+@op("reshape(Tensor x, int[] shape) -> Tensor y", traits=["view"])
 def reshape(x, *, shape):
     """The same elements in a new shape; one dim may be -1 (inferred)."""
     return np.reshape(x, shape)
@@ -86,7 +86,7 @@ def shape_as_tensor(x):
     """The shape of ``x`` as a 1-d int64 tensor (``torch._shape_as_tensor``, ONNX's Shape). In a program whose dims
     are known only at run time, sizes computed from it (``reshape(x, shape=...)`` fed by Shape → Gather → Concat in an
     imported ONNX model) are computed when the executor plans the run for the feeds' shapes."""
-    return np.array(x.shape, dtype=np.int64).reshape(x.ndim)
+    return np.asarray(x.shape, np.int64, like=x).reshape(x.ndim)  # (made on x's device)
 
 
 shape_as_tensor.onnx(lambda g, x: g.op("Shape", x))
@@ -103,7 +103,7 @@ def _(rng):
     yield Sample.of(rng.standard_normal(()))
 
 
-@op("transpose(Tensor x, *, int[] perm=None) -> Tensor y")
+@op("transpose(Tensor x, *, int[] perm=None) -> Tensor y", traits=["view"])
 def transpose(x, *, perm):
     """Permutes the dims (reverses them when ``perm`` is None)."""
     return np.transpose(x, perm)
@@ -146,7 +146,7 @@ def _(rng):
     yield Sample.of(rng.standard_normal((2, 3, 4)), perm=[-1, 0, 1])
 
 
-@op("broadcast_to(Tensor x, int[] shape/size) -> Tensor y")
+@op("broadcast_to(Tensor x, int[] shape/size) -> Tensor y", traits=["view"])
 def broadcast_to(x, *, shape):
     """``x`` repeated along dims of size 1 (and new leading dims) to ``shape``. A -1 keeps the size of the dim of
     ``x`` it lines up with, as ``Tensor.expand`` (not allowed for a new leading dim)."""
@@ -223,7 +223,7 @@ def _slice_spec(op_name, shape, axes, starts, ends, steps):
     return tuple(out)
 
 
-@op("slice(Tensor x, *, int[] axes, int[] starts, int[] ends, int[] steps) -> Tensor y")
+@op("slice(Tensor x, *, int[] axes, int[] starts, int[] ends, int[] steps) -> Tensor y", traits=["view"])
 def slice(x, *, axes, starts, ends, steps):
     """Basic slicing, ``x[starts:ends:steps]`` along ``axes`` (indices already normalised by the caller)."""
     return x[_slice_index(x.ndim, axes, starts, ends, steps)]
@@ -267,7 +267,7 @@ def _(rng):
 @op("slice_grad(Tensor dy, *, int[] shape, int[] axes, int[] starts, int[] ends, int[] steps) -> Tensor dx")
 def slice_grad(dy, *, shape, axes, starts, ends, steps):
     """Gradient of slice: zeros of ``shape`` with ``dy`` written where the slice took its elements."""
-    dx = np.zeros(shape, dy.dtype)
+    dx = np.zeros(shape, dy.dtype, like=dy)
     dx[_slice_index(len(shape), axes, starts, ends, steps)] = dy
     return dx
 
@@ -311,7 +311,7 @@ def _squeezed_axes(op_name, shape, axis):
     return tuple(a for a in axes if shape[a] == 1)
 
 
-@op("squeeze(Tensor x, int[] axis/dim=None) -> Tensor y")
+@op("squeeze(Tensor x, int[] axis/dim=None) -> Tensor y", traits=["view"])
 def squeeze(x, *, axis):
     """Removes dims of size 1: every one when ``axis`` is None, else those listed (a listed dim whose size is
     not 1 is left alone, as in PyTorch)."""
@@ -353,7 +353,7 @@ def _(rng):
     yield Sample.of(rng.standard_normal(()))
 
 
-@op("unsqueeze(Tensor x, int axis/dim) -> Tensor y")
+@op("unsqueeze(Tensor x, int axis/dim) -> Tensor y", traits=["view"])
 def unsqueeze(x, *, axis):
     """Inserts a dim of size 1 at ``axis`` (in [-ndim-1, ndim], counted in the result)."""
     return np.expand_dims(x, axis)
@@ -397,7 +397,7 @@ def _permutation(op_name, perm, shape):
     return tuple(p % n for p in perm)
 
 
-@op("permute(Tensor x, int[] dims) -> Tensor y")
+@op("permute(Tensor x, int[] dims) -> Tensor y", traits=["view"])
 def permute(x, *, dims):
     """Reorders the dims: dim i of the result is dim ``dims[i]`` of ``x`` (``torch.permute``)."""
     return np.transpose(x, dims)
@@ -434,8 +434,9 @@ def _(rng):
 
 @op("flip(Tensor x, int[] axis/dims) -> Tensor y")
 def flip(x, *, axis):
-    """Reverses the order of the elements along each dim in ``axis``."""
-    return np.flip(x, normalize_axes("flip", axis, x.ndim))
+    """Reverses the order of the elements along each dim in ``axis``. The result is a copy, as torch's (NumPy's
+    flip is a view: an in-place write to the result would change ``x``)."""
+    return np.flip(x, normalize_axes("flip", axis, x.ndim)).copy()
 
 
 @flip.onnx
@@ -600,13 +601,13 @@ def _split_sizes(size, sections):
     return [chunk] * (size // chunk) + ([size % chunk] if size % chunk or size == 0 else [])
 
 
-@op("split(Tensor x, int[] sections/split_size_or_sections, int axis/dim=0) -> Tensor[] ys")
+@op("split(Tensor x, int[] sections/split_size_or_sections, int axis/dim=0) -> Tensor[] ys", traits=["view"])
 def split(x, *, sections, axis):
     """Cuts ``x`` along ``axis`` into pieces of the sizes in ``sections`` (which must add up to the dim), or, when
     ``sections`` is one number n (``split(x, sections=n)``), into pieces of n, the last one smaller: both as
     ``torch.split``. The pieces are views of ``x``."""
     a, sizes = _split_plan(x.shape, sections, axis)
-    return np.split(x, np.cumsum(sizes)[:-1], axis=a)
+    return np.split(x, np.cumsum(sizes)[:-1].tolist(), axis=a)  # (host offsets, as a list: a device takes those)
 
 
 @split.onnx
@@ -814,6 +815,27 @@ def _(rng):
     yield Sample.of(rng.standard_normal(()), shifts=[3])
 
 
+@roll.onnx
+def _(g, x, *, shifts, axis):
+    if axis is None:  # the flattened tensor rolled, and shaped back
+        flat = g.op("Reshape", x, g.ints([-1]), spec=Spec((None,), x.dtype))
+        return g.op("Reshape", _onnx_roll(g, flat, shifts[0], 0), g.op("Shape", x), spec=g.outputs[0])
+    for s, a in zip(shifts, axis):
+        x = _onnx_roll(g, x, s, a % x.ndim)
+    return x
+
+
+def _onnx_roll(g, x, shift, a):
+    """x rolled by ``shift`` along axis ``a``: its last (shift mod n) elements, then the others (n read at run
+    time)."""
+    n = g.op("Shape", x, start=a, end=a + 1, spec=Spec((1,), D.int64))
+    cut = g.op("Sub", n, g.op("Mod", g.ints([shift]), n, fmod=0))  # Mod of int64: the sign of n, as Python's %
+    axes = g.ints([a])
+    tail = g.op("Slice", x, cut, g.ints([2**63 - 1]), axes, spec=x.spec)
+    head = g.op("Slice", x, g.ints([0]), cut, axes, spec=x.spec)
+    return g.op("Concat", tail, head, axis=a, spec=x.spec)
+
+
 def _repeat_plan(op_name, shape, repeats, axis):
     """(the axis repeated, or None for the flattened tensor; the size of the dim before and after repeating)."""
     if axis is None:
@@ -878,12 +900,30 @@ def _(rng):
     yield Sample.of(rng.standard_normal(()), repeats=[3])
 
 
+@repeat_interleave.onnx
+def _(g, x, *, repeats, axis):
+    a, n, _ = _repeat_plan("repeat_interleave", x.shape, repeats, axis)
+    if a is None:
+        x, a = g.op("Reshape", x, g.ints([-1]), spec=Spec((n,), x.dtype)), 0
+    if len(repeats) > 1 or n is not None:  # a Gather of each element as many times as it repeats
+        counts = np.broadcast_to(np.asarray(repeats), (n,))
+        return g.op("Gather", x, g.const(np.repeat(np.arange(n), counts)), axis=a, spec=g.outputs[0])
+    # one count, a size known at run time: each slice tiled along a new dim after it, which is then merged into it
+    r = repeats[0]
+    tiled = g.op("Tile", g.op("Unsqueeze", x, g.ints([a + 1])), g.ints([r if i == a + 1 else 1
+                                                                        for i in range(x.ndim + 1)]))
+    shape = g.op("Shape", x)
+    merged = g.op("Concat", g.op("Slice", shape, g.ints([0]), g.ints([a])), g.ints([-1]),
+                  g.op("Slice", shape, g.ints([a + 1]), g.ints([x.ndim])), axis=0)
+    return g.op("Reshape", tiled, merged, spec=g.outputs[0])
+
+
 @op("repeat_interleave_grad(Tensor dy, *, int[] shape, int[] repeats, int? axis=None) -> Tensor dx")
 def repeat_interleave_grad(dy, *, shape, repeats, axis):
     """Gradient of ``repeat_interleave``: the copies of each element of an input of ``shape`` summed back into it."""
     a, n, _ = _repeat_plan("repeat_interleave_grad", tuple(shape), repeats, axis)
     counts = np.broadcast_to(np.asarray(repeats), (n,))
-    dx = np.zeros((n, *dy.shape[1:]) if a is None else (*dy.shape[:a], n, *dy.shape[a + 1:]), dy.dtype)
+    dx = np.zeros((n, *dy.shape[1:]) if a is None else (*dy.shape[:a], n, *dy.shape[a + 1:]), dy.dtype, like=dy)
     np.add.at(dx, (builtins.slice(None),) * (a or 0) + (np.repeat(np.arange(n), counts),), dy)
     return dx.reshape(shape)
 
@@ -955,12 +995,27 @@ def _(rng):
     yield Sample.of(rng.standard_normal((2, 3)), offset=4)  # beyond the matrix: empty
 
 
+@diagonal.onnx
+def _(g, x, *, offset, axis1, axis2):
+    a1, a2, length = _diagonal_plan("diagonal", x.shape, offset, axis1, axis2)
+    if length is None:
+        raise g.unsupported(f"the diagonal of dims {a1}, {a2} of sizes known only at run time (shape {x.shape})")
+    # the two dims moved last and merged: the diagonal is a Gather of flat positions there
+    rest = [i for i in range(x.ndim) if i not in (a1, a2)]
+    n2 = x.shape[a2]
+    moved = g.op("Transpose", x, perm=[*rest, a1, a2])
+    merged = g.op("Reshape", moved, g.ints([0] * len(rest) + [-1]))
+    k = np.arange(length)
+    flat = (k - builtins.min(offset, 0)) * n2 + k + builtins.max(offset, 0)
+    return g.op("Gather", merged, g.const(flat.astype(np.int64)), axis=len(rest), spec=g.outputs[0])
+
+
 @op("diagonal_grad(Tensor dy, *, int[] shape, int offset=0, int axis1=0, int axis2=1) -> Tensor dx")
 def diagonal_grad(dy, *, shape, offset, axis1, axis2):
     """Gradient of ``diagonal``: zeros of ``shape`` with ``dy`` written on the diagonal ``diagonal`` reads (with
     ``axis1``, ``axis2`` = -2, -1, ``torch.diag_embed``)."""
     a1, a2, length = _diagonal_grad_plan(dy.shape, shape, offset, axis1, axis2)
-    dx = np.zeros(shape, dy.dtype)
+    dx = np.zeros(shape, dy.dtype, like=dy)
     k = np.arange(length)
     np.moveaxis(dx, (a1, a2), (-2, -1))[..., k - builtins.min(offset, 0), k + builtins.max(offset, 0)] = dy
     return dx
@@ -1074,7 +1129,7 @@ def pad(x, *, pad, mode, value):
     y = x
     for d, (before, after) in enumerate(pairs):
         if before or after:
-            y = np.take(y, _pad_source(x.shape[d], before, after, mode), axis=d)
+            y = np.take(y, np.asarray(_pad_source(x.shape[d], before, after, mode), like=y), axis=d)
     return y if y is not x else x.copy()
 
 
@@ -1082,8 +1137,16 @@ def pad(x, *, pad, mode, value):
 def _(g, x, *, pad, mode, value):
     pairs = _pad_pairs(pad, x.ndim)
     onnx_mode = {"constant": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}[mode]
-    if onnx_mode == "wrap" and g.opset < 19:
-        raise g.unsupported("mode 'circular' needs opset 19 (Pad's mode 'wrap')")
+    if onnx_mode == "wrap" and g.opset < 19:  # no mode 'wrap' before 19: the kernel's Gather of each padded dim
+        y = x
+        for d, (before, after) in enumerate(pairs):
+            if not (before or after):
+                continue
+            if x.shape[d] is None:
+                raise g.unsupported(f"mode 'circular' over dim {d} of a size known only at run time needs opset 19 "
+                                    "(Pad's mode 'wrap')")
+            y = g.op("Gather", y, g.const(_pad_source(x.shape[d], before, after, mode)), axis=d)
+        return g.op("Identity", y, spec=g.outputs[0])
     if not pairs:
         return g.op("Identity", x)
     pads = g.ints([b for b, _ in pairs] + [a for _, a in pairs])
@@ -1127,7 +1190,7 @@ def pad_grad(dy, *, shape, pad, mode):
     dx = dy
     for d, (before, after) in enumerate(_pad_pairs(pad, len(shape))):
         if before or after:
-            acc = np.zeros((*dx.shape[:d], shape[d], *dx.shape[d + 1:]), dy.dtype)
+            acc = np.zeros((*dx.shape[:d], shape[d], *dx.shape[d + 1:]), dy.dtype, like=dy)
             np.add.at(acc, (builtins.slice(None),) * d + (_pad_source(shape[d], before, after, mode),), dx)
             dx = acc
     return dx if dx is not dy else dy.copy()

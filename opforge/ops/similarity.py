@@ -116,7 +116,7 @@ def pairwise_distance(x1, x2, *, p, eps, keepdim):
     """``torch.nn.functional.pairwise_distance``: the p-norm of x1 − x2 + eps over the last dim (x1 and x2
     broadcast); ``eps`` keeps the norm differentiable where x1 = x2."""
     diff = x1 - x2 + eps
-    return np.asarray(vector_norm(diff, p, _distance_axes(diff.shape), keepdim))
+    return vector_norm(diff, p, _distance_axes(diff.shape), keepdim)  # (a NumPy scalar on the host: dispatch's)
 
 
 pairwise_distance.check(_check_p)
@@ -151,3 +151,36 @@ def _(rng):
     yield Sample.of(x, x + apart(4), p=3.0)  # broadcast
     yield Sample.of(x, x + apart(3, 4), p=math.inf)
     yield Sample.of(rng.standard_normal(5), rng.standard_normal(5), p=2.0, eps=0.0)
+
+
+# -- ONNX export: the kernels' formulas, with norm's mapping for the norms ----------------------------------------
+
+
+def _onnx_clamped_norm(g, x, axes, eps, p=2.0):
+    return g.op("Max", g.call("norm", x, p=p, axis=list(axes), keepdim=True), g.scalar(eps, x))
+
+
+@normalize.onnx
+def _(g, x, *, p, axis, eps):
+    return g.op("Div", x, _onnx_clamped_norm(g, x, normalize_axes("normalize", (axis,), x.ndim), eps, p))
+
+
+@cosine_similarity.onnx
+def _(g, x1, x2, *, axis, eps):
+    dtype = g.outputs[0].dtype
+    x1, x2 = g.cast(x1, dtype), g.cast(x2, dtype)
+    if x1.shape != x2.shape:  # the norms are of the broadcast operands, as the kernel's (Expand broadcasts both ways)
+        spec = Spec(_pair_shape("cosine_similarity", x1, x2), dtype)
+        x1, x2 = (g.op("Expand", x1, g.op("Shape", x2), spec=spec), g.op("Expand", x2, g.op("Shape", x1), spec=spec))
+    axes = _cosine_axes(x1.shape, axis)
+    u = g.op("Div", x1, _onnx_clamped_norm(g, x1, axes, eps))
+    v = g.op("Div", x2, _onnx_clamped_norm(g, x2, axes, eps))
+    return g.reduce("ReduceSum", g.op("Mul", u, v), axes, False, spec=g.outputs[0])
+
+
+@pairwise_distance.onnx
+def _(g, x1, x2, *, p, eps, keepdim):
+    dtype = g.outputs[0].dtype
+    diff = g.op("Add", g.op("Sub", g.cast(x1, dtype), g.cast(x2, dtype)), g.scalar(eps, g.outputs[0]),
+                spec=Spec(_pair_shape("pairwise_distance", x1, x2), dtype))
+    return g.call("norm", diff, p=p, axis=list(_distance_axes(diff.shape)), keepdim=keepdim)

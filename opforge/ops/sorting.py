@@ -13,7 +13,7 @@ from .shape import _one_axis
 def _order(x, axis, descending):
     """The stable sorting permutation along ``axis`` (0 for a 0-d tensor)."""
     if x.ndim == 0:
-        return np.zeros((), np.int64)
+        return np.zeros((), np.int64, like=x)
     if not descending:
         return np.argsort(x, axis=axis, kind="stable")
     # Largest first with ties in their original order: sort the reversed tensor ascending (ties then come last
@@ -99,8 +99,8 @@ def topk(x, *, k, axis, largest, sorted):
     sorted also with ``sorted=False`` (PyTorch leaves the order unspecified then)."""
     _topk_shape(x.shape, k, axis)
     if x.ndim == 0:
-        return x.copy(), np.zeros((), np.int64)
-    indices = np.take(_order(x, axis, largest), np.arange(k), axis=axis)
+        return x.copy(), np.zeros((), np.int64, like=x)
+    indices = np.take(_order(x, axis, largest), np.arange(k, like=x), axis=axis)
     return np.take_along_axis(x, indices, axis), indices
 
 
@@ -126,3 +126,21 @@ def _(rng):
     yield Sample.of(rng.standard_normal((2, 3, 4)), k=0, axis=1)
     yield Sample.of(rng.standard_normal(()), k=1)
     yield Sample.of(rng.integers(0, 3, (6,)), k=4)
+
+
+# -- ONNX export: TopK, whose ties go to the lower index first, as our stable order ---------------------------------
+
+
+def _onnx_topk(g, x, k, axis, largest):
+    """(values, indices) of TopK along ``axis``; ``k`` an int or None (the whole axis, read from x's shape)."""
+    if x.ndim == 0:
+        return g.op("Identity", x), g.const(np.zeros((), np.int64))
+    a = axis % x.ndim
+    count = g.ints([k]) if k is not None else g.op("Shape", x, start=a, end=a + 1, spec=Spec((1,), D.int64))
+    values, indices = g.op("TopK", x, count, axis=a, largest=largest, sorted=1, outputs=2)
+    return values, indices
+
+
+sort.onnx(lambda g, x, *, axis, descending, stable: _onnx_topk(g, x, None, axis, descending))
+argsort.onnx(lambda g, x, *, axis, descending, stable: _onnx_topk(g, x, None, axis, descending)[1])
+topk.onnx(lambda g, x, *, k, axis, largest, sorted: _onnx_topk(g, x, k, axis, largest))

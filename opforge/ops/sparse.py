@@ -51,6 +51,14 @@ def sparse_mm(indices, values, dense, *, size):
     return np.asarray(matrix @ dense.astype(wide or dense.dtype), dtype=dense.dtype)
 
 
+@sparse_mm.onnx
+def _(g, indices, values, dense, *, size):
+    # the sparse matrix made dense (ScatterND adding repeated positions, as the kernel sums them), times dense
+    positions = g.op("Transpose", g.cast(indices, np.dtype(np.int64)), perm=[1, 0])  # (entries, 2)
+    matrix = g.op("ScatterND", g.filled(g.ints(size), 0, values.dtype), positions, values, reduction="add")
+    return g.op("MatMul", matrix, dense, spec=g.outputs[0])
+
+
 @sparse_mm.infer
 def _(indices, values, dense, *, size):
     return _spec(indices, values, dense, size)

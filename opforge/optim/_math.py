@@ -13,11 +13,17 @@ from .. import ops as F
 from ..core import dtypes as D
 
 
-def lerp(start, end, weight: float):
-    """start + weight·(end − start), as ``torch.lerp``: from the nearer end, so weight 1 gives ``end`` exactly."""
-    if abs(weight) < 0.5:
-        return start + weight * (end - start)
-    return end - (end - start) * (1 - weight)
+def lerp(start, end, weight):
+    """start + weight·(end − start), as ``torch.lerp``: from the nearer end, so weight 1 gives ``end`` exactly.
+    ``weight`` is a Python number, or a 0-d float64 tensor (a scheduled beta1's 1 − β₁), whose end is picked at
+    run time, with the same bits."""
+    if isinstance(weight, (int, float)):
+        if abs(weight) < 0.5:
+            return start + weight * (end - start)
+        return end - (end - start) * (1 - weight)
+    near_start = F.abs(weight) < 0.5
+    return F.where(near_start, start + scalar(weight, start) * (end - start),
+                   end - (end - start) * scalar(1 - weight, start))
 
 
 def addcmul(x, a, b, value=1.0):

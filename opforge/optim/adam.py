@@ -45,7 +45,8 @@ class Adam(Optimizer):
         return state
 
     def _update(self, p, g, lr, group, state) -> None:
-        (beta1, beta2), weight_decay = group["betas"], group["weight_decay"]
+        beta2, weight_decay = group.setting("betas")[1], group["weight_decay"]
+        beta1 = group.value("beta1")  # a tensor: schedules cycle it
         decoupled = group["decoupled_weight_decay"]
         l2 = 0.0 if decoupled else weight_decay  # Adam's decay enters the moments, AdamW's the parameter
         if group["maximize"]:
@@ -53,13 +54,13 @@ class Adam(Optimizer):
         if group["amsgrad"] and "max_exp_avg_sq" not in state:  # turned on after the parameter joined
             self._add_missing_state(p, group, state)
         step = live(state["step"]) + 1
-        m = F.adam_exp_avg(live(state["exp_avg"]), g, p, beta1=beta1, weight_decay=l2)
+        m = F.adam_exp_avg(live(state["exp_avg"]), g, p, beta1, weight_decay=l2)
         v = F.adam_exp_avg_sq(live(state["exp_avg_sq"]), g, p, beta2=beta2, weight_decay=l2)
         denominator = v
         if group["amsgrad"]:
             denominator = F.maximum(live(state["max_exp_avg_sq"]), v)
             assign(state["max_exp_avg_sq"], denominator)
-        new = F.adam_update(p, m, denominator, step, lr, beta1=beta1, beta2=beta2, eps=group["eps"],
+        new = F.adam_update(p, m, denominator, step, lr, beta1, beta2=beta2, eps=group["eps"],
                             weight_decay=weight_decay, decoupled=decoupled)
         assign(state["step"], step)
         assign(state["exp_avg"], m)
@@ -130,7 +131,7 @@ class Adamax(_AdamFamily):
                                   "capturable": capturable})
 
     def _update(self, p, g, lr, group, state) -> None:
-        beta1, beta2 = group["betas"]
+        beta1, beta2 = group.value("beta1"), group.setting("betas")[1]
         step = live(state["step"]) + 1
         p_, g = self._decay(p, g, lr, group)
         exp_avg = lerp(live(state["exp_avg"]), g, 1 - beta1)
@@ -175,7 +176,7 @@ class NAdam(_AdamFamily):
         return {"step": state.pop("step"), "mu_product": tensor(np.array(1.0), device=p.device), **state}
 
     def _update(self, p, g, lr, group, state) -> None:
-        (beta1, beta2), decay = group["betas"], group["momentum_decay"]
+        beta1, beta2, decay = group.value("beta1"), group.setting("betas")[1], group["momentum_decay"]
         step = live(state["step"]) + 1
         t = count(step)
         p_, g = self._decay(p, g, lr, group)
@@ -215,7 +216,7 @@ class RAdam(_AdamFamily):
                                   "differentiable": differentiable})
 
     def _update(self, p, g, lr, group, state) -> None:
-        beta1, beta2 = group["betas"]
+        beta1, beta2 = group.value("beta1"), group.setting("betas")[1]
         step = live(state["step"]) + 1
         t = count(step)
         p_, g = self._decay(p, g, lr, group)

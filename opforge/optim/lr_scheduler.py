@@ -11,8 +11,8 @@ As torch's, ``get_lr()`` is the *chainable* form, computed from the groups' curr
 sharing an optimizer compose as they do in torch), and ``_get_closed_form_lr()``, from ``base_lrs``, is what
 ``SequentialLR`` uses at a milestone and ``step(epoch)`` uses. A schedule sets ``initial_lr`` in each parameter
 group (its base learning rate), as torch's; ``CyclicLR`` and ``OneCycleLR`` with ``cycle_momentum`` write the
-groups' ``momentum`` or ``betas`` at each step, which a compiled step bakes into its update ops: it is traced again
-when they change.
+groups' ``momentum`` or beta1 (the first of ``betas``) at each step, which are tensors too (see ``ParamGroup``): a
+compiled step reads them at each run, and no schedule traces it again.
 """
 
 from __future__ import annotations

@@ -8,10 +8,10 @@ which the executor writes into the same arrays (in place, through the update ops
 steps can alternate on the same model and optimizer.
 
 State tensors (momentum buffers, moments, step counts) are made when a parameter joins the optimizer, so they exist
-before any tracing and become persistable program state. Each group's learning rate is a 0-d float64 tensor, also
-program state: schedules write it in place, so a compiled step reads the current value. The other hyper-parameters
-(momentum, betas, weight decay, ...) are attrs of the recorded update ops, fixed when a step is traced: change them
-and compile the step again.
+before any tracing and become persistable program state. Each group's learning rate, momentum and beta1 are 0-d float64
+tensors, also program state: schedules write them in place, so a compiled step reads the current values and is not
+traced again. The other hyper-parameters (beta2, weight decay, ...) are attrs of the recorded update ops, fixed when
+a step is traced: changing them traces the step again.
 
 Within one traced function, call ``step()`` once and read no parameter after it: a program's ops read the values
 persistable variables had when the run began (updates land at the end), whereas eagerly they read the new ones.
@@ -81,27 +81,63 @@ def _follow(t: Tensor, p: Tensor | None, dtype: bool) -> None:
         t._data = t._data.astype(p.dtype)
 
 
+class _InTensor(tuple):
+    """What a parameter group's dict holds for a hyper-parameter kept in a tensor: whether its value is nonzero,
+    the one thing about it an update's structure depends on (SGD and RMSprop keep a momentum buffer only for a
+    nonzero momentum), so the value itself is no part of what a traced step bakes in."""
+
+    def __new__(cls, value: float):
+        return super().__new__(cls, ("in a tensor", value != 0))
+
+
 class ParamGroup(dict):
     """One group of parameters and its hyper-parameters, a dict as in ``torch.optim`` (``group["momentum"]``).
 
-    The learning rate lives in ``lr_tensor`` (0-d float64), which compiled steps read: ``group["lr"]`` gives it as
-    a float and ``group["lr"] = value`` writes it in place. Other keys are plain entries.
+    The hyper-parameters schedules change at every step live in 0-d float64 tensors, which compiled steps read: the
+    learning rate (``lr_tensor``), ``momentum`` and beta1 (the first of ``betas``), which ``CyclicLR`` and
+    ``OneCycleLR`` cycle. ``group["lr"]``, ``group["momentum"]`` and ``group["betas"]`` give them as floats and
+    setting them writes the tensors in place. Other keys are plain entries, baked into a traced step.
     """
 
     def __init__(self, params: list, lr: float, **hyper):
+        device = params[0].device if params else None
+        self.tensors = {"lr": tensor(np.array(float(lr)), device=device)}  # key -> its 0-d float64 tensor
+        if "momentum" in hyper:
+            self.tensors["momentum"] = tensor(np.array(float(hyper["momentum"])), device=device)
+            hyper["momentum"] = _InTensor(hyper["momentum"])
+        if "betas" in hyper:
+            beta1, *rest = hyper["betas"]
+            self.tensors["beta1"] = tensor(np.array(float(beta1)), device=device)
+            hyper["betas"] = (_InTensor(beta1), *rest)
         super().__init__(params=params, **hyper)
-        self.lr_tensor = tensor(np.array(float(lr)), device=params[0].device if params else None)
+        self.lr_tensor = self.tensors["lr"]
 
     def __getitem__(self, key):
-        if key == "lr":
-            return float(self.lr_tensor.item())
+        if key == "lr" or key == "momentum":
+            return float(self.tensors[key].item())
+        if key == "betas":
+            return (float(self.tensors["beta1"].item()), *super().__getitem__("betas")[1:])
         return super().__getitem__(key)
 
     def __setitem__(self, key, value):
         if key == "lr":  # compiled steps read the tensor at each run: nothing to trace again
-            lr = self.lr_tensor
-            lr.device.copy_into(lr._data, lr.device.from_host(np.array(float(value))))
+            self._write("lr", value)
+        elif key == "momentum" and key in self.tensors:
+            self._write("momentum", value)
+            self._set_plain("momentum", _InTensor(value))
+        elif key == "betas" and "beta1" in self.tensors:
+            beta1, *rest = value
+            self._write("beta1", beta1)
+            self._set_plain("betas", (_InTensor(beta1), *rest))
         else:  # baked into traced update ops: compiled steps check their guards again
+            self._set_plain(key, value)
+
+    def _write(self, key: str, value) -> None:
+        t = self.tensors[key]
+        t.device.copy_into(t._data, t.device.from_host(np.array(float(value))))
+
+    def _set_plain(self, key: str, value) -> None:
+        if not (dict.__contains__(self, key) and _same(dict.__getitem__(self, key), value)):
             super().__setitem__(key, value)
             python_state_changed()
 
@@ -109,14 +145,41 @@ class ParamGroup(dict):
         return key == "lr" or super().__contains__(key)
 
     def get(self, key, default=None):
-        return self["lr"] if key == "lr" else super().get(key, default)
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def setting(self, key: str):
+        """The entry as it was set, without reading a tensor: on a device each read of one would stall it (for
+        ``betas``, beta2 is a float here; beta1 and a momentum are only known as zero or not, ``nonzero``)."""
+        return super().__getitem__(key)
+
+    def nonzero(self, key: str) -> bool:
+        """Whether a hyper-parameter is nonzero, read without a device read for those kept in tensors."""
+        entry = super().__getitem__(key)
+        return entry[1] if isinstance(entry, _InTensor) else entry != 0
+
+    def value(self, key: str):
+        """A hyper-parameter as an update rule reads it: ``lr``, ``momentum`` or ``beta1`` as ops should see their
+        tensor (``live``: a compiled step reads it at each run), any other as its Python value."""
+        if key in self.tensors:
+            return live(self.tensors[key])
+        return self["betas"][0] if key == "beta1" else self[key]
 
     def hyper(self) -> dict:
         """The hyper-parameters, lr included (everything but the parameters)."""
-        return {"lr": self["lr"], **{k: v for k, v in dict.items(self) if k != "params"}}
+        return {"lr": self["lr"], **{k: self[k] for k in dict.keys(self) if k != "params"}}
 
     def __repr__(self) -> str:
         return f"ParamGroup({len(super().__getitem__('params'))} params, {self.hyper()})"
+
+
+def _same(a, b) -> bool:
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except (TypeError, ValueError):  # values that do not compare to a bool (arrays): assume changed
+        return False
 
 
 class Optimizer:
@@ -253,7 +316,8 @@ class Optimizer:
             interpreter.guard(self)  # the hyper-parameters are baked into the traced update ops
         with no_grad():
             for group in self.param_groups:
-                _follow(group.lr_tensor, group["params"][0] if group["params"] else None, dtype=False)
+                for t in group.tensors.values():
+                    _follow(t, group["params"][0] if group["params"] else None, dtype=False)
                 lr = live(group.lr_tensor)
                 for p in group["params"]:
                     g = grad_of(p)
@@ -265,15 +329,16 @@ class Optimizer:
         return loss
 
     def _trace_state(self) -> tuple:
-        """What a traced step bakes in: which parameters each group holds, and the hyper-parameters but the
-        learning rate (a tensor read at each run)."""
+        """What a traced step bakes in: which parameters each group holds, and the hyper-parameters but those kept
+        in tensors, read at each run (of those, whether they are nonzero)."""
         return tuple((tuple(map(id, g["params"])), tuple((k, v) for k, v in dict.items(g) if k != "params"))
                      for g in self.param_groups)
 
     def _trace_names(self):
         """(state tensor, its parameter or None, name): how a traced step names the state it reads."""
         for i, group in enumerate(self.param_groups):
-            yield group.lr_tensor, None, f"lr.{i}" if len(self.param_groups) > 1 else "lr"
+            for key, t in group.tensors.items():
+                yield t, None, f"{key}.{i}" if len(self.param_groups) > 1 else key
             for p in group["params"]:
                 for key, t in self.state[p].items():
                     yield t, p, key
@@ -350,8 +415,11 @@ class Optimizer:
         for i, entries in state.items():
             for key, value in entries.items():
                 t = self.state[params[i]][key]
-                host = value._device.to_host(value._data) if isinstance(value, Tensor) else np.asarray(value)
-                t._device.copy_into(t._data, t._device.from_host(host))
+                if isinstance(value, Tensor) and value._device is t._device:  # copied there, not through the host
+                    t._device.copy_into(t._data, value._data)
+                else:
+                    host = value._device.to_host(value._data) if isinstance(value, Tensor) else np.asarray(value)
+                    t._device.copy_into(t._data, t._device.from_host(host))
                 note_write(t._data, "load_state_dict()")
         for group, hyper in zip(self.param_groups, hypers):
             for key, value in hyper.items():

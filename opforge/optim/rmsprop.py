@@ -119,15 +119,16 @@ class RMSprop(Optimizer):
 
     def _new_state(self, p, group) -> dict:
         state = {"step": tensor(_step(), device=p.device), "square_avg": _zeros(p)}
-        if group["momentum"] > 0:
+        if group.nonzero("momentum"):
             state["momentum_buffer"] = _zeros(p)
         if group["centered"]:
             state["grad_avg"] = _zeros(p)
         return state
 
     def _update(self, p, g, lr, group, state) -> None:
-        alpha, momentum = group["alpha"], group["momentum"]
-        if (momentum > 0 and "momentum_buffer" not in state) or (group["centered"] and "grad_avg" not in state):
+        alpha, momentum = group["alpha"], group.value("momentum")  # (a tensor: schedules cycle it)
+        if (group.nonzero("momentum") and "momentum_buffer" not in state) or (
+                group["centered"] and "grad_avg" not in state):
             self._add_missing_state(p, group, state)
         g = signed_decayed(g, p, group)
         square_avg = addcmul(live(state["square_avg"]) * alpha, g, g, 1 - alpha)
@@ -141,8 +142,8 @@ class RMSprop(Optimizer):
             avg = F.sqrt(square_avg)
         avg = avg + group["eps"]
         lr = scalar(lr, p)
-        if momentum > 0:
-            buf = addcdiv(live(state["momentum_buffer"]) * momentum, g, avg)
+        if group.nonzero("momentum"):
+            buf = addcdiv(live(state["momentum_buffer"]) * scalar(momentum, p), g, avg)
             assign(state["momentum_buffer"], buf)
             assign(p, p - lr * buf)
         else:

@@ -39,7 +39,7 @@ class SGD(Optimizer):
                                 f"momentum={hyper['momentum']}, dampening={hyper['dampening']}")
 
     def _new_state(self, p, group) -> dict:
-        if group["momentum"] == 0:
+        if not group.nonzero("momentum"):
             return {}
         return {"momentum_buffer": tensor(np.zeros(p.shape, p.dtype), device=p.device),
                 "step": tensor(np.array(0, dtype=np.int64), device=p.device)}
@@ -51,17 +51,17 @@ class SGD(Optimizer):
         return entries
 
     def _update(self, p, g, lr, group, state) -> None:
-        momentum, weight_decay = group["momentum"], group["weight_decay"]
+        momentum, weight_decay = group.value("momentum"), group["weight_decay"]  # (a tensor: schedules cycle it)
         if group["maximize"]:
             g = -g
         buf = None
-        if momentum != 0:
+        if group.nonzero("momentum"):
             if "momentum_buffer" not in state:  # a schedule (CyclicLR, OneCycleLR) turned momentum on
                 self._add_missing_state(p, group, state)
             step = live(state["step"])
-            buf = F.sgd_momentum_buffer(live(state["momentum_buffer"]), g, p, step, momentum=momentum,
+            buf = F.sgd_momentum_buffer(live(state["momentum_buffer"]), g, p, step, momentum,
                                         dampening=group["dampening"], weight_decay=weight_decay)
             assign(state["momentum_buffer"], buf)
             assign(state["step"], step + 1)
-        assign(p, F.sgd_update(p, g, lr, buf, momentum=momentum, weight_decay=weight_decay,
+        assign(p, F.sgd_update(p, g, lr, buf, momentum if group["nesterov"] else None, weight_decay=weight_decay,
                                nesterov=group["nesterov"]))

@@ -27,7 +27,8 @@ after the run. In-place updates (optimizer steps, ``p -= lr * g``) land in the t
 argument's (``a.add_(b)``, ``a += b``), written into its memory after the run. One tensor passed as two arguments is
 one tensor (``f(a, a)`` is traced apart from ``f(a, b)``). An update the program cannot make as eager code does
 fails, saying why: of a leaf that requires grad, with a value that requires grad, into memory other arguments or
-captured tensors share.
+captured tensors share. Views made inside the function share memory as eagerly (see ``trace._View``); a result that
+is a view of an argument is returned as that view of it.
 """
 
 from __future__ import annotations
@@ -40,13 +41,14 @@ import numpy as np
 
 from ..core.devices import default_device
 from ..core.errors import ArgumentError, GradientError, OpforgeError, describe
-from ..core.interpreters import interpreting
+from ..core.grad_mode import no_grad
+from ..core.interpreters import EAGER, interpreting
 from ..core.keys import exact
 from ..core.spec import Spec
 from ..tensor import Tensor, _owner, note_write, note_writes, wrap, write_records
 from .desc import Program
 from .executor import Executor
-from .trace import ArgumentVariable, Tracer, Variable, contents, python_state, trace_state
+from .trace import ArgumentVariable, Tracer, Variable, argument_view, contents, current_name, python_state, trace_state
 
 _PLAIN = (bool, int, float, str, type(None))  # Python values a trace bakes in: constants of its cache key
 
@@ -211,6 +213,7 @@ class CompiledFunction:
             grad = isinstance(value, Tensor) and value._requires_grad
             program.add_var(path, Spec(data.shape, data.dtype), stop_gradient=not grad)
             program.feeds.append(path)
+            state.arrays[path] = data
             if grad:
                 state.tensor_of[path] = value
             fed[path] = ArgumentVariable(program, path, value)
@@ -331,7 +334,8 @@ class _Entry:
         if type(self.result) is _Fetched:  # one tensor, the commonest result
             return wrap(out[self.result.key], device)
         return _rebuild(self.result, "out", lambda path, r: arguments[r.path] if type(r) is _Argument else
-                        wrap(out[r.key], device), (_Fetched, _Argument))
+                        r.of(arguments[r.path]) if type(r) is _ArgumentView else wrap(out[r.key], device),
+                        (_Fetched, _Argument, _ArgumentView))
 
     def _check_updates(self, feeds: dict, arguments: dict) -> None:
         """Refuse a run whose in-place update of an argument the program cannot follow as eager code does: into
@@ -419,12 +423,32 @@ class _Argument:
         self.path = path
 
 
+class _ArgumentView:
+    """Where a compiled function's result is a view of one of its tensor arguments (``return x[0]``, ``x.T``): the
+    call returns that view of the argument (after its update, if any), sharing its memory as eagerly."""
+
+    __slots__ = ("chain", "path")
+
+    def __init__(self, path: str, chain: list):
+        self.path, self.chain = path, chain
+
+    def of(self, argument: Tensor) -> Tensor:
+        with interpreting(EAGER), no_grad():
+            for op, attrs, index in self.chain:
+                argument = EAGER.apply(op, (argument,), attrs)
+                argument = argument if index is None else argument[index]
+        return argument
+
+
 def _result(program: Program, path: str, value: Variable, fetch: dict):
-    """A result of the traced function: an argument tensor itself, or a program output fetched under its path
-    (``out``, ``out[0]``)."""
-    program.outputs[path] = value.name
+    """A result of the traced function: an argument tensor itself or a view of one, or a program output fetched
+    under its path (``out``, ``out[0]``)."""
+    program.outputs[path] = current_name(value)
     if isinstance(value, ArgumentVariable) and isinstance(value.argument, Tensor):
         return _Argument(value.path)
+    view = argument_view(value)
+    if view is not None and isinstance(view[0].argument, Tensor):
+        return _ArgumentView(view[0].path, view[1])
     fetch[path] = value.name
     return _Fetched(path)
 

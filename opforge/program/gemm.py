@@ -158,7 +158,7 @@ def _update(entry, kernel, specs):
         (s,), (g,), (p,) = op.inputs["lr"], op.inputs["grad"], op.inputs["param"]
 
         def unfused(p, g, s, device):
-            return kernel.bind(device)(p, g, s, None, **attrs)
+            return kernel.bind(device)(p, g, s, None, None, **attrs)  # (no momentum buffer, no momentum)
 
         return s, g, p, unfused
     return None

@@ -23,11 +23,12 @@ from ..core import dtypes as D
 from ..core.devices import default_device, get_device
 from ..core.errors import ArgumentError, GradientError, describe
 from ..core.grad_mode import _mode as _grad_mode
-from ..core.interpreters import Interpreter, current_interpreter, interpreting
+from ..core.grad_mode import no_grad as _grad_off
+from ..core.interpreters import EAGER, Interpreter, current_interpreter, interpreting
 from ..core.opdef import OpDef
 from ..core.spec import Dim, Elem, Spec, undim
 from ..dispatch import check_same_dtype, coerce_inputs
-from ..tensor import Tensor, TensorOps, wrap
+from ..tensor import Tensor, TensorOps, _owner, put, wrap
 from .desc import OpDesc, Program
 
 
@@ -113,9 +114,9 @@ class Variable(TensorOps):
 
     def _assign_value(self, what: str, value: Variable) -> Variable:
         """An in-place op on a variable: it names the new value from now on (programs are written once per
-        variable; an alias made earlier keeps the old value)."""
-        self.name = value.name
-        return self
+        variable). Where it shares memory with views, as eagerly (see ``_View``), the write goes to that memory,
+        and the views read after it see it."""
+        return _write(trace_state(self.program), self, what, value)
 
 
 # Bumped whenever Python state that traces read changes (a module's attribute or mode, an optimizer's
@@ -237,10 +238,37 @@ class ArgumentVariable(Variable):
         return self.name != self.path
 
 
+def _refuse_no_grad_writes(program: Program, loss: str) -> None:
+    """Refuse a backward from ``loss`` that reaches, through ops recorded with gradients, a value written in place
+    under no_grad into a value with history (``_write``): eagerly the gradient flows through that history."""
+    written = trace_state(program).no_grad_writes
+    if not written:
+        return
+    block = program.block
+    producer = {n: op for op in block.ops for n in op.output_names()}
+    todo, seen = [loss], set()
+    while todo:
+        n = todo.pop()
+        op = producer.get(n)
+        if n in seen or op is None or block.vars[n].stop_gradient:
+            continue
+        seen.add(n)
+        for i in op.input_names():
+            if i in written:
+                raise GradientError(
+                    f"backward through op '{op.type}': it reads a value that was changed in place under no_grad "
+                    "although it has history (it was computed from tensors that require grad); eagerly the "
+                    "gradient flows through that history with the new elements, which a compiled function cannot "
+                    "follow: change a clone() of it, or run the function eagerly")
+            todo.append(i)
+
+
 def _differentiable(program: Program, name: str) -> bool:
     """Whether variable ``name`` would require grad eagerly: it was computed, through ops recorded with gradients,
     from a tensor that requires grad (a parameter, an argument)."""
     block, tensor_of = program.block, trace_state(program).tensor_of
+    if block.vars[name].stop_gradient:  # (made under no_grad, as most values an in-place op changes there)
+        return False
     producer = {n: op for op in block.ops for n in op.output_names()}
     todo, seen = [name], set()
     while todo:
@@ -269,6 +297,12 @@ class TraceState:
         self.grads_in = False  # of.compile: runs start from the .grad each tensor has then (else from none)
         self.grad_feeds: dict = {}  # variable -> the feed that brings its tensor's .grad into a run
         self.grad_none: dict = {}  # variable -> tensor read while its .grad was None (a compiled run needs that)
+        self.memories: dict = {}  # id(variable or tensor) -> the _Memory it owns, once a view of it was made
+        self.views: dict = {}  # id(variable) -> its _View: how it shares other memory, as eagerly
+        self.no_grad_writes: set = set()  # values written under no_grad into values with history (see _write)
+        self.arrays: dict = {}  # feed -> the array a compiled call passed (its layout decides what a reshape is)
+        self.updated_memory: dict = {}  # id(memory owner) -> (captured tensor, its variable) changed in place
+        self.cutting = False  # a view is being cut again from its memory's new content (current_name)
 
 
 _states: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Program -> its TraceState
@@ -371,6 +405,7 @@ class Tracer(Interpreter):
         if value.spec.shape != program.block.vars[name].spec.shape:
             raise ArgumentError(f"assign(): value {value.spec} does not fit {program.block.vars[name]}")
         program.updates[name] = value.name
+        self.state.updated_memory[id(_owner(target._data))] = (target, name)
 
     def grad_of(self, param: Tensor):
         name = self._grad(var_for_tensor(self.program, param))
@@ -413,6 +448,7 @@ class Tracer(Interpreter):
         """``loss.backward()`` in traced code: the gradient of every parameter (and differentiable input) it
         reaches is added to the gradient that parameter has, which becomes its new one."""
         program, state = self.program, self.state
+        _refuse_no_grad_writes(program, current_name(loss))
         wrt = [v.name for v in program.block.vars.values() if not v.stop_gradient and D.is_floating(v.spec.dtype)
                and (v.persistable or v.name in state.tensor_of)]
         for name, g in self.gradients(loss, wrt).items():
@@ -430,6 +466,7 @@ class Tracer(Interpreter):
         if len(outputs) != 1 or grad_outputs is not None:
             raise GradientError("grad() inside a traced function takes one scalar output and no grad_outputs")
         inputs = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+        _refuse_no_grad_writes(self.program, current_name(outputs[0]))
         names = [var_for_tensor(self.program, t) if isinstance(t, Tensor) else t.name for t in inputs]
         grads = gradients(self.program, outputs[0], wrt=names)
         result = []
@@ -510,6 +547,7 @@ def _input_name(program: Program, opdef: OpDef, arg: str, value) -> str:
     if isinstance(value, Variable):
         if value.program is not program:
             raise ArgumentError(f"{opdef.name}(): argument '{arg}' is a variable of another program")
+        current_name(value)
         if type(value) is ArgumentVariable and value.updated and value._requires_grad() and _grad_mode.enabled:
             raise ArgumentError(
                 f"{opdef.name}(): argument '{arg}' is argument '{value.path}' of the compiled function, which "
@@ -519,6 +557,14 @@ def _input_name(program: Program, opdef: OpDef, arg: str, value) -> str:
     name = var_for_tensor(program, value)
     updated = program.updates.get(name)
     if updated is None:
+        written = trace_state(program).updated_memory
+        other = written.get(id(_owner(value._data))) if written else None
+        if other is not None and other[0] is not value:
+            raise ArgumentError(
+                f"{opdef.name}(): argument '{arg}' is a tensor the traced function reads (shape {value.shape}) that "
+                f"shares memory with '{other[1]}', which it changed in place earlier (a view of it, or it of this "
+                "one); eagerly the read sees the change, a compiled function reads each captured tensor as its own "
+                "value: read it before the change, pass it as an argument, or make the view inside the function")
         return name
     if value.requires_grad and _grad_mode.enabled:
         raise ArgumentError(
@@ -537,7 +583,8 @@ def constant_name(program: Program, array: np.ndarray) -> str:
 
 
 def _append(program: Program, role: str, opdef: OpDef, inputs: tuple, attrs: dict):
-    """Append ``opdef`` applied to ``inputs`` to ``program``; return output Variables shaped like eager results."""
+    """Append ``opdef`` applied to ``inputs`` to ``program``; return output Variables shaped like eager results
+    (those of a view op noted as views of its input's memory)."""
     block = program.block
     slots = coerce_inputs(opdef, inputs, lambda arg, v: _input_name(program, opdef, arg, v),
                           lambda arg, array: constant_name(program, array))
@@ -571,7 +618,292 @@ def _append(program: Program, role: str, opdef: OpDef, inputs: tuple, attrs: dic
         n = len(outputs[o.name])
         result.append(flat[i:i + n] if o.is_list else flat[i])
         i += n
+    if "view" in opdef.traits and inputs and isinstance(inputs[0], (Variable, Tensor)):
+        _note_views(program, opdef, inputs[0], attrs, result[0])
     return result[0] if len(result) == 1 else opdef.result_type(*result)
+
+
+# -- memory shared by views, as eagerly ------------------------------------------------------------------------
+#
+# Eagerly the result of a view op (a slice, a transpose, a reshape NumPy makes without copying; ops with the trait
+# "view") shares its input's memory: a write to either shows in the other (``v = x[0]; v.mul_(2)`` changes ``x``;
+# ``v = x.T; x.add_(1)`` changes ``v``). A program's variables are values, each written once, so the tracer keeps
+# per shared memory the variable that holds its content now (``_Memory``), and per view the view ops that cut it
+# from that memory (``_View``): a write through a view puts the new elements at their positions in the memory's
+# content (``tensor.put``), which becomes the content of the memory's owner (an argument, a captured tensor, a
+# computed value); a view read after its memory changed is cut again from the new content. A value computed in the
+# traced function is taken to be laid out in C order, as a fresh NumPy result is; an argument or a captured tensor
+# is laid out as its array is, which decides whether a reshape of it is a view.
+
+
+class _Memory:
+    """Memory that views share: its ``owner`` (the Variable or captured Tensor whose memory it is; None once the
+    owner took other memory, given a new value with history by a recorded in-place op) and ``value``, the name of
+    the variable that holds its content now (for a captured tensor, the program's update of it)."""
+
+    __slots__ = ("_layout", "owner", "program", "value")
+
+    def __init__(self, owner, value: str, program: Program):
+        self.owner, self.value, self.program, self._layout = owner, value, program, None
+
+    def c_ordered(self) -> bool:
+        """Whether the owner's memory is known to be laid out in C order: an argument's or a captured tensor's array
+        says; a value computed in the traced function is, as a fresh NumPy result, unless it was computed from
+        transposed memory (NumPy's results follow their inputs' order), which the trace cannot tell for sure."""
+        if isinstance(self.owner, (Tensor, ArgumentVariable)):
+            return True  # its layout is its array's
+        program = self.program
+        block, arrays = program.block, trace_state(program).arrays
+        arrays = {**arrays, **{name: t._data for t, name in program._tensor_vars.values()}}
+        producer = {n: op for op in block.ops for n in op.output_names()}
+        todo, seen = [self.value], set()
+        while todo:
+            n = todo.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            if n in arrays and not arrays[n].flags.c_contiguous:
+                return False
+            op = producer.get(n)
+            if op is not None:
+                if op.type in ("transpose", "permute"):
+                    return False
+                todo += op.input_names()
+        return True
+
+    def content(self, program: Program) -> str:
+        if isinstance(self.owner, Tensor):
+            name = var_for_tensor(program, self.owner)
+            return program.updates.get(name, name)
+        return self.value
+
+    def layout(self) -> np.ndarray:
+        """An int64 host array of the owner's shape holding each element's C-order position, laid out in memory as
+        the owner's array is: the view ops applied to it give the positions a view reads, and whether it is one."""
+        if self._layout is None:
+            owner = self.owner
+            array = owner._data if isinstance(owner, Tensor) else getattr(owner, "argument", None)
+            array = array._data if isinstance(array, Tensor) else array
+            shape = tuple(owner.shape)
+            if None in shape or _runtime_size(shape):
+                raise ArgumentError(f"a view of a value of shape {shape}, known only at run time, shares memory with "
+                                    "a value changed in place; traced code follows such a write only where shapes "
+                                    "are known when it is traced")
+            positions = np.arange(int(np.prod(shape, dtype=np.int64)), dtype=np.int64).reshape(shape)
+            if array is not None and not array.flags.c_contiguous and all(s % array.itemsize == 0
+                                                                          for s in array.strides):
+                steps = [s // array.itemsize for s in array.strides]
+                low = sum((n - 1) * s for n, s in zip(shape, steps) if s < 0)
+                high = sum((n - 1) * s for n, s in zip(shape, steps) if s > 0)
+                laid = np.ndarray(shape, np.int64, np.empty(max(high - low + 1, 1), np.int64), offset=-low * 8,
+                                  strides=[s * 8 for s in steps])
+                laid[...] = positions
+                positions = laid
+            if array is not None and not getattr(array.flags, "writeable", True):
+                positions.flags.writeable = False
+            self._layout = positions
+        return self._layout
+
+
+class _View:
+    """A variable of traced code that is a view of a ``_Memory``: the view ops (op, attrs, output index) that cut it
+    from the memory's content, the content its name was cut from (``seen``), and the grad mode it was made in."""
+
+    __slots__ = ("_cut", "chain", "grad", "memory", "seen", "variable")
+
+    def __init__(self, variable: Variable, memory: _Memory, chain: list, seen: str, grad: bool):
+        self.variable, self.memory, self.chain, self.seen, self.grad = variable, memory, chain, seen, grad
+        self._cut = None
+
+    def cut(self):
+        """(the C-order positions in the memory of the view's elements, whether it is a view at all: a reshape
+        NumPy cannot make without copying is not, whether its memory is writable), the view ops run on the
+        memory's layout."""
+        if self._cut is None:
+            layout = self.memory.layout()
+            with interpreting(EAGER), _grad_off():
+                t = wrap(layout)
+                for op, attrs, index in self.chain:
+                    if _runtime_size(attrs):
+                        raise ArgumentError(f"{op.name}(): a view whose shape is known only at run time shares "
+                                            "memory with a value changed in place; traced code follows such a "
+                                            "write only where shapes are known when it is traced")
+                    t = EAGER.apply(op, (t,), attrs)
+                    t = t if index is None else t[index]
+            array = t._data
+            shares = np.may_share_memory(array, layout)
+            if "reshape" in [op.name for op, _, _ in self.chain] and not self.memory.c_ordered():
+                with interpreting(EAGER), _grad_off():  # the same ops on memory laid out in Fortran order
+                    other = wrap(np.asfortranarray(layout))
+                    t = other
+                    for op, attrs, index in self.chain:
+                        t = EAGER.apply(op, (t,), attrs)
+                        t = t if index is None else t[index]
+                if np.may_share_memory(t._data, other._data) != shares:
+                    raise ArgumentError(
+                        "reshape(): a reshape of a value computed from transposed memory is changed in place, or "
+                        "read after its memory changed; eagerly it is a view or a copy as NumPy laid that value "
+                        "out, which a compiled function does not know: clone() the value first, or run eagerly")
+            self._cut = (array, shares, bool(array.flags.writeable))
+        return self._cut
+
+
+def _runtime_size(value) -> bool:
+    """Whether attrs or a shape hold a size known only at run time (a ``Dim``)."""
+    if isinstance(value, dict):
+        return any(map(_runtime_size, value.values()))
+    if isinstance(value, (list, tuple)):
+        return any(map(_runtime_size, value))
+    return isinstance(value, Dim)
+
+
+def _known_sizes(view: _View) -> bool:
+    """Whether the sizes a view's ops work on are known while tracing (not so in ``of.trace`` with a ``None`` dim):
+    else whether it copied is left open, and only a write through it, or a read after a write, is refused."""
+    shape = tuple(view.memory.owner.shape)
+    return None not in shape and not _runtime_size(shape) and not any(_runtime_size(a) for _, a, _ in view.chain)
+
+
+def _may_copy(view: _View) -> bool:
+    """Whether ``view``'s ops may have copied (a reshape of memory that is not C-ordered): then whether it is a view
+    is worked out when it is made, since later views share its memory if it copied."""
+    ops = [op.name for op, _, _ in view.chain]
+    if "reshape" not in ops:
+        return False
+    owner = view.memory.owner
+    array = owner._data if isinstance(owner, Tensor) else getattr(owner, "argument", None)
+    array = array._data if isinstance(array, Tensor) else array
+    other = next(i for i, name in enumerate(ops) if name != "reshape") if set(ops) != {"reshape"} else len(ops)
+    return "reshape" in ops[other:] or (array is not None and not array.flags.c_contiguous)
+
+
+def _note_views(program: Program, opdef: OpDef, source, attrs: dict, result) -> None:
+    """Note the outputs of view op ``opdef`` on ``source`` as views of ``source``'s memory (not while a view is cut
+    again: those ops' outputs are the view's new values, not views of their own)."""
+    state = trace_state(program)
+    if state.cutting:
+        return
+    view = state.views.get(id(source))
+    if view is not None and view.variable is source and _may_copy(view) and _known_sizes(view):
+        view = _view_of(state, source)
+    if view is not None and view.variable is source:
+        memory, chain = view.memory, view.chain
+    else:
+        memory = state.memories.get(id(source))
+        if memory is None or memory.owner is not source:
+            value = source.name if isinstance(source, Variable) else None
+            memory = state.memories[id(source)] = _Memory(source, value, program)
+        chain = []
+    seen = memory.content(program)
+    outputs = list(enumerate(result)) if isinstance(result, list) else [(None, result)]
+    for index, out in outputs:
+        state.views[id(out)] = _View(out, memory, [*chain, (opdef, dict(attrs), index)], seen, _grad_mode.enabled)
+
+
+def _view_of(state: TraceState, variable: Variable) -> _View | None:
+    """The view ``variable`` is of other memory, or None (its own memory; or a reshape that copies)."""
+    view = state.views.get(id(variable))
+    if view is None or view.variable is not variable:
+        return None
+    if not view.cut()[1]:  # a copy: its own memory from the start
+        del state.views[id(variable)]
+        return None
+    return view
+
+
+def current_name(variable: Variable) -> str:
+    """The name of ``variable``'s value now: a view read after a write to its memory is cut again from the new
+    content, in the grad mode it was made in, as eagerly it reads the memory."""
+    state = trace_state(variable.program)
+    if not state.views:
+        return variable.name
+    view = state.views.get(id(variable))
+    if view is None or view.variable is not variable:
+        return variable.name
+    program = variable.program
+    content = view.memory.content(program)
+    if content == view.seen or _view_of(state, variable) is None:
+        return variable.name
+    owner = view.memory.owner
+    if isinstance(owner, Tensor) and owner.requires_grad and view.grad and _grad_mode.enabled:
+        raise ArgumentError(
+            f"a view of parameter '{var_for_tensor(program, owner)}' is read after the parameter was updated in this "
+            "traced function; a compiled function cannot yet differentiate through a parameter's value after its "
+            "update: read it under of.no_grad(), or update it at the end")
+    stop_gradient = program.block.vars[variable.name].stop_gradient
+    x = Variable(program, content)
+    interpreter = current_interpreter()  # (a sharding tracer gives the new ops' outputs their layouts)
+    apply = interpreter.apply if isinstance(interpreter, Tracer) and interpreter.program is program else \
+        Tracer(program).apply
+    enabled, state.cutting = _grad_mode.enabled, True
+    _grad_mode.enabled = view.grad
+    try:
+        for op, attrs, index in view.chain:
+            x = apply(op, (x,), attrs)
+            x = x if index is None else x[index]
+    finally:
+        _grad_mode.enabled, state.cutting = enabled, False
+    program.block.vars[x.name].stop_gradient = stop_gradient or program.block.vars[x.name].stop_gradient
+    variable.name, view.seen = x.name, content
+    return variable.name
+
+
+def argument_view(variable: Variable):
+    """(the ArgumentVariable, the view ops) if ``variable`` is a view of an argument's memory that does not require
+    grad, made from it and not changed since but through that memory; else None."""
+    state = trace_state(variable.program)
+    view = state.views.get(id(variable)) if state.views else None
+    owner = view.memory.owner if view is not None and view.variable is variable else None
+    if type(owner) is not ArgumentVariable or owner._requires_grad() or _view_of(state, variable) is None:
+        return None
+    current_name(variable)
+    return owner, view.chain
+
+
+def _write(state: TraceState, variable: Variable, what: str, value: Variable) -> Variable:
+    """``variable`` given ``value`` in place, where it may share memory with views (``Variable._assign_value``).
+
+    As eagerly: a value recorded for autograd (grad mode on, the value differentiable) gives the variable new memory,
+    leaving the old one to its views; any other value is written into the memory, through the view if it is one."""
+    program = variable.program
+    view = _view_of(state, variable) if state.views else None
+    memory = state.memories.get(id(variable)) if state.memories else None
+    memory = memory if memory is not None and memory.owner is variable else None
+    owner = variable if view is None else view.memory.owner
+    if not _grad_mode.enabled and (owner is None or type(owner) is Variable):
+        # eagerly a value with history keeps it: a later backward differentiates through that history, with the new
+        # elements; the program's new value has no history. Noted, so that a backward reaching it is refused
+        old = variable.name if view is None else view.memory.content(program)
+        if _differentiable(program, old):
+            state.no_grad_writes.add(value.name)
+    if view is None and memory is None:
+        pass
+    elif _grad_mode.enabled and _differentiable(program, value.name):  # rebound: other memory from now on
+        if view is not None:
+            del state.views[id(variable)]
+        if memory is not None:
+            memory.owner = None
+            del state.memories[id(variable)]
+    elif view is not None:
+        positions, _, writable = view.cut()
+        if not writable:
+            raise ArgumentError(f"{what}: the memory of this tensor (shape {tuple(variable.shape)}) is read-only (a "
+                                "broadcast view or a constant); compute a new tensor instead")
+        memory = view.memory
+        whole = put(Variable(program, memory.content(program)), positions, value)
+        if value.name in state.no_grad_writes:
+            state.no_grad_writes.add(whole.name)
+        if owner is None:
+            memory.value = whole.name
+        elif isinstance(owner, Tensor):
+            Tracer(program).assign(owner, whole)
+        else:
+            owner._assign_value(what, whole)  # an argument checks it may change; a .grad becomes the new one
+        view.seen = memory.content(program)
+    elif memory is not None:
+        memory.value = value.name
+    variable.name = value.name
+    return variable
 
 
 def trace(fn, *specs, device=None, **named_specs) -> Program:
@@ -610,5 +942,5 @@ def trace(fn, *specs, device=None, **named_specs) -> Program:
             value = Variable(program, var_for_tensor(program, value))
         if not isinstance(value, Variable):
             raise ArgumentError(f"trace(): {fn.__name__} must return Variables, returned {describe(value)}")
-        program.outputs[key] = value.name
+        program.outputs[key] = current_name(value)
     return program

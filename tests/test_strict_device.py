@@ -1,0 +1,225 @@
+"""The library on a device whose arrays are not host arrays: ``opforge.testing.strict``, which follows CuPy 14's
+rules at the host boundary (no GPU needed). Every registered op must pass ``check_op`` there and compute what it
+computes on the CPU, forward and backward; training, checkpoints and the DataLoader must stay on the device and
+read it back at most twice per steady training step.
+
+An op that fails here names its leak in the failure: the conformance report's first lines carry the error the
+strict device raised (``StrictHostError``: a host array met a device one, or a kernel returned a host array;
+``TypeError: Implicit conversion to a NumPy array``: ``np.asarray`` on a device array; ``NotImplementedError``:
+something CuPy does not have). ``strict.NOT_YET_CLEAN`` lists the ops known to leak, and where (each test of such
+an op fails, strictly, until the op is fixed and its line deleted)."""
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_digits
+
+import opforge as of
+from opforge import nn
+from opforge import ops as F
+from opforge.core.opdef import registry
+from opforge.testing import strict
+from opforge.testing.conformance import _materialize, call_op, default_samples
+
+STRICT = strict.DEVICE
+
+NOT_YET_CLEAN = strict.NOT_YET_CLEAN
+
+
+def _marked(names, eager=False):
+    """The names, those of NOT_YET_CLEAN marked to fail (for the eager test, not those failing check_op alone)."""
+    leaks = {n: r for n, r in NOT_YET_CLEAN.items() if not (eager and r.startswith("check_op:"))}
+    return [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=leaks[n])) if n in leaks else n
+            for n in names]
+
+
+ALL_OPS = sorted(op.name for op in registry)
+
+
+@pytest.mark.parametrize("name", _marked(ALL_OPS))
+def test_every_registered_op_conforms_on_the_strict_device(name):
+    report = of.testing.check_op(name, device="strict", raise_on_failure=False)
+    assert report.samples > 0
+    assert not report.failures, f"op '{name}' on the strict device:\n" + "\n".join(report.failures[:4])
+
+
+# -- every op, eagerly, forward and backward, against the CPU --------------------------------------------------------
+
+def _samples(opdef):
+    rng = np.random.default_rng(0)
+    return list(opdef.samples_fn(rng)) if opdef.samples_fn else list(default_samples(opdef, rng))
+
+
+def _run(opdef, k, device):
+    """The op on its sample ``k`` (made for ``device``) in float64 on ``device``: its outputs and the gradients of a
+    fixed weighted sum of them (as host arrays, read once at the end)."""
+    of.manual_seed(0)
+    with of.using_device(device):
+        sample = _samples(opdef)[k]
+        args, kwargs = _materialize(opdef, sample, of.float64, requires_grad="no_grad" not in opdef.traits)
+        out = call_op(opdef, args, kwargs)
+        outs = [o for o in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(o, of.Tensor)]
+        for o in outs:
+            assert o.device == device, f"{opdef.name}: an output is on '{o.device}', its inputs on '{device}'"
+        leaves = [t for t in (*args, *kwargs.values()) for t in (t if isinstance(t, list) else [t])
+                  if isinstance(t, of.Tensor) and t.requires_grad]
+        weighted = [o for o in outs if o.dtype.kind == "f" and o.requires_grad]
+        grads = []
+        if weighted and leaves:
+            total = sum(of.ops.sum(o * (1.0 + of.arange(o.size, dtype=o.dtype).reshape(o.shape) / 7)) for o in weighted)
+            grads = of.grad(total, leaves, allow_unused=True)
+    return [o.cpu().numpy() for o in outs], [None if g is None else g.cpu().numpy() for g in grads]
+
+
+@pytest.mark.parametrize("name", _marked(ALL_OPS, eager=True))
+def test_every_op_computes_on_the_strict_device_what_it_computes_on_the_cpu(name):
+    opdef = registry.get(name)
+    for k in range(len(_samples(opdef))):
+        try:
+            want = _run(opdef, k, "cpu")
+        except of.OpforgeError:
+            continue  # a sample the op refuses in float64 (an integer-only op): check_op covers it
+        got = _run(opdef, k, "strict")
+        for kind, w, g in (("output", want[0], got[0]), ("gradient", want[1], got[1])):
+            assert len(w) == len(g)
+            for i, (a, b) in enumerate(zip(w, g)):
+                if a is None or b is None:
+                    assert a is None and b is None, f"{name} sample {k}: {kind} {i} is None on one device only"
+                    continue
+                np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-12, equal_nan=True,
+                                           err_msg=f"{name} sample {k}: {kind} {i}")
+
+
+# -- training on the device --------------------------------------------------------------------------------------------
+
+DIGITS = load_digits()
+X = (DIGITS.images / 16.0)[:128, None]
+Y = DIGITS.target[:128].astype(np.int64)
+
+
+def _model(kind):
+    of.manual_seed(0)
+    if kind == "cnn":  # the demo's digits CNN (its layers with ReLU: the demo's Softsign is an example's op)
+        return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1, dtype="float64"), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Conv2d(8, 16, 3, padding=1, dtype="float64"), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Flatten(), nn.Linear(16 * 2 * 2, 10, dtype="float64"))
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 32, dtype="float64"), nn.Tanh(),
+                         nn.Linear(32, 10, dtype="float64"))
+
+
+def _training(kind, optimizer, device, compiled):
+    model = _model(kind).to(device)
+    if optimizer == "sgd":
+        opt = of.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4)
+    else:
+        opt = of.optim.Adam(model.parameters(), lr=3e-3, weight_decay=1e-4)
+
+    def step(x, y):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    return model, opt, of.compile(step) if compiled else step
+
+
+def _batches(device, n=3, size=32):
+    return [(of.tensor(X[i * size:(i + 1) * size], device=device), of.tensor(Y[i * size:(i + 1) * size],
+                                                                               device=device)) for i in range(n)]
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("kind, optimizer", [("mlp", "sgd"), ("mlp", "adam"), ("cnn", "sgd"), ("cnn", "adam")])
+def test_training_on_the_strict_device_equals_the_cpu_run(kind, optimizer, compiled):
+    runs = {}
+    for device in ("cpu", "strict"):
+        model, _, step = _training(kind, optimizer, device, compiled)
+        losses = [step(x, y) for x, y in _batches(device)]
+        assert all(loss.device == device for loss in losses)
+        assert all(p.device == device for p in model.parameters())
+        runs[device] = [loss.item() for loss in losses], {k: v.cpu().numpy() for k, v in model.state_dict().items()}
+    np.testing.assert_allclose(runs["strict"][0], runs["cpu"][0], rtol=0, atol=1e-10)
+    for name, want in runs["cpu"][1].items():
+        np.testing.assert_allclose(runs["strict"][1][name], want, rtol=0, atol=1e-10, err_msg=name)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("kind, optimizer", [("mlp", "adam"), ("cnn", "sgd")])
+def test_a_steady_training_step_reads_the_device_at_most_twice(kind, optimizer, compiled):
+    _, _, step = _training(kind, optimizer, "strict", compiled)
+    batches = _batches("strict", n=4)
+    for x, y in batches[:3]:  # warm: optimizer state made, the program traced
+        step(x, y)
+    with strict.SYNCS as syncs:
+        before = syncs.count
+        step(*batches[3]).item()  # the loss the user asks for is one read
+        reads = syncs.count - before
+        assert reads <= 2, f"a steady step read the device {reads} times: {syncs.recording}"
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_an_optimizers_state_dict_round_trip_on_the_strict_device(optimizer):
+    """Saved after two steps and loaded into a fresh optimizer, the third step is the one the first would take."""
+    model, opt, step = _training("mlp", optimizer, "strict", compiled=False)
+    batches = _batches("strict")
+    for x, y in batches[:2]:
+        step(x, y)
+    saved = opt.state_dict()
+    assert all(v.device == "strict" for s in saved["state"].values() for v in s.values())
+    params = {k: v.cpu().numpy() for k, v in model.state_dict().items()}
+    want = step(*batches[2]).item()
+    model2, opt2, step2 = _training("mlp", optimizer, "strict", compiled=False)
+    model2.load_state_dict({k: of.tensor(v, device="strict") for k, v in params.items()})
+    opt2.load_state_dict(saved)
+    assert step2(*batches[2]).item() == want
+    for (name, a), (_, b) in zip(model.state_dict().items(), model2.state_dict().items()):
+        np.testing.assert_array_equal(b.cpu().numpy(), a.cpu().numpy(), err_msg=name)
+
+
+def test_a_checkpoint_of_device_tensors_saves_and_loads(tmp_path):
+    model, opt, step = _training("cnn", "adam", "strict", compiled=False)
+    step(*_batches("strict")[0])
+    of.save({"model": model.state_dict(), "opt": opt.state_dict()}, tmp_path / "ckpt.npz")
+    back = of.load(tmp_path / "ckpt.npz", map_location="strict")
+    for name, value in model.state_dict().items():
+        assert back["model"][name].device == "strict"
+        np.testing.assert_array_equal(back["model"][name].cpu().numpy(), value.cpu().numpy())
+    model2, opt2, _ = _training("cnn", "adam", "strict", compiled=False)
+    model2.load_state_dict(back["model"])
+    opt2.load_state_dict(back["opt"])
+    assert all(p.device == "strict" for p in model2.parameters())
+
+
+def test_a_dataloader_over_device_tensors_yields_device_batches():
+    x, y = of.tensor(X[:10], device="strict"), of.tensor(Y[:10], device="strict")
+    before = strict.SYNCS.count
+    loader = of.data.DataLoader(of.data.TensorDataset(x, y), batch_size=4, shuffle=True, seed=0)
+    batches = list(loader)
+    assert strict.SYNCS.count == before  # no read on the way
+    assert [b[0].shape[0] for b in batches] == [4, 4, 2]
+    assert all(t.device == "strict" for b in batches for t in b)
+    order = np.concatenate([b[1].cpu().numpy() for b in batches])
+    assert sorted(order.tolist()) == sorted(Y[:10].tolist())
+    # a dataset's samples, collated by default_collate, stay there too
+    collated = list(of.data.DataLoader(of.data.Subset(of.data.TensorDataset(x, y), range(6)), batch_size=3))
+    assert all(t.device == "strict" for b in collated for t in b)
+    np.testing.assert_array_equal(collated[1][0].cpu().numpy(), X[3:6])
+
+
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["plain", "recorded"])
+def test_a_kernel_that_computes_on_the_host_is_refused_not_wrapped(scratch_ops, requires_grad):
+    """Dispatch makes a kernel's result an array of the call's device: a host array there is a leak, refused,
+    not kept inside a device tensor (dispatch once tested for np.ndarray, the host's type, and let it through)."""
+    scratch_ops.append("host_leak_test")
+
+    @of.op("host_leak_test(Tensor x) -> Tensor y", traits=["elementwise"])
+    def host_leak_test(x):
+        return np.zeros(x.shape, x.dtype)  # on the host, whatever x's device
+
+    @host_leak_test.grad
+    def _(dy):
+        return dy
+
+    x = of.tensor([1.0, 2.0], device="strict", requires_grad=requires_grad)
+    with pytest.raises(strict.StrictHostError, match=r"returned a host numpy\.ndarray"):
+        F.host_leak_test(x)
