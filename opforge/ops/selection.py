@@ -104,6 +104,9 @@ def index_copy(x, index, source, *, axis):
 
 @index_copy.infer
 def _(x, index, source, *, axis):
+    _axis("index_copy", axis, len(x.shape))  # (named here: the shape below is index_select's)
+    if len(index.shape) > 1:
+        raise ShapeError(f"index_copy(): index must be 0-d or 1-D, got shape {index.shape}")
     want = _index_select_shape(x.shape, index.shape, axis) if x.shape else index.shape
     if tuple(source.shape) != tuple(want):
         raise ShapeError(f"index_copy(): source must have shape {want} (x's {x.shape} with {index.shape} places "
