@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
+from test_oracle_opinfo import _array, _describe, _outputs, _tensors, assert_same  # the OpInfo harness
 
 import opforge as of
 from opforge import nn
@@ -163,16 +164,6 @@ def _samples(name: str, dtype, requires_grad: bool = False) -> list:
     return [s for s in samples if skip is None or skip(s) is None]
 
 
-def _tensors(value) -> list:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    return []
-
-
 def _to_opforge(value, leaves: dict | None = None):
     """torch's arguments for opforge: tensors as opforge tensors (those that require grad as leaves when ``leaves``
     collects them), torch dtypes as NumPy's; numbers, strings and the rest as they are."""
@@ -188,39 +179,6 @@ def _to_opforge(value, leaves: dict | None = None):
     if isinstance(value, dict):
         return {k: _to_opforge(v, leaves) for k, v in value.items()}
     return value
-
-
-def _outputs(result) -> list:
-    if isinstance(result, (tuple, list)):
-        return [t for r in result for t in _outputs(r)]
-    return [result]
-
-
-def _array(t) -> np.ndarray:
-    if isinstance(t, torch.Tensor):
-        return t.detach().numpy()
-    if isinstance(t, of.Tensor):
-        return t.numpy()
-    return np.asarray(t)
-
-
-def assert_same(got, want, what: str, rtol: float, atol: float) -> None:
-    got, want = _array(got), _array(want)
-    assert got.shape == want.shape, f"{what}: shape {got.shape}, torch says {want.shape}"
-    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype}, torch says {want.dtype}"
-    if want.dtype.kind == "f":
-        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, equal_nan=True, err_msg=what)
-    else:
-        np.testing.assert_array_equal(got, want, err_msg=what)
-
-
-def _describe(sample) -> str:
-    def one(v):
-        if isinstance(v, torch.Tensor):
-            return f"{v.dtype}{list(v.shape)}".replace("torch.", "")
-        return repr(v)
-    return (f"input {one(sample.input)}, args ({', '.join(one(a) for a in sample.args)}), "
-            f"kwargs {{{', '.join(f'{k}: {one(v)}' for k, v in sample.kwargs.items())}}}")
 
 
 # -- the tests --------------------------------------------------------------------------------------------------------
