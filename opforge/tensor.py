@@ -909,7 +909,9 @@ class Tensor(TensorOps):
         """NumPy functions called on Tensors: the common reductions (``np.sum(t)``, ``np.mean(t, axis=0)``...) run
         as opforge ops and return Tensors; any other function gets the tensors' arrays and returns NumPy's result."""
         op = _NUMPY_REDUCTIONS.get(func)
-        if op is not None and args and isinstance(args[0], Tensor) and len(args) <= 2:
+        axis = args[1] if len(args) == 2 else kwargs.get("axis")
+        no_axis = isinstance(axis, (tuple, list)) and not axis  # NumPy's axis=(), reducing nothing: NumPy computes it
+        if op is not None and args and isinstance(args[0], Tensor) and len(args) <= 2 and not no_axis:
             return _numpy_reduction(func.__name__, op, *args, **kwargs)
         return func(*_to_arrays(args), **_to_arrays(kwargs))
 

@@ -352,3 +352,40 @@ def test_flip_returns_a_copy_as_torch():
     x.flip(0).add_(1)
     t.flip(0).add_(1)
     same(x, t)
+
+
+# -- an empty dim list: torch reduces every dim, NumPy none ------------------------------------------------------
+
+_EMPTY_DIMS = {
+    "sum": lambda x, d: F.sum(x, dim=d), "mean": lambda x, d: F.mean(x, dim=d), "prod": lambda x, d: F.prod(x, dim=d),
+    "amax": lambda x, d: F.amax(x, dim=d), "amin": lambda x, d: F.amin(x, dim=d), "var": lambda x, d: F.var(x, dim=d),
+    "std": lambda x, d: F.std(x, dim=d), "logsumexp": lambda x, d: F.logsumexp(x, dim=d),
+    "norm": lambda x, d: F.norm(x, dim=d), "all": lambda x, d: F.all(x, dim=d), "any": lambda x, d: F.any(x, dim=d),
+    "nansum": lambda x, d: F.nansum(x, dim=d), "nanmean": lambda x, d: F.nanmean(x, dim=d),
+    "count_nonzero": lambda x, d: F.count_nonzero(x, dim=d), "var_mean": lambda x, d: F.var_mean(x, dim=d),
+    "Tensor.sum": lambda x, d: x.sum(dim=d), "Tensor.mean": lambda x, d: x.mean(d),
+}
+
+
+@pytest.mark.parametrize("name", list(_EMPTY_DIMS))
+@pytest.mark.parametrize("dims", [(), []])
+def test_an_empty_dim_list_is_refused_naming_the_two_readings(name, dims):
+    # torch.sum(x, dim=()) sums every element; np.sum(x, axis=()) none. opforge's sum once summed none, silently
+    # unlike torch (and its nansum every one): now every reduction refuses the empty list, in eager and compiled code.
+    x = of.tensor(_A)
+    with pytest.raises(of.ArgumentError, match=r"dim=\(\).*ambiguous.*PyTorch reduces every dim, NumPy none"):
+        _EMPTY_DIMS[name](x, dims)
+    with pytest.raises(of.ArgumentError, match="ambiguous"):
+        of.compile(lambda t: _EMPTY_DIMS[name](t, dims))(x)
+    # dim=None reduces every dim, as torch's explicit list of every dim does
+    t = torch.tensor(_A)
+    ours = _EMPTY_DIMS[name](x, None)
+    theirs = t.prod() if name == "prod" else getattr(torch, name.removeprefix("Tensor."))(t, dim=(0, 1))
+    same(*((ours[0], theirs[0]) if name == "var_mean" else (ours, theirs)))
+
+
+def test_numpy_reductions_over_no_axis_keep_numpys_meaning():
+    x = of.tensor(_A)
+    same(np.sum(x, axis=()), np.sum(_A, axis=()))  # NumPy computes these: axis=() reduces nothing there
+    same(np.mean(x, axis=()), _A)
+    same(np.std(x, axis=()), np.zeros_like(_A))

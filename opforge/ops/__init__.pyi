@@ -2377,7 +2377,7 @@ def chunk(x, chunks, dim=0) -> Any:
     """
 
 def count_nonzero(input, dim=None, *, axis=None) -> Any:
-    """``torch.count_nonzero``: the number of nonzero elements over ``dim`` (every dim when None or ()), int64."""
+    """``torch.count_nonzero``: the number of nonzero elements over ``dim`` (every dim when None), int64."""
 
 def cross(input, other, dim=None) -> Any:
     """``torch.cross``: the cross product of 3-vectors along ``dim`` (by default the first dim of size 3, as

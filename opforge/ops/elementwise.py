@@ -1533,7 +1533,7 @@ def _(x, weight, dy, *, needs_input_grad):
     if needs_input_grad[1]:
         g = F.where(x > 0, 0, dy * x)  # NaN where x is NaN: that branch is taken
         axes = list(range(n)) if size == 1 else [i for i in range(n) if i != 1]
-        dw = F.reshape(F.sum(g, axis=axes), shape=list(weight.shape))
+        dw = F.reshape(F.sum(g, axis=axes) if axes else g, shape=list(weight.shape))  # 0-d x: nothing to sum
     return dx, dw
 
 

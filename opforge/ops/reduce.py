@@ -24,8 +24,23 @@ from ._common import (
 )
 
 
+def refuse_no_axes(op_name, axis):
+    """An empty ``dim``/``axis`` is refused by every reduction: PyTorch reads ``dim=()`` as every dim, NumPy's
+    ``axis=()`` as none. Either reading would silently differ from the other's code; None means every dim."""
+    if axis is not None and len(axis) == 0:
+        raise ArgumentError(
+            f"{op_name}(): dim=() (an empty list of dims) is ambiguous: PyTorch reduces every dim, NumPy none. "
+            "Pass dim=None to reduce every dim; a reduction over no dim is the tensor itself (leave the call out)")
+
+
+def reduction_axes(op_name, axis, ndim):
+    """A reduction's axes as a sorted tuple (None: all), an empty list refused (``refuse_no_axes``)."""
+    refuse_no_axes(op_name, axis)
+    return normalize_axes(op_name, axis, ndim)
+
+
 def _reduced_shape(op_name, shape, axis, keepdim):
-    axes = normalize_axes(op_name, axis, len(shape))
+    axes = reduction_axes(op_name, axis, len(shape))
     if keepdim:
         return tuple(1 if i in axes else d for i, d in enumerate(shape))
     return tuple(d for i, d in enumerate(shape) if i not in axes)
@@ -48,7 +63,7 @@ def _reduce_samples(rng):
 @op("sum(Tensor x, int[] axis/dim=None, bool keepdim/keepdims=False) -> Tensor y")
 def sum(x, *, axis, keepdim):
     """Sum over ``axis`` (all axes when None). Integer and bool tensors sum to int64."""
-    axes = normalize_axes("sum", axis, x.ndim)
+    axes = reduction_axes("sum", axis, x.ndim)
     return np.sum(x, axis=axes, keepdims=keepdim, dtype=None if D.is_floating(x.dtype) else np.int64)
 
 
@@ -89,7 +104,7 @@ sum.samples(_reduce_samples)
 @op("mean(Tensor<floating> x, int[] axis/dim=None, bool keepdim/keepdims=False) -> Tensor y")
 def mean(x, *, axis, keepdim):
     """Mean over ``axis`` (all axes when None)."""
-    return np.mean(x, axis=normalize_axes("mean", axis, x.ndim), keepdims=keepdim)
+    return np.mean(x, axis=reduction_axes("mean", axis, x.ndim), keepdims=keepdim)
 
 
 mean.onnx(lambda g, x, *, axis, keepdim: g.reduce("ReduceMean", x, axis, keepdim))
@@ -211,7 +226,7 @@ def _refuse_empty(op_name, shape, axis):
 @op("prod(Tensor x, int[] axis/dim=None, bool keepdim/keepdims=False) -> Tensor y")
 def prod(x, *, axis, keepdim):
     """Product over ``axis`` (all axes when None). Integer and bool tensors multiply in int64."""
-    axes = normalize_axes("prod", axis, x.ndim)
+    axes = reduction_axes("prod", axis, x.ndim)
     return np.prod(x, axis=axes, keepdims=keepdim, dtype=None if D.is_floating(x.dtype) else np.int64)
 
 
@@ -283,13 +298,13 @@ def _extreme_samples(rng):
 def amax(x, *, axis, keepdim):
     """Largest element over ``axis`` (all axes when None), as ``torch.amax`` and NumPy's ``max``; NaN if the group
     holds one. ``F.max(x, dim)`` gives torch's (values, indices) along one dim."""
-    return np.max(x, axis=normalize_axes("amax", axis, x.ndim), keepdims=keepdim)
+    return np.max(x, axis=reduction_axes("amax", axis, x.ndim), keepdims=keepdim)
 
 
 @op("amin(Tensor x, int[] axis/dim=None, bool keepdim/keepdims=False) -> Tensor y")
 def amin(x, *, axis, keepdim):
     """Smallest element over ``axis`` (all axes when None), as ``torch.amin`` and NumPy's ``min``."""
-    return np.min(x, axis=normalize_axes("amin", axis, x.ndim), keepdims=keepdim)
+    return np.min(x, axis=reduction_axes("amin", axis, x.ndim), keepdims=keepdim)
 
 
 for _extreme, _onnx_type in ((amax, "ReduceMax"), (amin, "ReduceMin")):
@@ -415,7 +430,7 @@ argmin.infer(_arg_extreme_spec("argmin"))
 
 def _var(op_name, x, axis, correction, keepdim):
     """Σ(x − mean)² / (N − correction) per group; N − correction ≤ 0 gives inf (or NaN), as PyTorch."""
-    axes = normalize_axes(op_name, axis, x.ndim)
+    axes = reduction_axes(op_name, axis, x.ndim)
     n = _group_size(x.shape, axes)
     with np.errstate(divide="ignore", invalid="ignore"):
         d = x - np.sum(x, axis=axes, keepdims=True) / n
@@ -502,7 +517,7 @@ for _stat in (var, std):
 @op("logsumexp(Tensor<floating> x, int[] axis/dim=None, bool keepdim/keepdims=False) -> Tensor y")
 def logsumexp(x, *, axis, keepdim):
     """ln Σ eˣ over ``axis``, computed as m + ln Σ e^(x − m) with m the group's largest element (no overflow)."""
-    axes = normalize_axes("logsumexp", axis, x.ndim)
+    axes = reduction_axes("logsumexp", axis, x.ndim)
     m = max_over(x, axes)
     m = np.where(np.isfinite(m), m, 0)  # a group of −inf (or holding ±inf, NaN): shifting would make NaN
     with np.errstate(divide="ignore"):  # ln 0 = −inf, for an empty or all-(−inf) group
@@ -534,7 +549,7 @@ def _(rng):
 def norm(x, *, p, axis, keepdim):
     """Vector p-norm over ``axis`` (all axes when None), as ``torch.linalg.vector_norm``: (Σ|x|ᵖ)^(1/p);
     p = inf gives max |x|, p = −inf min |x|, p = 0 the number of nonzero elements."""
-    return vector_norm(x, p, normalize_axes("norm", axis, x.ndim), keepdim)
+    return vector_norm(x, p, reduction_axes("norm", axis, x.ndim), keepdim)
 
 
 def vector_norm(x, p, axes, keepdim):

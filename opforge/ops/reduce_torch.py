@@ -15,7 +15,7 @@ from opforge import ops as F
 
 from ..core.errors import ArgumentError, describe
 from ._common import D, Sample, ShapeError, Spec, function, normalize_axes, np, op
-from .reduce import _expand, _reduce_samples, _reduced_shape
+from .reduce import _expand, _reduce_samples, _reduced_shape, reduction_axes, refuse_no_axes
 
 
 def _dims(dim, axis, name: str):
@@ -25,15 +25,13 @@ def _dims(dim, axis, name: str):
             raise ArgumentError(f"{name}(): give dim or axis (two spellings of one argument), not both")
         dim = axis
     if dim is None or isinstance(dim, (list, tuple)):
+        refuse_no_axes(name, dim)
         return dim
     if isinstance(dim, (int, np.integer)) and not isinstance(dim, (bool, np.bool_)):
         return [int(dim)]
     raise ArgumentError(f"{name}(): dim must be an int, a sequence of ints or None, got {describe(dim)}")
 
 
-def _all_if_empty(dims):
-    """torch's sum-like reductions read ``dim=()`` as every dim (NumPy's as none)."""
-    return None if dims is not None and len(dims) == 0 else dims
 
 
 # -- all, any ------------------------------------------------------------------------------------------------------
@@ -54,13 +52,13 @@ def _bool_samples(rng):
 @op("all(Tensor x, int[] axis/dim=None, bool keepdim/keepdims=False) -> Tensor<bool> y", traits=["no_grad"])
 def all(x, *, axis, keepdim):
     """``torch.all``: whether every element over ``axis`` is nonzero (all axes when None; NaN counts as nonzero)."""
-    return np.all(x, axis=normalize_axes("all", axis, x.ndim), keepdims=keepdim)
+    return np.all(x, axis=reduction_axes("all", axis, x.ndim), keepdims=keepdim)
 
 
 @op("any(Tensor x, int[] axis/dim=None, bool keepdim/keepdims=False) -> Tensor<bool> y", traits=["no_grad"])
 def any(x, *, axis, keepdim):
     """``torch.any``: whether some element over ``axis`` is nonzero (all axes when None)."""
-    return np.any(x, axis=normalize_axes("any", axis, x.ndim), keepdims=keepdim)
+    return np.any(x, axis=reduction_axes("any", axis, x.ndim), keepdims=keepdim)
 
 
 for _fn in (all, any):
@@ -73,8 +71,8 @@ for _fn in (all, any):
 
 @function
 def count_nonzero(input, dim=None, *, axis=None):
-    """``torch.count_nonzero``: the number of nonzero elements over ``dim`` (every dim when None or ()), int64."""
-    return F.sum(F.not_equal(input, F.zeros_like(input)), axis=_all_if_empty(_dims(dim, axis, "count_nonzero")))
+    """``torch.count_nonzero``: the number of nonzero elements over ``dim`` (every dim when None), int64."""
+    return F.sum(F.not_equal(input, F.zeros_like(input)), axis=_dims(dim, axis, "count_nonzero"))
 
 
 @function
@@ -82,7 +80,7 @@ def nansum(input, dim=None, keepdim=False, *, dtype=None, axis=None):
     """``torch.nansum``: the sum over ``dim`` with NaN counted as zero (its gradient 0 there)."""
     if dtype is not None:
         input = F.cast(input, dtype=dtype)
-    dims = _all_if_empty(_dims(dim, axis, "nansum"))
+    dims = _dims(dim, axis, "nansum")
     if D.is_floating(input.dtype):
         input = F.where(F.isnan(input), F.zeros_like(input), input)
     return F.sum(input, axis=dims, keepdim=keepdim)
@@ -95,7 +93,7 @@ def nanmean(input, dim=None, keepdim=False, *, dtype=None, axis=None):
         input = F.cast(input, dtype=dtype)
     if not D.is_floating(input.dtype):
         raise ArgumentError(f"nanmean(): argument 'input' must be a floating tensor, got {input.dtype} (as torch's)")
-    dims = _all_if_empty(_dims(dim, axis, "nanmean"))
+    dims = _dims(dim, axis, "nanmean")
     present = F.logical_not(F.isnan(input))
     total = F.sum(F.where(present, input, F.zeros_like(input)), axis=dims, keepdim=keepdim)
     return total / F.cast(F.sum(present, axis=dims, keepdim=keepdim), dtype=input.dtype)

@@ -708,6 +708,8 @@ def _(x, *, reps):
 def _(dy, x_spec, *, reps):
     # y viewed as (r₀, s₀, r₁, s₁, ...) holds rᵢ copies of x along each dim: dx is the sum over the copies.
     shape, reps = _tile_dims(x_spec.shape, reps)
+    if not shape:  # a 0-d x tiled by no reps: y is x
+        return F.reshape(dy, shape=x_spec.shape)
     copies = F.reshape(dy, shape=[d for r, s in zip(reps, shape) for d in (r, s)])
     return F.reshape(F.sum(copies, axis=list(range(0, 2 * len(shape), 2))), shape=x_spec.shape)
 
