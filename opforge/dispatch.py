@@ -31,7 +31,18 @@ from .core.interpreters import EAGER, EagerInterpreter, Interpreter, _innermost,
 from .core.opdef import OpDef, flat_ranges, split_by_layout
 from .core.schema import check_attr
 from .core.spec import Dim, Spec
-from .tensor import Node, Tensor, TensorOps, _epoch, as_array, note_write, tensor_source, wrap, wrap_output
+from .tensor import (
+    Node,
+    Tensor,
+    TensorOps,
+    _epoch,
+    as_array,
+    note_view,
+    note_write,
+    tensor_source,
+    wrap,
+    wrap_output,
+)
 
 
 def install() -> None:
@@ -291,9 +302,16 @@ def api_source(opdef: OpDef, env: dict | None = None) -> str:
              f"        return _of_i.apply(_of_op, {inputs_src}, {attrs_src})",
              "    if _of_op.validate is not None:",
              f"        _of_op.validate({attrs_src})"]
+    eager = len(lines)
     if opdef.fast_path:
         lines += _fast_path(opdef, env, inputs_src, attrs_src)
     lines.append(f"    return _of_run(_of_op, {inputs_src}, {attrs_src})")
+    if "view" in opdef.traits and schema.inputs:  # its eager results share memory with its first input: noted
+        env["_of_note_view"] = note_view
+        first = schema.inputs[0].name
+        lines[eager:] = [f"{line.partition('return ')[0]}return _of_note_view({first}, "
+                         f"{line.partition('return ')[2]}, _of_op, {attrs_src})"
+                         if line.lstrip().startswith("return ") else line for line in lines[eager:]]
     return "\n".join(lines) + "\n"
 
 

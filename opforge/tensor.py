@@ -204,6 +204,103 @@ def version(t: Tensor) -> int:
     return count
 
 
+# -- views: tensors that share memory, kept in step by recorded in-place ops ----------------------------------------
+#
+# Eagerly a view op's result (a slice, a transpose, a reshape NumPy makes without copying: the ops with the trait
+# "view", and ``detach()``) shares its input's memory, so an in-place write to either shows in the other, as in
+# torch. A write recorded for autograd does not write memory (the old values stay for whatever saved them): it gives
+# the tensor a new value with history. So that its views and its base see that value too, as torch's views see
+# their base's writes, each view is noted with its root (the tensor whose memory it cuts: the root of a view is the
+# root of its input) and the chain of view calls that cut it from the root. A recorded write through a view puts
+# the new elements into the root at their positions (``put``: the gradient goes to the written value and to the
+# rest of the root, as torch's CopySlices), and the root and every live view of it take the value the chain cuts
+# from the root's new value.
+
+_noting_views = [True]  # off while views are cut again from a root's new value
+
+
+def note_view(x, out, op, attrs: dict):
+    """Note that ``out`` (one Tensor, or a list of them), the eager result of the view op ``op`` called on ``x``
+    with ``attrs``, shares ``x``'s memory: the view keeps its root and chain (slot ``_base``), the root a weak
+    reference to the view (slot ``_views``, unset until its first view). Returns ``out``."""
+    if not isinstance(x, Tensor) or not _noting_views[0]:
+        return out
+    if isinstance(out, Tensor):
+        _note_view(x, out, (op, attrs, None))
+    else:
+        for i, o in enumerate(out):
+            _note_view(x, o, (op, attrs, i))
+    return out
+
+
+def _note_view(x, view, step) -> None:
+    base = getattr(x, "_base", None)
+    root, chain = (x, ()) if base is None else base
+    data, view_data = root._data, view._data
+    if view is root or (data if data.base is None else data.base) is not \
+            (view_data if view_data.base is None else view_data.base):
+        return  # a copy (a reshape NumPy cannot make as a view)
+    view._base = (root, (*chain, step))
+    try:
+        views = root._views
+    except AttributeError:
+        views = root._views = []
+    views.append(weakref.ref(view))
+    if len(views) >= 64 and not len(views) & (len(views) - 1):  # at each power of two: drop the dead
+        views[:] = [ref for ref in views if ref() is not None]
+
+
+def _cut(root, chain: tuple):
+    """The view ``chain`` cuts from ``root`` (recorded as ``root``'s own history says)."""
+    y = root
+    for op, attrs, index in chain:
+        y = y.detach() if op is None else op.fn(y, **attrs)
+        if index is not None:
+            y = y[index]
+    return y
+
+
+def _root_of(t) -> tuple:
+    base = getattr(t, "_base", None)
+    if base is None or _owner(base[0]._data) is not _owner(t._data):  # no view, or no longer (t._data = ...)
+        return t, ()
+    return base
+
+
+def _rebind_views(t, value, what: str) -> None:
+    """``t`` takes ``value`` (a recorded Tensor): so do its root, written at ``t``'s positions, and the root's views."""
+    _noting_views[0] = False  # the views cut below are not views the user holds
+    try:
+        _rebind(t, value, what)
+    finally:
+        _noting_views[0] = True
+
+
+def _rebind(t, value, what: str) -> None:
+    root, chain = _root_of(t)
+    if root is not t:
+        if root._requires_grad and root._node is None:
+            raise GradientError(
+                f"{what}: a view of a leaf tensor that requires grad (shape {root.shape}) cannot be changed in place "
+                "while gradients are recorded (torch refuses it too); clone() the leaf first, or write inside "
+                "`with of.no_grad():`")
+        with interpreting(EAGER), _grad_mode_off():  # which elements of the root the view holds: a constant
+            positions = _cut(wrap(np.arange(int(np.prod(root.shape, dtype=np.int64))).reshape(root.shape)),
+                             chain).numpy()
+        old = wrap(root._data, root._device) if root._node is None else \
+            wrap_output(root._data, root._node, root._index, root._device)
+        value = put(old, positions, value)
+    root._data, root._node, root._index, root._requires_grad = value._data, value._node, value._index, True
+    _note_rebound(root, what)
+    for ref in list(getattr(root, "_views", ())):
+        view = ref()
+        if view is not None and view._base[0] is root:
+            cut = _cut(root, view._base[1])
+            view._data, view._node, view._index, view._requires_grad = cut._data, cut._node, cut._index, \
+                cut._requires_grad
+            _note_rebound(view, what)
+
+
 def wrap(data, device: Device = CPU, requires_grad: bool = False) -> Tensor:
     """A Tensor around ``data``, an array of ``device`` (no copy), with no autograd history."""
     t = object.__new__(Tensor)
@@ -782,7 +879,9 @@ TensorOps.polygamma, TensorOps.polygamma_ = _polygamma, _polygamma_
 class Tensor(TensorOps):
     """An n-dimensional array that records the ops applied to it when it requires grad."""
 
-    __slots__ = ("__weakref__", "_data", "_device", "_grad", "_hooks", "_index", "_node", "_requires_grad")
+    # _base and _views stay unset but in views and their roots (see note_view)
+    __slots__ = ("__weakref__", "_base", "_data", "_device", "_grad", "_hooks", "_index", "_node", "_requires_grad",
+                 "_views")
 
     def __init__(self, data, dtype=None, requires_grad=False, device=None):
         self._device = default_device() if device is None else get_device(device, "tensor()")
@@ -973,7 +1072,7 @@ class Tensor(TensorOps):
 
     def detach(self) -> Tensor:
         """The same data, cut from the graph (no copy: in-place writes to either are seen by both)."""
-        return wrap(self._data, self._device)
+        return note_view(self, wrap(self._data, self._device), None, None)
 
     def retain_grad(self) -> None:
         """Keep this non-leaf tensor's gradient in ``.grad`` when ``backward()`` runs (a leaf keeps it anyway)."""
@@ -1135,8 +1234,7 @@ def _in_place(t, what: str, compute):
         old = wrap(t._data, t._device) if t._node is None else wrap_output(t._data, t._node, t._index, t._device)
         value = _fit(t, what, compute(old))
         if value._requires_grad:
-            t._data, t._node, t._index, t._requires_grad = value._data, value._node, value._index, True
-            _note_rebound(t, what)
+            _rebind_views(t, value, what)
             return t
     else:
         value = _fit(t, what, compute(t))

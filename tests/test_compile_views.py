@@ -199,7 +199,7 @@ def _losses(body):
 
 
 def test_writes_recorded_for_autograd_mean_what_they_mean_eagerly():
-    def into_a_view(w, x):  # eagerly the view takes the new value and history: y keeps its memory
+    def into_a_view(w, x):  # the view's new value and history reach y, as in torch (test_inplace_views.py)
         y = w * x
         y[0].mul_(3)
         return y.sum()
@@ -214,6 +214,12 @@ def test_writes_recorded_for_autograd_mean_what_they_mean_eagerly():
         (eager, eager_grad), (compiled, compiled_grad) = _losses(body)
         np.testing.assert_allclose(compiled, eager, rtol=1e-12)
         np.testing.assert_allclose(compiled_grad, eager_grad, rtol=1e-12)
+        w = torch.tensor(ramp(2, 3) + 1, requires_grad=True)
+        for _ in range(2):
+            loss = body(w, torch.ones(2, 3, dtype=torch.float64))
+            loss.backward()
+        np.testing.assert_allclose(eager[-1], loss.detach().numpy(), rtol=1e-12)
+        np.testing.assert_allclose(eager_grad, w.grad.numpy(), rtol=1e-12)
 
 
 def test_a_backward_through_a_value_changed_under_no_grad_is_refused():

@@ -863,8 +863,9 @@ def argument_view(variable: Variable):
 def _write(state: TraceState, variable: Variable, what: str, value: Variable) -> Variable:
     """``variable`` given ``value`` in place, where it may share memory with views (``Variable._assign_value``).
 
-    As eagerly: a value recorded for autograd (grad mode on, the value differentiable) gives the variable new memory,
-    leaving the old one to its views; any other value is written into the memory, through the view if it is one."""
+    As eagerly (and as in torch): the value is the memory's new content, written through the view if it is one, so
+    every view of that memory reads it, a value recorded for autograd (grad mode on, the value differentiable)
+    with its history (``tensor.note_view``)."""
     program = variable.program
     view = _view_of(state, variable) if state.views else None
     memory = state.memories.get(id(variable)) if state.memories else None
@@ -878,18 +879,18 @@ def _write(state: TraceState, variable: Variable, what: str, value: Variable) ->
             state.no_grad_writes.add(value.name)
     if view is None and memory is None:
         pass
-    elif _grad_mode.enabled and _differentiable(program, value.name):  # rebound: other memory from now on
-        if view is not None:
-            del state.views[id(variable)]
-        if memory is not None:
-            memory.owner = None
-            del state.memories[id(variable)]
     elif view is not None:
         positions, _, writable = view.cut()
         if not writable:
             raise ArgumentError(f"{what}: the memory of this tensor (shape {tuple(variable.shape)}) is read-only (a "
                                 "broadcast view or a constant); compute a new tensor instead")
         memory = view.memory
+        if isinstance(owner, Tensor) and owner.requires_grad and _grad_mode.enabled and \
+                _differentiable(program, value.name):
+            raise GradientError(
+                f"{what}: a view of a leaf tensor that requires grad (shape {tuple(owner.shape)}) cannot be changed in "
+                "place while gradients are recorded (torch refuses it too); clone() the leaf first, or write inside "
+                "`with of.no_grad():`")
         whole = put(Variable(program, memory.content(program)), positions, value)
         if value.name in state.no_grad_writes:
             state.no_grad_writes.add(whole.name)
