@@ -387,3 +387,41 @@ def test_the_cache_is_bounded_and_calls_past_it_run_eagerly(monkeypatch):
     assert len(compiled.cache) == 1
     with pytest.raises(of.ArgumentError, match="max_cache must be an int >= 0"):
         of.compile(fn, max_cache=-1)
+
+
+def test_a_result_computed_from_tensors_that_require_grad_requires_grad_and_refuses_a_backward_through_it():
+    # eagerly y = x * x carries its history and (y.sum() + x.sum()).backward() gives x.grad = 2x + 1; a compiled
+    # call's result once had none, and the same backward silently gave x.grad = 1. Now it requires grad, as eagerly,
+    # and a backward reaching it is refused naming the function (under no_grad it requires nothing, as eagerly)
+    x = of.tensor(np.array([1.0, 2.0, 3.0]), requires_grad=True)
+    w = of.tensor(np.array([0.5, 0.5, 0.5]), requires_grad=True)
+
+    def f(t):
+        return t * t * w
+
+    compiled = of.compile(f)
+    y = compiled(x)
+    assert y.requires_grad and y.numpy().tolist() == f(x).numpy().tolist()
+    with pytest.raises(of.GradientError, match=r"backward through a result of the compiled function f\(\)"):
+        (y.sum() + x.sum()).backward()
+    with pytest.raises(of.GradientError, match="compiled function f"):
+        of.grad(y.sum(), [w])
+    with of.no_grad():
+        assert not compiled(x).requires_grad
+    assert compiled(of.tensor(np.ones(3))).requires_grad  # w, which it reads, requires grad: as eagerly
+    with of.no_grad():
+        w2 = w.detach()
+    assert not of.compile(lambda t: t * w2)(of.tensor(np.ones(3))).requires_grad
+
+
+def test_a_training_step_still_returns_its_loss_and_its_values():
+    w = of.tensor(np.array([1.0, -1.0]), requires_grad=True)
+
+    @of.compile
+    def step(x):
+        loss = (x * w).sum() ** 2
+        loss.backward()
+        return loss
+
+    loss = step(of.tensor(np.array([2.0, 1.0])))
+    assert loss.item() == 1.0 and w.grad.numpy().tolist() == [4.0, 2.0]

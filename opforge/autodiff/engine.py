@@ -282,6 +282,8 @@ def _call_checked(node: Node, grads: list, create_graph: bool, anomaly: AnomalyD
 def _cannot_run(node: Node, roots: list) -> None:
     """The errors for a node on the path whose rule cannot run: none registered, or its saved values freed."""
     op = node.op
+    if getattr(op, "refusal", None):  # a stand-in that says why no gradient passes (a compiled call's result)
+        raise GradientError(op.refusal)
     if op.grad_rule is None:
         raise missing_rule(op.name, _path(node, roots), "detach its input")
     raise GradientError(

@@ -29,6 +29,10 @@ one tensor (``f(a, a)`` is traced apart from ``f(a, b)``). An update the program
 fails, saying why: of a leaf that requires grad, with a value that requires grad, into memory other arguments or
 captured tensors share. Views made inside the function share memory as eagerly (see ``trace._View``); a result that
 is a view of an argument is returned as that view of it.
+
+A result computed, with gradients recorded, from tensors that require grad requires grad, as eagerly; but a call
+keeps no history, so a backward through such a result (after the call, outside it) is refused, naming the function
+(``_CompiledCall``), where it would otherwise leave those tensors without the result's part of their gradient.
 """
 
 from __future__ import annotations
@@ -41,14 +45,25 @@ import numpy as np
 
 from ..core.devices import default_device
 from ..core.errors import ArgumentError, GradientError, OpforgeError, describe
+from ..core.grad_mode import _mode as _grad_mode
 from ..core.grad_mode import no_grad
 from ..core.interpreters import EAGER, interpreting
 from ..core.keys import exact
 from ..core.spec import Spec
-from ..tensor import Tensor, _owner, note_write, note_writes, wrap, write_records
+from ..tensor import Node, Tensor, _owner, note_write, note_writes, wrap, wrap_output, write_records
 from .desc import Program
 from .executor import Executor
-from .trace import ArgumentVariable, Tracer, Variable, argument_view, contents, current_name, python_state, trace_state
+from .trace import (
+    ArgumentVariable,
+    Tracer,
+    Variable,
+    _differentiable,
+    argument_view,
+    contents,
+    current_name,
+    python_state,
+    trace_state,
+)
 
 _PLAIN = (bool, int, float, str, type(None))  # Python values a trace bakes in: constants of its cache key
 
@@ -155,6 +170,8 @@ class CompiledFunction:
             # one tensor passed twice (f(a, a)) is one variable: an update shows through both names
             passed = [id(t) for t in tensors.values()]
             key.append(("passed again", tuple(passed.index(p) for p in passed)))
+        if not _grad_mode.enabled:  # traced under no_grad, its results do not require grad: not so for other calls
+            key.append("no_grad")
         if self.cache_key is not None:
             key.append(self.cache_key())
         for context in trace_context_keys:
@@ -262,6 +279,8 @@ class _Entry:
         # .grad in and out: a parameter's is read from its tensor, an argument's from this call's argument
         source = {name: (name if name in program.feeds else t) for name, t in state.tensor_of.items()}
         self.grad_feeds = [(source[n], feed) for n, feed in state.grad_feeds.items()]
+        self.grad_sources = list(source.values())  # the tensors requiring grad it reads (arguments by name)
+        self.call = _CompiledCall(name)
         self.grad_none = [source[n] for n in state.grad_none]
         self.grad_out = []  # (source, fetch key or None): what the code left in .grad, written back after a run
         for name, grad in state.grads.items():
@@ -331,11 +350,22 @@ class _Entry:
                 t._grad = wrap(array, device)
         if self.writes:
             note_writes(self.writes, "a compiled function's update")
-        if type(self.result) is _Fetched:  # one tensor, the commonest result
+        if type(self.result) is _Fetched and not self.result.differentiable:  # one tensor, the commonest result
             return wrap(out[self.result.key], device)
         return _rebuild(self.result, "out", lambda path, r: arguments[r.path] if type(r) is _Argument else
-                        r.of(arguments[r.path]) if type(r) is _ArgumentView else wrap(out[r.key], device),
+                        r.of(arguments[r.path]) if type(r) is _ArgumentView else self._fetched(out, r, arguments),
                         (_Fetched, _Argument, _ArgumentView))
+
+    def _fetched(self, out: dict, result: _Fetched, arguments: dict) -> Tensor:
+        array, device = out[result.key], self.program.device
+        if not result.differentiable or not _grad_mode.enabled:
+            return wrap(array, device)
+        # as eagerly, it requires grad; a backward through it is refused (see _CompiledCall)
+        leaves = [_tensor(source, arguments) for source in self.grad_sources]
+        edges = tuple((t, -1) if t._node is None else (t._node, t._index) for t in leaves if t._requires_grad)
+        node = Node(self.call, {}, edges, (-1,) * len(edges), tuple((t.shape, t.dtype) for t in leaves), (-1,),
+                    ((array.shape, array.dtype),), {}, {}, device)
+        return wrap_output(array, node, 0, device)
 
     def _check_updates(self, feeds: dict, arguments: dict) -> None:
         """Refuse a run whose in-place update of an argument the program cannot follow as eager code does: into
@@ -405,12 +435,32 @@ def _rebuild(value, path: str, leaf, kind):
 
 
 class _Fetched:
-    """Where a compiled function's result holds a value the program computes: its fetch key."""
+    """Where a compiled function's result holds a value the program computes: its fetch key, and whether eagerly it
+    would require grad (computed, with gradients recorded, from a tensor that requires grad)."""
 
-    __slots__ = ("key",)
+    __slots__ = ("differentiable", "key")
 
-    def __init__(self, key: str):
-        self.key = key
+    def __init__(self, key: str, differentiable: bool = False):
+        self.key, self.differentiable = key, differentiable
+
+
+class _CompiledCall:
+    """What a compiled function's differentiable result is linked to in the eager autograd graph (a stand-in for an
+    op, without a gradient rule): eagerly the result would carry its history, and a backward through it would reach
+    the tensors it was computed from. A compiled call keeps no history, so such a backward is refused, naming the
+    function, rather than silently leaving those tensors' gradients without the result's part (torch.compile's
+    results differentiate)."""
+
+    grad_rule = None
+    traits = frozenset()
+
+    def __init__(self, name: str):
+        self.name = f"{name}() (compiled)"
+        self.refusal = (
+            f"backward through a result of the compiled function {name}(): a compiled call returns its results "
+            "without their history, so the gradient cannot reach the tensors they were computed from. Call backward "
+            "inside the compiled function (as a training step does), or call the function uncompiled where its "
+            "result is differentiated")
 
 
 class _Argument:
@@ -450,7 +500,7 @@ def _result(program: Program, path: str, value: Variable, fetch: dict):
     if view is not None and isinstance(view[0].argument, Tensor):
         return _ArgumentView(view[0].path, view[1])
     fetch[path] = value.name
-    return _Fetched(path)
+    return _Fetched(path, _grad_mode.enabled and _differentiable(program, value.name))
 
 
 def _tensor(source, arguments: dict) -> Tensor:
