@@ -425,3 +425,26 @@ def test_a_training_step_still_returns_its_loss_and_its_values():
 
     loss = step(of.tensor(np.array([2.0, 1.0])))
     assert loss.item() == 1.0 and w.grad.numpy().tolist() == [4.0, 2.0]
+
+
+def test_grad_and_requires_grad_read_in_traced_code_are_what_eager_code_reads():
+    # x.grad of an argument inside a compiled function was an AttributeError, and requires_grad of every traced
+    # value was False (so `if y.requires_grad:` took another branch than eagerly)
+    w = of.tensor(np.array([1.0, 0.5, 2.0]), requires_grad=True)
+
+    def step(x, c):
+        before = x.grad
+        loss = (x * w * x).sum() + (c * x).sum()
+        loss.backward()
+        with of.no_grad():
+            quiet = x * 2.0
+        return (before is None, x.grad * 1.0, x.requires_grad, c.requires_grad, (x * c).requires_grad,
+                (c * 2.0).requires_grad, quiet.requires_grad, (x.grad * 2.0).requires_grad, loss.grad is None)
+
+    results = []
+    for fn in (step, of.compile(step)):
+        x = of.tensor(np.array([1.0, 2.0, 3.0]), requires_grad=True)
+        results.append([fn(x, of.tensor(np.ones(3))) for _ in range(2)])
+    for eager, compiled in zip(*results):
+        assert [r if isinstance(r, bool) else r.numpy().tolist() for r in compiled] == \
+            [r if isinstance(r, bool) else r.numpy().tolist() for r in eager]

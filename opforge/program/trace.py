@@ -68,7 +68,14 @@ class Variable(TensorOps):
 
     @property
     def requires_grad(self) -> bool:
-        return False
+        """Whether eagerly the value would require grad: computed, with gradients recorded, from a tensor that
+        requires grad (``_differentiable``)."""
+        return _differentiable(self.program, self.name)
+
+    @property
+    def grad(self):
+        """None, as a computed (non-leaf) tensor's ``.grad`` is eagerly."""
+        return None
 
     @property
     def interpreter(self) -> Tracer:
@@ -214,6 +221,15 @@ class ArgumentVariable(Variable):
 
     def _requires_grad(self) -> bool:
         return isinstance(self.argument, Tensor) and self.argument._requires_grad
+
+    @property
+    def grad(self):
+        """The argument's gradient as the traced code sees it at this point (what its ``.grad`` is when the run
+        begins, plus what ``backward()`` calls in the code added), as eagerly; None if it does not require grad."""
+        if not self._requires_grad():
+            return self.argument._grad if isinstance(self.argument, Tensor) else None
+        name = self.interpreter._grad(self.path)
+        return None if name is None else Variable(self.program, name)
 
     def _assign_value(self, what: str, value: Variable) -> Variable:
         if _grad_mode.enabled and self._requires_grad():
@@ -456,6 +472,7 @@ class Tracer(Interpreter):
             if old is not None:
                 with interpreting(Tracer(program, role="backward")):
                     g = F.add(Variable(program, old), Variable(program, g)).name
+            program.block.vars[g].stop_gradient = True  # as eagerly: backward() leaves gradients without history
             state.grads[name] = program.grad_names[name] = g
 
     def differentiate(self, outputs, inputs, grad_outputs, allow_unused: bool):
