@@ -753,3 +753,24 @@ def test_bench_conv_softmax_quick_runs():
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert "| conv2d 128×1×8×8" in done.stdout and "opforge / numpy" in done.stdout
+
+
+@pytest.mark.parametrize("nd", [1, 2, 3])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_an_empty_batch_convolves_to_an_empty_batch_as_torch(nd, transposed):
+    # the im2col reshape could not infer a dim of an empty batch: conv2d on (0, C, H, W) failed, torch gives (0, O, ..)
+    name = f"conv{'_transpose' if transposed else ''}{nd}d"
+    x = np.zeros((0, 4) + (6,) * nd)
+    w = np.random.default_rng(0).standard_normal(((4, 3) if transposed else (6, 2)) + (3,) * nd)
+    b = np.ones(6)  # 6 output channels either way (2 groups)
+    ours = [of.tensor(a, requires_grad=True) for a in (x, w, b)]
+    theirs = [torch.tensor(a, requires_grad=True) for a in (x, w, b)]
+    y = getattr(F, name)(*ours, groups=2, padding=1)
+    ty = getattr(torch.nn.functional, name)(*theirs, groups=2, padding=1)
+    assert y.shape == tuple(ty.shape)
+    (y.sum() + (ours[1] * ours[1]).sum()).backward()
+    (ty.sum() + (theirs[1] * theirs[1]).sum()).backward()
+    for o, t in zip(ours, theirs):
+        np.testing.assert_allclose(o.grad.numpy(), t.grad.numpy())
+    compiled = of.compile(lambda a, k, c: getattr(F, name)(a, k, c, groups=2, padding=1))
+    assert compiled(*(of.tensor(a) for a in (x, w, b))).shape == tuple(ty.shape)
