@@ -136,8 +136,8 @@ def _special_samples(rng):
 
 
 def _value_test(name: str, doc: str, test):
-    def kernel(x):
-        return test(x) if D.is_floating(x.dtype) else np.zeros(x.shape, bool)
+    def kernel(x, xp=np):
+        return test(x) if D.is_floating(x.dtype) else xp.zeros(x.shape, bool)
 
     kernel.__doc__ = doc
     opdef = op(f"{name}(Tensor x) -> Tensor<bool> y", traits=["no_grad", "pointwise"], infer=_bool_spec)(kernel)
@@ -155,10 +155,10 @@ def _nan_to_num(x, *, nan, posinf, neginf):
     finite value of x's dtype); integers and bools unchanged."""
     if not D.is_floating(x.dtype):
         return x.copy()
-    info = ml_dtypes.finfo(x.dtype)
-    y = np.where(np.isnan(x), np.asarray(nan, x.dtype), x)
-    y = np.where(np.isposinf(x), np.asarray(info.max if posinf is None else posinf, x.dtype), y)
-    return np.where(np.isneginf(x), np.asarray(info.min if neginf is None else neginf, x.dtype), y)
+    info, scalar = ml_dtypes.finfo(x.dtype), x.dtype.type  # NumPy scalars of x's dtype: a device takes them
+    y = np.where(np.isnan(x), scalar(nan), x)
+    y = np.where(np.isposinf(x), scalar(info.max if posinf is None else posinf), y)
+    return np.where(np.isneginf(x), scalar(info.min if neginf is None else neginf), y)
 
 
 nan_to_num = op("nan_to_num(Tensor x, float nan=0.0, float? posinf=None, float? neginf=None) -> Tensor y",
