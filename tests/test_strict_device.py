@@ -223,3 +223,18 @@ def test_a_kernel_that_computes_on_the_host_is_refused_not_wrapped(scratch_ops, 
     x = of.tensor([1.0, 2.0], device="strict", requires_grad=requires_grad)
     with pytest.raises(strict.StrictHostError, match=r"returned a host numpy\.ndarray"):
         F.host_leak_test(x)
+
+
+def test_a_kernel_for_every_device_widens_half_inputs_there_as_on_the_cpu():
+    """Half inputs are computed in float32 and rounded once (ops/half.py) on every device, not only the CPU: a
+    device looks up its dtype's kernel for every device before that kernel for any dtype, so an op whose kernel
+    takes ``xp`` got none of it there (scatter_reduce's mean, in bfloat16, floor-divided: ml_dtypes' kind is 'V')."""
+    rng = np.random.default_rng(0)
+    x, src = rng.uniform(0.5, 2, (3, 4)), rng.uniform(0.5, 2, (2, 4))
+    index = np.array([[0, 2, 2, 1], [2, 0, 2, 1]])
+    for dtype in ("bfloat16", "float16"):
+        got = {device: F.scatter_reduce(of.tensor(x, dtype=dtype, device=device), 0, of.tensor(index, device=device),
+                                        of.tensor(src, dtype=dtype, device=device), "mean").cpu().numpy()
+               for device in ("cpu", "strict")}
+        np.testing.assert_array_equal(got["strict"].astype(np.float64), got["cpu"].astype(np.float64),
+                                      err_msg=dtype)

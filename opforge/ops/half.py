@@ -50,7 +50,7 @@ def _half_kernel(opdef, *, only_if_half: bool):
     def run(inputs, attrs, extra, xp):
         if "save" in attrs:  # the dict for the kernel's residuals (OpDef.saves): the kernel's, not the shape rule's
             extra = {**extra, "save": attrs.pop("save")}
-        base = _generic(opdef)  # looked up per call: a kernel replaced later is followed
+        base = _generic(opdef, xp)  # looked up per call: a kernel replaced later is followed
         if base.takes_xp:
             extra = {**extra, "xp": xp}
         base = base.fn
@@ -70,9 +70,11 @@ def _half_kernel(opdef, *, only_if_half: bool):
     return kernel
 
 
-def _generic(opdef):
-    """The op's kernel for every dtype on the CPU: a CPU one, or one for every device (which takes ``xp``)."""
-    return opdef.kernels.get(("cpu", None)) or opdef.kernels.get((None, None))
+def _generic(opdef, xp=np):
+    """The op's kernel for every dtype on the CPU (``xp`` NumPy: a CPU one, or one for every device, which takes
+    ``xp``), or on another device (the one for every device, else the CPU's, which such a device may run)."""
+    cpu, every = opdef.kernels.get(("cpu", None)), opdef.kernels.get((None, None))
+    return (cpu or every) if xp is np else (every or cpu)
 
 
 def add_half_kernels(opdef, removed: bool = False) -> None:
@@ -80,14 +82,19 @@ def add_half_kernels(opdef, removed: bool = False) -> None:
     if removed or _generic(opdef) is None or not opdef.inputs:
         return
     first = opdef.inputs[0]
-    if first.dtypes is None or any(d in D.HALF for d in first.dtypes):
-        for dt in D.HALF:
-            if ("cpu", dt) not in opdef.kernels:
-                opdef.add_kernel(_half_kernel(opdef, only_if_half=False), "cpu", (dt,))
-    if "broadcast" in opdef.traits and len(opdef.inputs) > 1:
-        for dt in (D.bool_, *D.INTEGER):
-            if (first.dtypes is None or dt in first.dtypes) and ("cpu", dt) not in opdef.kernels:
-                opdef.add_kernel(_half_kernel(opdef, only_if_half=True), "cpu", (dt,))
+    # on the CPU, and, for an op with a kernel for every device, on every device: a device runs its dtype's kernel
+    # for "every device" before that kernel for any dtype, and must widen as the CPU does (not an op that moves
+    # data: its result is another device's array, not one the input's device can round)
+    every_device = (None, None) in opdef.kernels and opdef.out_device is None
+    for device in ("cpu", None) if every_device else ("cpu",):
+        if first.dtypes is None or any(d in D.HALF for d in first.dtypes):
+            for dt in D.HALF:
+                if (device, dt) not in opdef.kernels:
+                    opdef.add_kernel(_half_kernel(opdef, only_if_half=False), device, (dt,))
+        if "broadcast" in opdef.traits and len(opdef.inputs) > 1:
+            for dt in (D.bool_, *D.INTEGER):
+                if (first.dtypes is None or dt in first.dtypes) and (device, dt) not in opdef.kernels:
+                    opdef.add_kernel(_half_kernel(opdef, only_if_half=True), device, (dt,))
 
 
 registry.listeners.append(add_half_kernels)

@@ -108,11 +108,11 @@ def _(rng):
     yield Sample.of(rng.standard_normal(3), np.array([5, 0, 5]), shape=[2, 3])
 
 
-def _grid_index(index, axis):
+def _grid_index(index, axis, xp=np):
     """The index tuple that picks ``x[..., index[i, j, k], ...]`` at (i, j, k): ``index`` along ``axis``,
-    the position itself along every other dim (the regions ``index.shape`` covers)."""
+    the position itself along every other dim (the regions ``index.shape`` covers), made by ``xp``."""
     ndim = index.ndim
-    return tuple(index if d == axis else np.arange(n).reshape([-1 if k == d else 1 for k in range(ndim)])
+    return tuple(index if d == axis else xp.arange(n).reshape([-1 if k == d else 1 for k in range(ndim)])
                  for d, n in enumerate(index.shape))
 
 

@@ -170,7 +170,7 @@ def masked_scatter(x, mask, source):
     if count > source.size:
         raise ShapeError(f"masked_scatter(): the mask has {count} True places, source only {source.size} "
                          "elements")
-    y = np.array(np.broadcast_to(x, shape), dtype=D.promote(x.dtype, source.dtype))
+    y = np.broadcast_to(x, shape).astype(D.promote(x.dtype, source.dtype))  # a copy, of x's device
     y[m] = source.reshape(-1)[:count]
     return y
 
@@ -295,7 +295,7 @@ def _check_side(*, right, side, **_):
 
 @op("searchsorted(nograd Tensor sorted_sequence, nograd Tensor x, *, bool out_int32=False, bool right=False, "
     "str side=\"\", nograd Tensor<int64>? sorter=None) -> Tensor y", traits=["no_grad"])
-def searchsorted(sorted_sequence, x, sorter, *, out_int32, right, side):
+def searchsorted(sorted_sequence, x, sorter, *, out_int32, right, side, xp=np):
     """``torch.searchsorted``: for each value of x, the index where it would go into ``sorted_sequence`` (sorted
     along its last dim) to keep it sorted: the first such place, or with ``right`` (or side="right") the last.
     A 1-D sequence serves every value; an N-D one holds one sequence per row of x's leading dims. ``sorter``
@@ -308,11 +308,11 @@ def searchsorted(sorted_sequence, x, sorter, *, out_int32, right, side):
     else:  # one sequence per row (sizes given: reshaping no elements cannot infer a -1)
         rows = seq.reshape(math.prod(seq.shape[:-1]), seq.shape[-1])
         n = values.reshape(math.prod(values.shape[:-1]), values.shape[-1])
-        y = np.zeros(n.shape, np.int64)
+        y = xp.zeros(n.shape, np.int64)
         for i, (r, v) in enumerate(zip(rows, n)):
             y[i] = np.searchsorted(r, v, side=how)
         y = y.reshape(values.shape)
-    return np.asarray(y, np.int32 if out_int32 else np.int64)
+    return y.astype(np.int32 if out_int32 else np.int64, copy=False)
 
 
 searchsorted.check(_check_side)
@@ -368,9 +368,9 @@ def _(rng):
     yield Sample.of(rng.integers(0, 4, 5).astype(np.float64), np.array(2), invert=True)
 
 
-def _triangle(name: str, pick):
-    def kernel(*, row, col, offset, dtype):
-        return np.stack(pick(row, offset, col)).astype(dtype or np.int64).reshape(2, -1)
+def _triangle(name: str):
+    def kernel(*, row, col, offset, dtype, xp=np):
+        return xp.stack(getattr(xp, name)(row, offset, col)).astype(dtype or np.int64).reshape(2, -1)
 
     kernel.__doc__ = (f"``torch.{name}``: the (row, column) indices of the {'lower' if 'tril' in name else 'upper'} "
                       "triangle of a row × col matrix, on and beyond the diagonal ``offset``, as a (2, N) tensor "
@@ -386,18 +386,48 @@ def _triangle(name: str, pick):
 
     @opdef.infer
     def _(*, row, col, offset, dtype):
-        return Spec((2, len(pick(row, offset, col)[0])), dtype or D.int64)
+        return Spec((2, len(getattr(np, name)(row, offset, col)[0])), dtype or D.int64)
 
     opdef.samples(lambda rng: [Sample.of(row=4, col=3), Sample.of(row=3, col=5, offset=1, dtype=D.int32),
                                Sample.of(row=0, col=2, offset=-1)])
     return opdef
 
 
-tril_indices = _triangle("tril_indices", np.tril_indices)
-triu_indices = _triangle("triu_indices", np.triu_indices)
+tril_indices = _triangle("tril_indices")
+triu_indices = _triangle("triu_indices")
 
 
 # -- scatter_reduce -----------------------------------------------------------------------------------------------
+
+
+def _multiply_at(out, where, values, xp=np):
+    """``np.multiply.at(out, where, values)``, which CuPy's ufuncs lack (their ``at`` adds, subtracts and takes
+    extremes only): on another device, each place's values are multiplied together by a segmented scan over the
+    targets sorted (log₂ n steps, no read of the device), and every write to a place then writes its product."""
+    if xp is np:
+        np.multiply.at(out, where, values)
+        return
+    target = sum(xp.broadcast_to(i, values.shape) * s for i, s in zip(where, _element_strides(out.shape)))
+    order = xp.argsort(target.reshape(-1), kind="stable")
+    target, product = target.reshape(-1)[order], values.reshape(-1)[order]
+    step = 1
+    while step < target.size:  # inclusive scan within runs of one target: the last of a run holds its product
+        same = target[step:] == target[:-step]
+        product = xp.concatenate([product[:step], xp.where(same, product[step:] * product[:-step], product[step:])])
+        step *= 2
+    step = 1
+    while step < target.size:  # each element takes its run's last value, so that a place's writes agree
+        same = target[:-step] == target[step:]
+        product = xp.concatenate([xp.where(same, product[step:], product[:-step]), product[-step:]])
+        step *= 2
+    flat = out.reshape(-1)
+    flat[target] = flat[target] * product
+
+
+def _element_strides(shape):
+    """How far apart, in elements, neighbours along each dim of a C-ordered array of ``shape`` are."""
+    return [math.prod(shape[d + 1:]) for d in range(len(shape))]
+
 
 _REDUCE_AT = {"sum": np.add, "prod": np.multiply, "mean": np.add, "amax": np.maximum, "amin": np.minimum}
 
@@ -414,26 +444,30 @@ def _identity(reduce: str, dtype):
 
 @op("scatter_reduce(Tensor x, int axis/dim, nograd Tensor<int32|int64> index, Tensor src, str reduce, *, "
     "bool include_self=True) -> Tensor y")
-def scatter_reduce(x, index, src, *, axis, reduce, include_self):
+def scatter_reduce(x, index, src, *, axis, reduce, include_self, xp=np):
     """``torch.scatter_reduce``: a copy of x in which each place that ``index`` names (as scatter's) is reduced
     with the src values sent there — "sum", "prod", "mean", "amax" or "amin" — together with x's own value, or
     without it when not ``include_self``. "mean" divides by the number of values reduced (floor division for
     integers, as torch). Places no index names keep x's value."""
     if x.ndim == 0:  # all 0-d (as torch allows): one place
-        return _scatter_reduce_np(x.reshape(1), index.reshape(1), src.reshape(1), 0, reduce, include_self).reshape(())
-    return _scatter_reduce_np(x, index, src, axis, reduce, include_self)
+        return _scatter_reduce(x.reshape(1), index.reshape(1), src.reshape(1), 0, reduce, include_self,
+                               xp).reshape(())
+    return _scatter_reduce(x, index, src, axis, reduce, include_self, xp)
 
 
-def _scatter_reduce_np(x, index, src, axis, reduce, include_self):
+def _scatter_reduce(x, index, src, axis, reduce, include_self, xp):
     a = _gather_shapes("scatter_reduce", x.shape, index.shape, axis, src.shape)
-    where = _grid_index(_checked_index("scatter_reduce", index, x.shape[a]), a)
+    where = _grid_index(_checked_index("scatter_reduce", index, x.shape[a]), a, xp)
     values = src[tuple(slice(0, n) for n in index.shape)].astype(x.dtype, copy=False)
     out = x.copy()
     if not include_self:
         out[where] = _identity(reduce, x.dtype)
-    _REDUCE_AT[reduce].at(out, where, values)
+    if reduce == "prod":
+        _multiply_at(out, where, values, xp)
+    else:
+        _REDUCE_AT[reduce].at(out, where, values)
     if reduce == "mean":
-        counts = np.zeros(x.shape, np.int64)
+        counts = xp.zeros(x.shape, np.int64)
         np.add.at(counts, where, 1)
         counts += 1 if include_self else 0
         touched = counts > 0

@@ -521,13 +521,7 @@ NOT_YET_CLEAN: dict[str, str] = {
     "lu_unpack": "ops/linalg_torch.py: host matrices added to device ones",
     "ctc_nll": "ops/ctc.py: the alignment recursion runs on host arrays",
     "ctc_nll_grad": "ops/ctc.py: the alignment recursion runs on host arrays",
-    "masked_select": "ops/selection.py: computes on the host",
-    "masked_scatter": "ops/selection.py: computes on the host",
     "max_unpool": "ops/pool.py: a host scatter",
-    "scatter_reduce": "ops/selection.py: ufunc.at reductions CuPy does not have",
-    "searchsorted": "ops/selection.py: computes on the host",
-    "tril_indices": "ops/selection.py: NumPy's tril_indices (host)",
-    "triu_indices": "ops/selection.py: NumPy's triu_indices (host)",
 }
 
 
