@@ -875,7 +875,7 @@ def cholesky_solve(b: _TensorLike, l: _TensorLike, upper: bool = False) -> Tenso
     """
 
 def linalg_matrix_exp(a: _TensorLike) -> Tensor:
-    """``torch.linalg.matrix_exp``: e^a = Σ aᵏ/k! of a square matrix (SciPy's Padé approximation, in float64)."""
+    """``torch.linalg.matrix_exp``: e^a = Σ aᵏ/k! of a square matrix (a Padé approximation, in float64)."""
 
 def linalg_pinv(
     a: _TensorLike,

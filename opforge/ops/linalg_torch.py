@@ -385,12 +385,43 @@ def linalg_matrix_power(A, n):
 
 
 @op("linalg_matrix_exp(Tensor<floating> a) -> Tensor y")
-def linalg_matrix_exp(a):
-    """``torch.linalg.matrix_exp``: e^a = Σ aᵏ/k! of a square matrix (SciPy's Padé approximation, in float64)."""
+def linalg_matrix_exp(a, xp=np):
+    """``torch.linalg.matrix_exp``: e^a = Σ aᵏ/k! of a square matrix (a Padé approximation, in float64)."""
+    _square("linalg_matrix_exp", a.shape)
+    if not a.size:
+        return a.copy()
+    # Higham's scaling and squaring (2005) with the degree-13 Padé approximant, as torch's: each matrix scaled by
+    # 2⁻ˢ to a 1-norm within θ₁₃, e^(a/2ˢ) from one solve, squared s times (s per matrix; the largest read once)
+    x = a.astype(np.float64)  # in float64 for every dtype, as the CPU's (SciPy's float32 is off by 1e-6)
+    norm = xp.abs(x).sum(axis=-2).max(axis=-1)
+    s = xp.ceil(xp.log2(xp.where(norm > 0, norm, 1.0) / _THETA_13))
+    s = xp.where(xp.isfinite(s), xp.maximum(s, 0.0), 0.0)  # NaN or inf entries: their NaN result, unscaled
+    x = x / (2.0 ** s)[..., None, None]
+    b = _PADE_13
+    eye = xp.eye(a.shape[-1])
+    x2 = x @ x
+    x4 = x2 @ x2
+    x6 = x4 @ x2
+    u = x @ (x6 @ (b[13] * x6 + b[11] * x4 + b[9] * x2) + b[7] * x6 + b[5] * x4 + b[3] * x2 + b[1] * eye)
+    v = x6 @ (b[12] * x6 + b[10] * x4 + b[8] * x2) + b[6] * x6 + b[4] * x4 + b[2] * x2 + b[0] * eye
+    y = xp.linalg.solve(v - u, v + u)
+    for i in range(int(s.max())):
+        y = xp.where((s > i)[..., None, None], y @ y, y)
+    return y.astype(a.dtype, copy=False)
+
+
+_THETA_13 = 5.371920351148152  # the largest 1-norm for which the degree-13 approximant is exact in float64
+_PADE_13 = (64764752532480000.0, 32382376266240000.0, 7771770303897600.0, 1187353796428800.0, 129060195264000.0,
+            10559470521600.0, 670442572800.0, 33522128640.0, 1323241920.0, 40840800.0, 960960.0, 16380.0, 182.0,
+            1.0)
+
+
+@linalg_matrix_exp.kernel(device="cpu")
+def _(a):
+    # SciPy's expm (Al-Mohy and Higham's, which picks a lower degree for small norms), faster on the host
     _square("linalg_matrix_exp", a.shape)
     from scipy.linalg import expm  # imported on first use: SciPy takes a noticeable time to import
 
-    # in float64 for every dtype: SciPy's float32 expm is off by 1e-6 of the largest entry (torch's by 6e-8)
     return expm(a.astype(np.float64)).astype(a.dtype) if a.size else a.copy()
 
 
@@ -550,9 +581,32 @@ def _lu_factor_shapes(shape):
 
 
 @op("linalg_lu_factor(Tensor<floating> A, *, bool pivot=True) -> (Tensor LU, Tensor<int32> pivots)")
-def linalg_lu_factor(A, *, pivot):
+def linalg_lu_factor(A, *, pivot, xp=np):
     """``torch.linalg.lu_factor``: the LU decomposition with partial pivoting of A (..., m, n), packed as LAPACK's
     getrf gives it: ``(LU, pivots)``. Differentiable where A's leading k×k minors are not singular (k = min(m, n))."""
+    _lu_factor_shapes(A.shape)
+    *batch, m, n = A.shape
+    k = min(m, n)
+    lu = A.copy()
+    pivots = xp.zeros((*batch, k), np.int32)
+    rows = xp.arange(m)[:, None]  # (m, 1): against a row number per matrix, (..., 1, 1)
+    for j in range(k):  # LAPACK's getf2, column by column, every matrix of the batch at once
+        p = xp.argmax(xp.abs(lu[..., j:, j]), axis=-1)[..., None, None] + j  # the first largest |entry| on and below
+        pivots[..., j] = p[..., 0, 0] + 1
+        row_j = lu[..., j:j + 1, :]
+        row_p = xp.take_along_axis(lu, xp.broadcast_to(p, (*batch, 1, n)), axis=-2)
+        lu = xp.where(rows == j, row_p, xp.where(rows == p, row_j, lu))  # rows j and p swapped
+        head = lu[..., j:j + 1, j:j + 1]
+        singular = head == 0  # getf2 leaves a zero column as it is (the factorization is singular there)
+        below = xp.where(singular, lu[..., j + 1:, j:j + 1], lu[..., j + 1:, j:j + 1] / xp.where(singular, 1, head))
+        lu[..., j + 1:, j:j + 1] = below
+        lu[..., j + 1:, j + 1:] -= below * lu[..., j:j + 1, j + 1:]
+    return lu, pivots
+
+
+@linalg_lu_factor.kernel(device="cpu")
+def _(A, *, pivot):
+    # SciPy's (LAPACK's getrf, blocked), faster on the host
     from scipy.linalg import lu_factor  # imported on first use: SciPy takes a noticeable time to import
 
     _lu_factor_shapes(A.shape)
@@ -626,7 +680,7 @@ linalg_lu_factor.samples(_lu_samples)
 
 @op("lu_unpack(Tensor<floating> LU, nograd Tensor<int32|int64> pivots, bool unpack_data=True, "
     "bool unpack_pivots=True) -> (Tensor P, Tensor L, Tensor U)")
-def lu_unpack(LU, pivots, *, unpack_data, unpack_pivots):
+def lu_unpack(LU, pivots, *, unpack_data, unpack_pivots, xp=np):
     """``torch.lu_unpack``: ``(P, L, U)`` with A = P·L·U from ``linalg_lu_factor``'s packed form: P (..., m, m) a
     permutation, L (..., m, k) unit lower and U (..., k, n) upper triangular, k = min(m, n); P (without
     ``unpack_pivots``) or L and U (without ``unpack_data``) empty."""
@@ -634,22 +688,23 @@ def lu_unpack(LU, pivots, *, unpack_data, unpack_pivots):
     k = min(m, n)
     _check_pivots(LU.shape, pivots.shape)
     if unpack_data:
-        l_ = np.tril(LU[..., :, :k], -1) + np.eye(m, k, dtype=LU.dtype)
+        l_ = np.tril(LU[..., :, :k], -1) + xp.eye(m, k, dtype=LU.dtype)
         u = np.triu(LU[..., :k, :])
     else:
-        l_ = u = np.zeros(0, LU.dtype)
+        l_ = u = xp.zeros(0, LU.dtype)
     if not unpack_pivots:
-        return np.zeros(0, LU.dtype), l_, u
+        return xp.zeros(0, LU.dtype), l_, u
     if pivots.size and (pivots.min() < 1 or pivots.max() > m):
         raise ArgumentError(f"lu_unpack(): pivots must be in [1, {m}] (LAPACK's, from 1), got values from "
                             f"{pivots.min()} to {pivots.max()}")
-    p = np.zeros((*batch, m, m), LU.dtype)
-    for i in np.ndindex(tuple(batch)):
-        order = np.arange(m)
-        for j, swap in enumerate(pivots[i] - 1):
-            order[[j, swap]] = order[[swap, j]]
-        p[i][order, np.arange(m)] = 1  # row j of L·U is row order[j] of A
-    return p, l_, u
+    # the swaps applied in order to 0..m-1, every matrix of the batch at once: row r of L·U is row order[r] of A
+    places = xp.arange(m)
+    order = xp.broadcast_to(places, (*batch, m))
+    for j in range(pivots.shape[-1]):
+        swap = pivots[..., j:j + 1].astype(np.int64) - 1
+        at_j, at_swap = order[..., j:j + 1], xp.take_along_axis(order, swap, axis=-1)
+        order = xp.where(places == j, at_swap, xp.where(places == swap, at_j, order))
+    return (order[..., None, :] == places[:, None]).astype(LU.dtype), l_, u  # P[order[r], r] = 1
 
 
 def _check_pivots(lu_shape, pivots_shape):
