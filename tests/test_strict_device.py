@@ -265,3 +265,13 @@ def test_the_device_kernels_of_lu_and_matrix_exp_equal_the_cpus_on_hard_inputs(c
         assert g.device == "strict"
         g, w = g.cpu().numpy(), w.numpy()
         assert np.abs(g - w).max() <= (1e-12 if case.startswith("lu") else 2e-11) * max(1.0, np.abs(w).max())
+
+
+def test_max_unpool_keeps_the_later_of_repeated_places_on_the_device_too():
+    """NumPy's assignment keeps the last of repeated places (torch's CPU kernel too); CuPy's leaves their order open,
+    so the device's kernel picks, per place, the latest position sent there."""
+    rng = np.random.default_rng(0)
+    x, indices = rng.standard_normal((2, 3, 8)), rng.integers(0, 4, (2, 3, 8))  # 8 values into 4 places
+    want, got = (F.max_unpool(of.tensor(x, device=d), of.tensor(indices, device=d), output_size=[4]).cpu().numpy()
+                 for d in ("cpu", "strict"))
+    np.testing.assert_array_equal(got, want)

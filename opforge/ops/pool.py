@@ -527,15 +527,22 @@ def _unpool_geometry(x, indices, output_size) -> tuple:
 
 
 @op("max_unpool(Tensor<floating> x, nograd Tensor<int64> indices, *, int[] output_size) -> Tensor y")
-def max_unpool(x, indices, *, output_size):
+def max_unpool(x, indices, *, output_size, xp=np):
     """Zeros (N, C, *output_size) in which each value of x (N, C, *in) is written at the flat spatial index that
     ``indices`` (as ``max_pool*_with_indices`` return them) holds for it; of two values for one place the later
     stays, as in torch's CPU kernel. The gradient reads dy at the indices (pool_gather), as torch's."""
     size = _unpool_geometry(x.shape, indices.shape, output_size)
     flat = _flat_index("max_unpool", indices, size)
-    y = np.zeros((flat.shape[0], math.prod(size)), x.dtype)
-    y[np.arange(flat.shape[0])[:, None], flat] = x.reshape(flat.shape)
-    return y.reshape(*x.shape[:2], *size)
+    rows = xp.arange(flat.shape[0])[:, None]
+    if xp is np:  # NumPy's assignment keeps the last of repeated places
+        y = np.zeros((flat.shape[0], math.prod(size)), x.dtype)
+        y[rows, flat] = x.reshape(flat.shape)
+        return y.reshape(*x.shape[:2], *size)
+    # CuPy's leaves the order of repeated writes open: each place takes the value of the latest position sent there
+    latest = xp.full((flat.shape[0], math.prod(size)), -1, np.int64)
+    xp.maximum.at(latest, (rows, flat), xp.broadcast_to(xp.arange(flat.shape[1]), flat.shape))
+    y = xp.take_along_axis(x.reshape(flat.shape), xp.maximum(latest, 0), axis=1) if flat.shape[1] else latest * 0
+    return xp.where(latest >= 0, y, x.dtype.type(0)).astype(x.dtype, copy=False).reshape(*x.shape[:2], *size)
 
 
 max_unpool.check(functools.partial(_check, None))

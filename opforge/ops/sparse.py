@@ -32,13 +32,31 @@ def _spec(indices, values, dense, size):
 
 @op("sparse_mm(nograd Tensor<int32|int64> indices, Tensor<floating> values, Tensor<floating> dense, *, int[] size) "
     "-> Tensor out")
-def sparse_mm(indices, values, dense, *, size):
+def sparse_mm(indices, values, dense, *, size, xp=np):
     """The sparse matrix of ``size`` holding ``values`` at (``indices[0]``, ``indices[1]``) (repeated positions
     summed) times ``dense``: out[i] = Σₑ values[e]·dense[indices[1, e]] over the entries e of row i —
     ``torch.sparse.mm``. Its gradient for the values is a sampled product (⟨dout[row], dense[col]⟩ per entry),
     for the dense matrix the transposed sparse matrix times dout."""
+    rows, cols, wide = _checked(indices, values, dense, size)
+    terms = values.astype(wide, copy=False)[:, None] * dense.astype(wide, copy=False)[cols]  # (entries, columns)
+    out = xp.zeros((size[0], dense.shape[1]), wide)
+    xp.add.at(out, rows, terms)  # each entry's row of terms added to its row
+    return out.astype(dense.dtype, copy=False)
+
+
+@sparse_mm.kernel(device="cpu")
+def _(indices, values, dense, *, size):
+    # SciPy's CSR product: no (entries, columns) array of terms, faster on the host
     from scipy import sparse  # imported on first use (SciPy is slow to import)
 
+    rows, cols, wide = _checked(indices, values, dense, size)
+    matrix = sparse.csr_matrix((values.astype(wide), (rows, cols)), shape=tuple(size))  # sums repeats
+    return np.asarray(matrix @ dense.astype(wide), dtype=dense.dtype)
+
+
+def _checked(indices, values, dense, size):
+    """The row and column indices, checked in range, and the dtype to compute in (float32 for the half types,
+    which SciPy lacks and which would round every sum)."""
     _spec(indices, values, dense, size)
     rows, cols = indices
     for name, index, n in (("row", rows, size[0]), ("column", cols, size[1])):
@@ -46,9 +64,7 @@ def sparse_mm(indices, values, dense, *, size):
             bad = index.min() if index.min() < 0 else index.max()
             raise ArgumentError(f"sparse_mm(): a {name} index is {bad}, out of range for a sparse matrix of size "
                                 f"{tuple(size)}")
-    wide = np.float32 if dense.itemsize < 4 else None  # SciPy has no half types: compute in float32, round back
-    matrix = sparse.csr_matrix((values.astype(wide or values.dtype), (rows, cols)), shape=tuple(size))  # sums repeats
-    return np.asarray(matrix @ dense.astype(wide or dense.dtype), dtype=dense.dtype)
+    return rows, cols, np.float32 if dense.itemsize < 4 else dense.dtype
 
 
 @sparse_mm.onnx
