@@ -182,14 +182,28 @@ def _one_axis(op_name, shape, axis):
     return normalize_axes(op_name, [axis], len(shape))
 
 
+def _accumulate(ufunc, x, axis, xp):
+    """``ufunc.accumulate(x, axis=axis)``: NumPy's on the host; elsewhere (CuPy accumulates add and multiply alone)
+    a scan in log₂ n steps (Hillis and Steele's), each element combined with the one 1, 2, 4 … places before it —
+    exactly NumPy's for maximum and minimum, within rounding for logaddexp (its terms grouped otherwise)."""
+    if xp is np:
+        return ufunc.accumulate(x, axis=axis)
+    y = xp.moveaxis(x, axis, -1)
+    step = 1
+    while step < y.shape[-1]:
+        y = xp.concatenate([y[..., :step], ufunc(y[..., step:], y[..., :-step])], axis=-1)
+        step *= 2
+    return xp.moveaxis(y, -1, axis)
+
+
 @op("logcumsumexp(Tensor<floating> x, int axis/dim) -> Tensor y")
-def logcumsumexp(x, *, axis):
+def logcumsumexp(x, *, axis, xp=np):
     """``torch.logcumsumexp``: running ln Σ eˣ along ``axis``, yᵢ = ln(e^x₀ + … + e^xᵢ), without overflow."""
     if x.ndim == 0:
         _one_axis("logcumsumexp", x.shape, axis)
         return x.copy()
-    with np.errstate(invalid="ignore"):  # −inf + inf: NaN, as torch
-        return np.logaddexp.accumulate(x, axis=axis)
+    with np.errstate(invalid="ignore"):  # −inf + inf: NaN, as torch (the host's warning; a device warns of nothing)
+        return _accumulate(np.logaddexp, x, axis, xp)
 
 
 @logcumsumexp.infer
@@ -226,32 +240,32 @@ def _(rng):
 # -- cummax, cummin --------------------------------------------------------------------------------------------------
 
 
-def _cumulative_extreme(x, axis, accumulate):
+def _cumulative_extreme(x, axis, extreme, xp):
     """Running extremes along ``axis`` and, as torch, the index of the last element equal to each (the last NaN
     once one has come: NaN propagates)."""
     if x.ndim == 0:
-        return x.copy(), np.zeros((), np.int64)
-    values = accumulate(x, axis=axis)
+        return x.copy(), xp.zeros((), np.int64)
+    values = _accumulate(extreme, x, axis, xp)
     hit = (x == values) | (np.isnan(x) & np.isnan(values)) if D.is_floating(x.dtype) else x == values
     shape = [1] * x.ndim
     shape[axis] = x.shape[axis]
-    positions = np.where(hit, np.arange(x.shape[axis]).reshape(shape), 0)
-    return values, np.maximum.accumulate(positions, axis=axis) if x.size else positions.astype(np.int64)
+    positions = np.where(hit, xp.arange(x.shape[axis]).reshape(shape), 0)
+    return values, _accumulate(np.maximum, positions, axis, xp) if x.size else positions.astype(np.int64)
 
 
 @op("cummax(Tensor x, int axis/dim) -> (Tensor values, Tensor<int64> indices)")
-def cummax(x, *, axis):
+def cummax(x, *, axis, xp=np):
     """``torch.cummax``: the running largest element along ``axis`` and the index of the last one equal to it."""
     _one_axis("cummax", x.shape, axis)
-    values, indices = _cumulative_extreme(x, axis, np.maximum.accumulate)
+    values, indices = _cumulative_extreme(x, axis, np.maximum, xp)
     return values, indices.astype(np.int64)
 
 
 @op("cummin(Tensor x, int axis/dim) -> (Tensor values, Tensor<int64> indices)")
-def cummin(x, *, axis):
+def cummin(x, *, axis, xp=np):
     """``torch.cummin``: the running smallest element along ``axis`` and the index of the last one equal to it."""
     _one_axis("cummin", x.shape, axis)
-    values, indices = _cumulative_extreme(x, axis, np.minimum.accumulate)
+    values, indices = _cumulative_extreme(x, axis, np.minimum, xp)
     return values, indices.astype(np.int64)
 
 
@@ -366,19 +380,23 @@ def _(rng):
 
 @op("median_select(Tensor<number> x, int? axis/dim=None, bool keepdim/keepdims=False, *, bool ignore_nan=False) "
     "-> (Tensor values, Tensor<int64> indices)")
-def median_select(x, *, axis, keepdim, ignore_nan):
+def median_select(x, *, axis, keepdim, ignore_nan, xp=np):
     """The lower median along ``axis`` (of all elements when None) and its index: what ``median`` and
     ``nanmedian`` return. A row holding NaN has median NaN (at its first NaN) unless ``ignore_nan``, which leaves
     NaN out (NaN only where the row is all NaN)."""
     if axis is None:
         _refuse_empty_tensor(x.shape)
-        values, indices = median_select(x.reshape(-1), axis=0, keepdim=False, ignore_nan=ignore_nan)
+        values, indices = _median_along(x.reshape(-1), 0, False, ignore_nan, xp)
         shape = (1,) * x.ndim if keepdim else ()
         return values.reshape(shape), indices.reshape(shape)
     _refuse_empty_axis("median_select", x.shape, axis)
+    return _median_along(x, axis, keepdim, ignore_nan, xp)
+
+
+def _median_along(x, axis, keepdim, ignore_nan, xp):
     rows, back = _along_last(x, axis)
     order = np.argsort(rows, axis=-1, kind="stable")
-    nan = np.isnan(rows) if D.is_floating(x.dtype) else np.zeros(rows.shape, bool)
+    nan = np.isnan(rows) if D.is_floating(x.dtype) else xp.zeros(rows.shape, bool)
     if ignore_nan:
         present = rows.shape[-1] - np.sum(nan, axis=-1, keepdims=True)
         index = np.take_along_axis(order, np.maximum(present - 1, 0) // 2, -1)
@@ -433,20 +451,26 @@ def nanmedian(input, dim=None, keepdim=False, *, axis=None):
 
 
 @op("mode(Tensor x, int axis/dim=-1, bool keepdim/keepdims=False) -> (Tensor values, Tensor<int64> indices)")
-def mode(x, *, axis, keepdim):
+def mode(x, *, axis, keepdim, xp=np):
     """``torch.mode``: the most frequent value along ``axis`` (the smallest of equally frequent ones) and the index
     of its last occurrence. Each NaN counts as a value of its own."""
     _refuse_empty_axis("mode", x.shape, axis)
     rows, back = _along_last(x, axis)
-    flat = rows.reshape(-1, rows.shape[-1])
-    values, indices = np.empty(len(flat), x.dtype), np.empty(len(flat), np.int64)
-    for i, row in enumerate(flat):
-        uniques, counts = np.unique(row, return_counts=True, equal_nan=False)
-        values[i] = uniques[np.argmax(counts)]  # the first largest count: the smallest value
-        indices[i] = np.flatnonzero((row == values[i]) | (np.isnan(row) & np.isnan(values[i]))
-                                    if D.is_floating(x.dtype) else row == values[i])[-1]
+    n = rows.shape[-1]
+    flat = rows.reshape(-1, n)
+    # every row sorted (NaN last), cut into runs of equal values (NaN != NaN: a run each); a run's length counted
+    # at its number in the row; the first longest run holds the smallest of the most frequent values
+    ordered = np.sort(flat, axis=-1)
+    starts = xp.concatenate([xp.ones((len(flat), min(n, 1)), bool), ordered[:, 1:] != ordered[:, :-1]], axis=-1)
+    run = np.cumsum(starts, axis=-1) - 1
+    counts = xp.zeros(flat.shape, np.int64)
+    xp.add.at(counts, (xp.arange(len(flat))[:, None], run), 1)
+    best = np.argmax(counts, axis=-1)[:, None]
+    values = np.take_along_axis(ordered, np.argmax(run == best, axis=-1)[:, None], -1)  # the run's first element
+    hit = (flat == values) | (np.isnan(flat) & np.isnan(values)) if D.is_floating(x.dtype) else flat == values
+    indices = n - 1 - np.argmax(hit[:, ::-1], axis=-1)  # the last occurrence
     shape = (*rows.shape[:-1], 1)
-    return back(values.reshape(shape), keepdim), back(indices.reshape(shape), keepdim)
+    return back(values.reshape(shape), keepdim), back(indices.astype(np.int64).reshape(shape), keepdim)
 
 
 mode.infer(_select_spec("mode"))

@@ -510,11 +510,6 @@ NOT_YET_CLEAN: dict[str, str] = {
     "lstm_layer": "ops/recurrent.py:148: np.asarray of a device array",
     "lstm_layer_grad": "ops/recurrent.py:224: np.asarray of a device array",
     # ops that landed beside the strict device (torch's reductions, linear algebra and elementwise maths):
-    "cummax": "ops/reduce_torch.py: np.maximum.accumulate (CuPy accumulates add and multiply only)",
-    "cummin": "ops/reduce_torch.py: np.minimum.accumulate (CuPy accumulates add and multiply only)",
-    "logcumsumexp": "ops/reduce_torch.py: np.logaddexp.accumulate (CuPy accumulates add and multiply only)",
-    "mode": "ops/reduce_torch.py: computes on the host (returns a host array)",
-    "median_select": "ops/reduce_torch.py: calls an op on a device array inside its kernel",
     "ctc_nll": "ops/ctc.py: the alignment recursion runs on host arrays",
     "ctc_nll_grad": "ops/ctc.py: the alignment recursion runs on host arrays",
 }
