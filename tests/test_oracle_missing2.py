@@ -439,6 +439,27 @@ def test_ctc_loss_gradients(reduction):
                            reduction=reduction), one, "ctc_loss unbatched", 1e-12, 1e-12)
 
 
+@pytest.mark.parametrize("device", ["cpu", "strict"])
+def test_ctc_loss_with_every_target_empty(device):
+    """Targets of length 0 all (the extended target is the blank alone, one position wide): the loss is −Σ of the
+    blank's log-probabilities, as torch's; the kernel indexed a second position and failed."""
+    from opforge.testing import strict  # noqa: F401  (registers the device)
+
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((5, 3, 4))
+    for tg in (np.zeros(0, np.int64), np.zeros((3, 0), np.int64)):
+        tx = torch.tensor(x, requires_grad=True)
+        want = torch.nn.functional.ctc_loss(tx.log_softmax(2), torch.tensor(tg), torch.tensor([5, 3, 0]),
+                                            torch.tensor([0, 0, 0]), reduction="sum")
+        ox = of.tensor(x, requires_grad=True, device=device)
+        got = F.ctc_loss(F.log_softmax(ox, 2), of.tensor(tg, device=device), of.tensor(np.array([5, 3, 0]),
+                         device=device), of.tensor(np.zeros(3, np.int64), device=device), reduction="sum")
+        assert_same(got.cpu(), want, "ctc_loss of empty targets", 1e-12, 1e-12)
+        (tg_,) = torch.autograd.grad(want, tx)
+        (og,) = of.grad(got, [ox])
+        assert_same(og.cpu(), tg_, "ctc_loss of empty targets: gradient", 1e-10, 1e-12)
+
+
 def test_ctc_loss_has_no_second_derivative():
     lp = of.tensor(np.log(np.full((4, 1, 3), 1 / 3)), requires_grad=True)
     loss = F.ctc_loss(lp, of.tensor(np.array([[1, 2]])), [4], [2])

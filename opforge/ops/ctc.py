@@ -18,36 +18,44 @@ from ._common import Sample, ShapeError, Spec, function, np, op
 _NEG = -np.inf
 
 
-def _padded(targets, target_lengths, batch: int, name: str):
+def _largest(a, empty):
+    """``a.max(initial=empty)`` as an int (CuPy's max has no ``initial``): a read of the device."""
+    return int(a.max()) if a.size else empty
+
+
+def _padded(targets, target_lengths, batch: int, name: str, xp):
     """Targets as (N, S_max): the padded form as it is, the concatenated 1-D form split by the lengths."""
     if targets.ndim == 2:
         return targets
-    out = np.zeros((batch, int(target_lengths.max(initial=0))), np.int64)
-    ends = np.cumsum(target_lengths)
-    if target_lengths.sum() > targets.size:
-        raise ShapeError(f"{name}(): the target lengths add up to {int(target_lengths.sum())}, the concatenated "
-                         f"targets hold {targets.size}")
-    for n, (end, length) in enumerate(zip(ends, target_lengths)):
-        out[n, :length] = targets[end - length:end]
-    return out
+    total = int(target_lengths.sum())
+    if total > targets.size:
+        raise ShapeError(f"{name}(): the target lengths add up to {total}, the concatenated targets hold "
+                         f"{targets.size}")
+    width = _largest(target_lengths, 0)
+    if not total:
+        return xp.zeros((batch, width), np.int64)
+    places = xp.arange(width)[None]
+    starts = (np.cumsum(target_lengths) - target_lengths)[:, None]  # sample n's targets start there
+    taken = targets[xp.minimum(starts + places, targets.size - 1)]
+    return xp.where(places < target_lengths[:, None], taken, 0).astype(np.int64)
 
 
-def _recursions(log_probs, targets, input_lengths, target_lengths, blank, name):
+def _recursions(log_probs, targets, input_lengths, target_lengths, blank, name, xp):
     """(α, β, loss, extended targets) for log_probs (T, N, C) in float64; α and β are (T, N, 2·S_max + 1)."""
     steps, batch, classes = log_probs.shape
     if not 0 <= blank < classes:
         raise ShapeError(f"{name}(): blank {blank} is not a class of the {classes} classes")
     lengths, tl = input_lengths.astype(np.int64), target_lengths.astype(np.int64)
-    if lengths.min(initial=1) < 0 or lengths.max(initial=0) > steps:
+    if -_largest(-lengths, -1) < 0 or _largest(lengths, 0) > steps:
         raise ShapeError(f"{name}(): input_lengths must lie in [0, {steps}] (log_probs' time steps), got "
                          f"{lengths.tolist()}")
-    targets = _padded(targets, tl, batch, name)
-    if tl.min(initial=0) < 0 or tl.max(initial=0) > targets.shape[1]:
+    targets = _padded(targets, tl, batch, name, xp)
+    if -_largest(-tl, 0) < 0 or _largest(tl, 0) > targets.shape[1]:
         raise ShapeError(f"{name}(): target_lengths must lie in [0, {targets.shape[1]}], got {tl.tolist()}")
     width = 2 * targets.shape[1] + 1
-    ext = np.full((batch, width), blank, np.int64)
+    ext = xp.full((batch, width), blank, np.int64)
     ext[:, 1::2] = targets
-    s = np.arange(width)
+    s = xp.arange(width)
     used = s[None] < (2 * tl + 1)[:, None]
     bad = used & ((ext < 0) | (ext >= classes))
     if bad.any():
@@ -62,18 +70,19 @@ def _recursions(log_probs, targets, input_lengths, target_lengths, blank, name):
         out[..., k:] = a[..., :-k]
         return out
 
-    alpha = np.full((steps, batch, width), _NEG)
+    alpha = xp.full((steps, batch, width), _NEG)
     if steps:
         alpha[0, :, 0] = lp[0, :, 0]
-        alpha[0, :, 1] = np.where(tl > 0, lp[0, :, 1], _NEG) if width > 1 else alpha[0, :, 0]
+        if width > 1:  # (every target empty: the blank alone)
+            alpha[0, :, 1] = np.where(tl > 0, lp[0, :, 1], _NEG)
     for t in range(1, steps):
         a = alpha[t - 1]
         alpha[t] = np.logaddexp(np.logaddexp(a, shift(a, 1)), np.where(skip, shift(a, 2), _NEG)) + lp[t]
-    beta = np.full((steps, batch, width), _NEG)
+    beta = xp.full((steps, batch, width), _NEG)
     last, end = lengths - 1, 2 * tl
-    rows = np.arange(batch)
+    rows = xp.arange(batch)
     for t in reversed(range(steps)):
-        init = np.full((batch, width), _NEG)
+        init = xp.full((batch, width), _NEG)
         init[rows, end] = lp[t, rows, end]
         init[rows, np.maximum(end - 1, 0)] = np.where(tl > 0, lp[t, rows, np.maximum(end - 1, 0)], init[rows, 0])
         if t + 1 < steps:
@@ -84,7 +93,7 @@ def _recursions(log_probs, targets, input_lengths, target_lengths, blank, name):
             nxt2[:, :-2] = np.where(skip[:, 2:], b[:, 2:], _NEG)
             rec = np.logaddexp(np.logaddexp(b, nxt), nxt2) + lp[t]
         else:
-            rec = np.full((batch, width), _NEG)
+            rec = xp.full((batch, width), _NEG)
         beta[t] = np.where((t == last)[:, None], init, np.where((t < last)[:, None], rec, _NEG))
     t_end = np.maximum(last, 0)
     final = np.logaddexp(alpha[t_end, rows, end], np.where(tl > 0, alpha[t_end, rows, np.maximum(end - 1, 0)], _NEG))
@@ -104,13 +113,13 @@ _CTC_INPUTS = ("Tensor<floating> log_probs, nograd Tensor<int32|int64> targets, 
 
 
 @op(f"ctc_nll({_CTC_INPUTS}, *, int blank=0, bool zero_infinity=False) -> Tensor loss")
-def ctc_nll(log_probs, targets, input_lengths, target_lengths, *, blank, zero_infinity):
+def ctc_nll(log_probs, targets, input_lengths, target_lengths, *, blank, zero_infinity, xp=np):
     """CTC's −log p(target | log_probs) per sample: log_probs (T, N, C) — or (T, C) — of which sample n uses the first
     input_lengths[n] steps; targets (N, S) padded, or 1-D concatenated, of target_lengths[n] classes each (none the
     ``blank``). (N,) losses, 0-d unbatched; an impossible alignment is inf, or 0 with ``zero_infinity``.
     ``F.ctc_loss`` reduces them as torch's."""
     lp, tg, il, tl = _batched(log_probs, targets, input_lengths, target_lengths)
-    loss = _recursions(lp, tg, il, tl, blank, "ctc_nll")[2]
+    loss = _recursions(lp, tg, il, tl, blank, "ctc_nll", xp)[2]
     if zero_infinity:
         loss = np.where(np.isinf(loss), 0.0, loss)
     return loss.astype(log_probs.dtype).reshape(() if log_probs.ndim == 2 else -1)
@@ -152,25 +161,43 @@ def _(log_probs, targets, input_lengths, target_lengths, dloss, *, blank, zero_i
 
 @op(f"ctc_nll_grad(nograd {_CTC_INPUTS}, Tensor<floating> dloss, *, int blank=0, bool zero_infinity=False) -> "
     "Tensor dlog_probs")
-def ctc_nll_grad(log_probs, targets, input_lengths, target_lengths, dloss, *, blank, zero_infinity):
+def ctc_nll_grad(log_probs, targets, input_lengths, target_lengths, dloss, *, blank, zero_infinity, xp=np):
     """Gradient of ctc_nll: −dloss[n]·exp(log Σ_{s: l'ₛ = c} αₜ(s)βₜ(s) − log_probs[t, n, c] + loss[n]) at steps
     t < input_lengths[n], 0 beyond and for an infinite loss under ``zero_infinity``."""
     lp, tg, il, tl = _batched(log_probs, targets, input_lengths, target_lengths)
-    alpha, beta, loss, ext = _recursions(lp, tg, il, tl, blank, "ctc_nll_grad")
-    steps, batch, classes = lp.shape
-    through = np.full((steps, batch, classes), _NEG)
-    t_idx, n_idx = np.meshgrid(np.arange(steps), np.arange(batch), indexing="ij")
-    for s in range(ext.shape[1]):  # log Σ over the extended positions of each class
-        np.logaddexp.at(through, (t_idx, n_idx, np.broadcast_to(ext[:, s], (steps, batch))), alpha[:, :, s] +
-                        beta[:, :, s])
+    alpha, beta, loss, ext = _recursions(lp, tg, il, tl, blank, "ctc_nll_grad", xp)
+    steps, classes = lp.shape[0], lp.shape[2]
+    through = _log_sum_per_class(alpha + beta, ext, classes, xp)
     with np.errstate(invalid="ignore", over="ignore"):
         grad = -np.exp(through - lp.astype(np.float64) + loss[None, :, None])
-    grad = np.where((np.arange(steps)[:, None] < il.reshape(-1)[None, :])[..., None], grad, 0.0)
+    grad = np.where((xp.arange(steps)[:, None] < il.reshape(-1)[None, :])[..., None], grad, 0.0)
     if zero_infinity:
         grad = np.where(np.isinf(loss)[None, :, None], 0.0, grad)
     grad = np.nan_to_num(grad, nan=0.0) if zero_infinity else grad
     grad = grad * dloss.reshape(1, -1, 1).astype(np.float64)
     return grad.astype(log_probs.dtype).reshape(log_probs.shape)
+
+
+def _log_sum_per_class(terms, ext, classes, xp):
+    """(T, N, C): log Σ exp(terms[t, n, s]) over the extended positions s whose class ext[n, s] is c."""
+    steps, batch, width = terms.shape
+    t_idx, n_idx = (i[..., None] for i in xp.meshgrid(xp.arange(steps), xp.arange(batch), indexing="ij"))
+    if xp is np:  # NumPy's logaddexp.at, position after position
+        through = np.full((steps, batch, classes), _NEG)
+        for s in range(width):
+            np.logaddexp.at(through, (t_idx[..., 0], n_idx[..., 0], np.broadcast_to(ext[:, s], (steps, batch))),
+                            terms[:, :, s])
+        return through
+    # CuPy's ufuncs have no logaddexp.at: each class's largest term (maximum.at), then the sum of the terms' exps
+    # relative to it (add.at), as a logsumexp
+    where = (t_idx, n_idx, xp.broadcast_to(ext[None], terms.shape))
+    peak = xp.full((steps, batch, classes), _NEG)
+    xp.maximum.at(peak, where, terms)
+    peak = xp.where(xp.isfinite(peak), peak, 0.0)  # a class no position holds: log 0 = −inf below
+    total = xp.zeros((steps, batch, classes))
+    xp.add.at(total, where, np.exp(terms - peak[where]))
+    with np.errstate(divide="ignore"):
+        return np.log(total) + peak
 
 
 @ctc_nll_grad.infer

@@ -510,8 +510,6 @@ NOT_YET_CLEAN: dict[str, str] = {
     "lstm_layer": "ops/recurrent.py:148: np.asarray of a device array",
     "lstm_layer_grad": "ops/recurrent.py:224: np.asarray of a device array",
     # ops that landed beside the strict device (torch's reductions, linear algebra and elementwise maths):
-    "ctc_nll": "ops/ctc.py: the alignment recursion runs on host arrays",
-    "ctc_nll_grad": "ops/ctc.py: the alignment recursion runs on host arrays",
 }
 
 
