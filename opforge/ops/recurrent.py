@@ -36,6 +36,7 @@ for a factor that multiplies a state is the same absolute error.
 from opforge import ops as F
 
 from ._common import Sample, ShapeError, Spec, np, op
+from .half import add_half_kernels
 from .nn import _same_dims, _validate
 
 # -- shared helpers --------------------------------------------------------------------------------------------------
@@ -791,3 +792,113 @@ def _(g, gx, h0, w_hh, b_hh, batch_sizes, *, reverse):
     if any(g.needed[1:]):
         return _onnx_steps(g, "GRU", gx, h0, None, w_hh, b_hh, batch_sizes, reverse)
     return _onnx_sequence_node(g, "GRU", gx, h0, None, w_hh, b_hh, batch_sizes, reverse), None, None
+
+
+# -- the kernels for every other device --------------------------------------------------------------------------------
+# The kernels above are the CPU's: written for NumPy's speed (out= buffers, a blocked product, host scratch). These
+# serve every other device (CuPy's, the strict test device): the same recursions, step by step in xp, each value
+# computed in the CPU kernel's order (the sigmoid as 0.5·tanh(x/2) + 0.5 too), so that a device equals the CPU to
+# the last bits a matrix product may round otherwise. batch_sizes is read once, as the CPU kernels read it.
+
+
+def _lstm_gate_rows(h: int, dtype, xp):
+    """(scale, shift) over a gate row (4H) that turn tanh into the sigmoid for i, f and o (see _gate_rows)."""
+    columns = xp.arange(4 * h)
+    tanh_gate = (columns >= 2 * h) & (columns < 3 * h)
+    return xp.where(tanh_gate, 1.0, 0.5).astype(dtype), xp.where(tanh_gate, 0.0, 0.5).astype(dtype)
+
+
+@lstm_layer.kernel()
+def _(gx, h0, c0, w_hh, batch_sizes, *, reverse, xp):
+    _validate(lstm_layer, gx, h0, c0, w_hh, batch_sizes, reverse=reverse)
+    t, n, four_h = gx.shape
+    h = four_h // 4
+    sizes = _sizes("lstm_layer", batch_sizes, t, n)
+    y, cells, gates = xp.empty((t, n, h), gx.dtype), xp.empty((t, n, h), gx.dtype), xp.zeros_like(gx)
+    scale, shift = _lstm_gate_rows(h, gx.dtype, xp)
+    h_prev, c_prev = h0, c0
+    for step in _steps(t, reverse):
+        b = _active(sizes, step, n)
+        g = xp.tanh((h_prev[:b] @ w_hh.T + gx[step, :b]) * scale) * scale + shift
+        i, f, gg, o = g[:, :h], g[:, h:2 * h], g[:, 2 * h:3 * h], g[:, 3 * h:]
+        gates[step, :b] = g
+        cells[step, :b] = f * c_prev[:b] + i * gg
+        y[step, :b] = xp.tanh(cells[step, :b]) * o
+        cells[step, b:], y[step, b:] = c_prev[b:], h_prev[b:]  # rows past their length keep their state
+        h_prev, c_prev = y[step], cells[step]
+    return y, cells, gates
+
+
+@lstm_layer_grad.kernel()
+def _(gates, cells, c0, w_hh, dy, dcells, dgates, batch_sizes, *, reverse, xp):
+    _validate(lstm_layer_grad, gates, cells, c0, w_hh, dy, dcells, dgates, batch_sizes, reverse=reverse)
+    t, n, h = cells.shape
+    sizes = _sizes("lstm_layer_grad", batch_sizes, t, n)
+    dpre = xp.zeros_like(gates)
+    dh, dc = xp.zeros((n, h), gates.dtype), xp.zeros((n, h), gates.dtype)
+    order = list(_steps(t, reverse))
+    for k, step in enumerate(reversed(order)):
+        dh += dy[step]
+        dc += dcells[step]  # (the CPU's skips zeros found by a read; adding them changes nothing)
+        b = _active(sizes, step, n)
+        g = gates[step, :b]
+        i, f, gg, o = g[:, :h], g[:, h:2 * h], g[:, 2 * h:3 * h], g[:, 3 * h:]
+        c_prev = (c0 if k == t - 1 else cells[order[t - 2 - k]])[:b]
+        jac = (1 - g) * g
+        jac[:, 2 * h:3 * h] = 1 - gg * gg
+        kc = xp.tanh(cells[step, :b])
+        db = dc[:b] + (1 - kc * kc) * o * dh[:b]
+        p = xp.concatenate([db * gg, db * c_prev, db * i, dh[:b] * kc], axis=1)
+        dpre[step, :b] = (p + dgates[step, :b]) * jac
+        dc[:b] = db * f
+        dh[:b] = dpre[step, :b] @ w_hh
+    return dpre, dh, dc
+
+
+@gru_layer.kernel()
+def _(gx, h0, w_hh, b_hh, batch_sizes, *, reverse, xp):
+    _validate(gru_layer, gx, h0, w_hh, b_hh, batch_sizes, reverse=reverse)
+    t, n, three_h = gx.shape
+    h = three_h // 3
+    sizes = _sizes("gru_layer", batch_sizes, t, n)
+    y, gates, hn = xp.empty((t, n, h), gx.dtype), xp.zeros_like(gx), xp.zeros((t, n, h), gx.dtype)
+    h_prev = h0
+    for step in _steps(t, reverse):
+        b = _active(sizes, step, n)
+        gh = h_prev[:b] @ w_hh.T
+        if b_hh is not None:
+            gh += b_hh
+        rz = xp.tanh((gx[step, :b, :2 * h] + gh[:, :2 * h]) * 0.5) * 0.5 + 0.5  # σ(x) = 0.5·tanh(x/2) + 0.5
+        nn = xp.tanh(rz[:, :h] * gh[:, 2 * h:] + gx[step, :b, 2 * h:])
+        gates[step, :b, :2 * h], gates[step, :b, 2 * h:], hn[step, :b] = rz, nn, gh[:, 2 * h:]
+        y[step, :b] = (h_prev[:b] - nn) * rz[:, h:] + nn  # torch's order: (h − n)·z + n
+        y[step, b:] = h_prev[b:]
+        h_prev = y[step]
+    return y, gates, hn
+
+
+@gru_layer_grad.kernel()
+def _(gates, hn, y, h0, w_hh, dy, dgates, dhn, batch_sizes, *, reverse, xp):
+    _validate(gru_layer_grad, gates, hn, y, h0, w_hh, dy, dgates, dhn, batch_sizes, reverse=reverse)
+    t, n, h = y.shape
+    sizes = _sizes("gru_layer_grad", batch_sizes, t, n)
+    dgx, dgh = xp.zeros_like(gates), xp.zeros_like(gates)
+    dh = xp.zeros((n, h), gates.dtype)
+    order = list(_steps(t, reverse))
+    for k, step in enumerate(reversed(order)):
+        dh += dy[step]
+        b = _active(sizes, step, n)
+        r, z, nn = gates[step, :b, :h], gates[step, :b, h:2 * h], gates[step, :b, 2 * h:]
+        h_prev = (h0 if k == t - 1 else y[order[t - 2 - k]])[:b]
+        dhb, dg = dh[:b], dgates[step, :b]
+        d_n = ((1 - z) * dhb + dg[:, 2 * h:]) * (1 - nn * nn)
+        d_z = ((h_prev - nn) * dhb + dg[:, h:2 * h]) * ((1 - z) * z)
+        d_r = (d_n * hn[step, :b] + dg[:, :h]) * ((1 - r) * r)
+        dgx[step, :b] = xp.concatenate([d_r, d_z, d_n], axis=1)
+        dgh[step, :b] = xp.concatenate([d_r, d_z, d_n * r + dhn[step, :b]], axis=1)
+        dh[:b] = dhb * z + dgh[step, :b] @ w_hh
+    return dgx, dgh, dh
+
+
+for _layer_op in (lstm_layer, lstm_layer_grad, gru_layer, gru_layer_grad):
+    add_half_kernels(_layer_op)  # their half dtypes widened on every device too, now they have a kernel there

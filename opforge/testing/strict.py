@@ -505,10 +505,6 @@ xp.ndarray = StrictArray
 # Where each one leaks to the host, as the strict device reported it (tests/test_strict_device.py: every test of such
 # an op fails, strictly, until it is fixed; then delete its line). docs/ops.md shows this per op.
 NOT_YET_CLEAN: dict[str, str] = {
-    "gru_layer": "ops/recurrent.py:393: np.asarray of a device array",
-    "gru_layer_grad": "ops/recurrent.py:475: np.asarray of a device array",
-    "lstm_layer": "ops/recurrent.py:148: np.asarray of a device array",
-    "lstm_layer_grad": "ops/recurrent.py:224: np.asarray of a device array",
     # ops that landed beside the strict device (torch's reductions, linear algebra and elementwise maths):
 }
 
