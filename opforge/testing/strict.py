@@ -502,11 +502,10 @@ xp.ndarray = StrictArray
 
 
 # -- the ops whose kernels still leak ----------------------------------------------------------------------------------
-# Where each one leaks to the host, as the strict device reported it (tests/test_strict_device.py: every test of such
-# an op fails, strictly, until it is fixed; then delete its line). docs/ops.md shows this per op.
-NOT_YET_CLEAN: dict[str, str] = {
-    # ops that landed beside the strict device (torch's reductions, linear algebra and elementwise maths):
-}
+# None, now: every registered op computes on the strict device. An op that lands with a kernel that leaks is listed
+# here, name: where it leaks, as the strict device reported it (tests/test_strict_device.py: every test of such an op
+# fails, strictly, until it is fixed; then delete its line). docs/ops.md shows this per op.
+NOT_YET_CLEAN: dict[str, str] = {}
 
 
 # -- the device -----------------------------------------------------------------------------------------------------
