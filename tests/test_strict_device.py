@@ -144,7 +144,7 @@ def test_training_on_the_strict_device_equals_the_cpu_run(kind, optimizer, compi
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-@pytest.mark.parametrize("kind, optimizer", [("mlp", "adam"), ("cnn", "sgd")])
+@pytest.mark.parametrize("kind, optimizer", [("mlp", "sgd"), ("mlp", "adam"), ("cnn", "sgd"), ("cnn", "adam")])
 def test_a_steady_training_step_reads_the_device_at_most_twice(kind, optimizer, compiled):
     _, _, step = _training(kind, optimizer, "strict", compiled)
     batches = _batches("strict", n=4)
