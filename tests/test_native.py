@@ -503,3 +503,93 @@ def test_two_regions_never_read_each_others_results():
     assert got.keys() == want.keys()
     for k in want:
         np.testing.assert_allclose(got[k], want[k], rtol=1e-12)
+
+
+# -- sums of matrix products as GEMMs adding into one buffer (gemm.GemmSum) -----------------------------------------
+
+
+def _sums_of_products(x, w, v, c, h):
+    """Sums of the kinds a second backward pass makes: a bias plus products read transposed (x·wᵀ as (w·xᵀ)ᵀ), a
+    product read by the sum alone beside one also fetched, the sum of two weight gradients (aᵀ·b + cᵀ·d)."""
+    fetched = x @ F.transpose(v, perm=[1, 0])
+    first = F.add_n([F.broadcast_to(c, (x.shape[0], w.shape[0])), F.transpose(w @ F.transpose(x, perm=[1, 0]),
+                                                                              perm=[1, 0]), fetched])
+    second = F.add_n([F.transpose(h, perm=[1, 0]) @ first, F.transpose(first, perm=[1, 0]) @ h])
+    third = first @ w + F.tanh(first) @ v  # (add, not add_n)
+    return {"first": first, "second": second, "third": third, "fetched": fetched}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("rows", [6, 32])  # 32 rows of float32: the products are summed transposed (few rows)
+def test_a_sum_of_matrix_products_is_one_step_of_gemms_equal_to_the_unfused_sum(dtype, rows):
+    rng = np.random.default_rng(10)
+    feeds = {"x": rng.standard_normal((rows, 300)), "w": rng.standard_normal((256, 300)),
+             "v": rng.standard_normal((256, 300)), "c": rng.standard_normal(256), "h": rng.standard_normal((rows, 256))}
+    feeds = {k: a.astype(dtype) for k, a in feeds.items()}
+    program = of.trace(_sums_of_products, **{k: of.Spec(a.shape, a.dtype) for k, a in feeds.items()})
+    fused, unfused = of.Executor(program, native=True), of.Executor(program, native=False)
+    source = fused.plan(feeds).source
+    assert source.count("gemm_sum(") == 3 and "gemm_sum" not in unfused.plan(feeds).source
+    assert source.count(", True)") == (2 if (dtype, rows) == (np.float32, 32) else 0)  # first, third
+    got, want = fused.run(feeds), unfused.run(feeds)
+    exact = {k: _sums_of_products(*(of.tensor(feeds[n].astype(np.float64)) for n in "xwvch"))[k].numpy()
+             for k in want}
+    eps = np.finfo(dtype).eps
+    for k in want:
+        np.testing.assert_array_equal(got["fetched"], want["fetched"])
+        # products no longer rounded before they are added, summed in another order: a few ulp of the terms' size
+        scale = np.abs(exact[k]).max()
+        np.testing.assert_allclose(got[k], want[k], rtol=0, atol=64 * eps * scale)
+        np.testing.assert_allclose(got[k], exact[k], rtol=0, atol=512 * eps * scale)
+
+
+def test_gemm_sums_match_torch_on_a_hessian_vector_product():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(11)
+    shapes = [(40, 30), (40,), (5, 40), (5,)]
+    start = [rng.standard_normal(s) for s in shapes]
+    direction = [rng.standard_normal(s) for s in shapes]
+    x, y = rng.standard_normal((16, 30)), rng.integers(0, 5, 16)
+    params = [of.tensor(a, requires_grad=True) for a in start]
+
+    def hvp(x, y):
+        h = F.relu(F.linear(x, params[0], params[1]))
+        grads = of.grad(F.cross_entropy(F.linear(h, params[2], params[3]), y), params, create_graph=True)
+        return of.grad(sum((g * of.tensor(d)).sum() for g, d in zip(grads, direction)), params)
+
+    fn = of.compile(hvp)
+    ours = [g.numpy() for g in fn(of.tensor(x), of.tensor(y))]
+    assert any("gemm_sum(" in plan.source for plan in _gemm_plans(fn))
+    theirs = [torch.tensor(a, requires_grad=True) for a in start]
+    h = torch.relu(torch.nn.functional.linear(torch.tensor(x), theirs[0], theirs[1]))
+    loss = torch.nn.functional.cross_entropy(torch.nn.functional.linear(h, theirs[2], theirs[3]), torch.tensor(y))
+    grads = torch.autograd.grad(loss, theirs, create_graph=True)
+    want = torch.autograd.grad(sum((g * torch.tensor(d)).sum() for g, d in zip(grads, direction)), theirs)
+    for a, b in zip(ours, want):
+        np.testing.assert_allclose(a, b.numpy(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("blas", ["numpy's", "scipy's"])
+def test_gemm_sum_writes_into_a_dying_summand_not_into_an_operand_and_keeps_nan(blas, monkeypatch):
+    from opforge.program import gemm
+
+    if blas == "scipy's":
+        monkeypatch.setattr(gemm, "_numpy_cblas", lambda: {})
+    rng = np.random.default_rng(12)
+    a, s = rng.standard_normal((5, 5)), rng.standard_normal((5, 5))
+    a[2, 3] = np.inf
+    b = rng.standard_normal((5, 5))
+    b[0, 0] = np.nan
+
+    def fn(a, b, s):
+        t = F.tanh(s)  # dies in the sum: its buffer may receive it
+        return F.add_n([t, a @ b, F.transpose(b @ t, perm=[1, 0])]) + F.add_n([a @ a, a])
+
+    feeds = {"a": a, "b": b, "s": s}
+    program = of.trace(fn, **{k: of.Spec(v.shape, v.dtype) for k, v in feeds.items()})
+    exe = of.Executor(program, native=True)
+    assert exe.plan(feeds).source.count("gemm_sum(") == 2
+    with np.errstate(invalid="ignore"):
+        got, want = exe.run(feeds)["out"], of.Executor(program, native=False).run(feeds)["out"]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-13)

@@ -276,6 +276,9 @@ def test_a_hessian_vector_product_computes_no_first_order_gradient_it_does_not_n
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-12, atol=1e-12)
     plan = next(iter(compiled.cache.values()))[0].exe._warm
     products = [label for label in plan.line_ops.values() if label.split()[2] in ("matmul", "linear")]
+    # (and those a sum adds by GEMM: counted once each, on the line that calls the sum's step)
+    products += [term for label in plan.line_ops.values() if label.split()[2].startswith("gemm_sum(")
+                 and ") -> " in label for term in label.split(" @ ")[1:]]
     assert len(products) == 18, products
     # the second pass's seeds, ones broadcast to each parameter's shape times its direction, are the directions
     # themselves: no pass over the parameters' size multiplies by one

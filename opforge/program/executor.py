@@ -378,6 +378,7 @@ class Executor:
             ops, kernels = fuse(ops, kernels, specs, roots)
             if use_native:  # p − s·(a @ b) as one GEMM adding into p
                 ops, kernels = gemm.gemm_updates(ops, kernels, specs, roots)
+                ops, kernels = gemm.gemm_sums(ops, kernels, specs, roots)  # sums of products: GEMMs with beta = 1
             removed["fused"] = before - len(ops)
             if use_native:
                 native.compile_groups([op for op, _ in ops if isinstance(op, FusedOp)])

@@ -1,7 +1,7 @@
-"""GEMM epilogues: a matrix product whose only reader is an update of the form ``p − s·(a @ b)`` (an SGD step:
-``assign(p, p - lr * g)`` or ``of.optim.SGD`` without momentum or weight decay, g a weight gradient) runs as one
-BLAS call that adds ``−s·(a @ b)`` into ``p``'s buffer (GEMM with alpha = −s, beta = 1): no gradient array, no
-second pass over the parameter.
+"""GEMM epilogues and accumulating GEMMs: a matrix product whose only reader is an update of the form
+``p − s·(a @ b)`` (an SGD step: ``assign(p, p - lr * g)`` or ``of.optim.SGD`` without momentum or weight decay, g a
+weight gradient) runs as one BLAS call that adds ``−s·(a @ b)`` into ``p``'s buffer (GEMM with alpha = −s,
+beta = 1): no gradient array, no second pass over the parameter.
 
 What changes against the unfused program (the switch: ``OPFORGE_NATIVE=0`` or ``Executor(native=False)`` keeps it
 bit for bit): the product is not rounded to its dtype before it is scaled and added (BLAS scales its accumulator and
@@ -9,6 +9,15 @@ adds, possibly in one FMA), and the GEMM's summation order may differ from ``mat
 through its CBLAS entry point, or SciPy's where that is not found): each new value is within a few ulp (of the
 update's size) of the unfused one. A step size of zero runs the unfused ops: BLAS may skip the product when alpha is
 0 (the reference BLAS does; OpenBLAS does not), and an infinite or NaN gradient must still give NaN.
+
+A sum (``add_n``, or an ``add`` of two operands of its result's shape) whose summands include 2-D matrix products
+that it alone reads, directly or through a transpose (a second backward pass sums such products for every weight:
+``d2ᵀ·Rh1 + Rd2ᵀ·h1``), runs as one step (``GemmSum``): the other summands are added as ``add_n`` adds them, then
+each product is added into that buffer by a GEMM with beta = 1 (a transposed product ``(a·b)ᵀ`` as ``bᵀ·aᵀ``); with no
+other summand the first product is written by ``matmul`` itself. No product array, no pass over it, no strided read
+of a transposed one. What changes: the products are added after the other summands, in program order, each without
+being rounded to its dtype first; a transposed product's summation order is BLAS's for ``bᵀ·aᵀ``: each sum is within
+a few ulp (of its summands' size) of the unfused one. The same switch keeps the unfused program bit for bit.
 """
 
 from __future__ import annotations
@@ -193,6 +202,176 @@ def gemm_updates(ops: list, kernels: list, specs: dict, keep: set) -> tuple[list
         members += entry[0].members if isinstance(entry[0], FusedOp) else [(entry[0], entry[1], kernel)]
         replaced[i] = GemmUpdate(members, [s, a, b, p], out, specs, unfused)
         gone.add(j)
+    if not replaced:
+        return ops, kernels
+    new_ops, new_kernels = [], []
+    for i, (entry, kernel) in enumerate(zip(ops, kernels)):
+        if i in gone:
+            continue
+        if i in replaced:
+            new_ops.append((replaced[i], {}))
+            new_kernels.append(Kernel(None, None, None, True, False, False))
+        else:
+            new_ops.append(entry)
+            new_kernels.append(kernel)
+    return new_ops, new_kernels
+
+
+def accumulate(dst, others: list, products: list, few_rows: bool = False) -> None:
+    """``dst = others[0] + others[1] + … + Σ a @ b`` over ``products`` ((a, b) pairs, 2-D, one dtype), the others
+    summed as ``add_n`` sums them (into ``dst`` itself when it is one of them), each product added by a GEMM. With
+    ``few_rows`` (``_few_rows``) and a ``b`` read transposed, the products are summed transposed (Σ bᵀ·aᵀ) into a
+    new array and that sum is added to the others last."""
+    if few_rows and any(b.strides[1] != b.itemsize for _, b in products):
+        total = np.empty(dst.shape[::-1], dst.dtype)
+        accumulate(total, [], [(b.T, a.T) for a, b in products])
+        if not others:
+            np.copyto(dst, total.T)
+            return
+        accumulate(dst, others, [])
+        np.add(dst, total.T, out=dst)
+        return
+    if others:
+        rest = list(others)
+        into = next((k for k, x in enumerate(rest) if x is dst), None)
+        if into is not None:
+            del rest[into]
+        elif len(rest) > 1:
+            np.add(rest[0], rest[1], out=dst)
+            rest = rest[2:]
+        else:
+            np.copyto(dst, rest.pop(0))
+        for x in rest:
+            np.add(dst, x, out=dst)
+    else:
+        np.matmul(*products[0], out=dst)
+        products = products[1:]
+    for a, b in products:
+        add_product(dst, 1.0, a, b)
+
+
+def _few_rows(spec, products: list, specs: dict) -> bool:
+    """Whether a sum of products is of the shapes where OpenBLAS runs a float32 product a·b with a row-major result of
+    few rows far below its speed when it reads b transposed (x·Wᵀ: ``ops/linalg.py``'s ``_few_rows_linear``
+    measures it for linear), so that ``accumulate`` sums the transposed products instead. The same rule as linear's:
+    float32, 8 to 64 rows, the other dims >= 256. Measured on this project's machine (AVX-512, one thread): h·W2ᵀ
+    (64 × 512 by 512 × 512) 340 µs, W2·hᵀ 260 µs; the Hessian-vector product's c + h·W2ᵀ + Rh·V2ᵀ 740 µs as written,
+    630 µs transposed; h·W2 (b not transposed) 261 µs, W2ᵀ·hᵀ 251 µs: left as it is. Shapes and layouts decide alone:
+    a plan gives the same bits at every run."""
+    rows, features = spec.shape
+    inner = [specs[a].shape[1] for a, _, _ in products]
+    return spec.dtype == np.float32 and 8 <= rows <= 64 and features >= 256 and min(inner) >= 256
+
+
+class GemmSum(FusedOp):
+    """One step of a plan for a sum of which some summands are matrix products that nothing else reads: ``members``
+    the products' ops (matmul, and transpose where the sum read the product transposed) then the sum; ``inputs`` the
+    other summands then each product's two operands; ``transposed`` per product, whether the sum read it
+    transposed. Its output may be written into an other summand's buffer (as add_n's may)."""
+
+    type = "gemm_sum"
+
+    def __init__(self, members: list, others: list, products: list, output: str, specs: dict):
+        self.members, self.others, self.products = members, others, products
+        self.inputs = [*others, *(n for a, b, _ in products for n in (a, b))]
+        self.output, self.specs, self.spec = output, specs, specs[output]
+        self.scratch, self.donated, self.native = [], set(), None
+        self.inplace_inputs = [n for n in others if specs[n] == self.spec]
+        self.few_rows = _few_rows(self.spec, products, specs)
+
+    def __repr__(self) -> str:
+        terms = [*self.others, *(f"({a} @ {b})" + ("ᵀ" if t else "") for a, b, t in self.products)]
+        return f"gemm_sum({self.output} = {' + '.join(terms)})"
+
+    def prepare(self, out_input) -> None:
+        pass
+
+    def source(self, name: str, pools: list, env: dict) -> tuple[list, dict]:
+        env[f"{name}_e"] = _allocator(env["_empty"], self.spec)
+        env.setdefault("_accumulate", accumulate)
+        env.setdefault("_shares", np.may_share_memory)
+        others = [f"o{k}" for k in range(len(self.others))]
+        factors = [f"a{k}, b{k}" for k in range(len(self.products))]
+        products = [f"(b{k}.T, a{k}.T)" if t else f"(a{k}, b{k})" for k, (_, _, t) in enumerate(self.products)]
+        operands = " or ".join(f"_shares(dst, a{k}) or _shares(dst, b{k})" for k in range(len(self.products)))
+        lines = [f"def {name}({''.join(o + ', ' for o in others)}{', '.join(factors)}, W, out=None):  # {self!r}",
+                 "    dst = out if out is not None and out.flags.c_contiguous else None",
+                 f"    if dst is None or {operands}:",  # a GEMM must not write what it reads
+                 f"        dst = {name}_e()",
+                 f"    _accumulate(dst, [{', '.join(others)}], [{', '.join(products)}]"
+                 + (", True)" if self.few_rows else ")"),
+                 "    if out is not None and dst is not out:", "        _copyto(out, dst)", "        dst = out",
+                 "    return dst"]
+        return lines, {5: " + ".join(op.type for op, _, _ in self.members) + " (products by GEMM)"}
+
+
+def _transposed(op, specs) -> bool:
+    """Whether ``op`` is a transpose of a 2-D value (its two dims swapped)."""
+    if not isinstance(op, OpDesc) or op.type != "transpose" or len(specs[op.input_names()[0]].shape) != 2:
+        return False
+    perm = op.attrs.get("perm")
+    return perm is None or [p % 2 for p in perm] == [1, 0]
+
+
+def gemm_sums(ops: list, kernels: list, specs: dict, keep: set) -> tuple[list, list]:
+    """Replace each ``add_n`` (or same-shape ``add``) with a summand that is a 2-D matmul read by it alone (directly
+    or through a transpose read by it alone) by a ``GemmSum`` at its place, those matmuls and transposes gone."""
+    producer = {n: i for i, (op, _) in enumerate(ops) for n in op.output_names()}
+    readers = {}
+    for i, (op, _) in enumerate(ops):
+        for n in op.input_names():
+            readers.setdefault(n, []).append(i)
+
+    def product(n, i):
+        """(matmul index, transpose index or None) if the value n, summed by op i, is a product only it reads."""
+        j = producer.get(n)
+        if j is None or n in keep or readers[n] != [i] or not isinstance(ops[j][0], OpDesc):
+            return None
+        t = None
+        if _transposed(ops[j][0], specs):
+            t, n = j, ops[j][0].input_names()[0]
+            j = producer.get(n)
+            if j is None or n in keep or readers[n] != [t] or not isinstance(ops[j][0], OpDesc):
+                return None
+        matmul = ops[j][0]
+        if matmul.type != "matmul":
+            return None
+        (a,), (b,) = matmul.inputs["x"], matmul.inputs["y"]
+        if (len(specs[a].shape) != 2 or len(specs[b].shape) != 2 or 0 in specs[a].shape or 0 in specs[b].shape
+                or specs[a].dtype != specs[n].dtype or specs[b].dtype != specs[n].dtype):
+            return None
+        return j, t
+
+    replaced, gone = {}, set()
+    for i, ((op, attrs), kernel) in enumerate(zip(ops, kernels)):
+        if not isinstance(op, OpDesc) or op.type not in ("add_n", "add"):
+            continue
+        (out,) = op.output_names()
+        summands = op.input_names()
+        spec = specs[out]
+        if (spec.dtype not in FLOATS or len(spec.shape) != 2 or 0 in spec.shape
+                or any(specs[n].dtype != spec.dtype for n in summands)
+                or (op.type == "add" and any(specs[n] != spec for n in summands))
+                or len(set(summands)) != len(summands)):
+            continue
+        found = {n: product(n, i) for n in summands}
+        if not any(found.values()):
+            continue
+        others = [n for n in summands if found[n] is None]
+        members, products = [], []
+        for n in summands:
+            if found[n] is None:
+                continue
+            j, t = found[n]
+            matmul = ops[j][0]
+            members.append((matmul, ops[j][1], kernels[j]))
+            if t is not None:
+                members.append((ops[t][0], ops[t][1], kernels[t]))
+                gone.add(t)
+            gone.add(j)
+            products.append((matmul.inputs["x"][0], matmul.inputs["y"][0], t is not None))
+        members.append((op, attrs, kernel))
+        replaced[i] = GemmSum(members, others, products, out, specs)
     if not replaced:
         return ops, kernels
     new_ops, new_kernels = [], []
