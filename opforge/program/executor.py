@@ -8,7 +8,8 @@ Preparing (once per distinct set of feed shapes) does the work eager mode repeat
   3. elementwise fusion: chains of pointwise ops (the trait ``pointwise``) become one step that makes one pass over
      memory, block by block (``opforge.program.fusion``), or one generated C loop where every member declares its
      scalar expression and a C compiler is there (``opforge.program.native``); with native code on, an update
-     ``p − s·(a @ b)`` whose product nothing else reads is one GEMM adding into p (``opforge.program.gemm``);
+     ``p − s·(a @ b)`` whose product nothing else reads is one GEMM adding into p, and a sum with such products
+     among its terms adds each by a GEMM into its one buffer (``opforge.program.gemm``);
   4. liveness: each intermediate is dropped right after its last reader; a kernel that takes ``out=`` writes
      into its declared ``inplace`` input when that input dies at this op (or the other input of a commutative
      op), and otherwise into a buffer of the plan's workspace;
