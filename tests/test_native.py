@@ -520,36 +520,46 @@ def _sums_of_products(x, w, v, c, h):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("rows", [6, 32])  # 32 rows of float32: the products are summed transposed (few rows)
+@pytest.mark.parametrize("rows", [32, 256])  # 32 rows of float32: the products are summed transposed (few rows)
 def test_a_sum_of_matrix_products_is_one_step_of_gemms_equal_to_the_unfused_sum(dtype, rows):
+    from opforge.program import gemm
+
     rng = np.random.default_rng(10)
-    feeds = {"x": rng.standard_normal((rows, 300)), "w": rng.standard_normal((256, 300)),
-             "v": rng.standard_normal((256, 300)), "c": rng.standard_normal(256), "h": rng.standard_normal((rows, 256))}
+    feeds = {"x": rng.standard_normal((rows, 300)), "w": rng.standard_normal((512, 300)),
+             "v": rng.standard_normal((512, 300)), "c": rng.standard_normal(512), "h": rng.standard_normal((rows, 512))}
     feeds = {k: a.astype(dtype) for k, a in feeds.items()}
     program = of.trace(_sums_of_products, **{k: of.Spec(a.shape, a.dtype) for k, a in feeds.items()})
     fused, unfused = of.Executor(program, native=True), of.Executor(program, native=False)
     source = fused.plan(feeds).source
-    assert source.count("gemm_sum(") == 3 and "gemm_sum" not in unfused.plan(feeds).source
-    assert source.count(", True)") == (2 if (dtype, rows) == (np.float32, 32) else 0)  # first, third
+    few_rows = (dtype, rows) == (np.float32, 32)
+    # a sum is made one step where that pays (gemm.LARGE): with 32 rows, only the 512 × 512 sum, and the first
+    # (32 × 512, its product x·wᵀ) summed transposed in float32
+    assert source.count("gemm_sum(") == (3 if rows == 256 else 2 if few_rows else 1)
+    assert "gemm_sum" not in unfused.plan(feeds).source
+    assert source.count(", True)") == few_rows
     got, want = fused.run(feeds), unfused.run(feeds)
     exact = {k: _sums_of_products(*(of.tensor(feeds[n].astype(np.float64)) for n in "xwvch"))[k].numpy()
              for k in want}
     eps = np.finfo(dtype).eps
+    np.testing.assert_array_equal(got["fetched"], want["fetched"])
     for k in want:
-        np.testing.assert_array_equal(got["fetched"], want["fetched"])
         # products no longer rounded before they are added, summed in another order: a few ulp of the terms' size
         scale = np.abs(exact[k]).max()
         np.testing.assert_allclose(got[k], want[k], rtol=0, atol=64 * eps * scale)
         np.testing.assert_allclose(got[k], exact[k], rtol=0, atol=512 * eps * scale)
+    # the transposed sum is taken where the product reads its right operand transposed, and gives the same values
+    assert gemm._few_rows(of.Spec((32, 512), np.float32), [("x", None, None)], {"x": of.Spec((32, 300), np.float32)})
+    assert not gemm._few_rows(of.Spec((32, 512), np.float64), [("x", None, None)],
+                              {"x": of.Spec((32, 300), np.float64)})
 
 
 def test_gemm_sums_match_torch_on_a_hessian_vector_product():
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(11)
-    shapes = [(40, 30), (40,), (5, 40), (5,)]
+    shapes = [(256, 30), (256,), (5, 256), (5,)]  # (the first layer's sums are large enough to be GEMM sums)
     start = [rng.standard_normal(s) for s in shapes]
     direction = [rng.standard_normal(s) for s in shapes]
-    x, y = rng.standard_normal((16, 30)), rng.integers(0, 5, 16)
+    x, y = rng.standard_normal((256, 30)), rng.integers(0, 5, 256)
     params = [of.tensor(a, requires_grad=True) for a in start]
 
     def hvp(x, y):
@@ -576,9 +586,9 @@ def test_gemm_sum_writes_into_a_dying_summand_not_into_an_operand_and_keeps_nan(
     if blas == "scipy's":
         monkeypatch.setattr(gemm, "_numpy_cblas", lambda: {})
     rng = np.random.default_rng(12)
-    a, s = rng.standard_normal((5, 5)), rng.standard_normal((5, 5))
+    a, s = rng.standard_normal((256, 256)), rng.standard_normal((256, 256))
     a[2, 3] = np.inf
-    b = rng.standard_normal((5, 5))
+    b = rng.standard_normal((256, 256))
     b[0, 0] = np.nan
 
     def fn(a, b, s):
