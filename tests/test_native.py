@@ -603,3 +603,29 @@ def test_gemm_sum_writes_into_a_dying_summand_not_into_an_operand_and_keeps_nan(
         got, want = exe.run(feeds)["out"], of.Executor(program, native=False).run(feeds)["out"]
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("rows", [8, 64, 300])  # (8 to 64 float32 rows: linear's transposed product)
+def test_a_bias_after_a_gemm_joins_the_activation_loop_with_the_same_bits(dtype, rows):
+    rng = np.random.default_rng(13)
+    feeds = {"x": rng.standard_normal((rows, 300)), "w": rng.standard_normal((256, 300)),
+             "b": rng.standard_normal(256), "w2": rng.standard_normal((256, 300))}
+    feeds = {k: a.astype(dtype) for k, a in feeds.items()}
+    feeds["b"][:3] = [np.inf, -np.inf, np.nan]
+
+    def fn(x, w, b, w2):
+        h = F.relu(F.linear(x, w, b))  # read by relu alone: the bias joins relu's loop
+        z = F.linear(x, w2, b)  # read by a sum too: stays
+        return {"h": F.where(h > 1, h * 2.0, -h), "z": F.sum(z, axis=[1]) + F.relu(z).sum()}
+
+    program = of.trace(fn, **{k: of.Spec(a.shape, a.dtype) for k, a in feeds.items()})
+    fused = of.Executor(program, native=True)
+    plan = fused.plan(feeds)
+    linears = [label for label in plan.line_ops.values() if " linear -> " in label]
+    assert len(linears) == 2 and sum("@product" in label for label in linears) == 1
+    assert any(label.startswith("op #") and "fused(linear" in label for label in plan.line_ops.values())
+    with np.errstate(invalid="ignore"):
+        got, want = fused.run(feeds), of.Executor(program, native=False).run(feeds)
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])  # bit for bit, NaN and infinities included

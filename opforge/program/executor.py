@@ -372,8 +372,10 @@ class Executor:
         kernels = [self._kernel(op, attrs, specs) for op, attrs in ops]
         host = program.device.host  # fusion and the workspace work on host (NumPy) arrays
         if self.optimize and host:
-            before = len(ops)
             use_native = native.enabled() if self.native is None else self.native
+            if use_native:  # a bias after a GEMM joins the native loop of the activation reading it
+                ops, kernels = gemm.bias_epilogues(ops, kernels, specs, roots, program.device)
+            before = len(ops)
             if use_native:  # regions whose results are read outside them too: one loop each
                 ops, kernels = native.several_results(ops, kernels, specs, roots, set(updates.values()))
             ops, kernels = fuse(ops, kernels, specs, roots)

@@ -18,6 +18,9 @@ other summand the first product is written by ``matmul`` itself. No product arra
 of a transposed one. What changes: the products are added after the other summands, in program order, each without
 being rounded to its dtype first; a transposed product's summation order is BLAS's for ``bᵀ·aᵀ``: each sum is within
 a few ulp (of its summands' size) of the unfused one. The same switch keeps the unfused program bit for bit.
+
+A forward epilogue: a ``linear`` whose result only pointwise ops read (its activation) leaves its bias to an ``add``
+that joins their native loop (``bias_epilogues``): bias and activation in one pass after the GEMM, the same bits.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.opdef import Kernel
+from ..core.opdef import Kernel, registry
 from .desc import OpDesc
 from .fusion import FusedOp, _allocator
 
@@ -400,4 +403,38 @@ def gemm_sums(ops: list, kernels: list, specs: dict, keep: set) -> tuple[list, l
         else:
             new_ops.append(entry)
             new_kernels.append(kernel)
+    return new_ops, new_kernels
+
+
+def bias_epilogues(ops: list, kernels: list, specs: dict, keep: set, device) -> tuple[list, list]:
+    """A forward GEMM epilogue: ``linear(x, w, b)`` of 2-D float operands whose result only pointwise ops with a
+    scalar expression read (an activation, say) becomes ``linear(x, w)`` and an ``add`` of the bias, which the
+    native region of those readers then takes in (``native.several_results``, ``fusion.fuse``): the bias and the
+    activation in one pass after the GEMM instead of two. The same bits: linear rounds the product and adds the
+    bias in its dtype, as the add does (``ops/linalg.py``). Run before the regions are made."""
+    readers = {}
+    for i, (op, _) in enumerate(ops):
+        for n in op.input_names():
+            readers.setdefault(n, []).append(i)
+    new_ops, new_kernels = [], []
+    for (op, attrs), kernel in zip(ops, kernels):
+        if isinstance(op, OpDesc) and op.type == "linear" and op.inputs["bias"]:
+            (x,), (w,), (b,), (y,) = op.inputs["x"], op.inputs["weight"], op.inputs["bias"], op.output_names()
+            pointwise = [registry.get(ops[j][0].type) if isinstance(ops[j][0], OpDesc) else None
+                         for j in readers.get(y, [])]
+            if (y not in keep and pointwise and all(d is not None and "pointwise" in d.traits
+                                                      and d.scalar_expression is not None for d in pointwise)
+                    and len(specs[x].shape) == 2 and specs[y].dtype in FLOATS
+                    and len({specs[n].dtype for n in (x, w, b, y)}) == 1 and specs[b].shape == specs[y].shape[1:]):
+                product = f"{y}@product"
+                specs[product] = specs[y]
+                new_ops.append((OpDesc("linear", {**op.inputs, "bias": []}, {"y": [product]}, op.attrs, op.role),
+                                attrs))
+                new_kernels.append(kernel)
+                add = registry.get("add")
+                new_ops.append((OpDesc("add", {"x": [product], "y": [b]}, {"out": [y]}, {}, op.role), {}))
+                new_kernels.append(add.kernel_for(device, (specs[y].dtype,), {}))
+                continue
+        new_ops.append((op, attrs))
+        new_kernels.append(kernel)
     return new_ops, new_kernels
