@@ -362,6 +362,67 @@ def info_of(name, elem):
     return helper.make_tensor_value_info(name, elem, [4])
 
 
+# -- low-precision types: 4- and 2-bit integers, float8 and float4 ---------------------------------------------------
+
+_EVERY_HALF = np.frombuffer(np.arange(1 << 16, dtype=np.uint16).tobytes(), np.float16)  # each float16, NaNs and infs
+
+
+_FLOAT8 = [TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E4M3FNUZ, TensorProto.FLOAT8E5M2, TensorProto.FLOAT8E5M2FNUZ,
+           TensorProto.FLOAT4E2M1]
+_SMALL_INTS = [TensorProto.INT4, TensorProto.UINT4, TensorProto.INT2, TensorProto.UINT2]
+
+
+@pytest.mark.parametrize("to, saturate", [(t, s) for t in _FLOAT8 for s in (0, 1)] + [(t, None) for t in _SMALL_INTS])
+def test_casts_to_low_precision_types_match_onnx_reference(to, saturate):
+    # every float16 value (and float32 ones past float16's range and below its subnormals), cast to the type, then
+    # to float32 and back: opforge holds the type in a wider one and rounds as ONNX's reference does (ml_dtypes)
+    from onnx.reference import ReferenceEvaluator
+
+    x = np.concatenate([_EVERY_HALF.astype(np.float32), np.float32([1e9, -1e9, 3e-10, -3e-10, 448.5, -57400.0])])
+    if to in _SMALL_INTS:  # (integers that wrap: ONNX leaves a cast of a fraction or a NaN to these open)
+        x = np.round(x[np.isfinite(x) & (np.abs(x) < 100)])
+    attrs = {} if saturate is None else {"saturate": saturate}
+    nodes = [helper.make_node("Cast", ["x"], ["low"], to=to, **attrs),
+             helper.make_node("Cast", ["low"], ["y"], to=TensorProto.FLOAT)]
+    model = model_of(nodes, [info("x", [len(x)], TensorProto.FLOAT)],
+                     [info("low", [len(x)], to), info("y", [len(x)], TensorProto.FLOAT)], opset=25)
+    from opforge.onnx.backend import OpforgeBackend
+
+    low, y = OpforgeBackend.prepare(model).run([x])
+    want_low, want_y = ReferenceEvaluator(model).run(None, {"x": x})
+    assert low.dtype == want_low.dtype
+    np.testing.assert_array_equal(low.astype(np.float32), want_low.astype(np.float32))  # (NaN equals NaN here)
+    np.testing.assert_array_equal(y, want_y)
+    number = ~np.isnan(want_y)  # (and -0 is -0 but in the "fnuz" types; a NaN's sign means nothing)
+    np.testing.assert_array_equal(np.signbit(y[number]), np.signbit(want_y[number]))
+
+
+def test_float8_quantize_and_int4_dequantize_match_onnx_reference():
+    from onnx.reference import ReferenceEvaluator
+
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((3, 8)) * 300).astype(np.float32)
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z8"], ["q8"], saturate=1),
+             helper.make_node("DequantizeLinear", ["q8", "s", "z8"], ["d8"]),
+             helper.make_node("QuantizeLinear", ["x", "s4", "z4"], ["q4"], axis=1),
+             helper.make_node("DequantizeLinear", ["q4", "s4", "z4"], ["d4"], axis=1)]
+    inits = [onnx.numpy_helper.from_array(np.array(0.5, np.float32), "s"),
+             helper.make_tensor("z8", TensorProto.FLOAT8E4M3FN, [], [0.0]),
+             onnx.numpy_helper.from_array(rng.uniform(20, 90, 8).astype(np.float32), "s4"),
+             helper.make_tensor("z4", TensorProto.INT4, [8], [0, 1, -1, 2, 0, 0, 3, -8])]
+    graph = helper.make_graph(nodes, "g", [info("x", [3, 8], TensorProto.FLOAT)],
+                              [info("q8", [3, 8], TensorProto.FLOAT8E4M3FN), info("d8", [3, 8], TensorProto.FLOAT),
+                               info("q4", [3, 8], TensorProto.INT4), info("d4", [3, 8], TensorProto.FLOAT)],
+                              initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    from opforge.onnx.backend import OpforgeBackend
+
+    ours = OpforgeBackend.prepare(model).run([x])
+    for got, want in zip(ours, ReferenceEvaluator(model).run(None, {"x": x})):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got.astype(np.float32), want.astype(np.float32))
+
+
 def test_a_quantized_qdq_model_matches_onnxruntime():
     # QuantizeLinear/DequantizeLinear around a convolution, per-channel int8 weights (as quantization tools write)
     rng = np.random.default_rng(6)

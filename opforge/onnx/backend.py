@@ -8,7 +8,14 @@ import onnx.backend.base as base
 
 from ..program.executor import Executor
 from .importer import NeedsConstant, load
-from .types import NARROW
+from .types import HELD, LOW_FLOATS, NARROW
+
+
+def _held(v: np.ndarray) -> np.ndarray:
+    """A value of a type opforge holds in a wider one (types.HELD) as that one; others as they are."""
+    if v.dtype in NARROW.values():
+        return v.astype(np.int64)
+    return v.astype(np.float32) if v.dtype in LOW_FLOATS.values() else v
 
 
 class OpforgeRep(base.BackendRep):
@@ -25,13 +32,13 @@ class OpforgeRep(base.BackendRep):
         self._bound: dict = {}
         self.needed: set = set()  # graph inputs the importer needs as constants
         self.narrow = {vi.name: vi.type.tensor_type.elem_type for vi in model.graph.output
-                       if vi.type.tensor_type.elem_type in NARROW}
+                       if vi.type.tensor_type.elem_type in HELD}
 
     def run(self, inputs, **kwargs):
         feed = dict(inputs) if isinstance(inputs, dict) else dict(zip(self.inputs, inputs))
-        # narrow integers (uint8, int8, ...): held as int64 (types.NARROW), given back in their type
-        feed = {k: np.asarray(v).astype(np.int64) if np.asarray(v).dtype in NARROW.values() else v
-                for k, v in feed.items()}
+        # narrow integers (uint8, int8, int4, ...) and low-precision floats (float8, float4): held as int64 or
+        # float32 (types.HELD), given back in their type
+        feed = {k: _held(np.asarray(v)) for k, v in feed.items()}
         executor = self.executor
         if executor is None:
             # integer inputs (axes, shapes, pads, indices), scalars (a ratio, a pad value) and the inputs the
@@ -53,7 +60,7 @@ class OpforgeRep(base.BackendRep):
             feed = {k: v for k, v in feed.items() if k in executor.program.feeds}
         with np.errstate(all="ignore"):  # ONNX's semantics: log(0) is -inf, 0/0 NaN, without a warning
             out = executor.run(feed)
-        return tuple(out[name].astype(NARROW[self.narrow[name]]) if name in self.narrow else out[name]
+        return tuple(out[name].astype(HELD[self.narrow[name]]) if name in self.narrow else out[name]
                      for name in executor.program.outputs)
 
 

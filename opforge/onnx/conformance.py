@@ -288,7 +288,7 @@ def render(cases=None) -> str:
                 skipped[ops[c.name]] = skipped.get(ops[c.name], 0) + 1
     lines = [f"ONNX {onnx.__version__} node tests of the {len(IMPORTERS)} ONNX ops opforge imports: **{passed} of "
              f"{run} pass**. Not run: the tests of those ops whose inputs or outputs have an element type opforge "
-             f"lacks (uint64, float8, int4, strings, ...): {sum(skipped.values())}.", "",
+             f"lacks (uint64, float8e8m0, strings, ...): {sum(skipped.values())}.", "",
              "| ONNX op | passed / run | not run (types) | failing |", "|---|---|---|---|"]
     for op in sorted(IMPORTERS):
         e = table.get(op, {"passed": [], "failed": {}})

@@ -13,6 +13,7 @@ import math
 import re
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
 from ..core import dtypes as D
@@ -24,7 +25,19 @@ from ..program.desc import Program
 from ..program.trace import Variable, trace, tracing_program
 from ..tensor import Tensor
 from .shapes import constant, from_shapes, shape_variable, sizes_of
-from .types import _DTYPES, _TYPE_NAMES, NARROW, OnnxImportError, dtype_of, stored_dtype, wrap
+from .types import (
+    _DTYPES,
+    _TYPE_NAMES,
+    HELD,
+    LOW_FLOATS,
+    NARROW,
+    OnnxImportError,
+    dtype_of,
+    round_to,
+    stored_dtype,
+    type_name,
+    wrap,
+)
 
 OPSETS = (7, 23)  # the ai.onnx opset versions the importers are written for
 MAX_CONSTANT_BYTES = 1 << 30  # load()'s default bound on the constants it computes from sizes the file gives
@@ -46,7 +59,7 @@ class Node:
 
     def __init__(self, proto, opset: int, env: dict, importer, narrow: dict | None = None):
         self.proto = proto
-        self.narrow = narrow or {}  # value name -> its narrow ONNX type (held as int64)
+        self.narrow = narrow or {}  # value name -> its narrow ONNX type (held as int64 or float32: types.HELD)
         self.op_type = proto.op_type
         self.opset = opset
         self.name = _node_name(proto)
@@ -745,8 +758,8 @@ def _check_types(n: Node):
             continue
         dtype = n.spec(i).dtype
         narrow = n.narrow.get(n.proto.input[i])
-        dtype = NARROW[narrow] if narrow else dtype
-        name = f"tensor({_TYPE_NAMES.get(dtype, dtype.name)})"
+        dtype = HELD[narrow] if narrow else dtype
+        name = f"tensor({type_name(narrow) if narrow else _TYPE_NAMES.get(dtype, dtype.name)})"
         param = formal.type_str
         if name not in allowed.get(param, {param}):
             raise OnnxImportError(f"{n.where()}: input {i} ({n.proto.input[i]!r}) is {dtype}, which its type "
@@ -776,17 +789,21 @@ _KEEP_RANGE = {"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transp
 
 def _wrap_narrow(n: Node, name: str, value):
     """``value``, the output ``name`` of node ``n``, wrapped into its narrow ONNX type's range where it has one (its
-    int64 result may have left it: uint8 250 + 10 is 4 in ONNX)."""
+    int64 result may have left it: uint8 250 + 10 is 4 in ONNX), or rounded to its low-precision float type (a
+    Cast's float32 result)."""
     elem = n.narrow.get(name)
+    if elem in LOW_FLOATS:
+        if n.op_type in _KEEP_RANGE or isinstance(value, tuple):
+            return value
+        return round_to(value, elem, _ops(), saturate=bool(n.attr("saturate", 1)))
     if elem is None or n.op_type in _KEEP_RANGE or isinstance(value, tuple) or \
             (isinstance(value, np.ndarray) and value.dtype.kind not in "iu"):
         return value
     if getattr(value, "dtype", None) is not None and value.dtype.kind not in "iu":
         return value
-    from .. import ops as F
-
+    F = _ops()
     if n.op_type == "Resize":  # (ONNX's reference saturates a resized integer image)
-        info = np.iinfo(NARROW[elem])
+        info = ml_dtypes.iinfo(NARROW[elem])
         return F.clip(value, min=int(info.min), max=int(info.max))
     return wrap(value, elem, F)
 
@@ -829,4 +846,10 @@ def _narrow_types(model, opset: int) -> dict:
         for name, elem in zip(node.output, outs):
             if name and elem is not None:
                 types[name] = elem
-    return {name: elem for name, elem in types.items() if elem in NARROW}
+    return {name: elem for name, elem in types.items() if elem in HELD}
+
+
+def _ops():
+    from .. import ops
+
+    return ops

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
 
 from .. import ops as F
 from ..core import dtypes as D
 from ..core.spec import Dim, Elem
 from .shapes import constant, sizes_of
-from .types import NARROW, dtype_of
+from .types import LOW_FLOATS, NARROW, dtype_of, round_to, type_name
 
 IMPORTERS: dict = {}
 
@@ -163,7 +164,7 @@ def _(n):
 
 @onnx_op("Cast")
 def _(n):
-    n.attr("saturate")  # float8 casts only: nothing to do for our types
+    n.attr("saturate")  # (float8 outputs: read where the result is rounded to the type, _wrap_narrow)
     to = dtype_of(n.attr("to"), f"{n.where()}: attribute 'to'")
     return F.cast(n.input(0), dtype=to)
 
@@ -1751,7 +1752,8 @@ def _rnn_unrolled(n, kind, x, w, r, wb, rb, h, c, peepholes, act, clip, lbr, inp
 
 # -- quantization and bits ----------------------------------------------------------------------------------------
 
-_QUANT_RANGES = {2: (0, 255), 3: (-128, 127), 4: (0, 65535), 5: (-32768, 32767)}  # uint8, int8, uint16, int16
+_QUANT_RANGES = {elem: (int(ml_dtypes.iinfo(t).min), int(ml_dtypes.iinfo(t).max)) for elem, t in NARROW.items()
+                 if elem != 12}  # the integer types ONNX quantizes to: uint8, int8, uint16, int16, (u)int4, (u)int2
 
 
 def _along(n, t, rank: int, axis: int, block: int, shape):
@@ -1782,12 +1784,13 @@ def _quant_axis(n):
 
 @onnx_op("QuantizeLinear")
 def _(n):
-    """y = saturate(round_half_even(x / scale) + zero_point) in the zero point's type (uint8 by default)."""
-    n.attr("saturate")  # (float8 outputs only)
+    """y = saturate(round_half_even(x / scale) + zero_point) in the zero point's type (uint8 by default); for a
+    float8 or float4 type, x / scale + zero_point rounded to the type (saturating unless told not to)."""
+    saturate = n.attr("saturate", 1)  # (float8 outputs only)
     rank, axis, block = _quant_axis(n)
     elem = n.narrow.get(n.proto.output[0])
-    if elem not in _QUANT_RANGES:
-        raise n.unsupported("a quantized type other than int8, uint8, int16 or uint16")
+    if elem not in _QUANT_RANGES and elem not in LOW_FLOATS:
+        raise n.unsupported(f"quantizing to {type_name(elem) if elem else 'this type'}")
     x = n.input(0)
     precision = n.attr("precision")
     scale = _along(n, n.input(1), rank, axis, block, n.shape(0))
@@ -1796,11 +1799,16 @@ def _(n):
         x, scale = F.cast(x, dtype=dtype), F.cast(scale, dtype=dtype)
     elif x.dtype.kind in "iu":
         x = F.cast(x, dtype=scale.dtype)
+    n.attr("output_dtype")
+    if elem in LOW_FLOATS:
+        q = x / scale
+        if n.has(2):
+            q = q + F.cast(_along(n, n.input(2), rank, axis, block, n.shape(0)), dtype=q.dtype)
+        return round_to(q, elem, F, saturate=bool(saturate))
     q = F.cast(F.round(x / scale), dtype=D.int64)  # (NumPy's round: half to even, as ONNX)
     if n.has(2):
         q = q + _along(n, n.input(2), rank, axis, block, n.shape(0))
     lo, hi = _QUANT_RANGES[elem]
-    n.attr("output_dtype")
     return F.clip(q, min=lo, max=hi)
 
 
@@ -1834,7 +1842,7 @@ def _(n):
     a negative x right; left shifts wrap in the type. Computed in int64 (x·2^y wraps modulo 2**64 as the shift)."""
     x, y = n.input(0), n.input(1)
     elem = n.narrow.get(n.proto.input[0])
-    bits = np.iinfo(NARROW[elem]).bits if elem else x.dtype.itemsize * 8
+    bits = ml_dtypes.iinfo(NARROW[elem]).bits if elem else x.dtype.itemsize * 8
     wide, shift = (F.cast(t, dtype=D.int64) if t.dtype != D.int64 else t for t in (x, y))
     inside = F.logical_and(shift >= 0, shift < bits)
     amount = F.where(inside, shift, 0)
