@@ -633,14 +633,141 @@ def test_reducing_an_empty_group_gives_the_identity_as_onnxruntime(op):
     np.testing.assert_array_equal(ours, theirs)
 
 
-@pytest.mark.parametrize("op", ["If", "Loop", "Scan"])
-def test_control_flow_is_refused_naming_the_op(op):
-    body = helper.make_graph([helper.make_node("Identity", ["x"], ["z"])], "body", [], [info("z", [2])])
-    attrs = {"If": {"then_branch": body, "else_branch": body}, "Loop": {"body": body},
-             "Scan": {"body": body, "num_scan_inputs": 1}}[op]
-    node = helper.make_node(op, ["c"] if op == "If" else ["", "c"] if op == "Loop" else ["x"], ["y"], **attrs)
-    m = model_of([node], [info("c", [], TensorProto.BOOL), info("x", [2])], [info("y", [2])])
-    with pytest.raises(of.onnx.OnnxImportError, match=f"ONNX op {op} is not supported"):
+@pytest.mark.parametrize("reduction", ["max", "min", "mul"])
+def test_scatter_reductions_match_onnxruntime(reduction):
+    # repeated (and negative) indices: each place reduces every update sent to it together with the data's value
+    rng = np.random.default_rng(12)
+    x = rng.normal(size=(4, 5))
+    index = np.array([[0, 1, -1, 1, 3], [2, 2, 0, -4, 1]], np.int64)
+    src = rng.normal(size=(2, 5))
+    elements = model_of([helper.make_node("ScatterElements", ["x", "i", "u"], ["y"], axis=0, reduction=reduction)],
+                        [info("x", [4, 5]), info("i", [2, 5], TensorProto.INT64), info("u", [2, 5])],
+                        [info("y", [4, 5])], opset=18)
+    feeds = {"x": x, "i": index, "u": src}
+    (ours,), _ = run(elements, feeds)
+    np.testing.assert_allclose(ours, onnxruntime_outputs(elements, feeds)[0], rtol=1e-12)
+    rows = np.array([[1], [3], [1], [0]], np.int64)
+    updates = rng.normal(size=(4, 5))
+    nd = model_of([helper.make_node("ScatterND", ["x", "i", "u"], ["y"], reduction=reduction)],
+                  [info("x", [4, 5]), info("i", [4, 1], TensorProto.INT64), info("u", [4, 5])], [info("y", [4, 5])],
+                  opset=18)
+    feeds = {"x": x, "i": rows, "u": updates}
+    (ours,), _ = run(nd, feeds)
+    np.testing.assert_allclose(ours, onnxruntime_outputs(nd, feeds)[0], rtol=1e-12)
+
+
+# -- control flow: inlined at load ---------------------------------------------------------------------------------
+
+def _loop_model():
+    # y <- y * x + i for i in 0..3 (the trip count an initializer), each iteration's y also a scan output
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Cast", ["i"], ["i_f"], to=TensorProto.DOUBLE),
+         helper.make_node("Mul", ["y_in", "x"], ["yx"]), helper.make_node("Add", ["yx", "i_f"], ["y_out"]),
+         helper.make_node("Identity", ["y_out"], ["scan"])], "body",
+        [info("i", [], TensorProto.INT64), info("cond_in", [], TensorProto.BOOL), info("y_in", [3])],
+        [info("cond_out", [], TensorProto.BOOL), info("y_out", [3]), info("scan", [3])])
+    node = helper.make_node("Loop", ["trips", "", "y0"], ["y", "ys"], body=body)
+    graph = helper.make_graph([node], "g", [info("x", [3]), info("y0", [3])], [info("y", [3]), info("ys", [4, 3])],
+                              initializer=[onnx.numpy_helper.from_array(np.array(4, np.int64), "trips")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)])
+
+
+def _scan_model():
+    # s <- tanh(s + x[:, t]) over t = 4..0 (axis 1, reversed); each step's s stacked along axis 0
+    body = helper.make_graph([helper.make_node("Add", ["s_in", "x_t"], ["a"]),
+                              helper.make_node("Tanh", ["a"], ["s_out"]),
+                              helper.make_node("Identity", ["s_out"], ["step"])], "body",
+                             [info("s_in", [2, 3]), info("x_t", [2, 3])],
+                             [info("s_out", [2, 3]), info("step", [2, 3])])
+    node = helper.make_node("Scan", ["s0", "x"], ["s", "steps"], body=body, num_scan_inputs=1,
+                            scan_input_axes=[1], scan_input_directions=[1])
+    return model_of([node], [info("s0", [2, 3]), info("x", [2, 5, 3])], [info("s", [2, 3]), info("steps", [5, 2, 3])],
+                    opset=16)
+
+
+def test_loop_is_unrolled_matching_onnxruntime_and_torch_gradients():
+    rng = np.random.default_rng(8)
+    feeds = {"x": rng.uniform(0.5, 1.5, 3), "y0": rng.normal(size=3)}
+    model = _loop_model()
+    (y, ys), grads = run(model, feeds, wrt=("x", "y0"))
+    want = onnxruntime_outputs(model, feeds)
+    np.testing.assert_allclose(y, want[0], rtol=1e-12)
+    np.testing.assert_allclose(ys, want[1], rtol=1e-12)
+    x, yt = (torch.tensor(feeds[k], requires_grad=True) for k in ("x", "y0"))
+    out = yt
+    for i in range(4):
+        out = out * x + i
+    out.sum().backward()
+    np.testing.assert_allclose(grads["x"], x.grad.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(grads["y0"], yt.grad.numpy(), rtol=1e-12)
+
+
+def test_scan_is_unrolled_matching_onnxruntime_and_torch_gradients():
+    rng = np.random.default_rng(9)
+    feeds = {"s0": rng.normal(size=(2, 3)), "x": rng.normal(size=(2, 5, 3))}
+    model = _scan_model()
+    (s, steps), grads = run(model, feeds, wrt=("x", "s0"))
+    want = onnxruntime_outputs(model, feeds)
+    np.testing.assert_allclose(s, want[0], rtol=1e-12)
+    np.testing.assert_allclose(steps, want[1], rtol=1e-12)
+    st, xt = (torch.tensor(feeds[k], requires_grad=True) for k in ("s0", "x"))
+    out = st
+    for t in reversed(range(5)):
+        out = torch.tanh(out + xt[:, t])
+    out.sum().backward()
+    np.testing.assert_allclose(grads["x"], xt.grad.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(grads["s0"], st.grad.numpy(), rtol=1e-12)
+
+
+def _if_model(else_shape=(3,)):
+    then = helper.make_graph([helper.make_node("Mul", ["x", "x"], ["t"])], "then", [], [info("t", [3])])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["e0"]),
+                               helper.make_node("Expand", ["e0", "shape"], ["e"])], "else", [], [info("e", None)])
+    node = helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)
+    graph = helper.make_graph([node], "g", [info("c", [], TensorProto.BOOL), info("x", [3])], [info("y", None)],
+                              initializer=[onnx.numpy_helper.from_array(np.array(else_shape, np.int64), "shape")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)])
+
+
+@pytest.mark.parametrize("cond", [True, False])
+def test_if_with_a_condition_fed_at_run_time_matches_onnxruntime(cond):
+    # the condition a feed: both branches are imported, the output chosen by where (the backend would bind it)
+    x = np.array([1.5, -2.0, 3.0])
+    feeds = {"c": np.array(cond), "x": x}
+    program = of.onnx.load(_if_model())
+    (y,) = of.Executor(program).run(feeds).values()
+    np.testing.assert_array_equal(y, onnxruntime_outputs(_if_model(), feeds)[0])
+    (bound,) = of.Executor(of.onnx.load(_if_model(), bind={"c": np.array(cond)})).run({"x": x}).values()
+    np.testing.assert_array_equal(bound, y)
+
+
+def test_control_flow_that_cannot_be_inlined_is_refused_naming_the_node():
+    with pytest.raises(of.onnx.OnnxImportError, match=r"\(If, opset 16\): a condition known only at run time whose "
+                                                      r"branches give output 0 of other shapes"):
+        of.onnx.load(_if_model(else_shape=(2, 3)))
+    model = _loop_model()
+    model.graph.ClearField("initializer")
+    model.graph.input.append(info("trips", [], TensorProto.INT64))
+    with pytest.raises(of.onnx.OnnxImportError, match=r"\(Loop, opset 16\): input M \(the loop is unrolled at load\) "
+                                                      r"\('trips'\) is computed or fed at run time"):
+        of.onnx.load(model)
+    bound = of.onnx.load(model, bind={"trips": np.array(2, np.int64)})  # (bound: unrolled twice)
+    out = of.Executor(bound).run({"x": np.full(3, 2.0), "y0": np.ones(3)})
+    np.testing.assert_array_equal(out["y"], [5.0, 5.0, 5.0])  # (1·2 + 0)·2 + 1
+    with pytest.raises(of.onnx.OnnxImportError, match="loops and scans unrolled at load past 4096 iterations"):
+        of.onnx.load(model, bind={"trips": np.array(5000, np.int64)})
+
+
+def test_subgraphs_nested_past_the_limit_are_refused():
+    leaf = helper.make_graph([helper.make_node("Identity", ["x"], ["z"])], "b", [], [info("z", [2])])
+    body = leaf
+    for k in range(20):
+        body = helper.make_graph([helper.make_node("If", ["c"], [f"z{k}"], then_branch=body, else_branch=leaf)],
+                                 f"b{k}", [], [info(f"z{k}", [2])])
+    m = model_of([helper.make_node("If", ["c"], ["y"], then_branch=body, else_branch=leaf)],
+                 [info("c", [], TensorProto.BOOL), info("x", [2])], [info("y", [2])])
+    with pytest.raises(of.onnx.OnnxImportError, match="subgraphs nested more than 16 deep are not supported"):
         of.onnx.load(m)
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..core import dtypes as D
 from ..core.errors import OpforgeError, describe
-from ..core.spec import Dim, Spec
+from ..core.spec import Dim, Elem, Spec
 from ..creation import tensor
 from ..nn.module import Module
 from ..program.desc import Program
@@ -40,6 +40,9 @@ from .types import (
 )
 
 OPSETS = (7, 23)  # the ai.onnx opset versions the importers are written for
+CONTROL_FLOW = {"If", "Loop", "Scan"}  # ONNX ops with subgraphs, which the import inlines (importers.py)
+MAX_NESTING = 16  # subgraphs in subgraphs: checked (and imported) recursively, so bounded
+MAX_UNROLLED = 4096  # iterations of Loops and Scans a model's import may unroll, all together
 MAX_CONSTANT_BYTES = 1 << 30  # load()'s default bound on the constants it computes from sizes the file gives
 MAX_RANK = 64  # NumPy's
 
@@ -57,8 +60,9 @@ class Node:
     """What an importer sees of one ONNX node: its attributes (each read is recorded, so that an attribute no
     importer read is refused by name), its inputs as program variables or constants, and the opset."""
 
-    def __init__(self, proto, opset: int, env: dict, importer, narrow: dict | None = None):
+    def __init__(self, proto, opset: int, env: dict, importer, narrow: dict | None = None, graphs=None):
         self.proto = proto
+        self._graphs = graphs  # what runs a subgraph's nodes (If, Loop, Scan): the _Parsed model
         self.narrow = narrow or {}  # value name -> its narrow ONNX type (held as int64 or float32: types.HELD)
         self.op_type = proto.op_type
         self.opset = opset
@@ -130,7 +134,10 @@ class Node:
         """Input ``i`` as something our ops take (a Variable or a constant Tensor); None when it is absent."""
         if not self.has(i):
             return None
-        value = self.env[self.proto.input[i]]
+        return self.operand(self.env[self.proto.input[i]], self.proto.input[i])
+
+    def operand(self, value, name: str):
+        """A value of the import (a Variable, an array or a shape known at import) as something our ops take."""
         if isinstance(value, np.ndarray) and value.dtype == object:
             if value.ndim != 1 and any(isinstance(d, Dim) for d in value.reshape(-1).tolist()):
                 return shape_variable(value)
@@ -140,8 +147,13 @@ class Node:
                 return shape_variable(value)  # used as data: computed in the program
             value = np.array(value, np.int64)
         if isinstance(value, np.ndarray):
-            return self._importer.constant(self.proto.input[i], value)
+            return self._importer.constant(name, value)
         return value
+
+    def run_graph(self, graph, bound: dict) -> list:
+        """Subgraph ``graph`` (a branch, a loop's body) inlined here: its nodes imported on the values of the
+        enclosing scope, its inputs given by ``bound`` (name -> value); the values of its outputs."""
+        return self._graphs.run_graph(graph, self.env, bound)
 
     def inputs(self) -> list:
         return [self.input(i) for i in range(self.count) if self.has(i)]
@@ -164,9 +176,16 @@ class Node:
         initial = self._importer.initial.get(self.proto.input[i])
         if initial is not None:
             return initial
-        raise NeedsConstant(f"{self.where()}: input {what or i} ({self.proto.input[i]!r}) is computed or fed at run "
-                            "time; opforge needs it at load: make it a constant (an initializer or a Constant "
-                            "node), or bind its value with onnx.load(..., bind={name: value})", self.proto.input[i])
+        needed, reads = self.proto.input[i], ""
+        if isinstance(value, Variable):
+            try:
+                return value_at_import(value)
+            except NotAtImport as e:
+                if e.name in value.program.feeds and e.name != needed:  # (binding that graph input gives it)
+                    needed, reads = e.name, f", computed from graph input {e.name!r},"
+        raise NeedsConstant(f"{self.where()}: input {what or i} ({self.proto.input[i]!r}){reads} is computed or fed "
+                            "at run time; opforge needs it at load: make it a constant (an initializer or a Constant "
+                            "node), or bind its value with onnx.load(..., bind={name: value})", needed)
 
     def known(self, i: int) -> bool:
         """Whether input ``i``'s value is known at import (``const`` gives it), not computed in the program."""
@@ -225,6 +244,65 @@ class Node:
         return self._importer.allocate(shape, dtype, self.where())
 
 
+class NotAtImport(LookupError):
+    """A value ``value_at_import`` cannot compute: ``name`` is the variable it stops at (a feed, state, ...)."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.name = name
+
+
+def value_at_import(variable) -> np.ndarray:
+    """The value of a program variable of at most ``FOLD_ELEMENTS`` elements that the ops recorded so far compute from
+    constants alone (and from the shapes of feeds whose shapes are fully known), computed now by the ops' kernels as
+    the executor's constant folding would; ``NotAtImport`` when it depends on a feed's values, on state
+    (parameters), on a random draw or on a size known only at run time, or holds more. What a node needs at load
+    (a Loop's trip count, an If's condition, Pad's value, Range's limit) may be computed in the model (the
+    expansions of ONNX's functions)."""
+    from ..core.opdef import registry
+    from ..program.executor import _flattener
+
+    program = variable.program
+    block = program.block
+    if any(d is None for d in variable.spec.shape) or math.prod(variable.spec.shape) > FOLD_ELEMENTS:
+        raise NotAtImport(variable.name)
+    producer = {n: op for op in block.ops for n in op.output_names()}
+    device = program.device
+    values: dict = {}
+
+    def value(name: str):
+        if name in values:
+            return values[name]
+        op = producer.get(name)
+        if op is None:  # a constant, or a feed or state: not known
+            if name in program.values and not block.vars[name].persistable:
+                return program.values[name]
+            raise NotAtImport(name)
+        opdef = registry.get(op.type)
+        if "random" in opdef.traits or op.value_reads() or any(
+                isinstance(v, (Dim, Elem)) for a in op.attrs.values() for v in (a if isinstance(a, tuple) else (a,))):
+            raise NotAtImport(name)
+        known = {}
+        for n in op.input_names():
+            spec = block.vars[n].spec
+            if "shape_only" in opdef.traits:  # (its result depends on the input's spec alone)
+                if any(d is None for d in spec.shape):
+                    raise NotAtImport(n)
+                known[n] = device.xp.empty(spec.shape, spec.dtype)
+            else:
+                known[n] = value(n)
+        args = [[known[n] for n in op.inputs[p.name]] if p.is_list else
+                (known[op.inputs[p.name][0]] if op.inputs[p.name] else None) for p in opdef.inputs]
+        dtypes = tuple(block.vars[n].spec.dtype for n in op.input_names())[:1]
+        result = opdef.kernel_for(device, dtypes, op.attrs).bind(device)(*args, **op.attrs)
+        for n, v in zip(op.output_names(), _flattener(opdef, device)(result)):
+            values[n] = v
+        return values[name]
+
+    with np.errstate(all="ignore"):
+        return np.array(device.to_host(value(variable.name)))
+
+
 _SCALAR_FIELDS = {1: "f", 2: "i", 3: "s", 4: "t"}  # AttributeProto FLOAT, INT, STRING, TENSOR: the field set
 _FLAGS = {"keepdims", "noop_with_empty_axes", "select_last_index", "transA", "transB", "reverse", "exclusive",
           "ceil_mode", "count_include_pad", "storage_order", "training_mode", "is_test", "spatial", "allowzero",
@@ -239,6 +317,14 @@ class Importer:
         self._constants: dict = {}  # name -> read-only Tensor: one program constant per ONNX value
         self.max_constant_bytes = max_constant_bytes
         self.constant_bytes = 0  # what the constants computed so far hold
+        self.unrolled = 0  # the loop and scan iterations unrolled so far, all loops together (nested ones multiply)
+
+    def unroll(self, where: str) -> None:
+        """Count one more iteration of a Loop or Scan unrolled at load, against ``MAX_UNROLLED`` for the model."""
+        self.unrolled += 1
+        if self.unrolled > MAX_UNROLLED:
+            raise OnnxImportError(f"{where}: loops and scans unrolled at load past {MAX_UNROLLED} iterations in all "
+                                  "(nested ones multiply) are not supported")
 
     def allocate(self, shape, dtype, where: str) -> tuple:
         """Count a constant the import computes (ConstantOfShape, Range, EyeLike, shape arithmetic) against
@@ -369,6 +455,77 @@ def _check(model, opset: int, folder: Path | None = None):
         except Exception as e:  # (a ValidationError, or whatever else the checker meets: the file is what is wrong)
             raise OnnxImportError(f"{where}: not valid ONNX: {str(e).strip().splitlines()[0][:1000]}") from None
 
+    def stripped(node):
+        """``node`` with each subgraph's nodes replaced by Constants giving its outputs: what the checker checks of
+        a control-flow node itself (its subgraphs' nodes are checked one by one, with the names they see)."""
+        from onnx import helper
+
+        copy = type(node)()
+        copy.CopyFrom(node)
+        for a in copy.attribute:
+            if a.HasField("g"):
+                a.g.ClearField("node")
+                a.g.node.extend(helper.make_node("Constant", [], [o.name], value=helper.make_tensor(o.name, 1, [], [0]))
+                                for o in a.g.output
+                                if o.name not in {i.name for i in a.g.input})
+        return copy
+
+    def check_values(values, where):
+        for vi in values:
+            text(vi.name, "value name")
+            kind = vi.type.WhichOneof("value")
+            if kind not in (None, "tensor_type"):
+                raise OnnxImportError(f"{where}: value {vi.name!r} is a {kind}; opforge imports tensors only")
+
+    def check_nodes(nodes, defined: set, depth: int):
+        for node in nodes:
+            for value in (node.name, node.op_type, node.domain, *node.input, *node.output):
+                text(value, f"node {node.name!r}: its name, op type, domain or a value name")
+            where = f"node {_node_name(node)!r} ({node.op_type}, opset {opset})"
+            if node.domain not in ("", "ai.onnx"):
+                raise OnnxImportError(f"node {_node_name(node)!r} ({node.domain}::{node.op_type}): ops of domain "
+                                      f"{node.domain!r} are not supported (custom or ML ops)")
+            if node.op_type not in IMPORTERS:
+                raise OnnxImportError(f"{where}: ONNX op {node.op_type} is not supported (docs/onnx.md lists the ops "
+                                      "opforge imports)")
+            for i in node.input:
+                if i and i not in defined:
+                    raise OnnxImportError(f"{where}: input {i!r} is neither a graph input, an initializer nor the "
+                                          "output of an earlier node (a missing initializer, or nodes out of order)")
+            for a in node.attribute:
+                text(a.name, f"{where}: attribute name")
+                if a.graphs or a.HasField("tp") or a.type_protos or (a.HasField("g") and node.op_type not in
+                                                                     CONTROL_FLOW):
+                    raise OnnxImportError(f"{where}: attribute {a.name!r} holds a subgraph or a type: not supported")
+                for t in [a.t, *a.tensors]:
+                    _external(t, f"{where}: attribute {a.name!r}", None)
+                if a.HasField("g"):  # a branch or a loop's body: its nodes see the names defined before this node
+                    if depth >= MAX_NESTING:
+                        raise OnnxImportError(f"{where}: subgraphs nested more than {MAX_NESTING} deep are not "
+                                              "supported")
+                    sub = a.g
+                    check_values([*sub.input, *sub.output], f"{where}: attribute {a.name!r}")
+                    for t in sub.initializer:
+                        text(t.name, "initializer name")
+                        _external(t, f"{where}: attribute {a.name!r}: initializer", None)
+                        valid(checker.check_tensor, t, f"{where}: attribute {a.name!r}: initializer {t.name!r}")
+                    if sub.sparse_initializer:
+                        raise OnnxImportError(f"{where}: attribute {a.name!r}: sparse initializers are not supported")
+                    inner = defined | {vi.name for vi in sub.input} | {t.name for t in sub.initializer}
+                    check_nodes(sub.node, inner, depth + 1)
+                    produced = inner | {o for m in sub.node for o in m.output}
+                    for vi in sub.output:
+                        if vi.name not in produced:
+                            raise OnnxImportError(f"{where}: attribute {a.name!r}: subgraph output {vi.name!r} is "
+                                                  "produced by no node, input or initializer")
+            for o in node.output:
+                if o in defined:
+                    raise OnnxImportError(f"{where}: output {o!r} is a name already given to a graph input, an "
+                                          "initializer or another output (ONNX names each value once)")
+                if o:
+                    defined.add(o)
+            valid(checker.check_node, stripped(node) if node.op_type in CONTROL_FLOW else node, where)
+
     graph = model.graph
     if model.functions or model.training_info:
         raise OnnxImportError("onnx.load(): model-local functions and training information are not supported")
@@ -389,33 +546,7 @@ def _check(model, opset: int, folder: Path | None = None):
         if _external(t, "initializer", folder) is None:  # (the checker looks for external files in the cwd)
             valid(checker.check_tensor, t, f"initializer {t.name!r}")
     defined = {vi.name for vi in graph.input} | {t.name for t in graph.initializer}
-    for node in graph.node:
-        for value in (node.name, node.op_type, node.domain, *node.input, *node.output):
-            text(value, f"node {node.name!r}: its name, op type, domain or a value name")
-        where = f"node {_node_name(node)!r} ({node.op_type}, opset {opset})"
-        if node.domain not in ("", "ai.onnx"):
-            raise OnnxImportError(f"node {_node_name(node)!r} ({node.domain}::{node.op_type}): ops of domain "
-                                  f"{node.domain!r} are not supported (custom or ML ops)")
-        if node.op_type not in IMPORTERS:
-            raise OnnxImportError(f"{where}: ONNX op {node.op_type} is not supported (docs/onnx.md lists the ops "
-                                  "opforge imports)")
-        for a in node.attribute:
-            text(a.name, f"{where}: attribute name")
-            if a.HasField("g") or a.graphs or a.HasField("tp") or a.type_protos:
-                raise OnnxImportError(f"{where}: attribute {a.name!r} holds a subgraph or a type: not supported")
-            for t in [a.t, *a.tensors]:
-                _external(t, f"{where}: attribute {a.name!r}", None)
-        for i in node.input:
-            if i and i not in defined:
-                raise OnnxImportError(f"{where}: input {i!r} is neither a graph input, an initializer nor the output "
-                                      "of an earlier node (a missing initializer, or nodes out of order)")
-        for o in node.output:
-            if o in defined:
-                raise OnnxImportError(f"{where}: output {o!r} is a name already given to a graph input, an "
-                                      "initializer or another output (ONNX names each value once)")
-            if o:
-                defined.add(o)
-        valid(checker.check_node, node, where)
+    check_nodes(graph.node, defined, 0)
     for vi in graph.output:
         if vi.name not in defined:
             raise OnnxImportError(f"onnx.load(): graph output {vi.name!r} is produced by no node, input or initializer")
@@ -513,17 +644,45 @@ class _Parsed:
     def run(self, inputs: dict, params: dict) -> dict:
         """The graph applied to ``inputs`` (by name) with float initializers ``params`` (by name): our ops are
         called on them, so this runs eagerly on Tensors and records a program on Variables."""
-        from .importers import IMPORTERS  # (they import this module's helpers)
-
         imp = self.importer
+        imp.unrolled = 0
         env: dict = dict(inputs) | self.bound | dict(params)
         for name, array in self.arrays.items():
             if array.dtype.kind == "f":
                 imp.initial[name] = array
             else:
                 env[name] = array
-        for proto in self.graph.node:
-            n = Node(proto, self.opset, env, imp, self.narrow)
+        self._run_nodes(self.graph.node, env)
+        result = {}
+        for name in self.outputs:
+            value = env[name]
+            if _symbolic(value):  # a shape known only at run time: computed in the program
+                value = shape_variable(value) if _symbolic_dims(value) else np.array(value, np.int64)
+            if isinstance(value, np.ndarray):
+                value = imp.constant(name, value)
+            declared = self.declared.get(name)
+            if declared and dtype_of(declared, f"onnx.load(): graph output {name!r}") != value.dtype:
+                raise OnnxImportError(f"onnx.load(): graph output {name!r} is declared {_DTYPES[declared]}; the "
+                                      f"graph gives {value.dtype}")
+            result[name] = value
+        return result
+
+    def run_graph(self, graph, env: dict, bound: dict) -> list:
+        """Subgraph ``graph`` inlined: its nodes imported on a copy of ``env`` (the enclosing scope's values) with its
+        initializers and ``bound`` (its inputs' values) added; the values of its outputs."""
+        inner = dict(env)
+        for t in graph.initializer:  # (a subgraph's float initializers are constants, not parameters)
+            inner[t.name] = self.importer.array(t, "subgraph initializer")
+        inner.update(bound)
+        self._run_nodes(graph.node, inner)
+        return [inner[vi.name] for vi in graph.output]
+
+    def _run_nodes(self, nodes, env: dict) -> None:
+        from .importers import IMPORTERS  # (they import this module's helpers)
+
+        imp = self.importer
+        for proto in nodes:
+            n = Node(proto, self.opset, env, imp, self.narrow, self)
             _check_types(n)
             known = _fold(n)
             if known is not None:  # shape arithmetic on values known at import: computed now, not recorded
@@ -547,19 +706,6 @@ class _Parsed:
             for name, value in zip(wanted, results):
                 if name:
                     env[name] = _wrap_narrow(n, name, value)
-        result = {}
-        for name in self.outputs:
-            value = env[name]
-            if _symbolic(value):  # a shape known only at run time: computed in the program
-                value = shape_variable(value) if _symbolic_dims(value) else np.array(value, np.int64)
-            if isinstance(value, np.ndarray):
-                value = imp.constant(name, value)
-            declared = self.declared.get(name)
-            if declared and dtype_of(declared, f"onnx.load(): graph output {name!r}") != value.dtype:
-                raise OnnxImportError(f"onnx.load(): graph output {name!r} is declared {_DTYPES[declared]}; the "
-                                      f"graph gives {value.dtype}")
-            result[name] = value
-        return result
 
 
 def load(source, bind: dict | None = None, *, max_constant_bytes: int = MAX_CONSTANT_BYTES) -> Program:
@@ -732,6 +878,8 @@ def _fold(n: Node):
     except (ValueError, IndexError, TypeError, OpforgeError):
         return None
     n.read.update(a.name for a in n.proto.attribute)
+    if isinstance(y, np.generic):  # (NumPy's 0-d arithmetic gives a scalar: an array of its dtype, int32 kept)
+        y = np.asarray(y)
     y = y if isinstance(y, np.ndarray) else np.array(y, dtype=object)
     if y.dtype == object:
         if not any(isinstance(d, Dim) for d in y.reshape(-1).tolist()):
@@ -812,12 +960,21 @@ def _narrow_types(model, opset: int) -> dict:
     """Value name -> ONNX type, for the values of narrow integer types (``types.NARROW``): the graph's inputs and
     initializers as declared, each node's outputs as its op's schema gives them (an output of an input's type
     parameter takes that input's type; Cast, CastLike, Constant and the quantizers say theirs)."""
+    types: dict = {}
+    _graph_types(model.graph, opset, types)
+    return {name: elem for name, elem in types.items() if elem in HELD}
+
+
+def _graph_types(graph, opset: int, types: dict) -> None:
+    """``_narrow_types`` of one graph, and of its nodes' subgraphs (which see its values), into ``types``."""
     import onnx
 
-    graph = model.graph
-    types = {vi.name: vi.type.tensor_type.elem_type for vi in graph.input}
+    types |= {vi.name: vi.type.tensor_type.elem_type for vi in graph.input}
     types |= {t.name: t.data_type for t in graph.initializer}
     for node in graph.node:
+        for a in node.attribute:
+            if a.HasField("g"):
+                _graph_types(a.g, opset, types)
         attrs = {a.name: a for a in node.attribute}
         given = [types.get(i) for i in node.input]
         t = node.op_type
@@ -843,10 +1000,14 @@ def _narrow_types(model, opset: int) -> dict:
             for formal in schema.outputs:
                 first = next((i for i, p in enumerate(params) if p == formal.type_str), None)
                 outs.append(given[first] if first is not None and first < len(given) else None)
+        if t in ("If", "Loop", "Scan"):  # their outputs: the body's (a Loop's after its condition)
+            body = next((a.g for a in node.attribute if a.HasField("g")), None)
+            skip = 1 if t == "Loop" else 0
+            outs = [types.get(vi.name) or vi.type.tensor_type.elem_type or None for vi in body.output[skip:]] \
+                if body is not None else []
         for name, elem in zip(node.output, outs):
             if name and elem is not None:
                 types[name] = elem
-    return {name: elem for name, elem in types.items() if elem in HELD}
 
 
 def _ops():

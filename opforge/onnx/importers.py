@@ -19,7 +19,7 @@ from .. import ops as F
 from ..core import dtypes as D
 from ..core.spec import Dim, Elem
 from .shapes import constant, sizes_of
-from .types import LOW_FLOATS, NARROW, dtype_of, round_to, type_name
+from .types import LOW_FLOATS, NARROW, OnnxImportError, dtype_of, round_to, type_name
 
 IMPORTERS: dict = {}
 
@@ -984,14 +984,19 @@ def _(n):
     return F.gather(n.input(0), n.attr("axis", 0), n.input(1))
 
 
+_SCATTER_REDUCTIONS = {"max": "amax", "min": "amin", "mul": "prod"}  # ONNX's reductions as scatter_reduce's
+
+
 @onnx_op("ScatterElements")
 def _(n):
     x, index, src, axis = n.input(0), n.input(1), n.input(2), n.attr("axis", 0)
     reduction = n.attr("reduction", "none")
     if reduction == "add":
         return F.scatter_add(x, axis, index, src)
+    if reduction in _SCATTER_REDUCTIONS:  # x's own value takes part, as in ONNX
+        return F.scatter_reduce(x, axis, index, src, _SCATTER_REDUCTIONS[reduction])
     if reduction != "none":
-        raise n.unsupported(f"reduction={reduction!r} (add and none map, onto scatter_add)")
+        raise n.unsupported(f"reduction={reduction!r}")
     # the written positions (indices are distinct, as ONNX requires) take src, the others keep x
     written = F.scatter_add(F.zeros_like(x), axis, index, F.ones_like(src)) > 0
     return F.where(written, F.scatter_add(F.zeros_like(x), axis, index, src), x)
@@ -1516,8 +1521,11 @@ def _(n):
     elif reduction == "none":  # the written rows (ONNX requires them distinct) take the updates, the rest stays
         written = F.index_add(F.zeros_like(rows, dtype=D.int64), 0, flat, F.ones_like(updates, dtype=D.int64)) > 0
         y = F.where(written, F.index_add(F.zeros_like(rows), 0, flat, updates), rows)
+    elif reduction in _SCATTER_REDUCTIONS:  # each update row's elements, reduced into its row with the data's
+        index = F.reshape(flat, shape=[-1, *[1] * (len(updates.shape) - 1)]) + F.zeros_like(updates, dtype=D.int64)
+        y = F.scatter_reduce(rows, 0, index, updates, _SCATTER_REDUCTIONS[reduction])
     else:
-        raise n.unsupported(f"reduction={reduction!r} (none and add map, onto index_add)")
+        raise n.unsupported(f"reduction={reduction!r}")
     return F.reshape(y, shape=list(n.shape(0)))
 
 
@@ -2324,3 +2332,129 @@ def _(n):
         if right > centre:
             out[centre:right, i] = (right - np.arange(centre, right)) / (right - centre)
     return out.astype(dtype)
+
+
+# -- control flow: subgraphs inlined ----------------------------------------------------------------------------------
+# A branch or a loop's body becomes the ops of its nodes, imported where the node stands (``Node.run_graph``): an
+# If whose condition is known at load imports the branch it picks; a Loop is unrolled, so its trip count and each
+# iteration's condition must be known at load (constants, or computed from constants: ``Node.const``), and so must
+# a Scan's length (its input's size along the scanned axis). Gradients flow through the inlined ops.
+
+def _known(n, value, what: str):
+    """``value`` (a value of the import) as an array when it is known at load, else None."""
+    from .importer import NotAtImport, value_at_import
+
+    if isinstance(value, tuple):
+        return None if any(isinstance(d, Dim) for d in value) else np.array(value, np.int64)
+    if isinstance(value, np.ndarray):
+        return None if value.dtype == object else value
+    try:
+        return value_at_import(value)
+    except NotAtImport:
+        return None
+
+
+@onnx_op("If")
+def _(n):
+    """The branch the condition picks when it is known at load; else both branches, each output chosen by ``where``
+    (ONNX runs one branch; ours computes both, so their outputs must agree in shape and type)."""
+    then_branch, else_branch = n.attr("then_branch"), n.attr("else_branch")
+    cond = _known(n, n.env[n.proto.input[0]], "cond")
+    if cond is not None:
+        if cond.size != 1:
+            raise OnnxImportError(f"{n.where()}: the condition holds {cond.size} values; If takes one")
+        return n.run_graph(then_branch if bool(cond.reshape(-1)[0]) else else_branch, {})
+    outs = []
+    for k, (a, b) in enumerate(zip(n.run_graph(then_branch, {}), n.run_graph(else_branch, {}))):
+        a, b = n.operand(a, f"{n.proto.output[k]}.then"), n.operand(b, f"{n.proto.output[k]}.else")
+        if tuple(a.shape) != tuple(b.shape) or a.dtype != b.dtype:
+            raise n.unsupported(f"a condition known only at run time whose branches give output {k} of other "
+                                f"shapes or types ({a.dtype}{list(a.shape)} and {b.dtype}{list(b.shape)})")
+        outs.append(F.where(F.reshape(n.input(0), shape=[]), a, b))
+    return outs
+
+
+def _stacked(n, values: list, axis: int, reverse: bool, what: str):
+    if not values:
+        raise n.unsupported(f"{what} of no iterations (an empty stack: its shape is not known at load)")
+    values = [n.operand(v, f"{n.proto.output[0]}.{what}.{k}") for k, v in enumerate(values)]
+    return F.stack(values[::-1] if reverse else values, axis=axis)
+
+
+@onnx_op("Loop")
+def _(n):
+    """Unrolled at load: loop-carried values pass from one iteration's body to the next, scan outputs are stacked
+    along a new first axis."""
+    body = n.attr("body")
+    trip = n.const(0, "M (the loop is unrolled at load)")
+    cond = n.const(1, "cond (the loop is unrolled at load)") if n.has(1) else np.array(True)
+    trip = None if trip is None else int(trip.reshape(-1)[0])
+    names = [vi.name for vi in body.input]
+    carried = [n.env[name] for name in n.proto.input[2:]]
+    if len(names) != 2 + len(carried) or len(body.output) < 1 + len(carried):
+        raise OnnxImportError(f"{n.where()}: the body takes {len(names)} inputs and gives {len(body.output)} "
+                              f"outputs; a Loop with {len(carried)} carried values needs {2 + len(carried)} inputs")
+    scans: list = [[] for _ in range(len(body.output) - 1 - len(carried))]
+    i = 0
+    while bool(cond.reshape(-1)[0]) and (trip is None or i < trip):
+        n._importer.unroll(n.where())
+        results = n.run_graph(body, {names[0]: np.array(i, np.int64), names[1]: np.array(cond, bool).reshape(()),
+                                     **dict(zip(names[2:], carried))})
+        cond = _known(n, results[0], "the body's condition")
+        if cond is None:
+            raise n.unsupported("a body whose condition is computed at run time (the loop is unrolled at load)")
+        carried = results[1:1 + len(carried)]
+        for k, value in enumerate(results[1 + len(carried):]):
+            scans[k].append(value)
+        i += 1
+    return [*carried, *(_stacked(n, s, 0, False, "scan output") for s in scans)]
+
+
+@onnx_op("Scan")
+def _(n):
+    """Unrolled at load over the scanned axis (its size must be known): states pass from one step's body to the
+    next, scan outputs are stacked along their axis; opset 8's batch axis is unrolled too."""
+    body = n.attr("body")
+    scanned = n.attr("num_scan_inputs")
+    if n.opset < 9:
+        if n.has(0):
+            raise n.unsupported("sequence_lens (opset 8)")
+        n.attr("directions")
+        inputs = [n.input(i) for i in range(1, n.count)]
+        batch = inputs[0].shape[0] if inputs else None
+        if not isinstance(batch, int):
+            raise n.unsupported("a batch size known only at run time (the scan is unrolled at load)")
+        per_item = [_scan(n, body, [F.squeeze(F.slice(x, axes=[0], starts=[b], ends=[b + 1], steps=[1]), axis=0)
+                                    for x in inputs], scanned, n.attr("directions") or (), (), ())
+                    for b in range(batch)]
+        return [_stacked(n, [item[k] for item in per_item], 0, False, "batch") for k in range(len(body.output))]
+    return _scan(n, body, n.inputs(), scanned, n.attr("scan_input_directions") or (), n.attr("scan_input_axes") or (),
+                 n.attr("scan_output_axes") or (), n.attr("scan_output_directions") or ())
+
+
+def _scan(n, body, inputs: list, scanned: int, directions, axes, out_axes, out_directions=()) -> list:
+    states, xs = inputs[:len(inputs) - scanned], inputs[len(inputs) - scanned:]
+    axes = [n.axes([a], len(x.shape), "scan_input_axes")[0] for a, x in zip(list(axes) or [0] * len(xs), xs)]
+    lengths = {x.shape[a] for x, a in zip(xs, axes)}
+    if len(lengths) != 1 or not isinstance(next(iter(lengths)), int):
+        raise n.unsupported(f"scan inputs of lengths {sorted(map(str, lengths))} (one length, known at load: the "
+                            "scan is unrolled)")
+    length = lengths.pop()
+    directions = list(directions) or [0] * len(xs)
+    names = [vi.name for vi in body.input]
+    outs: list = [[] for _ in range(len(body.output) - len(states))]
+    for t in range(length):
+        n._importer.unroll(n.where())
+        step = [F.squeeze(F.slice(x, axes=[a], starts=[length - 1 - t if d else t], ends=[length - t if d else t + 1],
+                                  steps=[1]), axis=a) for x, a, d in zip(xs, axes, directions)]
+        results = n.run_graph(body, dict(zip(names, [*states, *step])))
+        states = results[:len(states)]
+        for k, value in enumerate(results[len(states):]):
+            outs[k].append(value)
+    out_axes = list(out_axes) or [0] * len(outs)
+    out_directions = list(out_directions) or [0] * len(outs)
+    stacked = []
+    for values, a, d in zip(outs, out_axes, out_directions):
+        rank = len(n.operand(values[0], "scan.step").shape) + 1 if values else 1
+        stacked.append(_stacked(n, values, n.axes([a], rank, "scan_output_axes")[0], bool(d), "scan output"))
+    return [*states, *stacked]
