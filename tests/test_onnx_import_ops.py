@@ -656,6 +656,18 @@ def test_scatter_reductions_match_onnxruntime(reduction):
     np.testing.assert_allclose(ours, onnxruntime_outputs(nd, feeds)[0], rtol=1e-12)
 
 
+@pytest.mark.parametrize("sorted_, axis", [(1, None), (0, None), (0, 1), (1, -2)])
+def test_unique_matches_onnxruntime(sorted_, axis):
+    x = np.array([[3.0, 1.0, 3.0, 2.0], [0.5, 2.0, 0.5, 2.0], [3.0, 1.0, 3.0, 2.0]])
+    attrs = {"sorted": sorted_} | ({} if axis is None else {"axis": axis})
+    model = model_of([helper.make_node("Unique", ["x"], ["y", "first", "inverse", "counts"], **attrs)],
+                     [info("x", [3, 4])], [info("y", None), *(info(k, None, TensorProto.INT64)
+                                                              for k in ("first", "inverse", "counts"))], opset=11)
+    ours, _ = run(model, {"x": x})
+    for got, want in zip(ours, onnxruntime_outputs(model, {"x": x})):
+        np.testing.assert_array_equal(got, want)
+
+
 # -- control flow: inlined at load ---------------------------------------------------------------------------------
 
 def _loop_model():

@@ -492,3 +492,16 @@ def test_identity_inside_a_fused_group_keeps_its_value():
     want = f(of.tensor(x)).numpy()
     np.testing.assert_allclose(exe.run(x=x)["out"], want, rtol=1e-6)
     np.testing.assert_allclose(of.compile(f)(of.tensor(x)).numpy(), want, rtol=1e-6)
+
+
+def test_an_op_of_the_shape_alone_over_a_size_only_the_run_knows_is_not_folded_ahead():
+    """zeros_like of unique's values: their count is known when unique runs, not when the plan is made (the
+    constant folding made an array of the shape (None,) and failed)."""
+    x = np.array([2, 1, 1, 3, 4, 3], np.float32)
+
+    def f(x):
+        return F.zeros_like(F.unique_all(x)[0]) + 1.0
+
+    out = of.Executor(of.trace(f, x=of.Spec(x.shape, x.dtype))).run(x=x)["out"]
+    np.testing.assert_array_equal(out, f(of.tensor(x)).numpy())
+    assert out.shape == (4,)

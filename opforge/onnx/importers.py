@@ -2458,3 +2458,30 @@ def _scan(n, body, inputs: list, scanned: int, directions, axes, out_axes, out_d
         rank = len(n.operand(values[0], "scan.step").shape) + 1 if values else 1
         stacked.append(_stacked(n, values, n.axes([a], rank, "scan_output_axes")[0], bool(d), "scan output"))
     return [*states, *stacked]
+
+
+# -- data-dependent sizes ---------------------------------------------------------------------------------------
+
+@onnx_op("Unique")
+def _(n):
+    """The distinct elements (along ``axis``: slices), where each first occurs, where each element went and how often
+    each occurs: ``unique_all`` (sorted), its first occurrences the least index reduced into each; ``sorted=0``
+    orders them by first occurrence instead."""
+    x = n.input(0)
+    axis = n.attr("axis")
+    if axis is None:
+        x = F.reshape(x, shape=[-1])
+        axis = 0
+    axis = n.axes([axis], len(x.shape), "axis")[0]
+    size = x.shape[axis]
+    if isinstance(size, Dim):
+        raise n.unsupported("an axis of a size known only at run time")
+    values, inverse, counts = F.unique_all(x, axis=axis if n.attr("axis") is not None else None)
+    positions = F.arange(start=0, stop=size, dtype=D.int64)
+    first = F.scatter_reduce(F.zeros_like(counts) + size, 0, inverse, positions, "amin")
+    if not n.attr("sorted", 1):  # in order of first occurrence: permute, and renumber the inverse to match
+        order = F.argsort(first, axis=0, stable=True)
+        values, first, counts = F.index_select(values, axis, order), F.index_select(first, 0, order), \
+            F.index_select(counts, 0, order)
+        inverse = F.index_select(F.argsort(order, axis=0), 0, inverse)  # (the rank of each in the new order)
+    return [values, first, inverse, counts]

@@ -275,7 +275,9 @@ class Executor:
         try:
             for op, attrs in ops:
                 opdef = registry.get(op.type)
-                if "shape_only" in opdef.traits and op.input_names():
+                if "shape_only" in opdef.traits and op.input_names() and all(
+                        n in values or None not in specs[n].shape for n in op.input_names()):
+                    # (a size the plan does not fix, such as unique's count of values, is known only when it runs)
                     known = {n: values[n] if n in values else device.xp.empty(specs[n].shape, specs[n].dtype)
                              for n in op.input_names()}
                 elif "random" not in opdef.traits and op.input_names() and all(n in values for n in op.input_names()):
