@@ -134,10 +134,10 @@ def test_malformed_files_give_clear_errors(tmp_path):
 
 
 def test_unsupported_ops_and_attributes_name_node_type_and_opset():
-    m = model_of([helper.make_node("Unique", ["x"], ["y"], name="unique1")], [tensor_info("x", [2, 2])],
+    m = model_of([helper.make_node("DFT", ["x"], ["y"], name="dft1")], [tensor_info("x", [2, 2, 1])],
                  [tensor_info("y", [None])], opset=19)
     message = _error(m)
-    assert "'unique1'" in message and "Unique" in message and "opset 19" in message and "not supported" in message
+    assert "'dft1'" in message and "DFT" in message and "opset 19" in message and "not supported" in message
     m = model_of([helper.make_node("Relu", ["x"], ["y"], name="r", fancy=3)], [tensor_info("x", [2])],
                  [tensor_info("y", [2])])
     message = _error(m)

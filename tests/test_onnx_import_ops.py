@@ -668,6 +668,76 @@ def test_unique_matches_onnxruntime(sorted_, axis):
         np.testing.assert_array_equal(got, want)
 
 
+# -- sequences and optionals -----------------------------------------------------------------------------------------
+
+def _sequence_model():
+    # x split into 4 rows, the last one erased, x's row 0 doubled inserted at the front, rows concatenated
+    nodes = [helper.make_node("SplitToSequence", ["x"], ["seq"], axis=0),
+             helper.make_node("SequenceErase", ["seq"], ["shorter"]),
+             helper.make_node("SequenceAt", ["seq", "zero"], ["first"]),
+             helper.make_node("Add", ["first", "first"], ["twice"]),
+             helper.make_node("SequenceInsert", ["shorter", "twice", "zero"], ["longer"]),
+             helper.make_node("ConcatFromSequence", ["longer"], ["y"], axis=0),
+             helper.make_node("SequenceLength", ["longer"], ["n"])]
+    graph = helper.make_graph(nodes, "g", [info("x", [4, 3])], [info("y", [4, 3]), info("n", [], TensorProto.INT64)],
+                              initializer=[onnx.numpy_helper.from_array(np.array(0, np.int64), "zero")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_sequence_ops_match_onnxruntime_and_torch_gradients():
+    x = np.random.default_rng(13).normal(size=(4, 3))
+    model = _sequence_model()
+    (y, length), grads = run(model, {"x": x}, wrt=("x",))
+    want = onnxruntime_outputs(model, {"x": x})
+    np.testing.assert_array_equal(y, want[0])
+    assert length == want[1] == 4
+    xt = torch.tensor(x, requires_grad=True)
+    rows = list(torch.split(xt, 1, dim=0))[:-1]
+    torch.cat([rows[0] + rows[0], *rows], dim=0).sum().backward()
+    np.testing.assert_array_equal(grads["x"], xt.grad.numpy())
+
+
+def test_a_sequence_input_is_bound_at_load_and_a_sequence_output_gives_one_output_each():
+    seq_info = helper.make_tensor_sequence_value_info
+    nodes = [helper.make_node("SequenceInsert", ["s", "x"], ["t"]), helper.make_node("Identity", ["t"], ["out"])]
+    model = model_of(nodes, [seq_info("s", TensorProto.DOUBLE, None), info("x", [2])],
+                     [seq_info("out", TensorProto.DOUBLE, None)], opset=18)
+    with pytest.raises(of.onnx.OnnxImportError, match="graph input 's' is a sequence; opforge needs its value at "
+                                                      "load: bind it"):
+        of.onnx.load(model)
+    program = of.onnx.load(model, bind={"s": [np.ones(3), np.zeros(1)]})
+    out = of.Executor(program).run({"x": np.array([5.0, 6.0])})
+    assert list(out) == ["out[0]", "out[1]", "out[2]"]
+    np.testing.assert_array_equal(out["out[2]"], [5.0, 6.0])
+    with pytest.raises(of.onnx.OnnxImportError, match=r"bound value for input 's' holds .*float32.* float64"):
+        of.onnx.load(model, bind={"s": [np.ones(3, np.float32)]})
+    from opforge.onnx.backend import OpforgeBackend
+
+    at = onnx.numpy_helper.from_array(np.array(-1, np.int64), "at")  # (-1: before the last element)
+    model.graph.initializer.append(at)
+    model.graph.node[0].input.append("at")
+    feeds = {"s": [np.ones(2), np.zeros(2)], "x": np.array([1.0, 2.0])}
+    ours = OpforgeBackend.prepare(model).run(feeds)
+    theirs = onnxruntime_outputs(model, feeds)
+    assert len(ours[0]) == len(theirs[0]) == 3
+    for got, want in zip(ours[0], theirs[0]):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_an_empty_optional_read_is_refused_naming_the_node():
+    nodes = [helper.make_node("Optional", [], ["o"], type=helper.make_tensor_type_proto(TensorProto.DOUBLE, [2])),
+             helper.make_node("OptionalHasElement", ["o"], ["has"]),
+             helper.make_node("OptionalGetElement", ["o"], ["y"])]
+    model = model_of(nodes, [], [info("has", [], TensorProto.BOOL), info("y", [2])], opset=18)
+    with pytest.raises(of.onnx.OnnxImportError, match=r"\(OptionalGetElement, opset 18\): the optional 'o' is "
+                                                      "empty"):
+        of.onnx.load(model)
+    model.graph.node.pop()
+    model.graph.output.pop()
+    (has,), _ = run(model, {})
+    assert has.dtype == np.bool_ and not has
+
+
 # -- control flow: inlined at load ---------------------------------------------------------------------------------
 
 def _loop_model():

@@ -8,7 +8,7 @@ import onnx.backend.base as base
 
 from ..program.executor import Executor
 from .importer import NeedsConstant, load
-from .types import HELD, LOW_FLOATS, NARROW
+from .types import HELD, LOW_FLOATS, NARROW, value_kind
 
 
 def _held(v: np.ndarray) -> np.ndarray:
@@ -33,12 +33,16 @@ class OpforgeRep(base.BackendRep):
         self.needed: set = set()  # graph inputs the importer needs as constants
         self.narrow = {vi.name: vi.type.tensor_type.elem_type for vi in model.graph.output
                        if vi.type.tensor_type.elem_type in HELD}
+        self.outputs = [vi.name for vi in model.graph.output]
+        self.kinds = {vi.name: value_kind(vi.type) for vi in model.graph.output}
 
     def run(self, inputs, **kwargs):
         feed = dict(inputs) if isinstance(inputs, dict) else dict(zip(self.inputs, inputs))
         # narrow integers (uint8, int8, int4, ...) and low-precision floats (float8, float4): held as int64 or
         # float32 (types.HELD), given back in their type
-        feed = {k: _held(np.asarray(v)) for k, v in feed.items()}
+        # (sequences and optionals, lists and None, the importer takes bound: types.Seq)
+        sequences = {k: v for k, v in feed.items() if v is None or isinstance(v, list)}
+        feed = {k: _held(np.asarray(v)) for k, v in feed.items() if k not in sequences}
         executor = self.executor
         if executor is None:
             # integer inputs (axes, shapes, pads, indices), scalars (a ratio, a pad value) and the inputs the
@@ -47,6 +51,9 @@ class OpforgeRep(base.BackendRep):
                 bind = {k: np.asarray(v) for k, v in feed.items()
                         if np.asarray(v).dtype.kind in "iub" or np.asarray(v).size <= 1 or k in self.needed}
                 key = tuple((k, v.dtype.str, v.shape, v.tobytes()) for k, v in sorted(bind.items()))
+                key += tuple((k, None if v is None else tuple((a.dtype.str, a.shape, a.tobytes()) for a in v))
+                             for k, v in sorted(sequences.items()))
+                bind |= sequences
                 executor = self._bound.get(key)
                 if executor is not None:
                     break
@@ -60,8 +67,16 @@ class OpforgeRep(base.BackendRep):
             feed = {k: v for k, v in feed.items() if k in executor.program.feeds}
         with np.errstate(all="ignore"):  # ONNX's semantics: log(0) is -inf, 0/0 NaN, without a warning
             out = executor.run(feed)
-        return tuple(out[name].astype(HELD[self.narrow[name]]) if name in self.narrow else out[name]
-                     for name in executor.program.outputs)
+        return tuple(self._output(name, out) for name in self.outputs)
+
+    def _output(self, name: str, out: dict):
+        """Graph output ``name`` from the program's outputs: a sequence from its elements' (``name[k]``), an
+        optional None when the program has none, a value of a narrow type in that type."""
+        kind = self.kinds[name]
+        if kind == "tensor" or (kind == "optional" and name in out):
+            return out[name].astype(HELD[self.narrow[name]]) if name in self.narrow else out[name]
+        elements = [out[f"{name}[{k}]"] for k in range(len(out)) if f"{name}[{k}]" in out]
+        return None if kind == "optional" and not elements else elements
 
 
 class OpforgeBackend(base.Backend):

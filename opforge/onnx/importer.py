@@ -32,15 +32,17 @@ from .types import (
     LOW_FLOATS,
     NARROW,
     OnnxImportError,
+    Seq,
     dtype_of,
     round_to,
     stored_dtype,
     type_name,
+    value_kind,
     wrap,
 )
 
 OPSETS = (7, 23)  # the ai.onnx opset versions the importers are written for
-CONTROL_FLOW = {"If", "Loop", "Scan"}  # ONNX ops with subgraphs, which the import inlines (importers.py)
+CONTROL_FLOW = {"If", "Loop", "Scan", "SequenceMap"}  # ONNX ops with subgraphs, inlined at import (importers.py)
 MAX_NESTING = 16  # subgraphs in subgraphs: checked (and imported) recursively, so bounded
 MAX_UNROLLED = 4096  # iterations of Loops and Scans a model's import may unroll, all together
 MAX_CONSTANT_BYTES = 1 << 30  # load()'s default bound on the constants it computes from sizes the file gives
@@ -473,9 +475,9 @@ def _check(model, opset: int, folder: Path | None = None):
     def check_values(values, where):
         for vi in values:
             text(vi.name, "value name")
-            kind = vi.type.WhichOneof("value")
-            if kind not in (None, "tensor_type"):
-                raise OnnxImportError(f"{where}: value {vi.name!r} is a {kind}; opforge imports tensors only")
+            if not value_kind(vi.type):
+                raise OnnxImportError(f"{where}: value {vi.name!r} is a {vi.type.WhichOneof('value')}; opforge "
+                                      "imports tensors, sequences of tensors and optionals of those")
 
     def check_nodes(nodes, defined: set, depth: int):
         for node in nodes:
@@ -494,8 +496,8 @@ def _check(model, opset: int, folder: Path | None = None):
                                           "output of an earlier node (a missing initializer, or nodes out of order)")
             for a in node.attribute:
                 text(a.name, f"{where}: attribute name")
-                if a.graphs or a.HasField("tp") or a.type_protos or (a.HasField("g") and node.op_type not in
-                                                                     CONTROL_FLOW):
+                if a.graphs or a.type_protos or (a.HasField("g") and node.op_type not in CONTROL_FLOW) or (
+                        a.HasField("tp") and node.op_type != "Optional"):  # (Optional's type: an empty one's)
                     raise OnnxImportError(f"{where}: attribute {a.name!r} holds a subgraph or a type: not supported")
                 for t in [a.t, *a.tensors]:
                     _external(t, f"{where}: attribute {a.name!r}", None)
@@ -533,9 +535,10 @@ def _check(model, opset: int, folder: Path | None = None):
         text(o.domain, "opset domain")
     for vi in [*graph.input, *graph.output, *graph.value_info]:
         text(vi.name, "value name")
-        kind = vi.type.WhichOneof("value")
-        if kind not in (None, "tensor_type"):
-            raise OnnxImportError(f"onnx.load(): value {vi.name!r} is a {kind}; opforge imports tensors only")
+        if not value_kind(vi.type):
+            raise OnnxImportError(f"onnx.load(): value {vi.name!r} is a {vi.type.WhichOneof('value')} (of "
+                                  f"{str(vi.type).split()[0]}); opforge imports tensors, sequences of tensors and "
+                                  "optionals of those")
     for names, what in (([vi.name for vi in graph.input], "graph input"), ([t.name for t in graph.initializer],
                                                                           "initializer")):
         if len(set(names)) != len(names):
@@ -624,6 +627,13 @@ class _Parsed:
         self.arrays = {t.name: self.importer.array(t, "initializer") for t in graph.initializer}
         self.bound = {}
         for vi in graph.input:
+            if value_kind(vi.type) != "tensor" and vi.name not in self.arrays:  # (a sequence or an optional)
+                if not bind or vi.name not in bind:
+                    raise NeedsConstant(f"onnx.load(): graph input {vi.name!r} is a {value_kind(vi.type)}; opforge "
+                                        "needs its value at load: bind it with onnx.load(..., bind={name: value})",
+                                        vi.name)
+                self.bound[vi.name] = _bound_value(vi, bind[vi.name])
+                continue
             if bind and vi.name in bind and vi.name not in self.arrays:
                 spec = _value_spec(vi, "graph input")
                 value = np.asarray(bind[vi.name])
@@ -635,6 +645,7 @@ class _Parsed:
                       and vi.name not in self.bound}
         self.names = {*self.arrays, *self.feeds, *(o for n in graph.node for o in n.output)}
         self.outputs = [vi.name for vi in graph.output]
+        self.kinds = {vi.name: value_kind(vi.type) for vi in graph.output}
         self.narrow = _narrow_types(self.model, self.opset)
         # BatchNormalization's running mean and variance: state, not trained (buffers of load_module)
         self.statistics = {i for n in graph.node if n.op_type == "BatchNormalization" and n.domain in ("", "ai.onnx")
@@ -656,6 +667,14 @@ class _Parsed:
         result = {}
         for name in self.outputs:
             value = env[name]
+            if value is None or isinstance(value, Seq):  # an empty optional: no output; a sequence: one each
+                if self.kinds[name] == "tensor":
+                    raise OnnxImportError(f"onnx.load(): graph output {name!r} is declared a tensor; the graph gives "
+                                          f"{'an empty optional' if value is None else 'a sequence'}")
+                for k, element in enumerate(value or ()):
+                    result[f"{name}[{k}]"] = imp.constant(f"{name}[{k}]", element) \
+                        if isinstance(element, np.ndarray) else element
+                continue
             if _symbolic(value):  # a shape known only at run time: computed in the program
                 value = shape_variable(value) if _symbolic_dims(value) else np.array(value, np.int64)
             if isinstance(value, np.ndarray):
@@ -699,7 +718,8 @@ class _Parsed:
             unread = sorted(set(n._attrs) - n.read)
             if unread:
                 raise n.unsupported(f"attribute(s) {unread}")
-            results = result if isinstance(result, list) else [result]  # (a tuple is a shape: one output)
+            # (a tuple is a shape, a Seq a sequence: one output each)
+            results = result if isinstance(result, list) and not isinstance(result, Seq) else [result]
             wanted = list(proto.output)
             if len(results) < len([o for o in wanted if o]):
                 raise n.unsupported(f"output(s) {wanted[len(results):]}")
@@ -899,6 +919,8 @@ def _check_types(n: Node):
     seen = {}
     for i in range(n.count if schema.inputs else 0):
         formal = schema.inputs[min(i, len(schema.inputs) - 1)]
+        if n.has(i) and (n.env[n.proto.input[i]] is None or isinstance(n.env[n.proto.input[i]], Seq)):
+            continue  # (a sequence, or an empty optional: their importers check them)
         if not n.has(i):  # an input left out: optional ones only (the checker tells single ones; not variadic ones)
             if formal.option == variadic:
                 raise OnnxImportError(f"{n.where()}: input {i} is left out (''); {n.op_type} takes a list of inputs "
@@ -940,6 +962,8 @@ def _wrap_narrow(n: Node, name: str, value):
     int64 result may have left it: uint8 250 + 10 is 4 in ONNX), or rounded to its low-precision float type (a
     Cast's float32 result)."""
     elem = n.narrow.get(name)
+    if value is None or isinstance(value, Seq):
+        return value
     if elem in LOW_FLOATS:
         if n.op_type in _KEEP_RANGE or isinstance(value, tuple):
             return value
@@ -954,6 +978,36 @@ def _wrap_narrow(n: Node, name: str, value):
         info = ml_dtypes.iinfo(NARROW[elem])
         return F.clip(value, min=int(info.min), max=int(info.max))
     return wrap(value, elem, F)
+
+
+def _bound_value(vi, value):
+    """A value bound to a sequence or optional graph input: a Seq of arrays (in the types opforge holds), one
+    array, or None; checked against the declared element type."""
+    kind = value_kind(vi.type)
+    if kind == "optional":
+        inner = vi.type.optional_type.elem_type
+        if value is None:
+            return None
+        kind, vi_type = value_kind(inner), inner
+    else:
+        vi_type = vi.type
+    where = f"onnx.load(): bound value for input {vi.name!r}"
+    elem = (vi_type.sequence_type.elem_type if kind == "sequence" else vi_type).tensor_type.elem_type
+    dtype = dtype_of(elem, where) if elem else None
+
+    def held(array):
+        array = np.asarray(array)
+        if elem in HELD:
+            array = array.astype(_DTYPES[elem])
+        if dtype is not None and array.dtype != dtype:
+            raise OnnxImportError(f"{where} holds {describe(array)}; the model declares {_DTYPES[elem]} elements")
+        return array
+
+    if kind == "sequence":
+        if not isinstance(value, (list, tuple)):
+            raise OnnxImportError(f"{where}: expected a list of arrays (a sequence), got {describe(value)}")
+        return Seq(held(v) for v in value)
+    return held(value)
 
 
 def _narrow_types(model, opset: int) -> dict:

@@ -19,7 +19,7 @@ from .. import ops as F
 from ..core import dtypes as D
 from ..core.spec import Dim, Elem
 from .shapes import constant, sizes_of
-from .types import LOW_FLOATS, NARROW, OnnxImportError, dtype_of, round_to, type_name
+from .types import LOW_FLOATS, NARROW, OnnxImportError, Seq, dtype_of, round_to, type_name
 
 IMPORTERS: dict = {}
 
@@ -51,6 +51,9 @@ _UNARY = {"Identity": F.identity, "Neg": F.neg, "Exp": F.exp, "Log": F.log, "Tan
 
 @onnx_op(*_UNARY)
 def _(n):
+    value = n.env[n.proto.input[0]]
+    if n.op_type == "Identity" and (value is None or isinstance(value, Seq)):  # a sequence or an empty optional
+        return value
     return _UNARY[n.op_type](n.input(0))
 
 
@@ -2366,12 +2369,27 @@ def _(n):
         return n.run_graph(then_branch if bool(cond.reshape(-1)[0]) else else_branch, {})
     outs = []
     for k, (a, b) in enumerate(zip(n.run_graph(then_branch, {}), n.run_graph(else_branch, {}))):
+        if any(v is None or isinstance(v, Seq) for v in (a, b)):
+            _needs_condition(n, "a condition known only at run time whose branches give sequences or optionals")
         a, b = n.operand(a, f"{n.proto.output[k]}.then"), n.operand(b, f"{n.proto.output[k]}.else")
         if tuple(a.shape) != tuple(b.shape) or a.dtype != b.dtype:
-            raise n.unsupported(f"a condition known only at run time whose branches give output {k} of other "
+            _needs_condition(n, f"a condition known only at run time whose branches give output {k} of other "
                                 f"shapes or types ({a.dtype}{list(a.shape)} and {b.dtype}{list(b.shape)})")
         outs.append(F.where(F.reshape(n.input(0), shape=[]), a, b))
     return outs
+
+
+def _needs_condition(n, why: str):
+    """Refuse an If that cannot pick at run time: ``NeedsConstant`` naming what to bind (its condition, or the
+    graph input it is computed from), so that a caller who binds it gets the branch it picks."""
+    from .importer import NeedsConstant
+
+    try:
+        n.const(0, "cond")
+    except NeedsConstant as e:
+        raise NeedsConstant(f"{n.where()}: {why} is not supported; bind {e.input_name!r} "
+                            "(onnx.load(..., bind={name: value})) to import the branch it picks", e.input_name) \
+            from None
 
 
 def _stacked(n, values: list, axis: int, reverse: bool, what: str):
@@ -2485,3 +2503,139 @@ def _(n):
             F.index_select(counts, 0, order)
         inverse = F.index_select(F.argsort(order, axis=0), 0, inverse)  # (the rank of each in the new order)
     return [values, first, inverse, counts]
+
+
+# -- sequences and optionals: lists of values (types.Seq) and values or None, all known at load ----------------------
+
+def _sequence(n, i: int = 0) -> Seq:
+    value = n.env[n.proto.input[i]]
+    if not isinstance(value, Seq):
+        raise OnnxImportError(f"{n.where()}: input {i} ({n.proto.input[i]!r}) is not a sequence")
+    return value
+
+
+def _position(n, i: int, length: int, default: int, insert: bool = False) -> int:
+    """Input ``i``, a position in a sequence of ``length`` (negative from the end), known at load."""
+    if not n.has(i):
+        return default
+    pos = int(np.asarray(n.const(i, "position")).reshape(-1)[0])
+    top = length if insert else length - 1
+    if not -length <= pos <= top:
+        raise OnnxImportError(f"{n.where()}: position {pos} is outside a sequence of {length} (from {-length} to "
+                              f"{top})")
+    return pos + length if pos < 0 else pos  # (-1 inserts before the last element, as Python's list.insert)
+
+
+@onnx_op("SequenceEmpty")
+def _(n):
+    n.attr("dtype")
+    return Seq()
+
+
+@onnx_op("SequenceConstruct")
+def _(n):
+    return Seq(n.env[name] for name in n.proto.input)
+
+
+@onnx_op("SequenceLength")
+def _(n):
+    return np.array(len(_sequence(n)), np.int64)
+
+
+@onnx_op("SequenceAt")
+def _(n):
+    seq = _sequence(n)
+    return seq[_position(n, 1, len(seq), 0)]
+
+
+@onnx_op("SequenceInsert")
+def _(n):
+    seq = _sequence(n)
+    out = Seq(seq)
+    out.insert(_position(n, 2, len(seq), len(seq), insert=True), n.env[n.proto.input[1]])
+    return out
+
+
+@onnx_op("SequenceErase")
+def _(n):
+    seq = _sequence(n)
+    out = Seq(seq)
+    del out[_position(n, 1, len(seq), len(seq) - 1)]
+    return out
+
+
+@onnx_op("SplitToSequence")
+def _(n):
+    x = n.input(0)
+    axis = n.axes([n.attr("axis", 0)], len(x.shape), "axis")[0]
+    size = x.shape[axis]
+    if isinstance(size, Dim):
+        raise n.unsupported("splitting a dim known only at run time (a sequence's length is known at load)")
+    split = None if not n.has(1) else np.asarray(n.const(1, "split")).astype(np.int64)
+    if split is None:
+        sizes = [1] * size
+    elif split.ndim == 0:
+        chunk = int(split)
+        if chunk <= 0:
+            raise OnnxImportError(f"{n.where()}: split {chunk} must be positive")
+        sizes = [chunk] * (size // chunk) + ([size % chunk] if size % chunk else [])
+    else:
+        sizes = [int(v) for v in split]
+        if any(v < 0 for v in sizes) or sum(sizes) != size:
+            raise OnnxImportError(f"{n.where()}: split {sizes} must be sizes that sum to {size}")
+    keep = n.attr("keepdims", 1) or split is not None  # (keepdims applies only where split is not given)
+    out, start = Seq(), 0
+    for length in sizes:
+        part = F.slice(x, axes=[axis], starts=[start], ends=[start + length], steps=[1])
+        out.append(part if keep else F.squeeze(part, axis=axis))
+        start += length
+    return out
+
+
+@onnx_op("ConcatFromSequence")
+def _(n):
+    seq = [n.operand(v, f"{n.proto.input[0]}[{k}]") for k, v in enumerate(_sequence(n))]
+    if not seq:
+        raise OnnxImportError(f"{n.where()}: an empty sequence has nothing to concatenate")
+    rank = len(seq[0].shape)
+    if n.attr("new_axis", 0):
+        return F.stack(seq, axis=n.axes([n.attr("axis")], rank + 1, "axis")[0])
+    return F.concat(seq, axis=n.axes([n.attr("axis")], rank, "axis")[0])
+
+
+@onnx_op("SequenceMap")
+def _(n):
+    """The body inlined once per element: a sequence input gives it that element, a tensor input itself."""
+    body = n.attr("body")
+    seq = _sequence(n)
+    others = [n.env[name] for name in n.proto.input[1:]]
+    for k, other in enumerate(others):
+        if isinstance(other, Seq) and len(other) != len(seq):
+            raise OnnxImportError(f"{n.where()}: input {k + 1} is a sequence of {len(other)}; the first of "
+                                  f"{len(seq)}")
+    names = [vi.name for vi in body.input]
+    outs = [Seq() for _ in body.output]
+    for k, element in enumerate(seq):
+        values = [element, *(o[k] if isinstance(o, Seq) else o for o in others)]
+        for out, value in zip(outs, n.run_graph(body, dict(zip(names, values)))):
+            out.append(value)
+    return outs
+
+
+@onnx_op("Optional")
+def _(n):
+    n.attr("type")
+    return n.env[n.proto.input[0]] if n.has(0) else None
+
+
+@onnx_op("OptionalHasElement")
+def _(n):
+    return np.array(n.has(0) and n.env[n.proto.input[0]] is not None)
+
+
+@onnx_op("OptionalGetElement")
+def _(n):
+    value = n.env[n.proto.input[0]]
+    if value is None:
+        raise OnnxImportError(f"{n.where()}: the optional {n.proto.input[0]!r} is empty (ONNX: an error)")
+    return value

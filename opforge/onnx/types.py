@@ -14,6 +14,25 @@ class OnnxImportError(OpforgeError, ValueError):
     """An ONNX model that cannot be loaded: malformed, or using an op, attribute or type opforge does not map."""
 
 
+class Seq(list):
+    """An ONNX sequence at import: a list of values (Variables, arrays) whose length is known at load. (An optional
+    is its value, or None when empty.) A graph input of either kind is bound at load; a sequence graph output
+    becomes one program output per element, ``name[k]``."""
+
+
+def value_kind(type_proto) -> str:
+    """"tensor", "sequence" or "optional" (of a tensor or of a sequence of tensors): the kinds of value opforge
+    imports; "" for others (maps, sequences of sequences, ...)."""
+    kind = type_proto.WhichOneof("value")
+    if kind in (None, "tensor_type"):
+        return "tensor"
+    if kind == "sequence_type":
+        return "sequence" if type_proto.sequence_type.elem_type.WhichOneof("value") == "tensor_type" else ""
+    if kind == "optional_type":
+        return "optional" if value_kind(type_proto.optional_type.elem_type) in ("tensor", "sequence") else ""
+    return ""
+
+
 # ONNX TensorProto element types opforge has (the others are named in the error).
 _DTYPES = {1: D.float32, 11: D.float64, 10: D.float16, 16: D.bfloat16, 6: D.int32, 7: D.int64, 9: D.bool_}
 _TYPE_NAMES = {D.float32: "float", D.float64: "double", D.float16: "float16", D.bfloat16: "bfloat16", D.int32: "int32",
