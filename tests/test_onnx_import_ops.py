@@ -668,6 +668,21 @@ def test_unique_matches_onnxruntime(sorted_, axis):
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("mode, indices", [("linear", None), ("linear", [0, 3]), ("circular", [3, 5])])
+def test_tensor_scatter_matches_onnxruntime(mode, indices):
+    # a cache of 6 positions along axis 2, 3 new ones written at each batch item's index (wrapping when circular)
+    rng = np.random.default_rng(14)
+    feeds = {"cache": rng.normal(size=(2, 2, 6, 3)), "update": rng.normal(size=(2, 2, 3, 3))}
+    inputs = [info("cache", [2, 2, 6, 3]), info("update", [2, 2, 3, 3])]
+    if indices is not None:
+        feeds["at"] = np.array(indices, np.int64)
+        inputs.append(info("at", [2], TensorProto.INT64))
+    node = helper.make_node("TensorScatter", list(feeds), ["y"], mode=mode, axis=2)
+    model = model_of([node], inputs, [info("y", [2, 2, 6, 3])], opset=24)
+    (ours,), _ = run(model, feeds)
+    np.testing.assert_array_equal(ours, onnxruntime_outputs(model, feeds)[0])
+
+
 # -- sequences and optionals -----------------------------------------------------------------------------------------
 
 def _sequence_model():

@@ -2639,3 +2639,26 @@ def _(n):
     if value is None:
         raise OnnxImportError(f"{n.where()}: the optional {n.proto.input[0]!r} is empty (ONNX: an error)")
     return value
+
+
+@onnx_op("TensorScatter")
+def _(n):
+    """The update written into a copy of the cache along ``axis``, from each batch item's write index (0 when not
+    given; modulo the cache's length in "circular" mode): a scatter along ``axis``."""
+    cache, update = n.input(0), n.input(1)
+    rank = len(cache.shape)
+    axis = n.axes([n.attr("axis", -2)], rank, "axis")[0]
+    if axis == 0:
+        raise OnnxImportError(f"{n.where()}: axis 0 is the batch axis; the sequence axis comes after it")
+    mode = n.attr("mode", "linear")
+    if mode not in ("linear", "circular"):
+        raise OnnxImportError(f"{n.where()}: mode {mode!r} is not 'linear' or 'circular'")
+    length, steps = cache.shape[axis], update.shape[axis]
+    if isinstance(length, Dim) or isinstance(steps, Dim):
+        raise n.unsupported("a sequence axis of a size known only at run time")
+    index = constant(np.arange(steps, dtype=np.int64).reshape([steps if a == axis else 1 for a in range(rank)]))
+    if n.has(2):
+        index = F.reshape(n.input(2), shape=[-1, *[1] * (rank - 1)]) + index
+    if mode == "circular":
+        index = F.remainder(index, length)
+    return F.scatter(cache, axis, index + F.zeros_like(update, dtype=D.int64), update)
