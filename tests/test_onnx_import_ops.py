@@ -856,6 +856,18 @@ def test_control_flow_that_cannot_be_inlined_is_refused_naming_the_node():
         of.onnx.load(model, bind={"trips": np.array(5000, np.int64)})
 
 
+def test_a_trip_count_computed_from_a_huge_constant_is_not_computed_at_load():
+    # ReduceSum(Expand(1, [2**31])): the count is not computed at load (it would allocate 2**31 values first)
+    model = _loop_model()
+    model.graph.ClearField("initializer")
+    model.graph.initializer.extend([onnx.numpy_helper.from_array(np.array([1 << 31], np.int64), "big"),
+                                    onnx.numpy_helper.from_array(np.array([1], np.int64), "one")])
+    model.graph.node.insert(0, helper.make_node("Expand", ["one", "big"], ["ones"]))
+    model.graph.node.insert(1, helper.make_node("ReduceSum", ["ones"], ["trips"], keepdims=0))
+    with pytest.raises(of.onnx.OnnxImportError, match=r"input M .* is computed or fed at run time"):
+        of.onnx.load(model)
+
+
 def test_subgraphs_nested_past_the_limit_are_refused():
     leaf = helper.make_graph([helper.make_node("Identity", ["x"], ["z"])], "b", [], [info("z", [2])])
     body = leaf

@@ -45,6 +45,7 @@ OPSETS = (7, 23)  # the ai.onnx opset versions the importers are written for
 CONTROL_FLOW = {"If", "Loop", "Scan", "SequenceMap"}  # ONNX ops with subgraphs, inlined at import (importers.py)
 MAX_NESTING = 16  # subgraphs in subgraphs: checked (and imported) recursively, so bounded
 MAX_UNROLLED = 4096  # iterations of Loops and Scans a model's import may unroll, all together
+MAX_EVALUATED = 1 << 20  # elements of each value value_at_import computes on the way to what a node needs
 MAX_CONSTANT_BYTES = 1 << 30  # load()'s default bound on the constants it computes from sizes the file gives
 MAX_RANK = 64  # NumPy's
 
@@ -258,7 +259,8 @@ def value_at_import(variable) -> np.ndarray:
     """The value of a program variable of at most ``FOLD_ELEMENTS`` elements that the ops recorded so far compute from
     constants alone (and from the shapes of feeds whose shapes are fully known), computed now by the ops' kernels as
     the executor's constant folding would; ``NotAtImport`` when it depends on a feed's values, on state
-    (parameters), on a random draw or on a size known only at run time, or holds more. What a node needs at load
+    (parameters), on a random draw or on a size known only at run time, or holds more (or a value on the way holds
+    more than ``MAX_EVALUATED`` elements). What a node needs at load
     (a Loop's trip count, an If's condition, Pad's value, Range's limit) may be computed in the model (the
     expansions of ONNX's functions)."""
     from ..core.opdef import registry
@@ -281,6 +283,10 @@ def value_at_import(variable) -> np.ndarray:
                 return program.values[name]
             raise NotAtImport(name)
         opdef = registry.get(op.type)
+        for out in op.output_names():  # (checked before the kernel allocates: a file gives these sizes)
+            shape = block.vars[out].spec.shape
+            if None in shape or math.prod(shape) > MAX_EVALUATED:
+                raise NotAtImport(out)
         if "random" in opdef.traits or op.value_reads() or any(
                 isinstance(v, (Dim, Elem)) for a in op.attrs.values() for v in (a if isinstance(a, tuple) else (a,))):
             raise NotAtImport(name)
