@@ -18,19 +18,20 @@ import numpy as np
 
 from ..core import dtypes as D
 from ..core.errors import OpforgeError, describe
-from ..core.spec import Dim, Elem, Spec
+from ..core.spec import Dim, Spec
 from ..creation import tensor
 from ..nn.module import Module
 from ..program.desc import Program
 from ..program.trace import Variable, trace, tracing_program
 from ..tensor import Tensor
-from .shapes import constant, from_shapes, shape_variable, sizes_of
+from .shapes import FOLD_ELEMENTS, NotAtImport, constant, from_shapes, shape_variable, sizes_of, value_at_import
 from .types import (
     _DTYPES,
     _TYPE_NAMES,
     HELD,
     LOW_FLOATS,
     NARROW,
+    NeedsConstant,
     OnnxImportError,
     Seq,
     dtype_of,
@@ -45,18 +46,8 @@ OPSETS = (7, 23)  # the ai.onnx opset versions the importers are written for
 CONTROL_FLOW = {"If", "Loop", "Scan", "SequenceMap"}  # ONNX ops with subgraphs, inlined at import (importers.py)
 MAX_NESTING = 16  # subgraphs in subgraphs: checked (and imported) recursively, so bounded
 MAX_UNROLLED = 4096  # iterations of Loops and Scans a model's import may unroll, all together
-MAX_EVALUATED = 1 << 20  # elements of each value value_at_import computes on the way to what a node needs
 MAX_CONSTANT_BYTES = 1 << 30  # load()'s default bound on the constants it computes from sizes the file gives
 MAX_RANK = 64  # NumPy's
-
-
-class NeedsConstant(OnnxImportError):
-    """An input our ops take as an attribute (axes, a shape, pads) that the model computes or feeds at run time.
-    ``load(model, bind={name: value})`` specialises the model on given values of such graph inputs."""
-
-    def __init__(self, message: str, input_name: str):
-        super().__init__(message)
-        self.input_name = input_name
 
 
 class Node:
@@ -245,70 +236,6 @@ class Node:
     def allocate(self, shape, dtype) -> tuple:
         """``shape`` checked, before an array of it is made, against what load() lets constants take."""
         return self._importer.allocate(shape, dtype, self.where())
-
-
-class NotAtImport(LookupError):
-    """A value ``value_at_import`` cannot compute: ``name`` is the variable it stops at (a feed, state, ...)."""
-
-    def __init__(self, name: str):
-        super().__init__(name)
-        self.name = name
-
-
-def value_at_import(variable) -> np.ndarray:
-    """The value of a program variable of at most ``FOLD_ELEMENTS`` elements that the ops recorded so far compute from
-    constants alone (and from the shapes of feeds whose shapes are fully known), computed now by the ops' kernels as
-    the executor's constant folding would; ``NotAtImport`` when it depends on a feed's values, on state
-    (parameters), on a random draw or on a size known only at run time, or holds more (or a value on the way holds
-    more than ``MAX_EVALUATED`` elements). What a node needs at load
-    (a Loop's trip count, an If's condition, Pad's value, Range's limit) may be computed in the model (the
-    expansions of ONNX's functions)."""
-    from ..core.opdef import registry
-    from ..program.executor import _flattener
-
-    program = variable.program
-    block = program.block
-    if any(d is None for d in variable.spec.shape) or math.prod(variable.spec.shape) > FOLD_ELEMENTS:
-        raise NotAtImport(variable.name)
-    producer = {n: op for op in block.ops for n in op.output_names()}
-    device = program.device
-    values: dict = {}
-
-    def value(name: str):
-        if name in values:
-            return values[name]
-        op = producer.get(name)
-        if op is None:  # a constant, or a feed or state: not known
-            if name in program.values and not block.vars[name].persistable:
-                return program.values[name]
-            raise NotAtImport(name)
-        opdef = registry.get(op.type)
-        for out in op.output_names():  # (checked before the kernel allocates: a file gives these sizes)
-            shape = block.vars[out].spec.shape
-            if None in shape or math.prod(shape) > MAX_EVALUATED:
-                raise NotAtImport(out)
-        if "random" in opdef.traits or op.value_reads() or any(
-                isinstance(v, (Dim, Elem)) for a in op.attrs.values() for v in (a if isinstance(a, tuple) else (a,))):
-            raise NotAtImport(name)
-        known = {}
-        for n in op.input_names():
-            spec = block.vars[n].spec
-            if "shape_only" in opdef.traits:  # (its result depends on the input's spec alone)
-                if any(d is None for d in spec.shape):
-                    raise NotAtImport(n)
-                known[n] = device.xp.empty(spec.shape, spec.dtype)
-            else:
-                known[n] = value(n)
-        args = [[known[n] for n in op.inputs[p.name]] if p.is_list else
-                (known[op.inputs[p.name][0]] if op.inputs[p.name] else None) for p in opdef.inputs]
-        dtypes = tuple(block.vars[n].spec.dtype for n in op.input_names())[:1]
-        result = opdef.kernel_for(device, dtypes, op.attrs).bind(device)(*args, **op.attrs)
-        for n, v in zip(op.output_names(), _flattener(opdef, device)(result)):
-            values[n] = v
-        return values[name]
-
-    with np.errstate(all="ignore"):
-        return np.array(device.to_host(value(variable.name)))
 
 
 _SCALAR_FIELDS = {1: "f", 2: "i", 3: "s", 4: "t"}  # AttributeProto FLOAT, INT, STRING, TENSOR: the field set
@@ -832,7 +759,6 @@ class OnnxModule(Module):
 
 _FOLDABLE = {"Identity", "Concat", "Gather", "Unsqueeze", "Squeeze", "Slice", "Cast", "Reshape", "Add", "Sub", "Mul",
              "Div", "Neg", "Size", "Transpose"}
-FOLD_ELEMENTS = 4096  # integer constants of more dims are computed at import up to this size (torch's pad chains)
 
 
 def _fold(n: Node):

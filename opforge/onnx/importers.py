@@ -18,8 +18,8 @@ import numpy as np
 from .. import ops as F
 from ..core import dtypes as D
 from ..core.spec import Dim, Elem
-from .shapes import constant, sizes_of
-from .types import LOW_FLOATS, NARROW, OnnxImportError, Seq, dtype_of, round_to, type_name
+from .shapes import NotAtImport, constant, sizes_of, value_at_import
+from .types import LOW_FLOATS, NARROW, NeedsConstant, OnnxImportError, Seq, dtype_of, round_to, type_name
 
 IMPORTERS: dict = {}
 
@@ -2345,8 +2345,6 @@ def _(n):
 
 def _known(n, value, what: str):
     """``value`` (a value of the import) as an array when it is known at load, else None."""
-    from .importer import NotAtImport, value_at_import
-
     if isinstance(value, tuple):
         return None if any(isinstance(d, Dim) for d in value) else np.array(value, np.int64)
     if isinstance(value, np.ndarray):
@@ -2382,8 +2380,6 @@ def _(n):
 def _needs_condition(n, why: str):
     """Refuse an If that cannot pick at run time: ``NeedsConstant`` naming what to bind (its condition, or the
     graph input it is computed from), so that a caller who binds it gets the branch it picks."""
-    from .importer import NeedsConstant
-
     try:
         n.const(0, "cond")
     except NeedsConstant as e:

@@ -4,6 +4,8 @@ importer alike."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import ops as F
@@ -66,3 +68,71 @@ def from_shapes(variable) -> bool:
         return seen[name]
 
     return known(variable.name)
+
+
+FOLD_ELEMENTS = 4096  # integer constants of more dims are computed at import up to this size (torch's pad chains)
+MAX_EVALUATED = 1 << 20  # elements of each value value_at_import computes on the way to what a node needs
+
+
+class NotAtImport(LookupError):
+    """A value ``value_at_import`` cannot compute: ``name`` is the variable it stops at (a feed, state, ...)."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.name = name
+
+
+def value_at_import(variable) -> np.ndarray:
+    """The value of a program variable of at most ``FOLD_ELEMENTS`` elements that the ops recorded so far compute from
+    constants alone (and from the shapes of feeds whose shapes are fully known), computed now by the ops' kernels as
+    the executor's constant folding would; ``NotAtImport`` when it depends on a feed's values, on state
+    (parameters), on a random draw or on a size known only at run time, or holds more (or a value on the way holds
+    more than ``MAX_EVALUATED`` elements). What a node needs at load
+    (a Loop's trip count, an If's condition, Pad's value, Range's limit) may be computed in the model (the
+    expansions of ONNX's functions)."""
+    from ..core.opdef import registry
+    from ..program.executor import _flattener
+
+    program = variable.program
+    block = program.block
+    if any(d is None for d in variable.spec.shape) or math.prod(variable.spec.shape) > FOLD_ELEMENTS:
+        raise NotAtImport(variable.name)
+    producer = {n: op for op in block.ops for n in op.output_names()}
+    device = program.device
+    values: dict = {}
+
+    def value(name: str):
+        if name in values:
+            return values[name]
+        op = producer.get(name)
+        if op is None:  # a constant, or a feed or state: not known
+            if name in program.values and not block.vars[name].persistable:
+                return program.values[name]
+            raise NotAtImport(name)
+        opdef = registry.get(op.type)
+        for out in op.output_names():  # (checked before the kernel allocates: a file gives these sizes)
+            shape = block.vars[out].spec.shape
+            if None in shape or math.prod(shape) > MAX_EVALUATED:
+                raise NotAtImport(out)
+        if "random" in opdef.traits or op.value_reads() or any(
+                isinstance(v, (Dim, Elem)) for a in op.attrs.values() for v in (a if isinstance(a, tuple) else (a,))):
+            raise NotAtImport(name)
+        known = {}
+        for n in op.input_names():
+            spec = block.vars[n].spec
+            if "shape_only" in opdef.traits:  # (its result depends on the input's spec alone)
+                if any(d is None for d in spec.shape):
+                    raise NotAtImport(n)
+                known[n] = device.xp.empty(spec.shape, spec.dtype)
+            else:
+                known[n] = value(n)
+        args = [[known[n] for n in op.inputs[p.name]] if p.is_list else
+                (known[op.inputs[p.name][0]] if op.inputs[p.name] else None) for p in opdef.inputs]
+        dtypes = tuple(block.vars[n].spec.dtype for n in op.input_names())[:1]
+        result = opdef.kernel_for(device, dtypes, op.attrs).bind(device)(*args, **op.attrs)
+        for n, v in zip(op.output_names(), _flattener(opdef, device)(result)):
+            values[n] = v
+        return values[name]
+
+    with np.errstate(all="ignore"):
+        return np.array(device.to_host(value(variable.name)))

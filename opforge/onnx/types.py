@@ -14,6 +14,15 @@ class OnnxImportError(OpforgeError, ValueError):
     """An ONNX model that cannot be loaded: malformed, or using an op, attribute or type opforge does not map."""
 
 
+class NeedsConstant(OnnxImportError):
+    """An input our ops take as an attribute (axes, a shape, pads) that the model computes or feeds at run time.
+    ``load(model, bind={name: value})`` specialises the model on given values of such graph inputs."""
+
+    def __init__(self, message: str, input_name: str):
+        super().__init__(message)
+        self.input_name = input_name
+
+
 class Seq(list):
     """An ONNX sequence at import: a list of values (Variables, arrays) whose length is known at load. (An optional
     is its value, or None when empty.) A graph input of either kind is bound at load; a sequence graph output
