@@ -203,6 +203,44 @@ def test_multi_output_ops_where_only_some_outputs_get_gradients(scratch_ops):
     assert x.grad.numpy().tolist() == [10.0, 10.0, 0.0, 0.0]
 
 
+def test_a_rule_that_declares_an_output_gradient_none_gets_none_for_an_unused_output(scratch_ops):
+    # d<output>=None: the rule handles "no gradient reached that output" itself, and no zeros are made for it —
+    # eagerly (as written, and replayed from the third backward pass on), recorded (create_graph) and compiled
+    scratch_ops.append("halves")
+    seen = []
+
+    @of.op("halves(Tensor x) -> (Tensor first, Tensor second)")
+    def halves(x):
+        half = x.shape[0] // 2
+        return x[:half] * 1, x[half:] * 1
+
+    @halves.infer
+    def _(x):
+        half = x.shape[0] // 2
+        return of.Spec((half,), x.dtype), of.Spec((x.shape[0] - half,), x.dtype)
+
+    @halves.grad
+    def _(x_spec, dfirst=None, dsecond=None):
+        seen.append((dfirst is None, dsecond is None))
+        n, half = x_spec.shape[0], x_spec.shape[0] // 2
+        parts = [F.slice_grad(d, shape=[n], axes=[0], starts=[a], ends=[b], steps=[1])
+                 for d, a, b in ((dfirst, 0, half), (dsecond, half, n)) if d is not None]
+        return parts[0] if len(parts) == 1 else parts[0] + parts[1]
+
+    x = t64([1.0, 2.0, 3.0, 4.0])
+    for _ in range(3):  # the third pass replays the rule recorded in the second
+        x.grad = None
+        (F.halves(x).second * 10).sum().backward()
+        assert x.grad.numpy().tolist() == [0.0, 0.0, 10.0, 10.0]
+    (g,) = of.grad((F.halves(x).first * 3).sum(), [x], create_graph=True)
+    assert g.numpy().tolist() == [3.0, 3.0, 0.0, 0.0]
+    assert seen == [(True, False)] * 2 + [(False, True)]  # the rule ran twice (as written, recorded); replayed once
+    seen.clear()
+    step = of.compile(lambda x: of.grad((F.halves(x).second * 2).sum(), [x])[0])
+    assert step(x).numpy().tolist() == [0.0, 0.0, 2.0, 2.0]
+    assert seen == [(True, False)]  # run once, while the program's backward pass was built
+
+
 @pytest.mark.parametrize("returned, message", [
     (lambda dy: (dy, dy), "must return 1 gradient"),
     (lambda dy: np.ones(3), "returned ndarray of shape"),

@@ -153,6 +153,33 @@ def test_second_derivatives_match_torch(cls, kwargs):
         close(a, b, rtol=1e-9, atol=1e-11, msg=f"H·v, input {k}")
 
 
+@pytest.mark.parametrize("cls, kwargs", [("LSTM", {}), ("LSTM", {"bidirectional": True}), ("GRU", {})])
+@pytest.mark.parametrize("used", [0, 1, 2])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_gradients_from_one_output_alone_match_torch(cls, kwargs, used, compiled):
+    """A loss of the output alone, of h_n alone or of c_n alone: the sequence ops' rules then get no gradient
+    (None) for some of their outputs (the cell states, the gates, and with c_n alone even y), eagerly, replayed
+    (the second and third passes) and compiled."""
+    if cls == "GRU" and used == 2:
+        pytest.skip("a GRU has no c_n")
+    ours, theirs = pair(cls, 3, 4, 2, **kwargs)
+    po, pt = list(ours.parameters()), list(theirs.parameters())
+    x = randn(5, 2, 3)
+    w = randn(*flat(theirs(t(x)))[used].shape, seed=7)
+
+    def grads(x):
+        xo = x if compiled else of.tensor(x.numpy(), requires_grad=True)
+        loss = F.sum(flat(ours(xo))[used] * of.tensor(w))
+        return of.grad(loss, [xo, *po])
+
+    xt = t(x).requires_grad_()
+    want = torch.autograd.grad((flat(theirs(xt))[used] * t(w)).sum(), [xt, *pt])
+    run = of.compile(grads) if compiled else grads
+    for _ in range(3):
+        for k, (a, b) in enumerate(zip(run(of.tensor(x)), want)):
+            close(a, b, msg=f"input {k}")
+
+
 # -- cells -----------------------------------------------------------------------------------------------------------
 
 CELLS = [("LSTMCell", (4, 3), {}), ("GRUCell", (4, 3), {}), ("RNNCell", (4, 3), {}),

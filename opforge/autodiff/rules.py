@@ -60,12 +60,16 @@ def call_rule(call: RecordedCall, out_grads: list, create_graph: bool = False) -
         kwargs[name] = call.saved_output(name, i, create_graph)
     if len(out_grads) == 1 and call.out_layout == (-1,):  # one output (nearly every op): no ranges to work out
         for name, _ in rule.output_grads:
-            kwargs[name] = out_grads[0] if out_grads[0] is not None else call.zeros(0)
+            kwargs[name] = out_grads[0] if out_grads[0] is not None or name in rule.none_grads else call.zeros(0)
     elif rule.output_grads:
         ranges = flat_ranges(call.out_layout)
         for name, i in rule.output_grads:
             start, count, is_list = ranges[i]
-            grads = [out_grads[k] if out_grads[k] is not None else call.zeros(k) for k in range(start, start + count)]
+            if name in rule.none_grads:  # the rule takes None for an output no gradient reached (GradRule)
+                grads = out_grads[start:start + count]
+            else:
+                grads = [out_grads[k] if out_grads[k] is not None else call.zeros(k)
+                         for k in range(start, start + count)]
             kwargs[name] = grads if is_list else grads[0]
     for name, where, i in rule.spec_params:
         kwargs[name] = call.spec(where, i)

@@ -71,6 +71,7 @@ class GradRule(NamedTuple):
     attrs: tuple  # attribute names the rule takes
     wants_needs: bool  # takes needs_input_grad
     residuals: tuple = ()  # names of the op's saves the rule takes (see OpDef.saves)
+    none_grads: frozenset = frozenset()  # the d<output> parameters declared "=None": None, not zeros, if unused
 
 
 class Sample(NamedTuple):
@@ -306,7 +307,8 @@ class OpDef:
         return fn
 
     def _parse_rule(self, fn) -> GradRule:
-        names = tuple(inspect.signature(fn).parameters)
+        parameters = inspect.signature(fn).parameters
+        names = tuple(parameters)
         inputs = {n: i for i, n in enumerate(self.input_names)}
         outputs = {n: i for i, n in enumerate(self.output_names)}
         attrs = {p.name for p in self.attrs}
@@ -335,8 +337,11 @@ class OpDef:
                     f"{['d' + o for o in outputs]}, attrs {sorted(attrs)}, '<input>_spec', 'needs_input_grad'"
                     + (f", saves {list(self.saves)}" if self.saves else "")
                 )
+        # A rule that declares an output gradient "=None" handles "no gradient reached this output" itself: it gets
+        # None there instead of zeros that the engine would allocate (and the kernel would read) for nothing.
+        none_grads = frozenset(n for n, _ in douts if parameters[n].default is None)
         return GradRule(fn, names, tuple(saved_in), tuple(saved_out), tuple(douts), tuple(specs),
-                        tuple(rule_attrs), needs, tuple(residuals))
+                        tuple(rule_attrs), needs, tuple(residuals), none_grads)
 
     # -- queries -----------------------------------------------------------------------------------------
 

@@ -1592,17 +1592,17 @@ def lstm_layer_grad(
     cells: _TensorLike,
     c0: _TensorLike,
     w_hh: _TensorLike,
-    dy: _TensorLike,
-    dcells: _TensorLike,
-    dgates: _TensorLike,
+    dy: _TensorLike | None = None,
+    dcells: _TensorLike | None = None,
+    dgates: _TensorLike | None = None,
     batch_sizes: _TensorLike | None = None,
     *,
     reverse: bool = False,
 ) -> _lstm_layer_grad_result:
     """Backpropagation through time of ``lstm_layer``, from its outputs ``gates`` and ``cells`` (and c0, w_hh):
-    given the gradients of y, cells and gates, the gradient of the gates' pre-activations every step ``dpre``
-    (T, N, 4H) — which is gx's, and from which the layer's rule makes W_hh's as one product — and those of h0
-    and c0. One dpre·W_hh product a step.
+    given the gradients of y, cells and gates (None: zero, no gradient reached that output), the gradient of the
+    gates' pre-activations every step ``dpre`` (T, N, 4H) — which is gx's, and from which the layer's rule makes
+    W_hh's as one product — and those of h0 and c0. One dpre·W_hh product a step.
     """
 
 class _gru_layer_result(NamedTuple):
@@ -1637,17 +1637,17 @@ def gru_layer_grad(
     y: _TensorLike,
     h0: _TensorLike,
     w_hh: _TensorLike,
-    dy: _TensorLike,
-    dgates: _TensorLike,
-    dhn: _TensorLike,
+    dy: _TensorLike | None = None,
+    dgates: _TensorLike | None = None,
+    dhn: _TensorLike | None = None,
     batch_sizes: _TensorLike | None = None,
     *,
     reverse: bool = False,
 ) -> _gru_layer_grad_result:
     """Backpropagation through time of ``gru_layer``, from its outputs ``gates``, ``hn`` and ``y`` (and h0,
-    w_hh): given the gradients of y, gates and hn, the gradients of gx (T, N, 3H) and of gh = h·W_hhᵀ + b_hh
-    every step (they differ in the n block: r·dgx_n there), from which the layer's rule makes W_hh's and b_hh's
-    as one product and one sum, and h0's. One dgh·W_hh product a step.
+    w_hh): given the gradients of y, gates and hn (None: zero), the gradients of gx (T, N, 3H) and of gh =
+    h·W_hhᵀ + b_hh every step (they differ in the n block: r·dgx_n there), from which the layer's rule makes
+    W_hh's and b_hh's as one product and one sum, and h0's. One dgh·W_hh product a step.
     """
 
 # -- opforge.ops.reduce

@@ -227,7 +227,8 @@ def _(gx, h0, c0, w_hh, batch_sizes, *, reverse):
 
 
 @lstm_layer.grad
-def _(h0, c0, w_hh, batch_sizes, y, cells, gates, dy, dcells, dgates, *, reverse, needs_input_grad):
+def _(h0, c0, w_hh, batch_sizes, y, cells, gates, dy=None, dcells=None, dgates=None, *, reverse, needs_input_grad):
+    # an output no gradient reached comes as None (the usual case: nothing reads cells and gates), not as zeros
     dpre, dh0, dc0 = F.lstm_layer_grad(gates, cells, c0, w_hh, dy, dcells, dgates, batch_sizes, reverse=reverse)
     # the weight's gradient: Σ over steps of dpreᵀ·h_prev, one product (rows past their length have dpre 0)
     dw = _outer_sum(dpre, _previous(y, h0, reverse)) if needs_input_grad[3] else None
@@ -250,26 +251,25 @@ def _(rng):
 
 
 @op("lstm_layer_grad(Tensor<floating> gates, Tensor<floating> cells, Tensor<floating> c0, Tensor<floating> w_hh, "
-    "Tensor<floating> dy, Tensor<floating> dcells, Tensor<floating> dgates, nograd Tensor<int64>? batch_sizes=None, "
-    "*, bool reverse=False) -> (Tensor dpre, Tensor dh0, Tensor dc0)", traits=["same_dtype"])
+    "Tensor<floating>? dy=None, Tensor<floating>? dcells=None, Tensor<floating>? dgates=None, "
+    "nograd Tensor<int64>? batch_sizes=None, *, bool reverse=False) -> (Tensor dpre, Tensor dh0, Tensor dc0)",
+    traits=["same_dtype"])
 def lstm_layer_grad(gates, cells, c0, w_hh, dy, dcells, dgates, batch_sizes, *, reverse):
     """Backpropagation through time of ``lstm_layer``, from its outputs ``gates`` and ``cells`` (and c0, w_hh):
-    given the gradients of y, cells and gates, the gradient of the gates' pre-activations every step ``dpre``
-    (T, N, 4H) — which is gx's, and from which the layer's rule makes W_hh's as one product — and those of h0
-    and c0. One dpre·W_hh product a step."""
+    given the gradients of y, cells and gates (None: zero, no gradient reached that output), the gradient of the
+    gates' pre-activations every step ``dpre`` (T, N, 4H) — which is gx's, and from which the layer's rule makes
+    W_hh's as one product — and those of h0 and c0. One dpre·W_hh product a step."""
     _validate(lstm_layer_grad, gates, cells, c0, w_hh, dy, dcells, dgates, batch_sizes, reverse=reverse)
     t, n, h = cells.shape
     sizes = _sizes("lstm_layer_grad", batch_sizes, t, n)
     dpre = np.empty_like(gates)
     dh, dc = np.zeros((n, h), gates.dtype), np.zeros((n, h), gates.dtype)
     product = _StepProduct(w_hh, n, _StepProduct.BACKWARD)
-    # The gradients of gates and cells: zero unless something read those outputs (the engine hands zeros then)
-    dgates = dgates if dgates.any() else None
-    dcells = dcells if dcells.any() else None
     order = list(_steps(t, reverse))
     jac, tc, d, tmp = (np.empty((n, w), gates.dtype) for w in (4 * h, h, h, h))
     for k, step in enumerate(reversed(order)):
-        dh += dy[step]
+        if dy is not None:
+            dh += dy[step]
         if dcells is not None:
             dc += dcells[step]
         b = _active(sizes, step, n)
@@ -323,6 +323,9 @@ def _(gates, cells, c0, w_hh, dy, dcells, dgates, batch_sizes, dpre, ddpre, ddh0
     # (ddh0, ddc0, ddpre), η for dh and κ for dc (the tangent of the forward pass); in the coefficients (gates,
     # cells, c0, W_hh) it is a product of both sweeps' values at each step. Ops only: differentiable again.
     t, n = cells.shape[:2]
+    given = dy is not None, dcells is not None, dgates is not None  # an absent one is zero and gets no gradient
+    dy, dcells = (F.zeros_like(cells) if v is None else v for v in (dy, dcells))
+    dgates = F.zeros_like(gates) if dgates is None else dgates
     mask = _masks(batch_sizes, n, gates.dtype)
     order = list(_steps(t, reverse))
     i_all, f_all, g_all, o_all = _blocks(gates, 4)
@@ -390,19 +393,22 @@ def _(gates, cells, c0, w_hh, dy, dcells, dgates, batch_sizes, dpre, ddpre, ddh0
         eta, kappa = new_eta, dd
         g_dy[step], g_dcells[step], g_dgates[step] = eta, kappa, sig
     g_w = _outer_sum(dpre, _stack(etas))  # from dh = p·W_hh: Σ pᵀ·η
-    return _stack(g_gates), _stack(g_cells), g_c0, g_w, _stack(g_dy), _stack(g_dcells), _stack(g_dgates), None
+    g_dy, g_dcells, g_dgates = (_stack(g) if want else None for g, want in zip((g_dy, g_dcells, g_dgates), given))
+    return _stack(g_gates), _stack(g_cells), g_c0, g_w, g_dy, g_dcells, g_dgates, None
 
 
-def _lstm_grad_sample(rng, t, n, h, batch_sizes=None, reverse=False):
+def _lstm_grad_sample(rng, t, n, h, batch_sizes=None, reverse=False, absent=()):
     gates = np.concatenate([rng.uniform(0.1, 0.9, (t, n, 2 * h)), rng.uniform(-0.9, 0.9, (t, n, h)),
                             rng.uniform(0.1, 0.9, (t, n, h))], axis=2)
     sizes = None
     if batch_sizes is not None:
         sizes = np.array(batch_sizes, np.int64)
         gates[np.arange(n)[None, :] >= sizes[:, None]] = 0  # rows past their length: gates 0, as lstm_layer's
+    grads = {"dy": rng.standard_normal((t, n, h)), "dcells": rng.standard_normal((t, n, h)),
+             "dgates": rng.standard_normal((t, n, 4 * h))}
     return Sample.of(gates, rng.standard_normal((t, n, h)), rng.standard_normal((n, h)),
-                     rng.standard_normal((4 * h, h)) * 0.5, rng.standard_normal((t, n, h)),
-                     rng.standard_normal((t, n, h)), rng.standard_normal((t, n, 4 * h)), sizes, reverse=reverse)
+                     rng.standard_normal((4 * h, h)) * 0.5, *(None if k in absent else g for k, g in grads.items()),
+                     sizes, reverse=reverse)
 
 
 @lstm_layer_grad.samples
@@ -410,6 +416,8 @@ def _(rng):
     yield _lstm_grad_sample(rng, 2, 2, 2)
     yield _lstm_grad_sample(rng, 3, 2, 1, batch_sizes=[2, 1, 1])
     yield _lstm_grad_sample(rng, 3, 2, 1, batch_sizes=[2, 2, 1], reverse=True)
+    yield _lstm_grad_sample(rng, 3, 2, 2, absent=("dcells", "dgates"))  # as the layer's rule calls it, usually
+    yield _lstm_grad_sample(rng, 2, 2, 2, batch_sizes=[2, 1], absent=("dy", "dgates"))  # only c_n read
 
 
 # -- GRU -------------------------------------------------------------------------------------------------------------
@@ -474,7 +482,8 @@ def _(gx, h0, w_hh, b_hh, batch_sizes, *, reverse):
 
 
 @gru_layer.grad
-def _(h0, w_hh, batch_sizes, y, gates, hn, dy, dgates, dhn, *, reverse, needs_input_grad):
+def _(h0, w_hh, batch_sizes, y, gates, hn, dy=None, dgates=None, dhn=None, *, reverse, needs_input_grad):
+    # an output no gradient reached comes as None (the usual case: nothing reads gates and hn), not as zeros
     dgx, dgh, dh0 = F.gru_layer_grad(gates, hn, y, h0, w_hh, dy, dgates, dhn, batch_sizes, reverse=reverse)
     dw = _outer_sum(dgh, _previous(y, h0, reverse)) if needs_input_grad[2] else None
     db = F.sum(dgh, axis=[0, 1]) if needs_input_grad[3] else None
@@ -498,26 +507,25 @@ def _(rng):
 
 
 @op("gru_layer_grad(Tensor<floating> gates, Tensor<floating> hn, Tensor<floating> y, Tensor<floating> h0, "
-    "Tensor<floating> w_hh, Tensor<floating> dy, Tensor<floating> dgates, Tensor<floating> dhn, "
+    "Tensor<floating> w_hh, Tensor<floating>? dy=None, Tensor<floating>? dgates=None, Tensor<floating>? dhn=None, "
     "nograd Tensor<int64>? batch_sizes=None, *, bool reverse=False) -> (Tensor dgx, Tensor dgh, Tensor dh0)",
     traits=["same_dtype"])
 def gru_layer_grad(gates, hn, y, h0, w_hh, dy, dgates, dhn, batch_sizes, *, reverse):
     """Backpropagation through time of ``gru_layer``, from its outputs ``gates``, ``hn`` and ``y`` (and h0, w_hh):
-    given the gradients of y, gates and hn, the gradients of gx (T, N, 3H) and of gh = h·W_hhᵀ + b_hh every step
-    (they differ in the n block: r·dgx_n there), from which the layer's rule makes W_hh's and b_hh's as one
-    product and one sum, and h0's. One dgh·W_hh product a step."""
+    given the gradients of y, gates and hn (None: zero), the gradients of gx (T, N, 3H) and of gh = h·W_hhᵀ +
+    b_hh every step (they differ in the n block: r·dgx_n there), from which the layer's rule makes W_hh's and
+    b_hh's as one product and one sum, and h0's. One dgh·W_hh product a step."""
     _validate(gru_layer_grad, gates, hn, y, h0, w_hh, dy, dgates, dhn, batch_sizes, reverse=reverse)
     t, n, h = y.shape
     sizes = _sizes("gru_layer_grad", batch_sizes, t, n)
     dgx, dgh = np.empty_like(gates), np.empty_like(gates)
     dh = np.zeros((n, h), gates.dtype)
     product = _StepProduct(w_hh, n, _StepProduct.BACKWARD)
-    dgates = dgates if dgates.any() else None  # as lstm_layer_grad: zero unless something read those outputs
-    dhn = dhn if dhn.any() else None
     order = list(_steps(t, reverse))
     tmp, rec = np.empty((n, h), gates.dtype), np.empty((n, h), gates.dtype)
     for k, step in enumerate(reversed(order)):
-        dh += dy[step]
+        if dy is not None:
+            dh += dy[step]
         b = _active(sizes, step, n)
         r, z, nn = gates[step, :b, :h], gates[step, :b, h:2 * h], gates[step, :b, 2 * h:]
         h_prev = (h0 if k == t - 1 else y[order[t - 2 - k]])[:b]
@@ -579,6 +587,9 @@ def _(gates, hn, y, h0, w_hh, dy, dgates, dhn, batch_sizes, dgx, dgh, ddgx, ddgh
     # Linear in (dy, dgates, dhn): as lstm_layer_grad's rule, the recursion forwards (η for dh) and products of
     # both sweeps' values for the coefficients.
     t, n, h = y.shape
+    given = dy is not None, dgates is not None, dhn is not None  # an absent one is zero and gets no gradient
+    dy, dhn = (F.zeros_like(y) if v is None else v for v in (dy, dhn))
+    dgates = F.zeros_like(gates) if dgates is None else dgates
     mask = _masks(batch_sizes, n, gates.dtype)
     order = list(_steps(t, reverse))
     r_all, z_all, n_all = _blocks(gates, 3)
@@ -629,19 +640,21 @@ def _(gates, hn, y, h0, w_hh, dy, dgates, dhn, batch_sizes, dgx, dgh, ddgx, ddgh
         g_dy[step], g_dgates[step], g_dhn[step] = eta, F.concat([s_r, s_z, s_n], axis=1), q_n
     g_y[order[t - 1]] = F.zeros_like(y[0])  # the last step's y is no step's h_prev
     g_w = _outer_sum(dgh, _stack(etas))  # from dh = dgh·W_hh: Σ dghᵀ·η
-    return _stack(g_gates), _stack(g_hn), _stack(g_y), g_h0, g_w, _stack(g_dy), _stack(g_dgates), _stack(g_dhn), None
+    g_dy, g_dgates, g_dhn = (_stack(g) if want else None for g, want in zip((g_dy, g_dgates, g_dhn), given))
+    return _stack(g_gates), _stack(g_hn), _stack(g_y), g_h0, g_w, g_dy, g_dgates, g_dhn, None
 
 
-def _gru_grad_sample(rng, t, n, h, batch_sizes=None, reverse=False):
+def _gru_grad_sample(rng, t, n, h, batch_sizes=None, reverse=False, absent=()):
     gates = np.concatenate([rng.uniform(0.1, 0.9, (t, n, 2 * h)), rng.uniform(-0.9, 0.9, (t, n, h))], axis=2)
     sizes = None
     if batch_sizes is not None:
         sizes = np.array(batch_sizes, np.int64)
         gates[np.arange(n)[None, :] >= sizes[:, None]] = 0
+    grads = {"dy": rng.standard_normal((t, n, h)), "dgates": rng.standard_normal((t, n, 3 * h)),
+             "dhn": rng.standard_normal((t, n, h))}
     return Sample.of(gates, rng.standard_normal((t, n, h)), rng.standard_normal((t, n, h)),
                      rng.standard_normal((n, h)), rng.standard_normal((3 * h, h)) * 0.5,
-                     rng.standard_normal((t, n, h)), rng.standard_normal((t, n, 3 * h)),
-                     rng.standard_normal((t, n, h)), sizes, reverse=reverse)
+                     *(None if k in absent else g for k, g in grads.items()), sizes, reverse=reverse)
 
 
 @gru_layer_grad.samples
@@ -649,6 +662,8 @@ def _(rng):
     yield _gru_grad_sample(rng, 2, 2, 2)
     yield _gru_grad_sample(rng, 3, 2, 1, batch_sizes=[2, 1, 1])
     yield _gru_grad_sample(rng, 3, 2, 1, batch_sizes=[2, 2, 1], reverse=True)
+    yield _gru_grad_sample(rng, 3, 2, 2, absent=("dgates", "dhn"))  # as the layer's rule calls it, usually
+    yield _gru_grad_sample(rng, 2, 2, 2, reverse=True, absent=("dy", "dhn"))
 
 
 __all__ = ["gru_layer", "gru_layer_grad", "lstm_layer", "lstm_layer_grad"]
