@@ -262,40 +262,44 @@ def lstm_layer_grad(gates, cells, c0, w_hh, dy, dcells, dgates, batch_sizes, *, 
     _validate(lstm_layer_grad, gates, cells, c0, w_hh, dy, dcells, dgates, batch_sizes, reverse=reverse)
     t, n, h = cells.shape
     sizes = _sizes("lstm_layer_grad", batch_sizes, t, n)
-    dpre = np.empty_like(gates)
     dh, dc = np.zeros((n, h), gates.dtype), np.zeros((n, h), gates.dtype)
     product = _StepProduct(w_hh, n, _StepProduct.BACKWARD)
     order = list(_steps(t, reverse))
-    jac, tc, d, tmp = (np.empty((n, w), gates.dtype) for w in (4 * h, h, h, h))
+    # What does not depend on the recursion, for every step at once (a few passes over whole arrays, not a few
+    # small ones a step): the activations' derivatives J — σ(1 − σ) for i, f, o and 1 − g² — in dpre, which each
+    # step then multiplies by its a in place; with k = tanh(c), k and o·(1 − k²).
+    dpre = np.subtract(1, gates)
+    dpre *= gates
+    jac_g = dpre[..., 2 * h:3 * h]
+    np.multiply(gates[..., 2 * h:3 * h], gates[..., 2 * h:3 * h], out=jac_g)
+    np.subtract(1, jac_g, out=jac_g)
+    k_all = np.tanh(cells)
+    o_k = np.multiply(k_all, k_all)
+    np.subtract(1, o_k, out=o_k)
+    o_k *= gates[..., 3 * h:]
+    a_buf, d_buf = np.empty((n, 4 * h), gates.dtype), np.empty((n, h), gates.dtype)
     for k, step in enumerate(reversed(order)):
         if dy is not None:
             dh += dy[step]
         if dcells is not None:
             dc += dcells[step]
         b = _active(sizes, step, n)
-        g, p, jb = gates[step, :b], dpre[step], jac[:b]
-        i, f, gg, o = g[:, :h], g[:, h:2 * h], g[:, 2 * h:3 * h], g[:, 3 * h:]
+        g, p, a, dhb = gates[step, :b], dpre[step], a_buf[:b], dh[:b]
+        i, f, gg = g[:, :h], g[:, h:2 * h], g[:, 2 * h:3 * h]
         c_prev = (c0 if k == t - 1 else cells[order[t - 2 - k]])[:b]
-        np.subtract(1, g, out=jb)
-        jb *= g
-        np.multiply(gg, gg, out=jb[:, 2 * h:3 * h])
-        np.subtract(1, jb[:, 2 * h:3 * h], out=jb[:, 2 * h:3 * h])
-        kc = np.tanh(cells[step, :b], out=tc[:b])
-        np.multiply(kc, kc, out=tmp[:b])
-        np.subtract(1, tmp[:b], out=tmp[:b])
-        tmp[:b] *= o
-        tmp[:b] *= dh[:b]
-        db = np.add(dc[:b], tmp[:b], out=d[:b])
-        np.multiply(db, gg, out=p[:b, :h])  # ∂/∂i, ∂/∂f, ∂/∂g, ∂/∂o, then through the activations
-        np.multiply(db, c_prev, out=p[:b, h:2 * h])
-        np.multiply(db, i, out=p[:b, 2 * h:3 * h])
-        np.multiply(dh[:b], kc, out=p[:b, 3 * h:])
+        db = np.multiply(o_k[step, :b], dhb, out=d_buf[:b])  # D = dc + dh·o·(1 − k²)
+        db += dc[:b]
+        np.multiply(db, gg, out=a[:, :h])  # ∂/∂i, ∂/∂f, ∂/∂g, ∂/∂o, then through the activations
+        np.multiply(db, c_prev, out=a[:, h:2 * h])
+        np.multiply(db, i, out=a[:, 2 * h:3 * h])
+        np.multiply(dhb, k_all[step, :b], out=a[:, 3 * h:])
         if dgates is not None:
-            p[:b] += dgates[step, :b]
-        p[:b] *= jb
-        p[b:] = 0
+            a += dgates[step, :b]
+        p[:b] *= a
+        if b < n:
+            p[b:] = 0
         np.multiply(db, f, out=dc[:b])
-        product(p[:b], dh[:b])
+        product(p[:b], dhb)
     return dpre, dh, dc
 
 
@@ -522,43 +526,43 @@ def gru_layer_grad(gates, hn, y, h0, w_hh, dy, dgates, dhn, batch_sizes, *, reve
     dh = np.zeros((n, h), gates.dtype)
     product = _StepProduct(w_hh, n, _StepProduct.BACKWARD)
     order = list(_steps(t, reverse))
-    tmp, rec = np.empty((n, h), gates.dtype), np.empty((n, h), gates.dtype)
+    # As lstm_layer_grad: the activations' derivatives r(1 − r), z(1 − z), 1 − n² for every step at once in dgx,
+    # which each step multiplies by its a in place; and 1 − z.
+    r_all, z_all, n_all = gates[..., :h], gates[..., h:2 * h], gates[..., 2 * h:]
+    one_z = np.subtract(1, z_all)
+    np.subtract(1, r_all, out=dgx[..., :h])
+    dgx[..., :h] *= r_all
+    np.multiply(one_z, z_all, out=dgx[..., h:2 * h])
+    np.multiply(n_all, n_all, out=dgx[..., 2 * h:])
+    np.subtract(1, dgx[..., 2 * h:], out=dgx[..., 2 * h:])
+    a_buf, rec = np.empty((n, h), gates.dtype), np.empty((n, h), gates.dtype)
     for k, step in enumerate(reversed(order)):
         if dy is not None:
             dh += dy[step]
         b = _active(sizes, step, n)
-        r, z, nn = gates[step, :b, :h], gates[step, :b, h:2 * h], gates[step, :b, 2 * h:]
+        r, z, nn = r_all[step, :b], z_all[step, :b], n_all[step, :b]
         h_prev = (h0 if k == t - 1 else y[order[t - 2 - k]])[:b]
-        x, hh, dhb, tb = dgx[step], dgh[step], dh[:b], tmp[:b]
+        x, hh, dhb, a = dgx[step], dgh[step], dh[:b], a_buf[:b]
         d_r, d_z, d_n = x[:b, :h], x[:b, h:2 * h], x[:b, 2 * h:]
-        # n: (dh·(1 − z) + dgates_n)·(1 − n²)
-        np.subtract(1, z, out=d_n)
-        d_n *= dhb
+        np.multiply(one_z[step, :b], dhb, out=a)  # n: (dh·(1 − z) + dgates_n)·(1 − n²)
         if dgates is not None:
-            d_n += dgates[step, :b, 2 * h:]
-        np.multiply(nn, nn, out=tb)
-        np.subtract(1, tb, out=tb)
-        d_n *= tb
-        # z: (dh·(h_prev − n) + dgates_z)·z(1 − z)
-        np.subtract(h_prev, nn, out=d_z)
-        d_z *= dhb
+            a += dgates[step, :b, 2 * h:]
+        d_n *= a
+        np.subtract(h_prev, nn, out=a)  # z: (dh·(h_prev − n) + dgates_z)·z(1 − z)
+        a *= dhb
         if dgates is not None:
-            d_z += dgates[step, :b, h:2 * h]
-        np.subtract(1, z, out=tb)
-        tb *= z
-        d_z *= tb
-        # r: (d_n·hn + dgates_r)·r(1 − r)
-        np.multiply(d_n, hn[step, :b], out=d_r)
+            a += dgates[step, :b, h:2 * h]
+        d_z *= a
+        np.multiply(d_n, hn[step, :b], out=a)  # r: (d_n·hn + dgates_r)·r(1 − r)
         if dgates is not None:
-            d_r += dgates[step, :b, :h]
-        np.subtract(1, r, out=tb)
-        tb *= r
-        d_r *= tb
+            a += dgates[step, :b, :h]
+        d_r *= a
         hh[:b, :2 * h] = x[:b, :2 * h]
         np.multiply(d_n, r, out=hh[:b, 2 * h:])
         if dhn is not None:
             hh[:b, 2 * h:] += dhn[step, :b]
-        x[b:], hh[b:] = 0, 0
+        if b < n:
+            x[b:], hh[b:] = 0, 0
         dhb *= z
         dhb += product(hh[:b], rec[:b])
     return dgx, dgh, dh
