@@ -180,6 +180,36 @@ def test_gradients_from_one_output_alone_match_torch(cls, kwargs, used, compiled
             close(a, b, msg=f"input {k}")
 
 
+
+@pytest.mark.parametrize("cls, kwargs", [("LSTM", {"num_layers": 2}), ("GRU", {"bidirectional": True}),
+                                         ("RNN", {"num_layers": 2, "nonlinearity": "relu"}),
+                                         ("LSTM", {"proj_size": 2, "batch_first": True})])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_twenty_training_steps_follow_torchs_trajectory(cls, kwargs, compiled):
+    """The layer trained 20 steps by SGD with momentum, a new batch each step, from torch's start: the loss and
+    every parameter after each step are torch's, eagerly and compiled."""
+    ours, theirs = pair(cls, 3, 4, **kwargs)
+    opt_o = of.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9)
+    opt_t = torch.optim.SGD(theirs.parameters(), lr=0.1, momentum=0.9)
+
+    def step(x):
+        loss = F.mean(ours(x)[0] ** 2)
+        loss.backward()
+        opt_o.step()
+        opt_o.zero_grad()
+        return loss
+
+    run = of.compile(step) if compiled else step
+    for k in range(20):
+        x = randn(5, 2, 3, seed=20 + k)
+        loss_t = (theirs(t(x))[0] ** 2).mean()
+        loss_t.backward()
+        opt_t.step()
+        opt_t.zero_grad()
+        close(run(of.tensor(x)), loss_t, rtol=1e-9, msg=f"loss at step {k}")
+        for (name, a), b in zip(ours.named_parameters(), theirs.parameters()):
+            close(a, b, rtol=1e-9, atol=1e-11, msg=f"{name} after step {k}")
+
 # -- cells -----------------------------------------------------------------------------------------------------------
 
 CELLS = [("LSTMCell", (4, 3), {}), ("GRUCell", (4, 3), {}), ("RNNCell", (4, 3), {}),

@@ -326,6 +326,38 @@ def test_transformer_matches_torch(batch_first):
             {"tgt_mask": tgt_mask, "tgt_is_causal": True})
 
 
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_twenty_training_steps_follow_torchs_trajectory(compiled):
+    """nn.Transformer trained 20 steps by SGD with momentum, a new batch each step (masks and padding given), from
+    torch's start: the loss and every parameter after each step are torch's, eagerly and compiled."""
+    of.manual_seed(6)
+    ours = nn.Transformer(D_MODEL, NHEAD, 1, 1, FF, dropout=0.0, dtype=F64)
+    theirs = load_into(ours, TNN.Transformer(D_MODEL, NHEAD, 1, 1, FF, dropout=0.0))
+    opt_o = of.optim.SGD(ours.parameters(), lr=0.05, momentum=0.9)
+    opt_t = torch.optim.SGD(theirs.parameters(), lr=0.05, momentum=0.9)
+    tgt_mask = nn.Transformer.generate_square_subsequent_mask(L, dtype=F64).numpy()
+    kw_o = {"tgt_mask": of.tensor(tgt_mask), "src_key_padding_mask": of.tensor(PADDING)}
+    kw_t = {"tgt_mask": torch.from_numpy(tgt_mask), "src_key_padding_mask": torch.from_numpy(PADDING)}
+
+    def step(src, tgt):
+        loss = F.mean(ours(src, tgt, **kw_o) ** 2)
+        loss.backward()
+        opt_o.step()
+        opt_o.zero_grad()
+        return loss
+
+    run = of.compile(step) if compiled else step
+    for k in range(20):
+        src, tgt = seq(S, seed=10 + k), seq(L, seed=40 + k)
+        loss_t = (theirs(torch.from_numpy(src), torch.from_numpy(tgt), **kw_t) ** 2).mean()
+        loss_t.backward()
+        opt_t.step()
+        opt_t.zero_grad()
+        close(run(of.tensor(src), of.tensor(tgt)), loss_t, rtol=1e-9, msg=f"loss at step {k}")
+        for (name, a), b in zip(ours.named_parameters(), theirs.parameters()):
+            close(a, b, rtol=1e-9, atol=1e-11, msg=f"{name} after step {k}")
+
 def test_transformer_options_and_initialisation_are_torchs():
     of.manual_seed(5)
     ours = nn.Transformer(D_MODEL, NHEAD, 1, 1, FF, dropout=0.0, activation="gelu", norm_first=True, bias=False,
