@@ -855,10 +855,13 @@ def _(gates, cells, c0, w_hh, dy, dcells, dgates, batch_sizes, *, reverse, xp):
     sizes = _sizes("lstm_layer_grad", batch_sizes, t, n)
     dpre = xp.zeros_like(gates)
     dh, dc = xp.zeros((n, h), gates.dtype), xp.zeros((n, h), gates.dtype)
+    # an absent output gradient (None) is zero: added as zeros here (the CPU's skips it; adding zeros changes nothing)
+    dy, dcells = (xp.zeros_like(cells) if v is None else v for v in (dy, dcells))
+    dgates = xp.zeros_like(gates) if dgates is None else dgates
     order = list(_steps(t, reverse))
     for k, step in enumerate(reversed(order)):
         dh += dy[step]
-        dc += dcells[step]  # (the CPU's skips zeros found by a read; adding them changes nothing)
+        dc += dcells[step]
         b = _active(sizes, step, n)
         g = gates[step, :b]
         i, f, gg, o = g[:, :h], g[:, h:2 * h], g[:, 2 * h:3 * h], g[:, 3 * h:]
@@ -903,6 +906,8 @@ def _(gates, hn, y, h0, w_hh, dy, dgates, dhn, batch_sizes, *, reverse, xp):
     sizes = _sizes("gru_layer_grad", batch_sizes, t, n)
     dgx, dgh = xp.zeros_like(gates), xp.zeros_like(gates)
     dh = xp.zeros((n, h), gates.dtype)
+    dy, dhn = (xp.zeros_like(y) if v is None else v for v in (dy, dhn))  # absent (None): zero, as lstm_layer_grad's
+    dgates = xp.zeros_like(gates) if dgates is None else dgates
     order = list(_steps(t, reverse))
     for k, step in enumerate(reversed(order)):
         dh += dy[step]
