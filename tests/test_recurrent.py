@@ -235,6 +235,41 @@ def test_cell_matches_torch(cls, args, kwargs, batched, with_states):
     compare_params(ours, theirs)
 
 
+@pytest.mark.parametrize("cls", ["LSTMCell", "GRUCell", "RNNCell"])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_cell_trained_twenty_steps_follows_torchs_trajectory(cls, compiled):
+    """The cell unrolled over 4 steps and trained 20 steps by SGD with momentum, a new batch each step, from torch's
+    start: the loss and every parameter after each step are torch's, eagerly and compiled."""
+    ours, theirs = pair(cls, 3, 4)
+    opt_o = of.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9)
+    opt_t = torch.optim.SGD(theirs.parameters(), lr=0.1, momentum=0.9)
+
+    def unrolled(cell, xs):
+        state, total = None, 0.0
+        for x in xs:
+            state = cell(x, state)
+            total = total + (state[0] if isinstance(state, tuple) else state) ** 2
+        return total
+
+    def step(xs):
+        loss = F.mean(unrolled(ours, [xs[k] for k in range(4)]))
+        loss.backward()
+        opt_o.step()
+        opt_o.zero_grad()
+        return loss
+
+    run = of.compile(step) if compiled else step
+    for k in range(20):
+        xs = randn(4, 2, 3, seed=60 + k)
+        loss_t = unrolled(theirs, list(t(xs))).mean()
+        loss_t.backward()
+        opt_t.step()
+        opt_t.zero_grad()
+        close(run(of.tensor(xs)), loss_t, rtol=1e-9, msg=f"loss at step {k}")
+        for (name, a), b in zip(ours.named_parameters(), theirs.parameters()):
+            close(a, b, rtol=1e-9, atol=1e-11, msg=f"{name} after step {k}")
+
+
 def test_a_cell_unrolled_by_hand_trains_like_torchs():
     ours, theirs = pair("LSTMCell", 3, 4)
     (xo,), (xt,) = leaves(randn(5, 2, 3))

@@ -358,6 +358,37 @@ def test_twenty_training_steps_follow_torchs_trajectory(compiled):
         for (name, a), b in zip(ours.named_parameters(), theirs.parameters()):
             close(a, b, rtol=1e-9, atol=1e-11, msg=f"{name} after step {k}")
 
+@pytest.mark.parametrize("config", [{}, {"kdim": 5, "vdim": 7, "add_bias_kv": True}])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_multihead_attention_trained_twenty_steps_follows_torchs_trajectory(config, compiled):
+    """nn.MultiheadAttention alone (key padding given, weights returned) trained 20 steps by SGD with momentum, a new
+    batch each step, from torch's start: the loss and every parameter after each step are torch's."""
+    ours, theirs = mha_pair(config, seed=3)
+    opt_o = of.optim.SGD(ours.parameters(), lr=0.05, momentum=0.9)
+    opt_t = torch.optim.SGD(theirs.parameters(), lr=0.05, momentum=0.9)
+
+    def step(q, k, v):
+        out, weights = ours(q, k, v, key_padding_mask=of.tensor(PADDING))
+        loss = F.mean(out ** 2) + F.mean(weights ** 2)
+        loss.backward()
+        opt_o.step()
+        opt_o.zero_grad()
+        return loss
+
+    run = of.compile(step) if compiled else step
+    kdim, vdim = config.get("kdim", E), config.get("vdim", E)
+    for k in range(20):
+        q, key, v = randn(L, N, E, seed=70 + k), randn(S, N, kdim, seed=90 + k), randn(S, N, vdim, seed=110 + k)
+        out_t, weights_t = theirs(*map(torch.from_numpy, (q, key, v)), key_padding_mask=torch.from_numpy(PADDING))
+        loss_t = (out_t ** 2).mean() + (weights_t ** 2).mean()
+        loss_t.backward()
+        opt_t.step()
+        opt_t.zero_grad()
+        close(run(of.tensor(q), of.tensor(key), of.tensor(v)), loss_t, rtol=1e-9, msg=f"loss at step {k}")
+        for (name, a), b in zip(ours.named_parameters(), theirs.parameters()):
+            close(a, b, rtol=1e-9, atol=1e-11, msg=f"{name} after step {k}")
+
+
 def test_transformer_options_and_initialisation_are_torchs():
     of.manual_seed(5)
     ours = nn.Transformer(D_MODEL, NHEAD, 1, 1, FF, dropout=0.0, activation="gelu", norm_first=True, bias=False,
