@@ -200,3 +200,43 @@ def test_finetune_example_runs():
                           timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "fine-tuned on all ten digits" in done.stdout
+
+
+def test_an_input_declared_narrower_than_opforge_holds_it_takes_only_values_of_its_type(tmp_path):
+    # an int8 input is held as int64: 300 fed there was added as 300 (ONNX Runtime refuses an int64 feed); a float8
+    # input is held as float32: 0.3 was used as 0.3. Now each feed takes arrays of the declared type, or values of it
+    import ml_dtypes
+    import onnxruntime as ort
+
+    from opforge.onnx import load, load_module
+    from opforge.program.serialize import load as load_program
+    from opforge.program.serialize import save as save_program
+
+    graph = helper.make_graph([helper.make_node("Add", ["a", "b"], ["c"])], "g",
+                              [helper.make_tensor_value_info(n, TensorProto.INT8, [2]) for n in "ab"],
+                              [helper.make_tensor_value_info("c", TensorProto.INT8, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    a, b = np.array([100, -100], np.int8), np.array([100, 1], np.int8)
+    want = ort.InferenceSession(model).run(None, {"a": a, "b": b})[0]
+    program = load(model)
+    exe = of.Executor(program)
+    np.testing.assert_array_equal(exe.run({"a": a, "b": b})["c"], want)  # the declared type, as ONNX Runtime
+    np.testing.assert_array_equal(exe.run({"a": a.astype(np.int64), "b": b.astype(np.int64)})["c"], want)
+    with pytest.raises(of.ArgumentError, match=r"feed 'a' is declared int8 .* holds 300, which is not a value of int8"):
+        exe.run({"a": np.array([300, 0]), "b": b.astype(np.int64)})
+    with pytest.raises(OnnxImportError, match=r"input 'a' is declared int8 .* holds 300"):
+        load_module(model)(of.tensor(np.array([300, 0])), of.tensor(b.astype(np.int64)))
+    save_program(program, tmp_path / "p.json")
+    with pytest.raises(of.ArgumentError, match="not a value of int8"):
+        of.Executor(load_program(tmp_path / "p.json")).run({"a": np.array([0, -129]), "b": b.astype(np.int64)})
+
+    graph = helper.make_graph([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT)], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT8E4M3FN, [3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]).SerializeToString()
+    exe = of.Executor(load(model))
+    x = np.array([0.5, 2.0, np.nan], np.float32)
+    np.testing.assert_array_equal(exe.run({"x": x.astype(ml_dtypes.float8_e4m3fn)})["y"], x)
+    np.testing.assert_array_equal(exe.run({"x": x})["y"], x)
+    with pytest.raises(of.ArgumentError, match="not a value of float8_e4m3fn"):
+        exe.run({"x": np.array([0.3, 1.0, 2.0], np.float32)})

@@ -585,6 +585,27 @@ class _Parsed:
                            for i in n.input[3:5] if i in self.arrays}
         self.declared = {vi.name: vi.type.tensor_type.elem_type for vi in graph.output}  # (0: not declared)
 
+    def declared_feeds(self) -> dict:
+        """Feed name -> the dtype the model declares it in, for the feeds held in a wider one (int8 as int64, float8
+        as float32: ``types.HELD``)."""
+        types = {vi.name: vi.type.tensor_type.elem_type for vi in self.graph.input}
+        return {name: HELD[types[name]] for name in self.feeds if types.get(name) in HELD}
+
+    def check_declared(self, inputs: dict) -> None:
+        """Refuse an eager input whose values are not values of the (narrower) type the model declares for it."""
+        for name, dtype in self.declared_feeds().items():
+            value = inputs.get(name)
+            if not isinstance(value, Tensor):
+                continue
+            host = value.numpy()
+            fits = host.astype(dtype).astype(host.dtype)
+            same = (fits == host) | (np.isnan(fits) & np.isnan(host)) if host.dtype.kind == "f" else fits == host
+            if not same.all():
+                bad = host.reshape(-1)[np.flatnonzero(~same.reshape(-1))[0]].item()
+                raise OnnxImportError(f"OnnxModule(): input {name!r} is declared {dtype} (held as {host.dtype}), "
+                                      f"and holds {bad!r}, which is not a value of {dtype}; convert the data first "
+                                      "(ONNX Runtime refuses an input of another type)")
+
     def run(self, inputs: dict, params: dict) -> dict:
         """The graph applied to ``inputs`` (by name) with float initializers ``params`` (by name): our ops are
         called on them, so this runs eagerly on Tensors and records a program on Variables."""
@@ -695,11 +716,13 @@ def load(source, bind: dict | None = None, *, max_constant_bytes: int = MAX_CONS
         return parsed.run(variables, params)
 
     try:
-        return trace(build, **parsed.feeds)
+        program = trace(build, **parsed.feeds)
     except OnnxImportError:
         raise
     except OpforgeError as e:
         raise OnnxImportError(f"onnx.load(): {e}") from None
+    program.feed_dtypes.update(parsed.declared_feeds())
+    return program
 
 
 def load_module(source, bind: dict | None = None, *, max_constant_bytes: int = MAX_CONSTANT_BYTES) -> OnnxModule:
@@ -747,6 +770,7 @@ class OnnxModule(Module):
         missing = set(self._parsed.feeds) - set(inputs)
         if missing:
             raise OnnxImportError(f"OnnxModule(): missing input(s) {sorted(missing)}")
+        self._parsed.check_declared(inputs)
         try:
             state = {n: getattr(self, a) for n, a in [*self._onnx_names.items(), *self._onnx_buffers.items()]}
             out = self._parsed.run(inputs, state)

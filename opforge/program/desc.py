@@ -92,6 +92,10 @@ class Program:
         self.name = name  # what it was traced from (a function's name): its plans' code is named after it
         self.blocks = [Block()]
         self.feeds: list[str] = []  # variable names given to Executor.run
+        # feed -> the narrower dtype it is declared in, held here in its variable's wider one (an imported ONNX
+        # model's int8 or float8 input, held as int64 or float32): Executor.run takes arrays of that dtype, and
+        # refuses values that are not values of it, as ONNX Runtime refuses a feed of another type
+        self.feed_dtypes: dict = {}
         self.outputs: dict = {}  # result name -> variable name
         self.values: dict = {}  # persistable or constant variable name -> initial array
         self.backward_requests: list = []  # (loss, wrt, no_grad, {wrt: its gradient}) of each append_backward

@@ -132,11 +132,32 @@ class Executor:
             if name not in feed:
                 raise ArgumentError(f"Executor.run(): missing feed {name!r} ({block.vars[name]})")
             arrays[name] = self._device_array(name, feed[name])
+            if name in self.program.feed_dtypes:
+                arrays[name] = self._declared(name, arrays[name])
         unknown = set(feed) - set(self.program.feeds)
         if unknown:
             raise ArgumentError(f"Executor.run(): {sorted(unknown)} are not feeds of the program "
                                 f"(feeds: {self.program.feeds})")
         return self.run_arrays(arrays)
+
+    def _declared(self, name: str, array):
+        """A feed declared in a dtype narrower than its variable's (``Program.feed_dtypes``): taken in that dtype,
+        or in the variable's own if every value is one of the declared dtype's (checked on the host)."""
+        declared, held = self.program.feed_dtypes[name], self.program.block.vars[name].spec.dtype
+        if array.dtype == declared:
+            return array.astype(held)
+        if array.dtype != held:
+            return array  # (prepare names the mismatch)
+        device = self.program.device
+        host = device.to_host(array)
+        fits = host.astype(declared).astype(held)
+        same = (fits == host) | (np.isnan(fits) & np.isnan(host)) if held.kind == "f" else fits == host
+        if not same.all():
+            bad = host.reshape(-1)[np.flatnonzero(~same.reshape(-1))[0]].item()
+            raise ArgumentError(f"Executor.run(): feed {name!r} is declared {declared} (held as {held}), and holds "
+                                f"{bad!r}, which is not a value of {declared}; convert the data to {declared} first "
+                                "(ONNX Runtime refuses a feed of another type)")
+        return array
 
     def _device_array(self, name: str, value):
         """A feed as an array of the program's device: a Tensor's own array there, else copied from the host."""

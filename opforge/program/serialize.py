@@ -90,6 +90,7 @@ def save(program: Program, path) -> None:
         "values": values_name,
         "values_sha256": digest,
         "feeds": program.feeds,
+        "feed_dtypes": {name: dtype.name for name, dtype in program.feed_dtypes.items()},
         "outputs": program.outputs,
         "grad_names": program.grad_names,
         "updates": program.updates,
@@ -179,6 +180,10 @@ class _Loader:
         for n in program.feeds:
             if self.vars[n].persistable:
                 raise ProgramFormatError(f"{where}: feed {n!r} is marked persistable; a feed is given at each run")
+        for n, dtype in _field(doc, "feed_dtypes", dict, where, {}).items():
+            if n not in program.feeds:
+                raise ProgramFormatError(f"{where}: feed_dtypes names {n!r}, which is not a feed")
+            program.feed_dtypes[n] = _dtype_named(dtype, f"{where}: feed_dtypes[{n!r}]")
         program.outputs = self._name_map(doc, "outputs", required=True)
         program.grad_names = self._name_map(doc, "grad_names")
         program.updates = self._name_map(doc, "updates")
@@ -418,3 +423,16 @@ def _load_values(program: Program, sources: set, path: Path, doc: dict, where: s
     if missing:
         raise ProgramFormatError(f"{where}: variables {sorted(missing)} are persistable, or are read but have neither "
                                  "a value nor an op that writes them")
+
+
+def _dtype_named(name, where: str) -> np.dtype:
+    """A dtype by its name: NumPy's, or ml_dtypes' narrow ones (int4, float8_e4m3fn...)."""
+    import ml_dtypes
+
+    if isinstance(name, str) and re.fullmatch(r"[a-z0-9_]{1,24}", name):
+        dtype = getattr(ml_dtypes, name, None)
+        if dtype is not None:
+            return np.dtype(dtype)
+        if name in np.sctypeDict:
+            return np.dtype(name)
+    raise ProgramFormatError(f"{where}: {describe(name)} names no dtype")
