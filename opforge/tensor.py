@@ -356,6 +356,44 @@ def _in_place_method(op: str):
     return method
 
 
+# torch's deprecated Tensor.scatter(..., reduce=): the scatter_reduce that keeps x's own value at each place
+_SCATTER_REDUCE = {"add": "sum", "multiply": "prod"}
+
+
+def _scatter_method(in_place: bool):
+    """``x.scatter(dim, index, src)`` (and ``value=``) is the op ``scatter``; with torch's ``reduce='add'`` or
+    ``'multiply'`` it is ``scatter_reduce(x, dim, index, src, 'sum' or 'prod', include_self=True)``, which is what
+    torch computes (torch, which deprecates this form, has no gradient for it; scatter_reduce's is given)."""
+    def method(self, *args, reduce=None, **kwargs):
+        if reduce is None:
+            def compute(t):
+                return F.scatter(t, *args, **kwargs)
+        else:
+            def compute(t):
+                return _scatter_reduced(t, reduce, *args, **kwargs)
+        return _in_place(self, "scatter_", compute) if in_place else compute(self)
+
+    method.__name__ = method.__qualname__ = "scatter_" if in_place else "scatter"
+    method.__doc__ = (f"torch's ``Tensor.scatter{'_' if in_place else ''}(dim, index, src or value, *, reduce=None)``"
+                      f"{', in place' if in_place else ''}: ``F.scatter``; with ``reduce`` 'add' or 'multiply', "
+                      "``F.scatter_reduce`` with 'sum' or 'prod' and include_self.")
+    return method
+
+
+def _scatter_reduced(x, reduce, dim, index, src=None, value=None):
+    if reduce not in _SCATTER_REDUCE:
+        raise ArgumentError(f"scatter(): argument 'reduce' must be 'add' or 'multiply' (torch's; scatter_reduce "
+                            f"takes the others), got {reduce!r}")
+    if (src is None) == (value is None):
+        raise ArgumentError("scatter(): give one of src (a tensor) and value (a number) with reduce=")
+    if src is None or not isinstance(src, Tensor):  # a number: the same value at every place index names
+        src = F.zeros_like(F.cast(index, dtype=x.dtype)) + (src if value is None else value)
+    elif src.dtype != x.dtype:
+        raise ArgumentError(f"scatter(): with reduce=, src must have self's dtype {x.dtype} (as torch's), got "
+                            f"{src.dtype}")
+    return F.scatter_reduce(x, dim, index, src, _SCATTER_REDUCE[reduce], include_self=True)
+
+
 def _sizes(sizes: tuple) -> list:
     """torch's ``view(2, 3)``, ``view((2, 3))`` and ``view(torch.Size([2, 3]))`` alike: the sizes as a list."""
     if len(sizes) == 1 and not isinstance(sizes[0], (int, np.integer, Dim)):  # (a Dim: one size known at run time)
@@ -511,7 +549,8 @@ class TensorOps:
         _method("unflatten"), _method("narrow"), _method("t")
     gather, index_select, masked_fill = _method("gather"), _method("index_select"), _method("masked_fill")
     scatter_add, index_add = _method("scatter_add"), _method("index_add")
-    scatter, index_fill, index_copy = _method("scatter"), _method("index_fill"), _method("index_copy")
+    scatter, scatter_ = _scatter_method(in_place=False), _scatter_method(in_place=True)
+    index_fill, index_copy = _method("index_fill"), _method("index_copy")
     scatter_reduce = _method("scatter_reduce")
     masked_select, masked_scatter, take_along_dim = _method("masked_select"), _method("masked_scatter"), \
         _method("take_along_dim")
@@ -793,8 +832,7 @@ class TensorOps:
         _in_place_method("scatter_add")
     remainder_, floor_divide_ = _in_place_method("remainder"), _in_place_method("floor_divide")
     clip_ = clamp_
-    scatter_, index_fill_, index_copy_ = _in_place_method("scatter"), _in_place_method("index_fill"), \
-        _in_place_method("index_copy")
+    index_fill_, index_copy_ = _in_place_method("index_fill"), _in_place_method("index_copy")
     masked_scatter_, threshold_ = _in_place_method("masked_scatter"), _in_place_method("threshold")
     scatter_reduce_ = _in_place_method("scatter_reduce")
 

@@ -34,7 +34,7 @@ from .torch_names import TORCH
 
 # namesakes of ops and functions that mean something else in torch (see the module docstring)
 _NOT_TORCHS = {"batch_norm", "instance_norm", "embedding", "embedding_bag", "normal", "transpose", "equal", "einsum",
-               "zeros", "ones", "full", "arange", "eye", "zeros_like", "ones_like", "trace"}
+               "zeros", "ones", "full", "arange", "eye", "zeros_like", "ones_like", "trace", "scatter"}
 
 # torch's other names for our ops and functions
 _SYNONYMS = {"clamp": "clip", "cat": "concat", "concatenate": "concat", "eq": "equal", "ne": "not_equal",
@@ -64,6 +64,13 @@ def einsum(equation, *operands):
 def equal(input, other) -> bool:
     """``torch.equal``: True when both have one shape and the same elements (one bool; ``eq`` is elementwise)."""
     return tuple(input.shape) == tuple(other.shape) and not F.sum(F.not_equal(input, other)).item()
+
+
+def scatter(input, dim, index, src=None, *, value=None, reduce=None):
+    """``torch.scatter``: ``Tensor.scatter`` (the op ``scatter``; with torch's deprecated ``reduce='add'`` or
+    ``'multiply'``, ``scatter_reduce`` with 'sum' or 'prod', x's own value included)."""
+    given = {"src": src} if value is None else {"value": value}
+    return input.scatter(dim, index, **given) if reduce is None else input.scatter(dim, index, **given, reduce=reduce)
 
 
 def index_put(input, indices, values, accumulate=False):
@@ -133,7 +140,7 @@ def _published() -> dict:
             names[name] = getattr(creation, name)
     for name in ("transpose", "swapaxes", "swapdims", "einsum", "equal", "normal", "numel", "is_tensor",
                  "is_floating_point", "get_default_dtype", "set_default_dtype", "inference_mode", "device", "Size",
-                 "index_put"):
+                 "index_put", "scatter"):
         names[name] = globals()[name]
     # torch's dtype names (not globals here: they would hide the builtins float, int, bool)
     names.update(float=D.float32, double=D.float64, half=D.float16, long=D.int64, int=D.int32, bool=D.bool_)

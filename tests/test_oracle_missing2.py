@@ -40,6 +40,7 @@ class Case:
     limit: int | None = None  # the first this many samples only (where torch makes hundreds, slowly)
     atol32: float | None = None  # float32's absolute tolerance, where torch's float32 sums cancel (bicubic)
     grads: bool = True  # compare derivatives at torch's sample inputs (see ctc_loss's own test where not)
+    grad_skip: Callable | None = None  # (sample) -> a reason not to compare its derivatives, or None
 
 
 def _training(sample) -> str | None:
@@ -93,8 +94,9 @@ OPINFO: dict[str, Case] = {
     "index_put": Case(),
     "masked_select": Case(),
     "masked_scatter": Case(),
-    "scatter": Case(skip=_kwarg("reduce", "torch's deprecated reduce= is refused, loudly (scatter_reduce is torch's "
-                                          "form)")),
+    # torch's deprecated reduce= is scatter_reduce with include_self: torch has no gradient for it (see
+    # test_scatter_reduce_form_gradients)
+    "scatter": Case(grad_skip=_kwarg("reduce", "torch has no gradient for scatter(..., reduce=)")),
     "nonzero": Case(),
     **{f"scatter_reduce:{r}": Case() for r in ("sum", "prod", "mean", "amax", "amin")},
     "argwhere": Case(),
@@ -212,6 +214,8 @@ def test_gradients(name):
     second = info.supports_gradgrad and OPINFO[name].gradgrad
     checked = 0
     for sample in _samples(name, torch.float64, requires_grad=True):
+        if OPINFO[name].grad_skip is not None and OPINFO[name].grad_skip(sample) is not None:
+            continue
         args = [sample.input, *sample.args]
         for i in OPINFO[name].no_grad:  # what torch does not differentiate
             if i < len(args) and isinstance(args[i], torch.Tensor):
@@ -399,12 +403,42 @@ def test_indexing_methods_and_in_place_forms():
         lambda t, m: t.index_put((m.tensor(np.array([0, 0])), m.tensor(np.array([1, 1]))), m.tensor(np.array(2.0)),
                                  True),
         lambda t, m: t.clone().scatter_(0, m.tensor(idx[:1]), -1.0),
+        lambda t, m: t.clone().scatter_(1, m.tensor(idx), m.tensor(np.full((3, 2), 2.0)), reduce="multiply"),
+        lambda t, m: t.clone().scatter_(1, m.tensor(idx), 1.5, reduce="add"),
+        lambda t, m: m.scatter(t, 1, m.tensor(idx[:2]), value=3.0, reduce="add"),
         lambda t, m: t.clone().index_fill_(0, m.tensor(np.array([1])), 0.5),
         lambda t, m: t.clone().masked_scatter_(m.tensor(mask), m.tensor(np.arange(12.0))),
         lambda t, m: t.clone().index_put_((m.tensor(np.array([2])),), m.tensor(np.array(7.0))),
     ]
     for i, call in enumerate(calls):
         assert_same(call(of.tensor(x), of), call(torch.tensor(x), torch), f"call {i}", 0, 0)
+
+
+def test_scatter_reduce_form_gradients():
+    """x.scatter(dim, index, src or value, reduce='add'|'multiply') at torch's OpInfo samples: torch has no gradient
+    for this deprecated form, so its first and second derivatives are compared with those of the torch call it
+    means, scatter_reduce(x, dim, index, src, 'sum'|'prod', include_self=True), and checked numerically."""
+    checked = 0
+    for sample in _samples("scatter", torch.float64):  # (torch gives reduce= samples only without requires_grad)
+        reduce = sample.kwargs.get("reduce")
+        if reduce is None:
+            continue
+        x, (dim, index, src) = sample.input, sample.args
+        if not isinstance(src, torch.Tensor):  # value=: the same number at every place
+            src = torch.full(index.shape, src, dtype=x.dtype)
+        leaves = [x.requires_grad_(), src.requires_grad_()]
+        want_out = torch.scatter_reduce(x, dim, index, src, {"add": "sum", "multiply": "prod"}[reduce])
+        of_leaves: dict = {}
+        ox, oindex, osrc = _to_opforge([x, index, src], of_leaves)
+        got_out = ox.scatter(dim, oindex, osrc, reduce=reduce)
+        want = _derivatives(TORCH, [want_out], leaves, True)
+        got = _derivatives(OPFORGE, [got_out], [of_leaves[id(t)] for t in leaves], True)
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_same(g, w, f"scatter reduce={reduce}: derivative {i}, {_describe(sample)}", 1e-7, 1e-9)
+        of.testing.gradcheck(lambda a, b, r=reduce, d=dim, i=oindex: a.scatter(d, i, b, reduce=r),
+                             [ox, osrc])
+        checked += 1
+    assert checked
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])

@@ -1969,8 +1969,8 @@ def scatter(
     """``torch.scatter``: a copy of x in which ``src[i][j][k]`` is written at ``[index[i][j][k]][j][k]`` for
     ``axis=0`` (and so on); elements of src outside index's shape are not used. Of two writes to one place the
     later stays, as torch's CPU kernel (torch calls it undefined). ``F.scatter(x, dim, index, value=v)`` writes
-    a number (or a 0-d src: the same value at every place index names); ``reduce=`` (torch's deprecated form of
-    scatter_reduce) is not taken.
+    a number (or a 0-d src: the same value at every place index names). torch's deprecated ``reduce=`` is
+    ``Tensor.scatter``'s and ``of.scatter``'s (they call scatter_reduce).
     """
 
 def argwhere(x: _TensorLike) -> Tensor:
