@@ -129,6 +129,16 @@ def randperm(n, *, dtype=None, requires_grad: bool = False, device=None) -> Tens
     return t.requires_grad_(True) if requires_grad else t
 
 
+def tril_indices(row, col, offset=0, *, dtype=None, device=None) -> Tensor:
+    """``torch.tril_indices``: the op ``tril_indices``, on ``device`` (by default the default device)."""
+    return _make(F.tril_indices, False, device, row=row, col=col, offset=offset, dtype=dtype)
+
+
+def triu_indices(row, col, offset=0, *, dtype=None, device=None) -> Tensor:
+    """``torch.triu_indices``: the op ``triu_indices``, on ``device`` (by default the default device)."""
+    return _make(F.triu_indices, False, device, row=row, col=col, offset=offset, dtype=dtype)
+
+
 def from_numpy(array) -> Tensor:
     """``torch.from_numpy``: a tensor sharing ``array``'s memory (writes to either are seen by both)."""
     if not isinstance(array, np.ndarray):
@@ -170,4 +180,4 @@ def arange(start, stop=None, step=1, dtype=None, requires_grad: bool = False, de
 
 __all__ = ["arange", "as_array", "as_tensor", "cat", "empty", "empty_like", "eye", "from_numpy", "full", "full_like",
            "manual_seed", "ones", "ones_like", "rand", "rand_like", "randint", "randn", "randn_like", "randperm",
-           "stack", "tensor", "zeros", "zeros_like"]
+           "stack", "tensor", "tril_indices", "triu_indices", "zeros", "zeros_like"]

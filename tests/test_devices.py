@@ -46,6 +46,9 @@ def test_ops_without_inputs_run_on_the_default_or_the_given_device():
     with of.using_device("twin"):
         assert of.randn(3).device is TWIN and of.arange(3).device is TWIN
     assert of.ones(2).device == "cpu"
+    for make in (of.tril_indices, of.triu_indices):  # torch's device= (they are ops: the op's kernel serves twin)
+        assert make(4, 3, -1, device="twin").device is TWIN
+        np.testing.assert_array_equal(make(4, 3, -1, device="twin").numpy(), make(4, 3, -1).numpy())
     of.manual_seed(7)
     a = of.randn(4, device="twin").numpy().copy()
     of.manual_seed(7)

@@ -103,10 +103,8 @@ OPINFO: dict[str, Case] = {
     "searchsorted": Case(),
     "bucketize": Case(),
     "isin": Case(),
-    "tril_indices": Case(fn=lambda row, col, offset=0, dtype=None, device=None: F.tril_indices(row, col, offset,
-                                                                                               dtype=dtype)),
-    "triu_indices": Case(fn=lambda row, col, offset=0, dtype=None, device=None: F.triu_indices(row, col, offset,
-                                                                                               dtype=dtype)),
+    "tril_indices": Case(),  # (of.tril_indices: torch's samples give device=)
+    "triu_indices": Case(),
     # -- shape (opforge/ops/shape_functions.py) -------------------------------------------------------------------
     **{name: Case() for name in ("tensor_split", "hstack", "vstack", "dstack", "atleast_1d", "atleast_2d",
                                  "atleast_3d", "rot90", "diag", "diag_embed", "diagflat", "broadcast_tensors",
