@@ -83,8 +83,7 @@ OPINFO: dict[str, Case] = {
     "nn.functional.adaptive_max_pool3d": Case(fn=_adaptive_max(3)),
     "nn.functional.local_response_norm": Case(),
     **{f"nn.functional.max_unpool{nd}d{variant}": Case(limit=12) for nd in (1, 2, 3) for variant in ("", ":grad")},
-    "nn.functional.grid_sample": Case(skip=lambda s: "5-D and bicubic are refused, loudly" if s.input.ndim == 5 or
-                                      s.kwargs.get("mode") == "bicubic" else None),
+    "nn.functional.grid_sample": Case(),  # 4-D and 5-D, every mode
     "nn.functional.interpolate:bicubic": Case(atol32=2e-5),  # outputs ~0.06 from terms ~8, summed in float32
     "nn.functional.interpolate:area": Case(),
     # -- indexing (opforge/ops/selection.py) ------------------------------------------------------------------------
@@ -501,14 +500,18 @@ def test_ctc_loss_has_no_second_derivative():
     assert g.shape == (4, 1, 3)
 
 
-@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+@pytest.mark.parametrize(("rank", "mode"), [(4, "bilinear"), (4, "nearest"), (4, "bicubic"), (5, "bilinear"),
+                                            (5, "nearest")])
 @pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
 @pytest.mark.parametrize("align_corners", [False, True])
-def test_grid_sample(mode, padding_mode, align_corners):
-    """F.grid_sample against torch with positions well outside [-1, 1] (every padding mode's reach): values and
-    the gradients of the input and of the grid."""
+def test_grid_sample(rank, mode, padding_mode, align_corners):
+    """F.grid_sample against torch with positions well outside [-1, 1] (every padding mode's reach), on images and
+    volumes: values and the gradients of the input and of the grid."""
     rng = np.random.default_rng(5)
-    x, grid = rng.standard_normal((2, 3, 4, 5)), rng.uniform(-2.5, 2.5, (2, 3, 6, 2))
+    if rank == 4:
+        x, grid = rng.standard_normal((2, 3, 4, 5)), rng.uniform(-2.5, 2.5, (2, 3, 6, 2))
+    else:
+        x, grid = rng.standard_normal((2, 3, 3, 4, 5)), rng.uniform(-2.5, 2.5, (2, 2, 3, 4, 3))
     tx, tgrid = torch.tensor(x, requires_grad=True), torch.tensor(grid, requires_grad=True)
     want = torch.nn.functional.grid_sample(tx, tgrid, mode, padding_mode, align_corners)
     ox, ogrid = of.tensor(x, requires_grad=True), of.tensor(grid, requires_grad=True)
@@ -521,3 +524,33 @@ def test_grid_sample(mode, padding_mode, align_corners):
             assert not w.numpy().any()
             continue
         assert_same(g, w, "grid_sample: gradient", 1e-10, 1e-12)
+
+
+@pytest.mark.parametrize(("x_shape", "grid_shape", "mode"), [((1, 1, 3, 4), (1, 1, 3, 2), "bicubic"),
+                                                             ((1, 1, 2, 3, 3), (1, 1, 2, 2, 3), "bilinear")])
+def test_grid_sample_gradients_numerically(x_shape, grid_shape, mode):
+    """Bicubic and trilinear grid_sample: first and second derivatives (input and grid) by central differences, in
+    float64, with reflection padding (the grid's positions stay off the kinks, where the derivative jumps)."""
+    rng = np.random.default_rng(3)
+    x = of.tensor(rng.standard_normal(x_shape), requires_grad=True)
+    grid = of.tensor(rng.uniform(-0.9, 0.9, grid_shape), requires_grad=True)
+
+    def sample(a, g):
+        return F.grid_sample(a, g, mode, "reflection", False)
+
+    of.testing.gradcheck(sample, [x, grid])
+    of.testing.gradgradcheck(sample, [x, grid])
+
+
+def test_grid_sample_compiled_and_wrong_calls():
+    """A volume sampled in a compiled program gives what it gives eagerly; calls torch refuses are refused, naming
+    grid_sample and what was expected."""
+    x, grid = of.tensor(_RNG.standard_normal((1, 2, 3, 4, 5))), of.tensor(_RNG.uniform(-1, 1, (1, 2, 2, 3, 3)))
+    np.testing.assert_allclose(of.compile(lambda a, g: F.grid_sample(a, g, align_corners=True))(x, grid).numpy(),
+                               F.grid_sample(x, grid, align_corners=True).numpy(), rtol=1e-12)
+    with pytest.raises(of.ArgumentError, match=r"grid_sample\(\): mode 'bicubic' takes a 4-D input"):
+        F.grid_sample(x, grid, "bicubic")
+    with pytest.raises(of.ShapeError, match=r"grid_sample\(\): .*grid must be \(N, Do, Ho, Wo, 3\)"):
+        F.grid_sample(x, of.tensor(_RNG.uniform(-1, 1, (1, 2, 2, 3, 2))))
+    with pytest.raises(of.ArgumentError, match=r"grid_sample\(\): mode must be one of"):
+        F.grid_sample(x, grid, "area")

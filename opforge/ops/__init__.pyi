@@ -2439,12 +2439,14 @@ def gaussian_nll_loss(input, target, var, full=False, eps=1e-06, reduction='mean
     """
 
 def grid_sample(input, grid, mode='bilinear', padding_mode='zeros', align_corners=None) -> Any:
-    """``torch.nn.functional.grid_sample`` for an input (N, C, H, W) and a grid (N, Ho, Wo, 2) of (x, y)
-    positions in [−1, 1] (−1 the left/top edge, or the first pixel's centre with ``align_corners``): (N, C, Ho,
-    Wo), each output the input read at its position — "bilinear" (the four neighbours' blend) or "nearest" (the
-    nearest pixel, halves to even); positions outside read 0 ("zeros"), the edge ("border") or the image
-    mirrored ("reflection"). ``align_corners`` None is False, as torch's default. With "nearest" the grid gets
-    no gradient (None; torch's is zeros). 5-D inputs and "bicubic" are refused.
+    """``torch.nn.functional.grid_sample``: an input (N, C, H, W) read at a grid (N, Ho, Wo, 2) of (x, y)
+    positions, or a volume (N, C, D, H, W) at a grid (N, Do, Ho, Wo, 3) of (x, y, z) positions, each in [−1, 1]
+    (−1 the left/top/front edge, or the first pixel's centre with ``align_corners``): (N, C, Ho, Wo) or (N, C,
+    Do, Ho, Wo). ``mode``: "bilinear" (the 2 or 2×2×2 neighbours' blend: trilinear for volumes), "nearest" (the
+    nearest pixel, halves to even) or "bicubic" (4-D only, as torch: the 4×4 neighbours weighted by the cubic
+    convolution kernel, A = −0.75). Positions outside read 0 ("zeros"), the edge ("border") or the image
+    mirrored ("reflection"); for "bicubic", each neighbour is padded so, as torch's. ``align_corners`` None is
+    False, as torch's default. With "nearest" the grid gets no gradient (None; torch's is zeros).
     """
 
 def hinge_embedding_loss(input, target, margin=1.0, size_average=None, reduce=None, reduction='mean') -> Any:

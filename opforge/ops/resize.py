@@ -98,7 +98,14 @@ def _cubic_maps(n_in, dst, align_corners, scale) -> list:
     else:
         src = (1.0 / scale if scale is not None else n_in / len(dst)) * (dst + 0.5) - 0.5
     base = np.floor(src)
-    t = src - base
+    weights = cubic_weights(src - base)
+    return [(np.clip(base.astype(np.int64) + k - 1, 0, n_in - 1), w) for k, w in enumerate(weights)]
+
+
+def cubic_weights(t) -> tuple:
+    """The weights of the four inputs ⌊s⌋ − 1 … ⌊s⌋ + 2 around a position s, with t = s − ⌊s⌋: torch's cubic
+    convolution kernel (A = −0.75) at their distances. Arithmetic only, so that it serves NumPy arrays (resize's
+    maps) and Tensors (grid_sample, whose grid gets its gradient through t) alike."""
     a = _CUBIC_A
 
     def near(x):  # |x| ≤ 1
@@ -107,8 +114,7 @@ def _cubic_maps(n_in, dst, align_corners, scale) -> list:
     def far(x):  # 1 < |x| < 2
         return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
 
-    weights = (far(t + 1), near(t), near(1 - t), far(2 - t))
-    return [(np.clip(base.astype(np.int64) + k - 1, 0, n_in - 1), w) for k, w in enumerate(weights)]
+    return far(t + 1), near(t), near(1 - t), far(2 - t)
 
 
 def _all_maps(in_size, out_size, scale_factor, mode, align_corners, recompute_scale_factor):

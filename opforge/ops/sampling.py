@@ -1,25 +1,33 @@
-"""``F.grid_sample`` for 4-D inputs, written with ops: the sampling positions, the corner indices and their
-weights are ops of ``grid``, the corner values gathers from ``input``, so both get gradients of every order from the
-ops' own rules (the input's is the gathers' scatter-add; the grid's is the bilinear weights' derivative, 0 for
+"""``F.grid_sample`` for 4-D and 5-D inputs, written with ops: the sampling positions, the neighbours' indices and
+their weights are ops of ``grid``, the neighbours' values gathers from ``input``, so both get gradients of every
+order from the ops' own rules (the input's is the gathers' scatter-add; the grid's is the weights' derivative, 0 for
 "nearest", as torch's).
 """
+
+import itertools
+import math
 
 from opforge import ops as F
 
 from ..core.errors import ArgumentError, ShapeError
 from ._common import D, function
+from .resize import cubic_weights
 
-_MODES = ("bilinear", "nearest")
+_MODES = ("bilinear", "nearest", "bicubic")
 _PADDING = ("zeros", "border", "reflection")
 
 
-def _source(coord, size: int, align_corners: bool, padding_mode: str):
+def _unnormalized(coord, size: int, align_corners: bool):
     """grid's coordinates in [−1, 1] as positions in pixels along a dim of ``size`` (torch's
-    grid_sampler_compute_source_index), with border or reflection padding applied."""
+    grid_sampler_unnormalize)."""
     if align_corners:
-        pos = (coord + 1.0) * ((size - 1) / 2)
-    else:
-        pos = ((coord + 1.0) * size - 1.0) / 2
+        return (coord + 1.0) * ((size - 1) / 2)
+    return ((coord + 1.0) * size - 1.0) / 2
+
+
+def _padded(pos, size: int, align_corners: bool, padding_mode: str):
+    """Positions with border or reflection padding applied (torch's compute_coordinates): clipped into the
+    image, or mirrored at its edges and then clipped; "zeros" leaves them (reading outside gives 0)."""
     if padding_mode == "border":
         return F.clip(pos, 0.0, float(size - 1))
     if padding_mode == "reflection":  # torch's reflect_coordinates, then clipped into the image
@@ -35,47 +43,83 @@ def _source(coord, size: int, align_corners: bool, padding_mode: str):
 
 @function
 def grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corners=None):
-    """``torch.nn.functional.grid_sample`` for an input (N, C, H, W) and a grid (N, Ho, Wo, 2) of (x, y) positions
-    in [−1, 1] (−1 the left/top edge, or the first pixel's centre with ``align_corners``): (N, C, Ho, Wo), each
-    output the input read at its position — "bilinear" (the four neighbours' blend) or "nearest" (the nearest
-    pixel, halves to even); positions outside read 0 ("zeros"), the edge ("border") or the image mirrored
-    ("reflection"). ``align_corners`` None is False, as torch's default. With "nearest" the grid gets no gradient
-    (None; torch's is zeros). 5-D inputs and "bicubic" are refused."""
+    """``torch.nn.functional.grid_sample``: an input (N, C, H, W) read at a grid (N, Ho, Wo, 2) of (x, y)
+    positions, or a volume (N, C, D, H, W) at a grid (N, Do, Ho, Wo, 3) of (x, y, z) positions, each in [−1, 1]
+    (−1 the left/top/front edge, or the first pixel's centre with ``align_corners``): (N, C, Ho, Wo) or
+    (N, C, Do, Ho, Wo). ``mode``: "bilinear" (the 2 or 2×2×2 neighbours' blend: trilinear for volumes), "nearest"
+    (the nearest pixel, halves to even) or "bicubic" (4-D only, as torch: the 4×4 neighbours weighted by the cubic
+    convolution kernel, A = −0.75). Positions outside read 0 ("zeros"), the edge ("border") or the image mirrored
+    ("reflection"); for "bicubic", each neighbour is padded so, as torch's. ``align_corners`` None is False, as
+    torch's default. With "nearest" the grid gets no gradient (None; torch's is zeros)."""
     if mode not in _MODES:
-        raise ArgumentError(f"grid_sample(): mode must be one of {', '.join(map(repr, _MODES))} (bicubic is not "
-                            f"supported), got {mode!r}")
+        raise ArgumentError(f"grid_sample(): mode must be one of {', '.join(map(repr, _MODES))}, got {mode!r}")
     if padding_mode not in _PADDING:
         raise ArgumentError(f"grid_sample(): padding_mode must be one of {', '.join(map(repr, _PADDING))}, got "
                             f"{padding_mode!r}")
-    if len(input.shape) != 4:
-        raise ShapeError(f"grid_sample(): input must be (N, C, H, W) (5-D volumes are not supported), got shape "
+    if len(input.shape) not in (4, 5):
+        raise ShapeError(f"grid_sample(): input must be (N, C, H, W) or (N, C, D, H, W), got shape "
                          f"{tuple(input.shape)}")
-    n, c, h, w = input.shape
-    if len(grid.shape) != 4 or grid.shape[3] != 2 or grid.shape[0] != n:
-        raise ShapeError(f"grid_sample(): grid must be (N, Ho, Wo, 2) with N = {n}, got shape {tuple(grid.shape)}")
-    out_h, out_w = grid.shape[1], grid.shape[2]
+    k = len(input.shape) - 2  # spatial dims
+    n, c, sizes = input.shape[0], input.shape[1], tuple(input.shape[2:])  # (D,) H, W
+    if len(grid.shape) != k + 2 or grid.shape[-1] != k or grid.shape[0] != n:
+        want = "(N, Ho, Wo, 2)" if k == 2 else "(N, Do, Ho, Wo, 3)"
+        raise ShapeError(f"grid_sample(): for an input of shape {tuple(input.shape)}, grid must be {want} with "
+                         f"N = {n}, got shape {tuple(grid.shape)}")
+    if mode == "bicubic" and k != 2:
+        raise ArgumentError("grid_sample(): mode 'bicubic' takes a 4-D input (N, C, H, W), as torch's; got a 5-D "
+                            "one")
+    out = tuple(grid.shape[1:-1])
     align = bool(align_corners)
-    gx, gy = F.unbind(grid, 3)
-    x = _source(gx, w, align, padding_mode)
-    y = _source(gy, h, align, padding_mode)
-    flat = F.reshape(input, shape=[n, c, h * w])
+    # the positions, in the input's dim order ((z,) y, x: grid's last axis holds them reversed)
+    coords = F.unbind(grid, k + 1)[::-1]
+    flat = F.reshape(input, shape=[n, c, math.prod(sizes)])
 
-    def read(xi, yi):
-        """input at integer positions (N, Ho, Wo) as (N, C, Ho, Wo), 0 outside."""
-        inside = F.logical_and(F.logical_and(xi >= 0, xi <= w - 1), F.logical_and(yi >= 0, yi <= h - 1))
-        index = F.cast(F.clip(yi, 0, h - 1) * w + F.clip(xi, 0, w - 1), dtype=D.int64)
-        index = F.broadcast_to(F.reshape(index, shape=[n, 1, out_h * out_w]), shape=[n, c, out_h * out_w])
-        values = F.reshape(F.gather(flat, 2, index), shape=[n, c, out_h, out_w])
+    def read(indices):
+        """input at integer positions (each (N, *out), in the input's dim order) as (N, C, *out), 0 outside."""
+        inside, index = None, None
+        for i, size in zip(indices, sizes):
+            within = F.logical_and(i >= 0, i <= size - 1)
+            inside = within if inside is None else F.logical_and(inside, within)
+            i = F.clip(i, 0, size - 1)
+            index = i if index is None else index * size + i
+        index = F.cast(index, dtype=D.int64)
+        index = F.broadcast_to(F.reshape(index, shape=[n, 1, math.prod(out)]), shape=[n, c, math.prod(out)])
+        values = F.reshape(F.gather(flat, 2, index), shape=[n, c, *out])
         return F.where(F.unsqueeze(inside, axis=1), values, 0.0)
 
+    if mode == "bicubic":
+        return _bicubic(read, coords, sizes, align, padding_mode)
+    pos = [_padded(_unnormalized(g, size, align), size, align, padding_mode) for g, size in zip(coords, sizes)]
     if mode == "nearest":
-        return read(F.round(x.detach()), F.round(y.detach()))
-    x0, y0 = F.floor(x.detach()), F.floor(y.detach())
-    wx1, wy1 = x - x0, y - y0  # the weights carry the grid's gradient
-    wx0, wy0 = 1.0 - wx1, 1.0 - wy1
+        return read([F.round(p.detach()) for p in pos])
+    lows = [F.floor(p.detach()) for p in pos]
+    highs = [p - low for p, low in zip(pos, lows)]  # the weights carry the grid's gradient
     total = None
-    for xi, yi, weight in ((x0, y0, wx0 * wy0), (x0 + 1, y0, wx1 * wy0), (x0, y0 + 1, wx0 * wy1),
-                           (x0 + 1, y0 + 1, wx1 * wy1)):
-        term = read(xi, yi) * F.unsqueeze(weight, axis=1)
+    for corner in itertools.product((0, 1), repeat=k):  # the 2^k neighbours
+        weight = None
+        for up, high in zip(corner, highs):
+            w = high if up else 1.0 - high
+            weight = w if weight is None else weight * w
+        term = read([low + 1 if up else low for up, low in zip(corner, lows)]) * F.unsqueeze(weight, axis=1)
+        total = term if total is None else total + term
+    return total
+
+
+def _bicubic(read, coords, sizes, align: bool, padding_mode: str):
+    """torch's bicubic grid sampling: the unpadded position's 4×4 neighbours, each padded (border, reflection)
+    and read, blended along x in each of the four rows, then the rows along y."""
+    (gy, gx), (h, w) = coords, sizes
+    y, x = _unnormalized(gy, h, align), _unnormalized(gx, w, align)
+    y0, x0 = F.floor(y.detach()), F.floor(x.detach())
+    wy, wx = cubic_weights(y - y0), cubic_weights(x - x0)  # the weights carry the grid's gradient
+    total = None
+    for j in range(4):
+        yj = _padded(y0 + (j - 1), h, align, padding_mode)
+        row = None
+        for i in range(4):
+            xi = _padded(x0 + (i - 1), w, align, padding_mode)
+            term = read([yj, xi]) * F.unsqueeze(wx[i], axis=1)
+            row = term if row is None else row + term
+        term = row * F.unsqueeze(wy[j], axis=1)
         total = term if total is None else total + term
     return total
