@@ -34,7 +34,8 @@ from .torch_names import TORCH
 
 # namesakes of ops and functions that mean something else in torch (see the module docstring)
 _NOT_TORCHS = {"batch_norm", "instance_norm", "embedding", "embedding_bag", "normal", "transpose", "equal", "einsum",
-               "zeros", "ones", "full", "arange", "eye", "zeros_like", "ones_like", "trace", "scatter"}
+               "zeros", "ones", "full", "arange", "eye", "zeros_like", "ones_like", "trace", "scatter",
+               "adaptive_max_pool1d"}
 
 # torch's other names for our ops and functions
 _SYNONYMS = {"clamp": "clip", "cat": "concat", "concatenate": "concat", "eq": "equal", "ne": "not_equal",
@@ -71,6 +72,12 @@ def scatter(input, dim, index, src=None, *, value=None, reduce=None):
     ``'multiply'``, ``scatter_reduce`` with 'sum' or 'prod', x's own value included)."""
     given = {"src": src} if value is None else {"value": value}
     return input.scatter(dim, index, **given) if reduce is None else input.scatter(dim, index, **given, reduce=reduce)
+
+
+def adaptive_max_pool1d(input, output_size):
+    """``torch.adaptive_max_pool1d``: the named tuple (values, indices), always (``torch.nn.functional``'s, which is
+    ``F.adaptive_max_pool1d``, gives the values unless ``return_indices``)."""
+    return F.adaptive_max_pool1d(input, output_size, True)
 
 
 def index_put(input, indices, values, accumulate=False):
@@ -140,7 +147,7 @@ def _published() -> dict:
             names[name] = getattr(creation, name)
     for name in ("transpose", "swapaxes", "swapdims", "einsum", "equal", "normal", "numel", "is_tensor",
                  "is_floating_point", "get_default_dtype", "set_default_dtype", "inference_mode", "device", "Size",
-                 "index_put", "scatter"):
+                 "index_put", "scatter", "adaptive_max_pool1d"):
         names[name] = globals()[name]
     # torch's dtype names (not globals here: they would hide the builtins float, int, bool)
     names.update(float=D.float32, double=D.float64, half=D.float16, long=D.int64, int=D.int32, bool=D.bool_)

@@ -59,17 +59,6 @@ def _negative_eps(sample) -> str | None:
     return None
 
 
-def _adaptive_max(nd: int) -> Callable:
-    """torch's F.adaptive_max_pool{nd}d(input, output_size, return_indices) on opforge's two ops (the op's
-    output_size holds sizes: torch's None, keep the input's size, is resolved here as nn.AdaptiveMaxPool does)."""
-    def call(x, output_size, return_indices=False):
-        sizes = [output_size] * nd if output_size is None or isinstance(output_size, int) else list(output_size)
-        sizes = [x.shape[x.ndim - nd + i] if s is None else s for i, s in enumerate(sizes)]
-        name = f"adaptive_max_pool{nd}d{'_with_indices' if return_indices else ''}"
-        return getattr(F, name)(x, output_size=sizes)
-    return call
-
-
 OPINFO: dict[str, Case] = {
     # -- activations (opforge/ops/activations.py) -------------------------------------------------------------------
     "nn.functional.hardshrink": Case(),
@@ -79,8 +68,7 @@ OPINFO: dict[str, Case] = {
     "nn.functional.threshold": Case(),
     "nn.functional.rrelu": Case(skip=_training),
     # -- pooling (opforge/ops/pool.py) ------------------------------------------------------------------------------
-    "nn.functional.adaptive_max_pool1d": Case(fn=_adaptive_max(1)),
-    "nn.functional.adaptive_max_pool3d": Case(fn=_adaptive_max(3)),
+    **{f"nn.functional.adaptive_max_pool{nd}d": Case() for nd in (1, 2, 3)},  # return_indices, None sizes
     "nn.functional.local_response_norm": Case(),
     **{f"nn.functional.max_unpool{nd}d{variant}": Case(limit=12) for nd in (1, 2, 3) for variant in ("", ":grad")},
     "nn.functional.grid_sample": Case(),  # 4-D and 5-D, every mode
@@ -554,3 +542,33 @@ def test_grid_sample_compiled_and_wrong_calls():
         F.grid_sample(x, of.tensor(_RNG.uniform(-1, 1, (1, 2, 2, 3, 2))))
     with pytest.raises(of.ArgumentError, match=r"grid_sample\(\): mode must be one of"):
         F.grid_sample(x, grid, "area")
+
+
+def test_adaptive_max_pool_call_forms():
+    """torch's call forms of adaptive max pooling: F.adaptive_max_pool{1,2,3}d's return_indices (positional or by
+    name) and None sizes, nn.AdaptiveMaxPool{nd}d(return_indices=True), and torch.adaptive_max_pool1d, which
+    returns (values, indices) always; eagerly and compiled, values, indices and the input's gradient."""
+    x = _RNG.standard_normal((2, 3, 4, 5, 6))
+    for nd in (1, 2, 3):
+        xn = x.reshape(2, 3, -1)[..., :7] if nd == 1 else x[:, :, 0] if nd == 2 else x
+        size = [3, None, 2][:nd] if nd > 1 else 3
+        for want, got in [
+            (getattr(torch.nn.functional, f"adaptive_max_pool{nd}d")(torch.tensor(xn), size, True),
+             getattr(F, f"adaptive_max_pool{nd}d")(of.tensor(xn), size, True)),
+            (getattr(torch.nn, f"AdaptiveMaxPool{nd}d")(size, return_indices=True)(torch.tensor(xn)),
+             getattr(nn, f"AdaptiveMaxPool{nd}d")(size, return_indices=True)(of.tensor(xn))),
+            (getattr(torch.nn.functional, f"adaptive_max_pool{nd}d")(torch.tensor(xn), size, return_indices=True),
+             of.compile(lambda t, n=nd, s=size: getattr(F, f"adaptive_max_pool{n}d")(t, s, return_indices=True))(
+                 of.tensor(xn)))]:
+            assert len(got) == 2
+            for g, w in zip(got, want):
+                assert_same(g, w, f"adaptive_max_pool{nd}d", 0, 0)
+        tx, ox = torch.tensor(xn, requires_grad=True), of.tensor(xn, requires_grad=True)
+        (wg,) = torch.autograd.grad(getattr(torch.nn.functional, f"adaptive_max_pool{nd}d")(tx, size).sum(), tx)
+        (gg,) = of.grad(getattr(F, f"adaptive_max_pool{nd}d")(ox, size).sum(), [ox])
+        assert_same(gg, wg, f"adaptive_max_pool{nd}d: gradient", 0, 0)
+    x1 = x.reshape(2, 3, -1)[..., :7]
+    for g, w in zip(of.adaptive_max_pool1d(of.tensor(x1), 3), torch.adaptive_max_pool1d(torch.tensor(x1), 3)):
+        assert_same(g, w, "torch.adaptive_max_pool1d", 0, 0)
+    with pytest.raises(of.ShapeError, match=r"adaptive_max_pool2d\(\): argument 'output_size' must be an int or 2 "):
+        F.adaptive_max_pool2d(of.tensor(x[:, :, 0]), [1, 2, 3])

@@ -845,8 +845,9 @@ class _AdaptivePoolNd(Module):
 
     def forward(self, x):
         size = [x.shape[len(x.shape) - self._nd + i] if o is None else o for i, o in enumerate(self.output_size)]
-        op = getattr(F, f"adaptive_{self._kind}_pool{self._nd}d{'_with_indices' if self.return_indices else ''}")
-        out = op(x, output_size=size)
+        if self._kind == "avg":
+            return getattr(F, f"adaptive_avg_pool{self._nd}d")(x, output_size=size)
+        out = getattr(F, f"adaptive_max_pool{self._nd}d")(x, size, self.return_indices)
         return tuple(out) if self.return_indices else out
 
     def extra_repr(self) -> str:

@@ -1507,9 +1507,10 @@ def adaptive_avg_pool3d(x: _TensorLike, output_size: Sequence[int] | int) -> Ten
     windows.
     """
 
-def adaptive_max_pool2d(x: _TensorLike, output_size: Sequence[int] | int) -> Tensor:
+def adaptive_max_pool2d_values(x: _TensorLike, output_size: Sequence[int] | int) -> Tensor:
     """The maximum of each of PyTorch's adaptive windows of x (N, C, H, W) — or (C, H, W) — for ``output_size``
-    (OH, OW): rows ⌊i·H/OH⌋ … ⌈(i+1)·H/OH⌉ − 1, and so for columns.
+    (OH, OW): rows ⌊i·H/OH⌋ … ⌈(i+1)·H/OH⌉ − 1, and so for columns. ``F.adaptive_max_pool2d`` (torch's function)
+    calls it, or adaptive_max_pool2d_with_indices for ``return_indices=True``.
     """
 
 class _adaptive_max_pool2d_with_indices_result(NamedTuple):
@@ -1524,12 +1525,12 @@ def adaptive_max_pool2d_with_indices(
     ``adaptive_max_pool2d(..., return_indices=True)``.
     """
 
-def adaptive_max_pool1d(x: _TensorLike, output_size: Sequence[int] | int) -> Tensor:
+def adaptive_max_pool1d_values(x: _TensorLike, output_size: Sequence[int] | int) -> Tensor:
     """The maximum of each of PyTorch's adaptive windows of x (N, C, L) — or (C, L) — for ``output_size``: along
     each dim of size n, output i takes inputs ⌊i·n/o⌋ … ⌈(i+1)·n/o⌉ − 1.
     """
 
-def adaptive_max_pool3d(x: _TensorLike, output_size: Sequence[int] | int) -> Tensor:
+def adaptive_max_pool3d_values(x: _TensorLike, output_size: Sequence[int] | int) -> Tensor:
     """The maximum of each of PyTorch's adaptive windows of x (N, C, D, H, W) — or (C, D, H, W) — for
     ``output_size``: along each dim of size n, output i takes inputs ⌊i·n/o⌋ … ⌈(i+1)·n/o⌉ − 1.
     """
@@ -2307,6 +2308,24 @@ def i0(x: _TensorLike) -> Tensor:
 
 def special_i1(x: _TensorLike) -> Tensor:
     """The modified Bessel function of the first kind, of order 1 (``torch.special.i1``)."""
+
+def adaptive_max_pool1d(input, output_size, return_indices=False) -> Any:
+    """``torch.nn.functional.adaptive_max_pool1d(input, output_size, return_indices=False)``: the op
+    ``adaptive_max_pool1d_values``, or with ``return_indices`` ``adaptive_max_pool1d_with_indices``, the named
+    tuple (y, indices); a None in ``output_size`` keeps that dim's size.
+    """
+
+def adaptive_max_pool2d(input, output_size, return_indices=False) -> Any:
+    """``torch.nn.functional.adaptive_max_pool2d(input, output_size, return_indices=False)``: the op
+    ``adaptive_max_pool2d_values``, or with ``return_indices`` ``adaptive_max_pool2d_with_indices``, the named
+    tuple (y, indices); a None in ``output_size`` keeps that dim's size.
+    """
+
+def adaptive_max_pool3d(input, output_size, return_indices=False) -> Any:
+    """``torch.nn.functional.adaptive_max_pool3d(input, output_size, return_indices=False)``: the op
+    ``adaptive_max_pool3d_values``, or with ``return_indices`` ``adaptive_max_pool3d_with_indices``, the named
+    tuple (y, indices); a None in ``output_size`` keeps that dim's size.
+    """
 
 def addcdiv(input, tensor1, tensor2, *, value=1) -> Any:
     """``torch.addcdiv``: input + value·tensor1/tensor2. Integer tensor1 and tensor2 are refused, as torch

@@ -979,16 +979,17 @@ def _adaptive_max(x, out):
     return win.batch_first(y), win.batch_first(indices)
 
 
-@op("adaptive_max_pool2d(Tensor<floating> x, int[] output_size) -> Tensor y")
-def adaptive_max_pool2d(x, *, output_size):
+@op("adaptive_max_pool2d_values(Tensor<floating> x, int[] output_size) -> Tensor y")
+def adaptive_max_pool2d_values(x, *, output_size):
     """The maximum of each of PyTorch's adaptive windows of x (N, C, H, W) — or (C, H, W) — for ``output_size``
-    (OH, OW): rows ⌊i·H/OH⌋ … ⌈(i+1)·H/OH⌉ − 1, and so for columns."""
-    batched, out = _adaptive_geometry("adaptive_max_pool2d", 2, x.shape, output_size)
+    (OH, OW): rows ⌊i·H/OH⌋ … ⌈(i+1)·H/OH⌉ − 1, and so for columns. ``F.adaptive_max_pool2d`` (torch's
+    function) calls it, or adaptive_max_pool2d_with_indices for ``return_indices=True``."""
+    batched, out = _adaptive_geometry("adaptive_max_pool2d_values", 2, x.shape, output_size)
     return _unbatched(_adaptive_max(_batched(x, batched), out)[0], batched)
 
 
-adaptive_max_pool2d.check(functools.partial(_check_output_size, 2))
-adaptive_max_pool2d.infer(functools.partial(_adaptive_spec, "adaptive_max_pool2d", 2))
+adaptive_max_pool2d_values.check(functools.partial(_check_output_size, 2))
+adaptive_max_pool2d_values.infer(functools.partial(_adaptive_spec, "adaptive_max_pool2d_values", 2))
 
 
 def _onnx_gather_taps(g, x, a, n, o):
@@ -997,7 +998,7 @@ def _onnx_gather_taps(g, x, a, n, o):
                 spec=Spec((*x.shape[:a], o, None, *x.shape[a + 1:]), x.dtype))
 
 
-@adaptive_max_pool2d.onnx
+@adaptive_max_pool2d_values.onnx
 def _(g, x, *, output_size):
     dims, whole = _adaptive_onnx_dims(g, x, 2, output_size)
     if whole:  # global max pooling over these dims
@@ -1009,7 +1010,7 @@ def _(g, x, *, output_size):
     return x
 
 
-@adaptive_max_pool2d.grad
+@adaptive_max_pool2d_values.grad
 def _(x, dy, *, output_size):
     # the indices, found again, say where each dy goes
     indices = F.adaptive_max_pool2d_with_indices(x, output_size=output_size).indices
@@ -1021,7 +1022,7 @@ def _adaptive_max_samples(rng):
     yield Sample.of(_distinct(rng, 2, 3, 3), output_size=[2, 5])  # unbatched; more columns out than in
 
 
-adaptive_max_pool2d.samples(_adaptive_max_samples)
+adaptive_max_pool2d_values.samples(_adaptive_max_samples)
 
 
 @op("adaptive_max_pool2d_with_indices(Tensor<floating> x, int[] output_size) -> (Tensor y, Tensor indices)")
@@ -1046,13 +1047,13 @@ adaptive_max_pool2d_with_indices.samples(_adaptive_max_samples)
 
 
 def _define_adaptive_max(nd: int, dims: str, samples) -> tuple:
-    """adaptive_max_pool{nd}d and its _with_indices op, as adaptive_max_pool2d's: the ops of torch's 1-D and 3-D
-    adaptive max pooling."""
+    """adaptive_max_pool{nd}d_values and its _with_indices op, as adaptive_max_pool2d's: the ops of torch's 1-D
+    and 3-D adaptive max pooling."""
     name = f"adaptive_max_pool{nd}d"
     flat = {1: "l", 3: "(d·H + h)·W + w"}[nd]
 
     def pool(x, *, output_size):
-        batched, out = _adaptive_geometry(name, nd, x.shape, output_size)
+        batched, out = _adaptive_geometry(f"{name}_values", nd, x.shape, output_size)
         return _unbatched(_adaptive_max(_batched(x, batched), out)[0], batched)
 
     def pool_with_indices(x, *, output_size):
@@ -1063,13 +1064,13 @@ def _define_adaptive_max(nd: int, dims: str, samples) -> tuple:
                     f"``output_size``: along each dim of size n, output i takes inputs ⌊i·n/o⌋ … ⌈(i+1)·n/o⌉ − 1.")
     pool_with_indices.__doc__ = (f"{name}, and the flat index {flat} (int64) of each window's maximum: PyTorch's "
                                  f"``{name}(..., return_indices=True)``.")
-    plain = op(f"{name}(Tensor<floating> x, int[] output_size) -> Tensor y")(pool)
+    plain = op(f"{name}_values(Tensor<floating> x, int[] output_size) -> Tensor y")(pool)
     indexed = op(f"{name}_with_indices(Tensor<floating> x, int[] output_size) -> (Tensor y, Tensor indices)")(
         pool_with_indices)
     for opdef in (plain, indexed):
         opdef.check(functools.partial(_check_output_size, nd))
         opdef.samples(samples)
-    plain.infer(functools.partial(_adaptive_spec, name, nd))
+    plain.infer(functools.partial(_adaptive_spec, f"{name}_values", nd))
 
     def indexed_spec(x, *, output_size):
         y = _adaptive_spec(f"{name}_with_indices", nd, x, output_size=output_size)
@@ -1085,14 +1086,46 @@ def _define_adaptive_max(nd: int, dims: str, samples) -> tuple:
     return plain, indexed
 
 
-adaptive_max_pool1d, adaptive_max_pool1d_with_indices = _define_adaptive_max(1, "L", lambda rng: [
+adaptive_max_pool1d_values, adaptive_max_pool1d_with_indices = _define_adaptive_max(1, "L", lambda rng: [
     Sample.of(_distinct(rng, 2, 3, 7), output_size=3),
     Sample.of(_distinct(rng, 2, 3), output_size=5),  # unbatched, more outputs than inputs
 ])
-adaptive_max_pool3d, adaptive_max_pool3d_with_indices = _define_adaptive_max(3, "D, H, W", lambda rng: [
+adaptive_max_pool3d_values, adaptive_max_pool3d_with_indices = _define_adaptive_max(3, "D, H, W", lambda rng: [
     Sample.of(_distinct(rng, 1, 2, 3, 4, 5), output_size=[2, 2, 3]),
     Sample.of(_distinct(rng, 2, 3, 2, 3), output_size=[3, 1, 2]),  # unbatched
 ])
+
+
+def _adaptive_max_function(nd: int):
+    """torch's ``F.adaptive_max_pool{nd}d(input, output_size, return_indices=False)``: the op
+    ``adaptive_max_pool{nd}d_values``, or ``..._with_indices`` for (values, indices); a None in ``output_size``
+    keeps that dim's size, as torch's."""
+    name = f"adaptive_max_pool{nd}d"
+
+    def pool(input, output_size, return_indices=False):
+        sizes = (output_size,) if output_size is None or isinstance(output_size, (int, np.integer)) \
+            else tuple(output_size) if isinstance(output_size, (tuple, list)) else None
+        if sizes is None or len(sizes) not in (1, nd) or not all(
+                v is None or (isinstance(v, (int, np.integer)) and not isinstance(v, bool)) for v in sizes):
+            raise ShapeError(f"{name}(): argument 'output_size' must be an int or {nd} ints (None: keep the input's "
+                             f"size), got {output_size!r}")
+        sizes = sizes * (nd if len(sizes) == 1 else 1)
+        if None in sizes:
+            if len(input.shape) not in (nd + 1, nd + 2):
+                raise ShapeError(f"{name}(): input must be (N, C, *{nd} dims) or (C, *{nd} dims), got shape "
+                                 f"{tuple(input.shape)}")
+            sizes = [n if o is None else o for n, o in zip(input.shape[-nd:], sizes)]
+        op_name = f"{name}_with_indices" if return_indices else f"{name}_values"
+        return getattr(F, op_name)(input, output_size=[int(v) for v in sizes])
+
+    pool.__name__ = pool.__qualname__ = name
+    pool.__doc__ = (f"``torch.nn.functional.{name}(input, output_size, return_indices=False)``: the op "
+                    f"``{name}_values``, or with ``return_indices`` ``{name}_with_indices``, the named tuple "
+                    "(y, indices); a None in ``output_size`` keeps that dim's size.")
+    return function(pool)
+
+
+adaptive_max_pool1d, adaptive_max_pool2d, adaptive_max_pool3d = (_adaptive_max_function(nd) for nd in (1, 2, 3))
 
 
 @adaptive_max_pool2d_with_indices.onnx
