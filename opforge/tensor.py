@@ -551,7 +551,7 @@ class TensorOps:
     scatter_add, index_add = _method("scatter_add"), _method("index_add")
     scatter, scatter_ = _scatter_method(in_place=False), _scatter_method(in_place=True)
     index_fill, index_copy = _method("index_fill"), _method("index_copy")
-    scatter_reduce = _method("scatter_reduce")
+    scatter_reduce, multinomial = _method("scatter_reduce"), _method("multinomial")
     masked_select, masked_scatter, take_along_dim = _method("masked_select"), _method("masked_scatter"), \
         _method("take_along_dim")
     nonzero, argwhere = _method("nonzero"), _method("argwhere")

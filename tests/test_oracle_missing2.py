@@ -572,3 +572,59 @@ def test_adaptive_max_pool_call_forms():
         assert_same(g, w, "torch.adaptive_max_pool1d", 0, 0)
     with pytest.raises(of.ShapeError, match=r"adaptive_max_pool2d\(\): argument 'output_size' must be an int or 2 "):
         F.adaptive_max_pool2d(of.tensor(x[:, :, 0]), [1, 2, 3])
+
+
+def test_multinomial_draws_as_torch_defines_them():
+    """torch.multinomial's meaning (its draws are its generator's, so the distribution is what is compared): the
+    shapes and dtype torch gives, one-hot rows drawing their category (nanoGPT's generate with top_k=1), the
+    frequencies of many draws, without replacement distinct indices and never a weight-0 category, and torch's
+    refusals, each naming multinomial."""
+    for probs, n, replacement in [(np.array([0.2, 0.0, 0.8]), 5, True), (np.eye(4)[[2, 0, 3]], 1, False),
+                                  (np.array([[1.0, 2.0, 0.0, 4.0], [3.0, 0.0, 1.0, 1.0]]), 3, False)]:
+        want = torch.multinomial(torch.tensor(probs), n, replacement)
+        got = of.multinomial(of.tensor(probs), n, replacement)
+        assert got.shape == tuple(want.shape) and got.dtype == np.int64
+        assert ((probs.reshape(-1, probs.shape[-1])[np.arange(got.numpy().reshape(-1, n).shape[0])[:, None],
+                                                    got.numpy().reshape(-1, n)]) > 0).all()
+        if probs.ndim == 2 and (probs > 0).sum(1).max() == n:  # as many categories as draws: torch's, as sets
+            np.testing.assert_array_equal(np.sort(got.numpy(), -1), np.sort(want.numpy(), -1))
+    of.manual_seed(3)
+    weights = np.array([1.0, 2.0, 3.0, 4.0])
+    counts = np.bincount(of.multinomial(of.tensor(weights), 20000, replacement=True).numpy(), minlength=4)
+    np.testing.assert_allclose(counts / 20000, weights / weights.sum(), atol=0.015)
+    rows = of.multinomial(of.tensor(np.tile(np.append(weights, 0.0), (4000, 1))), 4).numpy()
+    assert all(len(set(r)) == 4 for r in rows) and not (rows == 4).any()
+    np.testing.assert_allclose(np.bincount(rows[:, 0], minlength=4) / 4000, weights / weights.sum(), atol=0.03)
+    of.manual_seed(5)
+    first = of.multinomial(of.tensor(weights), 3).numpy()
+    of.manual_seed(5)
+    np.testing.assert_array_equal(of.multinomial(of.tensor(weights), 3).numpy(), first)
+    for call, message in [
+        (lambda: of.multinomial(of.tensor([0.5, -0.1]), 1), r"multinomial\(\): argument 'input' holds inf, nan or a "
+                                                             r"negative"),
+        (lambda: of.multinomial(of.tensor([0.0, 0.0]), 1, True), r"multinomial\(\): a row .* has no positive weight"),
+        (lambda: of.multinomial(of.tensor([0.5, 0.0, 0.5]), 3), r"multinomial\(\): without replacement, 3 samples"),
+        (lambda: of.multinomial(of.tensor([0.5, 0.5]), 3), r"multinomial\(\): without replacement, num_samples \(3\)"),
+        (lambda: of.multinomial(of.tensor(np.ones((2, 2, 2))), 1), r"multinomial\(\): input must be 1-D or 2-D"),
+        (lambda: of.multinomial(of.tensor([0.5, 0.5]), 0), r"multinomial\(\): argument 'num_samples' must be positive"),
+    ]:
+        with pytest.raises(of.OpforgeError, match=message):
+            call()
+
+
+def test_scaled_dot_product_attention_takes_torchs_positions():
+    """F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale=): torch's positional form
+    (nanoGPT's call passes dropout_p=0 and is_causal=True by name, others positionally); a dropout_p > 0, which
+    opforge does not apply, is refused naming the argument."""
+    q, k, v = (_RNG.standard_normal((2, 3, 4, 8)) for _ in range(3))
+    for args, kwargs in [((None, 0.0, True), {}), ((None, 0), {"is_causal": True, "scale": 0.3}),
+                         ((_RNG.standard_normal((4, 4)),), {"dropout_p": 0.0})]:
+        want = torch.nn.functional.scaled_dot_product_attention(
+            *(torch.tensor(t) for t in (q, k, v)), *(torch.tensor(a) if isinstance(a, np.ndarray) else a
+                                                    for a in args), **kwargs)
+        got = F.scaled_dot_product_attention(*(of.tensor(t) for t in (q, k, v)),
+                                             *(of.tensor(a) if isinstance(a, np.ndarray) else a for a in args),
+                                             **kwargs)
+        assert_same(got, want, "scaled_dot_product_attention", 1e-12, 1e-12)
+    with pytest.raises(of.ArgumentError, match=r"scaled_dot_product_attention\(\): argument 'dropout_p' must be 0"):
+        F.scaled_dot_product_attention(of.tensor(q), of.tensor(k), of.tensor(v), None, 0.1)

@@ -50,8 +50,8 @@ NOT_EXPORTABLE = {
     **dict.fromkeys(["erfc", "erfinv", "lgamma", "digamma", "polygamma", "i0", "special_i1"], _SPECIAL),
     **dict.fromkeys(["adaptive_max_pool1d_values", "adaptive_max_pool1d_with_indices", "adaptive_max_pool3d_values",
                      "adaptive_max_pool3d_with_indices", "argwhere", "ctc_nll", "index_copy", "index_fill",
-                     "isin", "masked_scatter", "masked_select", "max_unpool", "scatter", "scatter_reduce",
-                     "searchsorted", "tril_indices", "triu_indices"],
+                     "isin", "masked_scatter", "masked_select", "max_unpool", "multinomial", "scatter",
+                     "scatter_reduce", "searchsorted", "tril_indices", "triu_indices"],
                     _NOT_YET),
 }
 _GRADIENT_OP = re.compile(r"_grad(_grad|_input|_weight)?$")  # relu_grad, max_pool_grad_grad, conv_grad_input

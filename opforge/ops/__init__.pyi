@@ -315,6 +315,14 @@ def eye(n: int, m: int | None = None, *, dtype: _DTypeLike | None = None) -> Ten
 def bernoulli(p: _TensorLike) -> Tensor:
     """Draws 1 with probability ``p`` (elementwise), else 0, in ``p``'s dtype, from the seeded generator."""
 
+def multinomial(input: _TensorLike, num_samples: int, replacement: bool = False) -> Tensor:
+    """``torch.multinomial``: for each row of ``input`` (1-D: one row; 2-D: one per row) of non-negative
+    weights, which need not sum to 1, ``num_samples`` category indices drawn with probabilities proportional to
+    the weights. Without ``replacement`` an index is drawn at most once (each draw among the categories not
+    drawn yet: the exponential race, keys E/w with E ~ Exp(1), smallest first). The draws are the seeded
+    generator's, not torch's.
+    """
+
 # -- opforge.ops.ctc
 
 def ctc_nll(
@@ -1130,15 +1138,18 @@ def scaled_dot_product_attention(
     k: _TensorLike,
     v: _TensorLike,
     attn_mask: _TensorLike | None = None,
-    *,
+    dropout_p: float = 0.0,
     is_causal: bool = False,
+    *,
     scale: float | None = None,
 ) -> Tensor:
     """softmax(q·kᵀ·scale + mask)·v for q (..., L, E), k (..., S, E), v (..., S, Ev) -> (..., L, Ev); batch dims
     broadcast. ``scale`` defaults to 1/√E. ``attn_mask`` (broadcast to (..., L, S)) is boolean (True: may
     attend) or added to the scores; ``is_causal`` lets query i attend to keys j <= i. A query that may attend to
-    nothing gets zeros, as in torch. A recorded call keeps the softmax weights for an eager first-order backward
-    pass; elsewhere (compiled, ``create_graph``) the gradient rule computes them again from q, k and the mask.
+    nothing gets zeros, as in torch. The settings take torch's positions; ``dropout_p`` must be 0 (dropout of
+    the attention weights is not supported here: nn.MultiheadAttention's ``dropout`` is). A recorded call keeps
+    the softmax weights for an eager first-order backward pass; elsewhere (compiled, ``create_graph``) the
+    gradient rule computes them again from q, k and the mask.
     """
 
 # -- opforge.ops.normalization

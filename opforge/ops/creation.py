@@ -1,5 +1,6 @@
 """Ops that make tensors from attributes alone. ``random`` ones draw from the seeded generator."""
 
+from ..core.errors import ArgumentError
 from ..core.spec import Dim
 from ._common import D, Sample, ShapeError, Spec, np, op
 
@@ -169,3 +170,55 @@ bernoulli.onnx(lambda g, p: g.op("Bernoulli", p))
 def _(rng):
     yield Sample.of(rng.uniform(0, 1, (3, 4)))
     yield Sample.of(np.array(0.5))
+
+
+@op("multinomial(Tensor<floating> input, int num_samples, bool replacement=False) -> Tensor<int64> y",
+    traits=["no_grad", "random"])
+def multinomial(input, *, num_samples, replacement, rng):
+    """``torch.multinomial``: for each row of ``input`` (1-D: one row; 2-D: one per row) of non-negative weights,
+    which need not sum to 1, ``num_samples`` category indices drawn with probabilities proportional to the weights.
+    Without ``replacement`` an index is drawn at most once (each draw among the categories not drawn yet: the
+    exponential race, keys E/w with E ~ Exp(1), smallest first). The draws are the seeded generator's, not
+    torch's."""
+    _multinomial_spec(Spec(input.shape, input.dtype), num_samples, replacement)
+    if input.size and not (np.isfinite(input).all() and (input >= 0).all()):
+        raise ArgumentError("multinomial(): argument 'input' holds inf, nan or a negative weight (torch refuses them "
+                            "too)")
+    rows = input.reshape(-1, input.shape[-1]).astype(np.float64)
+    totals = rows.sum(axis=1)
+    if (totals <= 0).any():
+        raise ArgumentError("multinomial(): a row of argument 'input' has no positive weight: nothing to draw from")
+    if not replacement and ((rows > 0).sum(axis=1) < num_samples).any():
+        raise ArgumentError(f"multinomial(): without replacement, {num_samples} samples need as many categories of "
+                            "positive weight in every row, and a row has fewer")
+    if replacement:
+        cdf = np.cumsum(rows, axis=1)
+        u = rng.random((len(rows), num_samples)) * cdf[:, -1:]
+        drawn = np.stack([np.searchsorted(c, v, side="right") for c, v in zip(cdf, u)])
+    else:
+        with np.errstate(divide="ignore"):
+            keys = rng.exponential(size=rows.shape) / rows  # weight 0: never drawn (key inf)
+        drawn = np.argsort(keys, axis=1, kind="stable")[:, :num_samples]
+    return drawn.reshape(*input.shape[:-1], num_samples).astype(np.int64)
+
+
+@multinomial.check
+def _(*, num_samples, replacement):
+    if num_samples <= 0:
+        raise ValueError(f"argument 'num_samples' must be positive, got {num_samples}")
+
+
+@multinomial.infer
+def _multinomial_spec(input, num_samples, replacement):
+    if len(input.shape) not in (1, 2):
+        raise ShapeError(f"multinomial(): input must be 1-D or 2-D (categories last), got shape {input.shape}")
+    if not replacement and input.shape[-1] is not None and num_samples > input.shape[-1]:
+        raise ShapeError(f"multinomial(): without replacement, num_samples ({num_samples}) cannot exceed the "
+                         f"number of categories ({input.shape[-1]})")
+    return Spec((*input.shape[:-1], num_samples), D.int64)
+
+
+@multinomial.samples
+def _(rng):
+    yield Sample.of(rng.uniform(0.1, 1, (3, 5)), num_samples=2)
+    yield Sample.of(rng.uniform(0.1, 1, 4), num_samples=6, replacement=True)

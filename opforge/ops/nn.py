@@ -578,20 +578,31 @@ def _attention_probs(q, k, attn_mask, is_causal, scale):
 
 
 @op("scaled_dot_product_attention(Tensor<floating> q, Tensor<floating> k, Tensor<floating> v, "
-    "Tensor? attn_mask=None, *, bool is_causal=False, float? scale=None) -> Tensor out", saves=("probs",))
-def scaled_dot_product_attention(q, k, v, attn_mask, *, is_causal, scale, save=None):
+    "Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, *, float? scale=None) -> Tensor out",
+    saves=("probs",))
+def scaled_dot_product_attention(q, k, v, attn_mask, *, dropout_p, is_causal, scale, save=None):
     """softmax(q·kᵀ·scale + mask)·v for q (..., L, E), k (..., S, E), v (..., S, Ev) -> (..., L, Ev); batch dims
     broadcast. ``scale`` defaults to 1/√E. ``attn_mask`` (broadcast to (..., L, S)) is boolean (True: may attend)
     or added to the scores; ``is_causal`` lets query i attend to keys j <= i. A query that may attend to nothing
-    gets zeros, as in torch. A recorded call keeps the softmax weights for an eager first-order backward pass;
-    elsewhere (compiled, ``create_graph``) the gradient rule computes them again from q, k and the mask."""
-    _validate(scaled_dot_product_attention, q, k, v, attn_mask, is_causal=is_causal, scale=scale)
+    gets zeros, as in torch. The settings take torch's positions; ``dropout_p`` must be 0 (dropout of the attention
+    weights is not supported here: nn.MultiheadAttention's ``dropout`` is). A recorded call keeps the softmax
+    weights for an eager first-order backward pass; elsewhere (compiled, ``create_graph``) the gradient rule
+    computes them again from q, k and the mask."""
+    _validate(scaled_dot_product_attention, q, k, v, attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+              scale=scale)
     out = _attention_np(q, k, v, attn_mask, is_causal, _attention_scale(q.shape[-1], scale), save)
     return out.astype(np.result_type(q, k, v), copy=False)
 
 
+@scaled_dot_product_attention.check
+def _(*, dropout_p, **_):
+    if dropout_p != 0:
+        raise ValueError(f"argument 'dropout_p' must be 0: dropout of the attention weights is not supported here "
+                         f"(torch's dropout_p > 0; nn.MultiheadAttention's dropout is), got {dropout_p}")
+
+
 @scaled_dot_product_attention.onnx
-def _(g, q, k, v, attn_mask, *, is_causal, scale):
+def _(g, q, k, v, attn_mask, *, dropout_p, is_causal, scale):
     dtype = g.outputs[0].dtype
     q, k, v = (g.cast(t, dtype) for t in (q, k, v))
     swap = [*range(k.ndim - 2), k.ndim - 1, k.ndim - 2]
@@ -615,7 +626,7 @@ def _(g, q, k, v, attn_mask, *, is_causal, scale):
 
 
 @scaled_dot_product_attention.infer
-def _(q, k, v, attn_mask, *, is_causal, scale):
+def _(q, k, v, attn_mask, *, dropout_p, is_causal, scale):
     name = "scaled_dot_product_attention()"
     if min(len(q.shape), len(k.shape), len(v.shape)) < 2:
         raise ShapeError(f"{name}: q, k and v need at least 2 dims (..., L, E), got shapes {q.shape}, {k.shape}, "
@@ -656,7 +667,7 @@ def _(q, k, v, attn_mask, dout, probs, *, is_causal, scale, needs_input_grad):
 
 
 @scaled_dot_product_attention.sbp
-def _(q, k, v, attn_mask, *, is_causal, scale):
+def _(q, k, v, attn_mask, *, dropout_p, is_causal, scale):
     # Each (batch, head) is an attention of its own, and each query row a softmax of its own over every key: split
     # along a batch dim (the batch, or the heads), each input split where it has that dim and whole where it
     # broadcasts along it; or split the queries, keys and values whole (not with is_causal: a row's mask depends on
