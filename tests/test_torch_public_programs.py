@@ -1,0 +1,197 @@
+"""Public PyTorch programs' own source, run through ``opforge.mock_torch`` with no edits (issue 27, "Must hold").
+
+``tests/programs/`` holds the files as their repositories publish them, byte for byte (each with its licence):
+
+* ``nanogpt/model.py``: karpathy/nanoGPT's model (GPT, its ``configure_optimizers``, ``generate``,
+  ``crop_block_size``, ``estimate_mfu``);
+* ``word_language_model/model.py``: pytorch/examples' word language model (``RNNModel`` with LSTM, GRU and the
+  plain RNNs; ``TransformerModel``, a subclass of ``nn.Transformer`` with a float ``-inf`` causal mask).
+
+Each file is imported twice: with the real torch, and with ``import torch`` giving opforge. Both models start from
+torch's initial weights (its state dict, loaded into opforge's) and train on the same batches with the training loop
+their repositories write (nanoGPT's train.py: AdamW groups, ``clip_grad_norm_``; word_language_model's main.py:
+``repackage_hidden``, ``model.zero_grad()``, ``p.data.add_(p.grad, alpha=-lr)``); the losses agree step by step.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import opforge as of
+from opforge import mock_torch
+
+PROGRAMS = Path(__file__).parent / "programs"
+
+
+def _import(path: Path, name: str, mocked: bool):
+    """The module at ``path``, imported under ``name`` with torch, or with opforge as torch."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    if mocked:
+        with mock_torch.enable():
+            spec.loader.exec_module(module)
+    else:
+        spec.loader.exec_module(module)
+    return module
+
+
+def _same_start(theirs, ours) -> None:
+    ours.load_state_dict({k: of.tensor(v.detach().numpy()) for k, v in theirs.state_dict().items()})
+
+
+def _close(got: list, want: list, rtol: float = 2e-6) -> None:
+    assert len(got) == len(want)
+    np.testing.assert_allclose(got, want, rtol=rtol)
+
+
+# -- nanoGPT -----------------------------------------------------------------------------------------------------------
+
+_CORPUS = np.tile(np.arange(32) * 7 % 32, 40)
+
+
+def _gpt_batch(torch_like, it: int):
+    ix = np.arange(4) * 37 + it * 11
+    x = np.stack([_CORPUS[j:j + 16] for j in ix])
+    y = np.stack([_CORPUS[j + 1:j + 17] for j in ix])
+    return torch_like.tensor(x), torch_like.tensor(y)
+
+
+def _train_gpt(model, torch_like, steps: int) -> list:
+    optimizer = model.configure_optimizers(0.1, 3e-3, (0.9, 0.95), "cpu")
+    losses = []
+    for it in range(steps):
+        X, Y = _gpt_batch(torch_like, it)
+        _logits, loss = model(X, Y)
+        loss.backward()
+        torch_like.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_nanogpt_model_py_trains_as_torch(bias):
+    """nanoGPT's model.py, unchanged: the flash path (F.scaled_dot_product_attention with torch's positional
+    dropout_p and is_causal), LayerNorm with and without bias, weight tying, the decay groups and AdamW; then
+    generate with top_k=1 (torch.multinomial of one-hot rows: the same tokens), crop_block_size and estimate_mfu."""
+    config = dict(block_size=16, vocab_size=32, n_layer=2, n_head=2, n_embd=16, dropout=0.0, bias=bias)
+    theirs = _import(PROGRAMS / "nanogpt" / "model.py", "nanogpt_model_torch", mocked=False)
+    ours = _import(PROGRAMS / "nanogpt" / "model.py", "nanogpt_model_opforge", mocked=True)
+    torch.manual_seed(0)
+    want_model = theirs.GPT(theirs.GPTConfig(**config))
+    got_model = ours.GPT(ours.GPTConfig(**config))
+    _same_start(want_model, got_model)
+    assert got_model.get_num_params() == want_model.get_num_params()
+    assert got_model.transformer.h[0].attn.flash  # the path through scaled_dot_product_attention
+    _close(_train_gpt(got_model, of, 6), _train_gpt(want_model, torch, 6))
+    want_model.eval()
+    got_model.eval()
+    start = _CORPUS[:5].reshape(1, -1)
+    want = want_model.generate(torch.tensor(start), 8, top_k=1)
+    got = got_model.generate(of.tensor(start), 8, top_k=1)
+    assert got.tolist() == want.tolist()
+    assert got_model.estimate_mfu(4, 1.0) == pytest.approx(want_model.estimate_mfu(4, 1.0), rel=1e-12)
+    for model in (want_model, got_model):
+        model.crop_block_size(8)
+    X, Y = _gpt_batch(torch, 0)
+    want_loss = want_model(X[:, :8].contiguous(), Y[:, :8].contiguous())[1].item()
+    X, Y = _gpt_batch(of, 0)
+    assert got_model(X[:, :8], Y[:, :8])[1].item() == pytest.approx(want_loss, rel=2e-6)
+
+
+def test_nanogpt_dropout_in_attention_is_refused_naming_the_difference():
+    """nanoGPT with dropout > 0 in training passes it to scaled_dot_product_attention as dropout_p, which opforge
+    does not apply: refused, naming the op and the argument (nn.Dropout elsewhere in the model is fine)."""
+    ours = _import(PROGRAMS / "nanogpt" / "model.py", "nanogpt_model_opforge", mocked=True)
+    model = ours.GPT(ours.GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=2, n_embd=8, dropout=0.1))
+    with pytest.raises(of.ArgumentError, match=r"scaled_dot_product_attention\(\): argument 'dropout_p' must be 0"):
+        model(of.tensor(np.zeros((1, 8), np.int64)))
+    model.eval()  # evaluation passes dropout_p=0
+    assert model(of.tensor(np.zeros((1, 8), np.int64)))[0].shape == (1, 1, 16)
+
+
+# -- pytorch/examples' word language model -----------------------------------------------------------------------------
+
+_WORDS = np.array([(i * 7 + i // 5) % 40 for i in range(20 * 12 + 1)])
+
+
+def _batchify(torch_like, data, bsz):  # main.py's batchify, as written there (less its .to(device))
+    nbatch = data.size(0) // bsz
+    data = data.narrow(0, 0, nbatch * bsz)
+    data = data.view(bsz, -1).t().contiguous()
+    return data
+
+
+def _train_language_model(torch_like, model, kind: str, epochs: int, lr: float = 2.0) -> list:
+    """main.py's train(), with its settings as arguments: bptt 5, clip 0.25, plain SGD through p.data.add_."""
+    bptt, ntokens, batch_size = 5, 40, 4
+    train_data = _batchify(torch_like, torch_like.tensor(_WORDS), batch_size)
+    criterion = torch_like.nn.NLLLoss()
+
+    def repackage_hidden(h):
+        if isinstance(h, torch_like.Tensor):
+            return h.detach()
+        else:
+            return tuple(repackage_hidden(v) for v in h)
+
+    def get_batch(source, i):
+        seq_len = min(bptt, len(source) - 1 - i)
+        data = source[i:i+seq_len]
+        target = source[i+1:i+1+seq_len].view(-1)
+        return data, target
+
+    losses = []
+    for _ in range(epochs):
+        model.train()
+        if kind != 'Transformer':
+            hidden = model.init_hidden(batch_size)
+        for _batch, i in enumerate(range(0, train_data.size(0) - 1, bptt)):
+            data, targets = get_batch(train_data, i)
+            model.zero_grad()
+            if kind == 'Transformer':
+                output = model(data)
+                output = output.view(-1, ntokens)
+            else:
+                hidden = repackage_hidden(hidden)
+                output, hidden = model(data, hidden)
+            loss = criterion(output, targets)
+            loss.backward()
+            torch_like.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
+            for p in model.parameters():
+                p.data.add_(p.grad, alpha=-lr)
+            losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU", "RNN_TANH", "RNN_RELU", "Transformer"])
+def test_word_language_model_trains_as_torch(kind):
+    """pytorch/examples' word_language_model/model.py, unchanged, trained by main.py's loop: every --model (LSTM
+    and GRU with tied weights, the plain RNNs, the Transformer with its log(tril) mask and PositionalEncoding), in
+    training with dropout 0 (the same numbers need no randomness: the program's own dropout is given as 0, that of
+    the layers nn.Transformer makes, 0.1, is set to 0 on the modules, attention included)."""
+    theirs = _import(PROGRAMS / "word_language_model" / "model.py", "wlm_model_torch", mocked=False)
+    ours = _import(PROGRAMS / "word_language_model" / "model.py", "wlm_model_opforge", mocked=True)
+    torch.manual_seed(0)
+
+    def build(module):
+        if kind == "Transformer":
+            return module.TransformerModel(40, 16, 2, 32, 2, 0.0)
+        return module.RNNModel(kind, 40, 16, 16, 2, 0.0, kind in ("LSTM", "GRU"))
+
+    want_model, got_model = build(theirs), build(ours)
+    _same_start(want_model, got_model)
+    for model, torch_like in ((want_model, torch), (got_model, of)):  # nn.Transformer's own layers drop at 0.1
+        for m in model.modules():
+            if isinstance(m, torch_like.nn.Dropout):
+                m.p = 0.0
+            elif isinstance(m, torch_like.nn.MultiheadAttention):  # (its attention weights')
+                m.dropout = 0.0
+    want = _train_language_model(torch, want_model, kind, 2)
+    got = _train_language_model(of, got_model, kind, 2)
+    _close(got, want, rtol=1e-5)
