@@ -4,18 +4,27 @@
 
 * ``nanogpt/model.py``: karpathy/nanoGPT's model (GPT, its ``configure_optimizers``, ``generate``,
   ``crop_block_size``, ``estimate_mfu``);
-* ``word_language_model/model.py``: pytorch/examples' word language model (``RNNModel`` with LSTM, GRU and the
-  plain RNNs; ``TransformerModel``, a subclass of ``nn.Transformer`` with a float ``-inf`` causal mask).
+* ``examples/``: pytorch/examples' ``word_language_model/model.py`` (``RNNModel`` with LSTM, GRU and the plain
+  RNNs; ``TransformerModel``, a subclass of ``nn.Transformer`` with a float ``-inf`` causal mask),
+  ``time_sequence_prediction/train.py`` (``Sequence``: two ``LSTMCell``s in float64, trained with LBFGS) and
+  ``regression/main.py`` (a whole script: polynomial regression with ``F.smooth_l1_loss`` and ``param.data.add_``).
 
-Each file is imported twice: with the real torch, and with ``import torch`` giving opforge. Both models start from
-torch's initial weights (its state dict, loaded into opforge's) and train on the same batches with the training loop
-their repositories write (nanoGPT's train.py: AdamW groups, ``clip_grad_norm_``; word_language_model's main.py:
-``repackage_hidden``, ``model.zero_grad()``, ``p.data.add_(p.grad, alpha=-lr)``); the losses agree step by step.
+Each model file is imported twice: with the real torch, and with ``import torch`` giving opforge. Both models start
+from torch's initial weights (its state dict, loaded into opforge's) and train on the same batches with the training
+loop their repositories write (nanoGPT's train.py: AdamW groups, ``clip_grad_norm_``; word_language_model's main.py:
+``repackage_hidden``, ``model.zero_grad()``, ``p.data.add_(p.grad, alpha=-lr)``; time_sequence_prediction's
+``__main__``: LBFGS with a closure); the losses agree step by step. The regression script runs whole, as
+``python -m opforge.mock_torch main.py`` would run it (its data is drawn at random: opforge's draws, so it is
+checked for what it prints, not against torch's numbers).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
+import re
+import runpy
 from pathlib import Path
 
 import numpy as np
@@ -175,8 +184,8 @@ def test_word_language_model_trains_as_torch(kind):
     and GRU with tied weights, the plain RNNs, the Transformer with its log(tril) mask and PositionalEncoding), in
     training with dropout 0 (the same numbers need no randomness: the program's own dropout is given as 0, that of
     the layers nn.Transformer makes, 0.1, is set to 0 on the modules, attention included)."""
-    theirs = _import(PROGRAMS / "word_language_model" / "model.py", "wlm_model_torch", mocked=False)
-    ours = _import(PROGRAMS / "word_language_model" / "model.py", "wlm_model_opforge", mocked=True)
+    theirs = _import(PROGRAMS / "examples" / "word_language_model_model.py", "wlm_model_torch", mocked=False)
+    ours = _import(PROGRAMS / "examples" / "word_language_model_model.py", "wlm_model_opforge", mocked=True)
     torch.manual_seed(0)
 
     def build(module):
@@ -195,3 +204,72 @@ def test_word_language_model_trains_as_torch(kind):
     want = _train_language_model(torch, want_model, kind, 2)
     got = _train_language_model(of, got_model, kind, 2)
     _close(got, want, rtol=1e-5)
+
+
+# -- pytorch/examples' time sequence prediction ------------------------------------------------------------------------
+
+
+def _sine_waves(T=20, L=16, N=5):  # generate_sine_wave.py's data, smaller
+    np.random.seed(2)
+    x = np.empty((N, L), 'int64')
+    x[:] = np.array(range(L)) + np.random.randint(-4 * T, 4 * T, N).reshape(N, 1)
+    return np.sin(x / 1.0 / T).astype('float64')
+
+
+def _train_sequence(torch_like, seq, data) -> list:
+    """train.py's __main__ for one step (LBFGS's first iterations; max_iter 4 for the suite's time)."""
+    input = torch_like.from_numpy(data[3:, :-1])
+    target = torch_like.from_numpy(data[3:, 1:])
+    test_input = torch_like.from_numpy(data[:3, :-1])
+    test_target = torch_like.from_numpy(data[:3, 1:])
+    seq.double()
+    criterion = torch_like.nn.MSELoss()
+    optimizer = torch_like.optim.LBFGS(seq.parameters(), lr=0.8, max_iter=4)
+    losses = []
+
+    def closure():
+        optimizer.zero_grad()
+        out = seq(input)
+        loss = criterion(out, target)
+        losses.append(loss.item())
+        loss.backward()
+        return loss
+    optimizer.step(closure)
+    with torch_like.no_grad():
+        future = 10
+        pred = seq(test_input, future=future)
+        loss = criterion(pred[:, :-future], test_target)
+        losses.append(loss.item())
+    return losses
+
+
+def test_time_sequence_prediction_trains_as_torch():
+    """pytorch/examples' time_sequence_prediction/train.py, unchanged (its __main__ left out: it reads a pickle and
+    plots), Sequence trained as its __main__ trains it: LSTMCells in float64, split(1, dim=1), LBFGS with a closure,
+    then a prediction of the future under no_grad."""
+    path = PROGRAMS / "examples" / "time_sequence_prediction_train.py"
+    theirs, ours = _import(path, "time_sequence_torch", mocked=False), _import(path, "time_sequence_opforge", True)
+    torch.manual_seed(0)
+    want_seq, got_seq = theirs.Sequence(), ours.Sequence()
+    _same_start(want_seq, got_seq)
+    data = _sine_waves()
+    _close(_train_sequence(of, got_seq, data), _train_sequence(torch, want_seq, data), rtol=1e-10)
+
+
+# -- pytorch/examples' regression, the whole script --------------------------------------------------------------------
+
+
+def test_regression_script_runs_whole_and_learns(tmp_path, monkeypatch):
+    """regression/main.py as a script under the mock: it draws a polynomial, fits it with F.smooth_l1_loss and
+    param.data.add_ until the loss is below 1e-3, and prints both polynomials (format() of 0-d tensors)."""
+    monkeypatch.chdir(tmp_path)
+    of.manual_seed(0)
+    out = io.StringIO()
+    with mock_torch.enable(), contextlib.redirect_stdout(out):
+        runpy.run_path(str(PROGRAMS / "examples" / "regression_main.py"), run_name="__main__")
+    text = out.getvalue()
+    loss, batches = re.search(r"Loss: ([0-9.]+) after (\d+) batches", text).groups()
+    assert float(loss) < 1e-3 and int(batches) > 1
+    learned, actual = (np.array([float(v) for v in re.findall(r"[-+][0-9.]+", line.split("y = ")[1])])
+                       for line in text.splitlines()[1:3])
+    np.testing.assert_allclose(learned, actual, atol=0.5)
