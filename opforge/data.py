@@ -95,6 +95,62 @@ def random_split(dataset, lengths, generator=None) -> list:
     return [Subset(dataset, order[a:b]) for a, b in itertools.pairwise(starts)]
 
 
+class Sampler:
+    """torch's ``Sampler``: an iterable of dataset indices (with ``__len__``), what a ``DataLoader(sampler=...)``
+    batches in order."""
+
+    def __init__(self, data_source=None):
+        pass
+
+    def __iter__(self) -> Iterator:
+        raise NotImplementedError(f"{type(self).__name__} must define __iter__")
+
+
+class SequentialSampler(Sampler):
+    """The indices 0 … len(data_source) − 1 in order."""
+
+    def __init__(self, data_source):
+        self.data_source = data_source
+
+    def __iter__(self) -> Iterator:
+        return iter(range(len(self.data_source)))
+
+    def __len__(self) -> int:
+        return len(self.data_source)
+
+
+class RandomSampler(Sampler):
+    """torch's ``RandomSampler``: a random permutation of the indices each pass, or with ``replacement``
+    ``num_samples`` indices drawn uniformly (made as they are read, so ``num_samples`` may be huge, as minGPT's
+    1e10). Drawn from opforge's generator (``of.manual_seed``): torch's order, not its samples."""
+
+    def __init__(self, data_source, replacement: bool = False, num_samples: int | None = None, generator=None):
+        if generator is not None:
+            raise ArgumentError("RandomSampler(): generator= (a torch.Generator) is not supported; seed with "
+                                "of.manual_seed")
+        if num_samples is not None and (isinstance(num_samples, bool) or not isinstance(num_samples, int)
+                                        or num_samples <= 0):
+            raise ArgumentError(f"RandomSampler(): num_samples must be a positive int, got {describe(num_samples)}")
+        self.data_source, self.replacement, self._num_samples = data_source, bool(replacement), num_samples
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.data_source) if self._num_samples is None else self._num_samples
+
+    def __iter__(self) -> Iterator:
+        n, rng = len(self.data_source), np.random.default_rng(int(CPU.generator().integers(2**63)))
+        if self.replacement:
+            for start in range(0, self.num_samples, 32):  # in chunks of 32, as torch draws them
+                yield from rng.integers(0, n, min(32, self.num_samples - start)).tolist()
+        else:
+            for _ in range(self.num_samples // n):
+                yield from rng.permutation(n).tolist()
+            yield from rng.permutation(n)[:self.num_samples % n].tolist()
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
 def _is_dataset(value) -> bool:
     return (not isinstance(value, (np.ndarray, Tensor)) and hasattr(value, "__len__")
             and hasattr(value, "__getitem__"))
@@ -140,7 +196,7 @@ def default_collate(samples: list):
 # drop_last, timeout, worker_init_fn): the settings opforge has, and the others with the value each must have here
 _TORCH_POSITIONAL = ("batch_size", "shuffle", "sampler", "batch_sampler", "num_workers", "collate_fn", "pin_memory",
                      "drop_last", "timeout", "worker_init_fn")
-_TORCH_ONLY = {"sampler": None, "batch_sampler": None, "timeout": 0, "worker_init_fn": None, "generator": None,
+_TORCH_ONLY = {"batch_sampler": None, "timeout": 0, "worker_init_fn": None, "generator": None,
                "prefetch_factor": None, "persistent_workers": False, "multiprocessing_context": None}
 
 
@@ -164,7 +220,7 @@ class DataLoader:
     seeded once; ``drop_last`` drops a final batch smaller than ``batch_size``."""
 
     def __init__(self, *data, batch_size: int = 1, shuffle: bool = False, drop_last: bool = False,
-                 seed: int | None = None, collate_fn=None, **torch_args):
+                 seed: int | None = None, collate_fn=None, sampler=None, **torch_args):
         if data and _is_dataset(data[0]):  # a TensorDataset, or any map-style dataset
             if len(data) > 1:  # torch's positional order after the dataset
                 given = dict(zip(_TORCH_POSITIONAL, data[1:]))
@@ -173,6 +229,7 @@ class DataLoader:
                                         f"{len(_TORCH_POSITIONAL) + 1}")
                 batch_size, shuffle = given.pop("batch_size", batch_size), given.pop("shuffle", shuffle)
                 collate_fn, drop_last = given.pop("collate_fn", collate_fn), given.pop("drop_last", drop_last)
+                sampler = given.pop("sampler", sampler)
                 torch_args.update(given)
             _check_torch_args(torch_args)
             self.dataset = data[0]
@@ -187,6 +244,11 @@ class DataLoader:
             raise ArgumentError(f"DataLoader(): batch_size must be an int >= 1, got {describe(batch_size)}")
         self.batch_size = int(batch_size)
         self.shuffle = bool(shuffle)
+        if sampler is not None and self.shuffle:
+            raise ArgumentError("DataLoader(): sampler= and shuffle=True exclude each other (as in torch)")
+        if sampler is not None and not hasattr(sampler, "__iter__"):
+            raise ArgumentError(f"DataLoader(): sampler must be an iterable of indices, got {describe(sampler)}")
+        self.sampler = sampler  # the indices, in order (by default 0 … n − 1, or a permutation with shuffle)
         self.drop_last = bool(drop_last)
         if seed is None and self.shuffle:  # from opforge's generator, so of.manual_seed fixes the order too
             seed = int(CPU.generator().integers(2**63))
@@ -199,20 +261,26 @@ class DataLoader:
 
     def __len__(self) -> int:
         """The number of batches per epoch."""
-        n = len(self.dataset)
+        n = len(self.dataset) if self.sampler is None else len(self.sampler)
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def __iter__(self) -> Iterator:
-        n = len(self.dataset)
-        order = self.generator.permutation(n) if self.shuffle else np.arange(n)
+        if self.sampler is None:
+            n = len(self.dataset)
+            order = iter((self.generator.permutation(n) if self.shuffle else np.arange(n)).tolist())
+        else:  # read as batches are made: a sampler may be long (minGPT's draws 1e10 indices)
+            order = iter(self.sampler)
         arrays = type(self.dataset) is TensorDataset and self.collate_fn is None
         collate = self.collate_fn or default_collate
-        for b in range(len(self)):
-            index = order[b * self.batch_size:(b + 1) * self.batch_size]
+        while index := list(itertools.islice(order, self.batch_size)):
+            if self.drop_last and len(index) < self.batch_size:
+                return
             if arrays:  # a whole batch in one indexing per array (which copies), on the array's device
+                index = np.asarray(index, dtype=np.int64)
                 yield tuple(wrap(a[index], d) for a, d in zip(self.dataset.arrays, self.dataset.devices))
             else:
                 yield collate([self.dataset[int(i)] for i in index])
 
 
-__all__ = ["DataLoader", "Dataset", "Subset", "TensorDataset", "default_collate", "random_split"]
+__all__ = ["DataLoader", "Dataset", "RandomSampler", "Sampler", "SequentialSampler", "Subset", "TensorDataset",
+           "default_collate", "random_split"]

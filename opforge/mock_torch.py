@@ -9,12 +9,13 @@ on opforge.
         import torch.nn.functional as F
 
 ``torch``, ``torch.nn``, ``torch.nn.functional``, ``torch.nn.init``, ``torch.nn.utils``, ``torch.optim``,
-``torch.optim.lr_scheduler``, ``torch.utils.data``, ``torch.autograd``, ``torch.linalg``, ``torch.cuda``,
-``torch.backends`` and ``torch.accelerator`` are modules whose names are opforge's objects of the same meaning
-(the opforge namespace, ``opforge.nn``, ``opforge.ops``, ``opforge.optim``, ``opforge.data``...). Only PyTorch's
-own names are there (``torch.names`` lists them): opforge's other names are not, so a name that means something else
-in opforge (``of.trace`` traces a program, ``torch.trace`` sums a diagonal) is never reached through ``torch``.
-``torch.cuda.is_available()`` and its kin say False: opforge runs on the CPU (and devices registered with it).
+``torch.optim.lr_scheduler``, ``torch.utils.data`` (and its ``dataloader``, ``dataset``, ``sampler``),
+``torch.autograd``, ``torch.linalg``, ``torch.cuda``, ``torch.backends`` and ``torch.accelerator`` are modules whose
+names are opforge's objects of the same meaning (the opforge namespace, ``opforge.nn``, ``opforge.ops``,
+``opforge.optim``, ``opforge.data``...). Only PyTorch's own names are there (``torch.names`` lists them): opforge's
+other names are not, so a name that means something else in opforge (``of.trace`` traces a program, ``torch.trace`` sums
+a diagonal) is never reached through ``torch``. ``torch.cuda.is_available()`` and its kin say False: opforge runs on the
+CPU (and devices registered with it).
 
 A PyTorch name opforge lacks fails with an ``AttributeError`` naming it and the nearest names opforge has, when the
 program reads it; with ``enable(lazy=True)`` reading it gives a stand-in that fails the same way only when it is
@@ -70,6 +71,10 @@ _SPEC = {
         "StepLR", "CosineAnnealingLR", "LambdaLR", "LinearLR", "ReduceLROnPlateau", "LRScheduler"}, {}),
     "torch.utils": (None, set(), {"data": None}),
     "torch.utils.data": (data, torch_names.DATA, {}),
+    # (torch's submodules of torch.utils.data, which programs import from: minGPT's trainer does)
+    "torch.utils.data.dataloader": (data, {"DataLoader", "default_collate"}, {}),
+    "torch.utils.data.dataset": (data, {"Dataset", "TensorDataset", "Subset", "random_split"}, {}),
+    "torch.utils.data.sampler": (data, {"Sampler", "SequentialSampler", "RandomSampler"}, {}),
     "torch.autograd": (of, {"grad", "backward", "no_grad", "enable_grad", "set_grad_enabled", "detect_anomaly"}, {}),
     "torch.linalg": (of.linalg, set(dir(of.linalg)) - {"ops", "F"}, {}),
     "torch.cuda": (_no_accelerator, set(vars(_no_accelerator)) - {"current_accelerator"}, {}),

@@ -104,3 +104,50 @@ def test_errors_name_the_arrays():
     for bad in (0, 2.0, True):
         with pytest.raises(of.ArgumentError, match="batch_size must be an int >= 1"):
             DataLoader(x, batch_size=bad)
+
+
+def test_a_sampler_gives_the_indices_as_torchs_dataloader_takes_them():
+    """DataLoader(dataset, sampler=...): the sampler's indices in order, batched (drop_last too), as torch's; torch's
+    SequentialSampler and a list of indices give torch's very batches; RandomSampler a permutation per pass, or with
+    replacement num_samples draws made as they are read (minGPT asks for 1e10), from opforge's generator."""
+    import torch
+
+    from opforge.data import RandomSampler, SequentialSampler
+
+    x = np.arange(10)
+    ours, theirs = TensorDataset(x), torch.utils.data.TensorDataset(torch.tensor(x))
+    for make_ours, make_theirs, settings in [
+        (SequentialSampler(ours), torch.utils.data.SequentialSampler(theirs), {"batch_size": 4}),
+        ([9, 1, 2, 2, 7], [9, 1, 2, 2, 7], {"batch_size": 2, "drop_last": True}),
+    ]:
+        got = [b[0].tolist() for b in DataLoader(ours, sampler=make_ours, **settings)]
+        want = [b[0].tolist() for b in torch.utils.data.DataLoader(theirs, sampler=make_theirs, **settings)]
+        assert got == want
+    assert len(DataLoader(ours, 4, False, [1, 2, 3])) == 1  # torch's positions: batch_size, shuffle, sampler
+    of.manual_seed(0)
+    passes = [[b[0].tolist() for b in DataLoader(ours, batch_size=10, sampler=RandomSampler(ours))] for _ in range(2)]
+    assert sorted(passes[0][0]) == sorted(passes[1][0]) == list(range(10)) and passes[0] != passes[1]
+    loader = DataLoader(ours, batch_size=8, sampler=RandomSampler(ours, replacement=True, num_samples=int(1e10)))
+    assert len(loader) == 1250000000
+    batches = iter(loader)
+    draws = np.concatenate([next(batches)[0].numpy() for _ in range(50)])
+    assert draws.min() >= 0 and draws.max() <= 9 and len(set(draws.tolist())) == 10
+    of.manual_seed(3)
+    first = [b[0].tolist() for b in DataLoader(ours, batch_size=3, sampler=RandomSampler(ours, num_samples=13))]
+    of.manual_seed(3)
+    assert [b[0].tolist() for b in DataLoader(ours, batch_size=3, sampler=RandomSampler(ours, num_samples=13))] == first
+    assert sum(len(b) for b in first) == 13
+    with pytest.raises(of.ArgumentError, match=r"DataLoader\(\): sampler= and shuffle=True exclude each other"):
+        DataLoader(ours, shuffle=True, sampler=[0])
+    with pytest.raises(of.ArgumentError, match=r"RandomSampler\(\): num_samples must be a positive int"):
+        RandomSampler(ours, num_samples=0)
+
+
+def test_module_zero_grad_takes_set_to_none():
+    layer = of.nn.Linear(3, 2)
+    layer(of.ones(1, 3)).sum().backward()
+    grad = layer.weight.grad
+    layer.zero_grad(set_to_none=False)  # zeros written into the gradient (torch's older default)
+    assert layer.weight.grad is grad and not grad.numpy().any()
+    layer.zero_grad()
+    assert layer.weight.grad is None

@@ -4,6 +4,8 @@
 
 * ``nanogpt/model.py``: karpathy/nanoGPT's model (GPT, its ``configure_optimizers``, ``generate``,
   ``crop_block_size``, ``estimate_mfu``);
+* ``mingpt/``: karpathy/minGPT's package (``model.py``, ``trainer.py``, ``utils.py``: its CfgNode config, its
+  Trainer with a RandomSampler);
 * ``examples/``: pytorch/examples' ``word_language_model/model.py`` (``RNNModel`` with LSTM, GRU and the plain
   RNNs; ``TransformerModel``, a subclass of ``nn.Transformer`` with a float ``-inf`` causal mask),
   ``time_sequence_prediction/train.py`` (``Sequence``: two ``LSTMCell``s in float64, trained with LBFGS) and
@@ -25,6 +27,7 @@ import importlib.util
 import io
 import re
 import runpy
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -273,3 +276,75 @@ def test_regression_script_runs_whole_and_learns(tmp_path, monkeypatch):
     learned, actual = (np.array([float(v) for v in re.findall(r"[-+][0-9.]+", line.split("y = ")[1])])
                        for line in text.splitlines()[1:3])
     np.testing.assert_allclose(learned, actual, atol=0.5)
+
+
+# -- minGPT ------------------------------------------------------------------------------------------------------------
+
+
+def _import_mingpt(mocked: bool, monkeypatch) -> tuple:
+    """minGPT's package (model, trainer), imported afresh: with torch, or with opforge as torch."""
+    monkeypatch.syspath_prepend(str(PROGRAMS))
+    for name in [k for k in sys.modules if k == "mingpt" or k.startswith("mingpt.")]:
+        del sys.modules[name]
+    with mock_torch.enable() if mocked else contextlib.nullcontext():
+        modules = importlib.import_module("mingpt.model"), importlib.import_module("mingpt.trainer")
+    for name in [k for k in sys.modules if k == "mingpt" or k.startswith("mingpt.")]:
+        del sys.modules[name]
+    return modules
+
+
+def test_mingpt_trains_as_torch(monkeypatch):
+    """karpathy/minGPT's package, unchanged: GPT from its CfgNode config, configure_optimizers from the Trainer's
+    config, the Trainer's step (zero_grad(set_to_none=True), clip_grad_norm_, AdamW) on fixed batches, generate
+    greedy and sampled with top_k=1; then Trainer.run itself, which draws batches through
+    DataLoader(sampler=RandomSampler(replacement=True, num_samples=1e10)) imported from torch.utils.data.dataloader."""
+    (want_model_mod, want_trainer), (got_model_mod, got_trainer) = (_import_mingpt(False, monkeypatch),
+                                                                    _import_mingpt(True, monkeypatch))
+
+    def config(module):
+        c = module.GPT.get_default_config()
+        c.model_type, c.n_layer, c.n_head, c.n_embd, c.vocab_size, c.block_size = None, 2, 2, 16, 32, 16
+        c.embd_pdrop = c.resid_pdrop = c.attn_pdrop = 0.0
+        return c
+
+    torch.manual_seed(0)
+    want_model, got_model = want_model_mod.GPT(config(want_model_mod)), got_model_mod.GPT(config(got_model_mod))
+    _same_start(want_model, got_model)
+
+    def train(trainer, model, torch_like) -> list:
+        train_config = trainer.Trainer.get_default_config()
+        optimizer = model.configure_optimizers(train_config)
+        losses = []
+        for it in range(5):
+            x, y = _gpt_batch(torch_like, it)
+            _logits, loss = model(x, y)
+            model.zero_grad(set_to_none=True)
+            loss.backward()
+            torch_like.nn.utils.clip_grad_norm_(model.parameters(), train_config.grad_norm_clip)
+            optimizer.step()
+            losses.append(loss.item())
+        return losses
+
+    _close(train(got_trainer, got_model, of), train(want_trainer, want_model, torch))
+    want_model.eval()
+    got_model.eval()
+    for settings in ({"do_sample": False}, {"do_sample": True, "top_k": 1}):
+        want = want_model.generate(torch.tensor(_CORPUS[:5]).view(1, -1), 6, **settings)
+        assert got_model.generate(of.tensor(_CORPUS[:5]).view(1, -1), 6, **settings).tolist() == want.tolist()
+
+    class Windows:  # a map-style dataset of (x, y) windows, as minGPT's projects write them
+        def __len__(self):
+            return 100
+
+        def __getitem__(self, i):
+            chunk = of.tensor(_CORPUS[i:i + 17])
+            return chunk[:-1], chunk[1:]
+
+    train_config = got_trainer.Trainer.get_default_config()
+    train_config.max_iters, train_config.batch_size = 3, 4
+    seen = []
+    with mock_torch.enable():
+        trainer = got_trainer.Trainer(train_config, got_model, Windows())
+        trainer.set_callback("on_batch_end", lambda t: seen.append(t.loss.item()))
+        trainer.run()
+    assert trainer.iter_num == 3 and len(seen) == 3 and np.isfinite(seen).all()

@@ -340,10 +340,14 @@ class Module:
             p.requires_grad_(requires_grad)
         return self
 
-    def zero_grad(self) -> None:
-        """Forget every parameter's ``.grad`` (set it to None, as PyTorch does by default)."""
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Forget every parameter's ``.grad``: set it to None (PyTorch's default), or with ``set_to_none=False``
+        write zeros into it (torch's older behaviour; a parameter without one keeps None)."""
         for p in self.parameters():
-            p.grad = None
+            if set_to_none or p.grad is None:
+                p.grad = None
+            else:
+                p.grad.zero_()
 
     def to(self, *args, **kwargs) -> Module:
         """Move parameters and buffers to a device and/or convert the floating ones to a floating dtype:
