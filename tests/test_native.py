@@ -629,3 +629,106 @@ def test_a_bias_after_a_gemm_joins_the_activation_loop_with_the_same_bits(dtype,
         got, want = fused.run(feeds), of.Executor(program, native=False).run(feeds)
     for k in want:
         np.testing.assert_array_equal(got[k], want[k])  # bit for bit, NaN and infinities included
+
+
+# -- Adam's step: one native loop per parameter ----------------------------------------------------------------------
+
+
+def _adam_run(dtype, optimizer, settings, steps=3, compiled=True):
+    """A tanh network's parameters and optimizer state after ``steps`` steps of ``optimizer`` (compiled or eager),
+    and the compiled step's plan sources."""
+    rng = np.random.default_rng(17)
+    params = [of.tensor(rng.standard_normal(shape).astype(dtype), requires_grad=True)
+              for shape in [(12, 9), (9,), (9, 7)]]
+    x = of.tensor(rng.standard_normal((6, 12)).astype(dtype))
+    opt = optimizer(params, **settings)
+
+    def step(x):
+        opt.zero_grad()
+        loss = F.sum(F.tanh(F.tanh(x @ params[0] + params[1]) @ params[2]))
+        loss.backward()
+        opt.step()
+        return loss
+
+    fn = of.compile(step) if compiled else step
+    arrays = [p.numpy() for p in params]
+    for _ in range(steps):
+        fn(x)
+    if compiled:
+        assert all(np.shares_memory(p.numpy(), a) for p, a in zip(params, arrays))  # updated in place
+    state = [p.numpy().copy() for p in params]
+    state += [opt.state[p][k].numpy().copy() for p in params for k in ("exp_avg", "exp_avg_sq")]
+    return state, [plan.source for plan in _gemm_plans(fn)] if compiled else []
+
+
+ADAMS = [(of.optim.Adam, {"lr": 0.01}), (of.optim.Adam, {"lr": 0.02, "weight_decay": 0.1}),
+         (of.optim.AdamW, {"lr": 0.01, "weight_decay": 0.1}),
+         (of.optim.Adam, {"lr": 0.01, "betas": (0.3, 0.9), "eps": 1e-6}),  # beta1 < 0.5: the lerp's other end
+         (of.optim.AdamW, {"lr": 0.01, "maximize": True})]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("optimizer, settings", ADAMS)
+def test_an_adam_step_is_one_native_loop_per_parameter_with_the_unfused_bits(dtype, optimizer, settings, monkeypatch):
+    fused, sources = _adam_run(dtype, optimizer, settings)
+    assert sum(s.count("# adam_step(") for s in sources) == 3
+    # the three variables are written by the loop: no copy of them after it
+    assert not any("_copy_into" in line and "exp_avg" in line for s in sources for line in s.splitlines())
+    with monkeypatch.context() as patch:  # the same native program but the Adam ops
+        patch.setattr(native, "adam_steps", lambda ops, kernels, specs, updates: (ops, kernels))
+        unfused, sources = _adam_run(dtype, optimizer, settings)
+        assert not any("# adam_step(" in s for s in sources)
+    for got, want in zip(fused, unfused):
+        np.testing.assert_array_equal(got, want)  # bit for bit: the members' arithmetic in their order
+    # against NumPy's path and eager: the gradients' native tanh (libmvec) may differ in the last bits
+    monkeypatch.setenv("OPFORGE_NATIVE", "0")
+    numpy_path, sources = _adam_run(dtype, optimizer, settings)
+    assert not any("# adam_step(" in s for s in sources)
+    eager, _ = _adam_run(dtype, optimizer, settings, compiled=False)
+    tol = 2e-5 if dtype == np.float32 else 1e-12
+    for got, want, ours in zip(fused, numpy_path, eager):
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+        np.testing.assert_allclose(got, ours, rtol=tol, atol=tol)
+
+
+def test_an_adam_step_without_its_library_runs_its_members_kernels(monkeypatch):
+    def no_compiler(functions, opdefs):
+        raise native.Unsupported("no compiler")
+
+    monkeypatch.setattr(native, "build", no_compiler)
+    monkeypatch.setattr(native, "_warned", [True])  # (warned already)
+    got, sources = _adam_run(np.float64, of.optim.AdamW, {"lr": 0.01, "weight_decay": 0.1})
+    assert any("# adam_step(" in line and line.endswith(", members") for s in sources for line in s.splitlines())
+    monkeypatch.setattr(native, "adam_steps", lambda ops, kernels, specs, updates: (ops, kernels))
+    want, _ = _adam_run(np.float64, of.optim.AdamW, {"lr": 0.01, "weight_decay": 0.1})
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_amsgrad_keeps_the_ops_and_their_values(monkeypatch):
+    results = {}
+    for native_on in (True, False):
+        monkeypatch.setenv("OPFORGE_NATIVE", "1" if native_on else "0")
+        results[native_on], sources = _adam_run(np.float32, of.optim.Adam, {"lr": 0.01, "amsgrad": True})
+        assert not any("# adam_step(" in s for s in sources)
+    for got, want in zip(results[True], results[False]):  # (the native tanh may differ in the last bits)
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("optimizer, settings", ADAMS[:3])
+def test_native_adam_steps_follow_torch(optimizer, settings):
+    torch = pytest.importorskip("torch")
+    ours, sources = _adam_run(np.float64, optimizer, settings, steps=4)
+    assert any("# adam_step(" in s for s in sources)
+    rng = np.random.default_rng(17)
+    params = [torch.tensor(rng.standard_normal(shape), requires_grad=True) for shape in [(12, 9), (9,), (9, 7)]]
+    x = torch.tensor(rng.standard_normal((6, 12)))
+    opt = getattr(torch.optim, optimizer.__name__)(params, **settings)
+    for _ in range(4):
+        opt.zero_grad()
+        torch.tanh(torch.tanh(x @ params[0] + params[1]) @ params[2]).sum().backward()
+        opt.step()
+    theirs = [p.detach().numpy() for p in params]
+    theirs += [opt.state[p][k].numpy() for p in params for k in ("exp_avg", "exp_avg_sq")]
+    for got, want in zip(ours, theirs):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)

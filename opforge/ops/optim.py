@@ -326,23 +326,32 @@ def adam_update(param, exp_avg, exp_avg_sq, step, lr, beta1, *, beta2, eps, weig
     _validate(adam_update, param, exp_avg, exp_avg_sq, step, lr, beta1, beta2=beta2, eps=eps,
               weight_decay=weight_decay, decoupled=decoupled)
     if type(step) is np.ndarray:
-        t, lr, beta1 = step.item(), lr.item(), _hyper("adam_update", "beta1", beta1, param.dtype)
-        if t < 1:
-            raise ShapeError(f"adam_update(): 'step' counts the steps taken including this one, so it must be >= 1, "
-                             f"got {t}")
         typed = float
-    else:  # a device's 0-d arrays, not read (see the module docstring; a step < 1 is not checked there: the
-        t = step  # bias corrections divide by 0 and the parameter becomes inf or NaN)
+    else:  # a device's 0-d arrays, not read (see the module docstring)
 
         def typed(factor):
             return factor.astype(param.dtype)
-    step_size = lr / (1 - beta1 ** t)
-    bias_correction2_sqrt = (1 - beta2 ** t) ** 0.5
+    step_size, bias_correction2_sqrt, decay = adam_factors(step, lr, beta1, beta2=beta2, weight_decay=weight_decay)
     change = exp_avg / (np.sqrt(exp_avg_sq) / typed(bias_correction2_sqrt) + eps)
     change = change * typed(-step_size)
     out = _target(out, param)
-    base = np.multiply(param, typed(1 - lr * weight_decay), out=out) if decoupled and weight_decay else param
+    base = np.multiply(param, typed(decay), out=out) if decoupled and weight_decay else param
     return np.add(base, change, out=out)
+
+
+def adam_factors(step, lr, beta1, *, beta2: float, weight_decay: float) -> tuple:
+    """adam_update's scalars of a step, from its 0-d ``step`` (t), ``lr`` and ``beta1``: lr/(1 − beta1ᵗ),
+    √(1 − beta2ᵗ) and AdamW's 1 − lr·weight_decay — Python floats (double) from host arrays, whose step must be >= 1;
+    0-d arrays from a device's, not read (see the module docstring; a step < 1 is not checked there: the bias
+    corrections divide by 0 and the parameter becomes inf or NaN). Also the native Adam step's
+    (``opforge.program.native.AdamStep``), so that the two compute them alike."""
+    t = step
+    if type(step) is np.ndarray:
+        t, lr, beta1 = step.item(), lr.item(), _hyper("adam_update", "beta1", beta1, None)
+        if t < 1:
+            raise ShapeError(f"adam_update(): 'step' counts the steps taken including this one, so it must be >= 1, "
+                             f"got {t}")
+    return lr / (1 - beta1 ** t), (1 - beta2 ** t) ** 0.5, 1 - lr * weight_decay
 
 
 @adam_update.infer
@@ -360,6 +369,7 @@ def _(*, beta2, eps, weight_decay, decoupled):
 
 
 adam_update.sbp(_blockwise)
+adam_update.step_factors = adam_factors  # (read by the native Adam step: one definition)
 
 
 @adam_update.samples

@@ -399,7 +399,9 @@ class Executor:
             if use_native:  # a bias after a GEMM joins the native loop of the activation reading it
                 ops, kernels = gemm.bias_epilogues(ops, kernels, specs, roots, program.device)
             before = len(ops)
-            if use_native:  # regions whose results are read outside them too: one loop each
+            if use_native:  # each parameter's Adam step: one loop writing its three variables in place;
+                ops, kernels = native.adam_steps(ops, kernels, specs, updates)
+                # regions whose results are read outside them too: one loop each
                 ops, kernels = native.several_results(ops, kernels, specs, roots, set(updates.values()))
             ops, kernels = fuse(ops, kernels, specs, roots)
             if use_native:  # p − s·(a @ b) as one GEMM adding into p
@@ -603,6 +605,9 @@ def _in_place_updates(ops: list, kernels: list, specs: dict, updates: dict, last
     producer = {n: i for i, (op, _) in enumerate(ops) for n in op.output_names()}
     for target, n in updates.items():
         i = producer.get(n)
+        if i is not None and getattr(ops[i][0], "writes_into", {}).get(n) == target:  # a step writing it there
+            in_place[target] = n
+            continue
         if (i is not None and i not in reuse and kernels[i].takes_out and len(ops[i][0].output_names()) == 1
                 and last_use.get(target, -1) <= i and specs[n] == specs[target]
                 and (target not in ops[i][0].input_names() or target in _writable_inputs(ops[i][0]))):

@@ -21,6 +21,13 @@ against 0.35 ms in NumPy and 0.37 ms in C. Numba's import (0.7 s) and first comp
 slower than gcc's 0.07 s for a file of loops; arithmetic alone is fast in both. C needs no new dependency either:
 without a compiler (``CC``, else ``cc``) everything runs as before.
 
+A parameter's Adam or AdamW step (``adam_exp_avg``, ``adam_exp_avg_sq``, ``adam_update``: ``AdamStep``) is one
+loop too, written here from the three ops' arithmetic (they are not pointwise ops with one expression: they read 0-d
+step, lr and beta1 tensors and choose a lerp's end per step); its scalars come from ``adam_update``'s own
+``step_factors``. It gives their bits: each operation rounded as NumPy rounds it, in their order, no FMA, IEEE sqrt and
+division. amsgrad (its update reads a ``maximum`` of the moments), a moment read by another op, or a step whose state is
+read after it keep the three ops.
+
 Switch: ``OPFORGE_NATIVE=0`` keeps the NumPy path, bit for bit (``Executor(native=False)`` for one program).
 Compiled libraries are cached on disk by the hash of their source, the compiler and the CPU
 (``$OPFORGE_CACHE_DIR``, else ``$XDG_CACHE_HOME/opforge`` or ``~/.cache/opforge``), so another process reuses them.
@@ -477,6 +484,10 @@ def compile_groups(groups: list) -> None:
     """Give each fused group it can translate its native function (``fused.native``); the others keep NumPy's."""
     sources, chosen = {}, []
     for k, fused in enumerate(groups):
+        if isinstance(fused, AdamStep):  # (always worth it: its members make ~15 NumPy calls)
+            sources[f"opforge_group{k}"] = (fused.c_function(f"opforge_group{k}"), 5)
+            chosen.append((f"opforge_group{k}", fused))
+            continue
         if not worth_a_call(fused):
             continue
         try:
@@ -487,7 +498,8 @@ def compile_groups(groups: list) -> None:
             continue
     if not chosen:
         return
-    opdefs = {registry.get(op.type) for _, fused in chosen for op, _, _ in fused.members}
+    opdefs = {registry.get(op.type) for _, fused in chosen if not isinstance(fused, AdamStep)
+              for op, _, _ in fused.members}
     try:
         functions = build(sources, opdefs)
     except (Unsupported, OSError) as e:  # no working compiler after all (no libmvec, a read-only cache...)
@@ -497,3 +509,158 @@ def compile_groups(groups: list) -> None:
         return
     for name, fused in chosen:
         fused.set_native(functions[name], sources[name][0])
+
+
+# -- Adam's step: one loop per parameter -----------------------------------------------------------------------------
+
+
+class AdamStep(FusedOp):
+    """A parameter's Adam (or AdamW) step, ``adam_exp_avg``, ``adam_exp_avg_sq`` and ``adam_update`` (``members``),
+    as one loop that reads param, grad, exp_avg and exp_avg_sq once at each element and writes the new exp_avg,
+    exp_avg_sq and param into those three variables' own buffers (``inputs`` [param, grad, exp_avg, exp_avg_sq,
+    step, lr, beta1]; ``outputs`` [exp_avg's, exp_avg_sq's, param's new value]). The step's scalars come from
+    ``adam_update``'s own ``step_factors``, in double, once per step; the loop does each member's arithmetic in its
+    order and rounding (no FMA contraction, ``-ffp-contract=off``; sqrt and division are IEEE's, as NumPy's), so its
+    results are the members' bit for bit. Without a compiler after all, the members' kernels run in order."""
+
+    type = "adam_step"
+
+    def __init__(self, members: list, inputs: list, outputs: list, specs: dict):
+        self.members, self.inputs, self.outputs, self.specs = members, inputs, outputs, specs
+        self.spec = specs[outputs[2]]
+        self.scratch, self.inplace_inputs, self.donated, self.native = [], [], set(), None
+        # new value -> the variable whose buffer it is written into (the executor then copies nothing)
+        self.writes_into = dict(zip(outputs, [inputs[2], inputs[3], inputs[0]]))
+
+    def output_names(self) -> list:
+        return list(self.outputs)
+
+    def __repr__(self) -> str:
+        return f"adam_step({self.inputs[0]})"
+
+    def prepare(self, out_input) -> None:
+        pass  # its outputs are its state's own buffers
+
+    def set_native(self, fn, c_source: str) -> None:
+        self.native, self.c_source = fn, c_source
+
+    def c_function(self, name: str) -> str:
+        """``void <name>(param, grad, exp_avg, exp_avg_sq, factors)``, ``factors`` three doubles: 1 − beta1, the
+        step size lr/(1 − beta1ᵗ) and √(1 − beta2ᵗ), and AdamW's decay 1 − lr·weight_decay."""
+        (_, m_attrs, _), (_, v_attrs, _), (_, attrs, _) = self.members
+        t = CTYPES[self.spec.dtype]
+
+        def const(value: float) -> str:
+            return f"(({t}){float(value)!r})"
+
+        def decayed(weight_decay: float) -> str:  # the members' _decayed: g + λ·p
+            return f"(g[i] + {const(weight_decay)} * p[i])" if weight_decay else "g[i]"
+
+        beta2 = attrs["beta2"]
+        decay = "p[i] * (" + t + ")f[3]" if attrs["decoupled"] and attrs["weight_decay"] else "p[i]"
+        return "\n".join([
+            f"void {name}({t} *p, const {t} *g, {t} *m, {t} *v, const double *f) {{",
+            "  /* adam_exp_avg's lerp from its nearer end (torch.lerp), chosen once per step as _lerp chooses */",
+            "  const int near = fabs(f[0]) < 0.5;",
+            f"  const {t} w = ({t})f[0], w1 = ({t})(1 - f[0]), size = ({t})(-f[1]), bc2 = ({t})f[2];",
+            f"  for (int64_t i = 0; i < {math.prod(self.spec.shape)}L; i++) {{",
+            f"    {t} gm = {decayed(m_attrs['weight_decay'])}, gv = {decayed(v_attrs['weight_decay'])};",
+            f"    {t} d = gm - m[i];",
+            f"    {t} mi = near ? m[i] + w * d : gm - d * w1;",
+            f"    {t} vi = v[i] * {const(beta2)} + ({const(1 - beta2)} * gv) * gv;",
+            f"    {t} change = (mi / (sqrt{'f' if t == 'float' else ''}(vi) / bc2 + {const(attrs['eps'])})) * size;",
+            f"    m[i] = mi; v[i] = vi; p[i] = {decay} + change;",
+            "  }", "}"])
+
+    def source(self, name: str, pools: list, env: dict) -> tuple[list, dict]:
+        device = env["_device"]
+        (_, m_attrs, _), (_, v_attrs, _), (_, attrs, _) = self.members
+        k = [kernel.bind(device) for _, _, kernel in self.members]
+
+        def members(p, g, m, v, s, lr, b1):  # the members' kernels in order, each writing into its variable
+            m = k[0](m, g, p, b1, **m_attrs, out=m)
+            v = k[1](v, g, p, **v_attrs, out=v)
+            return m, v, k[2](p, m, v, s, lr, b1, **attrs, out=p)
+
+        env[f"{name}_members"] = members
+        lines = [f"def {name}(p, g, m, v, s, lr, b1, W, out=None):  # {self!r}, "
+                 + ("native" if self.native is not None else "members")]
+        if self.native is None:
+            lines.append(f"    return {name}_members(p, g, m, v, s, lr, b1)")
+            return lines, {1: "adam_exp_avg -> adam_exp_avg_sq -> adam_update"}
+        factors = np.empty(4)
+        env[f"{name}_n"], env[f"{name}_f"], env[f"{name}_fp"] = self.native, factors, factors.ctypes.data
+        env[f"{name}_sf"] = functools.partial(registry.get("adam_update").step_factors, beta2=attrs["beta2"],
+                                              weight_decay=attrs["weight_decay"])
+        env[f"{name}_spec"] = (self.spec.shape, self.spec.dtype)
+        env.setdefault("_shares", np.may_share_memory)
+        env.setdefault("_contiguous", np.ascontiguousarray)
+        # The loop reads and writes through the plan's static shape, C-ordered: other arrays (an op breaking its
+        # shape rule, a state array in another layout, a grad sharing a state's memory) take the members' kernels.
+        same = " and ".join(f"{a}.shape == {name}_spec[0] and {a}.dtype == {name}_spec[1]" for a in "pgmv")
+        lines += [f"    if not ({same} and p.flags.c_contiguous and m.flags.c_contiguous and v.flags.c_contiguous",
+                  "            and not (_shares(g, p) or _shares(g, m) or _shares(g, v))):",
+                  f"        return {name}_members(p, g, m, v, s, lr, b1)",
+                  "    if not g.flags.c_contiguous: g = _contiguous(g)",
+                  f"    f = {name}_f",
+                  f"    f[1], f[2], f[3] = {name}_sf(s, lr, b1)  # (checks the step and beta1)",
+                  "    f[0] = 1 - b1.item()  # adam_exp_avg's lerp weight, a Python float as there",
+                  f"    {name}_n(p.ctypes.data, g.ctypes.data, m.ctypes.data, v.ctypes.data, {name}_fp)",
+                  "    return m, v, p"]
+        return lines, {len(lines) - 1: "adam_exp_avg -> adam_exp_avg_sq -> adam_update (one loop)"}
+
+ADAM_MEMBERS = ("adam_exp_avg", "adam_exp_avg_sq", "adam_update")
+
+
+def adam_steps(ops: list, kernels: list, specs: dict, updates: dict) -> tuple[list, list]:
+    """Replace each parameter's Adam step (``AdamStep``) at its ``adam_update``'s place: an ``adam_update`` reading
+    the new moments of an ``adam_exp_avg`` and an ``adam_exp_avg_sq`` of the same grad and param, read by it alone,
+    the three results the new values of the persistable variables they update (``updates``: variable -> its new
+    value), whose old values nothing reads after it; one float dtype and shape throughout. Any other form keeps its
+    ops: amsgrad (its update reads a maximum, not the new second moment), a moment read elsewhere, other dtypes."""
+    producer = {n: i for i, (op, _) in enumerate(ops) for n in op.output_names()}
+    readers = {}
+    for i, (op, _) in enumerate(ops):
+        for n in op.input_names():
+            readers.setdefault(n, set()).add(i)
+    new_value_of = {n: target for target, n in updates.items()}
+    replaced, gone = {}, set()
+    for k, (op, attrs) in enumerate(ops):
+        if not isinstance(op, OpDesc) or op.type != "adam_update":
+            continue
+        (p,), (m_new,), (v_new,) = op.inputs["param"], op.inputs["exp_avg"], op.inputs["exp_avg_sq"]
+        (s,), (lr,), (b1,) = op.inputs["step"], op.inputs["lr"], op.inputs["beta1"]
+        i, j = producer.get(m_new), producer.get(v_new)
+        if i is None or j is None or not all(isinstance(ops[x][0], OpDesc) for x in (i, j)):
+            continue
+        m_op, v_op = ops[i][0], ops[j][0]
+        if m_op.type != "adam_exp_avg" or v_op.type != "adam_exp_avg_sq":
+            continue
+        (g,), (m,), (v,) = m_op.inputs["grad"], m_op.inputs["exp_avg"], v_op.inputs["exp_avg_sq"]
+        (p_new,) = op.output_names()
+        state = {m: m_new, v: v_new, p: p_new}
+        if (v_op.inputs["grad"] != [g] or m_op.inputs["param"] != [p] or v_op.inputs["param"] != [p]
+                or m_op.inputs["beta1"] != [b1] or len(state) != 3 or g in state
+                or any(new_value_of.get(n) != target for target, n in state.items())
+                or readers[m_new] != {k} or readers[v_new] != {k}
+                or any(r > k for n in state for r in readers.get(n, ()))  # the old values: none read after
+                or any(specs[n] != specs[p] for n in (g, m, v, m_new, v_new, p_new))
+                or specs[p].dtype not in FLOATS or len(specs[p].shape) == 0
+                or specs[s].dtype not in (np.dtype(np.int64), np.dtype(np.int32))):
+            continue
+        replaced[k] = AdamStep([(m_op, ops[i][1], kernels[i]), (v_op, ops[j][1], kernels[j]), (op, attrs, kernels[k])],
+                               [p, g, m, v, s, lr, b1], [m_new, v_new, p_new], specs)
+        gone |= {i, j}
+    if not replaced:
+        return ops, kernels
+    new_ops, new_kernels = [], []
+    for x, (entry, kernel) in enumerate(zip(ops, kernels)):
+        if x in gone:
+            continue
+        if x in replaced:
+            new_ops.append((replaced[x], {}))
+            new_kernels.append(Kernel(None, None, None, False, False, False))
+        else:
+            new_ops.append(entry)
+            new_kernels.append(kernel)
+    return new_ops, new_kernels
