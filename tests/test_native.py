@@ -732,3 +732,42 @@ def test_native_adam_steps_follow_torch(optimizer, settings):
     theirs += [opt.state[p][k].numpy() for p in params for k in ("exp_avg", "exp_avg_sq")]
     for got, want in zip(ours, theirs):
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+
+
+
+def test_an_adam_loop_given_arrays_in_another_layout_runs_the_members_or_copies_the_grad():
+    rng = np.random.default_rng(3)
+    w = of.tensor(rng.standard_normal((5, 4)), requires_grad=True)
+    opt = of.optim.Adam([w], lr=0.1, weight_decay=0.1)
+
+    def step(x):
+        opt.zero_grad()
+        F.sum(F.tanh(x @ w)).backward()
+        opt.step()
+
+    compiled = of.compile(step)
+    compiled(of.tensor(rng.standard_normal((3, 5))))
+    (plan,) = _gemm_plans(compiled)
+    name = next(line[4:].split("(")[0] for line in plan.source.splitlines() if "# adam_step(" in line)
+    loop, members = plan.fn.__globals__[name], plan.fn.__globals__[name + "_members"]
+    scalars = (np.array(3), np.array(0.1), np.array(0.9))
+
+    def arrays():  # param, grad, exp_avg, exp_avg_sq
+        r = np.random.default_rng(4)
+        return [r.standard_normal((5, 4)), r.standard_normal((5, 4)), r.standard_normal((5, 4)),
+                r.uniform(0.1, 1, (5, 4))]
+
+    want = members(*arrays(), *scalars)  # (new exp_avg, exp_avg_sq, param)
+    for layout in ("C", "grad transposed", "param transposed"):
+        p, g, m, v = arrays()
+        if layout == "grad transposed":  # copied to C order for the loop
+            g = np.ascontiguousarray(g.T).T
+        if layout == "param transposed":  # the loop cannot write it: the members' kernels
+            p = np.ascontiguousarray(p.T).T
+        got = loop(p, g, m, v, *scalars, None)
+        assert got[2] is p and got[0] is m and got[1] is v
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a, b)
+    p, g, m, v = arrays()
+    with pytest.raises(of.ShapeError, match="adam_exp_avg"):  # a shape the plan did not promise: no loop over it
+        loop(p, g.reshape(4, 5), m, v, *scalars, None)
