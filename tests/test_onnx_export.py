@@ -257,3 +257,27 @@ def test_composed_binary_ops_keep_signed_zeros_infinities_and_nan_in_onnx_runtim
     assert_close(got, want, f"{name} {dtype}")
     zero = want == 0
     np.testing.assert_array_equal(np.signbit(got[zero]), np.signbit(want[zero]), err_msg=f"{name}: signs of zeros")
+
+
+@pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.parametrize("dtype", ["float64", "int64"])
+def test_scatter_reduce_in_onnx_runtime_gives_torchs_values_for_every_reduction(dtype, include_self):
+    # beyond the op's samples: without x's own values, integer means (floor division) and repeated places
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(1)
+    x = rng.integers(-9, 9, (4, 5)).astype(dtype)
+    index = np.array([[0, 3, 3, 1, 3], [3, 0, 3, 1, 0], [0, 0, 0, 1, 3]])
+    src = rng.integers(-9, 9, (3, 6)).astype(dtype)
+    specs = {"x": of.Spec(x.shape, dtype), "i": of.Spec(index.shape, "int64"), "s": of.Spec(src.shape, dtype)}
+
+    def program(reduce):
+        return of.trace(lambda x, i, s: {"y": of.ops.scatter_reduce(x, 0, i, s, reduce, include_self=include_self)},
+                        **specs)
+
+    for reduce in ("sum", "prod", "mean", "amax", "amin"):
+        (got,), _ = run_onnx(of.onnx.export(program(reduce)), {"x": x, "i": index, "s": src})
+        want = torch.from_numpy(x).scatter_reduce(0, torch.from_numpy(index), torch.from_numpy(src)[:, :5], reduce,
+                                                  include_self=include_self).numpy()
+        assert_close(got, want, f"scatter_reduce {reduce} include_self={include_self} {dtype}")
+    with pytest.raises(of.onnx.OnnxExportError, match=r"scatter_reduce.*'amax'.*opset 18"):
+        of.onnx.export(program("amax"), opset=17)

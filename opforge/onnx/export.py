@@ -48,10 +48,7 @@ NOT_EXPORTABLE = {
     **dict.fromkeys(["sgd_momentum_buffer", "sgd_update", "adam_exp_avg", "adam_exp_avg_sq", "adam_update"],
                     _TRAINING),
     **dict.fromkeys(["erfc", "erfinv", "lgamma", "digamma", "polygamma", "i0", "special_i1"], _SPECIAL),
-    **dict.fromkeys(["adaptive_max_pool1d_values", "adaptive_max_pool1d_with_indices", "adaptive_max_pool3d_values",
-                     "adaptive_max_pool3d_with_indices", "argwhere", "ctc_nll", "index_copy", "index_fill",
-                     "isin", "masked_scatter", "masked_select", "max_unpool", "multinomial", "scatter",
-                     "scatter_reduce", "searchsorted", "tril_indices", "triu_indices"],
+    **dict.fromkeys(["ctc_nll", "multinomial"],
                     _NOT_YET),
 }
 _GRADIENT_OP = re.compile(r"_grad(_grad|_input|_weight)?$")  # relu_grad, max_pool_grad_grad, conv_grad_input

@@ -568,6 +568,17 @@ def _(rng):
     yield Sample.of(_randn(rng, 2, 2, 3), distinct((7,), (3,)), output_size=[7])
 
 
+@max_unpool.onnx
+def _(g, x, indices, *, output_size):
+    # each (n, c) plane flattened: x's values scattered into zeros at their indices (ONNX's MaxUnpool reads indices
+    # over the whole tensor, ours are per plane)
+    planes = g.op("Concat", g.op("Shape", x, end=2), g.ints([math.prod(output_size)]), axis=0)
+    zeros = g.filled(planes, 0, x.dtype)
+    flat = [g.op("Reshape", v, g.ints([0, 0, -1])) for v in (indices, x)]
+    y = g.op("ScatterElements", zeros, *flat, axis=2)
+    return g.op("Reshape", y, g.ints([0, 0, *output_size]), spec=g.outputs[0])
+
+
 def _sizes(name: str, arg: str, value, nd: int) -> tuple:
     """A function's int-or-ints argument as nd ints (a lone int repeats), or an error naming the function."""
     values = (value,) if isinstance(value, (int, np.integer)) else tuple(value) if isinstance(value, (tuple, list)) \
@@ -998,9 +1009,8 @@ def _onnx_gather_taps(g, x, a, n, o):
                 spec=Spec((*x.shape[:a], o, None, *x.shape[a + 1:]), x.dtype))
 
 
-@adaptive_max_pool2d_values.onnx
-def _(g, x, *, output_size):
-    dims, whole = _adaptive_onnx_dims(g, x, 2, output_size)
+def _adaptive_max_onnx(nd, g, x, *, output_size):
+    dims, whole = _adaptive_onnx_dims(g, x, nd, output_size)
     if whole:  # global max pooling over these dims
         x = g.reduce("ReduceMax", x, whole, True, spec=Spec(tuple(1 if i in whole else d for i, d in
                                                                  enumerate(x.shape)), x.dtype))
@@ -1008,6 +1018,9 @@ def _(g, x, *, output_size):
         x = g.reduce("ReduceMax", _onnx_gather_taps(g, x, a, n, o), [a + 1], False,
                      spec=Spec(tuple(o if i == a else d for i, d in enumerate(x.shape)), x.dtype))
     return x
+
+
+adaptive_max_pool2d_values.onnx(functools.partial(_adaptive_max_onnx, 2))
 
 
 @adaptive_max_pool2d_values.grad
@@ -1046,6 +1059,37 @@ adaptive_max_pool2d_with_indices.grad(functools.partial(_scatter_rule, 2))
 adaptive_max_pool2d_with_indices.samples(_adaptive_max_samples)
 
 
+def _adaptive_max_indices_onnx(nd, g, x, *, output_size):
+    # every window's taps gathered into a last dim (o1, …, on, k1·…·kn), in the kernel's order: the first maximum is
+    # the kernel's, and a table gives its flat index ((i1·n2 + i2)·n3 + i3 …)
+    if None in x.shape[-nd:]:
+        raise g.unsupported(f"the indices of adaptive max pooling over sizes {list(x.shape[-nd:])} known only at "
+                            "run time")
+    lead = x.ndim - nd
+    dims = [(lead + d, n, o) for d, (n, o) in enumerate(zip(x.shape[-nd:], win.expand(output_size, nd)))]
+    taps = x
+    for a, n, o in reversed(dims):  # (..., o1, k1, …, on, kn): the later dims first, so the earlier axes stay put
+        taps = _onnx_gather_taps(g, taps, a, n, o)
+    taps = g.op("Transpose", taps, perm=[*range(lead), *range(lead, lead + 2 * nd, 2),
+                                         *range(lead + 1, lead + 2 * nd, 2)])
+    tables = [_adaptive_taps(n, o) for _, n, o in dims]
+    outs = [o for _, _, o in dims]
+    taps = g.op("Reshape", taps, g.ints([*(0,) * lead, *outs, math.prod(t.shape[1] for t in tables)]))
+    first = g.op("ArgMax", taps, axis=-1, keepdims=1, select_last_index=0)
+    flat, stride = np.zeros((1,) * (2 * nd), np.int64), 1
+    for d in reversed(range(nd)):  # (o1, …, on, k1, …, kn)
+        shape = [1] * (2 * nd)
+        shape[d], shape[nd + d] = tables[d].shape
+        flat = flat + tables[d].reshape(shape) * stride
+        stride *= dims[d][1]
+    flat = g.op("Expand", g.const(flat.reshape(*outs, -1)), g.op("Shape", taps))
+    y = g.op("Squeeze", g.op("GatherElements", taps, first, axis=-1), g.ints([-1]), spec=g.outputs[0])
+    return y, g.op("Squeeze", g.op("GatherElements", flat, first, axis=-1), g.ints([-1]), spec=g.outputs[1])
+
+
+adaptive_max_pool2d_with_indices.onnx(functools.partial(_adaptive_max_indices_onnx, 2))
+
+
 def _define_adaptive_max(nd: int, dims: str, samples) -> tuple:
     """adaptive_max_pool{nd}d_values and its _with_indices op, as adaptive_max_pool2d's: the ops of torch's 1-D
     and 3-D adaptive max pooling."""
@@ -1071,6 +1115,8 @@ def _define_adaptive_max(nd: int, dims: str, samples) -> tuple:
         opdef.check(functools.partial(_check_output_size, nd))
         opdef.samples(samples)
     plain.infer(functools.partial(_adaptive_spec, f"{name}_values", nd))
+    plain.onnx(functools.partial(_adaptive_max_onnx, nd))
+    indexed.onnx(functools.partial(_adaptive_max_indices_onnx, nd))
 
     def indexed_spec(x, *, output_size):
         y = _adaptive_spec(f"{name}_with_indices", nd, x, output_size=output_size)
@@ -1126,24 +1172,3 @@ def _adaptive_max_function(nd: int):
 
 
 adaptive_max_pool1d, adaptive_max_pool2d, adaptive_max_pool3d = (_adaptive_max_function(nd) for nd in (1, 2, 3))
-
-
-@adaptive_max_pool2d_with_indices.onnx
-def _(g, x, *, output_size):
-    # every window's taps gathered into a last dim (oh, ow, kh·kw), in the kernel's order: the first maximum is the
-    # kernel's, and a table gives its flat index h·W + w
-    if None in x.shape[-2:]:
-        raise g.unsupported(f"the indices of adaptive max pooling over sizes {list(x.shape[-2:])} known only at run "
-                            "time")
-    (ah, h, oh), (aw, w, ow) = [(x.ndim - 2 + d, n, o) for d, (n, o) in
-                                enumerate(zip(x.shape[-2:], win.expand(output_size, 2)))]
-    rows, cols = _adaptive_taps(h, oh), _adaptive_taps(w, ow)
-    lead = x.ndim - 2
-    taps = _onnx_gather_taps(g, _onnx_gather_taps(g, x, aw, w, ow), ah, h, oh)  # (..., oh, kh, ow, kw)
-    taps = g.op("Transpose", taps, perm=[*range(lead), lead, lead + 2, lead + 1, lead + 3])
-    taps = g.op("Reshape", taps, g.ints([*(0,) * lead, oh, ow, rows.shape[1] * cols.shape[1]]))
-    first = g.op("ArgMax", taps, axis=-1, keepdims=1, select_last_index=0)
-    flat = rows[:, None, :, None] * w + cols[None, :, None, :]  # (oh, ow, kh, kw)
-    flat = g.op("Expand", g.const(flat.reshape(oh, ow, -1).astype(np.int64)), g.op("Shape", taps))
-    y = g.op("Squeeze", g.op("GatherElements", taps, first, axis=-1), g.ints([-1]), spec=g.outputs[0])
-    return y, g.op("Squeeze", g.op("GatherElements", flat, first, axis=-1), g.ints([-1]), spec=g.outputs[1])

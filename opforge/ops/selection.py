@@ -90,6 +90,29 @@ def _(rng):
     yield Sample.of(rng.standard_normal((2, 3, 2)), np.array(1), rng.standard_normal(()), axis=-2)
 
 
+def _onnx_scatter_along(g, x, index, updates, axis):
+    """x with the slices of ``updates`` written at the positions ``index`` (0-d or 1-D) along ``axis`` (index_fill
+    and index_copy): ScatterElements of index laid along the axis and spread over the other dims of updates (a 0-d
+    x is its one place)."""
+    flat = x if x.ndim else g.op("Reshape", x, g.ints([1]), spec=Spec((1,), x.dtype))
+    a = axis % flat.ndim
+    along = g.op("Reshape", g.cast(index, D.int64), g.ints([-1 if d == a else 1 for d in range(flat.ndim)]))
+    if updates.ndim == 0:  # a value: at every place of x's slices
+        ones = g.op("Shape", g.op("Slice", flat, g.ints([0]), g.ints([1]), g.ints([a])))
+        spread = g.op("Expand", along, ones)
+        updates = g.op("Expand", updates, g.op("Shape", spread))
+    else:
+        updates = g.op("Reshape", updates, g.op("Shape", flat)) if not x.ndim else updates
+        spread = g.op("Expand", along, g.op("Shape", updates))
+    y = g.op("ScatterElements", flat, spread, updates, axis=a, spec=Spec(flat.shape, x.dtype))
+    return y if x.ndim else g.op("Reshape", y, g.ints([]), spec=g.outputs[0])
+
+
+@index_fill.onnx
+def _(g, x, index, value, *, axis):
+    return _onnx_scatter_along(g, x, index, g.cast(value, x.dtype), axis)
+
+
 @op("index_copy(Tensor x, int axis/dim, nograd Tensor<int32|int64> index, Tensor source) -> Tensor y")
 def index_copy(x, index, source, *, axis):
     """``torch.index_copy``: a copy of x whose slices at the positions ``index`` (1-D) lists along ``axis`` are
@@ -129,6 +152,12 @@ def _(rng):
     yield Sample.of(rng.standard_normal((2, 5)), np.array([1, -1, 2]), rng.standard_normal((2, 3)), axis=1)
 
 
+@index_copy.onnx
+def _(g, x, index, source, *, axis):
+    dtype = g.outputs[0].dtype
+    return _onnx_scatter_along(g, g.cast(x, dtype), index, g.cast(source, dtype), axis)
+
+
 # -- masked_select and masked_scatter -------------------------------------------------------------------------------
 
 
@@ -158,6 +187,15 @@ def _(rng):
     yield Sample.of(rng.standard_normal((3, 4)), rng.standard_normal((3, 4)) > 0)
     yield Sample.of(rng.standard_normal((3, 1)), rng.standard_normal((3, 4)) > 0)  # x broadcast
     yield Sample.of(rng.standard_normal((2, 3)), np.array([True, False, True]))
+
+
+@masked_select.onnx
+def _(g, x, mask):
+    # Expand broadcasts both ways: x and mask to their common shape, then the selected elements in C order
+    x = g.op("Expand", x, g.op("Shape", mask))
+    mask = g.op("Expand", mask, g.op("Shape", x))
+    flat = [g.op("Reshape", v, g.ints([-1])) for v in (x, mask)]
+    return g.op("Compress", *flat, axis=0, spec=g.outputs[0])
 
 
 @op("masked_scatter(Tensor x, nograd Tensor<bool> mask, Tensor source) -> Tensor y")
@@ -200,6 +238,20 @@ def _(rng):
     # (sources with spare elements: the suite's calls with an x of another rank broadcast the mask further)
     yield Sample.of(rng.standard_normal((3, 4)), np.arange(12).reshape(3, 4) % 3 == 0, rng.standard_normal(10))
     yield Sample.of(rng.standard_normal((2, 3)), np.array([True, False, True]), rng.standard_normal((3, 3)))
+
+
+@masked_scatter.onnx
+def _(g, x, mask, source):
+    dtype = g.outputs[0].dtype
+    x = g.op("Expand", g.cast(x, dtype), g.op("Shape", mask))
+    m = g.op("Reshape", g.op("Expand", mask, g.op("Shape", x)), g.ints([-1]))
+    # the k-th True place of the mask takes source's k-th element
+    one = g.const(np.array(1, np.int64))
+    order = g.op("Sub", g.op("CumSum", g.cast(m, D.int64), g.const(np.array(0, np.int64))), one)
+    taken = g.op("Gather", g.op("Reshape", g.cast(source, dtype), g.ints([-1])),
+                 g.op("Where", m, order, g.const(np.array(0, np.int64))), axis=0)
+    y = g.op("Where", m, taken, g.op("Reshape", x, g.ints([-1])))
+    return g.op("Reshape", y, g.op("Shape", x), spec=g.outputs[0])
 
 
 # -- scatter ------------------------------------------------------------------------------------------------------
@@ -254,6 +306,20 @@ def _(rng):
     yield Sample.of(rng.standard_normal((3, 4)), distinct(3, 4, 2), rng.standard_normal(()), axis=1)  # a value
 
 
+@scatter.onnx
+def _(g, x, index, src, *, axis):
+    dtype = g.outputs[0].dtype
+    x, src = g.cast(x, dtype), g.cast(src, dtype)
+    if x.ndim == 0:  # all 0-d: one place
+        x, index, src = (g.op("Reshape", v, g.ints([1]), spec=Spec((1,), v.dtype)) for v in (x, index, src))
+    if src.ndim == 0:  # a value at every place index names
+        src = g.op("Expand", src, g.op("Shape", index))
+    elif src.shape != index.shape:  # only the part of src that index covers is used
+        src = g.op("Slice", src, g.ints([0] * src.ndim), g.op("Shape", index), g.ints(range(src.ndim)))
+    y = g.op("ScatterElements", x, index, src, axis=axis % x.ndim, spec=Spec(x.shape, dtype))
+    return y if g.outputs[0].shape else g.op("Reshape", y, g.ints([]), spec=g.outputs[0])
+
+
 # -- nonzero, searchsorted, bucketize, isin, tril/triu_indices ------------------------------------------------------
 
 
@@ -274,6 +340,16 @@ def _(rng):
     yield Sample.of(rng.integers(-1, 2, (3, 4)))
     yield Sample.of(rng.standard_normal(5) > 0)
     yield Sample.of(np.array(2.5))
+
+
+@argwhere.onnx
+def _(g, x):
+    if x.ndim == 0:  # one place or none, and no columns: NonZero of x as a vector, its one row dropped
+        rows = g.op("NonZero", g.op("Reshape", x, g.ints([1])))
+        rows = g.op("Slice", rows, g.ints([0]), g.ints([0]), g.ints([0]))
+    else:
+        rows = g.op("NonZero", x)  # (rank, count)
+    return g.op("Transpose", rows, perm=[1, 0], spec=g.outputs[0])
 
 
 @function
@@ -338,6 +414,22 @@ def _(rng):
     yield Sample.of(np.array([1.0, 3.0, 5.0]), np.array(3.0), side="right", right=True, out_int32=True)
 
 
+@searchsorted.onnx
+def _(g, sorted_sequence, x, sorter, *, out_int32, right, side):
+    # the place of a value is how many of its sequence's elements are below it (or not above it, on the right)
+    dtype = D.promote(sorted_sequence.dtype, x.dtype)
+    seq, values = g.cast(sorted_sequence, dtype), g.cast(x, dtype)
+    if sorter is not None:
+        seq = g.op("GatherElements", seq, sorter, axis=-1)
+    if seq.ndim > 1:  # one sequence per row of x's leading dims: (..., 1, M) against (..., K, 1)
+        seq = g.op("Unsqueeze", seq, g.ints([-2]))
+    values = g.op("Unsqueeze", values, g.ints([-1]))
+    below = g.op("LessOrEqual" if right or side == "right" else "Less", seq, values,
+                 spec=Spec((*x.shape, sorted_sequence.shape[-1]), D.bool_))
+    count = g.reduce("ReduceSum", g.cast(below, D.int64), [-1], False, spec=Spec(x.shape, D.int64))
+    return g.cast(count, g.outputs[0].dtype)
+
+
 @function
 def bucketize(input, boundaries, *, out_int32=False, right=False):
     """``torch.bucketize``: for each value the index of its bucket among the 1-D ``boundaries`` — i with
@@ -368,6 +460,17 @@ def _(rng):
     yield Sample.of(rng.integers(0, 4, 5).astype(np.float64), np.array(2), invert=True)
 
 
+@isin.onnx
+def _(g, elements, test_elements, *, assume_unique, invert):
+    dtype = D.promote(elements.dtype, test_elements.dtype)
+    tests = g.op("Reshape", g.cast(test_elements, dtype), g.ints([-1]))
+    equal = g.op("Equal", g.op("Unsqueeze", g.cast(elements, dtype), g.ints([-1])), tests,
+                 spec=Spec((*elements.shape, None), D.bool_))
+    hits = g.reduce("ReduceSum", g.cast(equal, D.int64), [-1], False, spec=Spec(elements.shape, D.int64))
+    found = g.op("Greater", hits, g.const(np.array(0, np.int64)))
+    return g.op("Not", found) if invert else found
+
+
 def _triangle(name: str):
     def kernel(*, row, col, offset, dtype, xp=np):
         return xp.stack(getattr(xp, name)(row, offset, col)).astype(dtype or np.int64).reshape(2, -1)
@@ -390,6 +493,7 @@ def _triangle(name: str):
 
     opdef.samples(lambda rng: [Sample.of(row=4, col=3), Sample.of(row=3, col=5, offset=1, dtype=D.int32),
                                Sample.of(row=0, col=2, offset=-1)])
+    opdef.onnx(lambda g, **attrs: g.const(kernel(**attrs)))  # attrs only: a constant
     return opdef
 
 
@@ -557,3 +661,31 @@ def _(rng):
         yield Sample.of(rng.uniform(0.5, 2, (3, 4)), index, rng.uniform(0.5, 2, (2, 4)), axis=0, reduce=reduce)
     yield Sample.of(rng.uniform(0.5, 2, (3, 4)), index.T[:3], rng.uniform(0.5, 2, (3, 2)), axis=1, reduce="mean",
                     include_self=False)
+
+
+_ONNX_REDUCTION = {"sum": "add", "mean": "add", "prod": "mul", "amax": "max", "amin": "min"}
+
+
+@scatter_reduce.onnx
+def _(g, x, index, src, *, axis, reduce, include_self):
+    if reduce in ("amax", "amin") and g.opset < 18:
+        raise g.unsupported(f"scatter_reduce with reduce={reduce!r}: ScatterElements reduces by max and min from "
+                            "opset 18 on")
+    if x.ndim == 0:  # all 0-d: one place
+        x, index, src = (g.op("Reshape", v, g.ints([1]), spec=Spec((1,), v.dtype)) for v in (x, index, src))
+    if src.shape != index.shape:  # only the part of src that index covers is used
+        src = g.op("Slice", src, g.ints([0] * src.ndim), g.op("Shape", index), g.ints(range(src.ndim)))
+    a, spec = axis % x.ndim, Spec(x.shape, x.dtype)
+    start = x
+    if not include_self:  # the places index names start from the reduction's identity instead of x's value
+        identity = g.op("Expand", g.scalar(_identity(reduce, x.dtype), x), g.op("Shape", index))
+        start = g.op("ScatterElements", x, index, identity, axis=a, spec=spec)
+    y = g.op("ScatterElements", start, index, src, axis=a, reduction=_ONNX_REDUCTION[reduce], spec=spec)
+    if reduce == "mean":  # divided by how many values each place reduced (x's own among them with include_self)
+        base = g.filled(g.op("Shape", x), int(include_self), D.int64)
+        ones = g.op("Expand", g.const(np.array(1, np.int64)), g.op("Shape", index))
+        counts = g.op("ScatterElements", base, index, ones, axis=a, reduction="add", spec=Spec(x.shape, D.int64))
+        divisor = g.cast(g.op("Max", counts, g.const(np.array(1, np.int64))), x.dtype)
+        mean = g.op("Div", y, divisor) if x.dtype.kind == "f" else g.call("floor_divide", y, divisor)
+        y = g.op("Where", g.op("Greater", counts, g.const(np.array(0, np.int64))), mean, start, spec=spec)
+    return y if g.outputs[0].shape else g.op("Reshape", y, g.ints([]), spec=g.outputs[0])
