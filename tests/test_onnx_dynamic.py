@@ -119,23 +119,47 @@ def _inputs(shapes, seed):
 
 
 def _torch_export(*args, **kwargs):
-    """torch.onnx.export with dynamo=False (the dynamo exporter needs onnxscript, not installed here); its notes on
-    its own legacy exporter and constant folding are not ours to show."""
+    """torch.onnx.export with dynamo=False (TorchScript's exporter, opset 17); its notes on its own legacy exporter
+    and constant folding are not ours to show."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(*args, dynamo=False, opset_version=17, **kwargs)
 
 
-def _export(name):
+def dynamo_export(module, example, dynamic: list, **kwargs):
+    """The ModelProto torch.onnx.export(dynamo=True) writes (torch.export's graph, onnxscript's decompositions, opset
+    18+ as torch chooses), with the dims ``dynamic`` lists per input left for torch.export to find symbolic (a
+    ``Dim.DYNAMIC`` each). Its logs and warnings are torch's own."""
+    pytest.importorskip("onnxscript")
+    shapes = tuple({d: torch.export.Dim.DYNAMIC for d in axes} for axes in dynamic)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(module, example, dynamo=True, dynamic_shapes=shapes, verbose=False,
+                                    report=False, **kwargs)
+    return program.model_proto
+
+
+EXPORTERS = ["torchscript", "dynamo"]
+_EXPORTS: dict = {}  # (idiom, exporter) -> (module, model bytes): the dynamo exporter takes seconds a model
+
+
+def _export(name, exporter="torchscript"):
+    if (name, exporter) in _EXPORTS:
+        return _EXPORTS[name, exporter]
     cls, shapes, _, axes = IDIOMS[name]
     torch.manual_seed(0)
     module = cls().double().eval()  # float64 throughout: values and gradients to 1e-10
     names = [f"in{i}" for i in range(len(shapes))]
     example = tuple(torch.tensor(a) for a in _inputs(shapes, 0))
-    f = io.BytesIO()
-    _torch_export(module, example, f, input_names=names, output_names=["y"],
-                  dynamic_axes={n: a for n, a in zip(names, axes)} | {"y": {0: "b"}})
-    return module, f.getvalue()
+    if exporter == "dynamo":
+        proto = dynamo_export(module, example, axes, input_names=names, output_names=["y"]).SerializeToString()
+    else:
+        f = io.BytesIO()
+        _torch_export(module, example, f, input_names=names, output_names=["y"],
+                      dynamic_axes={n: a for n, a in zip(names, axes)} | {"y": {0: "b"}})
+        proto = f.getvalue()
+    _EXPORTS[name, exporter] = module, proto
+    return module, proto
 
 
 def _torch_run(module, arrays, weight):
@@ -168,10 +192,11 @@ def _weighted_sum(net, weight):
     return loss
 
 
+@pytest.mark.parametrize("exporter", EXPORTERS)
 @pytest.mark.parametrize("name", list(IDIOMS))
-def test_dynamic_shape_idioms_match_torch(name):
+def test_dynamic_shape_idioms_match_torch(name, exporter):
     ort = pytest.importorskip("onnxruntime")
-    module, proto = _export(name)
+    module, proto = _export(name, exporter)
     rtol, atol = TOLERANCE.get(name, (1e-10, 1e-12))
     session = ort.InferenceSession(proto, providers=["CPUExecutionProvider"])
     floats = [i for i, s in enumerate(IDIOMS[name][1]) if not (i and len(s) == 1)]
@@ -226,9 +251,10 @@ def test_dynamic_shape_idioms_match_torch(name):
 @pytest.mark.parametrize("name", ["flatten", "heads", "zeros", "cls_token", "repeat", "causal_mask",
                                   "scaled_attention", "cat_ones", "mean_over_count", "positions", "half_slice", "pad",
                                   "length_mask"])
-def test_an_imported_program_with_computed_sizes_exports_again(name):
+@pytest.mark.parametrize("exporter", EXPORTERS)
+def test_an_imported_program_with_computed_sizes_exports_again(name, exporter):
     ort = pytest.importorskip("onnxruntime")
-    _, proto = _export(name)
+    _, proto = _export(name, exporter)
     program = of.onnx.load(proto)
     # the sizes it computes from shapes are computed in the model too: it runs at another size than the export's
     again = ort.InferenceSession(of.onnx.export(program, None).SerializeToString(), providers=["CPUExecutionProvider"])
