@@ -782,7 +782,7 @@ class OnnxModule(Module):
 
 
 _FOLDABLE = {"Identity", "Concat", "Gather", "Unsqueeze", "Squeeze", "Slice", "Cast", "Reshape", "Add", "Sub", "Mul",
-             "Div", "Neg", "Size", "Transpose"}
+             "Div", "Neg", "Size", "Transpose", "Mod"}
 
 
 def _fold(n: Node):
@@ -849,6 +849,8 @@ def _fold(n: Node):
             op = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply}.get(t)
             y = op(x, values[1]) if op else (np.trunc(x / values[1]).astype(x.dtype) if x.dtype.kind in "iu"
                                              else x / values[1])
+        elif t == "Mod" and not symbolic and np.all(values[1] != 0):  # torch's unflatten: Mod(dim, rank) → Slice
+            y = (np.fmod if n.attr("fmod", 0) else np.mod)(x, values[1])
         else:
             return None
     except (ValueError, IndexError, TypeError, OpforgeError):
