@@ -1194,19 +1194,25 @@ def _(n):
         k, v = F.concat([n.input(4), k], axis=2), F.concat([n.input(5), v], axis=2)
     present_k, present_v = k, v
     q_len, kv_len = q.shape[2], k.shape[2]
-    if any(isinstance(d, Dim) for d in (q_len, kv_len, past)):
-        raise n.unsupported("sequence lengths known only at run time")
+    run_time = any(isinstance(d, Dim) for d in (q_len, kv_len))
+    if isinstance(past, Dim) or (run_time and (n.has(6) or (n.has(3) and n.shape(3)[-1] != kv_len))):
+        raise n.unsupported("sequence lengths known only at run time with a past cache, nonpad_kv_seqlen or a mask "
+                            "shorter than the keys")
 
     # the additive bias, (q_len, kv_len) or broadcasting to (batch, heads, q_len, kv_len): 0 or -inf, or the mask
     bias = None
     if n.has(3):
         mask = n.input(3)
-        missing = kv_len - n.shape(3)[-1]
+        missing = 0 if run_time else kv_len - n.shape(3)[-1]
         if missing > 0:  # a mask shorter than the keys: the rest is masked out
             mask = F.pad(mask, pad=[0, missing], value=0.0 if mask.dtype == D.bool_ else -math.inf)
         bias = F.where(mask, 0.0, -math.inf) if mask.dtype == D.bool_ else mask
         bias = F.cast(bias, dtype=dtype) if bias.dtype != dtype else bias
-    ahead = np.arange(q_len)[:, None] - np.arange(kv_len)[None, :]  # query i's position minus key j's
+    if run_time:  # query i's position minus key j's, computed in the program (torch's dynamo exporter: causal SDPA)
+        ahead = F.unsqueeze(F.arange(start=0, stop=q_len, dtype=D.int64), axis=-1) - F.arange(start=0, stop=kv_len,
+                                                                                              dtype=D.int64)
+    else:
+        ahead = np.arange(q_len)[:, None] - np.arange(kv_len)[None, :]
     if n.has(6):  # the keys past each batch's count are padding; its queries are the last q_len before them
         lengths = F.reshape(n.input(6), shape=[-1, 1, 1, 1])
         offset, pad = lengths - q_len, F.less_equal(lengths, np.arange(kv_len))
