@@ -142,3 +142,15 @@ def test_models_torch_exports_import_and_match_torch_and_onnx_runtime(name, expo
     (y * of.tensor(weight)).sum().backward()
     np.testing.assert_allclose(y.numpy(), want, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(xo.grad.numpy(), t.grad.numpy(), rtol=1e-9, atol=1e-11)
+
+    # a program traced with the dynamic dims unknown, differentiated by append_backward
+    def loss(x):
+        y = net(x)
+        y = y if not isinstance(y, dict) else next(iter(y.values()))
+        return {"y": y, "loss": (y * of.tensor(weight)).sum()}
+
+    traced = of.trace(loss, x=of.Spec(tuple(None if i in dims else d for i, d in enumerate(run_shape)), x.dtype))
+    of.append_backward(traced, traced.outputs["loss"], wrt=["x"])
+    out = of.Executor(traced).run(x=x)
+    np.testing.assert_allclose(out["y"], want, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(out["x@GRAD"], t.grad.numpy(), rtol=1e-9, atol=1e-11)
