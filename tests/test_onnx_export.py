@@ -281,3 +281,30 @@ def test_scatter_reduce_in_onnx_runtime_gives_torchs_values_for_every_reduction(
         assert_close(got, want, f"scatter_reduce {reduce} include_self={include_self} {dtype}")
     with pytest.raises(of.onnx.OnnxExportError, match=r"scatter_reduce.*'amax'.*opset 18"):
         of.onnx.export(program("amax"), opset=17)
+
+
+@pytest.mark.parametrize("zero_infinity", [False, True])
+@pytest.mark.parametrize("form", ["padded", "concatenated"])
+def test_ctc_nll_in_onnx_runtime_gives_torchs_losses(form, zero_infinity):
+    # lengths that differ per sample, an empty target, an impossible alignment (a target longer than its steps can
+    # hold: inf, or 0), a repeated label (a blank between needed) and a blank other than 0
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    log_probs = torch.log_softmax(torch.from_numpy(rng.standard_normal((7, 5, 4))), -1).numpy()
+    padded = np.array([[1, 1, 3], [0, 3, 1], [1, 0, 0], [3, 3, 3], [1, 3, 0]])
+    input_lengths, target_lengths = np.array([7, 5, 6, 4, 7]), np.array([3, 2, 0, 3, 1])
+    targets = padded if form == "padded" else np.concatenate([r[:n] for r, n in zip(padded, target_lengths)])
+    program = of.trace(lambda lp, tg, il, tl: {"loss": of.ops.ctc_nll(lp, tg, il, tl, blank=2,
+                                                                       zero_infinity=zero_infinity)},
+                       lp=of.Spec(log_probs.shape, "float64"), tg=of.Spec(targets.shape, "int64"),
+                       il=of.Spec((5,), "int64"), tl=of.Spec((5,), "int64"))
+    feeds = {"lp": log_probs, "tg": targets, "il": input_lengths, "tl": target_lengths}
+    (got,), _ = run_onnx(of.onnx.export(program), feeds)
+    want = torch.nn.functional.ctc_loss(*(torch.from_numpy(a) for a in feeds.values()), blank=2, reduction="none",
+                                        zero_infinity=zero_infinity).numpy()
+    assert np.isinf(want).any() != zero_infinity  # (sample 3: 3 repeated labels need 5 steps, it has 4)
+    assert_close(got, want, f"ctc_nll {form} zero_infinity={zero_infinity}")
+    with pytest.raises(of.onnx.OnnxExportError, match=r"ctc_nll.*time steps .*known only at run time"):
+        of.onnx.export(of.trace(lambda lp, tg, il, tl: {"loss": of.ops.ctc_nll(lp, tg, il, tl)},
+                                lp=of.Spec((None, 5, 4), "float64"), tg=of.Spec(targets.shape, "int64"),
+                                il=of.Spec((5,), "int64"), tl=of.Spec((5,), "int64")))

@@ -39,7 +39,8 @@ _NO_FACTORIZATION = "ONNX has no matrix inverse, linear solve or factorization o
 _ONE_DEVICE = "a collective across ranks: an ONNX model runs in one process"
 _TRAINING = "an optimizer's update, a training step: ONNX models are exported for inference"
 _SPECIAL = "ONNX has no special functions but Erf, and a composition of its ops would not keep their accuracy"
-_NOT_YET = "no mapping written yet: the op landed after the exporters (ONNX can express it; export refuses it for now)"
+_SAMPLING = ("a draw from opforge's seeded generator: ONNX's Multinomial draws from the runtime's own, so an exported "
+             "model would not give the same samples (and of.manual_seed would not reach it)")
 NOT_EXPORTABLE = {
     **dict.fromkeys(["linalg_inv", "linalg_solve", "linalg_cholesky", "linalg_qr", "linalg_svd",
                      "linalg_eigh", "linalg_lu_factor", "lu_unpack", "cholesky_solve", "linalg_pinv",
@@ -48,8 +49,7 @@ NOT_EXPORTABLE = {
     **dict.fromkeys(["sgd_momentum_buffer", "sgd_update", "adam_exp_avg", "adam_exp_avg_sq", "adam_update"],
                     _TRAINING),
     **dict.fromkeys(["erfc", "erfinv", "lgamma", "digamma", "polygamma", "i0", "special_i1"], _SPECIAL),
-    **dict.fromkeys(["ctc_nll", "multinomial"],
-                    _NOT_YET),
+    "multinomial": _SAMPLING,
 }
 _GRADIENT_OP = re.compile(r"_grad(_grad|_input|_weight)?$")  # relu_grad, max_pool_grad_grad, conv_grad_input
 

@@ -13,7 +13,7 @@ from opforge import ops as F
 
 from ..core.errors import ArgumentError, GradientError
 from ..core.grad_mode import is_grad_enabled
-from ._common import Sample, ShapeError, Spec, function, np, op
+from ._common import D, Sample, ShapeError, Spec, function, np, op
 
 _NEG = -np.inf
 
@@ -230,6 +230,83 @@ def _ctc_samples(rng):
 
 
 ctc_nll.samples(_ctc_samples)
+
+
+def _onnx_logaddexp(g, x, y):
+    """log(eˣ + eʸ) of float64 Values, −inf where both are (the logaddexp op's own mapping computes in the dtype of
+    the op being lowered, float32 for a float32 loss; the recursion runs in float64, as the kernel's)."""
+    m = g.op("Max", x, y)
+    safe = g.op("Where", g.op("Equal", m, g.scalar(_NEG, m)), g.scalar(0.0, m), m)
+    total = g.op("Add", g.op("Exp", g.op("Sub", x, safe)), g.op("Exp", g.op("Sub", y, safe)))
+    return g.op("Add", safe, g.op("Log", total))
+
+
+@ctc_nll.onnx
+def _(g, log_probs, targets, input_lengths, target_lengths, *, blank, zero_infinity):
+    # ONNX has no CTC op: the kernel's α recursion written out one time step after another, in float64, over the
+    # target extended with blanks; each sample's α is read at its last step, input_lengths[n] − 1
+    batched = log_probs.ndim == 3
+    steps, classes = log_probs.shape[0], log_probs.shape[-1]
+    if steps is None or None in targets.shape[(1 if batched and targets.ndim == 2 else 0):]:
+        raise g.unsupported("ctc_nll over a number of time steps or a target width known only at run time (the "
+                            "recursion is written out one step after another)")
+    f64, i64 = D.float64, D.int64
+    lp = g.cast(log_probs, f64)
+    if not batched:
+        lp = g.op("Unsqueeze", lp, g.ints([1]), spec=Spec((steps, 1, classes), f64))
+    il, tl = (g.op("Reshape", g.cast(v, i64), g.ints([-1]), spec=Spec((None,), i64))
+              for v in (input_lengths, target_lengths))
+    tg = g.cast(targets, i64)
+    width = targets.shape[-1]
+    if not batched:
+        tg = g.op("Reshape", tg, g.ints([1, -1]), spec=Spec((1, width), i64))
+    elif targets.ndim == 1 and width:  # concatenated: row n is targets[offset[n] + j], j < target_lengths[n]
+        offsets = g.op("Sub", g.op("CumSum", tl, g.const(np.array(0, np.int64))), tl)
+        places = g.op("Add", g.op("Unsqueeze", offsets, g.ints([1])), g.const(np.arange(width, dtype=np.int64)))
+        tg = g.op("Gather", tg, g.op("Min", places, g.const(np.array(width - 1, np.int64))), axis=0,
+                  spec=Spec((None, width), i64))
+    s = np.arange(2 * width + 1)
+    blank_id = g.const(np.array(blank, np.int64))
+    neg = g.const(np.array(_NEG))
+
+    def shifted(a, k):  # a[:, s − k], −inf where s < k
+        moved = g.op("Gather", a, g.const(np.maximum(s - k, 0)), axis=1)
+        return g.op("Where", g.const(s >= k), moved, neg if a.dtype == f64 else blank_id)
+
+    ext = blank_id
+    if width:
+        ext = g.op("Where", g.const(s % 2 == 1), g.op("Gather", tg, g.const(np.maximum((s - 1) // 2, 0)), axis=1),
+                   blank_id, spec=Spec((None, len(s)), i64))
+    bounds = g.op("Add", g.op("Mul", tl, g.const(np.array(2, np.int64))), g.const(np.array(1, np.int64)))
+    used = g.op("Less", g.const(s), g.op("Unsqueeze", bounds, g.ints([1])))  # (N, W)
+    ext = g.op("Where", used, ext, blank_id, spec=Spec((None, len(s)), i64))
+    skip = g.op("And", g.op("Not", g.op("Equal", ext, blank_id)), g.op("Not", g.op("Equal", ext, shifted(ext, 2))))
+    skip = g.op("And", g.const(s >= 2), skip)
+    index = g.op("Expand", g.op("Unsqueeze", ext, g.ints([0])),
+                 g.op("Concat", g.op("Shape", lp, end=2), g.ints([len(s)]), axis=0))
+    lpe = g.op("Where", g.op("Unsqueeze", used, g.ints([0])), g.op("GatherElements", lp, index, axis=2), neg,
+               spec=Spec((steps, None, len(s)), f64))
+    nonempty = g.op("Unsqueeze", g.op("Greater", tl, g.const(np.array(0, np.int64))), g.ints([1]))
+    first = g.op("Or", g.const(s == 0), g.op("And", g.const(s == 1), nonempty))
+    alpha = chosen = g.op("Where", first, g.op("Gather", lpe, g.const(np.array(0, np.int64)), axis=0), neg)
+    last = g.op("Unsqueeze", g.op("Sub", il, g.const(np.array(1, np.int64))), g.ints([1]))
+    for t in range(1, steps):
+        step = _onnx_logaddexp(g, _onnx_logaddexp(g, alpha, shifted(alpha, 1)),
+                               g.op("Where", skip, shifted(alpha, 2), neg))
+        alpha = g.op("Add", step, g.op("Gather", lpe, g.const(np.array(t, np.int64)), axis=0))
+        chosen = g.op("Where", g.op("Equal", last, g.const(np.array(t, np.int64))), alpha, chosen)
+    end = g.op("Unsqueeze", g.op("Mul", tl, g.const(np.array(2, np.int64))), g.ints([1]))
+    before = g.op("Max", g.op("Sub", end, g.const(np.array(1, np.int64))), g.const(np.array(0, np.int64)))
+    final = _onnx_logaddexp(g, g.op("GatherElements", chosen, end, axis=1),
+                            g.op("Where", nonempty, g.op("GatherElements", chosen, before, axis=1), neg))
+    final = g.op("Reshape", final, g.ints([-1]))
+    impossible = g.op("Where", g.op("Equal", tl, g.const(np.array(0, np.int64))), g.const(np.array(0.0)),
+                      g.const(np.array(np.inf)))  # no steps: only an empty target fits
+    loss = g.op("Where", g.op("Greater", il, g.const(np.array(0, np.int64))), g.op("Neg", final), impossible)
+    if zero_infinity:
+        loss = g.op("Where", g.op("IsInf", loss), g.const(np.array(0.0)), loss)
+    loss = g.cast(g.op("Reshape", loss, g.ints([-1] if batched else []), spec=Spec((None,), f64)), log_probs.dtype)
+    return g.op("Identity", loss, spec=g.outputs[0])
 
 
 @ctc_nll_grad.samples
