@@ -55,6 +55,7 @@ MODELS = {
             (2, 4), (5, 4), (0,)),
     "cnn": (_cnn, (2, 1, 8, 8), (3, 1, 10, 12), (0, 2, 3)),
     "lstm": (lambda: Recurrent("LSTM"), (2, 6, 4), (3, 7, 4), (0, 1)),
+    "rnn": (lambda: Recurrent("RNN"), (2, 6, 4), (3, 7, 4), (0, 1)),
     "gru": (lambda: Recurrent("GRU"), (2, 6, 4), (3, 7, 4), (0, 1)),
     "transformer_encoder_layer": (lambda: nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True),
                                   (2, 5, 8), (3, 7, 8), (0, 1)),
@@ -62,6 +63,14 @@ MODELS = {
     "causal_sdpa": (CausalAttention, (2, 2, 5, 4), (3, 2, 7, 4), (0, 2)),
 }
 DYNAMO_OPSET = {"causal_sdpa": 23}  # (else torch's choice, 20: the Attention node is opset 23's)
+# Dims that stay fixed: (the dim, what refuses it dynamic, the refusal) per exporter; the model is checked with the
+# dim fixed (and the refusal asserted: when it goes, this says to test the dim dynamic)
+FIXED = {("rnn", "dynamo"): (1, "torch.export specializes nn.RNN's sequence length (it unrolls the steps)",
+                             r"inferred a static shape|specialized it to be a constant"),
+         ("rnn", "torchscript"): (1, "opforge imports ONNX's RNN (tanh) as cells unrolled over a known number of "
+                                     "steps (LSTM and GRU are layer ops, over any length)",
+                                  r"RNN cell \(unrolled over the steps\) over a sequence length known only at run "
+                                  "time")}
 
 # What torch's TorchScript exporter cannot write, or writes for the export's sizes only (ONNX Runtime refuses the
 # model at other sizes too): checked at the export's sizes, or skipped with torch's reason.
@@ -71,23 +80,37 @@ TORCHSCRIPT_FAILS = {"transformer_encoder_layer": "torch 2.13's TorchScript expo
 
 
 def _export(name, exporter):
+    """(torch's module, the model, the dims it keeps dynamic)."""
     make, shape, _, dims = MODELS[name]
     torch.manual_seed(0)
     module = make().double().eval()  # float64: values and gradients to 1e-10
     x = torch.randn(*shape, dtype=torch.float64)
     if exporter == "dynamo":
-        opset = {"opset_version": DYNAMO_OPSET[name]} if name in DYNAMO_OPSET else {}
-        return module, dynamo_export(module, (x,), [dims], input_names=["x"], output_names=["y"], **opset)
+        options = {"input_names": ["x"], "output_names": ["y"]}
+        options.update({"opset_version": DYNAMO_OPSET[name]} if name in DYNAMO_OPSET else {})
+        if (name, exporter) in FIXED:
+            with pytest.raises(Exception, match=FIXED[name, exporter][2]):
+                dynamo_export(module, (x,), [dims], **options)
+            dims = tuple(d for d in dims if d != FIXED[name, exporter][0])
+        return module, dynamo_export(module, (x,), [dims], **options), dims
     if name in TORCHSCRIPT_FAILS:
         with pytest.raises(Exception, match="is_causal"):  # (when torch mends it, this says to test the model)
             torch.onnx.export(module, (x,), io.BytesIO(), dynamo=False, opset_version=17)
         pytest.skip(TORCHSCRIPT_FAILS[name])
+    if (name, exporter) in FIXED:
+        with pytest.raises(of.onnx.OnnxImportError, match=FIXED[name, exporter][2]):
+            of.onnx.load(_torchscript_export(module, x, dims))
+        dims = tuple(d for d in dims if d != FIXED[name, exporter][0])
+    return module, _torchscript_export(module, x, dims), dims
+
+
+def _torchscript_export(module, x, dims):
     f = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(module, (x,), f, dynamo=False, opset_version=17, input_names=["x"], output_names=["y"],
                           dynamic_axes={"x": list(dims)})
-    return module, onnx.load_from_string(f.getvalue())
+    return onnx.load_from_string(f.getvalue())
 
 
 def _runtime(proto, feed):
@@ -110,8 +133,9 @@ def _runtime(proto, feed):
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
 @pytest.mark.parametrize("name", list(MODELS))
 def test_models_torch_exports_import_and_match_torch_and_onnx_runtime(name, exporter):
-    module, proto = _export(name, exporter)
-    _, export_shape, run_shape, dims = MODELS[name]
+    module, proto, dims = _export(name, exporter)
+    _, export_shape, run_shape, _ = MODELS[name]
+    run_shape = tuple(n if i in dims else e for i, (n, e) in enumerate(zip(run_shape, export_shape)))
     if exporter == "torchscript" and name in TORCHSCRIPT_FIXED_SIZES:  # at other sizes ORT and opforge refuse it
         feed = {proto.graph.input[0].name: np.zeros(run_shape)}
         with pytest.raises(Exception, match=r"[Rr]eshape"):
