@@ -117,6 +117,10 @@ IMAGES = ((None, 4, None, None), [(3, 4, 2, 4), (3, 4, 6, 2)])  # spatial sizes 
 RUN_TIME_SIZES = {  # an op on sizes known only at run time (a fully convolutional net, a batch): (op, attrs, sizes)
     "adaptive_avg_pool2d": (of.ops.adaptive_avg_pool2d, {"output_size": 1}, IMAGES),  # a classifier head
     "adaptive_max_pool2d": (of.ops.adaptive_max_pool2d, {"output_size": [1, 1]}, IMAGES),
+    "adaptive_max_pool3d": (of.ops.adaptive_max_pool3d, {"output_size": 1},
+                            ((None, 4, None, None, 3), [(3, 4, 2, 4, 3), (1, 4, 3, 1, 3)])),
+    "argwhere": (lambda x: of.ops.argwhere(x > 0), {}, ((None, None), [(3, 4), (5, 2)])),
+    "masked_select": (lambda x: of.ops.masked_select(x, x > 0), {}, ((None, 3), [(3, 3), (5, 3)])),
     "interpolate nearest": (of.ops.interpolate, {"scale_factor": [2.0, 3.0]}, IMAGES),
     "interpolate nearest 3-d": (of.ops.interpolate, {"scale_factor": 2.0},
                                 ((None, 4, None, None, 3), [(3, 4, 2, 4, 3), (1, 4, 3, 1, 3)])),
