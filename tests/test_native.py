@@ -5,6 +5,7 @@ processes, and the NumPy path when the backend is off or missing."""
 from __future__ import annotations
 
 import ast
+import math
 import os
 import subprocess
 import sys
@@ -771,3 +772,95 @@ def test_an_adam_loop_given_arrays_in_another_layout_runs_the_members_or_copies_
     p, g, m, v = arrays()
     with pytest.raises(of.ShapeError, match="adam_exp_avg"):  # a shape the plan did not promise: no loop over it
         loop(p, g.reshape(4, 5), m, v, *scalars, None)
+
+
+# -- layer_norm as one row loop ---------------------------------------------------------------------------------------
+
+
+def _layer_norm_rows(dtype, shape):
+    """Rows that exercise every branch of the kernel: random, offset far from 0 (μ's rounding: the recentring),
+    constant, with a NaN, with ±inf, finite but overflowing the variance (the kernel's scaled path)."""
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal(shape) * 3 + 0.5).astype(dtype)
+    flat = x.reshape(-1, math.prod(shape[-1:]))
+    flat[1] += 4e7
+    flat[2] = 4e7
+    flat[3, 0] = np.nan
+    flat[4, :2] = [np.inf, -np.inf] if flat.shape[1] > 1 else [np.inf]
+    return x
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("width,affine", [(64, "wb"), (3, "w"), (1, "b"), (200, ""), (17, "wb")])
+def test_layer_norm_is_one_native_row_loop(dtype, width, affine):
+    import torch
+
+    x = _layer_norm_rows(dtype, (6, 5, width))
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal(width).astype(dtype) if "w" in affine else None
+    b = rng.standard_normal(width).astype(dtype) if "b" in affine else None
+    feeds = {"x": x, **({"w": w} if w is not None else {}), **({"b": b} if b is not None else {})}
+    specs = {k: of.Spec(v.shape, dtype) for k, v in feeds.items()}
+
+    def f(x, w=None, b=None):
+        return F.layer_norm(x, [width], w, b)
+
+    program = of.trace(f, **specs)
+    exe = of.Executor(program)
+    source = exe.plan(**feeds).source
+    assert "layer_norm_step" in source and ", native" in source  # the plan holds the native row loop
+    (y,) = exe.run(feeds).values()
+    (unfused,) = of.Executor(program, native=False).run(feeds).values()
+    eager = f(**{k: of.tensor(v) for k, v in feeds.items()}).numpy()
+    # the kernel's operations in its order and NumPy's pairwise sums: its bits, NaN rows included
+    np.testing.assert_array_equal(y, eager)
+    np.testing.assert_array_equal(y, unfused)
+    # torch in float64 (its float32 kernel loses the row offset by 4e7: 0.6 off, where ours is within 3e-8)
+    t = lambda a: None if a is None else torch.from_numpy(a.astype(np.float64))  # noqa: E731
+    expected = torch.nn.functional.layer_norm(t(x), [width], t(w), t(b)).numpy()
+    finite = np.isfinite(x).all(axis=-1).reshape(-1)
+    tol = 1e-4 if dtype == "float32" else 1e-7  # (the row offset by 4e7: condition ~1e7)
+    np.testing.assert_allclose(y.reshape(-1, width)[finite], expected.reshape(-1, width)[finite], rtol=tol, atol=tol)
+    assert np.isnan(y.reshape(-1, width)[~finite]).all() == np.isnan(expected.reshape(-1, width)[~finite]).all()
+
+
+def test_layer_norm_loop_takes_the_kernel_where_it_does_not_apply():
+    """A row whose variance overflows (finite values of 1e20 in float32) runs the kernel's scaled path; an input in
+    another layout is read by the kernel; a float32 weight on float64 x keeps the op."""
+    x = np.random.default_rng(2).standard_normal((4, 8)).astype(np.float32)
+    x[1] *= 1e20
+    program = of.trace(lambda x: F.layer_norm(x, [8]), x=of.Spec((4, 8), "float32"))
+    exe = of.Executor(program)
+    assert ", native" in exe.plan(x=x).source
+    (y,) = exe.run(x=x).values()
+    np.testing.assert_array_equal(y, F.layer_norm(of.tensor(x), [8]).numpy())
+    assert np.isfinite(y).all()
+    xt = np.asfortranarray(x)
+    (y,) = exe.run(x=xt).values()
+    np.testing.assert_array_equal(y, F.layer_norm(of.tensor(xt), [8]).numpy())  # (the kernel's bits in that layout)
+    mixed = of.trace(lambda x, w: F.layer_norm(x, [8], w), x=of.Spec((4, 8), "float64"), w=of.Spec((8,), "float32"))
+    assert "layer_norm_step" not in of.Executor(mixed).plan(x=x.astype(np.float64), w=np.ones(8, np.float32)).source
+
+
+def test_layer_norm_loop_in_a_training_step():
+    """Forward and backward through the loop: the loss and gradients are the unfused program's bits and torch's."""
+    import torch
+
+    rng = np.random.default_rng(3)
+    x, w0, b0 = rng.standard_normal((4, 6, 16)), rng.standard_normal(16), rng.standard_normal(16)
+    w, b = of.tensor(w0, requires_grad=True), of.tensor(b0, requires_grad=True)
+    program = of.trace(lambda x: {"loss": (F.layer_norm(x, [16], w, b) ** 2).sum()}, x=of.Spec(x.shape, "float64"))
+    grads = of.append_backward(program, program.outputs["loss"])
+    fetch = {"loss": program.outputs["loss"], **{n: grads[f"{n}@GRAD"] for n in program.parameters()}}
+    exe = of.Executor(program, fetch=fetch)
+    assert "layer_norm_step" in exe.plan(x=x).source
+    out, unfused = exe.run(x=x), of.Executor(program, fetch=fetch, native=False).run(x=x)
+    for key in fetch:
+        np.testing.assert_array_equal(out[key], unfused[key])
+    tw, tb = torch.tensor(w0, requires_grad=True), torch.tensor(b0, requires_grad=True)
+    loss = (torch.nn.functional.layer_norm(torch.tensor(x), [16], tw, tb) ** 2).sum()
+    loss.backward()
+    np.testing.assert_allclose(out["loss"], loss.item(), rtol=1e-12)
+    (op,) = [op for op in program.block.ops if op.type == "layer_norm"]
+    np.testing.assert_allclose(out[op.inputs["weight"][0]], tw.grad.numpy(), rtol=1e-10)
+    np.testing.assert_allclose(out[op.inputs["bias"][0]], tb.grad.numpy(), rtol=1e-10)

@@ -28,6 +28,11 @@ step, lr and beta1 tensors and choose a lerp's end per step); its scalars come f
 division. amsgrad (its update reads a ``maximum`` of the moments), a moment read by another op, or a step whose state is
 read after it keep the three ops.
 
+A ``layer_norm`` over rows of float32 or float64 (``LayerNormStep``) is one loop per row, written here from the
+kernel's steps (it is a reduction, not a pointwise op): NumPy's pairwise sum for each mean, the kernel's recentring,
+each operation rounded to the dtype in its order, so the kernel's bits; a row whose variance overflows, another layout
+or mixed dtypes take the kernel.
+
 Switch: ``OPFORGE_NATIVE=0`` keeps the NumPy path, bit for bit (``Executor(native=False)`` for one program).
 Compiled libraries are cached on disk by the hash of their source, the compiler and the CPU
 (``$OPFORGE_CACHE_DIR``, else ``$XDG_CACHE_HOME/opforge`` or ``~/.cache/opforge``), so another process reuses them.
@@ -484,8 +489,9 @@ def compile_groups(groups: list) -> None:
     """Give each fused group it can translate its native function (``fused.native``); the others keep NumPy's."""
     sources, chosen = {}, []
     for k, fused in enumerate(groups):
-        if isinstance(fused, AdamStep):  # (always worth it: its members make ~15 NumPy calls)
-            sources[f"opforge_group{k}"] = (fused.c_function(f"opforge_group{k}"), 5)
+        if isinstance(fused, (AdamStep, LayerNormStep)):  # (always worth it: each makes ~15 NumPy calls)
+            arguments = 5 if isinstance(fused, AdamStep) else len(fused.inputs) + 2
+            sources[f"opforge_group{k}"] = (fused.c_function(f"opforge_group{k}"), arguments)
             chosen.append((f"opforge_group{k}", fused))
             continue
         if not worth_a_call(fused):
@@ -498,7 +504,7 @@ def compile_groups(groups: list) -> None:
             continue
     if not chosen:
         return
-    opdefs = {registry.get(op.type) for _, fused in chosen if not isinstance(fused, AdamStep)
+    opdefs = {registry.get(op.type) for _, fused in chosen if not isinstance(fused, (AdamStep, LayerNormStep))
               for op, _, _ in fused.members}
     try:
         functions = build(sources, opdefs)
@@ -663,4 +669,149 @@ def adam_steps(ops: list, kernels: list, specs: dict, updates: dict) -> tuple[li
         else:
             new_ops.append(entry)
             new_kernels.append(kernel)
+    return new_ops, new_kernels
+
+
+# -- layer_norm: one row loop ----------------------------------------------------------------------------------------
+
+
+class LayerNormStep(FusedOp):
+    """A ``layer_norm`` over C-ordered rows (``inputs`` [x, weight?, bias?], one dtype, float32 or float64) as one loop
+    per row: mean, x − μ, the variance, the kernel's recentring (``_recentred``) where the rounding of μ matters, then
+    (x − μ)/√(σ² + ε)·weight + bias, written once into y. Each sum is NumPy's pairwise sum of the row (8 partial sums,
+    halves above 128 elements) and every operation rounds to the dtype in the kernel's order (no FMA, IEEE sqrt and
+    division), so the results are the kernel's bits where NumPy sums the row in one pass (what ``row_buffers`` makes
+    its reductions do). A row whose variance overflows although its values are finite (the kernel's ``_big_groups``),
+    an array of another shape or layout, or no compiler: the op's own kernel runs."""
+
+    type = "layer_norm_step"
+
+    def __init__(self, member: tuple, inputs: list, output: str, specs: dict):
+        self.members, self.inputs, self.output, self.specs = [member], inputs, output, specs
+        self.spec = specs[output]
+        self.scratch, self.inplace_inputs, self.donated, self.native = [], [], set(), None
+
+    def __repr__(self) -> str:
+        return f"layer_norm_step({self.inputs[0]})"
+
+    def prepare(self, out_input) -> None:
+        pass  # y is a new array: the plan hands no buffer to this step
+
+    def set_native(self, fn, c_source: str) -> None:
+        self.native, self.c_source = fn, c_source
+
+    def c_function(self, name: str) -> str:
+        """``void <name>(x, weight?, bias?, y, flag)``: flag[0] is set to 1 where a row needs the kernel's
+        overflow path (then y is incomplete and the kernel runs instead)."""
+        (op, attrs, _), = self.members
+        t = CTYPES[self.spec.dtype]
+        n = math.prod(attrs["normalized_shape"])
+        rows = math.prod(self.spec.shape) // n
+        digit = float(np.finfo(self.spec.dtype).eps)
+        has_w, has_b = bool(op.inputs.get("weight")), bool(op.inputs.get("bias"))
+        params = [f"const {t} *x", *[f"const {t} *w"] * has_w, *[f"const {t} *b"] * has_b, f"{t} *y", "int64_t *flag"]
+        sqrt = "sqrtf" if t == "float" else "sqrt"
+        affine = "v" + (" * w[i]" if has_w else "")
+        affine = f"({affine}) + b[i]" if has_b else affine
+        return "\n".join([
+            f"static {t} {name}_sum(const {t} *a, int64_t n) {{  /* NumPy's pairwise_sum */",
+            "  if (n < 8) {",
+            f"    {t} res = -0.0;",
+            "    for (int64_t i = 0; i < n; i++) res += a[i];",
+            "    return res;",
+            "  }",
+            "  if (n <= 128) {",
+            f"    {t} r[8];",
+            "    int64_t i;",
+            "    for (int j = 0; j < 8; j++) r[j] = a[j];",
+            "    for (i = 8; i < n - (n % 8); i += 8)",
+            "      for (int j = 0; j < 8; j++) r[j] += a[i + j];",
+            f"    {t} res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));",
+            "    for (; i < n; i++) res += a[i];",
+            "    return res;",
+            "  }",
+            "  int64_t n2 = n / 2;",
+            "  n2 -= n2 % 8;",
+            f"  return {name}_sum(a, n2) + {name}_sum(a + n2, n - n2);",
+            "}",
+            f"static {t} {name}_sumsq(const {t} *a, int64_t n, {t} *sq) {{",
+            "  for (int64_t i = 0; i < n; i++) sq[i] = a[i] * a[i];",
+            f"  return {name}_sum(sq, n);",
+            "}",
+            f"void {name}({', '.join(params)}) {{",
+            f"  const int64_t n = {n}L;",
+            f"  const {t} count = ({t}){n}L, eps = ({t}){float(attrs['eps'])!r}, digit = ({t}){digit!r};",
+            f"  {t} sq[{n}];",
+            f"  for (int64_t row = 0; row < {rows}L; row++) {{",
+            f"    const {t} *xr = x + row * n;",
+            f"    {t} *yr = y + row * n;",
+            f"    const {t} mean = (({t})0 + {name}_sum(xr, n)) / count;",
+            "    for (int64_t i = 0; i < n; i++) yr[i] = xr[i] - mean;",
+            f"    {t} var = (({t})0 + {name}_sumsq(yr, n, sq)) / count;",
+            f"    const {t} c = (({t})0 + {name}_sum(yr, n)) / count;  /* _recentred */",
+            "    if (c * c > var * (digit * digit)) {",
+            "      for (int64_t i = 0; i < n; i++) yr[i] = yr[i] - c;",
+            f"      var = (({t})0 + {name}_sumsq(yr, n, sq)) / count;",
+            "    }",
+            "    if (!isfinite(var)) {  /* _big_groups: a row of finite values whose variance overflowed */",
+            "      int finite = 1;",
+            "      for (int64_t i = 0; i < n; i++) finite &= isfinite(xr[i]);",
+            "      if (finite) { flag[0] = 1; return; }",
+            "    }",
+            f"    const {t} d = {sqrt}(var + eps);",
+            "    for (int64_t i = 0; i < n; i++) {",
+            f"      const {t} v = yr[i] / d;",
+            f"      yr[i] = {affine};",
+            "    }",
+            "  }",
+            "}"])
+
+    def source(self, name: str, pools: list, env: dict) -> tuple[list, dict]:
+        (op, attrs, kernel), = self.members
+        args = [f"i{k}" for k in range(len(self.inputs))]
+        given = iter(args)  # the kernel's x, weight, bias: None where the op has none
+        call = ", ".join(next(given) if op.inputs.get(p) else "None" for p in ("x", "weight", "bias"))
+        env[f"{name}_k"], env[f"{name}_a"] = kernel.bind(env["_device"]), attrs
+        lines = [f"def {name}({''.join(a + ', ' for a in args)}W, out=None):  # {self!r}, "
+                 + ("native" if self.native is not None else "kernel")]
+        if self.native is None:
+            lines.append(f"    return {name}_k({call}, **{name}_a)")
+            return lines, {1: "layer_norm"}
+        env[f"{name}_n"], env[f"{name}_e"] = self.native, _allocator(env["_empty"], self.spec)
+        flag = np.zeros(1, np.int64)
+        env[f"{name}_flag"], env[f"{name}_fp"] = flag, flag.ctypes.data
+        env[f"{name}_specs"] = [(self.specs[n].shape, self.specs[n].dtype) for n in self.inputs]
+        # The loop reads rows of the plan's static shapes, C-ordered: other arrays take the kernel (which also
+        # names a shape error as layer_norm's).
+        same = " and ".join(f"({a}.shape, {a}.dtype) == {name}_specs[{k}] and {a}.flags.c_contiguous"
+                            for k, a in enumerate(args))
+        lines += [f"    if not ({same}):",
+                  f"        return {name}_k({call}, **{name}_a)",
+                  f"    y = {name}_e()",
+                  f"    {name}_n({''.join(a + '.ctypes.data, ' for a in args)}y.ctypes.data, {name}_fp)",
+                  f"    if {name}_flag[0]:  # a row whose variance overflowed: the kernel's scaled path",
+                  f"        {name}_flag[0] = 0",
+                  f"        return {name}_k({call}, **{name}_a)",
+                  "    return y"]
+        return lines, {5: "layer_norm (one row loop)"}
+
+
+def layer_norms(ops: list, kernels: list, specs: dict) -> tuple[list, list]:
+    """Replace each ``layer_norm`` over float32 or float64 whose weight and bias (if any) have x's dtype by a
+    ``LayerNormStep``; others (another dtype, mixed dtypes, an empty or very long row) keep the op."""
+    new_ops, new_kernels = [], []
+    for (op, attrs), kernel in zip(ops, kernels):
+        if isinstance(op, OpDesc) and op.type == "layer_norm":
+            names = [op.inputs[p][0] for p in ("x", "weight", "bias") if op.inputs.get(p)]
+            (y,) = op.output_names()
+            x_spec = specs[names[0]]
+            n = math.prod(attrs["normalized_shape"])
+            # (rows up to 64 KiB: the loop keeps a row of squares on the stack)
+            if (x_spec.dtype in FLOATS and all(specs[m].dtype == x_spec.dtype for m in names) and n > 0
+                    and all(None not in specs[m].shape for m in names) and n * x_spec.dtype.itemsize <= 1 << 16):
+                new_ops.append((LayerNormStep((op, attrs, kernel), names, y, specs), {}))
+                new_kernels.append(Kernel(None, None, None, False, False, False))
+                continue
+        new_ops.append((op, attrs))
+        new_kernels.append(kernel)
     return new_ops, new_kernels
