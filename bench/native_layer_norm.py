@@ -1,11 +1,11 @@
-"""Issue 32 (b): compiled programs with each ``layer_norm`` as one native row loop (``native.LayerNormStep``) against
-the same programs with the op's NumPy kernel (``native.layer_norms`` off, everything else native), in one process
+"""Issue 32 (b): compiled programs with each ``layer_norm`` and its backward ``normalize_grad`` as native row loops
+(``native.LayerNormStep``, ``NormalizeGradStep``) against the same programs with the ops' NumPy kernels (``native.layer_norms`` off, everything else native), in one process
 pinned to one core with one thread, the two alternating call by call; CPU-time medians (``time.process_time``).
 
     python bench/native_layer_norm.py [--repeats 300]
 
 Cases: bench/cases/transformer.py's compiled encoder steps (loss and gradients, as bench/run.py times them), and a
-bare ``layer_norm`` of 16 × 32 × 64 float32 with weight and bias, forward only, compiled and eager."""
+bare ``layer_norm`` of 16 × 32 × 64 float32 with weight and bias, forward, and forward and backward."""
 
 from __future__ import annotations
 
@@ -38,8 +38,15 @@ def encoder_steps() -> dict:
 def bare_layer_norm() -> dict:
     rng = np.random.default_rng(0)
     x, w, b = (of.tensor(rng.standard_normal(s).astype(np.float32)) for s in ((16, 32, 64), 64, 64))
-    fn = of.compile(lambda x, w, b: F.layer_norm(x, [64], w, b))
-    return {"layer_norm 16×32×64 float32, forward": lambda: fn(x, w, b)}
+    xg = of.tensor(x.numpy(), requires_grad=True)
+
+    def both(x):
+        loss = F.sum(F.layer_norm(x, [64], w, b) * x)
+        return (loss, *of.grad(loss, [x]))
+
+    fn, fn_both = of.compile(lambda x, w, b: F.layer_norm(x, [64], w, b)), of.compile(both)
+    return {"layer_norm 16×32×64 float32, forward": lambda: fn(x, w, b),
+            "layer_norm 16×32×64 float32, forward and backward (loss sum(y·x))": lambda: fn_both(xg)}
 
 
 def build(make, fused: bool) -> dict:

@@ -790,6 +790,18 @@ def _layer_norm_rows(dtype, shape):
     return x
 
 
+def _no_kernel_fallback(plan):
+    """Make the row loops' fallback to the op's kernel (``k<i>_k`` in the plan's globals) fail: the rows given must
+    all run through the loop, special rows included."""
+    def fallback(*args, **kwargs):
+        raise AssertionError("the row loop fell back to the kernel")
+
+    names = [k for k in plan.fn.__globals__ if k.startswith("k") and k.endswith("_k")]
+    assert names
+    for k in names:
+        plan.fn.__globals__[k] = fallback
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("width,affine", [(64, "wb"), (3, "w"), (1, "b"), (200, ""), (17, "wb")])
 def test_layer_norm_is_one_native_row_loop(dtype, width, affine):
@@ -809,6 +821,7 @@ def test_layer_norm_is_one_native_row_loop(dtype, width, affine):
     exe = of.Executor(program)
     source = exe.plan(**feeds).source
     assert "layer_norm_step" in source and ", native" in source  # the plan holds the native row loop
+    _no_kernel_fallback(exe.plan(**feeds))
     (y,) = exe.run(feeds).values()
     (unfused,) = of.Executor(program, native=False).run(feeds).values()
     eager = f(**{k: of.tensor(v) for k, v in feeds.items()}).numpy()
@@ -853,7 +866,8 @@ def test_layer_norm_loop_in_a_training_step():
     grads = of.append_backward(program, program.outputs["loss"])
     fetch = {"loss": program.outputs["loss"], **{n: grads[f"{n}@GRAD"] for n in program.parameters()}}
     exe = of.Executor(program, fetch=fetch)
-    assert "layer_norm_step" in exe.plan(x=x).source
+    source = exe.plan(x=x).source
+    assert "layer_norm_step" in source and "normalize_grad_step" in source
     out, unfused = exe.run(x=x), of.Executor(program, fetch=fetch, native=False).run(x=x)
     for key in fetch:
         np.testing.assert_array_equal(out[key], unfused[key])
@@ -864,3 +878,30 @@ def test_layer_norm_loop_in_a_training_step():
     (op,) = [op for op in program.block.ops if op.type == "layer_norm"]
     np.testing.assert_allclose(out[op.inputs["weight"][0]], tw.grad.numpy(), rtol=1e-10)
     np.testing.assert_allclose(out[op.inputs["bias"][0]], tb.grad.numpy(), rtol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("width", [1, 3, 64, 200])
+def test_layer_norm_backward_is_one_native_row_loop(dtype, width):
+    """normalize_grad (layer_norm's backward: dx and x̂) as one row loop: the kernel's bits, special rows included,
+    and a float64 gradient as torch's."""
+    import torch
+
+    x = _layer_norm_rows(dtype, (6, 5, width))
+    g = np.random.default_rng(4).standard_normal(x.shape).astype(dtype)
+    program = of.trace(lambda x, g: F.normalize_grad(x, g, axes=[-1], eps=1e-5),
+                       x=of.Spec(x.shape, dtype), g=of.Spec(x.shape, dtype))
+    exe = of.Executor(program)
+    assert "normalize_grad_step" in exe.plan(x=x, g=g).source and ", native" in exe.plan(x=x, g=g).source
+    _no_kernel_fallback(exe.plan(x=x, g=g))
+    out, unfused = exe.run(x=x, g=g), of.Executor(program, native=False).run(x=x, g=g)
+    eager = F.normalize_grad(of.tensor(x), of.tensor(g), axes=[-1], eps=1e-5)
+    for key, e in zip(out, eager):
+        np.testing.assert_array_equal(out[key], unfused[key])
+        np.testing.assert_array_equal(out[key], e.numpy())
+    if dtype == "float64":
+        tx = torch.tensor(x, requires_grad=True)
+        torch.nn.functional.layer_norm(tx, [width]).backward(torch.tensor(g))
+        dx = next(iter(out.values())).reshape(-1, width)
+        finite = np.isfinite(x).all(axis=-1).reshape(-1)
+        np.testing.assert_allclose(dx[finite], tx.grad.numpy().reshape(-1, width)[finite], rtol=1e-6, atol=1e-6)

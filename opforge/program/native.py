@@ -28,10 +28,10 @@ step, lr and beta1 tensors and choose a lerp's end per step); its scalars come f
 division. amsgrad (its update reads a ``maximum`` of the moments), a moment read by another op, or a step whose state is
 read after it keep the three ops.
 
-A ``layer_norm`` over rows of float32 or float64 (``LayerNormStep``) is one loop per row, written here from the
-kernel's steps (it is a reduction, not a pointwise op): NumPy's pairwise sum for each mean, the kernel's recentring,
-each operation rounded to the dtype in its order, so the kernel's bits; a row whose variance overflows, another layout
-or mixed dtypes take the kernel.
+A ``layer_norm`` over rows of float32 or float64 (``LayerNormStep``) and its backward, a centred ``normalize_grad``
+(``NormalizeGradStep``), are one loop per row each, written here from their kernels' steps (they are reductions, not
+pointwise ops): NumPy's pairwise sum for each mean, the kernel's recentring, each operation rounded to the dtype in its
+order, so the kernels' bits; a row whose variance overflows, another layout or mixed dtypes take the kernel.
 
 Switch: ``OPFORGE_NATIVE=0`` keeps the NumPy path, bit for bit (``Executor(native=False)`` for one program).
 Compiled libraries are cached on disk by the hash of their source, the compiler and the CPU
@@ -490,7 +490,7 @@ def compile_groups(groups: list) -> None:
     sources, chosen = {}, []
     for k, fused in enumerate(groups):
         if isinstance(fused, (AdamStep, LayerNormStep)):  # (always worth it: each makes ~15 NumPy calls)
-            arguments = 5 if isinstance(fused, AdamStep) else len(fused.inputs) + 2
+            arguments = len(fused.inputs) + len(fused.output_names()) + 1 if isinstance(fused, LayerNormStep) else 5
             sources[f"opforge_group{k}"] = (fused.c_function(f"opforge_group{k}"), arguments)
             chosen.append((f"opforge_group{k}", fused))
             continue
@@ -714,30 +714,7 @@ class LayerNormStep(FusedOp):
         affine = "v" + (" * w[i]" if has_w else "")
         affine = f"({affine}) + b[i]" if has_b else affine
         return "\n".join([
-            f"static {t} {name}_sum(const {t} *a, int64_t n) {{  /* NumPy's pairwise_sum */",
-            "  if (n < 8) {",
-            f"    {t} res = -0.0;",
-            "    for (int64_t i = 0; i < n; i++) res += a[i];",
-            "    return res;",
-            "  }",
-            "  if (n <= 128) {",
-            f"    {t} r[8];",
-            "    int64_t i;",
-            "    for (int j = 0; j < 8; j++) r[j] = a[j];",
-            "    for (i = 8; i < n - (n % 8); i += 8)",
-            "      for (int j = 0; j < 8; j++) r[j] += a[i + j];",
-            f"    {t} res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));",
-            "    for (; i < n; i++) res += a[i];",
-            "    return res;",
-            "  }",
-            "  int64_t n2 = n / 2;",
-            "  n2 -= n2 % 8;",
-            f"  return {name}_sum(a, n2) + {name}_sum(a + n2, n - n2);",
-            "}",
-            f"static {t} {name}_sumsq(const {t} *a, int64_t n, {t} *sq) {{",
-            "  for (int64_t i = 0; i < n; i++) sq[i] = a[i] * a[i];",
-            f"  return {name}_sum(sq, n);",
-            "}",
+            _row_sums(name, t),
             f"void {name}({', '.join(params)}) {{",
             f"  const int64_t n = {n}L;",
             f"  const {t} count = ({t}){n}L, eps = ({t}){float(attrs['eps'])!r}, digit = ({t}){digit!r};",
@@ -796,9 +773,120 @@ class LayerNormStep(FusedOp):
         return lines, {5: "layer_norm (one row loop)"}
 
 
+class NormalizeGradStep(LayerNormStep):
+    """layer_norm's backward, ``normalize_grad`` (centred, over the trailing axes of C-ordered rows; x and g of one
+    dtype, float32 or float64), as one loop per row writing dx and x̂: the kernel's statistics (x − μ, σ², the
+    recentring; its means are sums times 1/n) and dx = r·((g − mean(g)) − x̂·mean(g·x̂)) in its order and rounding,
+    so its bits. Where the kernel would take its overflow path, another layout or no compiler: the kernel runs."""
+
+    type = "normalize_grad_step"
+
+    def __init__(self, member: tuple, inputs: list, outputs: list, specs: dict):
+        super().__init__(member, inputs, outputs[0], specs)
+        self.outputs = outputs
+
+    def output_names(self) -> list:
+        return list(self.outputs)
+
+    def __repr__(self) -> str:
+        return f"normalize_grad_step({self.inputs[0]})"
+
+    def c_function(self, name: str) -> str:
+        """``void <name>(x, g, dx, xhat, flag)``, flag as LayerNormStep's."""
+        (_, attrs, _), = self.members
+        t = CTYPES[self.spec.dtype]
+        shape = self.spec.shape
+        n = math.prod(shape[a] for a in attrs["axes"])
+        rows = math.prod(shape) // n
+        digit = float(np.finfo(self.spec.dtype).eps)
+        sqrt = "sqrtf" if t == "float" else "sqrt"
+        return "\n".join([
+            _row_sums(name, t),
+            f"void {name}(const {t} *x, const {t} *g, {t} *dx, {t} *xh, int64_t *flag) {{",
+            f"  const int64_t n = {n}L;",
+            f"  const {t} inv_n = ({t}){1.0 / n!r}, eps = ({t}){float(attrs['eps'])!r}, digit = ({t}){digit!r};",
+            f"  {t} sq[{n}];",
+            f"  for (int64_t row = 0; row < {rows}L; row++) {{",
+            f"    const {t} *xr = x + row * n, *gr = g + row * n;",
+            f"    {t} *dr = dx + row * n, *hr = xh + row * n;",
+            f"    const {t} mean = (({t})0 + {name}_sum(xr, n)) * inv_n;",
+            "    for (int64_t i = 0; i < n; i++) hr[i] = xr[i] - mean;",
+            f"    {t} var = (({t})0 + {name}_sumsq(hr, n, sq)) * inv_n;",
+            f"    const {t} c = (({t})0 + {name}_sum(hr, n)) * inv_n;  /* _recentred */",
+            "    if (c * c > var * (digit * digit)) {",
+            "      for (int64_t i = 0; i < n; i++) hr[i] = hr[i] - c;",
+            f"      var = (({t})0 + {name}_sumsq(hr, n, sq)) * inv_n;",
+            "    }",
+            "    if (!isfinite(var)) {  /* _big_groups: a row of finite values whose variance overflowed */",
+            "      int finite = 1;",
+            "      for (int64_t i = 0; i < n; i++) finite &= isfinite(xr[i]);",
+            "      if (finite) { flag[0] = 1; return; }",
+            "    }",
+            f"    const {t} r = ({t})1 / {sqrt}(var + eps);",
+            "    for (int64_t i = 0; i < n; i++) { hr[i] = hr[i] * r; sq[i] = gr[i] * hr[i]; }",
+            f"    const {t} mgx = (({t})0 + {name}_sum(sq, n)) * inv_n;",
+            f"    const {t} mg = (({t})0 + {name}_sum(gr, n)) * inv_n;",
+            "    for (int64_t i = 0; i < n; i++) dr[i] = ((gr[i] - mg) - hr[i] * mgx) * r;",
+            "  }",
+            "}"])
+
+    def source(self, name: str, pools: list, env: dict) -> tuple[list, dict]:
+        (_, attrs, kernel), = self.members
+        env[f"{name}_k"], env[f"{name}_a"] = kernel.bind(env["_device"]), attrs
+        lines = [f"def {name}(x, g, W, out=None):  # {self!r}, " + ("native" if self.native is not None else "kernel")]
+        if self.native is None:
+            lines.append(f"    return {name}_k(x, g, **{name}_a)")
+            return lines, {1: "normalize_grad"}
+        env[f"{name}_n"], env[f"{name}_e"] = self.native, _allocator(env["_empty"], self.spec)
+        flag = np.zeros(1, np.int64)
+        env[f"{name}_flag"], env[f"{name}_fp"] = flag, flag.ctypes.data
+        env[f"{name}_spec"] = (self.spec.shape, self.spec.dtype)
+        lines += [f"    if not ((x.shape, x.dtype) == (g.shape, g.dtype) == {name}_spec",
+                  "            and x.flags.c_contiguous and g.flags.c_contiguous):",
+                  f"        return {name}_k(x, g, **{name}_a)",
+                  f"    dx, xh = {name}_e(), {name}_e()",
+                  f"    {name}_n(x.ctypes.data, g.ctypes.data, dx.ctypes.data, xh.ctypes.data, {name}_fp)",
+                  f"    if {name}_flag[0]:  # the kernel's overflow path",
+                  f"        {name}_flag[0] = 0",
+                  f"        return {name}_k(x, g, **{name}_a)",
+                  "    return dx, xh"]
+        return lines, {5: "normalize_grad (one row loop)"}
+
+
+def _row_sums(name: str, t: str) -> str:
+    """C functions ``<name>_sum(a, n)``: NumPy's pairwise_sum of a row (what its add.reduce does along a contiguous
+    row), and ``<name>_sumsq(a, n, sq)``: the sum of a·a, each square rounded first (into ``sq``) as np.square does."""
+    return "\n".join([
+        f"static {t} {name}_sum(const {t} *a, int64_t n) {{  /* NumPy's pairwise_sum */",
+        "  if (n < 8) {",
+        f"    {t} res = -0.0;",
+        "    for (int64_t i = 0; i < n; i++) res += a[i];",
+        "    return res;",
+        "  }",
+        "  if (n <= 128) {",
+        f"    {t} r[8];",
+        "    int64_t i;",
+        "    for (int j = 0; j < 8; j++) r[j] = a[j];",
+        "    for (i = 8; i < n - (n % 8); i += 8)",
+        "      for (int j = 0; j < 8; j++) r[j] += a[i + j];",
+        f"    {t} res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));",
+        "    for (; i < n; i++) res += a[i];",
+        "    return res;",
+        "  }",
+        "  int64_t n2 = n / 2;",
+        "  n2 -= n2 % 8;",
+        f"  return {name}_sum(a, n2) + {name}_sum(a + n2, n - n2);",
+        "}",
+        f"static {t} {name}_sumsq(const {t} *a, int64_t n, {t} *sq) {{",
+        "  for (int64_t i = 0; i < n; i++) sq[i] = a[i] * a[i];",
+        f"  return {name}_sum(sq, n);",
+        "}"])
+
+
 def layer_norms(ops: list, kernels: list, specs: dict) -> tuple[list, list]:
     """Replace each ``layer_norm`` over float32 or float64 whose weight and bias (if any) have x's dtype by a
-    ``LayerNormStep``; others (another dtype, mixed dtypes, an empty or very long row) keep the op."""
+    ``LayerNormStep``, and each centred ``normalize_grad`` over trailing axes (its backward) by a
+    ``NormalizeGradStep``; others (another dtype, mixed dtypes, an empty or very long row) keep the op."""
     new_ops, new_kernels = [], []
     for (op, attrs), kernel in zip(ops, kernels):
         if isinstance(op, OpDesc) and op.type == "layer_norm":
@@ -810,6 +898,17 @@ def layer_norms(ops: list, kernels: list, specs: dict) -> tuple[list, list]:
             if (x_spec.dtype in FLOATS and all(specs[m].dtype == x_spec.dtype for m in names) and n > 0
                     and all(None not in specs[m].shape for m in names) and n * x_spec.dtype.itemsize <= 1 << 16):
                 new_ops.append((LayerNormStep((op, attrs, kernel), names, y, specs), {}))
+                new_kernels.append(Kernel(None, None, None, False, False, False))
+                continue
+        if isinstance(op, OpDesc) and op.type == "normalize_grad" and attrs["center"]:
+            (x,), (g,) = op.inputs["x"], op.inputs["g"]
+            spec = specs[x]
+            axes = sorted(a % len(spec.shape) for a in attrs["axes"]) if spec.shape else None
+            n = math.prod(spec.shape[a] for a in axes) if axes else 0
+            if (spec.dtype in FLOATS and specs[g] == spec and None not in spec.shape and n > 0
+                    and axes == list(range(len(spec.shape) - len(axes), len(spec.shape)))
+                    and n * spec.dtype.itemsize <= 1 << 16):
+                new_ops.append((NormalizeGradStep((op, attrs, kernel), [x, g], op.output_names(), specs), {}))
                 new_kernels.append(Kernel(None, None, None, False, False, False))
                 continue
         new_ops.append((op, attrs))
