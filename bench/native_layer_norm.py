@@ -1,6 +1,7 @@
 """Issue 32 (b): compiled programs with each ``layer_norm`` and its backward ``normalize_grad`` as native row loops
 (``native.LayerNormStep``, ``NormalizeGradStep``) against the same programs with the ops' NumPy kernels
-(``native.layer_norms`` off, everything else native), in one process pinned to one core with one thread, the two alternating call by call; CPU-time medians (``time.process_time``).
+(``native.layer_norms`` off, everything else native), in one process pinned to one core with one thread, the two
+alternating call by call; CPU-time medians (``time.process_time``).
 
     python bench/native_layer_norm.py [--repeats 300]
 
