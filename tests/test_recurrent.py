@@ -188,27 +188,33 @@ def test_gradients_from_one_output_alone_match_torch(cls, kwargs, used, compiled
 def test_twenty_training_steps_follow_torchs_trajectory(cls, kwargs, compiled):
     """The layer trained 20 steps by SGD with momentum, a new batch each step, from torch's start: the loss and
     every parameter after each step are torch's, eagerly and compiled."""
-    ours, theirs = pair(cls, 3, 4, **kwargs)
+    follows_torch(*pair(cls, 3, 4, **kwargs), lambda layer, x: (layer(x)[0] ** 2).mean(),
+                  [randn(5, 2, 3, seed=20 + k) for k in range(20)], compiled)
+
+
+def follows_torch(ours, theirs, loss_of, batches, compiled):
+    """Train ``ours`` and ``theirs`` (torch's, with the same start) by SGD with momentum on ``batches``, one step
+    each, ``loss_of(layer, x)`` their loss: the loss and every parameter after each step are torch's."""
     opt_o = of.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9)
     opt_t = torch.optim.SGD(theirs.parameters(), lr=0.1, momentum=0.9)
 
     def step(x):
-        loss = F.mean(ours(x)[0] ** 2)
+        loss = loss_of(ours, x)
         loss.backward()
         opt_o.step()
         opt_o.zero_grad()
         return loss
 
     run = of.compile(step) if compiled else step
-    for k in range(20):
-        x = randn(5, 2, 3, seed=20 + k)
-        loss_t = (theirs(t(x))[0] ** 2).mean()
+    for k, x in enumerate(batches):
+        loss_t = loss_of(theirs, t(x))
         loss_t.backward()
         opt_t.step()
         opt_t.zero_grad()
         close(run(of.tensor(x)), loss_t, rtol=1e-9, msg=f"loss at step {k}")
         for (name, a), b in zip(ours.named_parameters(), theirs.parameters()):
             close(a, b, rtol=1e-9, atol=1e-11, msg=f"{name} after step {k}")
+
 
 # -- cells -----------------------------------------------------------------------------------------------------------
 
@@ -240,34 +246,14 @@ def test_cell_matches_torch(cls, args, kwargs, batched, with_states):
 def test_a_cell_trained_twenty_steps_follows_torchs_trajectory(cls, compiled):
     """The cell unrolled over 4 steps and trained 20 steps by SGD with momentum, a new batch each step, from torch's
     start: the loss and every parameter after each step are torch's, eagerly and compiled."""
-    ours, theirs = pair(cls, 3, 4)
-    opt_o = of.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9)
-    opt_t = torch.optim.SGD(theirs.parameters(), lr=0.1, momentum=0.9)
-
-    def unrolled(cell, xs):
+    def loss_of(cell, xs):
         state, total = None, 0.0
-        for x in xs:
-            state = cell(x, state)
+        for k in range(4):
+            state = cell(xs[k], state)
             total = total + (state[0] if isinstance(state, tuple) else state) ** 2
-        return total
+        return total.mean()
 
-    def step(xs):
-        loss = F.mean(unrolled(ours, [xs[k] for k in range(4)]))
-        loss.backward()
-        opt_o.step()
-        opt_o.zero_grad()
-        return loss
-
-    run = of.compile(step) if compiled else step
-    for k in range(20):
-        xs = randn(4, 2, 3, seed=60 + k)
-        loss_t = unrolled(theirs, list(t(xs))).mean()
-        loss_t.backward()
-        opt_t.step()
-        opt_t.zero_grad()
-        close(run(of.tensor(xs)), loss_t, rtol=1e-9, msg=f"loss at step {k}")
-        for (name, a), b in zip(ours.named_parameters(), theirs.parameters()):
-            close(a, b, rtol=1e-9, atol=1e-11, msg=f"{name} after step {k}")
+    follows_torch(*pair(cls, 3, 4), loss_of, [randn(4, 2, 3, seed=60 + k) for k in range(20)], compiled)
 
 
 def test_a_cell_unrolled_by_hand_trains_like_torchs():

@@ -205,19 +205,7 @@ def gemm_updates(ops: list, kernels: list, specs: dict, keep: set) -> tuple[list
         members += entry[0].members if isinstance(entry[0], FusedOp) else [(entry[0], entry[1], kernel)]
         replaced[i] = GemmUpdate(members, [s, a, b, p], out, specs, unfused)
         gone.add(j)
-    if not replaced:
-        return ops, kernels
-    new_ops, new_kernels = [], []
-    for i, (entry, kernel) in enumerate(zip(ops, kernels)):
-        if i in gone:
-            continue
-        if i in replaced:
-            new_ops.append((replaced[i], {}))
-            new_kernels.append(Kernel(None, None, None, True, False, False))
-        else:
-            new_ops.append(entry)
-            new_kernels.append(kernel)
-    return new_ops, new_kernels
+    return _spliced(ops, kernels, replaced, gone)
 
 
 def accumulate(dst, others: list, products: list, few_rows: bool = False) -> None:
@@ -391,19 +379,7 @@ def gemm_sums(ops: list, kernels: list, specs: dict, keep: set) -> tuple[list, l
             products.append((matmul.inputs["x"][0], matmul.inputs["y"][0], t is not None))
         members.append((op, attrs, kernel))
         replaced[i] = GemmSum(members, others, products, out, specs)
-    if not replaced:
-        return ops, kernels
-    new_ops, new_kernels = [], []
-    for i, (entry, kernel) in enumerate(zip(ops, kernels)):
-        if i in gone:
-            continue
-        if i in replaced:
-            new_ops.append((replaced[i], {}))
-            new_kernels.append(Kernel(None, None, None, True, False, False))
-        else:
-            new_ops.append(entry)
-            new_kernels.append(kernel)
-    return new_ops, new_kernels
+    return _spliced(ops, kernels, replaced, gone)
 
 
 def bias_epilogues(ops: list, kernels: list, specs: dict, keep: set, device) -> tuple[list, list]:
@@ -437,4 +413,22 @@ def bias_epilogues(ops: list, kernels: list, specs: dict, keep: set, device) -> 
                 continue
         new_ops.append((op, attrs))
         new_kernels.append(kernel)
+    return new_ops, new_kernels
+
+
+def _spliced(ops: list, kernels: list, replaced: dict, gone: set) -> tuple[list, list]:
+    """The plan's ops and kernels with each step in ``replaced`` (index -> step) where its first op stood and the
+    other ops it took in (``gone``) left out."""
+    if not replaced:
+        return ops, kernels
+    new_ops, new_kernels = [], []
+    for i, (entry, kernel) in enumerate(zip(ops, kernels)):
+        if i in gone:
+            continue
+        if i in replaced:
+            new_ops.append((replaced[i], {}))
+            new_kernels.append(Kernel(None, None, None, True, False, False))
+        else:
+            new_ops.append(entry)
+            new_kernels.append(kernel)
     return new_ops, new_kernels
