@@ -13,16 +13,21 @@ from __future__ import annotations
 
 import functools
 import itertools
-import sys
 import types
-import unittest
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 import torch
-from test_oracle_opinfo import _array, _describe, _outputs, _tensors, assert_same  # the OpInfo harness
+from test_oracle_opinfo import (  # the OpInfo harness
+    _array,
+    _describe,
+    _opinfo,
+    _outputs,
+    _tensors,
+    assert_same,
+)
 
 import opforge as of
 from opforge import nn
@@ -114,23 +119,6 @@ OPINFO: dict[str, Case] = {
 
 
 # -- the database -----------------------------------------------------------------------------------------------------
-
-
-@functools.cache
-def _op_db() -> dict:
-    if "expecttest" not in sys.modules:
-        try:
-            import expecttest  # noqa: F401
-        except ImportError:
-            sys.modules["expecttest"] = types.SimpleNamespace(TestCase=unittest.TestCase)
-    from torch.testing._internal.common_methods_invocations import op_db
-
-    return {(o.name, o.variant_test_name): o for o in op_db}
-
-
-def _opinfo(name: str):
-    torch_name, _, variant = name.partition(":")
-    return _op_db()[(torch_name, variant)]
 
 
 def _opforge_fn(name: str) -> Callable:
