@@ -102,3 +102,19 @@ def jax_arrays(arrays) -> list:
 
 def unknown(framework: str, group: str):
     return ValueError(f"{group}: no variant for framework '{framework}'")
+
+
+def torch_compiled_sgd_step(loss, params, x, y, lr: float):
+    """The whole SGD step as one torch.compile graph: torch.func's gradient of ``loss(params, x, y)`` (AOTAutograd
+    traces forward and backward together), then the update in place. Returns a call of one step."""
+    torch = load_torch_compile()
+
+    def step(x, y):
+        grads, value = torch.func.grad_and_value(lambda ps: loss(ps, x, y))(params)
+        with torch.no_grad():
+            for p, g in zip(params, grads):
+                p.sub_(lr * g)
+        return value
+
+    fn = torch.compile(step)
+    return lambda: fn(x, y)

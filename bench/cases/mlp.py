@@ -21,6 +21,7 @@ from .common import (
     load_torch_compile,
     opforge_tensors,
     step_check,
+    torch_compiled_sgd_step,
     torch_tensors,
     unknown,
 )
@@ -145,19 +146,8 @@ def torch_step(params, x, y):
 
 
 def torch_compiled_step(params, x, y):
-    """The whole step as one graph: torch.func's gradient of the loss (AOTAutograd traces forward and backward
-    together), then the update in place."""
-    torch = load_torch_compile()
-
-    def step(x, y):
-        grads, loss = torch.func.grad_and_value(lambda ps: torch_loss(ps, x, y))(params)
-        with torch.no_grad():
-            for p, g in zip(params, grads):
-                p.sub_(LR * g)
-        return loss
-
-    fn = torch.compile(step)
-    return lambda: fn(x, y)
+    """One graph for the whole step (common.torch_compiled_sgd_step)."""
+    return torch_compiled_sgd_step(torch_loss, params, x, y, LR)
 
 
 def jax_loss(params, x, y):
