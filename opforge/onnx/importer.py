@@ -42,7 +42,6 @@ from .types import (
     wrap,
 )
 
-OPSETS = (7, 23)  # the ai.onnx opset versions the importers are written for
 CONTROL_FLOW = {"If", "Loop", "Scan", "SequenceMap"}  # ONNX ops with subgraphs, inlined at import (importers.py)
 MAX_NESTING = 16  # subgraphs in subgraphs: checked (and imported) recursively, so bounded
 MAX_UNROLLED = 4096  # iterations of Loops and Scans a model's import may unroll, all together
