@@ -10,12 +10,12 @@ on opforge.
 
 ``torch``, ``torch.nn``, ``torch.nn.functional``, ``torch.nn.init``, ``torch.nn.utils``, ``torch.optim``,
 ``torch.optim.lr_scheduler``, ``torch.utils.data`` (and its ``dataloader``, ``dataset``, ``sampler``),
-``torch.autograd``, ``torch.linalg``, ``torch.cuda``, ``torch.backends`` and ``torch.accelerator`` are modules whose
-names are opforge's objects of the same meaning (the opforge namespace, ``opforge.nn``, ``opforge.ops``,
-``opforge.optim``, ``opforge.data``...). Only PyTorch's own names are there (``torch.names`` lists them): opforge's
-other names are not, so a name that means something else in opforge (``of.trace`` traces a program, ``torch.trace`` sums
-a diagonal) is never reached through ``torch``. ``torch.cuda.is_available()`` and its kin say False: opforge runs on the
-CPU (and devices registered with it).
+``torch.autograd``, ``torch.linalg``, ``torch.special``, ``torch.cuda``, ``torch.backends`` and ``torch.accelerator``
+are modules whose names are opforge's objects of the same meaning (the opforge namespace, ``opforge.nn``,
+``opforge.ops``, ``opforge.optim``, ``opforge.data``...). Only PyTorch's own names are there (``torch.names`` lists
+them): opforge's other names are not, so a name that means something else in opforge (``of.trace`` traces a program,
+``torch.trace`` sums a diagonal) is never reached through ``torch``. ``torch.cuda.is_available()`` and its kin say
+False: opforge runs on the CPU (and devices registered with it).
 
 A PyTorch name opforge lacks fails with an ``AttributeError`` naming it and the nearest names opforge has, when the
 program reads it; with ``enable(lazy=True)`` reading it gives a stand-in that fails the same way only when it is
@@ -35,7 +35,7 @@ from contextlib import contextmanager
 
 import opforge as of
 
-from . import data, nn, optim, torch_names
+from . import data, nn, optim, torch_functions, torch_names
 from . import ops as functional
 from .nn import init
 from .optim import lr_scheduler
@@ -60,10 +60,10 @@ _TOP_DENIED = {"trace", "testing", "distributed", "ops", "onnx", "data", "nn", "
 _SPEC = {
     "torch": (of, torch_names.TORCH - _TOP_DENIED, {
         "__version__": of.__version__, "cuda": None, "backends": None, "accelerator": None,
-        "nn": None, "optim": None, "utils": None, "autograd": None, "linalg": None,
+        "nn": None, "optim": None, "utils": None, "autograd": None, "linalg": None, "special": None,
         "trace": functional.trace}),  # torch.trace sums a diagonal (of.trace traces a program)
     "torch.nn": (nn, torch_names.NN, {"functional": None, "init": None, "utils": None, "Parameter": nn.Parameter}),
-    "torch.nn.functional": (functional, torch_names.FUNCTIONAL, {}),
+    "torch.nn.functional": (functional, torch_names.FUNCTIONAL, torch_functions.FUNCTIONAL),
     "torch.nn.init": (init, torch_names.INIT, {}),
     "torch.nn.utils": (optim, {"clip_grad_norm_"}, {}),
     "torch.optim": (optim, torch_names.OPTIM, {"lr_scheduler": None}),
@@ -76,7 +76,9 @@ _SPEC = {
     "torch.utils.data.dataset": (data, {"Dataset", "TensorDataset", "Subset", "random_split"}, {}),
     "torch.utils.data.sampler": (data, {"Sampler", "SequentialSampler", "RandomSampler"}, {}),
     "torch.autograd": (of, {"grad", "backward", "no_grad", "enable_grad", "set_grad_enabled", "detect_anomaly"}, {}),
-    "torch.linalg": (of.linalg, set(dir(of.linalg)) - {"ops", "F"}, {}),
+    "torch.linalg": (of.linalg, set(of.linalg.__all__), {}),
+    "torch.special": (functional, torch_names.SPECIAL & set(dir(functional)),
+                      {"expit": functional.sigmoid, "gammaln": functional.lgamma, "psi": functional.digamma}),
     "torch.cuda": (_no_accelerator, set(vars(_no_accelerator)) - {"current_accelerator"}, {}),
     "torch.accelerator": (_no_accelerator, {"is_available", "device_count", "current_accelerator"}, {}),
     "torch.backends": (None, set(), {"mps": None, "cudnn": None, "cuda": None}),
@@ -86,6 +88,7 @@ _SPEC = {
                                                                   "enabled": True}),
 }
 _TORCH_NAMES = {"torch": torch_names.TORCH, "torch.nn": torch_names.NN, "torch.nn.functional": torch_names.FUNCTIONAL,
+                "torch.special": torch_names.SPECIAL,
                 "torch.nn.init": torch_names.INIT, "torch.optim": torch_names.OPTIM,
                 "torch.utils.data": torch_names.DATA}
 

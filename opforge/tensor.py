@@ -12,6 +12,7 @@ import weakref
 import numpy as np
 
 from . import ops as F  # the op namespace: it imports core alone, and is filled as ops are declared
+from . import torch_forms
 from .core import dtypes as D
 from .core.devices import CPU, Device, default_device, get_device, using_device
 from .core.errors import ArgumentError, GradientError, ShapeError, describe
@@ -537,14 +538,21 @@ class TensorOps:
     # -- methods: each one is a registered op (or a function of ops), called with this tensor first --------------
 
     # torch's call forms: settings positional in torch's order, dim= beside axis= (the ops' signatures say so)
-    sum, mean, prod, amax, amin = _method("sum"), _method("mean"), _method("prod"), _method("amax"), _method("amin")
-    argmax, argmin, std, var = _method("argmax"), _method("argmin"), _method("std"), _method("var")
-    logsumexp, norm, cumsum, cumprod = _method("logsumexp"), _method("norm"), _method("cumsum"), _method("cumprod")
+    amax, amin, argmax, argmin, logsumexp = _method("amax"), _method("amin"), _method("argmax"), _method("argmin"), \
+        _method("logsumexp")
+    # torch's forms the ops' signatures do not have (std's unbiased, dtype=, norm's 'fro', ...): torch_forms.py
+    sum, mean, prod, cumsum, cumprod = torch_forms.sum, torch_forms.mean, torch_forms.prod, torch_forms.cumsum, \
+        torch_forms.cumprod
+    std, var, norm, repeat_interleave = torch_forms.std, torch_forms.var, torch_forms.norm, \
+        torch_forms.repeat_interleave
+    div = divide = torch_forms.div
+    dot, clamp_min, clamp_max, fliplr, flipud = torch_forms.dot, torch_forms.clamp_min, torch_forms.clamp_max, \
+        torch_forms.fliplr, torch_forms.flipud
+    movedim = moveaxis = torch_forms.movedim
     softmax, log_softmax = _method("softmax"), _method("log_softmax")
     unsqueeze, squeeze, roll, tril, triu = _method("unsqueeze"), _method("squeeze"), _method("roll"), \
         _method("tril"), _method("triu")
-    diagonal, repeat_interleave, split, take = _method("diagonal"), _method("repeat_interleave"), \
-        _method("split"), _method("take")
+    diagonal, split, take = _method("diagonal"), _method("split"), _method("take")
     chunk, unbind, flatten, unflatten, narrow, t = _method("chunk"), _method("unbind"), _method("flatten"), \
         _method("unflatten"), _method("narrow"), _method("t")
     gather, index_select, masked_fill = _method("gather"), _method("index_select"), _method("masked_fill")
@@ -560,12 +568,11 @@ class TensorOps:
     unfold = _method("unfold_windows")  # torch's Tensor.unfold: sliding windows along one dim (F.unfold is im2col)
     hardshrink, softshrink, threshold = _method("hardshrink"), _method("softshrink"), _method("threshold")
     sort, argsort, topk = _method("sort"), _method("argsort"), _method("topk")
-    mm, bmm, outer, dot = _method("mm"), _method("bmm"), _method("outer"), _method("matmul")
+    mm, bmm, outer = _method("mm"), _method("bmm"), _method("outer")
     eq, ne, lt, le, gt, ge = _method("equal"), _method("not_equal"), _method("less"), _method("less_equal"), \
         _method("greater"), _method("greater_equal")
     greater, greater_equal, less, less_equal, not_equal = gt, ge, lt, le, ne
-    mul, multiply, div, divide, true_divide = _method("mul"), _method("mul"), _method("div"), _method("div"), \
-        _method("div")
+    mul, multiply, true_divide = _method("mul"), _method("mul"), _method("div")
     remainder, floor_divide, maximum, minimum = _method("remainder"), _method("floor_divide"), \
         _method("maximum"), _method("minimum")
     logical_and, logical_or, logical_not = _method("logical_and"), _method("logical_or"), _method("logical_not")
@@ -730,6 +737,8 @@ class TensorOps:
             a, b = dims[0] % n, dims[1] % n
             perm[a], perm[b] = b, a
         return F.transpose(self, perm=perm)
+
+    swapaxes = swapdims = transpose  # (torch's names for the two-dim swap)
 
     def permute(self, *dims):
         """``permute(2, 0, 1)`` or ``permute((2, 0, 1))``: dim i of the result is dim ``dims[i]`` of this tensor."""
@@ -900,6 +909,7 @@ for _alias, _name in _METHOD_SYNONYMS.items():
     setattr(TensorOps, _alias, _method(_name))
     if _name in _IN_PLACE:
         setattr(TensorOps, f"{_alias}_", _in_place_method(_name))
+TensorOps.nansum, TensorOps.nanmean = torch_forms.nansum, torch_forms.nanmean  # with torch's dtype=
 
 
 def _polygamma(self, n):
@@ -1282,6 +1292,15 @@ def _in_place(t, what: str, compute):
     t._device.copy_into(t._data, value._data)
     note_write(t._data, what)
     return t
+
+
+def written_into(t, compute):
+    """torch's ``inplace=True`` of an activation (``F.relu(x, inplace=True)``, ``nn.ReLU(inplace=True)``):
+    ``compute(t)`` written into ``t`` and ``t`` returned. The op reads an alias of ``t``'s present value, so what it
+    saves for its gradient rule is not the tensor that then changes: a recorded write leaves that old value as it was
+    (see ``_in_place``), and the gradient is right, as torch's in-place activations give it."""
+    alias = wrap_output(t._data, t._node, t._index, t._device) if type(t) is Tensor and t._node is not None else t
+    return t.copy_(compute(alias))
 
 
 _SET_ITEM = "item assignment (t[index] = value)"

@@ -22,14 +22,14 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from . import creation
+from . import creation, torch_forms
 from . import ops as F
 from .core import dtypes as D
 from .core.devices import get_device, using_device
 from .core.errors import ArgumentError
 from .core.grad_mode import _Switch
 from .core.opdef import registry
-from .tensor import Tensor
+from .tensor import Tensor, written_into
 from .torch_names import TORCH
 
 # namesakes of ops and functions that mean something else in torch (see the module docstring)
@@ -102,6 +102,82 @@ def normal(mean=0.0, std=1.0, size=None, *, dtype=None, device=None, requires_gr
     return t.requires_grad_(True) if requires_grad else t
 
 
+def where(condition, input=None, other=None):
+    """``torch.where(condition, input, other)``: ``input`` where ``condition`` holds, else ``other``;
+    ``torch.where(condition)`` alone is ``nonzero(condition, as_tuple=True)``."""
+    if input is None and other is None:
+        return F.nonzero(condition, as_tuple=True)
+    if input is None or other is None:
+        raise ArgumentError("where(): give both input and other, or neither (torch.where(condition) gives the "
+                            "indices where it holds)")
+    return F.where(condition, input, other)
+
+
+def allclose(input, other, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> bool:
+    """``torch.allclose``: whether ``|input − other| ≤ atol + rtol·|other|`` everywhere (one bool; ``isclose`` is
+    elementwise). Both of one dtype, as torch wants them."""
+    if input.dtype != other.dtype:
+        raise ArgumentError(f"allclose(): input and other must have one dtype, got {input.dtype} and {other.dtype}")
+    return bool(F.all(F.isclose(input, other, rtol, atol, equal_nan)).item())
+
+
+def clone(input, *, memory_format=None):
+    """``torch.clone``: ``input.clone()``, a copy that gradients flow back through."""
+    return input.clone()
+
+
+def linspace(start, end, steps: int, *, dtype=None, device=None, requires_grad: bool = False):
+    """``torch.linspace``: ``steps`` values from ``start`` to ``end``, evenly spaced, computed as torch computes
+    them (the first half counted up from ``start``, the second down from ``end``, so both ends are exact)."""
+    values = _spaced("linspace", start, end, steps)
+    return creation.tensor(values, dtype=D.DEFAULT_FLOAT if dtype is None else dtype, device=device,
+                           requires_grad=requires_grad)
+
+
+def logspace(start, end, steps: int, base: float = 10.0, *, dtype=None, device=None, requires_grad: bool = False):
+    """``torch.logspace``: ``base`` to the powers ``linspace(start, end, steps)``."""
+    values = np.power(float(base), _spaced("logspace", start, end, steps))
+    return creation.tensor(values, dtype=D.DEFAULT_FLOAT if dtype is None else dtype, device=device,
+                           requires_grad=requires_grad)
+
+
+def _spaced(name: str, start, end, steps) -> np.ndarray:
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
+        raise ArgumentError(f"{name}(): steps must be an int >= 0, got {steps!r}")
+    start, end = (float(v.item() if hasattr(v, "item") else v) for v in (start, end))
+    if steps == 1:
+        return np.array([start])
+    step = (end - start) / max(steps - 1, 1)
+    i = np.arange(steps, dtype=np.float64)
+    return np.where(i < steps // 2, start + step * i, end - step * (steps - 1 - i))
+
+
+def result_type(tensor, other):
+    """``torch.result_type``: the dtype an op of these two operands computes in (numbers count by category only)."""
+    def operand(v, peer):
+        if hasattr(v, "dtype") and hasattr(v, "shape"):
+            return v
+        if not isinstance(v, (bool, int, float, np.number)):
+            raise ArgumentError(f"result_type(): expected a tensor or a number, got {v!r}")
+        return np.empty((), D.scalar_dtype(v, peer))
+
+    if not hasattr(tensor, "dtype") and not hasattr(other, "dtype"):
+        raise ArgumentError("result_type(): give at least one tensor")
+    peer = (tensor if hasattr(tensor, "dtype") else other).dtype
+    return D.result_type(operand(tensor, peer), operand(other, peer))
+
+
+def promote_types(type1, type2):
+    """``torch.promote_types``: the dtype two tensors of these dtypes promote to."""
+    return D.promote(D.as_dtype(type1, op="promote_types"), D.as_dtype(type2, op="promote_types"))
+
+
+def can_cast(from_, to) -> bool:
+    """``torch.can_cast``: whether type promotion allows ``from_`` to become ``to`` (never to a lower category:
+    floating to integer or bool, integer to bool)."""
+    return D.category(D.as_dtype(from_, op="can_cast")) <= D.category(D.as_dtype(to, op="can_cast"))
+
+
 def numel(input) -> int:
     return input.numel()
 
@@ -135,6 +211,43 @@ def inference_mode(mode: bool = True):
 device = get_device  # torch.device("cpu"): the Device of that name (it compares equal to the name)
 Size = tuple  # shapes are tuples; torch.Size is a tuple too
 
+# torch.nn.functional's activations that take ``inplace`` (after this many settings, in torch's order), and their
+# ``_`` forms: the op's value written into the input (``Tensor.copy_``: recorded for autograd as torch records it).
+# The mock's torch.nn.functional offers these; opforge.ops' own functions are the ops (use ``x.relu_()`` there).
+_IN_PLACE_ACTIVATIONS = {"relu": 0, "relu6": 0, "selu": 0, "silu": 0, "mish": 0, "hardswish": 0, "hardsigmoid": 0,
+                         "leaky_relu": 1, "elu": 1, "celu": 1, "hardtanh": 2, "threshold": 2}
+
+
+def _with_inplace(op: str, settings: int):
+    def activation(input, *args, inplace=False, **kwargs):
+        if len(args) > settings:
+            if len(args) > settings + 1:
+                raise ArgumentError(f"{op}(): takes {settings} setting(s) then inplace, got {len(args)} positional "
+                                    "arguments after the input")
+            inplace, args = args[settings], args[:settings]
+        if inplace:
+            return written_into(input, lambda x: getattr(F, op)(x, *args, **kwargs))
+        return getattr(F, op)(input, *args, **kwargs)
+
+    activation.__name__ = activation.__qualname__ = op
+    activation.__doc__ = f"``torch.nn.functional.{op}``: ``F.{op}``, written into the input with ``inplace=True``."
+    return activation
+
+
+def _in_place(op: str):
+    def activation(input, *args, **kwargs):
+        return written_into(input, lambda x: getattr(F, op)(x, *args, **kwargs))
+
+    activation.__name__ = activation.__qualname__ = f"{op}_"
+    activation.__doc__ = f"``torch.nn.functional.{op}_``: ``F.{op}`` written into the input."
+    return activation
+
+
+FUNCTIONAL = {**{op: _with_inplace(op, n) for op, n in _IN_PLACE_ACTIVATIONS.items()},
+              **{f"{op}_": _in_place(op) for op in ("relu", "elu", "leaky_relu", "hardtanh", "threshold", "selu",
+                                                   "celu")}}
+
+
 def _published() -> dict:
     names = {}
     ours = {op.name for op in registry} | set(registry.functions)
@@ -147,8 +260,12 @@ def _published() -> dict:
             names[name] = getattr(creation, name)
     for name in ("transpose", "swapaxes", "swapdims", "einsum", "equal", "normal", "numel", "is_tensor",
                  "is_floating_point", "get_default_dtype", "set_default_dtype", "inference_mode", "device", "Size",
-                 "index_put", "scatter", "adaptive_max_pool1d"):
+                 "index_put", "scatter", "adaptive_max_pool1d", "where", "allclose", "clone", "linspace", "logspace",
+                 "result_type", "promote_types", "can_cast"):
         names[name] = globals()[name]
+    for name in torch_forms.__all__:  # torch's call forms over the ops (std's unbiased, dtype=, ...)
+        if name in TORCH:
+            names[name] = getattr(torch_forms, name)
     # torch's dtype names (not globals here: they would hide the builtins float, int, bool)
     names.update(float=D.float32, double=D.float64, half=D.float16, long=D.int64, int=D.int32, bool=D.bool_)
     return names
@@ -156,4 +273,4 @@ def _published() -> dict:
 
 NAMES = _published()
 
-__all__ = ["NAMES"]
+__all__ = ["FUNCTIONAL", "NAMES"]

@@ -37,10 +37,6 @@ class Threshold(_Activation):
         super().__init__()
         self.threshold, self.value, self.inplace = float(threshold), float(value), bool(inplace)
 
-    def forward(self, x):
-        y = F.threshold(x, self.threshold, self.value)
-        return x.copy_(y) if self.inplace else y
-
 
 class RReLU(Module):
     """Randomized leaky ReLU: in training a slope drawn from [lower, upper] for each element x ≤ 0; in evaluation

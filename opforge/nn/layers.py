@@ -19,7 +19,7 @@ from ..core.errors import ArgumentError, ShapeError, describe
 from ..core.grad_mode import no_grad
 from ..ops.normalization import instance_stats
 from ..program import assign, live
-from ..tensor import Tensor
+from ..tensor import Tensor, written_into
 from . import init
 from .module import Module
 
@@ -1039,12 +1039,24 @@ class _Activation(Module):
 
     _op = None
     _attrs: tuple = ()
+    inplace = False  # torch's inplace=True, for the classes that take it (_InPlaceActivation)
 
     def forward(self, x):
-        return type(self)._op(x, **{a: getattr(self, a) for a in self._attrs})
+        attrs = {a: getattr(self, a) for a in self._attrs}
+        if self.inplace:  # the result written into x (autograd records it as torch does)
+            return written_into(x, lambda value: type(self)._op(value, **attrs))
+        return type(self)._op(x, **attrs)
 
     def extra_repr(self) -> str:
-        return ", ".join(f"{a}={getattr(self, a)!r}" for a in self._attrs)
+        return ", ".join([f"{a}={getattr(self, a)!r}" for a in self._attrs] + ["inplace=True"] * self.inplace)
+
+
+class _InPlaceActivation(_Activation):
+    """An activation whose torch module takes ``inplace``: the result written into the input and returned."""
+
+    def __init__(self, inplace: bool = False):
+        super().__init__()
+        self.inplace = bool(inplace)
 
 
 class Identity(Module):
@@ -1055,7 +1067,7 @@ class Identity(Module):
         return x
 
 
-class ReLU(_Activation):
+class ReLU(_InPlaceActivation):
     _op = F.relu
 
 
@@ -1067,27 +1079,27 @@ class Sigmoid(_Activation):
     _op = F.sigmoid
 
 
-class SiLU(_Activation):
+class SiLU(_InPlaceActivation):
     _op = F.silu
 
 
-class SELU(_Activation):
+class SELU(_InPlaceActivation):
     _op = F.selu
 
 
-class LeakyReLU(_Activation):
+class LeakyReLU(_InPlaceActivation):
     _op, _attrs = F.leaky_relu, ("alpha",)
 
-    def __init__(self, negative_slope: float = 0.01):
-        super().__init__()
+    def __init__(self, negative_slope: float = 0.01, inplace: bool = False):
+        super().__init__(inplace)
         self.alpha = float(negative_slope)
 
 
-class ELU(_Activation):
+class ELU(_InPlaceActivation):
     _op, _attrs = F.elu, ("alpha",)
 
-    def __init__(self, alpha: float = 1.0):
-        super().__init__()
+    def __init__(self, alpha: float = 1.0, inplace: bool = False):
+        super().__init__(inplace)
         self.alpha = float(alpha)
 
 
@@ -1127,27 +1139,27 @@ class GLU(Softmax):
     _op = F.glu
 
 
-class Hardtanh(_Activation):
+class Hardtanh(_InPlaceActivation):
     _op, _attrs = F.hardtanh, ("min_val", "max_val")
 
-    def __init__(self, min_val: float = -1.0, max_val: float = 1.0):
-        super().__init__()
+    def __init__(self, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False):
+        super().__init__(inplace)
         self.min_val, self.max_val = float(min_val), float(max_val)
 
 
-class ReLU6(_Activation):
+class ReLU6(_InPlaceActivation):
     _op = F.relu6
 
 
-class Hardsigmoid(_Activation):
+class Hardsigmoid(_InPlaceActivation):
     _op = F.hardsigmoid
 
 
-class Hardswish(_Activation):
+class Hardswish(_InPlaceActivation):
     _op = F.hardswish
 
 
-class Mish(_Activation):
+class Mish(_InPlaceActivation):
     _op = F.mish
 
 
@@ -1155,11 +1167,11 @@ class LogSigmoid(_Activation):
     _op = F.logsigmoid
 
 
-class CELU(_Activation):
+class CELU(_InPlaceActivation):
     _op, _attrs = F.celu, ("alpha",)
 
-    def __init__(self, alpha: float = 1.0):
-        super().__init__()
+    def __init__(self, alpha: float = 1.0, inplace: bool = False):
+        super().__init__(inplace)
         self.alpha = float(alpha)
 
 
