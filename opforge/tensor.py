@@ -900,7 +900,7 @@ _IN_PLACE = ("tan", "sinh", "cosh", "asin", "acos", "atan", "asinh", "acosh", "a
              "erfinv", "lgamma", "digamma", "i0", "addmm", "addmv", "baddbmm")
 _METHOD_SYNONYMS = {"arcsin": "asin", "arccos": "acos", "arctan": "atan", "arcsinh": "asinh", "arccosh": "acosh",
                     "arctanh": "atanh", "arctan2": "atan2", "fix": "trunc", "matrix_power": "linalg_matrix_power",
-                    "matrix_exp": "linalg_matrix_exp"}
+                    "matrix_exp": "linalg_matrix_exp", "inverse": "linalg_inv", "det": "linalg_det"}
 for _name in _METHODS:
     setattr(TensorOps, _name, _method(_name))
 for _name in _IN_PLACE:

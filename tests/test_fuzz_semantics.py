@@ -26,6 +26,7 @@ from opforge import nn
 from opforge import ops as F
 from opforge.autodiff import replay
 
+
 @pytest.fixture(autouse=True)
 def _bit_for_bit(monkeypatch):
     monkeypatch.setenv("OPFORGE_NATIVE", "0")

@@ -235,3 +235,62 @@ def test_in_place_activation_modules_write_into_their_input_and_train_as_torchs(
     assert relu(t) is t and t.tolist() == [0.0, 2.0] and "inplace=True" in repr(relu)
     with pytest.raises(TypeError):
         of.nn.Tanh(inplace=True)  # torch's Tanh takes no inplace either
+
+
+@pytest.mark.parametrize("expression", [
+    "F.affine_grid(t2, (2, 3, 4, 5), align_corners=False)", "F.affine_grid(t2, (2, 1, 1, 3), align_corners=True)",
+    "F.affine_grid(t3, (2, 1, 2, 3, 4), align_corners=False)", "F.affine_grid(t3, [2, 2, 3, 1, 2], align_corners=True)",
+    "F.grid_sample(img, F.affine_grid(t2, (2, 3, 4, 5), align_corners=False), align_corners=False)",
+    "F.pdist(m)", "F.pdist(m, 1.0)", "F.pdist(m, float('inf'))", "F.channel_shuffle(img, 3)",
+    "torch.nn.ChannelShuffle(3)(img)", "torch.nn.ZeroPad2d(1)(img)", "torch.nn.ZeroPad2d((1, 0, 2, 3))(img)",
+    "torch.nn.ConstantPad1d((1, 2), 3.5)(img[0])", "torch.nn.ConstantPad3d(1, -1.0)(img[None])",
+    "torch.nn.ReflectionPad1d(2)(img[0])", "torch.nn.ReflectionPad2d((1, 2, 0, 1))(img)",
+    "torch.nn.ReplicationPad2d(2)(img)", "torch.nn.ReplicationPad3d(1)(img[None])", "torch.nn.CircularPad1d(1)(img[0])",
+    "torch.nn.CircularPad2d((1, 1, 2, 0))(img)", "m[:3, :3].inverse()", "m[:3, :3].det()",
+])
+@pytest.mark.filterwarnings("ignore:Since version 1.3.0, affine_grid")  # torch's note on unit-size grids
+def test_functional_forms_and_layers_added_for_torch_programs(expression):
+    rng = np.random.default_rng(3)
+    arrays = {"t2": rng.standard_normal((2, 2, 3)), "t3": rng.standard_normal((2, 3, 4)),
+              "img": rng.standard_normal((2, 6, 4, 5)), "m": rng.standard_normal((5, 3))}
+    ours, theirs = _both(expression, **arrays)
+    _same(ours, theirs, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("expression", [
+    "F.affine_grid(w, (2, 1, 3, 4), align_corners=False).pow(2).sum()",
+    "F.grid_sample(img, F.affine_grid(w, (2, 3, 3, 4), align_corners=True), align_corners=True).sum()",
+    "F.pdist(img[0, 0]).sum()", "F.pdist(img[0, 0], 3.0).sum()", "(F.channel_shuffle(img, 3) * img).sum()",
+])
+def test_gradients_of_the_functional_forms_are_torchs(expression):
+    rng = np.random.default_rng(4)
+    theta, image = rng.standard_normal((2, 2, 3)), rng.standard_normal((2, 6, 4, 5))
+    results = []
+    for mocked in (False, True):
+        ctx = mock_torch.enable() if mocked else None
+        lib = ctx.__enter__() if mocked else torch
+        try:
+            functional = lib.nn.functional
+            w, img = lib.tensor(theta, requires_grad=True), lib.tensor(image, requires_grad=True)
+            value = eval(expression, {"torch": lib, "F": functional, "w": w, "img": img})
+            value.backward()
+            results.append([value.detach().numpy(), *(np.zeros_like(a) if t.grad is None else t.grad.numpy()
+                                                     for t, a in ((w, theta), (img, image)))])
+        finally:
+            if ctx is not None:
+                ctx.__exit__(None, None, None)
+    for ours, theirs in zip(results[1], results[0]):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-9, atol=1e-12)
+
+
+def test_padding_layers_and_functional_forms_refuse_bad_input_by_name():
+    with pytest.raises(of.ArgumentError, match=r"ZeroPad2d\(\): padding must be an int or 4 ints"):
+        of.nn.ZeroPad2d((1, 2))
+    with pytest.raises(of.ShapeError, match=r"ReflectionPad2d: expects a 3-D or 4-D input"):
+        of.nn.ReflectionPad2d(1)(of.zeros(2, 3))
+    with pytest.raises(of.ShapeError, match=r"affine_grid\(\): theta must be a floating tensor of shape \(2, 2, 3\)"):
+        of.ops.affine_grid(of.zeros(2, 3, 4), (2, 1, 3, 3))
+    with pytest.raises(of.ShapeError, match=r"channel_shuffle\(\): expects \(N, C, \*\) with C divisible by groups=4"):
+        of.ops.channel_shuffle(of.zeros(1, 6, 2), 4)
+    with pytest.raises(of.ShapeError, match=r"pdist\(\): expects a 2-D input"):
+        of.ops.pdist(of.zeros(3))

@@ -110,6 +110,24 @@ from .layers import (
     Upsample,
 )
 from .module import IncompatibleKeys, Module, ModuleDict, ModuleList, Parameter, Sequential, StateDictError
+from .padding import (
+    ChannelShuffle,
+    CircularPad1d,
+    CircularPad2d,
+    CircularPad3d,
+    ConstantPad1d,
+    ConstantPad2d,
+    ConstantPad3d,
+    ReflectionPad1d,
+    ReflectionPad2d,
+    ReflectionPad3d,
+    ReplicationPad1d,
+    ReplicationPad2d,
+    ReplicationPad3d,
+    ZeroPad1d,
+    ZeroPad2d,
+    ZeroPad3d,
+)
 from .recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNBase, RNNCell, RNNCellBase
 from .transformer import (
     Transformer,
@@ -138,6 +156,9 @@ __all__ += ["CosineSimilarity", "Dropout1d", "Dropout2d", "Dropout3d", "Embeddin
 __all__ += ["Transformer", "TransformerDecoder", "TransformerDecoderLayer", "TransformerEncoder",
             "TransformerEncoderLayer"]
 __all__ += ["Bilinear", "Unflatten", "utils"]
+__all__ += ["ChannelShuffle", "CircularPad1d", "CircularPad2d", "CircularPad3d", "ConstantPad1d", "ConstantPad2d",
+            "ConstantPad3d", "ReflectionPad1d", "ReflectionPad2d", "ReflectionPad3d", "ReplicationPad1d",
+            "ReplicationPad2d", "ReplicationPad3d", "ZeroPad1d", "ZeroPad2d", "ZeroPad3d"]
 __all__ += ["SmoothL1Loss"]
 __all__ += ["GaussianNLLLoss", "Hardshrink", "HingeEmbeddingLoss", "MultiLabelMarginLoss", "MultiLabelSoftMarginLoss",
             "MultiMarginLoss", "PoissonNLLLoss", "RReLU", "SoftMarginLoss", "Softshrink", "Softsign", "Tanhshrink",

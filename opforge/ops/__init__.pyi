@@ -2356,6 +2356,13 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1) -> Any:
 def addmv(input, mat, vec, *, beta=1, alpha=1) -> Any:
     """``torch.addmv``: ``beta·input + alpha·(mat @ vec)`` for a matrix and a vector."""
 
+def affine_grid(theta, size, align_corners=None) -> Any:
+    """``torch.nn.functional.affine_grid``: the sampling grid of the affine maps ``theta`` (N, 2, 3) for an
+    output of ``size`` (N, C, H, W), (N, H, W, 2); or of ``theta`` (N, 3, 4) for (N, C, D, H, W), (N, D, H, W,
+    3): each output pixel's (x, y[, z]) in [−1, 1] mapped by theta, for ``grid_sample``. ``align_corners`` None
+    is False, as torch's default. The gradient flows to theta.
+    """
+
 def aminmax(input, *, dim=None, keepdim=False) -> Any:
     """``torch.aminmax``: the named tuple ``(min, max)`` over ``dim`` (all dims when None), each as ``amin`` and
     ``amax`` (the gradient shared among ties).
@@ -2403,6 +2410,12 @@ def cdist(x1, x2, p=2.0, compute_mode='use_mm_for_euclid_dist_if_necessary') -> 
     """``torch.cdist``: the p-norm distance between each row of x1 (..., P, M) and each row of x2 (..., R, M),
     (..., P, R); batch dims broadcast. Computed from the differences whatever ``compute_mode`` says (torch's
     matrix-product route for p = 2 is faster and less exact); the gradient is 0 where a distance is 0.
+    """
+
+def channel_shuffle(input, groups) -> Any:
+    """``torch.nn.functional.channel_shuffle``: the C channels of ``input`` (N, C, *) seen as ``groups`` groups
+    of C / groups and read group-interleaved (ShuffleNet's shuffle): channel g·(C/groups) + k goes to k·groups +
+    g.
     """
 
 def chunk(x, chunks, dim=0) -> Any:
@@ -2651,6 +2664,11 @@ def narrow(x, dim, start, length) -> Any:
 def nonzero(input, *, as_tuple=False) -> Any:
     """``torch.nonzero``: ``argwhere``'s rows, or with ``as_tuple`` one 1-D tensor per dim (its column; a 0-d
     input counts as 1-D).
+    """
+
+def pdist(input, p=2.0) -> Any:
+    """``torch.nn.functional.pdist``: the p-norm distance between each pair of rows i < j of ``input`` (N, M),
+    in the order (0, 1), (0, 2), ..., (1, 2), ...: N·(N − 1)/2 values (``cdist``'s upper triangle).
     """
 
 def poisson_nll_loss(

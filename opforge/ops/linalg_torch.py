@@ -166,6 +166,20 @@ def cdist(x1, x2, p=2.0, compute_mode="use_mm_for_euclid_dist_if_necessary"):
 
 
 @function
+def pdist(input, p=2.0):
+    """``torch.nn.functional.pdist``: the p-norm distance between each pair of rows i < j of ``input`` (N, M), in
+    the order (0, 1), (0, 2), ..., (1, 2), ...: N·(N − 1)/2 values (``cdist``'s upper triangle)."""
+    if len(input.shape) != 2:
+        raise ShapeError(f"pdist(): expects a 2-D input (N, M), got shape {tuple(input.shape)}")
+    if p < 0:
+        raise ArgumentError(f"pdist(): argument 'p' must be >= 0, got {p}")
+    n = input.shape[0]
+    rows = F.arange(start=0, stop=n, step=1, dtype="int64")
+    above = F.greater(F.unsqueeze(rows, axis=0), F.unsqueeze(rows, axis=1))  # column > row: i < j
+    return F.masked_select(cdist(input, input, p), above)
+
+
+@function
 def cross(input, other, dim=None):
     """``torch.cross``: the cross product of 3-vectors along ``dim`` (by default the first dim of size 3, as torch
     reads it); the shapes broadcast."""

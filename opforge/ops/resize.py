@@ -14,8 +14,9 @@ import math
 
 from opforge import ops as F
 
+from ..core.errors import ArgumentError
 from . import _window as win
-from ._common import Sample, ShapeError, Spec, np, op
+from ._common import Sample, ShapeError, Spec, function, np, op
 
 _LINEAR = {"linear": 1, "bilinear": 2, "trilinear": 3, "bicubic": 2}  # mode -> the spatial rank it needs
 _NEAREST = ("nearest", "nearest-exact", "area")  # (the modes that take no align_corners)
@@ -253,6 +254,20 @@ def _shuffle_shape(op_name, shape, r: int, up: bool) -> tuple:
         raise ShapeError(f"{op_name}(): the input's height and width {(h, w)} are not multiples of "
                          f"downscale_factor = {r}")
     return (*lead, None if c is None else c * r * r, *(None if n is None else n // r for n in (h, w)))
+
+
+@function
+def channel_shuffle(input, groups):
+    """``torch.nn.functional.channel_shuffle``: the C channels of ``input`` (N, C, *) seen as ``groups`` groups of
+    C / groups and read group-interleaved (ShuffleNet's shuffle): channel g·(C/groups) + k goes to k·groups + g."""
+    if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)) or groups <= 0:
+        raise ArgumentError(f"channel_shuffle(): groups must be a positive int, got {groups!r}")
+    if len(input.shape) < 3 or input.shape[1] % groups:
+        raise ShapeError(f"channel_shuffle(): expects (N, C, *) with C divisible by groups={groups}, got shape "
+                         f"{tuple(input.shape)}")
+    n, c, *rest = input.shape
+    y = F.reshape(input, [n, groups, c // groups, *rest])
+    return F.reshape(F.transpose(y, perm=[0, 2, 1, *range(3, 3 + len(rest))]), [n, c, *rest])
 
 
 @op("pixel_shuffle(Tensor x, int upscale_factor) -> Tensor y")

@@ -41,6 +41,41 @@ def _padded(pos, size: int, align_corners: bool, padding_mode: str):
     return pos
 
 
+def _base_coordinates(steps: int, align_corners: bool, dtype):
+    """torch's linspace_from_neg_one: the pixel centres along a dim of ``steps`` in [−1, 1] coordinates."""
+    i = F.arange(start=0, stop=steps, step=1, dtype=dtype)
+    if steps <= 1:
+        return i * 0.0
+    values = i * (2.0 / (steps - 1)) - 1.0
+    return values if align_corners else values * ((steps - 1) / steps)
+
+
+@function
+def affine_grid(theta, size, align_corners=None):
+    """``torch.nn.functional.affine_grid``: the sampling grid of the affine maps ``theta`` (N, 2, 3) for an output
+    of ``size`` (N, C, H, W), (N, H, W, 2); or of ``theta`` (N, 3, 4) for (N, C, D, H, W), (N, D, H, W, 3): each
+    output pixel's (x, y[, z]) in [−1, 1] mapped by theta, for ``grid_sample``. ``align_corners`` None is False, as
+    torch's default. The gradient flows to theta."""
+    size = [int(v) for v in size]
+    spatial = len(size) - 2
+    if spatial not in (2, 3):
+        raise ShapeError(f"affine_grid(): size must be (N, C, H, W) or (N, C, D, H, W), got {tuple(size)}")
+    if not D.is_floating(theta.dtype) or tuple(theta.shape) != (size[0], spatial, spatial + 1):
+        raise ShapeError(f"affine_grid(): theta must be a floating tensor of shape {(size[0], spatial, spatial + 1)} "
+                         f"for size {tuple(size)}, got {theta.dtype} {tuple(theta.shape)}")
+    dims = size[2:]  # (H, W) or (D, H, W); a grid point is (x, y[, z]): x runs along the last dim
+    columns = []
+    for k, n in enumerate(reversed(dims)):  # x, y, z
+        axis = spatial - 1 - k
+        shape = [n if a == axis else 1 for a in range(spatial)]
+        columns.append(F.broadcast_to(F.reshape(_base_coordinates(n, bool(align_corners), theta.dtype), shape),
+                                      dims))
+    columns.append(F.ones_like(columns[0]))
+    points = F.concat([F.reshape(c, [1, -1, 1]) for c in columns], axis=2)  # (1, D·H·W, spatial + 1)
+    grid = F.matmul(points, F.transpose(theta, perm=[0, 2, 1]))  # (N, D·H·W, spatial)
+    return F.reshape(grid, [size[0], *dims, spatial])
+
+
 @function
 def grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corners=None):
     """``torch.nn.functional.grid_sample``: an input (N, C, H, W) read at a grid (N, Ho, Wo, 2) of (x, y)
