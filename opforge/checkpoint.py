@@ -254,8 +254,8 @@ def _refuse_pickle(source, path: str) -> None:
     try:
         with zipfile.ZipFile(source) as z:
             names = z.namelist()
-    except (zipfile.BadZipFile, OSError):
-        return  # NpzReader says what is wrong
+    except (zipfile.BadZipFile, OSError, NotImplementedError, ValueError, EOFError):
+        return  # NpzReader says what is wrong (a damaged zip: a bad header, an unknown zip version, a short file)
     finally:
         if not isinstance(source, str):
             source.seek(0)

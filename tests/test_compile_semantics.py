@@ -448,3 +448,36 @@ def test_grad_and_requires_grad_read_in_traced_code_are_what_eager_code_reads():
     for eager, compiled in zip(*results):
         assert [r if isinstance(r, bool) else r.numpy().tolist() for r in compiled] == \
             [r if isinstance(r, bool) else r.numpy().tolist() for r in eager]
+
+
+def test_dot_data_in_traced_code_is_a_detached_view_as_eagerly():
+    """``p.data.add_(...)`` (an old-style hand-written SGD step) and ``y.data`` read in a compiled function: it was
+    an AttributeError in traced code; it is ``detach()``, whose writes reach the value, as eagerly."""
+    def make():
+        return of.nn.Parameter(of.tensor(np.ones(3, np.float32)))
+
+    def step_for(w):
+        def step(x):
+            loss = (w * x).sum()
+            loss.backward()
+            w.data.add_(w.grad.data * -0.1)
+            w.grad = None
+            y = x * 1
+            y.data.mul_(2)
+            return loss + y.data.sum() + y.sum()
+        return step
+
+    x = of.tensor(np.array([0.5, 1.0, 2.0], np.float32))
+    w_eager, w_compiled = make(), make()
+    eager, compiled = step_for(w_eager), of.compile(step_for(w_compiled))
+    for _ in range(3):
+        np.testing.assert_array_equal(compiled(x).numpy(), eager(x).numpy())
+        np.testing.assert_array_equal(w_compiled.numpy(), w_eager.numpy())
+
+    def assign(x):
+        y = x * 1
+        y.data = x
+        return y
+
+    with pytest.raises(of.ArgumentError, match=r"assigning .data of program variable"):
+        of.compile(assign)(x)

@@ -518,3 +518,16 @@ def test_half_precision_values_round_trip_through_checkpoints_and_programs(tmp_p
     prog.save(tmp_path / "p.json")
     x = np.ones((2, 3), D.bfloat16)
     assert of.Executor(of.Program.load(tmp_path / "p.json")).run(x=x)["loss"] == of.Executor(prog).run(x=x)["loss"]
+
+
+def test_a_zip_of_an_unknown_version_is_a_clear_error(tmp_path):
+    """Found by the long file fuzz: a member whose header asks for zip version 10.9 made zipfile raise a raw
+    NotImplementedError from of.load."""
+    path = tmp_path / "weights.ckpt"
+    of.save({"w": of.ones(3)}, str(path))
+    data = bytearray(path.read_bytes())
+    central = data.rfind(b"PK\x01\x02")  # the last central directory entry: its "version needed to extract"
+    data[central + 6:central + 8] = (109).to_bytes(2, "little")
+    path.write_bytes(bytes(data))
+    with pytest.raises(of.OpforgeError, match=r"weights.ckpt"):
+        of.load(str(path))

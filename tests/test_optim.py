@@ -565,3 +565,13 @@ def test_a_torch_state_dict_converted_to_numpy_loads_and_continues_as_torch(cls,
         topt.step()
     for p, tp in zip(params, tparams):
         np.testing.assert_allclose(p.numpy(), tp.detach().numpy(), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("params", [3, None, True, [0.5], "01"])
+def test_a_param_group_whose_params_are_not_indices_is_refused_by_name(params):
+    """Found by the long file fuzz: a damaged manifest's param_groups/0/params (an int, None) was a raw TypeError."""
+    opt = optim.SGD([of.tensor(np.ones(3), requires_grad=True)], lr=0.1)
+    sd = opt.state_dict()
+    sd["param_groups"][0]["params"] = params
+    with pytest.raises(StateDictError, match=r"param_groups/0/params: expected a list of parameter indices"):
+        opt.load_state_dict(sd)

@@ -402,7 +402,12 @@ class Optimizer:
             problems += [f"missing: param_groups/{i}/{k}" for k in g_mine if k not in g_new and k not in SCHEDULE_KEYS]
             problems += [f"unexpected: param_groups/{i}/{k}" for k in g_new
                          if k not in g_mine and k not in SCHEDULE_KEYS]
-            if "params" in g_new and list(g_new["params"]) != g_mine["params"]:
+            if "params" in g_new and not (isinstance(g_new["params"], (list, tuple))
+                                          and all(isinstance(p, (int, np.integer)) and not isinstance(p, bool)
+                                                  for p in g_new["params"])):
+                problems.append(f"param_groups/{i}/params: expected a list of parameter indices, got "
+                                f"{describe(g_new['params'])}")
+            elif "params" in g_new and list(g_new["params"]) != g_mine["params"]:
                 problems.append(f"param_groups/{i}/params: this optimizer's group holds parameters "
                                 f"{g_mine['params']}, the state dict's {list(g_new['params'])}")
         if problems:

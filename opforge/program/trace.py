@@ -101,6 +101,16 @@ class Variable(TensorOps):
         self.program.block.vars[out.name].stop_gradient = True
         return out
 
+    @property
+    def data(self) -> Variable:
+        """``detach()``, as torch's ``.data`` (writes through it reach this value, as eagerly)."""
+        return self.detach()
+
+    @data.setter
+    def data(self, value) -> None:
+        raise ArgumentError(f"assigning .data of program variable '{self.name}': in traced code a tensor cannot be "
+                            "made to share another's memory; write into it (x.copy_(value)) or compute a new one")
+
     def backward(self) -> None:
         """Append the backward pass for this (scalar) loss to its program: each parameter's gradient is added to
         the one it has (its ``.grad``, as the traced code sees it), as eager ``backward()`` does."""
