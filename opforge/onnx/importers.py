@@ -2305,7 +2305,9 @@ def _(n):
         shape[2:], strides, kernel, pads[:spatial], pads[spatial:]))]
     total = math.prod(n.allocate(out, n.spec(0).dtype))
     x = n.input(0)
-    flat = F.index_add(np.zeros(total, x.dtype), 0, F.reshape(n.input(1), shape=[-1]), F.reshape(x, shape=[-1]))
+    # written, not added: where overlapping windows picked one element twice, it is that element once (as ONNX's
+    # reference and ONNX Runtime write it: "pooling the result of an unpooling should give back its input")
+    flat = F.index_copy(np.zeros(total, x.dtype), 0, F.reshape(n.input(1), shape=[-1]), F.reshape(x, shape=[-1]))
     y = F.reshape(flat, shape=out)
     if not n.has(2):
         return y
