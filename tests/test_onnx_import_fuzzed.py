@@ -38,3 +38,49 @@ def test_max_unpool_writes_an_element_two_overlapping_windows_picked_once():
     ort = pytest.importorskip("onnxruntime")
     (theirs,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     np.testing.assert_array_equal(y, theirs)
+
+
+@pytest.mark.parametrize("op, inputs, attrs, attribute", [
+    ("Attention", ["q", "key", "v"], {"is_causal": 3}, "is_causal"),  # ONNX Runtime: not causal; the reference: causal
+    ("Unique", ["x"], {"sorted": 10**12}, "sorted"),  # ONNX Runtime: unsorted; ONNX's reference: sorted
+    ("TopK", ["x", "k"], {"largest": 2}, "largest"),
+])
+def test_flags_other_than_0_or_1_are_refused_by_name(op, inputs, attrs, attribute):
+    outputs = ["y", "i"] if op == "TopK" else ["y"]
+    k = helper.make_node("Constant", [], ["k"], value=helper.make_tensor("k", TensorProto.INT64, [1], [2]))
+    nodes = [k, helper.make_node(op, inputs, outputs, **attrs)]
+    model = model_of(nodes, [info(n, [1, 2, 3, 4]) for n in inputs if n != "k"], [info(n, None) for n in outputs])
+    with pytest.raises(OnnxImportError, match=f"attribute '{attribute}' is a flag, 0 or 1; got {attrs[attribute]}"):
+        of.onnx.load(model.SerializeToString())
+
+
+def test_celu_with_an_alpha_its_formula_cannot_divide_by_is_refused():
+    for alpha in (float("nan"), 0.0):
+        model = model_of([helper.make_node("Celu", ["x"], ["y"], alpha=alpha)], [info("x", [3])], [info("y", [3])])
+        with pytest.raises(OnnxImportError, match=r"Celu.*alpha=(nan|0\.0) is not supported"):
+            of.onnx.load(model.SerializeToString())
+
+
+def test_sizes_that_ask_for_a_huge_constant_are_refused_before_it_is_made():
+    causal = model_of([helper.make_node("Attention", ["q", "k", "v"], ["y"], is_causal=1)],
+                      [info(n, [1, 1, 10**9, 8]) for n in "qkv"], [info("y", None)])
+    rnn = model_of([helper.make_node("RNN", ["x", "w", "r"], ["y"], hidden_size=10**12)],  # (W and R of size 4)
+                   [info("x", [1, 3, 2]), info("w", [1, 4, 2]), info("r", [1, 4, 4])], [info("y", None)], opset=22)
+    for model in (causal, rnn):
+        with pytest.raises(OnnxImportError, match="past the 1048576 bytes the constants computed at load may take"):
+            of.onnx.load(model.SerializeToString(), max_constant_bytes=1 << 20)
+
+
+def test_an_einsum_over_more_dims_than_letters_is_refused():
+    model = model_of([helper.make_node("Einsum", ["x"], ["y"], equation="...->...")],
+                     [info("x", [1] * 60)], [info("y", None)])
+    with pytest.raises(OnnxImportError, match="needs more than the 52 letters to name every dim"):
+        of.onnx.load(model.SerializeToString())
+
+
+def test_an_output_of_more_dims_than_an_array_can_have_is_refused():
+    axes = helper.make_tensor("axes", TensorProto.INT64, [1], [0])
+    model = model_of([helper.make_node("Constant", [], ["axes"], value=axes),
+                      helper.make_node("Unsqueeze", ["x", "axes"], ["y"])], [info("x", [1] * 64)], [info("y", None)])
+    with pytest.raises(OnnxImportError, match="output 'y' would have 65 dims, past the 64 an array can have"):
+        of.onnx.load(model.SerializeToString())

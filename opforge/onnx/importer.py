@@ -240,7 +240,8 @@ class Node:
 _SCALAR_FIELDS = {1: "f", 2: "i", 3: "s", 4: "t"}  # AttributeProto FLOAT, INT, STRING, TENSOR: the field set
 _FLAGS = {"keepdims", "noop_with_empty_axes", "select_last_index", "transA", "transB", "reverse", "exclusive",
           "ceil_mode", "count_include_pad", "storage_order", "training_mode", "is_test", "spatial", "allowzero",
-          "upper", "detect_negative", "detect_positive", "broadcast", "saturate"}  # ints ONNX defines as 0 or 1
+          "upper", "detect_negative", "detect_positive", "broadcast", "saturate", "is_causal", "sorted",
+          "largest", "interleaved"}  # ints ONNX defines as 0 or 1
 
 
 class Importer:
@@ -677,6 +678,10 @@ class _Parsed:
             if len(results) < len([o for o in wanted if o]):
                 raise n.unsupported(f"output(s) {wanted[len(results):]}")
             for name, value in zip(wanted, results):
+                shape = getattr(value, "shape", None)
+                if isinstance(shape, tuple) and len(shape) > MAX_RANK:  # (no array of it can be made at run)
+                    raise OnnxImportError(f"{n.where()}: output {name!r} would have {len(shape)} dims, past the "
+                                          f"{MAX_RANK} an array can have")
                 if name:
                     env[name] = _wrap_narrow(n, name, value)
 

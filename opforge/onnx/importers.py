@@ -89,7 +89,10 @@ def _(n):
 
 @onnx_op("Celu")
 def _(n):
-    return F.celu(n.input(0), alpha=n.attr("alpha", 1.0))
+    alpha = n.attr("alpha", 1.0)
+    if math.isnan(alpha) or alpha == 0:  # (ONNX's formula divides by alpha: NaN everywhere, torch's celu does not)
+        raise n.unsupported(f"alpha={alpha}")
+    return F.celu(n.input(0), alpha=alpha)
 
 
 @onnx_op("Softplus")
@@ -1212,6 +1215,7 @@ def _(n):
         ahead = F.unsqueeze(F.arange(start=0, stop=q_len, dtype=D.int64), axis=-1) - F.arange(start=0, stop=kv_len,
                                                                                               dtype=D.int64)
     else:
+        n.allocate((q_len, kv_len), np.int64)  # (the sizes come from the file)
         ahead = np.arange(q_len)[:, None] - np.arange(kv_len)[None, :]
     if n.has(6):  # the keys past each batch's count are padding; its queries are the last q_len before them
         lengths = F.reshape(n.input(6), shape=[-1, 1, 1, 1])
@@ -1682,7 +1686,7 @@ def _(n):
             s = n.input(i)
             return F.transpose(s, perm=[1, 0, 2]) if layout else s
         zero = F.zeros_like(F.slice(F.take(x, np.array(0), axis=0), axes=[1], starts=[0], ends=[1], steps=[1]))
-        return F.stack([zero + np.zeros(size, n.spec(0).dtype)] * dirs, axis=0)
+        return F.stack([zero + np.zeros(n.allocate((size,), n.spec(0).dtype), n.spec(0).dtype)] * dirs, axis=0)
 
     h0s, c0s = state(5), state(6) if kind == "LSTM" else None
     default = list(names) == list(_RNN_DEFAULTS[kind] * dirs) and clip is None and not input_forget

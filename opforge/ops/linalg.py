@@ -316,7 +316,8 @@ def _einsum_explicit(equation, shapes):
             raise ShapeError(f"einsum(): subscripts {term!r} do not fit an operand of shape {shape}")
         ranks.append(len(shape) - named)
     try:
-        ellipsis = "".join(next(fresh) for _ in range(max(ranks)))
+        # (a list, not a generator: in a generator, next()'s StopIteration would become a RuntimeError)
+        ellipsis = "".join([next(fresh) for _ in range(max(ranks))])
         if out is None:  # implicit output: the '...' dims, then the letters used once, in alphabetical order
             once = sorted(c for c in set("".join(terms).replace(".", "")) if "".join(terms).count(c) == 1)
             out = ("..." if ellipsis else "") + "".join(once)
