@@ -84,3 +84,18 @@ def test_an_output_of_more_dims_than_an_array_can_have_is_refused():
                       helper.make_node("Unsqueeze", ["x", "axes"], ["y"])], [info("x", [1] * 64)], [info("y", None)])
     with pytest.raises(OnnxImportError, match="output 'y' would have 65 dims, past the 64 an array can have"):
         of.onnx.load(model.SerializeToString())
+
+
+def test_conv_integer_runs_compiled_as_onnxruntime():
+    # (its round-then-cast-to-int32 tail, on outputs this large, reached the native backend's fusion, which has no C
+    # type for int32)
+    rng = np.random.default_rng(0)
+    model = model_of([helper.make_node("ConvInteger", ["x", "w"], ["y"], pads=[1, 1, 1, 1])],
+                     [info("x", [1, 1, 64, 64], TensorProto.UINT8), info("w", [2, 1, 3, 3], TensorProto.UINT8)],
+                     [info("y", [1, 2, 64, 64], TensorProto.INT32)], opset=10)
+    feeds = {"x": rng.integers(0, 255, (1, 1, 64, 64), np.uint8), "w": rng.integers(0, 255, (2, 1, 3, 3), np.uint8)}
+    y = of.Executor(of.onnx.load(model.SerializeToString())).run(feeds)["y"]
+    ort = pytest.importorskip("onnxruntime")
+    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    assert y.dtype == np.int32
+    np.testing.assert_array_equal(y, want)

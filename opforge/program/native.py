@@ -207,7 +207,7 @@ def group_source(fused, name: str) -> str:
     ``NativeGroup``'s several), or ``Unsupported``."""
     specs, out_spec = fused.specs, fused.spec
     outputs = fused.output_names()
-    for n in fused.inputs:
+    for n in [*fused.inputs, *outputs]:  # (an output too: a group ending in a cast to int32 has no C type here)
         if specs[n].dtype not in CTYPES:
             raise Unsupported(f"{n}: dtype {specs[n].dtype}")
     out_shape = out_spec.shape
