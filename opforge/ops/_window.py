@@ -185,12 +185,14 @@ def batch_last(x):
 
 def copy_batch_last(dst, src) -> None:
     """Copy a batch-last view ``src`` (C, *spatial, N) into ``dst`` of that shape. Where ``src`` lies in (N, C, …)
-    memory, NumPy's copy reads values a whole sample apart for every value it writes; eight samples at a time keep
-    those reads in cache (2.7× faster at 128×16×8×8)."""
+    memory, NumPy's copy reads values a whole sample apart for every value it writes; 32 samples at a time (two
+    cache lines of ``dst`` written whole) keep those reads in cache: against one copy, 133 → 81 µs at 128×1024
+    values, 643 → 441 µs at 128×4096, 1152 → 819 µs at 64×16384 (float32, one core); blocks of 8 were slower than
+    one copy up to 64 samples. With 32 samples or fewer one copy is as fast."""
     n = src.shape[-1]
-    if n >= 16 and src.size >= 256 * n and src.strides[-1] > max(src.strides[:-1]):
-        for i in range(0, n, 8):
-            np.copyto(dst[..., i:i + 8], src[..., i:i + 8])
+    if n > 32 and src.size >= 256 * n and src.strides[-1] > max(src.strides[:-1]):
+        for i in range(0, n, 32):
+            np.copyto(dst[..., i:i + 32], src[..., i:i + 32])
     else:
         np.copyto(dst, src)
 
