@@ -186,9 +186,10 @@ def batch_last(x):
 def copy_batch_last(dst, src) -> None:
     """Copy a batch-last view ``src`` (C, *spatial, N) into ``dst`` of that shape. Where ``src`` lies in (N, C, …)
     memory, NumPy's copy reads values a whole sample apart for every value it writes; 32 samples at a time (two
-    cache lines of ``dst`` written whole) keep those reads in cache: against one copy, 133 → 81 µs at 128×1024
-    values, 643 → 441 µs at 128×4096, 1152 → 819 µs at 64×16384 (float32, one core); blocks of 8 were slower than
-    one copy up to 64 samples. With 32 samples or fewer one copy is as fast."""
+    cache lines of ``dst`` written whole) keep those reads in cache: against one copy, 142 → 78 µs at 128×1024
+    values, 640 → 481 µs at 128×4096, 1174 → 852 µs at 64×16384 (float32, one core; bench/batch_last_copy.py);
+    blocks of 8 lost to one copy on the larger arrays (881 µs at 128×4096). With 32 samples or fewer one copy is as
+    fast."""
     n = src.shape[-1]
     if n > 32 and src.size >= 256 * n and src.strides[-1] > max(src.strides[:-1]):
         for i in range(0, n, 32):
