@@ -764,9 +764,8 @@ class _MaxPoolNd(Module):
         self.return_indices, self.ceil_mode = bool(return_indices), bool(ceil_mode)
 
     def forward(self, x):
-        op = getattr(F, f"max_pool{self._nd}d{'_with_indices' if self.return_indices else ''}")
-        out = op(x, kernel_size=self.kernel_size, stride=self.stride, padding=self.padding, dilation=self.dilation,
-                 ceil_mode=self.ceil_mode)
+        out = getattr(F, f"max_pool{self._nd}d")(x, self.kernel_size, self.stride, self.padding, self.dilation,
+                                                 self.ceil_mode, self.return_indices)
         return tuple(out) if self.return_indices else out
 
     def extra_repr(self) -> str:
@@ -835,19 +834,18 @@ class _AdaptivePoolNd(Module):
     def __init__(self, output_size, return_indices: bool = False):
         super().__init__()
         name, nd = type(self).__name__, self._nd
-        sizes = (output_size,) * nd if output_size is None or isinstance(output_size, (int, np.integer)) \
-            else output_size
-        if not isinstance(sizes, (tuple, list)) or len(sizes) != nd:
-            raise ArgumentError(f"{name}(): argument 'output_size' must be an int or {nd} ints (None: keep the "
-                                f"input's size), got {output_size!r}")
+        sizes = (output_size,) * nd if isinstance(output_size, (int, np.integer)) else output_size
+        if not isinstance(sizes, (tuple, list)) or len(sizes) != nd or (nd == 1 and None in sizes):
+            keep = " (None: keep the input's size)" if nd > 1 else ""  # torch's 1-D pooling takes no None
+            raise ArgumentError(f"{name}(): argument 'output_size' must be an int or {nd} ints{keep}, got "
+                                f"{output_size!r}")
         self.output_size = tuple(None if v is None else _count(v, "output_size", name) for v in sizes)
         self.return_indices = bool(return_indices)
 
     def forward(self, x):
-        size = [x.shape[len(x.shape) - self._nd + i] if o is None else o for i, o in enumerate(self.output_size)]
         if self._kind == "avg":
-            return getattr(F, f"adaptive_avg_pool{self._nd}d")(x, output_size=size)
-        out = getattr(F, f"adaptive_max_pool{self._nd}d")(x, size, self.return_indices)
+            return getattr(F, f"adaptive_avg_pool{self._nd}d")(x, self.output_size)
+        out = getattr(F, f"adaptive_max_pool{self._nd}d")(x, self.output_size, self.return_indices)
         return tuple(out) if self.return_indices else out
 
     def extra_repr(self) -> str:

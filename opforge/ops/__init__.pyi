@@ -1313,7 +1313,7 @@ def adam_update(
 
 # -- opforge.ops.pool
 
-def max_pool1d(
+def max_pool1d_values(
     x: _TensorLike,
     kernel_size: Sequence[int] | int,
     stride: Sequence[int] | int | None = None,
@@ -1325,7 +1325,7 @@ def max_pool1d(
     size), over x padded with -inf.
     """
 
-def max_pool2d(
+def max_pool2d_values(
     x: _TensorLike,
     kernel_size: Sequence[int] | int,
     stride: Sequence[int] | int | None = None,
@@ -1337,7 +1337,7 @@ def max_pool2d(
     the kernel size), over x padded with -inf.
     """
 
-def max_pool3d(
+def max_pool3d_values(
     x: _TensorLike,
     kernel_size: Sequence[int] | int,
     stride: Sequence[int] | int | None = None,
@@ -1361,7 +1361,7 @@ def max_pool1d_with_indices(
     dilation: Sequence[int] | int = [1],
     ceil_mode: bool = False,
 ) -> _max_pool1d_with_indices_result:
-    """max_pool1d, and the index (int64, along L) of each window's maximum: PyTorch's ``max_pool1d(...,
+    """max_pool1d_values, and the index (int64, along L) of each window's maximum: PyTorch's ``max_pool1d(...,
     return_indices=True)``.
     """
 
@@ -1377,8 +1377,8 @@ def max_pool2d_with_indices(
     dilation: Sequence[int] | int = [1, 1],
     ceil_mode: bool = False,
 ) -> _max_pool2d_with_indices_result:
-    """max_pool2d, and the flat index h·W + w (int64) of each window's maximum: PyTorch's ``max_pool2d(...,
-    return_indices=True)``.
+    """max_pool2d_values, and the flat index h·W + w (int64) of each window's maximum: PyTorch's
+    ``max_pool2d(..., return_indices=True)``.
     """
 
 class _max_pool3d_with_indices_result(NamedTuple):
@@ -1393,7 +1393,7 @@ def max_pool3d_with_indices(
     dilation: Sequence[int] | int = [1, 1, 1],
     ceil_mode: bool = False,
 ) -> _max_pool3d_with_indices_result:
-    """max_pool3d, and the flat index (d·H + h)·W + w (int64) of each window's maximum: PyTorch's
+    """max_pool3d_values, and the flat index (d·H + h)·W + w (int64) of each window's maximum: PyTorch's
     ``max_pool3d(..., return_indices=True)``.
     """
 
@@ -1498,12 +1498,12 @@ def avg_pool_grad(
     each window's dy divided as its sum was and spread over the window; overlapping windows add up.
     """
 
-def adaptive_avg_pool1d(x: _TensorLike, output_size: Sequence[int] | int) -> Tensor:
+def adaptive_avg_pool1d_sized(x: _TensorLike, output_size: Sequence[int] | int) -> Tensor:
     """x (N, C, L) — or (C, L) — averaged down (or up) to ``output_size``: output i is the mean of inputs
     ⌊i·L/o⌋ … ⌈(i+1)·L/o⌉ − 1 (PyTorch's adaptive windows).
     """
 
-def adaptive_avg_pool2d(x: _TensorLike, output_size: Sequence[int] | int) -> Tensor:
+def adaptive_avg_pool2d_sized(x: _TensorLike, output_size: Sequence[int] | int) -> Tensor:
     """x (N, C, H, W) — or (C, H, W) — averaged to ``output_size`` (OH, OW) over PyTorch's adaptive windows
     (rows ⌊i·H/OH⌋ … ⌈(i+1)·H/OH⌉ − 1, and so for columns); output_size 1 is global average pooling.
     """
@@ -1513,7 +1513,7 @@ def adaptive_avg_pool_grad(dy: _TensorLike, *, input_size: Sequence[int] | int) 
     ``input_size``: each output's dy spread evenly over its window; overlapping windows add up.
     """
 
-def adaptive_avg_pool3d(x: _TensorLike, output_size: Sequence[int] | int) -> Tensor:
+def adaptive_avg_pool3d_sized(x: _TensorLike, output_size: Sequence[int] | int) -> Tensor:
     """x (N, C, D, H, W) — or (C, D, H, W) — averaged to ``output_size`` (OD, OH, OW) over PyTorch's adaptive
     windows.
     """
@@ -2320,6 +2320,21 @@ def i0(x: _TensorLike) -> Tensor:
 def special_i1(x: _TensorLike) -> Tensor:
     """The modified Bessel function of the first kind, of order 1 (``torch.special.i1``)."""
 
+def adaptive_avg_pool1d(input, output_size) -> Any:
+    """``torch.nn.functional.adaptive_avg_pool1d(input, output_size)``: the op ``adaptive_avg_pool1d_sized``; a
+    None in ``output_size`` keeps that dim's size.
+    """
+
+def adaptive_avg_pool2d(input, output_size) -> Any:
+    """``torch.nn.functional.adaptive_avg_pool2d(input, output_size)``: the op ``adaptive_avg_pool2d_sized``; a
+    None in ``output_size`` keeps that dim's size.
+    """
+
+def adaptive_avg_pool3d(input, output_size) -> Any:
+    """``torch.nn.functional.adaptive_avg_pool3d(input, output_size)``: the op ``adaptive_avg_pool3d_sized``; a
+    None in ``output_size`` keeps that dim's size.
+    """
+
 def adaptive_max_pool1d(input, output_size, return_indices=False) -> Any:
     """``torch.nn.functional.adaptive_max_pool1d(input, output_size, return_indices=False)``: the op
     ``adaptive_max_pool1d_values``, or with ``return_indices`` ``adaptive_max_pool1d_with_indices``, the named
@@ -2574,6 +2589,27 @@ def max(x, dim=None, keepdim=False, *, axis=None) -> Any:
     largest where values tie, NaN counting as the largest (the gradient to that index alone); ``max(x, other)``
     the elementwise ``maximum``. ``axis=`` is another spelling of ``dim=``, as in torch. Not an op of its own:
     it calls amax, argmax and gather, or maximum.
+    """
+
+def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False) -> Any:
+    """``torch.nn.functional.max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+    return_indices=False)``: the op ``max_pool1d_values``, or with ``return_indices``
+    ``max_pool1d_with_indices``, the named tuple (y, indices), indices flat over each (N, C) plane's positions
+    as ``F.max_unpool1d`` takes them.
+    """
+
+def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False) -> Any:
+    """``torch.nn.functional.max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+    return_indices=False)``: the op ``max_pool2d_values``, or with ``return_indices``
+    ``max_pool2d_with_indices``, the named tuple (y, indices), indices flat over each (N, C) plane's positions
+    as ``F.max_unpool2d`` takes them.
+    """
+
+def max_pool3d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False) -> Any:
+    """``torch.nn.functional.max_pool3d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+    return_indices=False)``: the op ``max_pool3d_values``, or with ``return_indices``
+    ``max_pool3d_with_indices``, the named tuple (y, indices), indices flat over each (N, C) plane's positions
+    as ``F.max_unpool3d`` takes them.
     """
 
 def max_unpool1d(input, indices, kernel_size, stride=None, padding=0, output_size=None) -> Any:

@@ -121,7 +121,7 @@ def _max_pool_indices(x, w):
     return win.batch_first(y), win.batch_first(indices)
 
 
-# -- max_pool1d, max_pool2d, max_pool3d and their *_with_indices -----------------------------------------------------
+# -- max_pool{1,2,3}d_values and *_with_indices, and torch's functions max_pool{1,2,3}d choosing one ------------
 
 
 def _max_pool_kernel(op_name, nd, x, kernel_size, stride, padding, dilation, ceil_mode, indices: bool):
@@ -244,42 +244,43 @@ def _max_pool3d_samples(rng):
 _MAX_POOL_ATTRS = "int[] stride=None, int[] padding={0}, int[] dilation={1}, bool ceil_mode=False"
 
 
-@op("max_pool1d(Tensor<floating> x, int[] kernel_size, " + _MAX_POOL_ATTRS.format("[0]", "[1]") + ") -> Tensor y")
-def max_pool1d(x, *, kernel_size, stride, padding, dilation, ceil_mode):
+@op("max_pool1d_values(Tensor<floating> x, int[] kernel_size, " + _MAX_POOL_ATTRS.format("[0]", "[1]")
+    + ") -> Tensor y")
+def max_pool1d_values(x, *, kernel_size, stride, padding, dilation, ceil_mode):
     """The maximum of each window of x (N, C, L) — or (C, L) — windows ``stride`` apart (default: the kernel
     size), over x padded with -inf."""
-    return _max_pool_kernel("max_pool1d", 1, x, kernel_size, stride, padding, dilation, ceil_mode, False)
+    return _max_pool_kernel("max_pool1d_values", 1, x, kernel_size, stride, padding, dilation, ceil_mode, False)
 
 
-_define_max_pool(max_pool1d, 1, _max_pool1d_samples)
+_define_max_pool(max_pool1d_values, 1, _max_pool1d_samples)
 
 
-@op("max_pool2d(Tensor<floating> x, int[] kernel_size, " + _MAX_POOL_ATTRS.format("[0, 0]", "[1, 1]")
+@op("max_pool2d_values(Tensor<floating> x, int[] kernel_size, " + _MAX_POOL_ATTRS.format("[0, 0]", "[1, 1]")
     + ") -> Tensor y")
-def max_pool2d(x, *, kernel_size, stride, padding, dilation, ceil_mode):
+def max_pool2d_values(x, *, kernel_size, stride, padding, dilation, ceil_mode):
     """The maximum of each kH×kW window of x (N, C, H, W) — or (C, H, W) — windows ``stride`` apart (default: the
     kernel size), over x padded with -inf."""
-    return _max_pool_kernel("max_pool2d", 2, x, kernel_size, stride, padding, dilation, ceil_mode, False)
+    return _max_pool_kernel("max_pool2d_values", 2, x, kernel_size, stride, padding, dilation, ceil_mode, False)
 
 
-_define_max_pool(max_pool2d, 2, _max_pool2d_samples)
+_define_max_pool(max_pool2d_values, 2, _max_pool2d_samples)
 
 
-@op("max_pool3d(Tensor<floating> x, int[] kernel_size, " + _MAX_POOL_ATTRS.format("[0, 0, 0]", "[1, 1, 1]")
+@op("max_pool3d_values(Tensor<floating> x, int[] kernel_size, " + _MAX_POOL_ATTRS.format("[0, 0, 0]", "[1, 1, 1]")
     + ") -> Tensor y")
-def max_pool3d(x, *, kernel_size, stride, padding, dilation, ceil_mode):
+def max_pool3d_values(x, *, kernel_size, stride, padding, dilation, ceil_mode):
     """The maximum of each kD×kH×kW window of x (N, C, D, H, W) — or (C, D, H, W) — windows ``stride`` apart
     (default: the kernel size), over x padded with -inf."""
-    return _max_pool_kernel("max_pool3d", 3, x, kernel_size, stride, padding, dilation, ceil_mode, False)
+    return _max_pool_kernel("max_pool3d_values", 3, x, kernel_size, stride, padding, dilation, ceil_mode, False)
 
 
-_define_max_pool(max_pool3d, 3, _max_pool3d_samples)
+_define_max_pool(max_pool3d_values, 3, _max_pool3d_samples)
 
 
 @op("max_pool1d_with_indices(Tensor<floating> x, int[] kernel_size, " + _MAX_POOL_ATTRS.format("[0]", "[1]")
     + ") -> (Tensor y, Tensor indices)")
 def max_pool1d_with_indices(x, *, kernel_size, stride, padding, dilation, ceil_mode):
-    """max_pool1d, and the index (int64, along L) of each window's maximum: PyTorch's
+    """max_pool1d_values, and the index (int64, along L) of each window's maximum: PyTorch's
     ``max_pool1d(..., return_indices=True)``."""
     return _max_pool_kernel("max_pool1d_with_indices", 1, x, kernel_size, stride, padding, dilation, ceil_mode, True)
 
@@ -290,7 +291,7 @@ _define_max_pool(max_pool1d_with_indices, 1, _max_pool1d_samples, indices=True)
 @op("max_pool2d_with_indices(Tensor<floating> x, int[] kernel_size, "
     + _MAX_POOL_ATTRS.format("[0, 0]", "[1, 1]") + ") -> (Tensor y, Tensor indices)")
 def max_pool2d_with_indices(x, *, kernel_size, stride, padding, dilation, ceil_mode):
-    """max_pool2d, and the flat index h·W + w (int64) of each window's maximum: PyTorch's
+    """max_pool2d_values, and the flat index h·W + w (int64) of each window's maximum: PyTorch's
     ``max_pool2d(..., return_indices=True)``."""
     return _max_pool_kernel("max_pool2d_with_indices", 2, x, kernel_size, stride, padding, dilation, ceil_mode, True)
 
@@ -301,12 +302,33 @@ _define_max_pool(max_pool2d_with_indices, 2, _max_pool2d_samples, indices=True)
 @op("max_pool3d_with_indices(Tensor<floating> x, int[] kernel_size, "
     + _MAX_POOL_ATTRS.format("[0, 0, 0]", "[1, 1, 1]") + ") -> (Tensor y, Tensor indices)")
 def max_pool3d_with_indices(x, *, kernel_size, stride, padding, dilation, ceil_mode):
-    """max_pool3d, and the flat index (d·H + h)·W + w (int64) of each window's maximum: PyTorch's
+    """max_pool3d_values, and the flat index (d·H + h)·W + w (int64) of each window's maximum: PyTorch's
     ``max_pool3d(..., return_indices=True)``."""
     return _max_pool_kernel("max_pool3d_with_indices", 3, x, kernel_size, stride, padding, dilation, ceil_mode, True)
 
 
 _define_max_pool(max_pool3d_with_indices, 3, _max_pool3d_samples, indices=True)
+
+
+def _max_pool_function(nd: int):
+    """torch's ``F.max_pool{nd}d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+    return_indices=False)``: the op ``max_pool{nd}d_values``, or ``max_pool{nd}d_with_indices`` for (values,
+    indices)."""
+    name = f"max_pool{nd}d"
+
+    def pool(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+        op_name = f"{name}_with_indices" if return_indices else f"{name}_values"
+        return getattr(F, op_name)(input, kernel_size, stride, padding, dilation, ceil_mode)
+
+    pool.__name__ = pool.__qualname__ = name
+    pool.__doc__ = (f"``torch.nn.functional.{name}(input, kernel_size, stride=None, padding=0, dilation=1, "
+                    f"ceil_mode=False, return_indices=False)``: the op ``{name}_values``, or with ``return_indices`` "
+                    f"``{name}_with_indices``, the named tuple (y, indices), indices flat over each (N, C) plane's "
+                    f"positions as ``F.max_unpool{nd}d`` takes them.")
+    return function(pool)
+
+
+max_pool1d, max_pool2d, max_pool3d = (_max_pool_function(nd) for nd in (1, 2, 3))
 
 
 # -- max pooling's gradient ops: n-d, batched ---------------------------------------------------------------------
@@ -888,27 +910,27 @@ def _define_adaptive_avg(opdef, nd, samples) -> None:
     opdef.samples(samples)
 
 
-@op("adaptive_avg_pool1d(Tensor<floating> x, int[] output_size) -> Tensor y")
-def adaptive_avg_pool1d(x, *, output_size):
+@op("adaptive_avg_pool1d_sized(Tensor<floating> x, int[] output_size) -> Tensor y")
+def adaptive_avg_pool1d_sized(x, *, output_size):
     """x (N, C, L) — or (C, L) — averaged down (or up) to ``output_size``: output i is the mean of inputs
     ⌊i·L/o⌋ … ⌈(i+1)·L/o⌉ − 1 (PyTorch's adaptive windows)."""
-    return _adaptive_avg_pool("adaptive_avg_pool1d", 1, x, output_size)
+    return _adaptive_avg_pool("adaptive_avg_pool1d_sized", 1, x, output_size)
 
 
-_define_adaptive_avg(adaptive_avg_pool1d, 1, lambda rng: [
+_define_adaptive_avg(adaptive_avg_pool1d_sized, 1, lambda rng: [
     Sample.of(_randn(rng, 2, 3, 7), output_size=3),
     Sample.of(_randn(rng, 2, 3), output_size=5),  # unbatched, more outputs than inputs
 ])
 
 
-@op("adaptive_avg_pool2d(Tensor<floating> x, int[] output_size) -> Tensor y")
-def adaptive_avg_pool2d(x, *, output_size):
+@op("adaptive_avg_pool2d_sized(Tensor<floating> x, int[] output_size) -> Tensor y")
+def adaptive_avg_pool2d_sized(x, *, output_size):
     """x (N, C, H, W) — or (C, H, W) — averaged to ``output_size`` (OH, OW) over PyTorch's adaptive windows
     (rows ⌊i·H/OH⌋ … ⌈(i+1)·H/OH⌉ − 1, and so for columns); output_size 1 is global average pooling."""
-    return _adaptive_avg_pool("adaptive_avg_pool2d", 2, x, output_size)
+    return _adaptive_avg_pool("adaptive_avg_pool2d_sized", 2, x, output_size)
 
 
-_define_adaptive_avg(adaptive_avg_pool2d, 2, lambda rng: [
+_define_adaptive_avg(adaptive_avg_pool2d_sized, 2, lambda rng: [
     Sample.of(_randn(rng, 2, 3, 5, 7), output_size=[2, 3]),
     Sample.of(_randn(rng, 2, 4, 4), output_size=1),  # unbatched, global
     Sample.of(_randn(rng, 1, 2, 3, 4), output_size=[4, 4]),  # upsampling: windows of one
@@ -942,8 +964,7 @@ def _(dy, *, input_size):
 
 @adaptive_avg_pool_grad.grad
 def _(ddx, dy_spec):
-    pool = (F.adaptive_avg_pool1d, F.adaptive_avg_pool2d, F.adaptive_avg_pool3d)[len(ddx.shape) - 3]
-    return pool(ddx, output_size=dy_spec.shape[2:])
+    return getattr(F, f"adaptive_avg_pool{len(ddx.shape) - 2}d_sized")(ddx, output_size=dy_spec.shape[2:])
 
 
 @adaptive_avg_pool_grad.samples
@@ -952,14 +973,14 @@ def _(rng):
     yield Sample.of(_randn(rng, 2, 2, 5), input_size=[3])
 
 
-@op("adaptive_avg_pool3d(Tensor<floating> x, int[] output_size) -> Tensor y")
-def adaptive_avg_pool3d(x, *, output_size):
+@op("adaptive_avg_pool3d_sized(Tensor<floating> x, int[] output_size) -> Tensor y")
+def adaptive_avg_pool3d_sized(x, *, output_size):
     """x (N, C, D, H, W) — or (C, D, H, W) — averaged to ``output_size`` (OD, OH, OW) over PyTorch's adaptive
     windows."""
-    return _adaptive_avg_pool("adaptive_avg_pool3d", 3, x, output_size)
+    return _adaptive_avg_pool("adaptive_avg_pool3d_sized", 3, x, output_size)
 
 
-_define_adaptive_avg(adaptive_avg_pool3d, 3, lambda rng: [
+_define_adaptive_avg(adaptive_avg_pool3d_sized, 3, lambda rng: [
     Sample.of(_randn(rng, 1, 2, 3, 4, 5), output_size=[2, 2, 3]),
 ])
 
@@ -1142,6 +1163,28 @@ adaptive_max_pool3d_values, adaptive_max_pool3d_with_indices = _define_adaptive_
 ])
 
 
+def _output_sizes(name: str, nd: int, input, output_size) -> list:
+    """torch's adaptive pooling ``output_size``: an int or nd ints, where for 2-D and 3-D a None among the nd keeps
+    that dim of ``input``'s size (torch refuses a None alone and a 1-D None); as nd ints, or an error naming the
+    function."""
+    sizes = (output_size,) if isinstance(output_size, (int, np.integer)) \
+        else tuple(output_size) if isinstance(output_size, (tuple, list)) else None
+    if sizes is None or len(sizes) not in (1, nd) or not all(
+            (v is None and nd > 1) or (isinstance(v, (int, np.integer)) and not isinstance(v, bool)) for v in sizes):
+        keep = " (None: keep the input's size)" if nd > 1 else ""
+        raise ShapeError(f"{name}(): argument 'output_size' must be an int or {nd} ints{keep}, got {output_size!r}")
+    sizes = sizes * (nd if len(sizes) == 1 else 1)
+    if None in sizes:
+        if len(input.shape) not in (nd + 1, nd + 2):
+            raise ShapeError(f"{name}(): input must be (N, C, *{nd} dims) or (C, *{nd} dims), got shape "
+                             f"{tuple(input.shape)}")
+        sizes = [n if o is None else o for n, o in zip(input.shape[-nd:], sizes)]
+        if not all(isinstance(v, (int, np.integer)) for v in sizes):  # a program's dim known only at run time
+            raise ShapeError(f"{name}(): output_size {output_size!r} keeps a spatial dim whose size is known only "
+                             f"at run time (input {tuple(input.shape)}): give that size")
+    return [int(v) for v in sizes]
+
+
 def _adaptive_max_function(nd: int):
     """torch's ``F.adaptive_max_pool{nd}d(input, output_size, return_indices=False)``: the op
     ``adaptive_max_pool{nd}d_values``, or ``..._with_indices`` for (values, indices); a None in ``output_size``
@@ -1149,20 +1192,8 @@ def _adaptive_max_function(nd: int):
     name = f"adaptive_max_pool{nd}d"
 
     def pool(input, output_size, return_indices=False):
-        sizes = (output_size,) if output_size is None or isinstance(output_size, (int, np.integer)) \
-            else tuple(output_size) if isinstance(output_size, (tuple, list)) else None
-        if sizes is None or len(sizes) not in (1, nd) or not all(
-                v is None or (isinstance(v, (int, np.integer)) and not isinstance(v, bool)) for v in sizes):
-            raise ShapeError(f"{name}(): argument 'output_size' must be an int or {nd} ints (None: keep the input's "
-                             f"size), got {output_size!r}")
-        sizes = sizes * (nd if len(sizes) == 1 else 1)
-        if None in sizes:
-            if len(input.shape) not in (nd + 1, nd + 2):
-                raise ShapeError(f"{name}(): input must be (N, C, *{nd} dims) or (C, *{nd} dims), got shape "
-                                 f"{tuple(input.shape)}")
-            sizes = [n if o is None else o for n, o in zip(input.shape[-nd:], sizes)]
         op_name = f"{name}_with_indices" if return_indices else f"{name}_values"
-        return getattr(F, op_name)(input, output_size=[int(v) for v in sizes])
+        return getattr(F, op_name)(input, output_size=_output_sizes(name, nd, input, output_size))
 
     pool.__name__ = pool.__qualname__ = name
     pool.__doc__ = (f"``torch.nn.functional.{name}(input, output_size, return_indices=False)``: the op "
@@ -1172,3 +1203,20 @@ def _adaptive_max_function(nd: int):
 
 
 adaptive_max_pool1d, adaptive_max_pool2d, adaptive_max_pool3d = (_adaptive_max_function(nd) for nd in (1, 2, 3))
+
+
+def _adaptive_avg_function(nd: int):
+    """torch's ``F.adaptive_avg_pool{nd}d(input, output_size)``: the op ``adaptive_avg_pool{nd}d_sized``, to the
+    output size given in full (a None in ``output_size`` keeps that dim's size, as torch's)."""
+    name = f"adaptive_avg_pool{nd}d"
+
+    def pool(input, output_size):
+        return getattr(F, f"{name}_sized")(input, output_size=_output_sizes(name, nd, input, output_size))
+
+    pool.__name__ = pool.__qualname__ = name
+    pool.__doc__ = (f"``torch.nn.functional.{name}(input, output_size)``: the op ``{name}_sized``; a None in "
+                    "``output_size`` keeps that dim's size.")
+    return function(pool)
+
+
+adaptive_avg_pool1d, adaptive_avg_pool2d, adaptive_avg_pool3d = (_adaptive_avg_function(nd) for nd in (1, 2, 3))
