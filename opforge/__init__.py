@@ -18,6 +18,7 @@ from . import tensor  # Tensor and the autograd Node: its operators and methods 
 from . import dispatch  # makes each op's function (fast path, eager calls, recording for autograd)
 
 dispatch.install()  # binding 1: from here on every declared op has its function, and EAGER its meaning
+core.floating_point.install_filter()  # NumPy's floating-point warnings from opforge's code: as silent as torch
 # The op library: declarations (signature, kernels, shape and gradient rules) that import core alone, one module per
 # family. half first: it gives every op declared after it (the library's, then yours) its half-precision kernels.
 _OP_FAMILIES = ("half", "creation", "elementwise", "binary", "integer", "reduce", "shape", "linalg", "loss", "nn",

@@ -21,7 +21,7 @@ from types import FunctionType, MappingProxyType
 
 import numpy as np
 
-from .core import codegen
+from .core import codegen, floating_point
 from .core import dtypes as D
 from .core.declare import give_functions
 from .core.devices import default_device
@@ -184,12 +184,16 @@ def _fast_path(opdef: OpDef, env: dict, inputs_src: str, attrs_src: str) -> list
     saving = bool(opdef.saves and needs)  # the kernel gets a dict for its residuals when the call is recorded
     if saving:
         lines += [f"        _of_save = {{}} if _of_gm.enabled and ({needs}) else None"]
-    lines += [
-        "        try:",
-        f"            _of_out = _of_k({args}{kw}{rng}{', save=_of_save' if saving else ''})",
-        "        except Exception as _of_e:",
-        f"            _of_fail(_of_op, {inputs_src}, {attrs_src}, _of_e)",
-    ]
+    call = f"_of_k({args}{kw}{rng}{', save=_of_save' if saving else ''})"
+    if rng:  # a random kernel would draw again: it runs quiet from the start (see core/floating_point.py)
+        lines += ["        try:", "            with _of_quiet():", f"                _of_out = {call}"]
+    else:  # a floating-point warning a user's filter made an error: the kernel again, quiet (no cost until then;
+        # no closure either: one would make every name it reads a cell, slower to read in the whole function)
+        again_kw = ", ".join(f"{p.name!r}: {p.name}" for p in opdef.attrs) + (", 'save': _of_save" if saving else "")
+        lines += ["        try:", f"            _of_out = {call}", "        except _of_fp_errors:",
+                  f"            _of_out = _of_again(_of_op, {inputs_src}, {attrs_src}, _of_k, ({args},), "
+                  f"{{{again_kw.lstrip(', ')}}})"]
+    lines += ["        except Exception as _of_e:", f"            _of_fail(_of_op, {inputs_src}, {attrs_src}, _of_e)"]
     # a plain op records its call with attach's own lines, in place (its function is written again when its rule
     # changes: the rule says what the Node keeps); the others call their attach
     if needs:
@@ -275,7 +279,8 @@ def api_source(opdef: OpDef, env: dict | None = None) -> str:
         "_of_eager": None if _debug else EAGER, "_of_innermost": _innermost.get, "_of_run": _run_eagerly,
         "_of_find": _find_kernel, "_of_fail": _kernel_failed, "_of_check": check_attr, "_of_bad_dtype": _bad_dtype,
         "_of_wrap_all": _wrap_outputs, "_of_absent": _ABSENT, "_of_renamed": _renamed, "_of_spelled": _spelled,
-        "_of_same_dtype": check_same_dtype, "_of_new": object.__new__,
+        "_of_same_dtype": check_same_dtype, "_of_new": object.__new__, "_of_quiet": floating_point.quiet,
+        "_of_fp_errors": floating_point.ERRORS, "_of_again": _again,
     })
     for p in schema.params:
         if p.has_default:
@@ -502,8 +507,15 @@ def finish_call(opdef: OpDef, inputs: tuple, attrs: dict, device, kernel):
     )
     if opdef.saves:
         extra["save"] = {} if recorded else None
+    run = kernel.bind(device)
     try:
-        out = kernel.bind(device)(*arrays, **attrs, **extra)
+        if kernel.takes_rng:  # a random kernel would draw again: it runs quiet from the start
+            with floating_point.quiet():
+                out = run(*arrays, **attrs, **extra)
+        else:
+            out = run(*arrays, **attrs, **extra)
+    except floating_point.ERRORS:  # a floating-point warning a user's filter made an error: again, quiet
+        out = _again(opdef, inputs, attrs, run, arrays, {**attrs, **extra})
     except Exception as e:
         _kernel_failed(opdef, inputs, attrs, e)
     if opdef.out_device is not None:
@@ -658,6 +670,17 @@ def _bad_dtype(opdef: OpDef, name: str, value) -> None:
 # Exceptions that say something about the kernel's code or the machine, not about the call's inputs: passed on as
 # they are (with a note naming the op), never explained as a shape mistake.
 _NOT_ABOUT_INPUTS = (NameError, ImportError, NotImplementedError, RecursionError, SyntaxError)
+
+
+def _again(opdef: OpDef, inputs: tuple, attrs: dict, kernel, args, kwargs: dict):
+    """The kernel run again, quiet, after a floating-point exception of NumPy's that a user's warnings filter or
+    np.errstate made an error (it is a pure function of its inputs: the same outputs); its other errors explained
+    as any kernel's."""
+    try:
+        with floating_point.quiet():
+            return kernel(*args, **kwargs)
+    except Exception as e:
+        _kernel_failed(opdef, inputs, attrs, e)
 
 
 def _kernel_failed(opdef: OpDef, inputs: tuple, attrs: dict, error: Exception | None):

@@ -30,7 +30,7 @@ import sys
 
 import numpy as np
 
-from ..core import codegen
+from ..core import codegen, floating_point
 from ..core.errors import ArgumentError, OpforgeError, OutOfMemoryError, ShapeError, out_of_memory
 from ..core.keys import exact
 from ..core.opdef import registry
@@ -179,12 +179,15 @@ class Executor:
             if self._warm is not None:
                 self._warm.workspaces.clear()
             self._warm = plan
+        quiet = floating_point.enter()  # no NumPy floating-point warnings, as eager: one switch for the whole run
         try:
             return plan.fn(arrays, self.scope, self.constants)
         except Exception as e:
             if isinstance(e, OpforgeError):
                 raise
             raise _name_failed_op(plan, e) from e
+        finally:
+            floating_point.leave(quiet)
 
     def prepare(self, feed_arrays: dict) -> Plan:
         """Build (and cache nothing: ``run`` caches) the plan for feeds of these shapes and dtypes."""
