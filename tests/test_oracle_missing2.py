@@ -604,8 +604,8 @@ def test_multinomial_draws_as_torch_defines_them():
 
 def test_scaled_dot_product_attention_takes_torchs_positions():
     """F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale=): torch's positional form
-    (nanoGPT's call passes dropout_p=0 and is_causal=True by name, others positionally); a dropout_p > 0, which
-    opforge does not apply, is refused naming the argument."""
+    (nanoGPT's call passes dropout_p=0 and is_causal=True by name, others positionally); a dropout_p that is no
+    probability is refused naming the argument (tests/test_torch_attention_dropout.py checks dropout_p > 0)."""
     q, k, v = (_RNG.standard_normal((2, 3, 4, 8)) for _ in range(3))
     for args, kwargs in [((None, 0.0, True), {}), ((None, 0), {"is_causal": True, "scale": 0.3}),
                          ((_RNG.standard_normal((4, 4)),), {"dropout_p": 0.0})]:
@@ -616,5 +616,6 @@ def test_scaled_dot_product_attention_takes_torchs_positions():
                                              *(of.tensor(a) if isinstance(a, np.ndarray) else a for a in args),
                                              **kwargs)
         assert_same(got, want, "scaled_dot_product_attention", 1e-12, 1e-12)
-    with pytest.raises(of.ArgumentError, match=r"scaled_dot_product_attention\(\): argument 'dropout_p' must be 0"):
-        F.scaled_dot_product_attention(of.tensor(q), of.tensor(k), of.tensor(v), None, 0.1)
+    with pytest.raises(of.ArgumentError, match=r"scaled_dot_product_attention\(\): argument 'dropout_p' must be a "
+                                               r"probability in \[0, 1\], got 1.5"):
+        F.scaled_dot_product_attention(of.tensor(q), of.tensor(k), of.tensor(v), None, 1.5)

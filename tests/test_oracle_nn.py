@@ -318,9 +318,9 @@ ORACLE: dict[str, Oracle] = {
         Sample.of(np.array([[1, 3], [6, 0]]), randn(3, 2), num_embeddings=7, start=1, padding_idx=2),  # not looked up
     )),
     # -- attention ---------------------------------------------------------------------------------------------------
-    "scaled_dot_product_attention": Oracle(
-        lambda q, k, v, m, dropout_p, is_causal, scale: TF.scaled_dot_product_attention(
-            q, k, v, attn_mask=m, dropout_p=dropout_p, is_causal=is_causal, scale=scale),
+    "dot_product_attention": Oracle(
+        lambda q, k, v, m, is_causal, scale: TF.scaled_dot_product_attention(
+            q, k, v, attn_mask=m, is_causal=is_causal, scale=scale),
         extra=(
             Sample.of(randn(2, 2, 3, 4), randn(2, 2, 5, 4), randn(2, 2, 5, 3), _mask((3, 5), 0.6, 1)),
             Sample.of(randn(3, 2), randn(4, 2), randn(4, 2), _NEG_INF_MASK),

@@ -117,15 +117,29 @@ def test_nanogpt_model_py_trains_as_torch(bias):
     assert got_model(X[:, :8], Y[:, :8])[1].item() == pytest.approx(want_loss, rel=2e-6)
 
 
-def test_nanogpt_dropout_in_attention_is_refused_naming_the_difference():
-    """nanoGPT with dropout > 0 in training passes it to scaled_dot_product_attention as dropout_p, which opforge
-    does not apply: refused, naming the op and the argument (nn.Dropout elsewhere in the model is fine)."""
+def test_nanogpt_with_dropout_trains_repeatably_and_evaluates_as_torch():
+    """nanoGPT with dropout > 0 passes it to scaled_dot_product_attention as dropout_p in training (nn.Dropout
+    elsewhere): the attention weights are dropped from opforge's generator, so of.manual_seed repeats the training
+    (torch's masks differ), and in eval mode, where dropout_p is 0, the model computes torch's losses."""
+    config = dict(block_size=16, vocab_size=32, n_layer=1, n_head=2, n_embd=16, dropout=0.2, bias=True)
+    theirs = _import(PROGRAMS / "nanogpt" / "model.py", "nanogpt_model_torch", mocked=False)
     ours = _import(PROGRAMS / "nanogpt" / "model.py", "nanogpt_model_opforge", mocked=True)
-    model = ours.GPT(ours.GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=2, n_embd=8, dropout=0.1))
-    with pytest.raises(of.ArgumentError, match=r"scaled_dot_product_attention\(\): argument 'dropout_p' must be 0"):
-        model(of.tensor(np.zeros((1, 8), np.int64)))
-    model.eval()  # evaluation passes dropout_p=0
-    assert model(of.tensor(np.zeros((1, 8), np.int64)))[0].shape == (1, 1, 16)
+    torch.manual_seed(0)
+    want_model = theirs.GPT(theirs.GPTConfig(**config))
+    runs = []
+    for _ in range(2):
+        got_model = ours.GPT(ours.GPTConfig(**config))
+        _same_start(want_model, got_model)
+        of.manual_seed(5)
+        runs.append(_train_gpt(got_model, of, 3))
+    assert runs[0] == runs[1] and all(np.isfinite(runs[0]))
+    _same_start(want_model, got_model)
+    want_model.eval()
+    got_model.eval()
+    X, Y = _gpt_batch(torch, 1)
+    want_loss = want_model(X, Y)[1].item()
+    X, Y = _gpt_batch(of, 1)
+    assert got_model(X, Y)[1].item() == pytest.approx(want_loss, rel=2e-6)
 
 
 # -- pytorch/examples' word language model -----------------------------------------------------------------------------

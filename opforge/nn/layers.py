@@ -540,8 +540,9 @@ class MultiheadAttention(Module):
 
     ``mha(query, key, value, ...)`` returns ``(output, weights)`` as PyTorch does: with ``need_weights=True`` (the
     default) the attention weights (N, L, S), averaged over the heads unless ``average_attn_weights=False``
-    (N, heads, L, S); with ``need_weights=False`` ``None``, and the output comes from one fused
-    ``scaled_dot_product_attention``. Key and value default to the query (self-attention). Masks follow PyTorch's:
+    (N, heads, L, S); with ``need_weights=False`` ``None``, and the output comes from
+    ``F.scaled_dot_product_attention`` (its ``dropout_p`` the layer's ``dropout`` in training). Key and value
+    default to the query (self-attention). Masks follow PyTorch's:
     a boolean ``attn_mask`` (L, S) or (N·heads, L, S) or ``key_padding_mask`` (N, S) is True where attending is
     *not* allowed; a float mask is added to the scores. ``is_causal=True`` lets position i attend to positions
     j <= i (PyTorch takes it only as a hint beside the causal ``attn_mask``; here it also works alone).
@@ -689,7 +690,7 @@ class MultiheadAttention(Module):
             k, v = F.pad(k, pad=[0, 0, 0, 1]), F.pad(v, pad=[0, 0, 0, 1])
             extra += 1
         dropout = self.dropout if self.training else 0.0
-        explicit = need_weights or dropout > 0.0  # the weights themselves are needed: no fused op
+        explicit = need_weights  # the weights themselves are returned: computed here, not inside the attention op
         mask = self._mask(attn_mask, key_padding_mask, is_causal, n, length, source, explicit or extra > 0)
         if mask is not None and extra:  # the masks cover the source: the appended keys are allowed
             mask = F.pad(mask, pad=[0, extra], value=1.0 if mask.dtype == D.bool_ else 0.0)
@@ -707,7 +708,7 @@ class MultiheadAttention(Module):
             else:
                 weights = None
         else:
-            out = F.scaled_dot_product_attention(q, k, v, mask, is_causal=is_causal and mask is None)
+            out = F.scaled_dot_product_attention(q, k, v, mask, dropout, is_causal=is_causal and mask is None)
         out = self.out_proj(F.reshape(F.permute(out, dims=[0, 2, 1, 3]), shape=[n, length, e]))
         if not batched:
             out = F.squeeze(out, axis=[0])

@@ -2,12 +2,13 @@
 ``TransformerEncoder``, ``TransformerDecoder`` and ``Transformer``, with torch's constructors, defaults, forward
 contracts, submodule names (so a torch ``state_dict`` loads) and initialisation.
 
-Attention is ``MultiheadAttention`` called with ``need_weights=False``, so without dropout it runs as one fused
-``scaled_dot_product_attention`` op per layer. Masks mean what they mean in torch: a boolean mask is True where
-attending is *not* allowed, a float mask is added to the scores; ``src_mask``/``tgt_mask``/``memory_mask`` are
-(L, S) or (N·nhead, L, S), the ``*_key_padding_mask``s (N, S). ``is_causal`` (``tgt_is_causal``, ...) is a hint
-in torch that the mask given is the causal one; here it applies the causal mask itself, with or without a mask
-(torch requires the mask with it), so a correct hint gives torch's result and no mask is needed.
+Attention is ``MultiheadAttention`` called with ``need_weights=False``, so without dropout (or in eval mode) it
+runs as one fused ``dot_product_attention`` op per layer (``F.scaled_dot_product_attention``). Masks mean what
+they mean in torch: a boolean mask is True where attending is *not* allowed, a float mask is added to the scores;
+``src_mask``/``tgt_mask``/``memory_mask`` are (L, S) or (N·nhead, L, S), the ``*_key_padding_mask``s (N, S).
+``is_causal`` (``tgt_is_causal``, ...) is a hint in torch that the mask given is the causal one; here it applies
+the causal mask itself, with or without a mask (torch requires the mask with it), so a correct hint gives torch's
+result and no mask is needed.
 
 Differences, on purpose: torch's ``TransformerEncoder`` has an inference fast path (eval mode, no gradient,
 ``enable_nested_tensor``, a ``src_key_padding_mask``) that returns zeros at padded positions; here those positions

@@ -1133,12 +1133,11 @@ def embedding_rows(
     whole table) gets no gradient.
     """
 
-def scaled_dot_product_attention(
+def dot_product_attention(
     q: _TensorLike,
     k: _TensorLike,
     v: _TensorLike,
     attn_mask: _TensorLike | None = None,
-    dropout_p: float = 0.0,
     is_causal: bool = False,
     *,
     scale: float | None = None,
@@ -1146,10 +1145,9 @@ def scaled_dot_product_attention(
     """softmax(q·kᵀ·scale + mask)·v for q (..., L, E), k (..., S, E), v (..., S, Ev) -> (..., L, Ev); batch dims
     broadcast. ``scale`` defaults to 1/√E. ``attn_mask`` (broadcast to (..., L, S)) is boolean (True: may
     attend) or added to the scores; ``is_causal`` lets query i attend to keys j <= i. A query that may attend to
-    nothing gets zeros, as in torch. The settings take torch's positions; ``dropout_p`` must be 0 (dropout of
-    the attention weights is not supported here: nn.MultiheadAttention's ``dropout`` is). A recorded call keeps
-    the softmax weights for an eager first-order backward pass; elsewhere (compiled, ``create_graph``) the
-    gradient rule computes them again from q, k and the mask.
+    nothing gets zeros, as in torch. ``F.scaled_dot_product_attention`` (torch's function, which adds dropout of
+    the weights) calls it. A recorded call keeps the softmax weights for an eager first-order backward pass;
+    elsewhere (compiled, ``create_graph``) the gradient rule computes them again from q, k and the mask.
     """
 
 # -- opforge.ops.normalization
@@ -2737,6 +2735,23 @@ def rot90(input, k=1, dims=[0, 1]) -> Any:
 def rrelu(input, lower=0.125, upper=0.3333333333333333, training=False, inplace=False) -> Any:
     """``torch.nn.functional.rrelu``: ``rrelu_with_noise``'s output ``y`` (the slopes kept inside the op for
     backward); ``inplace=True`` writes it into ``input``.
+    """
+
+def scaled_dot_product_attention(
+    query,
+    key,
+    value,
+    attn_mask=None,
+    dropout_p=0.0,
+    is_causal=False,
+    *,
+    scale=None,
+) -> Any:
+    """``torch.nn.functional.scaled_dot_product_attention``: the op ``dot_product_attention``; with
+    ``dropout_p`` > 0 its weights (computed with ops, as its gradient rule computes them) are dropped as
+    ``F.dropout`` drops — from opforge's seeded generator, so ``of.manual_seed`` repeats the draw, eagerly and
+    compiled alike (torch's generator draws other masks) — before they weigh the values. As torch's, it drops
+    whenever ``dropout_p`` > 0: give 0 outside training.
     """
 
 def slogdet(input) -> Any:

@@ -577,32 +577,22 @@ def _attention_probs(q, k, attn_mask, is_causal, scale):
     return F.where(alive, F.softmax(F.where(alive, s, 0.0), axis=-1), 0.0)
 
 
-@op("scaled_dot_product_attention(Tensor<floating> q, Tensor<floating> k, Tensor<floating> v, "
-    "Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, *, float? scale=None) -> Tensor out",
-    saves=("probs",))
-def scaled_dot_product_attention(q, k, v, attn_mask, *, dropout_p, is_causal, scale, save=None):
+@op("dot_product_attention(Tensor<floating> q, Tensor<floating> k, Tensor<floating> v, Tensor? attn_mask=None, "
+    "bool is_causal=False, *, float? scale=None) -> Tensor out", saves=("probs",))
+def dot_product_attention(q, k, v, attn_mask, *, is_causal, scale, save=None):
     """softmax(q·kᵀ·scale + mask)·v for q (..., L, E), k (..., S, E), v (..., S, Ev) -> (..., L, Ev); batch dims
     broadcast. ``scale`` defaults to 1/√E. ``attn_mask`` (broadcast to (..., L, S)) is boolean (True: may attend)
     or added to the scores; ``is_causal`` lets query i attend to keys j <= i. A query that may attend to nothing
-    gets zeros, as in torch. The settings take torch's positions; ``dropout_p`` must be 0 (dropout of the attention
-    weights is not supported here: nn.MultiheadAttention's ``dropout`` is). A recorded call keeps the softmax
-    weights for an eager first-order backward pass; elsewhere (compiled, ``create_graph``) the gradient rule
-    computes them again from q, k and the mask."""
-    _validate(scaled_dot_product_attention, q, k, v, attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-              scale=scale)
+    gets zeros, as in torch. ``F.scaled_dot_product_attention`` (torch's function, which adds dropout of the
+    weights) calls it. A recorded call keeps the softmax weights for an eager first-order backward pass; elsewhere
+    (compiled, ``create_graph``) the gradient rule computes them again from q, k and the mask."""
+    _validate(dot_product_attention, q, k, v, attn_mask, is_causal=is_causal, scale=scale)
     out = _attention_np(q, k, v, attn_mask, is_causal, _attention_scale(q.shape[-1], scale), save)
     return out.astype(np.result_type(q, k, v), copy=False)
 
 
-@scaled_dot_product_attention.check
-def _(*, dropout_p, **_):
-    if dropout_p != 0:
-        raise ValueError(f"argument 'dropout_p' must be 0: dropout of the attention weights is not supported here "
-                         f"(torch's dropout_p > 0; nn.MultiheadAttention's dropout is), got {dropout_p}")
-
-
-@scaled_dot_product_attention.onnx
-def _(g, q, k, v, attn_mask, *, dropout_p, is_causal, scale):
+@dot_product_attention.onnx
+def _(g, q, k, v, attn_mask, *, is_causal, scale):
     dtype = g.outputs[0].dtype
     q, k, v = (g.cast(t, dtype) for t in (q, k, v))
     swap = [*range(k.ndim - 2), k.ndim - 1, k.ndim - 2]
@@ -625,16 +615,16 @@ def _(g, q, k, v, attn_mask, *, dropout_p, is_causal, scale):
     return g.op("MatMul", probs, v)
 
 
-@scaled_dot_product_attention.infer
-def _(q, k, v, attn_mask, *, dropout_p, is_causal, scale):
-    name = "scaled_dot_product_attention()"
+@dot_product_attention.infer
+def _(q, k, v, attn_mask, *, is_causal, scale):
+    name = "dot_product_attention()"
     if min(len(q.shape), len(k.shape), len(v.shape)) < 2:
         raise ShapeError(f"{name}: q, k and v need at least 2 dims (..., L, E), got shapes {q.shape}, {k.shape}, "
                          f"{v.shape}")
     if not _same_dims(q.shape[-1:], k.shape[-1:]) or not _same_dims(k.shape[-2:-1], v.shape[-2:-1]):
         raise ShapeError(f"{name}: q (..., L, E), k (..., S, E) and v (..., S, Ev) do not fit: got shapes {q.shape}, "
                          f"{k.shape}, {v.shape}")
-    batch = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], op="scaled_dot_product_attention")
+    batch = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], op="dot_product_attention")
     scores = (*batch, q.shape[-2], k.shape[-2])
     if attn_mask is not None:
         if is_causal:
@@ -647,7 +637,7 @@ def _(q, k, v, attn_mask, *, dropout_p, is_causal, scale):
     return Spec((*batch, q.shape[-2], v.shape[-1]), D.promote(q.dtype, k.dtype, v.dtype))
 
 
-@scaled_dot_product_attention.grad
+@dot_product_attention.grad
 def _(q, k, v, attn_mask, dout, probs, *, is_causal, scale, needs_input_grad):
     # out = P·v with P = softmax(S), S = q·kᵀ·scale (+ mask): dv = Pᵀ·dout, dP = dout·vᵀ, dS = softmax_grad(P, dP),
     # dq = dS·k·scale, dk = dSᵀ·q·scale, d(additive mask) = dS. The engine sums broadcast batch dims down. P is the
@@ -666,8 +656,8 @@ def _(q, k, v, attn_mask, dout, probs, *, is_causal, scale, needs_input_grad):
     return dq, dk, dv, ds if needs_input_grad[3] else None
 
 
-@scaled_dot_product_attention.sbp
-def _(q, k, v, attn_mask, *, dropout_p, is_causal, scale):
+@dot_product_attention.sbp
+def _(q, k, v, attn_mask, *, is_causal, scale):
     # Each (batch, head) is an attention of its own, and each query row a softmax of its own over every key: split
     # along a batch dim (the batch, or the heads), each input split where it has that dim and whole where it
     # broadcasts along it; or split the queries, keys and values whole (not with is_causal: a row's mask depends on
@@ -688,7 +678,7 @@ def _(q, k, v, attn_mask, *, dropout_p, is_causal, scale):
         yield (along(rank - 2, q), B, B, along(rank - 2, attn_mask)), S(rank - 2)
 
 
-@scaled_dot_product_attention.samples
+@dot_product_attention.samples
 def _(rng):
     yield Sample.of(rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 5, 4)), rng.standard_normal((2, 5, 2)))
     yield Sample.of(rng.standard_normal((3, 2)), rng.standard_normal((4, 2)), rng.standard_normal((4, 3)),
@@ -697,3 +687,21 @@ def _(rng):
                     rng.standard_normal((2, 4, 2)), rng.standard_normal((3, 4)))  # broadcast batch, additive mask
     mask = np.array([[True, False, True, True], [False, False, False, False], [True, True, False, True]])
     yield Sample.of(rng.standard_normal((3, 2)), rng.standard_normal((4, 2)), rng.standard_normal((4, 3)), mask)
+
+
+@function
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None):
+    """``torch.nn.functional.scaled_dot_product_attention``: the op ``dot_product_attention``; with ``dropout_p`` > 0
+    its weights (computed with ops, as its gradient rule computes them) are dropped as ``F.dropout`` drops — from
+    opforge's seeded generator, so ``of.manual_seed`` repeats the draw, eagerly and compiled alike (torch's
+    generator draws other masks) — before they weigh the values. As torch's, it drops whenever ``dropout_p`` > 0:
+    give 0 outside training."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p <= 1.0:
+        raise ArgumentError(f"scaled_dot_product_attention(): argument 'dropout_p' must be a probability in [0, 1], "
+                            f"got {dropout_p!r}")
+    if dropout_p == 0.0:
+        return F.dot_product_attention(query, key, value, attn_mask, is_causal, scale=scale)
+    dot_product_attention.infer_fn(*(None if t is None else Spec(tuple(t.shape), t.dtype)
+                                     for t in (query, key, value, attn_mask)), is_causal=is_causal, scale=scale)
+    probs = _attention_probs(query, key, attn_mask, is_causal, _attention_scale(query.shape[-1], scale))
+    return F.matmul(F.dropout(probs, dropout_p), value)

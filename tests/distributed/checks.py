@@ -627,7 +627,7 @@ def check_vocabulary_parallel_embedding_and_attention_heads_split(comm, tmp):
         close(g.numpy(), w.numpy(), "trained parameters", rtol=1e-10)
     program = next(iter(compiled.cache.values()))[0].program
     ops = {op.type: op for op in program.block.ops if op.role == "forward"}
-    spec = program.block.vars[ops["scaled_dot_product_attention"].inputs["q"][0]].spec
+    spec = program.block.vars[ops["dot_product_attention"].inputs["q"][0]].spec
     assert spec.shape == (n, heads // comm.size, length, dim // heads), spec  # this rank's heads
     lookup = ops["embedding_rows"]  # the vocabulary-parallel lookup
     assert program.block.vars[lookup.inputs["weight"][0]].spec.shape == (vocab // comm.size, dim)  # its rows
