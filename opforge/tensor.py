@@ -712,6 +712,10 @@ class TensorOps:
 
     clip = clamp
 
+    def equal(self, other) -> bool:
+        """``torch.equal``: True when both have one shape and the same elements (one bool; ``eq`` is elementwise)."""
+        return tuple(self.shape) == tuple(other.shape) and not F.sum(F.not_equal(self, other)).item()
+
     def numel(self) -> int:
         """The number of elements."""
         return int(np.prod(self.shape, dtype=np.int64))

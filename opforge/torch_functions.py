@@ -63,8 +63,8 @@ def einsum(equation, *operands):
 
 
 def equal(input, other) -> bool:
-    """``torch.equal``: True when both have one shape and the same elements (one bool; ``eq`` is elementwise)."""
-    return tuple(input.shape) == tuple(other.shape) and not F.sum(F.not_equal(input, other)).item()
+    """``torch.equal``: ``Tensor.equal``, one bool (``eq`` is elementwise)."""
+    return input.equal(other)
 
 
 def scatter(input, dim, index, src=None, *, value=None, reduce=None):
@@ -129,22 +129,24 @@ def clone(input, *, memory_format=None):
 def linspace(start, end, steps: int, *, dtype=None, device=None, requires_grad: bool = False):
     """``torch.linspace``: ``steps`` values from ``start`` to ``end``, evenly spaced, computed as torch computes
     them (the first half counted up from ``start``, the second down from ``end``, so both ends are exact)."""
-    values = _spaced("linspace", start, end, steps)
-    return creation.tensor(values, dtype=D.DEFAULT_FLOAT if dtype is None else dtype, device=device,
+    dtype = D.DEFAULT_FLOAT if dtype is None else dtype
+    return creation.tensor(_spaced("linspace", start, end, steps, dtype), dtype=dtype, device=device,
                            requires_grad=requires_grad)
 
 
 def logspace(start, end, steps: int, base: float = 10.0, *, dtype=None, device=None, requires_grad: bool = False):
     """``torch.logspace``: ``base`` to the powers ``linspace(start, end, steps)``."""
-    values = np.power(float(base), _spaced("logspace", start, end, steps))
-    return creation.tensor(values, dtype=D.DEFAULT_FLOAT if dtype is None else dtype, device=device,
-                           requires_grad=requires_grad)
+    dtype = D.DEFAULT_FLOAT if dtype is None else dtype
+    return creation.tensor(np.power(float(base), _spaced("logspace", start, end, steps, dtype)), dtype=dtype,
+                           device=device, requires_grad=requires_grad)
 
 
-def _spaced(name: str, start, end, steps) -> np.ndarray:
+def _spaced(name: str, start, end, steps, dtype) -> np.ndarray:
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
         raise ArgumentError(f"{name}(): steps must be an int >= 0, got {steps!r}")
     start, end = (float(v.item() if hasattr(v, "item") else v) for v in (start, end))
+    if not D.is_floating(D.as_dtype(dtype, op=name, arg="dtype")):  # torch makes start and end of an integer
+        start, end = float(int(start)), float(int(end))              # dtype first: truncated toward zero
     if steps == 1:
         return np.array([start])
     step = (end - start) / max(steps - 1, 1)
