@@ -75,7 +75,7 @@ OPINFO: dict[str, Case] = {
     # -- pooling (opforge/ops/pool.py) ------------------------------------------------------------------------------
     **{f"nn.functional.adaptive_max_pool{nd}d": Case() for nd in (1, 2, 3)},  # return_indices, None sizes
     **{f"nn.functional.adaptive_avg_pool{nd}d": Case() for nd in (1, 2, 3)},  # None sizes, empty batches
-    **{f"nn.functional.max_pool{nd}d": Case(limit=96) for nd in (1, 2, 3)},  # return_indices; 576-1440 samples
+    **{f"nn.functional.max_pool{nd}d": Case(limit=48) for nd in (1, 2, 3)},  # return_indices; 576-1440 samples
     "nn.functional.local_response_norm": Case(),
     **{f"nn.functional.max_unpool{nd}d{variant}": Case(limit=12) for nd in (1, 2, 3) for variant in ("", ":grad")},
     "nn.functional.grid_sample": Case(),  # 4-D and 5-D, every mode
