@@ -712,6 +712,18 @@ class TensorOps:
 
     clip = clamp
 
+    def allclose(self, other, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> bool:
+        """``torch.allclose``: whether ``|self − other| ≤ atol + rtol·|other|`` everywhere (one bool; ``isclose`` is
+        elementwise). Both of one dtype, as torch wants them."""
+        if self.dtype != other.dtype:
+            raise ArgumentError(f"allclose(): input and other must have one dtype, got {self.dtype} and "
+                                f"{other.dtype}")
+        return bool(F.all(F.isclose(self, other, rtol, atol, equal_nan)).item())
+
+    def ravel(self):
+        """``torch.ravel``/``Tensor.ravel``: the elements as one dim (a reshape)."""
+        return F.reshape(self, shape=[-1])
+
     def equal(self, other) -> bool:
         """``torch.equal``: True when both have one shape and the same elements (one bool; ``eq`` is elementwise)."""
         return tuple(self.shape) == tuple(other.shape) and not F.sum(F.not_equal(self, other)).item()

@@ -114,11 +114,13 @@ def where(condition, input=None, other=None):
 
 
 def allclose(input, other, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> bool:
-    """``torch.allclose``: whether ``|input − other| ≤ atol + rtol·|other|`` everywhere (one bool; ``isclose`` is
-    elementwise). Both of one dtype, as torch wants them."""
-    if input.dtype != other.dtype:
-        raise ArgumentError(f"allclose(): input and other must have one dtype, got {input.dtype} and {other.dtype}")
-    return bool(F.all(F.isclose(input, other, rtol, atol, equal_nan)).item())
+    """``torch.allclose``: ``Tensor.allclose``, one bool."""
+    return input.allclose(other, rtol, atol, equal_nan)
+
+
+def ravel(input):
+    """``torch.ravel``: ``Tensor.ravel``."""
+    return input.ravel()
 
 
 def clone(input, *, memory_format=None):
@@ -263,7 +265,7 @@ def _published() -> dict:
     for name in ("transpose", "swapaxes", "swapdims", "einsum", "equal", "normal", "numel", "is_tensor",
                  "is_floating_point", "get_default_dtype", "set_default_dtype", "inference_mode", "device", "Size",
                  "index_put", "scatter", "adaptive_max_pool1d", "where", "allclose", "clone", "linspace", "logspace",
-                 "result_type", "promote_types", "can_cast"):
+                 "ravel", "result_type", "promote_types", "can_cast"):
         names[name] = globals()[name]
     for name in torch_forms.__all__:  # torch's call forms over the ops (std's unbiased, dtype=, ...)
         if name in TORCH:

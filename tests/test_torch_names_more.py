@@ -1,6 +1,6 @@
 """torch's forms that still differed after the torch-forms work landed, against torch: ``linspace``/``logspace``
-with an integer dtype (torch makes start and end integers first: the values differed silently) and the method
-``Tensor.equal`` (missing)."""
+with an integer dtype (torch makes start and end integers first: the values differed silently), and the methods
+``Tensor.equal``, ``Tensor.allclose`` and ``ravel`` (missing)."""
 
 import numpy as np
 import pytest
@@ -25,3 +25,21 @@ def test_equal_method_as_torch():
     for x, y in [(a, a), (a, a + 1e-9), (a, a[:1]), (np.array([np.nan]), np.array([np.nan]))]:
         want = torch.tensor(x).equal(torch.tensor(y))
         assert of.tensor(x).equal(of.tensor(y)) is want and of.equal(of.tensor(x), of.tensor(y)) is want
+
+
+def test_allclose_method_and_ravel_as_torch():
+    a = np.random.default_rng(1).standard_normal((3, 4))
+    for x, y, kwargs in [(a, a + 1e-9, {}), (a, a + 1e-3, {}), (a, a + 1e-3, {"atol": 1e-2}), (a, a[:1], {}),
+                         (np.array([np.nan]), np.array([np.nan]), {"equal_nan": True})]:
+        want = torch.tensor(x).allclose(torch.tensor(y), **kwargs)
+        assert of.tensor(x).allclose(of.tensor(y), **kwargs) is want
+        assert of.allclose(of.tensor(x), of.tensor(y), **kwargs) is want
+    with pytest.raises(of.ArgumentError, match=r"allclose\(\): input and other must have one dtype"):
+        of.tensor(a).allclose(of.tensor(a.astype(np.float32)))
+    with pytest.raises(RuntimeError):
+        torch.tensor(a).allclose(torch.tensor(a.astype(np.float32)))
+    t = of.tensor(a, requires_grad=True)
+    for got in (t.ravel(), of.ravel(t)):
+        np.testing.assert_array_equal(got.numpy(), torch.tensor(a).ravel().numpy())
+    (g,) = of.grad(of.ops.sum(t.ravel() * of.tensor(np.arange(12.0))), [t])
+    np.testing.assert_array_equal(g.numpy(), np.arange(12.0).reshape(3, 4))
