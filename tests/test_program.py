@@ -505,3 +505,41 @@ def test_an_op_of_the_shape_alone_over_a_size_only_the_run_knows_is_not_folded_a
     out = of.Executor(of.trace(f, x=of.Spec(x.shape, x.dtype))).run(x=x)["out"]
     np.testing.assert_array_equal(out, f(of.tensor(x)).numpy())
     assert out.shape == (4,)
+
+
+def test_a_program_saved_before_an_op_was_renamed_loads_under_its_present_name(tmp_path):
+    """Ops that became torch's functions were renamed (max_pool2d -> max_pool2d_values, adaptive_avg_pool2d ->
+    adaptive_avg_pool2d_sized, scaled_dot_product_attention -> dot_product_attention, dropout -> dropout_with_mask,
+    ...): a program file that names them the old way must still load and run to the same values (nothing a user
+    saved is lost); an old attr the new op dropped loads only with the value that means the same."""
+    def f(x, q):
+        return (F.max_pool2d(x, 2).sum() + F.adaptive_avg_pool2d(x, [2, 2]).sum()
+                + F.scaled_dot_product_attention(q, q, q).sum())
+
+    rng = np.random.default_rng(0)
+    x, q = rng.standard_normal((1, 2, 4, 4)).astype(np.float32), rng.standard_normal((2, 3, 4)).astype(np.float32)
+    prog = of.compile(f).program(of.tensor(x), of.tensor(q))
+    prog.save(tmp_path / "new.json")
+    doc = json.loads((tmp_path / "new.json").read_text())
+    old_names = {"max_pool2d_values": "max_pool2d", "adaptive_avg_pool2d_sized": "adaptive_avg_pool2d",
+                 "dot_product_attention": "scaled_dot_product_attention"}
+    for op in doc["ops"]:
+        if op["type"] == "dot_product_attention":
+            op["attrs"]["dropout_p"] = 0.0
+        op["type"] = old_names.get(op["type"], op["type"])
+    assert {op["type"] for op in doc["ops"]} >= set(old_names.values())
+    values = sorted(tmp_path.glob("new.*.npz"))
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    for v in values:
+        (tmp_path / v.name.replace("new.", "old.", 1)).write_bytes(v.read_bytes())
+    loaded = of.Program.load(tmp_path / "old.json")
+    assert str(loaded) == str(prog)
+    feeds = dict(zip(prog.feeds, (x, q)))
+    np.testing.assert_array_equal(of.Executor(loaded).run(feeds)["out"], of.Executor(prog).run(feeds)["out"])
+    for op in doc["ops"]:
+        if op["type"] == "scaled_dot_product_attention":
+            op["attrs"]["dropout_p"] = 0.1
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    with pytest.raises(ProgramFormatError, match=r"scaled_dot_product_attention, now dot_product_attention\) has "
+                                                 r"dropout_p=0.1, which dot_product_attention no longer takes"):
+        of.Program.load(tmp_path / "old.json")

@@ -117,6 +117,20 @@ def save(program: Program, path) -> None:
 
 # -- load: the JSON -----------------------------------------------------------------------------------------------
 
+# Ops renamed since programs were first saved (the name became torch's function over the op): a file naming the old
+# op loads as the new one, whose schema is the old one's but for the attrs listed, each with the only value that means
+# what the new op does. An old name that is an op again is not renamed.
+RENAMED = {
+    **{f"dropout{d}": (f"dropout{d}_with_mask", {}) for d in ("", "1d", "2d", "3d")},
+    "batch_norm": ("batch_norm_with_stats", {}),
+    "instance_norm": ("instance_norm_affine", {}),
+    **{f"max_pool{n}d": (f"max_pool{n}d_values", {}) for n in (1, 2, 3)},
+    **{f"adaptive_max_pool{n}d": (f"adaptive_max_pool{n}d_values", {}) for n in (1, 2, 3)},
+    **{f"adaptive_avg_pool{n}d": (f"adaptive_avg_pool{n}d_sized", {}) for n in (1, 2, 3)},
+    "scaled_dot_product_attention": ("dot_product_attention", {"dropout_p": 0.0}),
+}
+
+
 def load(path) -> Program:
     """Read a program saved by ``save``, validating everything (see the module docstring)."""
     path = Path(path)
@@ -190,6 +204,7 @@ class _Loader:
         program.backward_requests = self._backward_requests(_field(doc, "backward_requests", list, where, []))
         ops = _field(doc, "ops", list, where)
         self.writer = {}  # variable -> index of the op writing it
+        self.renamed = {}  # op index -> its definition under the op's present name (RENAMED)
         heads = [self._op_head(raw, i) for i, raw in enumerate(ops)]
         for i, (_, _, outputs) in enumerate(heads):
             for name in (n for names in outputs.values() for n in names):
@@ -201,7 +216,7 @@ class _Loader:
                                              "(persistable variables change through 'updates' only)")
                 self.writer[name] = i
         for i, (raw, head) in enumerate(zip(ops, heads)):
-            program.block.ops.append(self._op(raw, i, *head))
+            program.block.ops.append(self._op(self.renamed.get(i, raw), i, *head))
         for target, new in program.updates.items():
             old, value = self.vars[target], self.vars[new]
             if not old.persistable:
@@ -288,6 +303,18 @@ class _Loader:
         if not isinstance(raw, dict):
             raise ProgramFormatError(f"{at} must be an object, got {describe(raw)}")
         kind = _field(raw, "type", str, at)
+        if kind in RENAMED and kind not in registry:  # a file saved before the op took its present name
+            kind, dropped = RENAMED[kind]
+            attrs = raw.get("attrs")
+            for name, meaning in dropped.items():  # an attr the op no longer has: only its default means the same
+                if isinstance(attrs, dict) and name in attrs:
+                    if attrs[name] != meaning:
+                        raise ProgramFormatError(
+                            f"{at} ({raw['type']}, now {kind}) has {name}={attrs[name]!r}, which {kind} no longer "
+                            f"takes (only {name}={meaning!r} means the same): rebuild the program from its code")
+                    attrs = {k: v for k, v in attrs.items() if k != name}
+            raw = {**raw, "type": kind, "attrs": attrs}
+            self.renamed[i] = raw
         if kind not in registry:
             raise ProgramFormatError(f"{at} has unknown type {kind!r} (is the module defining it imported?)")
         opdef, at = registry.get(kind), f"{at} {kind}"
