@@ -297,7 +297,9 @@ def _(target, weight, dloss, log_probs_spec, *, ignore_index, reduction):
 def nll_loss_grad(dloss, target, weight, *, num_classes, ignore_index, reduction):
     """Gradient of nll_loss: −dloss·weight[target] (÷ the sum of the counted weights for "mean") at each target
     class, 0 elsewhere."""
-    _validate(nll_loss_grad, dloss, target, weight, num_classes=num_classes, reduction=reduction)
+    if dloss.shape != (target.shape if reduction == "none" else ()) or (
+            weight is not None and weight.shape != (num_classes,)):  # (the rule's checks, run only when they fail)
+        _validate(nll_loss_grad, dloss, target, weight, num_classes=num_classes, reduction=reduction)
     t, valid = _targets("nll_loss_grad", target, num_classes, ignore_index)
     rw = _row_weights(t, valid, None if weight is None else weight.astype(dloss.dtype, copy=False), dloss.dtype)
     s = _row_scale(dloss, len(t), rw, valid, reduction)
