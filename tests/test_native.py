@@ -632,39 +632,6 @@ def test_a_bias_after_a_gemm_joins_the_activation_loop_with_the_same_bits(dtype,
         np.testing.assert_array_equal(got[k], want[k])  # bit for bit, NaN and infinities included
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("name", ["relu_grad", "leaky_relu_grad"])
-def test_a_lone_relu_grad_is_one_native_loop_with_the_unfused_bits(name, dtype):
-    """relu_grad and leaky_relu_grad alone (fusion.ALONE: NumPy's kernel makes several passes) run as a native
-    loop of their own from native.SMALL elements on: the bits of their kernels, special values included, and
-    torch's threshold_backward / leaky_relu_backward on finite values. Smaller, they keep their kernel."""
-    import torch
-
-    rng = np.random.default_rng(23)
-    y, dy = rng.standard_normal((2, 64, 80)).astype(dtype)  # 5120 elements
-    y[0, :len(SPECIAL)], dy[1, :len(SPECIAL)] = SPECIAL, SPECIAL
-    y[2, :len(SPECIAL)] = dy[2, :len(SPECIAL)] = SPECIAL[::-1]
-    y[3, :4] = 0.0  # dy at y == 0: zeroed by both ops
-    if name == "relu_grad":
-        y = np.maximum(y, 0, where=~np.isnan(y), out=y.copy())  # relu's output (NaN kept)
-    fn, torch_fn = {"relu_grad": (F.relu_grad, lambda y, dy: torch.ops.aten.threshold_backward(dy, y, 0)),
-                    "leaky_relu_grad": (lambda y, dy: F.leaky_relu_grad(y, dy, alpha=0.2),
-                                        lambda y, dy: torch.ops.aten.leaky_relu_backward(dy, y, 0.2, False))}[name]
-    for rows, loops in ((64, 1), (8, 0)):  # 8 × 80 = 640 elements: below native.SMALL
-        feeds = {"y": y[:rows], "dy": dy[:rows]}
-        with np.errstate(invalid="ignore"):
-            got, want, source = _both(lambda y, dy: {"dx": fn(y, dy)}, **feeds)
-        assert source.count(f"# fused({name}.") == loops and source.count(", native") == loops
-        np.testing.assert_array_equal(got["dx"], want["dx"])  # bit for bit, NaN, infinities and zeros' signs
-        assert np.array_equal(np.signbit(got["dx"]), np.signbit(want["dx"]))
-    half = {"y": y.astype(np.float16), "dy": dy.astype(np.float16)}  # no native loop for float16: no group
-    with np.errstate(invalid="ignore"):
-        assert "# fused(" not in _both(lambda y, dy: {"dx": fn(y, dy)}, **half)[2]
-    finite = slice(4, None)  # rows without special values: torch's NaN rule differs (threshold_backward keeps dy)
-    np.testing.assert_array_equal(got["dx"][finite], torch_fn(torch.from_numpy(y[:8][finite]),
-                                                              torch.from_numpy(dy[:8][finite])).numpy())
-
-
 # -- Adam's step: one native loop per parameter ----------------------------------------------------------------------
 
 

@@ -38,7 +38,7 @@ from ..core.spec import Dim, Elem, Spec
 from ..tensor import Tensor
 from . import gemm, native
 from .desc import OpDesc, Program
-from .fusion import ALONE, FusedOp, escapes, fuse, in_place_inputs, overlap
+from .fusion import FusedOp, escapes, fuse, in_place_inputs, overlap
 from .trace import Variable
 
 # Outputs smaller than this are not kept in the workspace: the allocator serves them from its free lists at no
@@ -407,8 +407,7 @@ class Executor:
                 ops, kernels = native.layer_norms(ops, kernels, specs)  # each a row loop
                 # regions whose results are read outside them too: one loop each
                 ops, kernels = native.several_results(ops, kernels, specs, roots, set(updates.values()))
-            # with native code, a lone relu_grad (ALONE) is one loop too: NumPy's kernel makes three passes
-            ops, kernels = fuse(ops, kernels, specs, roots, *((ALONE, native.SMALL) if use_native else ()))
+            ops, kernels = fuse(ops, kernels, specs, roots)
             if use_native:  # p − s·(a @ b) as one GEMM adding into p
                 ops, kernels = gemm.gemm_updates(ops, kernels, specs, roots)
                 ops, kernels = gemm.gemm_sums(ops, kernels, specs, roots)  # sums of products: GEMMs with beta = 1

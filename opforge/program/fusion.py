@@ -310,22 +310,9 @@ def in_place_inputs(op) -> list:
     return [n for slot in in_place_slots(op) for n in op.inputs.get(slot, [])]
 
 
-# Pointwise ops whose NumPy kernel makes several passes over memory (a comparison, a multiply by its mask or a
-# branchy np.where, a NaN check): with native code on, one of them alone makes a group too (``fuse``'s ``alone``),
-# which runs as one loop. Measured (a compiled program of the op alone, float32, one pinned thread, CPU medians):
-# relu_grad 64×512 27.9 -> 17.6 µs, 512×512 226 -> 140 µs; leaky_relu_grad 64×512 183 -> 18.5 µs, 512×512
-# 1520 -> 140 µs. The same bits: the loop computes the op's scalar expression in its dtype (tests/test_native.py).
-# (float32 and float64 only: a lone op of another dtype would run its kernel inside a group, for nothing)
-ALONE = frozenset({"relu_grad", "leaky_relu_grad"})
-ALONE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-
-
-def fuse(ops: list, kernels: list, specs: dict, keep: set, alone: frozenset = frozenset(),
-         alone_size: int = 0) -> tuple[list, list]:
-    """Replace each group of two or more fusable ops by a ``FusedOp`` at the place of its last member, and each op
-    of a type in ``alone`` with at least ``alone_size`` float32 or float64 output elements that joins no group by a
-    group of its own. ``keep``: variables that must exist after the run (fetched, written back): never internal to a
-    group."""
+def fuse(ops: list, kernels: list, specs: dict, keep: set) -> tuple[list, list]:
+    """Replace each group of two or more fusable ops by a ``FusedOp`` at the place of its last member.
+    ``keep``: variables that must exist after the run (fetched, written back): never internal to a group."""
     producer, readers = {}, {}
     for i, (op, _) in enumerate(ops):
         for n in op.output_names():
@@ -355,8 +342,7 @@ def fuse(ops: list, kernels: list, specs: dict, keep: set, alone: frozenset = fr
                     continue
                 members.add(p)
                 frontier.append(p)
-        if len(members) > 1 or (ops[i][0].type in alone and math.prod(shape) >= alone_size
-                                and specs[ops[i][0].output_names()[0]].dtype in ALONE_DTYPES):
+        if len(members) > 1:
             for m in members:
                 group_of[m] = len(groups)
             groups.append(sorted(members))
