@@ -6,14 +6,10 @@ import pytest
 
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper  # noqa: E402
+from test_onnx_import_ops import model_of  # noqa: E402
 
 import opforge as of  # noqa: E402
 from opforge.onnx import OnnxImportError  # noqa: E402
-
-
-def model_of(nodes, inputs, outputs, opset=23):
-    graph = helper.make_graph(nodes, "g", inputs, outputs)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
 def info(name, dims, elem=TensorProto.FLOAT):
