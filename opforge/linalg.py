@@ -30,7 +30,7 @@ from .ops import linalg_solve as solve
 from .ops import linalg_solve_triangular as solve_triangular
 from .ops import linalg_svd as svd
 from .ops import multi_dot, slogdet
-from .torch_forms import nuclear_norm as _nuclear_norm
+from .torch_forms import matrix_reduction as _matrix_reduction
 
 
 def svdvals(A):
@@ -66,15 +66,9 @@ def matrix_norm(A, ord="fro", dim=(-2, -1), keepdim=False, *, dtype=None):
     if ord == "fro":
         return _F.norm(A, 2.0, [rows, cols], keepdim)
     if ord == "nuc":
-        return _nuclear_norm(A, [rows, cols], keepdim)
+        return _matrix_reduction(A, [rows, cols], keepdim, _F.sum)
     if ord in (2, -2):
-        rest = [d for d in range(n) if d not in (rows, cols)]
-        s = svdvals(_F.permute(A, dims=[*rest, rows, cols]))
-        y = _F.amax(s, axis=[-1]) if ord == 2 else _F.amin(s, axis=[-1])
-        if keepdim:
-            for d in sorted((rows, cols)):
-                y = _F.unsqueeze(y, d)
-        return y
+        return _matrix_reduction(A, [rows, cols], keepdim, _F.amax if ord == 2 else _F.amin)
     if ord in (1, -1, math.inf, -math.inf):
         summed, over = (rows, cols) if ord in (1, -1) else (cols, rows)  # column sums (1), row sums (inf)
         sums = _F.sum(_F.abs(A), axis=[summed], keepdim=True)

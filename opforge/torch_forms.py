@@ -68,23 +68,23 @@ sum, mean, prod, cumsum, cumprod, nansum, nanmean = (_cast_first(n) for n in (
     "sum", "mean", "prod", "cumsum", "cumprod", "nansum", "nanmean"))
 
 
-def _dims(dim, n: int) -> list | None:
+def _dims(dim) -> list | None:
     if dim is None:
         return None
     return [int(dim)] if isinstance(dim, (int, np.integer)) else [int(d) for d in dim]
 
 
-def nuclear_norm(input, dims: list, keepdim: bool = False):
-    """The sum of the singular values of the matrices over ``dims`` (two dims)."""
+def matrix_reduction(input, dims: list, keepdim: bool, reduce):
+    """``reduce`` (a reduction over the last axis) of the singular values of the matrices over ``dims`` (two dims),
+    those dims kept as size 1 with ``keepdim``: the nuclear norm (sum) and the spectral norms (amax, amin)."""
     n = len(input.shape)
     a, b = (d % n for d in dims)
     rest = [d for d in range(n) if d not in (a, b)]
-    matrices = F.permute(input, dims=[*rest, a, b])
-    total = F.sum(F.linalg_svd(matrices, full_matrices=False)[1], axis=[-1])
+    y = reduce(F.linalg_svd(F.permute(input, dims=[*rest, a, b]), full_matrices=False)[1], axis=[-1])
     if keepdim:
         for d in sorted((a, b)):
-            total = F.unsqueeze(total, d)
-    return total
+            y = F.unsqueeze(y, d)
+    return y
 
 
 def norm(input, p="fro", dim=None, keepdim=False, dtype=None):
@@ -93,7 +93,7 @@ def norm(input, p="fro", dim=None, keepdim=False, dtype=None):
     2-D input when ``dim`` is None). ``dtype=`` casts the input first."""
     if dtype is not None:
         input = F.cast(input, dtype=D.as_dtype(dtype, op="norm"))
-    dims = _dims(dim, len(input.shape))
+    dims = _dims(dim)
     if p is None or p == "fro":
         if p == "fro" and dims is not None and len(dims) > 2:
             raise ArgumentError(f"norm(): p='fro' takes one or two dims, got dim={dim!r}")
@@ -105,7 +105,7 @@ def norm(input, p="fro", dim=None, keepdim=False, dtype=None):
             dims = [0, 1]
         if len(dims) != 2:
             raise ArgumentError(f"norm(): p='nuc' takes two dims, got dim={dim!r}")
-        return nuclear_norm(input, dims, keepdim)
+        return matrix_reduction(input, dims, keepdim, F.sum)
     if isinstance(p, str):
         raise ArgumentError(f"norm(): p must be a number, 'fro' or 'nuc', got {p!r}")
     return F.norm(input, float(p), dims, keepdim)
@@ -227,6 +227,6 @@ def flipud(input):
     return F.flip(input, [0])
 
 
-__all__ = ["clamp_max", "clamp_min", "cumprod", "cumsum", "div", "divide", "dot", "fliplr", "flipud", "mean",
-           "moveaxis", "movedim", "nanmean", "nansum", "norm", "nuclear_norm", "prod", "repeat_interleave", "std",
-           "sum", "var"]
+__all__ = ["clamp_max", "clamp_min", "cumprod", "cumsum", "div", "divide", "dot", "fliplr", "flipud",
+           "matrix_reduction", "mean", "moveaxis", "movedim", "nanmean", "nansum", "norm", "prod", "repeat_interleave",
+           "std", "sum", "var"]
