@@ -4,7 +4,7 @@ PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo demo-distributed test lint bench clean
+.PHONY: demo demo-distributed test test-cuda lint bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,15 @@ demo-distributed: $(VENV)/.installed-distributed
 test: $(VENV)/.installed-test
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -n 2
+
+$(VENV)/.installed-cuda: pyproject.toml $(VENV)/.installed-test
+	$(PY) -m pip install --quiet -e ".[cuda]"
+	touch $@
+
+# The GPU tests (tests/cuda: every op on the device "cuda" against the CPU, training, DLPack) where CuPy sees a GPU;
+# elsewhere they skip, saying why. On a machine that has CuPy and nothing to install: tests/cuda/run_on_gpu.sh.
+test-cuda: $(VENV)/.installed-cuda
+	$(PY) -m pytest -q -n 4 tests/cuda
 
 lint: $(VENV)/.installed-test
 	$(PY) -m ruff check .

@@ -32,6 +32,7 @@ from . import autodiff  # noqa: E402  (the eager backward pass, replay, anomaly 
 
 tensor.bind_engine(autodiff.backward)  # binding 2: Tensor.backward runs the autograd engine
 from . import creation, program, nn, optim, checkpoint, data, linalg, sparse, testing, distributed, onnx  # noqa: E402, F401
+from . import cuda  # noqa: E402, F401  (torch.cuda's questions; CuPy is imported only when they are asked)
 # isort: on
 
 from ._version import __version__  # noqa: E402
@@ -63,7 +64,7 @@ from .core import (  # noqa: E402
 )
 from .core.declare import op  # noqa: E402
 from .core.dtypes import bfloat16, bool_, float16, float32, float64, int32, int64  # noqa: E402
-from .creation import arange, cat, full, ones, ones_like, rand, randn, stack, tensor, zeros, zeros_like  # noqa: E402
+from .creation import arange, cat, from_dlpack, full, ones, ones_like, rand, randn, stack, tensor, zeros, zeros_like  # noqa: E402, F401
 from .dispatch import set_debug  # noqa: E402
 from .program import Executor, Program, Variable, append_backward, compile, trace  # noqa: E402
 from .sparse import sparse_coo_tensor  # noqa: E402

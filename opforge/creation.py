@@ -10,7 +10,7 @@ import numpy as np
 
 from . import ops as F
 from .core import dtypes as D
-from .core.devices import CPU, manual_seed, using_device
+from .core.devices import CPU, get_device, manual_seed, using_device
 from .core.errors import ArgumentError, describe
 from .core.spec import Dim
 from .tensor import Tensor, as_array, wrap
@@ -19,6 +19,30 @@ from .tensor import Tensor, as_array, wrap
 def tensor(data, dtype=None, requires_grad: bool = False, device=None) -> Tensor:
     """A new tensor holding a copy of ``data``."""
     return Tensor(data, dtype=dtype, requires_grad=requires_grad, device=device)
+
+
+_DLPACK_CPU, _DLPACK_CUDA = 1, 2  # DLPack's device types (kDLCPU, kDLCUDA)
+
+
+def from_dlpack(obj) -> Tensor:
+    """A tensor sharing ``obj``'s memory, no copy: any DLPack producer (a torch tensor, a CuPy or NumPy array, a JAX
+    array). GPU memory gives a tensor on "cuda", host memory one on "cpu"; ``torch.from_dlpack(t)`` and
+    ``cupy.from_dlpack(t)`` take opforge's tensors the other way. A write through either side is seen by the other,
+    and autograd does not see it (as in PyTorch)."""
+    if not hasattr(obj, "__dlpack_device__"):
+        raise ArgumentError(f"from_dlpack(): argument 'obj' expected an object with __dlpack__ and __dlpack_device__ "
+                            f"(a torch tensor, a CuPy or NumPy array), got {describe(obj)}")
+    kind = int(obj.__dlpack_device__()[0])
+    if kind == _DLPACK_CPU:
+        device, data = CPU, np.from_dlpack(obj)
+    elif kind == _DLPACK_CUDA:
+        device = get_device("cuda", "from_dlpack()")
+        data = device.xp.from_dlpack(obj)
+    else:
+        raise ArgumentError(f"from_dlpack(): {describe(obj)} lives on DLPack device type {kind}; opforge reads host "
+                            f"memory ({_DLPACK_CPU}) and CUDA memory ({_DLPACK_CUDA})")
+    D.as_dtype(data.dtype, op="from_dlpack", arg="obj")  # a dtype opforge has, else a clear error
+    return wrap(data, device)
 
 
 def _shape(shape: tuple) -> tuple:

@@ -14,8 +14,8 @@ on opforge.
 are modules whose names are opforge's objects of the same meaning (the opforge namespace, ``opforge.nn``,
 ``opforge.ops``, ``opforge.optim``, ``opforge.data``...). Only PyTorch's own names are there (``torch.names`` lists
 them): opforge's other names are not, so a name that means something else in opforge (``of.trace`` traces a program,
-``torch.trace`` sums a diagonal) is never reached through ``torch``. ``torch.cuda.is_available()`` and its kin say
-False: opforge runs on the CPU (and devices registered with it).
+``torch.trace`` sums a diagonal) is never reached through ``torch``. ``torch.cuda`` is ``opforge.cuda``:
+``torch.cuda.is_available()`` is true where CuPy sees a GPU, and ``.to("cuda")`` then runs the same program there.
 
 A PyTorch name opforge lacks fails with an ``AttributeError`` naming it and the nearest names opforge has, when the
 program reads it; with ``enable(lazy=True)`` reading it gives a stand-in that fails the same way only when it is
@@ -79,11 +79,13 @@ _SPEC = {
     "torch.linalg": (of.linalg, set(of.linalg.__all__), {}),
     "torch.special": (functional, torch_names.SPECIAL & set(dir(functional)),
                       {"expit": functional.sigmoid, "gammaln": functional.lgamma, "psi": functional.digamma}),
-    "torch.cuda": (_no_accelerator, set(vars(_no_accelerator)) - {"current_accelerator"}, {}),
-    "torch.accelerator": (_no_accelerator, {"is_available", "device_count", "current_accelerator"}, {}),
+    "torch.cuda": (of.cuda, {"is_available", "device_count", "current_device", "get_device_name", "synchronize",
+                             "manual_seed", "manual_seed_all", "empty_cache", "memory_allocated"}, {}),
+    "torch.accelerator": (of.cuda, {"is_available", "device_count"}, {
+        "current_accelerator": lambda: of.cuda.device() if of.cuda.is_available() else None}),
     "torch.backends": (None, set(), {"mps": None, "cudnn": None, "cuda": None}),
     "torch.backends.mps": (_no_accelerator, {"is_available"}, {"is_built": lambda: False}),
-    "torch.backends.cuda": (_no_accelerator, {"is_available"}, {"is_built": lambda: False}),
+    "torch.backends.cuda": (of.cuda, {"is_available"}, {"is_built": of.cuda.is_available}),
     "torch.backends.cudnn": (_no_accelerator, {"is_available"}, {"deterministic": False, "benchmark": False,
                                                                   "enabled": True}),
 }

@@ -809,6 +809,18 @@ class TensorOps:
         """This tensor on the host device "cpu" (``self`` if it is there already)."""
         return self.to("cpu")
 
+    def cuda(self, device=None, non_blocking: bool = False):
+        """This tensor on the GPU, device "cuda" (``self`` if it is there already)."""
+        return self.to("cuda" if device is None else device if isinstance(device, (str, Device)) else f"cuda:{device}")
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.name == "cuda"
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.device.name == "cpu"
+
     def half(self):
         return F.cast(self, dtype=D.float16)
 
@@ -948,8 +960,13 @@ class Tensor(TensorOps):
                  "_views")
 
     def __init__(self, data, dtype=None, requires_grad=False, device=None):
-        self._device = default_device() if device is None else get_device(device, "tensor()")
-        self._data = self._device.from_host(as_array(data, dtype))
+        self._device = dev = default_device() if device is None else get_device(device, "tensor()")
+        if isinstance(data, Tensor) and data._device is dev:
+            data = data._data
+        if not dev.host and type(data) is dev.array_type:  # a device array (CuPy's): copied there, not via the host
+            self._data = dev.xp.array(data, dtype=D.as_dtype(data.dtype if dtype is None else dtype), copy=True)
+        else:
+            self._data = dev.from_host(as_array(data, dtype))
         self._node = None
         self._index = 0
         self._grad = None
@@ -1268,6 +1285,8 @@ def _is_int(value) -> bool:
 
 
 def _is_device_name(name: str) -> bool:
+    if name == "cuda" or name.startswith("cuda:"):
+        return True  # a device, even where it is missing: get_device then says what is missing
     try:
         get_device(name)
         return True

@@ -163,3 +163,27 @@ def test_a_kernel_for_a_device_wins_over_one_for_every_device(scratch_ops):
 
     assert F.which_device(of.tensor([5.0])).item() == 0.0
     assert F.which_device(twin([5.0])).item() == 1.0
+
+
+def test_compare_with_cpu_reads_second_derivatives_and_catches_a_wrong_device_kernel(scratch_ops):
+    """``testing.compare_with_cpu`` (what tests/cuda runs for every op) compares outputs, gradients and second-order
+    gradients: a device kernel whose gradient of gradient is wrong is found, one that agrees is not."""
+    from opforge.testing.devices import compare_with_cpu
+
+    assert compare_with_cpu("tanh", "twin", order=2) == []
+    scratch_ops.append("cube_test")
+
+    @of.op("cube_test(Tensor<floating> x) -> Tensor y", traits=["elementwise"])
+    def cube_test(x):
+        return x * x * x
+
+    @cube_test.kernel(device="twin")
+    def _(x):
+        return x * x * x + 1e-3  # off on the device only
+
+    @cube_test.grad
+    def _(x, dy):
+        return dy * 3 * x * x
+
+    differences = compare_with_cpu("cube_test", "twin", order=2)
+    assert differences and "output 0" in differences[0]

@@ -18,7 +18,7 @@ from opforge import nn
 from opforge import ops as F
 from opforge.core.opdef import registry
 from opforge.testing import strict
-from opforge.testing.conformance import _materialize, call_op, default_samples
+from opforge.testing.devices import compare_with_cpu
 
 STRICT = strict.DEVICE
 
@@ -44,49 +44,10 @@ def test_every_registered_op_conforms_on_the_strict_device(name):
 
 # -- every op, eagerly, forward and backward, against the CPU --------------------------------------------------------
 
-def _samples(opdef):
-    rng = np.random.default_rng(0)
-    return list(opdef.samples_fn(rng)) if opdef.samples_fn else list(default_samples(opdef, rng))
-
-
-def _run(opdef, k, device):
-    """The op on its sample ``k`` (made for ``device``) in float64 on ``device``: its outputs and the gradients of a
-    fixed weighted sum of them (as host arrays, read once at the end)."""
-    of.manual_seed(0)
-    with of.using_device(device):
-        sample = _samples(opdef)[k]
-        args, kwargs = _materialize(opdef, sample, of.float64, requires_grad="no_grad" not in opdef.traits)
-        out = call_op(opdef, args, kwargs)
-        outs = [o for o in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(o, of.Tensor)]
-        for o in outs:
-            assert o.device == device, f"{opdef.name}: an output is on '{o.device}', its inputs on '{device}'"
-        leaves = [t for t in (*args, *kwargs.values()) for t in (t if isinstance(t, list) else [t])
-                  if isinstance(t, of.Tensor) and t.requires_grad]
-        weighted = [o for o in outs if o.dtype.kind == "f" and o.requires_grad]
-        grads = []
-        if weighted and leaves:
-            total = sum(of.ops.sum(o * (1.0 + of.arange(o.size, dtype=o.dtype).reshape(o.shape) / 7)) for o in weighted)
-            grads = of.grad(total, leaves, allow_unused=True)
-    return [o.cpu().numpy() for o in outs], [None if g is None else g.cpu().numpy() for g in grads]
-
-
 @pytest.mark.parametrize("name", _marked(ALL_OPS, eager=True))
 def test_every_op_computes_on_the_strict_device_what_it_computes_on_the_cpu(name):
-    opdef = registry.get(name)
-    for k in range(len(_samples(opdef))):
-        try:
-            want = _run(opdef, k, "cpu")
-        except of.OpforgeError:
-            continue  # a sample the op refuses in float64 (an integer-only op): check_op covers it
-        got = _run(opdef, k, "strict")
-        for kind, w, g in (("output", want[0], got[0]), ("gradient", want[1], got[1])):
-            assert len(w) == len(g)
-            for i, (a, b) in enumerate(zip(w, g)):
-                if a is None or b is None:
-                    assert a is None and b is None, f"{name} sample {k}: {kind} {i} is None on one device only"
-                    continue
-                np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-12, equal_nan=True,
-                                           err_msg=f"{name} sample {k}: {kind} {i}")
+    differences = compare_with_cpu(name, "strict", order=1, rtol=1e-12, atol=1e-12)
+    assert not differences, "\n".join(differences[:6])
 
 
 # -- training on the device --------------------------------------------------------------------------------------------

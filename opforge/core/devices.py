@@ -9,8 +9,9 @@ so one body written against the array API serves every device; a device-specific
 whose arrays *are* host arrays of another device (``kernels_of="cpu"``) may run that device's kernels where it has
 none of its own.
 
-"cpu" is built in; ``register_device`` adds more (a plug-in, or a test's second device that is NumPy under another
-name). ``Device`` compares equal to its name, so ``t.device == "cpu"`` reads as it should.
+"cpu" is built in; "cuda" (CuPy's arrays on a GPU, ``core/cuda.py``) is registered on first use;
+``register_device`` adds more (a plug-in, or a test's second device that is NumPy under another name). ``Device``
+compares equal to its name, so ``t.device == "cpu"`` reads as it should.
 """
 
 from __future__ import annotations
@@ -109,18 +110,23 @@ class _Streams(threading.local):
     generator = None
 
     def get(self, device: Device):
-        if self.generator is None:
-            self.generator = device.new_generator(0)
+        if self.generator is None:  # a device registered after manual_seed (cuda, on first use) takes its seed
+            self.generator = device.new_generator(getattr(_seeded, "seed", 0))
         return self.generator
+
+
+_seeded = threading.local()  # the last manual_seed in this thread
 
 
 CPU = Device("cpu")
 _DEVICES: dict[str, Device] = {"cpu": CPU}
+# a device registered when first asked for (its library imported only then): name -> (the name asked, "cuda:0") -> it
+_ON_FIRST_USE: dict = {}
 
 
 def manual_seed(seed: int) -> None:
     """Seed every device's generator in this thread: the same seed gives the same numbers, op for op."""
-    seed = int(seed)
+    seed = _seeded.seed = int(seed)
     for device in _DEVICES.values():
         device._streams.generator = device.new_generator(seed)
 
@@ -148,6 +154,10 @@ def get_device(device, where: str = "device") -> Device:
     if isinstance(device, Device):
         return device
     found = _DEVICES.get(device) if isinstance(device, str) else None
+    if found is None and isinstance(device, str):
+        first_use = _ON_FIRST_USE.get(device.partition(":")[0])
+        if first_use is not None:  # "cuda", "cuda:0": registered now, its library imported now
+            return first_use(device)
     if found is None:
         raise ArgumentError(f"{where}: unknown device {device!r}; known devices are {sorted(_DEVICES)}")
     return found

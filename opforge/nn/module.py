@@ -367,6 +367,9 @@ class Module:
     def cpu(self) -> Module:
         return self.to("cpu")
 
+    def cuda(self, device=None) -> Module:
+        return self.to("cuda" if device is None else device if isinstance(device, str) else f"cuda:{device}")
+
     def double(self) -> Module:
         return self.to(D.float64)
 
