@@ -236,3 +236,14 @@ def test_max_unpool_keeps_the_later_of_repeated_places_on_the_device_too():
     want, got = (F.max_unpool(of.tensor(x, device=d), of.tensor(indices, device=d), output_size=[4]).cpu().numpy()
                  for d in ("cpu", "strict"))
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("rows", [1, 32, 128])
+def test_linear_on_the_device_takes_no_host_only_path(rows):
+    """linear's few-rows path (float32, 8 to 64 rows, 256+ features: an OpenBLAS layout trick) allocated its result
+    on the host and failed on CuPy's arrays (seen on a GPU): on a device it is the plain product, same values."""
+    rng = np.random.default_rng(0)
+    x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((rows, 512), (256, 512), (256,)))
+    want = F.linear(of.tensor(x), of.tensor(w), of.tensor(b)).numpy()
+    got = F.linear(*(of.tensor(a, device="strict") for a in (x, w, b))).cpu().numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -149,6 +149,16 @@ def register_device(name: str, xp=np, *, kernels_of: str | None = None, array_ty
     return device
 
 
+def array_module(array):
+    """The array module of the device holding ``array`` (``numpy`` for a host array, CuPy for a CuPy array): for a
+    kernel that takes no ``xp`` and must call what NumPy's dispatch does not forward (``xp.add.at``)."""
+    if type(array) is not np.ndarray:
+        for device in _DEVICES.values():
+            if type(array) is device.array_type:
+                return device.xp
+    return np
+
+
 def get_device(device, where: str = "device") -> Device:
     """``device`` (a name or a Device) as the registered Device; an unknown one is an error naming ``where``."""
     if isinstance(device, Device):

@@ -6,6 +6,7 @@ import numpy as np
 
 from ..core import dtypes as D
 from ..core.declare import function, op
+from ..core.devices import array_module
 from ..core.errors import ShapeError
 from ..core.opdef import Sample
 from ..core.sbp import B, P, S
@@ -16,8 +17,8 @@ try:  # NumPy's own handle on its ufunc settings (private: the fast way to chang
 except ImportError:  # a NumPy that moved them: the public functions below set the same settings, only slower
     _extobj_contextvar = _make_extobj = None
 
-__all__ = ["B", "D", "P", "S", "Sample", "ShapeError", "Spec", "broadcast_shapes", "function", "normalize_axes", "np",
-           "op", "promoted", "shapes_agree"]
+__all__ = ["B", "D", "P", "S", "Sample", "ShapeError", "Spec", "array_module", "broadcast_shapes", "function",
+           "normalize_axes", "np", "op", "promoted", "shapes_agree"]
 
 
 # The ufuncs of the hottest small kernels, bound once: a module attribute lookup is 20 ns of a 0.3–0.5 µs kernel on

@@ -244,7 +244,8 @@ def where(condition, x, y):
     """x where condition holds, else y."""
     if x.dtype is not y.dtype:
         x, y = promoted(x, y)
-    return np.where(condition, x, y)
+    out = np.where(condition, x, y)
+    return out if out.dtype == x.dtype else out.astype(x.dtype)  # CuPy's where makes bfloat16 float32 (exact back)
 
 
 where.scalar("x if condition else y")

@@ -158,7 +158,8 @@ def _nan_to_num(x, *, nan, posinf, neginf):
     info, scalar = ml_dtypes.finfo(x.dtype), x.dtype.type  # NumPy scalars of x's dtype: a device takes them
     y = np.where(np.isnan(x), scalar(nan), x)
     y = np.where(np.isposinf(x), scalar(info.max if posinf is None else posinf), y)
-    return np.where(np.isneginf(x), scalar(info.min if neginf is None else neginf), y)
+    # (CuPy's where makes bfloat16 float32: a select is exact in x's dtype, so it is cast back)
+    return np.where(np.isneginf(x), scalar(info.min if neginf is None else neginf), y).astype(x.dtype, copy=False)
 
 
 nan_to_num = op("nan_to_num(Tensor x, float nan=0.0, float? posinf=None, float? neginf=None) -> Tensor y",

@@ -7,7 +7,7 @@ import builtins
 from opforge import ops as F
 
 from ..core.errors import ArgumentError
-from ._common import D, Sample, ShapeError, Spec, np, op
+from ._common import D, Sample, ShapeError, Spec, array_module, np, op
 
 _MODES = ("sum", "mean", "max")
 
@@ -79,7 +79,7 @@ def embedding_bag(index, weight, offsets, per_sample_weights, *, mode, include_l
         bad = flat[(flat < 0) | (flat >= weight.shape[0])][0]
         raise ArgumentError(f"embedding_bag(): index holds {int(bad)}, outside [0, {weight.shape[0]}) (the rows of "
                             f"the weight)")
-    used = np.ones(len(flat), bool, like=flat)
+    used = array_module(flat).ones(len(flat), bool)
     if padding_idx is not None:
         used &= flat != padding_idx % weight.shape[0]
     rows = weight[flat[used]]
@@ -88,10 +88,10 @@ def embedding_bag(index, weight, offsets, per_sample_weights, *, mode, include_l
     y = np.zeros((count, weight.shape[1]), spec.dtype, like=weight)
     if mode == "max":
         y.fill(-np.inf)
-        np.maximum.at(y, bag[used], rows)
+        array_module(y).maximum.at(y, bag[used], rows)
         y[np.isneginf(y)] = 0  # empty bags (a row of −inf would mean -inf itself, which is not a bag's max)
         return y
-    np.add.at(y, bag[used], rows)
+    array_module(y).add.at(y, bag[used], rows)
     if mode == "mean":
         y /= np.maximum(np.bincount(bag[used], minlength=count), 1)[:, None]
     return y

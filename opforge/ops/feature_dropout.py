@@ -5,7 +5,7 @@ returns ``y`` alone, as torch's does."""
 
 from opforge import ops as F
 
-from ._common import D, Sample, ShapeError, Spec, function, np, op
+from ._common import D, Sample, ShapeError, Spec, array_module, function, np, op
 from .nn import _dropout_scale, functional_dropout
 
 # op -> (the ranks it takes, the rank of an input without a batch dim)
@@ -26,7 +26,7 @@ def _mask_shape(op_name, shape):
 def _drop_channels(op_name, x, p, training, rng):
     shape = _mask_shape(op_name, x.shape)
     if not training or p == 0.0:
-        return x.copy(), np.ones(shape, np.bool_, like=x)
+        return x.copy(), array_module(x).ones(shape, np.bool_)
     keep = rng.random(shape) >= p
     return np.where(keep, x * _dropout_scale(p, training), 0).astype(x.dtype, copy=False), keep
 

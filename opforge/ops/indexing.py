@@ -6,7 +6,7 @@ import builtins
 from opforge import ops as F
 
 from ..core.errors import ArgumentError
-from ._common import D, Sample, ShapeError, Spec, broadcast_shapes, np, op, shapes_agree
+from ._common import D, Sample, ShapeError, Spec, array_module, broadcast_shapes, np, op, shapes_agree
 from .shape import _one_axis
 
 
@@ -75,11 +75,11 @@ def take_grad(dy, index, *, shape, axis):
     _take_grad_spec(dy.shape, index.shape, shape, axis)
     if axis is None:
         dx = np.zeros(int(np.prod(shape)), dy.dtype, like=dy)
-        np.add.at(dx, _checked_index("take_grad", index, dx.size), dy)
+        array_module(dx).add.at(dx, _checked_index("take_grad", index, dx.size), dy)
         return dx.reshape(shape)
     dx = np.zeros(shape, dy.dtype, like=dy)
-    np.add.at(dx, (builtins.slice(None),) * (axis % len(shape)) + (_checked_index("take_grad", index, shape[axis]),),
-              dy)
+    where = (builtins.slice(None),) * (axis % len(shape)) + (_checked_index("take_grad", index, shape[axis]),)
+    array_module(dx).add.at(dx, where, dy)
     return dx
 
 
@@ -178,7 +178,7 @@ def gather_grad(dy, index, *, shape, axis):
     (``scatter_add`` into zeros, without making the zeros first)."""
     a = _gather_shapes("gather_grad", tuple(shape), index.shape, axis, dy.shape)
     dx = np.zeros(shape, dy.dtype, like=dy)
-    np.add.at(dx, _grid_index(_checked_index("gather_grad", index, shape[a]), a), dy)
+    array_module(dx).add.at(dx, _grid_index(_checked_index("gather_grad", index, shape[a]), a), dy)
     return dx
 
 
@@ -208,7 +208,7 @@ def scatter_add(x, index, src, *, axis):
     more than once get every contribution. The adjoint of ``gather``."""
     a = _gather_shapes("scatter_add", x.shape, index.shape, axis, src.shape)
     out = x.astype(D.promote(x.dtype, src.dtype), copy=True)
-    np.add.at(out, _grid_index(_checked_index("scatter_add", index, x.shape[a]), a),
+    array_module(out).add.at(out, _grid_index(_checked_index("scatter_add", index, x.shape[a]), a),
               src[tuple(builtins.slice(0, n) for n in index.shape)])
     return out
 
@@ -346,8 +346,8 @@ def index_add(x, index, source, *, axis, alpha):
         _checked_index("index_add", index, 1)
         return (x + added).astype(dtype)
     out = x.astype(dtype, copy=True)
-    np.add.at(out, (builtins.slice(None),) * (axis % x.ndim) + (_checked_index("index_add", index.reshape(-1),
-                                                                               x.shape[axis]),), added)
+    where = (builtins.slice(None),) * (axis % x.ndim) + (_checked_index("index_add", index.reshape(-1), x.shape[axis]),)
+    array_module(out).add.at(out, where, added)
     return out
 
 

@@ -193,9 +193,10 @@ _COPY_BLOCK = 128
 
 
 def _few_rows(x, weight, bias, out) -> bool:
-    """Whether linear takes _few_rows_linear: float32, 8 to 64 rows, in and out features both >= 256 (where the
-    measured gain holds), x and out C-contiguous, and no bias or one float32 value per feature."""
-    return (x.dtype == weight.dtype == np.float32 and min(weight.shape) >= 256
+    """Whether linear takes _few_rows_linear: host arrays (it works around OpenBLAS; a GPU's BLAS has no such
+    need), float32, 8 to 64 rows, in and out features both >= 256 (where the measured gain holds), x and out
+    C-contiguous, and no bias or one float32 value per feature."""
+    return (type(x) is np.ndarray and x.dtype == weight.dtype == np.float32 and min(weight.shape) >= 256
             and 8 * weight.shape[1] <= x.size <= 64 * weight.shape[1] and x.flags.c_contiguous
             and (bias is None or (bias.dtype == np.float32 and bias.shape == weight.shape[:1]))
             and (out is None or out.flags.c_contiguous))
@@ -570,8 +571,10 @@ def linalg_solve(a, b, *, left):
     spec, vector = _solve_spec(a, b, left)
     if not left:  # x·a = b  <=>  aᵀ·xᵀ = bᵀ
         a, b = np.swapaxes(a, -1, -2), np.swapaxes(b, -1, -2)
-    x = _lapack("linalg_solve", "a matrix of a is singular (not invertible)", np.linalg.solve, a,
-                b[..., None] if vector else b)
+    b = b[..., None] if vector else b
+    batch = spec.shape[:-1] if vector else spec.shape[:-2]  # broadcast here: CuPy's solve does not broadcast
+    x = _lapack("linalg_solve", "a matrix of a is singular (not invertible)", np.linalg.solve,
+                np.broadcast_to(a, (*batch, *a.shape[-2:])), np.broadcast_to(b, (*batch, *b.shape[-2:])))
     x = x[..., 0] if vector else (x if left else np.swapaxes(x, -1, -2))
     return np.broadcast_to(x, spec.shape).astype(spec.dtype, copy=False)
 

@@ -341,7 +341,8 @@ def cholesky_solve(b, l, *, upper):
     for any l."""
     spec = _cholesky_solve_spec(b.shape, l.shape)
     lower = np.swapaxes(l, -1, -2) if upper else l
-    return _lapack("cholesky_solve", "the factor is singular", np.linalg.solve, lower @ np.swapaxes(lower, -1, -2),
+    a = np.broadcast_to(lower @ np.swapaxes(lower, -1, -2), (*spec[:-2], *l.shape[-2:]))  # CuPy's solve: same batch
+    return _lapack("cholesky_solve", "the factor is singular", np.linalg.solve, a,
                    np.broadcast_to(b, spec)).astype(D.promote(b.dtype, l.dtype), copy=False)
 
 

@@ -20,6 +20,7 @@ from ._common import (
     Sample,
     ShapeError,
     Spec,
+    array_module,
     broadcast_shapes,
     constant_row,
     function,
@@ -296,7 +297,7 @@ def dropout_with_mask(x, *, p, training, rng):
     reproduces them. Nothing is drawn when the op is the identity (not training, or p = 0).
     """
     if not training or p == 0.0:
-        return x.copy(), np.ones(x.shape, np.bool_, like=x)
+        return x.copy(), array_module(x).ones(x.shape, np.bool_)
     keep = rng.random(x.shape) >= p
     return np.where(keep, x * _dropout_scale(p, training), 0).astype(x.dtype, copy=False), keep
 
@@ -402,7 +403,7 @@ def embedding_grad(dy, index, *, num_embeddings, padding_idx):
     _validate(embedding_grad, dy, index, num_embeddings=num_embeddings, padding_idx=padding_idx)
     _check_indices("embedding_grad", index, num_embeddings)
     dw = np.zeros((num_embeddings, dy.shape[-1]), dy.dtype, like=dy)
-    np.add.at(dw, index.reshape(-1), dy.reshape(index.size, dy.shape[-1]))  # (not -1: rows of 0 elements)
+    array_module(dw).add.at(dw, index.reshape(-1), dy.reshape(index.size, dy.shape[-1]))  # (not -1: rows of 0 elements)
     if padding_idx is not None:
         dw[padding_idx % num_embeddings] = 0
     return dw
@@ -537,7 +538,7 @@ def _attention_np(q, k, v, attn_mask, is_causal, scale, save=None):
         s = s + attn_mask
     allowed = attn_mask if attn_mask is not None and attn_mask.dtype == np.bool_ else None
     if is_causal:
-        allowed = np.tril(np.ones(s.shape[-2:], np.bool_, like=s))
+        allowed = np.tril(array_module(s).ones(s.shape[-2:], np.bool_))
     if allowed is not None:
         s = np.where(allowed, s, -np.inf)
     if attn_mask is None:

@@ -26,7 +26,7 @@ import math
 from opforge import ops as F
 
 from . import _window as win
-from ._common import D, S, Sample, ShapeError, Spec, function, np, op, shapes_agree
+from ._common import D, S, Sample, ShapeError, Spec, array_module, function, np, op, shapes_agree
 
 # -- geometry --------------------------------------------------------------------------------------------------------
 
@@ -95,7 +95,7 @@ def _first_maxima(views, y=None):
             last_nan = np.isnan(v) & nan
             hit |= last_nan
             nan ^= last_nan
-    free = np.ones(y.shape, bool, like=y)
+    free = array_module(y).ones(y.shape, bool)
     for hit in hits:
         hit &= free
         free ^= hit

@@ -569,10 +569,10 @@ def _scatter_reduce(x, index, src, axis, reduce, include_self, xp):
     if reduce == "prod":
         _multiply_at(out, where, values, xp)
     else:
-        _REDUCE_AT[reduce].at(out, where, values)
+        getattr(xp, _REDUCE_AT[reduce].__name__).at(out, where, values)
     if reduce == "mean":
         counts = xp.zeros(x.shape, np.int64)
-        np.add.at(counts, where, 1)
+        xp.add.at(counts, where, 1)
         counts += 1 if include_self else 0
         touched = counts > 0
         if x.dtype.kind == "f":

@@ -8,7 +8,21 @@ import math
 from opforge import ops as F
 
 from ..core.errors import ArgumentError, describe
-from ._common import D, P, S, Sample, ShapeError, Spec, broadcast_shapes, function, normalize_axes, np, op, shapes_agree
+from ._common import (
+    D,
+    P,
+    S,
+    Sample,
+    ShapeError,
+    Spec,
+    array_module,
+    broadcast_shapes,
+    function,
+    normalize_axes,
+    np,
+    op,
+    shapes_agree,
+)
 
 
 @op("reshape(Tensor x, int[] shape) -> Tensor y", traits=["view"])
@@ -926,7 +940,7 @@ def repeat_interleave_grad(dy, *, shape, repeats, axis):
     a, n, _ = _repeat_plan("repeat_interleave_grad", tuple(shape), repeats, axis)
     counts = np.broadcast_to(np.asarray(repeats), (n,))
     dx = np.zeros((n, *dy.shape[1:]) if a is None else (*dy.shape[:a], n, *dy.shape[a + 1:]), dy.dtype, like=dy)
-    np.add.at(dx, (builtins.slice(None),) * (a or 0) + (np.repeat(np.arange(n), counts),), dy)
+    array_module(dx).add.at(dx, (builtins.slice(None),) * (a or 0) + (np.repeat(np.arange(n), counts),), dy)
     return dx.reshape(shape)
 
 
@@ -1193,7 +1207,8 @@ def pad_grad(dy, *, shape, pad, mode):
     for d, (before, after) in enumerate(_pad_pairs(pad, len(shape))):
         if before or after:
             acc = np.zeros((*dx.shape[:d], shape[d], *dx.shape[d + 1:]), dy.dtype, like=dy)
-            np.add.at(acc, (builtins.slice(None),) * d + (_pad_source(shape[d], before, after, mode),), dx)
+            where = (builtins.slice(None),) * d + (_pad_source(shape[d], before, after, mode),)
+            array_module(acc).add.at(acc, where, dx)
             dx = acc
     return dx if dx is not dy else dy.copy()
 

@@ -97,13 +97,26 @@ def _trigamma(x):
 def polygamma(x, *, n):
     """ψ⁽ⁿ⁾(x), the n-th derivative of digamma (``torch.polygamma(n, input)``: n first). n = 0 is digamma, n = 1
     torch's trigamma, and n ≥ 2 (−1)ⁿ⁺¹·n!·ζ(n + 1, x), NaN at +inf as torch's Hurwitz zeta gives it."""
+    return _polygamma(x, n, _scipy().zeta)
+
+
+def _polygamma(x, n, zeta):
     if n == 0:
         return _scipy().digamma(x)
     if n == 1:
         return _trigamma(x)
     with np.errstate(over="ignore", invalid="ignore"):
-        y = (1 if n % 2 else -1) * math.exp(math.lgamma(n + 1)) * _scipy().zeta(n + 1, x)
+        y = (1 if n % 2 else -1) * math.exp(math.lgamma(n + 1)) * zeta(n + 1, x)
     return np.where(x == np.inf, np.nan, y).astype(x.dtype)
+
+
+@polygamma.kernel(device="cuda")
+def _(x, *, n):
+    """CuPy's Hurwitz zeta, called by name: NumPy's dispatch hands SciPy's ``zeta`` (its ufunc ``_zeta``) to
+    ``cupyx.scipy.special._zeta``, which is a module there (seen on CuPy 14.2)."""
+    from cupyx.scipy import special
+
+    return _polygamma(x, n, special.zeta)
 
 
 @polygamma.check

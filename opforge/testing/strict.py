@@ -13,8 +13,10 @@ too, but shows the host only what a ``cupy.ndarray`` shows it (read from CuPy's 
   CuPy takes NumPy *scalars*, not 0-d arrays (the comparisons alone turn a 0-d array into its item). Lists and
   tuples are refused as ufunc operands.
 * Only what CuPy 14 has: ufunc ``reduce``/``accumulate`` for add and multiply, ``reduceat`` for add, ``at`` for
-  add, subtract, maximum, minimum and the bitwise and/or/xor; no ``initial=`` on min/max and no ``where=`` on
-  reductions; the Generator's methods CuPy's has; no ``errstate``.
+  add, subtract, maximum, minimum and the bitwise and/or/xor (called on the device's ufunc, ``xp.add.at``: NumPy's
+  ``np.add.at`` does not reach CuPy's); no ``device=`` on creation functions (``np.ones(n, like=x)`` passes one);
+  no ``initial=`` on min/max and no ``where=`` on reductions; ``linalg.solve`` without broadcasting; the
+  Generator's methods CuPy's has; no ``errstate``.
 * Reductions and scalar indexing give 0-d device arrays, never NumPy scalars.
 * ``.item()``, ``.tolist()``, ``.get()``, ``float()``, ``int()``, ``bool()``, ``asnumpy``, pickling, boolean-mask
   indexing and ``nonzero`` are allowed and counted in ``SYNCS``: each one stalls a real GPU until its queue drains.
@@ -302,7 +304,15 @@ class Generator:
         return _function(getattr(self._g, name), f"Generator.{name}")
 
 
-linalg = _Namespace(np.linalg, MISSING_LINALG)
+def _solve(a, b):
+    """``cupy.linalg.solve``: batch dims must be equal, not broadcast (seen on CuPy 14.2: "a must have (..., M, M)
+    shape and b must have (..., M, K) for multidimensional b")."""
+    if b.ndim > 1 and a.shape[:-2] != b.shape[:-2]:
+        raise ValueError("a must have (..., M, M) shape and b must have (..., M, K) for multidimensional b")
+    return _function(np.linalg.solve, "linalg.solve")(a, b)
+
+
+linalg = _Namespace(np.linalg, MISSING_LINALG, solve=_solve)
 random = _Namespace(np.random, default_rng=Generator)
 fft = _Namespace(np.fft)
 lib = _Namespace(np.lib, stride_tricks=_Namespace(np.lib.stride_tricks))
@@ -387,6 +397,8 @@ class StrictArray:
                         "NumPy array explicitly.")
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if method == "at":  # cupy.add.at exists, but NumPy's np.add.at does not reach it (seen on CuPy 14.2)
+            return NotImplemented
         return _apply_ufunc(ufunc, method, inputs, kwargs)
 
     def __array_function__(self, func, types, args, kwargs):
@@ -397,6 +409,8 @@ class StrictArray:
             fn = getattr(module, func.__name__)
         except AttributeError:
             return NotImplemented
+        if "device" in kwargs:  # NumPy 2 hands np.ones/full/eye(..., like=x) a device=None, which CuPy's refuse
+            raise TypeError(f"{func.__name__}() got an unexpected keyword argument 'device'")
         return fn(*args, **kwargs)
 
     def get(self, stream=None, order="C", out=None, blocking=True) -> np.ndarray:
