@@ -247,3 +247,30 @@ def test_linear_on_the_device_takes_no_host_only_path(rows):
     want = F.linear(of.tensor(x), of.tensor(w), of.tensor(b)).numpy()
     got = F.linear(*(of.tensor(a, device="strict") for a in (x, w, b))).cpu().numpy()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_cuda_kernels_written_against_xp_run_on_cupy_like_arrays():
+    """The kernels registered for "cuda" that use only the array module (binary.py's arithmetic, calling CuPy's
+    ufuncs directly), run where "cuda" is the strict device under that name: every dtype check_op tries, and the
+    CPU's values. In a subprocess: "cuda" registered here would stand for a GPU in the other tests."""
+    import subprocess
+    import sys
+
+    code = """
+import numpy as np, opforge as of
+from opforge.core.devices import register_device
+from opforge.testing import strict
+from opforge.testing.devices import compare_with_cpu
+register_device("cuda", strict.xp, kernels_of="cpu", array_type=strict.StrictArray, cls=strict.StrictDevice)
+for name in ("add", "sub", "mul", "div"):
+    assert of.registry.get(name).find_kernel("cuda", np.dtype("float32")).device == "cuda", name
+    report = of.testing.check_op(name, device="cuda", raise_on_failure=False)
+    assert not report.failures, (name, report.failures[:3])
+    assert compare_with_cpu(name, "cuda", order=2) == [], name
+x = of.tensor([1, 2, 3], device="cuda")
+assert (x / 2).dtype == of.float32 and (x / 2).cpu().tolist() == [0.5, 1.0, 1.5]
+assert (x + of.tensor([0.5], device="cuda")).cpu().tolist() == [1.5, 2.5, 3.5]
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stdout[-2000:] + done.stderr[-3000:]

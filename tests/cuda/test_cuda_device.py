@@ -197,3 +197,22 @@ def test_the_char_transformer_example_trains_on_cuda(tmp_path):
     done = subprocess.run([sys.executable, str(root / "examples" / "char_transformer.py"), "--device", "cuda",
                            "--steps", "150", "--sample", "40"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+
+
+def test_the_readmes_cuda_kernel_runs_and_agrees_with_the_cpu():
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    code = "\n".join(re.findall(r"```python\n(.*?)```", (root / "README.md").read_text(), re.S))
+    code += """
+import numpy as np
+from opforge.testing import compare_with_cpu
+assert my_leaky_relu.find_kernel("cuda", np.dtype("float32")).device == "cuda"
+assert compare_with_cpu("my_leaky_relu", "cuda", order=2, rtol=1e-12, atol=1e-12) == []
+print("cuda kernel ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=root)
+    assert done.returncode == 0 and "cuda kernel ok" in done.stdout, done.stdout[-2000:] + done.stderr[-3000:]
