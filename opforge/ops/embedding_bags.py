@@ -7,7 +7,7 @@ import builtins
 from opforge import ops as F
 
 from ..core.errors import ArgumentError
-from ._common import D, Sample, ShapeError, Spec, array_module, np, op
+from ._common import D, Sample, ShapeError, Spec, array_module, np, op, reduce_at
 
 _MODES = ("sum", "mean", "max")
 
@@ -85,16 +85,19 @@ def embedding_bag(index, weight, offsets, per_sample_weights, *, mode, include_l
     rows = weight[flat[used]]
     if per_sample_weights is not None:
         rows = rows * per_sample_weights.reshape(-1)[used, None]
-    y = np.zeros((count, weight.shape[1]), spec.dtype, like=weight)
+    # (CuPy's add.at has no bfloat16: on a device the halves add up in float32, rounded once at the end)
+    dtype = np.float32 if spec.dtype in D.HALF and type(weight) is not np.ndarray else spec.dtype
+    rows = rows.astype(dtype, copy=False)
+    y = np.zeros((count, weight.shape[1]), dtype, like=weight)
     if mode == "max":
         y.fill(-np.inf)
-        array_module(y).maximum.at(y, bag[used], rows)
+        reduce_at(np.maximum, y, bag[used], rows)
         y[np.isneginf(y)] = 0  # empty bags (a row of −inf would mean -inf itself, which is not a bag's max)
-        return y
+        return y.astype(spec.dtype, copy=False)
     array_module(y).add.at(y, bag[used], rows)
     if mode == "mean":
         y /= np.maximum(np.bincount(bag[used], minlength=count), 1)[:, None]
-    return y
+    return y.astype(spec.dtype, copy=False)
 
 
 @embedding_bag.check

@@ -107,7 +107,7 @@ def _add_scaled(base, scale: float, d, out):
     """base + scale·d written into ``out`` (which may be ``base``), block by block: the product scale·d never takes
     an array of the parameter's size (SGD's lr·grad, issue 6). The same bits as ``base + scale * d``; with
     scale = −lr also as ``base − lr * d`` (negation is exact)."""
-    if base.ndim == 0 or base.size <= _BLOCK:
+    if base.ndim == 0 or base.size <= _BLOCK or type(base) is not np.ndarray:  # (a GPU: one launch, not 2 a block)
         return np.add(base, d * scale, out=out)
     rows = max(1, _BLOCK // (base.size // base.shape[0]))
     product = np.empty((rows, *base.shape[1:]), np.result_type(d, scale), like=base)

@@ -11,7 +11,7 @@ import math
 
 from opforge import ops as F
 
-from ._common import D, Sample, ShapeError, Spec, broadcast_shapes, function, np, op
+from ._common import D, Sample, ShapeError, Spec, broadcast_shapes, function, np, op, reduce_at
 from .indexing import _checked_index, _gather_shapes, _grid_index, _index_select_shape
 
 
@@ -504,30 +504,6 @@ triu_indices = _triangle("triu_indices")
 # -- scatter_reduce -----------------------------------------------------------------------------------------------
 
 
-def _multiply_at(out, where, values, xp=np):
-    """``np.multiply.at(out, where, values)``, which CuPy's ufuncs lack (their ``at`` adds, subtracts and takes
-    extremes only): on another device, each place's values are multiplied together by a segmented scan over the
-    targets sorted (log₂ n steps, no read of the device), and every write to a place then writes its product."""
-    if xp is np:
-        np.multiply.at(out, where, values)
-        return
-    target = sum(xp.broadcast_to(i, values.shape) * s for i, s in zip(where, _element_strides(out.shape)))
-    order = xp.argsort(target.reshape(-1), kind="stable")
-    target, product = target.reshape(-1)[order], values.reshape(-1)[order]
-    step = 1
-    while step < target.size:  # inclusive scan within runs of one target: the last of a run holds its product
-        same = target[step:] == target[:-step]
-        product = xp.concatenate([product[:step], xp.where(same, product[step:] * product[:-step], product[step:])])
-        step *= 2
-    step = 1
-    while step < target.size:  # each element takes its run's last value, so that a place's writes agree
-        same = target[:-step] == target[step:]
-        product = xp.concatenate([xp.where(same, product[step:], product[:-step]), product[-step:]])
-        step *= 2
-    flat = out.reshape(-1)
-    flat[target] = flat[target] * product
-
-
 def _element_strides(shape):
     """How far apart, in elements, neighbours along each dim of a C-ordered array of ``shape`` are."""
     return [math.prod(shape[d + 1:]) for d in range(len(shape))]
@@ -566,10 +542,10 @@ def _scatter_reduce(x, index, src, axis, reduce, include_self, xp):
     out = x.copy()
     if not include_self:
         out[where] = _identity(reduce, x.dtype)
-    if reduce == "prod":
-        _multiply_at(out, where, values, xp)
+    if reduce in ("sum", "mean"):
+        xp.add.at(out, where, values)
     else:
-        getattr(xp, _REDUCE_AT[reduce].__name__).at(out, where, values)
+        reduce_at(_REDUCE_AT[reduce], out, where, values)
     if reduce == "mean":
         counts = xp.zeros(x.shape, np.int64)
         xp.add.at(counts, where, 1)

@@ -116,7 +116,8 @@ def _(x, *, n):
     ``cupyx.scipy.special._zeta``, which is a module there (seen on CuPy 14.2)."""
     from cupyx.scipy import special
 
-    return _polygamma(x, n, special.zeta)
+    wide = x.astype(D.float32) if x.dtype in D.HALF else x  # halves in float32, rounded once (ops/half.py)
+    return _polygamma(wide, n, special.zeta).astype(x.dtype, copy=False)
 
 
 @polygamma.check
