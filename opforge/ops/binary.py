@@ -142,7 +142,8 @@ def _on_gpu(opdef, ufunc_name: str, promote):
         if x.dtype is not y.dtype or (promote is _div_dtype and x.dtype.kind in "biu"):
             dtype = promote(x, y)
             x, y = x.astype(dtype, copy=False), y.astype(dtype, copy=False)
-        return getattr(xp, ufunc_name)(x, y, out=out)
+        ufunc = getattr(xp, ufunc_name)
+        return ufunc(x, y) if out is None else ufunc(x, y, out=out)  # (CuPy parses keywords slowly)
 
 
 def _promoted_dtype(x, y):
