@@ -115,3 +115,89 @@ def parse(name: str) -> Device:
 
 
 _ON_FIRST_USE["cuda"] = parse
+
+
+# -- elementwise kernels that read and write 16 bytes at a time ---------------------------------------------------
+
+_VECTOR = {"float": ("float4", 4), "double": ("double2", 2)}
+_LANES = ("x", "y", "z", "w")
+_CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+
+
+class Elementwise:
+    """An elementwise kernel from a C body over named inputs, outputs and scalars (``y = x > 0 ? x : alpha * x;``),
+    for CuPy arrays. Where every array is C-contiguous, 16-byte aligned, of one size and one dtype (float32 or
+    float64), it runs as a RawKernel whose threads load and store 16 bytes at a time (float4/double2), a grid-stride
+    loop over the vectors then the tail: CuPy's ElementwiseKernel reads one element per thread, which on an H200
+    moved 1.7 TB/s for leaky_relu over 2^26 float32 against torch's 4.1. Any other call (broadcasting, strides,
+    other dtypes) runs the same body as a ``cupy.ElementwiseKernel``. Compiled once per dtype; CuPy caches the
+    binaries on disk."""
+
+    def __init__(self, name: str, inputs, outputs, body: str, scalars=()):
+        self.name, self.inputs, self.outputs, self.body = name, list(inputs), list(outputs), body
+        self.scalars = list(scalars)
+        self._raw: dict = {}
+        self._general = None
+
+    def source(self, ctype: str) -> str:
+        """The RawKernel's CUDA source for ``ctype`` ("float" or "double")."""
+        vtype, width = _VECTOR[ctype]
+        params = [f"const {ctype}* __restrict__ in_{n}" for n in self.inputs]
+        params += [f"{ctype}* __restrict__ out_{n}" for n in self.outputs]
+        params += [f"const {ctype} {n}" for n in self.scalars] + ["const long long n"]
+        lanes = []
+        for lane in _LANES[:width]:
+            lanes.append("    {")
+            lanes += [f"      const {ctype} {n} = v_{n}.{lane};" for n in self.inputs]
+            lanes += [f"      {ctype} {n};" for n in self.outputs]
+            lanes.append(f"      {self.body}")
+            lanes += [f"      r_{n}.{lane} = {n};" for n in self.outputs]
+            lanes.append("    }")
+        return "\n".join([
+            f'extern "C" __global__ void {self.name}({", ".join(params)}) {{',
+            "  const long long start = blockIdx.x * (long long)blockDim.x + threadIdx.x;",
+            "  const long long step = (long long)gridDim.x * blockDim.x;",
+            f"  const long long vectors = n / {width};",
+            "  for (long long v = start; v < vectors; v += step) {",
+            *[f"    const {vtype} v_{n} = reinterpret_cast<const {vtype}*>(in_{n})[v];" for n in self.inputs],
+            *[f"    {vtype} r_{n};" for n in self.outputs],
+            *lanes,
+            *[f"    reinterpret_cast<{vtype}*>(out_{n})[v] = r_{n};" for n in self.outputs],
+            "  }",
+            f"  for (long long i = vectors * {width} + start; i < n; i += step) {{",
+            *[f"    const {ctype} {n} = in_{n}[i];" for n in self.inputs],
+            *[f"    {ctype} {n};" for n in self.outputs],
+            f"    {self.body}",
+            *[f"    out_{n}[i] = {n};" for n in self.outputs],
+            "  }",
+            "}",
+        ])
+
+    def __call__(self, *arrays, out=None, **scalars):
+        cupy = device().xp
+        outs = None if out is None else (out if isinstance(out, tuple) else (out,))
+        first = arrays[0]
+        ctype = _CTYPE.get(first.dtype)
+        if ctype is not None and all(a.dtype == first.dtype and a.size == first.size and a.flags.c_contiguous
+                                     and a.data.ptr % 16 == 0 for a in (*arrays, *(outs or ()))):
+            if outs is None:
+                outs = tuple(cupy.empty(first.shape, first.dtype) for _ in self.outputs)
+            kernel = self._raw.get(ctype)
+            if kernel is None:
+                kernel = self._raw[ctype] = cupy.RawKernel(self.source(ctype), self.name)
+            width = _VECTOR[ctype][1]
+            blocks = max(1, min((first.size // width + 255) // 256, 32 * _multiprocessors(cupy)))
+            values = [first.dtype.type(scalars[n]) for n in self.scalars]
+            kernel((blocks,), (256,), (*arrays, *outs, *values, np.int64(first.size)))
+            return outs[0] if len(outs) == 1 else outs
+        if self._general is None:
+            self._general = cupy.ElementwiseKernel(
+                ", ".join([*(f"T {n}" for n in self.inputs), *(f"T {n}" for n in self.scalars)]),
+                ", ".join(f"T {n}" for n in self.outputs), self.body, self.name + "_general")
+        values = [first.dtype.type(scalars[n]) for n in self.scalars]
+        return self._general(*arrays, *values, *(outs or ()))
+
+
+@functools.cache
+def _multiprocessors(cupy) -> int:
+    return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
