@@ -5,6 +5,7 @@ numbers."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ def threads() -> int:
     return int(os.environ.get("BENCH_THREADS", "1"))
 
 
+@functools.cache  # once per process: steps call it per call, and setting the thread counts again costs ~20 µs
 def load_torch():
     import torch
 

@@ -82,10 +82,12 @@ def numpy_step(params, x, y):
     return step
 
 
-def floor(params, x, y):
-    """The step's eight matmuls alone, on operands computed once."""
-    W1, _, W2, _, W3, _ = params
-    _, _, (h1, h2, d3, d2, d1) = numpy_forward_backward(params, x, y)
+def floor(params, x, y, to=lambda a: a):
+    """The step's eight matmuls alone, on operands computed once; ``to`` moves each operand to the framework that
+    multiplies (bench/gpu.py: torch on the GPU)."""
+    _, _, intermediates = numpy_forward_backward(params, x, y)
+    W1, _, W2, _, W3, _ = map(to, params)
+    x, (h1, h2, d3, d2, d1) = to(x), map(to, intermediates)
 
     def matmuls():
         return (x @ W1.T, h1 @ W2.T, h2 @ W3.T,  # forward
