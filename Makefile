@@ -4,7 +4,7 @@ PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo demo-distributed test test-cuda lint bench clean
+.PHONY: demo demo-distributed test test-cuda lint bench bench-gpu clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,13 @@ $(VENV)/.installed-bench: pyproject.toml $(VENV)/.installed
 bench: $(VENV)/.installed-bench
 	$(PY) bench/program_vs_eager.py
 	$(PY) bench/run.py
+
+# The GPU bench (bench/gpu.py, issue 26): opforge on "cuda" against PyTorch CUDA and raw CuPy, writing
+# bench/results/gpu.{md,json}. It installs nothing (the lent GPU machine has no package registry): GPU_PYTHON is an
+# interpreter that has CuPy and a CUDA build of PyTorch; opforge comes from this checkout. GPU_BENCH_ARGS=--quick.
+GPU_PYTHON ?= python3
+bench-gpu:
+	PYTHONPATH=. $(GPU_PYTHON) bench/gpu.py --out bench/results $(GPU_BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
