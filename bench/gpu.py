@@ -82,8 +82,7 @@ class Backend:
     and the synchronisation that makes a timing include the device's work."""
 
     def __init__(self, device: str):
-        self.device = device
-        self.opforge_device = device
+        self.device = device  # opforge's
         self.torch_device = "cuda" if device == "cuda" else "cpu"
         self._torch = self._xp = None
 
@@ -117,7 +116,7 @@ class Backend:
     def sync(self) -> None:
         if self.device != "cuda":
             return
-        if "torch" in sys.modules and self._torch is not None:
+        if self._torch is not None:
             self._torch.cuda.synchronize()  # cudaDeviceSynchronize: every stream, CuPy's too
         else:
             self.xp.cuda.runtime.deviceSynchronize()
@@ -127,7 +126,7 @@ class Backend:
 
         if self.device == "strict":
             import opforge.testing.strict  # registers the device
-        return of.tensor(array.copy(), requires_grad=requires_grad, device=self.opforge_device)
+        return of.tensor(array.copy(), requires_grad=requires_grad, device=self.device)
 
     def to_torch(self, array: np.ndarray, requires_grad: bool = False):
         return self.torch.from_numpy(array.copy()).to(self.torch_device).requires_grad_(requires_grad)
@@ -523,7 +522,7 @@ def failures(rows: list) -> list:
 def markdown(report: dict, rows: list, backend: Backend) -> str:
     meta = report["meta"]
     raw = backend.raw_name
-    lines = [f"# GPU bench (issue 26): opforge on {backend.opforge_device!r} against PyTorch and raw {raw}", ""]
+    lines = [f"# GPU bench (issue 26): opforge on {backend.device!r} against PyTorch and raw {raw}", ""]
     if meta["device"] != "cuda":
         lines += [f"**--device {meta['device']}: a dry run without a GPU. The numbers mean nothing.**", ""]
     if meta["quick"]:
