@@ -1,7 +1,7 @@
 """The GPU bench (issue 26): opforge on "cuda" against PyTorch CUDA and raw CuPy, in one process and one run.
 
-    python bench/gpu.py --out DIR                       # about a minute on an H100: DIR/gpu.md and DIR/gpu.json
-    python bench/gpu.py --out DIR --quick               # fewer, shorter repeats: for a time-limited run
+    python bench/gpu.py --out DIR                       # DIR/gpu.md and DIR/gpu.json; sized for < 150 s on an H100
+    python bench/gpu.py --out DIR --quick               # fewer, shorter repeats (< 60 s): a time-limited run
     python bench/gpu.py --out DIR --rows mlp            # some rows only: small, large, mlp
     python bench/gpu.py --out DIR --device cpu --quick  # dry run without a GPU: the same rows on the CPU, PyTorch
                                                         # CPU, NumPy in CuPy's place (the numbers mean nothing)
@@ -25,8 +25,9 @@ loss, the updated weights, also against PyTorch's step from the same weights and
 the update); a mismatch is a failure and that implementation is not timed. Timing: the first call (the check) and one
 more warm up; then N calls between two device synchronisations (``torch.cuda.synchronize``: the whole device, CuPy's
 streams too), N chosen so that a repeat lasts at least --min-time; the repeats go round-robin over a row's
-implementations; tables give the median of --repeats repeats. Small ops are measured as a training loop issues them,
-queued without a sync in between: per-call time is what the host spends issuing one.
+implementations (one that has spent --max-seconds stops at 3: a pathologically slow path cannot eat a time-limited
+run); tables give the median of --repeats repeats. Small ops are measured as a training loop issues them, queued
+without a sync in between: per-call time is what the host spends issuing one.
 
 A failure (an exception in any implementation's path, a check that does not pass) is written into the table and the
 JSON, the other implementations and rows go on, and the script exits 1 at the end. DIR/gpu.json and DIR/gpu.md are
@@ -235,16 +236,21 @@ def measure(impls: list[Impl], backend: Backend, args) -> None:
         except Exception as exc:  # recorded, and the row goes on
             fail(impl, exc)
     samples = {impl.name: [] for impl, _ in ready}
+    spent = dict.fromkeys(samples, 0.0)
     failed = set()
     for _ in range(args.repeats):
         for impl, fn in ready:
-            if impl.name in failed:
+            # a pathologically slow implementation stops after 3 repeats once it has had its share of the run
+            if impl.name in failed or (len(samples[impl.name]) >= 3 and spent[impl.name] > args.max_seconds):
                 continue
             try:
-                samples[impl.name].append(run_calls(fn, impl.result["number"], backend.sync) / impl.result["number"])
+                seconds = run_calls(fn, impl.result["number"], backend.sync)
             except Exception as exc:
                 fail(impl, exc)
                 failed.add(impl.name)
+                continue
+            samples[impl.name].append(seconds / impl.result["number"])
+            spent[impl.name] += seconds
     for impl, _ in ready:
         if impl.name not in failed:
             s = samples[impl.name]
@@ -531,8 +537,8 @@ def markdown(report: dict, rows: list, backend: Backend) -> str:
               + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()), "",
               f"`{meta['command']}`: each implementation's result checked against a float64 reference first; then "
               f"the median of {meta['repeats']} repeats, each at least {meta['min_time'] * 1e3:.0f} ms of calls "
-              "between two device synchronisations, round-robin over a row's implementations. Ratios divide medians "
-              "of this run.", ""]
+              "between two device synchronisations, round-robin over a row's implementations (one that has spent "
+              f"{meta['max_seconds']:g} s stops at 3). Ratios divide medians of this run.", ""]
     lines += ["## Targets", "", "| target | measured | |", "|---|---|---|"]
     for t in report["targets"]:
         status = {True: "met", False: "**missed**", None: "not measured"}[t["met"]]
@@ -612,7 +618,7 @@ def report_of(rows: list, backend: Backend, args, device_name: str) -> dict:
                      "device": backend.device, "device_name": device_name,
                      "commit": args.commit or git_commit(), "python": platform.python_version(),
                      "versions": versions(backend), "quick": args.quick, "small": args.small,
-                     "repeats": args.repeats, "min_time": args.min_time,
+                     "repeats": args.repeats, "min_time": args.min_time, "max_seconds": args.max_seconds,
                      "command": "python bench/gpu.py " + " ".join(args.argv)},
             "targets": targets(rows), "failures": failures(rows),
             "rows": [{"id": r["id"], "title": r["title"], "unit": r["unit"],
@@ -630,12 +636,15 @@ def main(argv=None) -> int:
     parser.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS))
     parser.add_argument("--repeats", type=int, help="timed repeats per implementation (default 15; --quick 5)")
     parser.add_argument("--min-time", type=float, help="seconds per repeat, at least (default 0.04; --quick 0.01)")
+    parser.add_argument("--max-seconds", type=float, help="timed seconds per implementation after which it stops at 3 "
+                        "repeats (default 3; --quick 1)")
     parser.add_argument("--commit", help="the commit to report where the tree has no .git (default: git's HEAD)")
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     args.argv = argv
     args.repeats = args.repeats or (5 if args.quick else 15)
     args.min_time = args.min_time or (0.01 if args.quick else 0.04)
+    args.max_seconds = args.max_seconds or (1.0 if args.quick else 3.0)
     sizes = SIZES["small" if args.small else "full"]
     backend = Backend(args.device)
     start = time.perf_counter()
