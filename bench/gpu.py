@@ -676,12 +676,13 @@ def main(argv=None) -> int:
             report = report_of(rows, backend, args, device_name)
             write(args.out / "gpu.json", json.dumps(report, indent=1, ensure_ascii=False))
             write(args.out / "gpu.md", markdown(report, rows, backend))
-    print()
-    print(markdown(report, rows, backend))
+    # the tracebacks' last lines, then the tables (their Failures section last): a log read by its tail shows both
     for f in report["failures"]:
-        print(f"FAILED {f['row']} / {name_of(f['impl'], backend)}: {f['error']}\n{f['traceback']}",
-              file=sys.stderr)
-    print(f"{time.perf_counter() - start:.1f} s in all", file=sys.stderr)
+        if f["traceback"]:
+            print(f"\n{f['row']} / {name_of(f['impl'], backend)}:\n" + "\n".join(f["traceback"].splitlines()[-12:]))
+    print()
+    print(markdown(report, rows, backend), flush=True)
+    print(f"{time.perf_counter() - start:.1f} s in all; {len(report['failures'])} failure(s)")
     return 1 if report["failures"] else 0
 
 
