@@ -676,12 +676,18 @@ def main(argv=None) -> int:
             report = report_of(rows, backend, args, device_name)
             write(args.out / "gpu.json", json.dumps(report, indent=1, ensure_ascii=False))
             write(args.out / "gpu.md", markdown(report, rows, backend))
-    # the tracebacks' last lines, then the tables (their Failures section last): a log read by its tail shows both
+    # the tracebacks' last lines, the tables, then a summary: a log read by its tail (tests/cuda/run_on_gpu.sh shows
+    # 40 lines) ends with the targets and the failures
     for f in report["failures"]:
         if f["traceback"]:
             print(f"\n{f['row']} / {name_of(f['impl'], backend)}:\n" + "\n".join(f["traceback"].splitlines()[-12:]))
     print()
-    print(markdown(report, rows, backend), flush=True)
+    print(markdown(report, rows, backend))
+    for t in report["targets"]:
+        status = {True: "met", False: "MISSED", None: "not measured"}[t["met"]]
+        print(f"TARGET {t['target']}: {t['measured']} -> {status}")
+    for f in report["failures"]:
+        print(f"FAILED {f['row']} / {name_of(f['impl'], backend)}: {f['error']}"[:300])
     print(f"{time.perf_counter() - start:.1f} s in all; {len(report['failures'])} failure(s)")
     return 1 if report["failures"] else 0
 
