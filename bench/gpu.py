@@ -157,10 +157,9 @@ class Backend:
 def host(value) -> np.ndarray:
     """A result of any implementation as a NumPy array of its own (on the CPU, torch's and opforge's ``numpy()``
     share the tensor's memory, which the next step overwrites): opforge and torch tensors, CuPy arrays."""
-    module = type(value).__module__
-    if module.startswith(("torch", "opforge")):
+    if hasattr(value, "detach"):  # a torch or opforge tensor
         value = value.detach().cpu().numpy()
-    elif module.startswith("cupy"):
+    elif type(value).__module__.startswith("cupy"):
         return value.get()
     return np.array(value, copy=True)
 
@@ -266,9 +265,11 @@ def fail(impl: Impl, exc: BaseException) -> None:
 # -- the rows --------------------------------------------------------------------------------------------------------
 
 
-def checker(call_result_ref: np.ndarray, rtol: float, atol: float = 0.0):
+def checker(want: np.ndarray, rtol: float, atol: float = 0.0):
+    """A check of a call's result against ``want`` (float64)."""
+
     def check(fn):
-        compare("result", fn(), call_result_ref, rtol, atol)
+        compare("result", fn(), want, rtol, atol)
 
     return check
 
