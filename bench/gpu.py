@@ -56,6 +56,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from cases import mlp  # noqa: E402
+from cases.common import threads  # noqa: E402
+from harness import limit_pools  # noqa: E402
 from run import cpu_model, git_commit, num, write  # noqa: E402
 
 ALPHA = 0.01  # leaky_relu's slope (PyTorch's default)
@@ -531,7 +533,8 @@ def markdown(report: dict, rows: list, backend: Backend) -> str:
     raw = backend.raw_name
     lines = [f"# GPU bench (issue 26): opforge on {backend.device!r} against PyTorch and raw {raw}", ""]
     if meta["device"] != "cuda":
-        lines += [f"**--device {meta['device']}: a dry run without a GPU. The numbers mean nothing.**", ""]
+        lines += [f"**--device {meta['device']}: a dry run without a GPU (every framework on {threads()} thread(s)). "
+                  "The numbers mean nothing.**", ""]
     if meta["quick"]:
         lines += ["**--quick run: few, short repeats.**", ""]
     lines += [f"{meta['date']} · **{meta['device_name']}** · opforge {meta['commit']} · Python {meta['python']} · "
@@ -648,6 +651,8 @@ def main(argv=None) -> int:
     args.max_seconds = args.max_seconds or (1.0 if args.quick else 3.0)
     sizes = SIZES["small" if args.small else "full"]
     backend = Backend(args.device)
+    if args.device != "cuda":  # on the CPU every framework gets the thread count PyTorch gets (1 unless BENCH_THREADS);
+        limit_pools(threads())  # on a GPU machine the host's BLAS only makes the references: all its threads
     start = time.perf_counter()
     try:
         device_name = backend.device_name()
