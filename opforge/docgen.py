@@ -128,7 +128,7 @@ def _kernels_text(opdef: OpDef) -> str:
     parts = []
     for device, dtypes in by_device.items():
         named = [str(d) for d in dtypes if d is not None]
-        if None in dtypes:
+        if any(d is None for d in dtypes):  # (not ``None in dtypes``: NumPy's float64 dtype compares equal to None)
             rest = [str(d) for d in allowed if str(d) not in named]
             named.append(("every allowed dtype" if not named else "others") + (f" ({', '.join(rest)})" if rest else ""))
         parts.append(f"`{'every device (takes xp)' if device is None else device}`: {', '.join(named)}")
