@@ -25,7 +25,8 @@ _OP_FAMILIES = ("half", "creation", "elementwise", "binary", "integer", "reduce"
                 "normalization", "conv", "accumulate", "optim", "collective", "device", "pool", "resize", "recurrent",
                 "embedding_bags", "feature_dropout", "indexing", "similarity", "sorting", "sparse",
                 "reduce_torch", "linalg_torch", "elementwise_math", "special", "activations", "margin_losses",
-                "selection", "shape_functions", "ctc", "sampling")
+                "selection", "shape_functions", "ctc", "sampling",
+                "cuda_kernels")  # last: CUDA kernels for ops of the families above (CuPy imported on first use)
 for _family in _OP_FAMILIES:
     importlib.import_module(f"{__name__}.ops.{_family}")
 from . import autodiff  # noqa: E402  (the eager backward pass, replay, anomaly detection)
