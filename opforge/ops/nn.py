@@ -358,7 +358,7 @@ dropout = function(functional_dropout(dropout_with_mask))
 
 def _check_indices(op_name, index, n):
     if index.size and (index.min() < 0 or index.max() >= n):
-        bad = index[(index < 0) | (index >= n)].flat[0]
+        bad = index[(index < 0) | (index >= n)][0]  # (a mask's selection is 1-D; CuPy's arrays have no .flat)
         raise ArgumentError(f"{op_name}(): index holds {int(bad)}, outside [0, {n}) (the rows of the weight)")
 
 
