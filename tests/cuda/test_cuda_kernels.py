@@ -630,3 +630,38 @@ def test_embedding_grad_index_out_of_range_is_the_cpu_error():
 def test_check_op_on_cuda(name):
     report = of.testing.check_op(name, device=DEVICE, raise_on_failure=False)
     assert not report.failures, f"check_op({name!r}, device={DEVICE!r}):\n" + "\n".join(report.failures)
+
+
+@gpu
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_compiled_training_step(optimizer):
+    """A compiled step (linear, layer_norm, gelu, leaky_relu, cross_entropy, the optimizer's updates written in place
+    by the executor's out= buffers) on cuda against the same on the CPU, float64."""
+    rng = _rng("compiled training")
+    x = rng.standard_normal((96, 12))
+    y = rng.integers(0, 5, 96)
+    results = {}
+    for device in (DEVICE, "cpu"):
+        of.manual_seed(0)
+        model = of.nn.Sequential(of.nn.Linear(12, 32), of.nn.LayerNorm(32), of.nn.GELU(approximate="tanh"),
+                                 of.nn.Linear(32, 16), of.nn.LeakyReLU(0.1), of.nn.Linear(16, 5)).double()
+        model.to(device)
+        if optimizer == "sgd":
+            opt = of.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-4)
+        else:
+            opt = of.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=1e-2)
+
+        def step(xb, yb, model=model, opt=opt):
+            loss = F.cross_entropy(model(xb), yb)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        compiled = of.compile(step)
+        losses = [compiled(of.tensor(x[i::4], device=device), of.tensor(y[i::4], device=device)).cpu().numpy()
+                  for i in range(4)]
+        results[device] = (np.array(losses), [p.detach().cpu().numpy() for p in model.parameters()])
+    assert_close(f"compiled {optimizer} step losses", results[DEVICE][0], results["cpu"][0], scale=True)
+    for k, (got, want) in enumerate(zip(results[DEVICE][1], results["cpu"][1])):
+        assert_close(f"compiled {optimizer} step: parameter {k} after 4 steps", got, want, scale=True)
