@@ -119,12 +119,14 @@ def _nvrtc_compile(source: str, what: str) -> None:
     from cupy_backends.cuda.libs import nvrtc
 
     include = Path(cupy.__file__).parent / "_core" / "include"
+    cccl = include / "cupy" / "_cccl"  # (what CuPy's complex.cuh includes)
     try:
         program = nvrtc.createProgram(source, f"{what}.cu", [], [])
     except Exception as e:  # no libnvrtc where CuPy is
         pytest.skip(f"NVRTC is not usable here: {e}")
     try:
-        nvrtc.compileProgram(program, ["-arch=compute_90", f"-I{include}"])
+        nvrtc.compileProgram(program, ["-arch=compute_90", f"-I{include}", *(f"-I{cccl / d}" for d in
+                                                                               ("libcudacxx", "thrust", "cub"))])
     except nvrtc.NVRTCError:
         pytest.fail(f"{what} does not compile:\n{nvrtc.getProgramLog(program)}\n--- source ---\n{source}")
 
@@ -164,6 +166,7 @@ def test_elementwise_kernels_compile(name):
         type_map = K._TypeMap(tuple(sorted((c, types[c]) for c in used)))
         code = K._get_elementwise_kernel_code(tuple(infos), type_map, kernel.params, operation, kernel.name,
                                               kernel.preamble, loop_prep, "")
-        _nvrtc_compile("#include <cupy/carray.cuh>\n" + code, f"{name}_{np.dtype(t).name}")
+        headers = "".join(f"#include <cupy/{h}>\n" for h in ("complex.cuh", "carray.cuh", "atomics.cuh"))
+        _nvrtc_compile(headers + code, f"{name}_{np.dtype(t).name}")  # (CuPy's headers, as CuPy compiles it)
 
 
