@@ -1,6 +1,6 @@
 """Dedicated CUDA kernels (issue 26): one pass over memory where the generic kernel, run on CuPy arrays, takes
-several — the activations with their gradients, softmax/log_softmax/cross_entropy rows, layer_norm, the SGD and Adam
-updates in place, embedding's gradient by atomic scatter-add.
+several — the activations with their gradients, softmax/log_softmax/cross_entropy rows, layer_norm and the
+normalize_grad of its backward pass, the SGD and Adam updates in place, embedding's gradient by atomic scatter-add.
 
 Each is registered with ``@<op>.kernel(device="cuda", dtypes=[float32, float64])``: it wins over the generic kernel
 there and gets CuPy arrays. A call it does not cover (another axis, a class weight, mixed dtypes, a layout that is
@@ -12,12 +12,14 @@ float32, double for float64); hyper-parameters that the CPU kernel turns into Py
 factors from their 0-d ``lr``/``step``/``beta1``/``momentum``) are made in double on the device, as on the host,
 and read there without a device-to-host copy. What differs is the order of sums (a block's tree reduction, where
 NumPy sums pairwise or by BLAS dot) and CUDA's own exp/log/erf/tanh (within 2 ulp) and fused multiply-adds: the same
-values within float rounding, not the same bits. The sources are module constants so that tests can compile them
-with NVRTC without a GPU (tests/cuda/test_cuda_kernels.py).
+values within float rounding, not the same bits (embedding_grad's atomic adds: not even from run to run). The sources
+are module constants so that tests can compile them with NVRTC without a GPU (tests/test_cuda_kernel_sources.py);
+tests/cuda/test_cuda_kernels.py compares each kernel with the CPU on a GPU.
 """
 
 import functools
 
+from ..core.devices import get_device
 from ..core.errors import ArgumentError
 from ._common import D, normalize_axes, np
 from .elementwise import _INV_SQRT_2PI, _SQRT_HALF, _TANH_C, _TANH_K, gelu, gelu_grad, leaky_relu, leaky_relu_grad
@@ -48,12 +50,12 @@ def _cupy():
 def _generic(opdef, dtype):
     """The kernel ``opdef`` runs on "cuda" without this module's, as ``OpDef.find_kernel`` would find it with the
     "cuda" entries left out (else this kernel would find itself): the one for every device, else the CPU's (which
-    the cuda device borrows), bound to CuPy where it takes ``xp``."""
+    the cuda device borrows), bound to the device's CuPy where it takes ``xp``."""
     kernels = opdef.kernels
     for name in (None, "cpu"):
         kernel = kernels.get((name, dtype)) or kernels.get((name, None))
         if kernel is not None:
-            return functools.partial(kernel.fn, xp=_cupy()) if kernel.takes_xp else kernel.fn
+            return kernel.bind(get_device("cuda")) if kernel.takes_xp else kernel.fn
     raise LookupError(f"op '{opdef.name}' has no generic kernel for {dtype}")  # (every op here has one)
 
 
