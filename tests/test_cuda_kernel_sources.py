@@ -136,17 +136,18 @@ def test_row_kernels_compile(dtype):
     _nvrtc_compile(CK.rows_source(getattr(of, dtype)), f"rows_{dtype}")
 
 
-@pytest.mark.parametrize("name", sorted(CK.ELEMENTWISE))
-def test_elementwise_kernels_compile(name):
-    """The code CuPy generates for each ElementwiseKernel (its own generator, for float and double parameters, 0-d
-    raw hyper-parameters of another float type), compiled."""
+SCALARS = {"alpha", "wd", "beta2", "one_minus_beta2", "eps", "shrink"}  # the parameters given Python numbers
+
+
+def _elementwise_code_compiles(name: str, in_params: str, out_params: str, operation: str, preamble: str = "",
+                               loop_prep: str = "") -> None:
+    """The code CuPy generates for a cupy.ElementwiseKernel (its own generator, for float and double parameters, 0-d
+    raw hyper-parameters of another float type), compiled with CuPy's headers, as CuPy compiles it."""
     cupy = pytest.importorskip("cupy")
     from cupy._core import _carray
     from cupy._core import _kernel as K
 
-    in_params, out_params, operation, loop_prep = CK.ELEMENTWISE[name]
-    kernel = cupy.ElementwiseKernel(in_params, out_params, operation, f"opforge_{name}", preamble=CK._MATH,
-                                    loop_prep=loop_prep)
+    kernel = cupy.ElementwiseKernel(in_params, out_params, operation, name, preamble=preamble, loop_prep=loop_prep)
     ndarray, indexer, scalar = 1, 2, 3  # CuPy 14's _ArgKind values
     for t in (np.float32, np.float64):
         other = np.float64 if t == np.float32 else np.float32
@@ -156,8 +157,7 @@ def test_elementwise_kernels_compile(name):
             dtype = p.dtype or types[p.ctype]
             if p.raw:
                 infos.append(K._ArgInfo(ndarray, cupy.ndarray, dtype, 0, True, True))
-            elif p in kernel.in_params and p.name in {"alpha", "wd", "beta2", "one_minus_beta2", "eps", "mode",
-                                                         "shrink"}:
+            elif p in kernel.in_params and p.name in SCALARS:
                 infos.append(K._ArgInfo(scalar, cupy._core._scalar.CScalar, dtype, 0, True, True))
             else:
                 infos.append(K._ArgInfo(ndarray, cupy.ndarray, dtype, 1, True, True))
@@ -167,6 +167,23 @@ def test_elementwise_kernels_compile(name):
         code = K._get_elementwise_kernel_code(tuple(infos), type_map, kernel.params, operation, kernel.name,
                                               kernel.preamble, loop_prep, "")
         headers = "".join(f"#include <cupy/{h}>\n" for h in ("complex.cuh", "carray.cuh", "atomics.cuh"))
-        _nvrtc_compile(headers + code, f"{name}_{np.dtype(t).name}")  # (CuPy's headers, as CuPy compiles it)
+        _nvrtc_compile(headers + code, f"{name}_{np.dtype(t).name}")
+
+
+@pytest.mark.parametrize("name", sorted(CK.ELEMENTWISE))
+def test_optimizer_kernels_compile(name):
+    in_params, out_params, operation, loop_prep = CK.ELEMENTWISE[name]
+    _elementwise_code_compiles(f"opforge_{name}", in_params, out_params, operation, CK._MATH, loop_prep)
+
+
+@pytest.mark.parametrize("name", sorted(CK.ACTIVATIONS))
+def test_activation_kernels_compile(name):
+    """Both of core.cuda.Elementwise's forms: its vectorised RawKernel, and the cupy.ElementwiseKernel it runs on
+    other layouts."""
+    kernel = CK._activation(name)
+    for ctype in ("float", "double"):
+        _nvrtc_compile(kernel.source(ctype), f"{name}_{ctype}")
+    _elementwise_code_compiles(kernel.name + "_general", ", ".join(f"T {n}" for n in (*kernel.inputs, *kernel.scalars)),
+                               ", ".join(f"T {n}" for n in kernel.outputs), kernel.body)
 
 

@@ -19,6 +19,7 @@ tests/cuda/test_cuda_kernels.py compares each kernel with the CPU on a GPU.
 
 import functools
 
+from ..core.cuda import Elementwise
 from ..core.devices import get_device
 from ..core.errors import ArgumentError
 from ._common import D, normalize_axes, np
@@ -100,26 +101,39 @@ __device__ __forceinline__ double of_sqrt(double v) { return sqrt(v); }
 _LERP_PREP = ("const double lerp_w = 1.0 - (double)beta1[0]; const bool near = fabs(lerp_w) < 0.5;"
               "const T w = (T)lerp_w; const T rest = (T)(1.0 - lerp_w)")
 
-# name -> (in_params, out_params, operation, loop_prep): the CPU kernels' formulas (elementwise.py, optim.py), each
-# operation in the order NumPy does it. Python floats the CPU kernels mix in are cast to T there, as here.
-ELEMENTWISE = {
-    # leaky_relu: max(x, αx) for α <= 1, min for α > 1, and where(x > 0, x, αx) for a NaN α (mode 0, 1, 2: the CPU
-    # kernel chooses on the Python float). NumPy's maximum and minimum keep a NaN x, and x on a tie.
-    "leaky_relu": ("T x, T alpha, int32 mode", "T y",
-                   "const T s = x * alpha;"
-                   "y = mode == 0 ? ((x >= s || x != x) ? x : s) : mode == 1 ? ((x <= s || x != x) ? x : s)"
-                   " : (x > (T)0 ? x : s)", ""),
-    "leaky_relu_grad": ("T x, T dy, T alpha", "T dx", "dx = x != x ? x : (x > (T)0 ? dy : dy * alpha)", ""),
-    "gelu_none": ("T x", "T y", f"y = (T)0.5 * x * ((T)1 + of_erf(x * (T){_SQRT_HALF!r}))", ""),
-    "gelu_tanh": ("T x", "T y",
-                  f"y = (T)0.5 * x * ((T)1 + of_tanh((T){_TANH_K!r} * (x + (T){_TANH_C!r} * x * x * x)))", ""),
-    "gelu_grad_none": ("T x, T dy", "T dx",
-                       f"dx = dy * ((T)0.5 * ((T)1 + of_erf(x * (T){_SQRT_HALF!r}))"
-                       f" + x * (T){_INV_SQRT_2PI!r} * of_exp((T)-0.5 * x * x))", ""),
-    "gelu_grad_tanh": ("T x, T dy", "T dx",
-                       f"const T t = of_tanh((T){_TANH_K!r} * (x + (T){_TANH_C!r} * x * x * x));"
+# The activations: core.cuda.Elementwise's C bodies (16-byte loads and stores over contiguous arrays, else a
+# cupy.ElementwiseKernel), name -> (inputs, output, body, scalars), each the CPU kernel's formula in NumPy's order of
+# operations, in the inputs' type T (Python floats the CPU kernels mix in are cast to T there, as here).
+_T = "typedef decltype(x + x) T; "  # (the raw kernel's lanes know no T)
+ACTIVATIONS = {
+    # leaky_relu: max(x, αx) for α <= 1, min for α > 1, where(x > 0, x, αx) for a NaN α (the CPU kernel chooses on
+    # the Python float). NumPy's maximum and minimum keep a NaN x, and x on a tie.
+    "leaky_relu_max": (("x",), "y", _T + "const T s = x * alpha; y = (x >= s || x != x) ? x : s;", ("alpha",)),
+    "leaky_relu_min": (("x",), "y", _T + "const T s = x * alpha; y = (x <= s || x != x) ? x : s;", ("alpha",)),
+    "leaky_relu_where": (("x",), "y", _T + "const T s = x * alpha; y = x > (T)0 ? x : s;", ("alpha",)),
+    "leaky_relu_grad": (("x", "dy"), "dx", _T + "dx = x != x ? x : (x > (T)0 ? dy : dy * alpha);", ("alpha",)),
+    "gelu_none": (("x",), "y", _T + f"y = (T)0.5 * x * ((T)1 + erf(x * (T){_SQRT_HALF!r}));", ()),
+    "gelu_tanh": (("x",), "y",
+                  _T + f"y = (T)0.5 * x * ((T)1 + tanh((T){_TANH_K!r} * (x + (T){_TANH_C!r} * x * x * x)));", ()),
+    "gelu_grad_none": (("x", "dy"), "dx",
+                       _T + f"dx = dy * ((T)0.5 * ((T)1 + erf(x * (T){_SQRT_HALF!r}))"
+                       f" + x * (T){_INV_SQRT_2PI!r} * exp((T)-0.5 * x * x));", ()),
+    "gelu_grad_tanh": (("x", "dy"), "dx",
+                       _T + f"const T t = tanh((T){_TANH_K!r} * (x + (T){_TANH_C!r} * x * x * x));"
                        f"const T du = (T){_TANH_K!r} * ((T)1 + (T){3 * _TANH_C!r} * x * x);"
-                       "dx = dy * ((T)0.5 * ((T)1 + t) + (T)0.5 * x * ((T)1 - t * t) * du)", ""),
+                       "dx = dy * ((T)0.5 * ((T)1 + t) + (T)0.5 * x * ((T)1 - t * t) * du);", ()),
+}
+
+
+@functools.cache
+def _activation(name: str):
+    inputs, output, body, scalars = ACTIVATIONS[name]
+    return Elementwise(f"opforge_{name}", inputs, (output,), body, scalars)
+
+
+# The optimizer updates: cupy.ElementwiseKernel, name -> (in_params, out_params, operation, loop_prep), each the CPU
+# kernel's formula (optim.py) in NumPy's order of operations.
+ELEMENTWISE = {
     # SGD: d = grad (+ λ·param), then the momentum buffer b itself, or d + μ·b (Nesterov); param − lr·d. lr and μ are
     # 0-d device arrays (raw: read once per thread, in loop_prep), as doubles — the host's Python floats.
     "sgd_plain": ("T param, T grad, raw L lr", "T param_out",
@@ -176,27 +190,27 @@ def _same(*arrays) -> bool:
 
 @leaky_relu.kernel(device="cuda", dtypes=FLOATS)
 def _(x, *, alpha):
-    mode = 2 if alpha != alpha else 0 if alpha <= 1 else 1
-    return _elementwise("leaky_relu")(x, alpha, mode)
+    mode = "where" if alpha != alpha else "max" if alpha <= 1 else "min"
+    return _activation(f"leaky_relu_{mode}")(x, alpha=alpha)
 
 
 @leaky_relu_grad.kernel(device="cuda", dtypes=FLOATS)
 def _(x, dy, *, alpha):
     if not _same(x, dy):
         return _generic(leaky_relu_grad, x.dtype)(x, dy, alpha=alpha)
-    return _elementwise("leaky_relu_grad")(x, dy, alpha)
+    return _activation("leaky_relu_grad")(x, dy, alpha=alpha)
 
 
 @gelu.kernel(device="cuda", dtypes=FLOATS)
 def _(x, *, approximate):
-    return _elementwise(f"gelu_{approximate}")(x)
+    return _activation(f"gelu_{approximate}")(x)
 
 
 @gelu_grad.kernel(device="cuda", dtypes=FLOATS)
 def _(x, dy, *, approximate):
     if x.dtype != dy.dtype:  # (shapes that broadcast are fine: ElementwiseKernel broadcasts, as the CPU kernel)
         return _generic(gelu_grad, x.dtype)(x, dy, approximate=approximate)
-    return _elementwise(f"gelu_grad_{approximate}")(x, dy)
+    return _activation(f"gelu_grad_{approximate}")(x, dy)
 
 
 # -- optimizer updates: in place when out= is the state's own array -------------------------------------------------
