@@ -310,9 +310,11 @@ def in_place_inputs(op) -> list:
     return [n for slot in in_place_slots(op) for n in op.inputs.get(slot, [])]
 
 
-def fuse(ops: list, kernels: list, specs: dict, keep: set) -> tuple[list, list]:
+def fuse(ops: list, kernels: list, specs: dict, keep: set, member=None) -> tuple[list, list]:
     """Replace each group of two or more fusable ops by a ``FusedOp`` at the place of its last member.
-    ``keep``: variables that must exist after the run (fetched, written back): never internal to a group."""
+    ``keep``: variables that must exist after the run (fetched, written back): never internal to a group.
+    ``member(op)``, if given, must also hold for an op to join a group (on a device, that it can be translated:
+    the others keep their own kernels and their neighbours still fuse)."""
     producer, readers = {}, {}
     for i, (op, _) in enumerate(ops):
         for n in op.output_names():
@@ -326,7 +328,7 @@ def fuse(ops: list, kernels: list, specs: dict, keep: set) -> tuple[list, list]:
             return False
         opdef = registry.get(op.type)
         return ("pointwise" in opdef.traits and len(opdef.outputs) == 1 and not opdef.outputs[0].is_list
-                and not any(p.is_list for p in opdef.inputs))
+                and not any(p.is_list for p in opdef.inputs) and (member is None or member(op)))
 
     group_of, groups = {}, []
     for i in reversed(range(len(ops))):

@@ -87,9 +87,15 @@ BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
 COMPARE = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!="}
 
 
+def switched_on() -> bool:
+    """Whether ``OPFORGE_NATIVE`` leaves generated code on (not "0"): a C loop on the host, a generated kernel on a
+    device that makes them (``Device.makes_elementwise_kernels``)."""
+    return os.environ.get("OPFORGE_NATIVE", "1") != "0"
+
+
 def enabled() -> bool:
     """Whether compiled programs use native code by default: ``OPFORGE_NATIVE`` is not "0" and a compiler exists."""
-    return os.environ.get("OPFORGE_NATIVE", "1") != "0" and compiler() is not None
+    return switched_on() and compiler() is not None
 
 
 @functools.cache
@@ -207,9 +213,7 @@ def group_source(fused, name: str) -> str:
     ``NativeGroup``'s several), or ``Unsupported``."""
     specs, out_spec = fused.specs, fused.spec
     outputs = fused.output_names()
-    for n in [*fused.inputs, *outputs]:  # (an output too: a group ending in a cast to int32 has no C type here)
-        if specs[n].dtype not in CTYPES:
-            raise Unsupported(f"{n}: dtype {specs[n].dtype}")
+    check_dtypes(fused)
     out_shape = out_spec.shape
     strides = [_strides(specs[n].shape, out_shape) for n in fused.inputs] + [_strides(out_shape, out_shape)]
     sizes, walk = _loops(out_shape, strides)
@@ -221,10 +225,34 @@ def group_source(fused, name: str) -> str:
     for d, size in enumerate(sizes):
         lines.append(f"{indent}for (int64_t a{d} = 0; a{d} < {size}L; a{d}++) {{")
         indent += "  "
-    local = {}
-    for k, n in enumerate(fused.inputs):
+    reads = [f"i{k}[{index[k]}]" for k in range(len(fused.inputs))]
+    lines += element_lines(fused, reads, [f"o{k}[{index[-1]}]" for k in range(len(outputs))], indent)
+    for _ in sizes:
+        indent = indent[:-2]
+        lines.append(f"{indent}}}")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def check_dtypes(fused) -> None:
+    """``Unsupported`` unless every input and output of the group has a C type here (an output too: a group ending
+    in a cast to int32 has none)."""
+    for n in [*fused.inputs, *fused.output_names()]:
+        if fused.specs[n].dtype not in CTYPES:
+            raise Unsupported(f"{n}: dtype {fused.specs[n].dtype}")
+
+
+def element_lines(fused, reads: list, writes: list, indent: str) -> list:
+    """The statements computing a group at one element, in C: each input read once into a local (``reads``: the C
+    expressions of its inputs' values there), each member's scalar expression into a local of its dtype, each result
+    written (``writes``: where each of ``fused.output_names()`` goes). The one translation of a group, for the C
+    loop here and for a device's generated kernel (``opforge.program.device_kernels``). ``Unsupported`` if a member
+    cannot be translated."""
+    check_dtypes(fused)
+    specs, local, lines = fused.specs, {}, []
+    for k, (n, read) in enumerate(zip(fused.inputs, reads)):
         local[n] = f"x{k}"
-        lines.append(f"{indent}{CTYPES[specs[n].dtype]} x{k} = i{k}[{index[k]}];")
+        lines.append(f"{indent}{CTYPES[specs[n].dtype]} x{k} = {read};")
     for j, (op, attrs, _) in enumerate(fused.members):
         opdef = registry.get(op.type)
         out = op.output_names()[0]
@@ -233,12 +261,13 @@ def group_source(fused, name: str) -> str:
         expression = c_expression(opdef, names, attrs, compute)
         local[out] = f"t{j}"
         lines.append(f"{indent}{CTYPES[specs[out].dtype]} t{j} = {expression};")
-    lines += [f"{indent}o{k}[{index[-1]}] = {local[n]};" for k, n in enumerate(outputs)]
-    for _ in sizes:
-        indent = indent[:-2]
-        lines.append(f"{indent}}}")
-    lines.append("}")
-    return "\n".join(lines)
+    return lines + [f"{indent}{write} = {local[n]};" for write, n in zip(writes, fused.output_names())]
+
+
+def helpers(qualifier: str = "static inline") -> str:
+    """NumPy's max/min and sign as C functions (``HELPERS``) declared with ``qualifier`` (``__device__ inline`` in a
+    CUDA kernel's preamble)."""
+    return HELPERS.replace("static inline ", qualifier + " ")
 
 
 def header(opdefs) -> str:
@@ -301,7 +330,7 @@ class NativeGroup(FusedOp):
         return lines, {call - 1 + len(outs): " -> ".join(op.type for op, _, _ in self.members[:8])}
 
 
-def _member(op, specs) -> bool:
+def translatable(op, specs) -> bool:
     """Whether an op of a plan can be a member of a native region: pointwise, one output, its value at an element
     declared (``OpDef.scalar``), every value a dtype of the loop's."""
     if not isinstance(op, OpDesc):
@@ -345,7 +374,7 @@ def several_results(ops: list, kernels: list, specs: dict, keep: set, updates: s
     for i, (op, _) in enumerate(ops):
         ins = op.input_names()
         upstream = set().union(*(depends.get(n, ()) for n in ins))
-        if _member(op, specs):
+        if translatable(op, specs):
             shape = specs[op.output_names()[0]].shape
             candidates = sorted({group_of[producer[n]] for n in ins if producer.get(n) in group_of
                                  and groups[group_of[producer[n]]][0] == shape}, reverse=True)
