@@ -68,6 +68,24 @@ class Device:
         """Write ``value`` into the array ``target`` of this device, in place (casting within a kind)."""
         self.xp.copyto(target, value, casting="same_kind")
 
+    # -- generated kernels ----------------------------------------------------------------------------------------
+
+    @property
+    def makes_elementwise_kernels(self) -> bool:
+        """Whether ``elementwise_kernel`` makes kernels here (the executor then runs each fused group of pointwise
+        ops as one generated kernel): where the array module has CuPy's ``ElementwiseKernel``."""
+        return hasattr(self.xp, "ElementwiseKernel")
+
+    def elementwise_kernel(self, in_params: str, out_params: str, operation: str, name: str, preamble: str = "",
+                           options: tuple = ()):
+        """A kernel computing ``operation`` (C statements) at each element of its broadcast inputs: CuPy's
+        ``ElementwiseKernel(in_params, out_params, operation, name, preamble=..., options=...)``, called as
+        ``kernel(*inputs)`` or ``kernel(*inputs, *outputs)``, returning its output(s)."""
+        if not self.makes_elementwise_kernels:
+            raise ArgumentError(f"device '{self.name}' makes no generated elementwise kernels (its array module "
+                                f"{getattr(self.xp, '__name__', self.xp)!r} has no ElementwiseKernel)")
+        return self.xp.ElementwiseKernel(in_params, out_params, operation, name, preamble=preamble, options=options)
+
     # -- randomness ---------------------------------------------------------------------------------------------
 
     def generator(self):

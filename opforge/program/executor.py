@@ -7,7 +7,8 @@ Preparing (once per distinct set of feed shapes) does the work eager mode repeat
      with the ``random`` trait are never merged);
   3. elementwise fusion: chains of pointwise ops (the trait ``pointwise``) become one step that makes one pass over
      memory, block by block (``opforge.program.fusion``), or one generated C loop where every member declares its
-     scalar expression and a C compiler is there (``opforge.program.native``); with native code on, an update
+     scalar expression and a C compiler is there (``opforge.program.native``); on a device that makes generated
+     kernels (CUDA), one kernel launch per group (``opforge.program.device_kernels``); with native code on, an update
      ``p − s·(a @ b)`` whose product nothing else reads is one GEMM adding into p, and a sum with such products
      among its terms adds each by a GEMM into its one buffer (``opforge.program.gemm``);
   4. liveness: each intermediate is dropped right after its last reader; a kernel that takes ``out=`` writes
@@ -36,7 +37,7 @@ from ..core.keys import exact
 from ..core.opdef import registry
 from ..core.spec import Dim, Elem, Spec
 from ..tensor import Tensor
-from . import gemm, native
+from . import device_kernels, gemm, native
 from .desc import OpDesc, Program
 from .fusion import FusedOp, escapes, fuse, in_place_inputs, overlap
 from .trace import Variable
@@ -414,6 +415,14 @@ class Executor:
             removed["fused"] = before - len(ops)
             if use_native:
                 native.compile_groups([op for op, _ in ops if isinstance(op, FusedOp)])
+        elif self.optimize and program.device.makes_elementwise_kernels and (
+                native.switched_on() if self.native is None else self.native):
+            # each fused group one generated kernel of the device; the GEMM epilogues and the Adam and layer_norm
+            # loops above are host code (ctypes on host memory), not run here
+            before = len(ops)
+            ops, kernels = device_kernels.fuse_groups(ops, kernels, specs, roots, set(updates.values()),
+                                                      program.device)
+            removed["fused"] = before - len(ops)
         last_use = _last_use(ops, list(roots))
         reuse = {}  # op index -> the variable whose buffer it writes its output into
         in_place = _in_place_updates(ops, kernels, specs, updates, last_use, reuse)  # first: each saves a copy
