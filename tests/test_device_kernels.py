@@ -202,6 +202,23 @@ def test_a_group_that_cannot_be_translated_runs_its_members_kernels():
     assert not _groups(plan) and plan.steps == 3 and not MADE
 
 
+def test_a_region_with_more_parameters_than_a_kernel_takes_runs_its_members(monkeypatch):
+    def fn(x):  # the forward's 20 values, read by the backward: a region with 21 results
+        h = x
+        for _ in range(20):
+            h = F.tanh(h) * 1.01
+        return {"y": h, "g": of.grad(F.sum(h), [x])[0]}
+
+    x = np.linspace(-1, 1, 16)
+    plan, got, want = _on_devices(fn, {"x": x})
+    assert max(len(out.split(",")) for _, out, _, _ in MADE) == 21
+    monkeypatch.setattr(device_kernels, "PARAMETER_BYTES", 22 * 32 + 24)  # (1-d: 32 bytes an array, 24 the indexer)
+    small, got_small, _ = _on_devices(fn, {"x": x})
+    assert small.steps > plan.steps + 30, (small.steps, plan.steps)  # the 40 forward ops on their own
+    for k in want:  # (glibc's tanh against NumPy's, an ulp or so a call, in the kernels left)
+        assert _ulps(got[k], want[k]) <= 4 * 40 and _ulps(got_small[k], want[k]) <= 4 * 40
+
+
 def test_kernels_are_made_once_per_source_and_the_switch_turns_them_off(monkeypatch):
     program = of.trace(lambda x: F.tanh(x * 2.0) + 1.0, device=KERNELSIM, x=of.Spec((None, 4), "float32"))
     for rows in (2, 5):  # two plans (feeds of two shapes), one kernel

@@ -33,6 +33,10 @@ from .fusion import FusedOp, fuse
 
 # NVRTC's options for every generated kernel: no contraction into FMA (see the module's docstring)
 OPTIONS = ("--fmad=false",)
+# The most bytes of parameters a CUDA kernel takes (32764 since CUDA 12.1 on Volta and later; CuPy 14 needs CUDA 12
+# or 13). CuPy passes each array as its pointer, size, shape and strides (16 + 16·ndim bytes) and an indexer (8 +
+# 16·ndim): a region handing hundreds of results to the plan would not launch, and runs its members instead.
+PARAMETER_BYTES = 32764
 PREAMBLE = native.helpers("__device__ inline")
 _KERNELS: dict = {}  # (device name, params, body, name) -> the device's kernel, made once per source
 
@@ -82,6 +86,10 @@ def kernel_text(group: FusedOp) -> tuple[str, str, str]:
     if it cannot be translated."""
     specs, outputs = group.specs, group.output_names()
     native.check_dtypes(group)
+    ndim = len(group.spec.shape)
+    if (len(group.inputs) + len(outputs)) * (16 + 16 * ndim) + 8 + 16 * ndim > PARAMETER_BYTES:
+        raise native.Unsupported(f"{len(group.inputs)} inputs and {len(outputs)} outputs of {ndim} dims: more "
+                                 f"than {PARAMETER_BYTES} bytes of kernel parameters")
     in_params = ", ".join(f"{specs[n].dtype.name} in{k}" for k, n in enumerate(group.inputs))
     out_params = ", ".join(f"{specs[n].dtype.name} out{k}" for k, n in enumerate(outputs))
     body = native.element_lines(group, [f"in{k}" for k in range(len(group.inputs))],
