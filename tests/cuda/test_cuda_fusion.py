@@ -262,3 +262,18 @@ def test_kernels_are_made_once_per_source():
         got = _host(of.Executor(program).run(x=x)["out"])
         assert np.allclose(got, np.tanh(np.float32(0.5)) + 1, rtol=1e-6), got
     assert len(device_kernels._KERNELS) <= made + 1
+
+
+@pytest.mark.parametrize("size", [4, 512])
+def test_an_output_is_not_written_into_an_input_that_another_input_views(size):
+    """x·2 dies at the kernel tanh(a + aᵀ/2), which may write into it, but aᵀ (a view of it) is read there too: the
+    kernel must get a new array (threads would read elements others wrote)."""
+    x = np.linspace(-1, 1, size * size).reshape(size, size)
+
+    def fn(x):
+        return F.tanh(x * 2.0 + F.transpose(x * 2.0, perm=[1, 0]) * 0.5)
+
+    program = of.trace(fn, device=DEVICE, x=of.Spec(x.shape, x.dtype))
+    got, eager = _host(of.Executor(program).run(x=x)["out"]), _host(of.Executor(program, native=False).run(x=x)["out"])
+    problem = _differences("compiled against unfused cuda", got, eager, 2 * ULPS, {"x": x, "got": got, "eager": eager})
+    assert not problem, problem
