@@ -22,8 +22,9 @@ What changes against the members' kernels run one by one (each a CuPy ufunc laun
 
 Intermediates between steps are the device's arrays (CuPy's memory pool): the plan drops each right after its last
 reader, and a group's one output may be written into a dying input of its Spec (each element is read before it is
-written, by the same thread), unless another input views that memory in another layout (then a new array). Kernels are cached by their source (``_KERNELS``); CuPy caches the compiled binaries on
-disk too. ``OPFORGE_NATIVE=0`` (or ``Executor(native=False)``) keeps one kernel per op.
+written, by the same thread), unless another input views that memory in another layout (then a new array).
+Kernels are cached by their source (``_KERNELS``); CuPy caches the compiled binaries on disk too. ``OPFORGE_NATIVE=0``
+(or ``Executor(native=False)``) keeps one kernel per op.
 """
 
 from __future__ import annotations
