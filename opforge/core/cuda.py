@@ -190,6 +190,15 @@ class Elementwise:
             values = [first.dtype.type(scalars[n]) for n in self.scalars]
             kernel((blocks,), (256,), (*arrays, *outs, *values, np.int64(first.size)))
             return outs[0] if len(outs) == 1 else outs
+        if first.dtype.kind == "f" and first.dtype.itemsize == 2:  # halves: in float32, rounded once (ops/half.py)
+            wide = self(*(a.astype(np.float32) for a in arrays), **scalars)
+            wide = wide if isinstance(wide, tuple) else (wide,)
+            if outs is None:
+                outs = tuple(w.astype(first.dtype) for w in wide)
+            else:
+                for o, w in zip(outs, wide):
+                    cupy.copyto(o, w, casting="same_kind")
+            return outs[0] if len(outs) == 1 else outs
         if self._general is None:
             self._general = cupy.ElementwiseKernel(
                 ", ".join([*(f"T {n}" for n in self.inputs), *(f"T {n}" for n in self.scalars)]),
