@@ -24,7 +24,6 @@ from ..core.devices import get_device
 from ..core.errors import ArgumentError
 from ._common import D, normalize_axes, np
 from .elementwise import _INV_SQRT_2PI, _SQRT_HALF, _TANH_C, _TANH_K, gelu, gelu_grad, leaky_relu, leaky_relu_grad
-from .linalg import linear, matmul
 from .loss import cross_entropy, cross_entropy_grad
 from .nn import (
     _check_indices,
@@ -747,64 +746,3 @@ def _(x, g, *, axes, eps, center):
             (x, g, dx, xhat, np.int64(n), _scalar(eps, x.dtype), np.int32(bool(center))))
     return dx, xhat
 
-
-# -- matrix products: cuBLAS called directly ------------------------------------------------------------------------
-# cupy.matmul costs ~35 µs of host time per call on the lent H200's host (a compiled MLP step's 8 GEMMs: 0.28 ms of its
-# ~1.3 ms); the same cuBLAS gemm called through cupy.cuda.cublas with the operands' pointers costs a few µs. The
-# product is cuBLAS's either way (same algorithm, same default math mode: no TF32), so the values are cupy.matmul's.
-
-
-def _gemm_layout(a):
-    """(transpose flag for cuBLAS, leading dimension) of a 2-D row-major operand read column-major, or None: a
-    C-contiguous matrix is its transpose there (no flag), an F-contiguous one (a transposed view) itself (flag)."""
-    if a.flags.c_contiguous:
-        return 0, a.shape[1]
-    if a.flags.f_contiguous:
-        return 1, a.shape[0]
-    return None
-
-
-def _gemm(a, b, out=None):
-    """a (m, k) @ b (k, n) through cuBLAS, or None where this path does not apply (the caller's kernel runs then):
-    2-D operands of one dtype, float32 or float64, each C- or F-contiguous, no empty dimension, out C-contiguous.
-    Row-major C = A·B is column-major Cᵀ = Bᵀ·Aᵀ: cuBLAS gets B first."""
-    if (a.ndim != 2 or b.ndim != 2 or a.dtype != b.dtype or a.dtype not in FLOATS or 0 in a.shape or 0 in b.shape
-            or a.shape[1] != b.shape[0]):
-        return None
-    la, lb = _gemm_layout(a), _gemm_layout(b)
-    if la is None or lb is None:
-        return None
-    m, k, n = a.shape[0], a.shape[1], b.shape[1]
-    cupy = _cupy()
-    if out is None:
-        out = cupy.empty((m, n), a.dtype)
-    elif not (out.flags.c_contiguous and out.shape == (m, n) and out.dtype == a.dtype):
-        return None
-    from cupy.cuda import cublas, device
-
-    one, zero = _GEMM_SCALARS[a.dtype]
-    handle = device.get_cublas_handle()
-    cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)  # the handle is shared: set what this call needs
-    cublas.setPointerMode(handle, 0)  # CUBLAS_POINTER_MODE_HOST: alpha and beta are host values
-    gemm = cublas.sgemm if a.dtype == D.float32 else cublas.dgemm
-    gemm(handle, lb[0], la[0], n, m, k, one.ctypes.data, b.data.ptr, lb[1], a.data.ptr, la[1], zero.ctypes.data,
-         out.data.ptr, n)
-    return out
-
-
-_GEMM_SCALARS = {dt: (np.ones((), dt), np.zeros((), dt)) for dt in FLOATS}  # alpha, beta: host pointers
-
-
-@matmul.kernel(device="cuda", dtypes=FLOATS)
-def _(x, y, out=None):
-    product = _gemm(x, y, out)
-    return product if product is not None else _generic(matmul, x.dtype)(x, y, out=out)
-
-
-@linear.kernel(device="cuda", dtypes=FLOATS)
-def _(x, weight, bias, out=None):
-    fits = weight.ndim == 2 and (bias is None or (bias.dtype == x.dtype and bias.shape == weight.shape[:1]))
-    product = _gemm(x, weight.T, out) if fits else None
-    if product is None:
-        return _generic(linear, x.dtype)(x, weight, bias, out=out)
-    return product if bias is None else _cupy().add(product, bias, out=product)

@@ -498,28 +498,3 @@ def test_compiled_training_step(optimizer):
     for k, (got, want) in enumerate(zip(results[DEVICE][1], results["cpu"][1])):
         assert_close(f"compiled {optimizer} step: parameter {k} after 4 steps", got, want, scale=True)
 
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_matmul_and_linear_through_cublas_in_every_layout(dtype, cupy):
-    """matmul/linear's cuda kernel calls cuBLAS's gemm with the operands' pointers (row-major C = A·B as
-    column-major Cᵀ = Bᵀ·Aᵀ): C- and F-contiguous operands (transposed views, as a compiled backward makes them),
-    a row or a column of one, against NumPy; what it does not take (strided, 3-D, mixed dtypes) falls back."""
-    rng = _rng("gemm", dtype.__name__)
-    for m, k, n in [(5, 7, 3), (1, 9, 4), (6, 1, 2), (64, 784, 512), (3, 4, 1)]:
-        a, b = rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((k, n)).astype(dtype)
-        want = a.astype(np.float64) @ b.astype(np.float64)
-        for fa in (False, True):
-            for fb in (False, True):
-                da = cupy.asarray(np.asfortranarray(a) if fa else a)
-                db = cupy.asarray(np.asfortranarray(b) if fb else b)
-                got = F.matmul(of.tensor(da, device="cuda"), of.tensor(db, device="cuda")).cpu().numpy()
-                np.testing.assert_allclose(got, want, rtol=RTOL[dtype] * 10 * np.sqrt(k), atol=RTOL[dtype] * np.sqrt(k),
-                                           err_msg=f"{m}x{k}x{n} F-order a={fa} b={fb}")
-        w, bias = rng.standard_normal((n, k)).astype(dtype), rng.standard_normal(n).astype(dtype)
-        got = F.linear(*(of.tensor(v, device="cuda") for v in (a, w, bias))).cpu().numpy()
-        np.testing.assert_allclose(got, a.astype(np.float64) @ w.T.astype(np.float64) + bias,
-                                   rtol=RTOL[dtype] * 10 * np.sqrt(k), atol=RTOL[dtype] * np.sqrt(k))
-    x = rng.standard_normal((2, 3, 4)).astype(dtype)
-    y = rng.standard_normal((4, 5)).astype(dtype)
-    got = F.matmul(of.tensor(x, device="cuda"), of.tensor(y, device="cuda")[:, ::2]).cpu().numpy()
-    np.testing.assert_allclose(got, x @ y[:, ::2], rtol=RTOL[dtype] * 10)
