@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import itertools
 import math
 import subprocess
 
@@ -297,12 +298,14 @@ def test_a_compiled_training_step_on_the_kernel_device_follows_the_cpu(optimizer
         assert host_only not in plan.source
 
 
-def _functional_mlp(device):
+def functional_mlp(device, widths=(12, 16, 16, 8, 3), dtype=np.float64):
     """A hand-written MLP (each bias an add the activation after it can join: gelu has no scalar expression,
-    leaky_relu and tanh have) and its SGD step ``p − 0.05·g``, each update one group written into its parameter."""
+    leaky_relu and tanh have) and its SGD step ``p − 0.05·g``, each update one group written into its parameter.
+    (tests/cuda/test_cuda_fusion.py runs it on a GPU, wider.)"""
     rng = np.random.default_rng(3)
-    shapes = [(12, 16), (16,), (16, 16), (16,), (16, 8), (8,), (8, 3), (3,)]
-    params = [of.tensor(rng.standard_normal(s) * 0.3, device=device, requires_grad=True) for s in shapes]
+    shapes = [s for a, b in itertools.pairwise(widths) for s in ((a, b), (b,))]
+    params = [of.tensor((rng.standard_normal(s) / np.sqrt(s[0])).astype(dtype), device=device, requires_grad=True)
+              for s in shapes]
 
     def step(x, y):
         w1, b1, w2, b2, w3, b3, w4, b4 = params
@@ -322,10 +325,10 @@ def _functional_mlp(device):
 def test_a_hand_written_mlp_step_is_fewer_launches_and_follows_the_cpu():
     rng = np.random.default_rng(4)
     batches = [(rng.standard_normal((10, 12)), rng.standard_normal((10, 3))) for _ in range(3)]
-    params, step = _functional_mlp(KERNELSIM)
+    params, step = functional_mlp(KERNELSIM)
     compiled = of.compile(step)
     got = [compiled(of.tensor(x, device=KERNELSIM), of.tensor(y, device=KERNELSIM)).cpu().numpy() for x, y in batches]
-    cpu_params, cpu_step = _functional_mlp("cpu")
+    cpu_params, cpu_step = functional_mlp("cpu")
     want = [cpu_step(of.tensor(x), of.tensor(y)).numpy() for x, y in batches]
     np.testing.assert_allclose(got, want, rtol=1e-12)
     for p, q in zip(params, cpu_params):

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_device_kernels import functional_mlp
 from test_fusion import _program, _samples
 from test_native import DECLARED, _special_samples, _vectorised
 
 import opforge as of
 from opforge import ops as F
-from opforge.program import assign, device_kernels
+from opforge.program import device_kernels
 
 DEVICE = "cuda"
 ULPS = 2  # per transcendental call, against the same program run op by op on the GPU (the module docstring says why)
@@ -189,26 +190,9 @@ def test_a_chain_of_200_tiny_ops_forward_and_backward_is_a_few_launches():
 
 
 def _mlp(device, dtype=np.float32):
-    """A hand-written MLP (gelu, which has no scalar expression; leaky_relu and tanh, each joining its bias add) and
-    its SGD step ``p − 0.05·g`` (one kernel per parameter, written into it)."""
-    rng = np.random.default_rng(3)
-    shapes = [(128, 256), (256,), (256, 256), (256,), (256, 64), (64,), (64, 10), (10,)]
-    params = [of.tensor((rng.standard_normal(s) / np.sqrt(s[0])).astype(dtype), device=device, requires_grad=True)
-              for s in shapes]
-
-    def step(x, y):
-        w1, b1, w2, b2, w3, b3, w4, b4 = params
-        h = F.gelu(x @ w1 + b1)
-        h = F.leaky_relu(h @ w2 + b2, 0.1)
-        h = F.tanh(h @ w3 + b3)
-        loss = F.mean(F.square(h @ w4 + b4 - y))
-        grads = of.grad(loss, params)
-        with of.no_grad():
-            for p, g in zip(params, grads):
-                assign(p, p - 0.05 * g)
-        return loss
-
-    return params, step
+    """test_device_kernels' hand-written MLP (gelu, which has no scalar expression; leaky_relu and tanh, each joining
+    its bias add) and its SGD step, at a GPU's widths."""
+    return functional_mlp(device, (128, 256, 256, 64, 10), dtype)
 
 
 def test_an_mlp_training_step_is_fewer_launches_and_follows_eager_cuda():
