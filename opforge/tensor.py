@@ -921,11 +921,11 @@ _METHODS = ("tan", "sinh", "cosh", "asin", "acos", "atan", "asinh", "acosh", "at
             "digamma", "i0", "all", "any", "count_nonzero", "nansum", "nanmean", "aminmax", "trace", "diff",
             "logcumsumexp", "cummax", "cummin", "kthvalue", "median", "nanmedian", "mode", "quantile", "nanquantile",
             "bincount", "unique", "addmm", "addmv", "baddbmm", "inner", "kron", "cross", "logdet", "slogdet",
-            "cholesky_solve")
+            "cholesky_solve", "signbit", "heaviside", "cov", "corrcoef")
 _IN_PLACE = ("tan", "sinh", "cosh", "asin", "acos", "atan", "asinh", "acosh", "atanh", "log2", "log10", "exp2",
              "logit", "xlogy", "trunc", "frac", "fmod", "copysign", "lerp", "addcmul", "addcdiv", "nan_to_num",
              "bitwise_xor", "logical_xor", "bitwise_left_shift", "bitwise_right_shift", "atan2", "hypot", "erfc",
-             "erfinv", "lgamma", "digamma", "i0", "addmm", "addmv", "baddbmm")
+             "erfinv", "lgamma", "digamma", "i0", "addmm", "addmv", "baddbmm", "heaviside")
 _METHOD_SYNONYMS = {"arcsin": "asin", "arccos": "acos", "arctan": "atan", "arcsinh": "asinh", "arccosh": "acosh",
                     "arctanh": "atanh", "arctan2": "atan2", "fix": "trunc", "matrix_power": "linalg_matrix_power",
                     "matrix_exp": "linalg_matrix_exp", "inverse": "linalg_inv", "det": "linalg_det"}

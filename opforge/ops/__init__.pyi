@@ -2419,6 +2419,12 @@ def bucketize(input, boundaries, *, out_int32=False, right=False) -> Any:
     boundaries[i−1] < x ≤ boundaries[i], or with ``right`` boundaries[i−1] ≤ x < boundaries[i].
     """
 
+def cartesian_prod(tensors) -> Any:
+    """``torch.cartesian_prod``: the rows of every combination of one element from each 1-D tensor, the last
+    varying fastest, as a (n₁·…·n_k, k) tensor (one tensor: that tensor itself). The tensors must have one
+    dtype, as torch's meshgrid requires.
+    """
+
 def cdist(x1, x2, p=2.0, compute_mode='use_mm_for_euclid_dist_if_necessary') -> Any:
     """``torch.cdist``: the p-norm distance between each row of x1 (..., P, M) and each row of x2 (..., R, M),
     (..., P, R); batch dims broadcast. Computed from the differences whatever ``compute_mode`` says (torch's
@@ -2436,8 +2442,27 @@ def chunk(x, chunks, dim=0) -> Any:
     the last one smaller (so there may be fewer pieces than asked for). A tuple, as torch's.
     """
 
+def combinations(input, r=2, with_replacement=False) -> Any:
+    """``torch.combinations``: the combinations of ``r`` elements of the 1-D ``input`` (itertools' combinations,
+    or combinations_with_replacement), in lexicographic order of positions, as a (count, r) tensor; r=0 gives an
+    empty 1-D tensor, as torch's.
+    """
+
+def corrcoef(input) -> Any:
+    """``torch.corrcoef``: Pearson's correlation coefficients of the variables in ``input``'s rows (``cov``
+    normalised by the standard deviations, clipped to [-1, 1]); for one variable c/c (1, or NaN where its
+    variance is 0, NaN or inf), as torch's.
+    """
+
 def count_nonzero(input, dim=None, *, axis=None) -> Any:
     """``torch.count_nonzero``: the number of nonzero elements over ``dim`` (every dim when None), int64."""
+
+def cov(input, *, correction=1, fweights=None, aweights=None) -> Any:
+    """``torch.cov``: the covariance matrix of the variables in ``input``'s rows (its columns are the
+    observations; a 1-D input is one variable), divided by observations − ``correction``, size-1 dims squeezed
+    as torch squeezes them. No degrees of freedom left divides by 0 (torch warns the same). Integers give
+    float32. ``fweights`` and ``aweights`` are not supported (yet): refused.
+    """
 
 def cross(input, other, dim=None) -> Any:
     """``torch.cross``: the cross product of 3-vectors along ``dim`` (by default the first dim of size 3, as
@@ -2447,6 +2472,11 @@ def cross(input, other, dim=None) -> Any:
 def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reduction='mean', zero_infinity=False) -> Any:
     """``torch.nn.functional.ctc_loss``: ``ctc_nll``'s per-sample losses reduced — "mean": each divided by its
     target length (at least 1), then averaged; "sum"; "none". The lengths may be tensors or lists of ints.
+    """
+
+def cumulative_trapezoid(y, x=None, *, dx=None, dim=-1) -> Any:
+    """``torch.cumulative_trapezoid``: the running trapezoidal rule along ``dim`` (one element fewer than y
+    there), at the points ``x`` or spaced ``dx`` apart (1 by default); integers give float32.
     """
 
 def diag(input, diagonal=0) -> Any:
@@ -2503,6 +2533,12 @@ def grid_sample(input, grid, mode='bilinear', padding_mode='zeros', align_corner
     convolution kernel, A = −0.75). Positions outside read 0 ("zeros"), the edge ("border") or the image
     mirrored ("reflection"); for "bicubic", each neighbour is padded so, as torch's. ``align_corners`` None is
     False, as torch's default. With "nearest" the grid gets no gradient (None; torch's is zeros).
+    """
+
+def heaviside(input, values) -> Any:
+    """``torch.heaviside``: 0 where ``input`` < 0, ``values`` where it is 0, 1 where it is > 0 (and 0 where it
+    is NaN, as torch's kernel gives), broadcast; ``input`` and ``values`` must have one dtype, as torch
+    requires. Differentiable in ``values`` (torch's raises: it has no derivative for heaviside).
     """
 
 def hinge_embedding_loss(input, target, margin=1.0, size_average=None, reduce=None, reduction='mean') -> Any:
@@ -2754,6 +2790,11 @@ def scaled_dot_product_attention(
     whenever ``dropout_p`` > 0: give 0 outside training.
     """
 
+def signbit(input) -> Any:
+    """``torch.signbit``: whether each element's sign bit is set — True for -0.0 and for a NaN with its sign bit
+    (floats), for a negative integer, never for a bool. A bool tensor, not differentiable.
+    """
+
 def slogdet(input) -> Any:
     """``torch.slogdet`` (``torch.linalg.slogdet``): the named tuple ``(sign, logabsdet)``."""
 
@@ -2801,6 +2842,15 @@ def trace(input) -> Any:
     ``of.trace``, which traces a program.
     """
 
+def trapezoid(y, x=None, *, dx=None, dim=-1) -> Any:
+    """``torch.trapezoid``: the trapezoidal rule along ``dim`` — at the points ``x`` (1-D, one per sample, or a
+    tensor broadcasting with y) or spaced ``dx`` apart (1 by default). No samples give 0 in y's dtype, as
+    torch's; integers give float32.
+    """
+
+def trapz(y, x=None, *, dx=None, dim=-1) -> Any:
+    """``torch.trapz``: ``trapezoid``, under torch's older name."""
+
 def unbind(x, dim=0) -> Any:
     """``torch.unbind``: the slices of ``x`` along ``dim``, that dim removed, as a tuple."""
 
@@ -2817,6 +2867,12 @@ def unique(input, sorted=True, return_inverse=False, return_counts=False, dim=No
     """``torch.unique``: the sorted distinct elements (along ``dim``: the distinct slices), and with
     ``return_inverse`` / ``return_counts`` where each element went and how often each occurs (a tuple, as
     torch). Sorted also with ``sorted=False``, as torch's CPU kernel does.
+    """
+
+def vander(x, N=None, increasing=False) -> Any:
+    """``torch.vander``: the Vandermonde matrix of the 1-D ``x``, ``N`` columns (len(x) by default) of the
+    powers x⁰ … x^(N−1), decreasing unless ``increasing``; integers and bools in int64, as torch's (the powers
+    are running products: torch's cumprod).
     """
 
 def var_mean(input, dim=None, unbiased=None, keepdim=False, *, correction=None, axis=None) -> Any:

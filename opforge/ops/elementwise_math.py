@@ -1,6 +1,6 @@
 """torch's elementwise maths beyond the basics of ``elementwise.py`` and ``binary.py``: the trigonometric and
 hyperbolic functions and their inverses, logarithms and powers of 2 and 10, logit, xlogy, trunc and frac, fmod,
-copysign, fmax/fmin, lerp, the tests for infinities, isclose, nan_to_num, xor and the shifts.
+copysign, signbit, heaviside, fmax/fmin, lerp, the tests for infinities, isclose, nan_to_num, xor and the shifts.
 
 Each means what its torch namesake means, values, dtypes and the gradient's convention at edges (where torch's
 derivative formula gives NaN, say at hypot(0, 0), so does ours). The floating functions refuse integer tensors as
@@ -14,7 +14,7 @@ import ml_dtypes
 
 from opforge import ops as F
 
-from ..core.errors import ArgumentError
+from ..core.errors import ArgumentError, describe
 from ._common import D, Sample, Spec, function, np, op, promoted
 from .binary import _compare_spec
 from .integer import _no_integer_zero, _onnx_sign_bit, _onnx_signed
@@ -455,6 +455,31 @@ def addcdiv(input, tensor1, tensor2, *, value=1):
                             "divide floating tensors (or use (tensor1 // tensor2) for a floor division)")
     input, tensor1, tensor2 = _in_result_type(input, tensor1, tensor2)
     return input + (tensor1 / tensor2 if value == 1 else value * tensor1 / tensor2)
+
+
+@function
+def signbit(input):
+    """``torch.signbit``: whether each element's sign bit is set — True for -0.0 and for a NaN with its sign bit
+    (floats), for a negative integer, never for a bool. A bool tensor, not differentiable."""
+    if D.is_floating(input.dtype):  # copysign reads the sign bit (input < 0 would miss -0.0 and -NaN)
+        return F.less(F.copysign(F.ones_like(input), input), 0)
+    if input.dtype == D.bool_:
+        return F.zeros_like(input)
+    return F.less(input, 0)
+
+
+@function
+def heaviside(input, values):
+    """``torch.heaviside``: 0 where ``input`` < 0, ``values`` where it is 0, 1 where it is > 0 (and 0 where it is
+    NaN, as torch's kernel gives), broadcast; ``input`` and ``values`` must have one dtype, as torch requires.
+    Differentiable in ``values`` (torch's raises: it has no derivative for heaviside)."""
+    if not hasattr(values, "dtype"):
+        raise ArgumentError(f"heaviside(): argument 'values' must be a tensor, got {describe(values)}")
+    if input.dtype != values.dtype:
+        raise ArgumentError(f"heaviside(): input and values must have one dtype (torch: not implemented for "
+                            f"tensors with different dtypes), got {input.dtype} and {values.dtype}")
+    return F.where(F.equal(input, F.zeros_like(input)), values, F.cast(F.greater(input, F.zeros_like(input)),
+                                                                        dtype=input.dtype))
 
 
 # -- ONNX export of the ops above ONNX has no node for: the kernels' formulas --------------------------------------

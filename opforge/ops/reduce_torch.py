@@ -1,6 +1,7 @@
 """torch's reductions beyond ``reduce.py``'s: all and any, count_nonzero, nansum and nanmean, aminmax, var_mean and
 std_mean, trace, diff, logcumsumexp, cummax and cummin, the order statistics (kthvalue, median, nanmedian, mode,
-quantile, nanquantile), bincount and unique.
+quantile, nanquantile), bincount and unique; the trapezoidal rule (trapezoid, trapz, cumulative_trapezoid), cov and
+corrcoef.
 
 Each means what its torch namesake means: its call forms (positional in torch's order, ``dim=`` beside ``axis=``,
 ``keepdim``), values, dtypes, which element a value-selecting reduction names on ties and NaN, and its gradient's
@@ -9,6 +10,7 @@ functions; the others are ops whose gradient rules are written with ops, so they
 """
 
 import builtins
+import warnings
 from collections import namedtuple
 
 from opforge import ops as F
@@ -846,3 +848,117 @@ def _(g, x, *, axis):
                                           g.const(np.array(1, np.int64))))
     inverse = g.op("Where", nan, nan_place, inverse)
     return values, g.op("Reshape", inverse, g.op("Shape", x)), counts
+
+
+# -- integrals, covariance and correlation: torch's formulas written with ops (their gradients are those ops') ----
+
+
+def _samples(name: str, y, x, dx, dim):
+    """The dim of y along which ``name`` integrates, and the spacing: the differences of x (1-D: one per sample,
+    laid along dim; else broadcast, leading dims padded) or the number dx, as torch reads them."""
+    if isinstance(dim, (bool, np.bool_)) or not isinstance(dim, (int, np.integer)):
+        raise ArgumentError(f"{name}(): argument 'dim' must be an int, got {describe(dim)}")
+    d = normalize_axes(name, [int(dim)], len(y.shape))[0] if y.shape else None
+    if d is None:
+        raise ShapeError(f"{name}(): y must have at least one dim, got a 0-d tensor")
+    if x is not None and not hasattr(x, "shape"):
+        raise ArgumentError(f"{name}(): argument 'x' must be a tensor (the spacing as a number is dx=), got "
+                            f"{describe(x)}")
+    if y.dtype == D.bool_ or (x is not None and x.dtype == D.bool_):
+        raise ArgumentError(f"{name}(): bool y or x is not supported (as in torch), got {y.dtype}"
+                            f"{'' if x is None else ' and ' + str(x.dtype)}")
+    if x is None:
+        if isinstance(dx, (bool, np.bool_)) or not isinstance(dx, (int, float, np.integer, np.floating)):
+            raise ArgumentError(f"{name}(): argument 'dx' must be a real number, got {describe(dx)}")
+        return d, float(dx)
+    if dx is not None:
+        raise ArgumentError(f"{name}(): give x or dx, not both (torch's two forms)")
+    if len(x.shape) == 1:
+        if x.shape[0] != y.shape[d]:
+            raise ShapeError(f"{name}(): there must be one x value for each sample point: x has {x.shape[0]}, y "
+                             f"{y.shape[d]} along dim {d}")
+        x = F.reshape(x, shape=[x.shape[0] if i == d else 1 for i in range(len(y.shape))])
+    elif len(x.shape) < len(y.shape):
+        x = F.reshape(x, shape=[1] * (len(y.shape) - len(x.shape)) + list(x.shape))
+    left, right = _ends(x, d)
+    return d, right - left
+
+
+def _ends(y, d: int):
+    """y's samples but the last, and but the first, along d (none of either when there are none)."""
+    n = y.shape[d]
+    return F.narrow(y, d, 0, max(n - 1, 0)), F.narrow(y, d, min(n, 1), max(n - 1, 0))
+
+
+@function
+def trapezoid(y, x=None, *, dx=None, dim=-1):
+    """``torch.trapezoid``: the trapezoidal rule along ``dim`` — at the points ``x`` (1-D, one per sample, or a
+    tensor broadcasting with y) or spaced ``dx`` apart (1 by default). No samples give 0 in y's dtype, as
+    torch's; integers give float32."""
+    d, spacing = _samples("trapezoid", y, x, 1 if dx is None and x is None else dx, dim)
+    if y.shape[d] == 0:  # torch's zeros_like_except: y's dtype, the dim gone
+        return F.cast(F.sum(y, axis=[d]), dtype=y.dtype)
+    if isinstance(spacing, float):  # torch's formula for a constant spacing: dx·(Σy − (y₀ + yₙ)/2)
+        first, last = F.narrow(y, d, 0, 1), F.narrow(y, d, y.shape[d] - 1, 1)
+        return (F.sum(y, axis=[d]) - F.squeeze(first + last, axis=[d]) * 0.5) * spacing
+    left, right = _ends(y, d)
+    return F.sum((left + right) * spacing, axis=[d]) / 2.0
+
+
+@function
+def trapz(y, x=None, *, dx=None, dim=-1):
+    """``torch.trapz``: ``trapezoid``, under torch's older name."""
+    return trapezoid(y, x, dx=dx, dim=dim)
+
+
+@function
+def cumulative_trapezoid(y, x=None, *, dx=None, dim=-1):
+    """``torch.cumulative_trapezoid``: the running trapezoidal rule along ``dim`` (one element fewer than y
+    there), at the points ``x`` or spaced ``dx`` apart (1 by default); integers give float32."""
+    d, spacing = _samples("cumulative_trapezoid", y, x, 1 if dx is None and x is None else dx, dim)
+    left, right = _ends(y, d)
+    if isinstance(spacing, float):
+        return F.cumsum(spacing / 2.0 * (left + right), axis=d)
+    return F.cumsum((left + right) * spacing, axis=d) / 2.0
+
+
+@function
+def cov(input, *, correction=1, fweights=None, aweights=None):
+    """``torch.cov``: the covariance matrix of the variables in ``input``'s rows (its columns are the
+    observations; a 1-D input is one variable), divided by observations − ``correction``, size-1 dims squeezed as
+    torch squeezes them. No degrees of freedom left divides by 0 (torch warns the same). Integers give float32.
+    ``fweights`` and ``aweights`` are not supported (yet): refused."""
+    if fweights is not None or aweights is not None:
+        raise ArgumentError("cov(): fweights and aweights are not supported by opforge (yet); without them the "
+                            "observations weigh alike")
+    if len(input.shape) > 2:
+        raise ShapeError(f"cov(): expected input to have two or fewer dimensions, got shape {tuple(input.shape)}")
+    if input.dtype == D.bool_:
+        raise ArgumentError("cov(): bool input is not supported (as in torch)")
+    if isinstance(correction, (bool, np.bool_)) or not isinstance(correction, (int, np.integer)):
+        raise ArgumentError(f"cov(): argument 'correction' must be an int, got {describe(correction)}")
+    rows = input if len(input.shape) == 2 else F.reshape(input, shape=[1, -1])
+    n = rows.shape[1]
+    centred = rows - F.unsqueeze(F.sum(rows, axis=[1]) / n, axis=1)
+    factor = n - int(correction)
+    if factor <= 0:
+        warnings.warn("cov(): degrees of freedom is <= 0. Correction should be strictly less than the number of "
+                      "observations.", UserWarning, stacklevel=2)
+        factor = 0
+    return F.squeeze(F.matmul(centred, F.transpose(centred, perm=[1, 0])) / factor)
+
+
+@function
+def corrcoef(input):
+    """``torch.corrcoef``: Pearson's correlation coefficients of the variables in ``input``'s rows (``cov``
+    normalised by the standard deviations, clipped to [-1, 1]); for one variable c/c (1, or NaN where its
+    variance is 0, NaN or inf), as torch's."""
+    if len(input.shape) > 2:
+        raise ShapeError(f"corrcoef(): expected input to have two or fewer dimensions, got shape "
+                         f"{tuple(input.shape)}")
+    c = cov(input)
+    if not c.shape:
+        return c / c
+    deviation = F.sqrt(F.diagonal(c))
+    c = c / F.unsqueeze(deviation, axis=1)
+    return F.clip(c / F.unsqueeze(deviation, axis=0), -1, 1)

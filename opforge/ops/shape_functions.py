@@ -1,7 +1,7 @@
 """torch's shape functions that ``shape.py`` lacks, each written with its shape ops (so their gradients and
 tracing are those ops'): tensor_split, hstack/vstack/dstack, atleast_1d/2d/3d, meshgrid, rot90, diag, diag_embed,
-diagflat, broadcast_tensors, and ``unfold_windows`` (``Tensor.unfold``: torch's sliding windows along one dim, not
-``F.unfold``'s im2col).
+diagflat, broadcast_tensors, cartesian_prod, combinations, vander, and ``unfold_windows`` (``Tensor.unfold``:
+torch's sliding windows along one dim, not ``F.unfold``'s im2col).
 """
 
 import itertools
@@ -9,7 +9,7 @@ import itertools
 from opforge import ops as F
 
 from ..core.errors import ArgumentError, ShapeError
-from ._common import broadcast_shapes, function, np
+from ._common import D, broadcast_shapes, function, np
 
 
 def _dim(name: str, dim, ndim: int) -> int:
@@ -212,3 +212,60 @@ def unfold_windows(input, dimension, size, step):
     windows = F.take(input, index, axis=d)  # (..., windows, size, ...) at d
     perm = [*range(d + 1), *range(d + 2, ndim + 1), d + 1]
     return F.transpose(windows, perm=perm)
+
+
+@function
+def cartesian_prod(*tensors):
+    """``torch.cartesian_prod``: the rows of every combination of one element from each 1-D tensor, the last
+    varying fastest, as a (n₁·…·n_k, k) tensor (one tensor: that tensor itself). The tensors must have one
+    dtype, as torch's meshgrid requires."""
+    tensors = _tensors("cartesian_prod", tensors)
+    for t in tensors:
+        if len(t.shape) != 1:
+            raise ShapeError(f"cartesian_prod(): expects 1-D tensors, got shape {tuple(t.shape)}")
+    if len({t.dtype for t in tensors}) > 1:
+        raise ArgumentError(f"cartesian_prod(): the tensors must have one dtype (as in torch), got "
+                            f"{[str(t.dtype) for t in tensors]}")
+    if len(tensors) == 1:
+        return tensors[0]
+    return F.stack([F.reshape(g, shape=[-1]) for g in meshgrid(*tensors, indexing="ij")], axis=1)
+
+
+@function
+def combinations(input, r=2, with_replacement=False):
+    """``torch.combinations``: the combinations of ``r`` elements of the 1-D ``input`` (itertools' combinations,
+    or combinations_with_replacement), in lexicographic order of positions, as a (count, r) tensor; r=0 gives an
+    empty 1-D tensor, as torch's."""
+    if len(input.shape) != 1:
+        raise ShapeError(f"combinations(): expects a 1-D tensor, got shape {tuple(input.shape)}")
+    if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or r < 0:
+        raise ArgumentError(f"combinations(): argument 'r' must be an int >= 0, got {r!r}")
+    n = input.shape[0]
+    if r == 0 or n == 0:
+        return F.reshape(input, shape=[0, r]) if r else F.narrow(input, 0, 0, 0)
+    ordered = (lambda p: all(a <= b for a, b in itertools.pairwise(p))) if with_replacement else \
+        (lambda p: all(a < b for a, b in itertools.pairwise(p)))
+    # the positions of the r-tuples kept, among all n^r in lexicographic order: indices made with ops (no array
+    # constant), so the same code traces into a program
+    keep = [int(ordered(p)) for p in itertools.product(range(n), repeat=r)]
+    flat = F.repeat_interleave(F.arange(start=0, stop=n ** r, dtype="int64"), repeats=keep, axis=0)
+    return F.take(input, F.stack([(flat // n ** (r - 1 - j)) % n for j in range(r)], axis=1), axis=0)
+
+
+@function
+def vander(x, N=None, increasing=False):
+    """``torch.vander``: the Vandermonde matrix of the 1-D ``x``, ``N`` columns (len(x) by default) of the powers
+    x⁰ … x^(N−1), decreasing unless ``increasing``; integers and bools in int64, as torch's (the powers are
+    running products: torch's cumprod)."""
+    if len(x.shape) != 1:
+        raise ShapeError(f"vander(): x must be a one-dimensional tensor, got shape {tuple(x.shape)}")
+    n = x.shape[0] if N is None else N
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+        raise ArgumentError(f"vander(): argument 'N' must be an int >= 0 or None, got {N!r}")
+    column = F.unsqueeze(F.cast(x, dtype=D.promote(x.dtype, D.int64)), axis=1)
+    if n == 0:
+        return F.narrow(column, 1, 0, 0)
+    powers = F.ones_like(column)
+    if n > 1:
+        powers = F.concat([powers, F.cumprod(F.broadcast_to(column, shape=[x.shape[0], n - 1]), axis=1)], axis=1)
+    return powers if increasing else F.flip(powers, [1])
