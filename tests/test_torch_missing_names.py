@@ -134,6 +134,22 @@ CALLS = [
     ("cov", (M.astype(np.float32),), {}),
     ("cov", (f(True, False, dtype=bool),), {}),
     ("cov", (np.zeros((2, 2, 2)),), {}),
+    ("cov", (M,), {"fweights": f(1, 2, 0, 1, 3, dtype=np.int64)}),
+    ("cov", (M,), {"aweights": f(0.5, 2.0, 1.0, 0.0, 1.5)}),
+    ("cov", (M.astype(np.float32),), {"aweights": f(0.5, 2.0, 1.0, 0.0, 1.5)}),  # float64 weights: a float64 cov
+    ("cov", (M,), {"fweights": f(1, 2, 0, 1, 3, dtype=np.int64), "aweights": f(0.5, 2.0, 1.0, 0.0, 1.5)}),
+    ("cov", (M,), {"fweights": f(1, 2, 0, 1, 3, dtype=np.int64), "aweights": f(0.5, 2.0, 1.0, 0.0, 1.5),
+                   "correction": 0}),
+    ("cov", (np.arange(10, dtype=np.int64).reshape(2, 5),), {"fweights": f(1, 2, 0, 1, 3, dtype=np.int64)}),
+    ("cov", (f(1.0, 2.0, 4.0),), {"aweights": f(1.0, 1e-3, 1e-3), "correction": 2}),  # no freedom left (warns)
+    ("cov", (f(2.5),), {"fweights": np.array(3)}),
+    ("cov", (M,), {"fweights": f(0, 0, 0, 0, 0, dtype=np.int64)}),  # sum to zero: refused
+    ("cov", (M,), {"fweights": f(1, -2, 0, 1, 3, dtype=np.int64)}),  # negative: refused
+    ("cov", (M,), {"aweights": f(1.0, -2, 0, 1, 3)}),
+    ("cov", (M,), {"fweights": f(1.0, 2, 0, 1, 3)}),  # not integers: refused
+    ("cov", (M,), {"aweights": f(1, 2, 0, 1, 3, dtype=np.int64)}),  # not floats: refused
+    ("cov", (M,), {"fweights": f(1, 2, 0, dtype=np.int64)}),  # not one per observation: refused
+    ("cov", (M,), {"aweights": np.ones((1, 5))}),
     ("corrcoef", (M,), {}),
     ("corrcoef", (M.T,), {}),
     ("corrcoef", (V,), {}),
@@ -169,9 +185,12 @@ def test_refusals_name_the_function_and_the_difference():
     x = of.tensor(f(-1.0, 0.0))
     with pytest.raises(of.ArgumentError, match=r"heaviside\(\): input and values must have one dtype"):
         of.heaviside(x, of.tensor(np.array(0.5, np.float32)))
-    for weights in ({"fweights": of.tensor([1, 2, 1, 1, 1])}, {"aweights": of.tensor(f(1.0, 2, 1, 1, 1))}):
-        with pytest.raises(of.ArgumentError, match=r"cov\(\): fweights and aweights are not supported"):
-            of.cov(of.tensor(M), **weights)
+    with pytest.raises(of.ArgumentError, match=r"cov\(\): fweights cannot be negative"):
+        of.cov(of.tensor(M), fweights=of.tensor([1, 2, -1, 1, 1]))
+    with pytest.raises(of.ArgumentError, match=r"cov\(\): expected aweights to have a floating dtype, got int64"):
+        of.cov(of.tensor(M), aweights=of.tensor([1, 2, 1, 1, 1]))
+    with pytest.raises(of.ArgumentError, match=r"cov\(\): aweights in a traced program"):
+        of.compile(lambda m, w: of.cov(m, aweights=w))(of.tensor(M), of.tensor(f(1.0, 2, 1, 1, 1)))
     with pytest.raises(of.ArgumentError, match=r"trapezoid\(\): argument 'x' must be a tensor .* dx="):
         of.trapezoid(x, 2)
     with pytest.raises(of.ArgumentError, match=r"trapezoid\(\): give x or dx, not both"):
@@ -257,6 +276,20 @@ def test_gradients_as_torch(name, tensors, args, kwargs):
     for g, w in zip(got, want):
         np.testing.assert_allclose(g.numpy(), w, rtol=1e-10, atol=1e-12, err_msg=name)
     assert of.testing.gradcheck(lambda *xs: getattr(of, name)(*xs, *args, **kwargs), ours_in)
+
+
+def test_weighted_cov_gradients_as_torch():
+    # the gradient reaches the input and the aweights (fweights are integers), as torch's
+    fweights, aweights, cotangent = f(1, 2, 0, 1, 3, dtype=np.int64), f(0.5, 2.0, 1.0, 0.25, 1.5), M[:, :3].T @ M[:, :3]
+    theirs = [torch.tensor(M, requires_grad=True), torch.tensor(aweights, requires_grad=True)]
+    ours = [of.tensor(M, requires_grad=True), of.tensor(aweights, requires_grad=True)]
+    want = torch.autograd.grad(torch.cov(theirs[0], fweights=torch.tensor(fweights), aweights=theirs[1],
+                                         correction=2), theirs, torch.tensor(cotangent))
+    got = of.grad(of.ops.sum(of.cov(ours[0], fweights=of.tensor(fweights), aweights=ours[1], correction=2)
+                             * of.tensor(cotangent)), ours)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-10, atol=1e-12)
+    assert of.testing.gradcheck(lambda m, a: of.cov(m, fweights=of.tensor(fweights), aweights=a, correction=2), ours)
 
 
 def test_heaviside_differentiates_in_values():

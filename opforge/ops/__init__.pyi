@@ -2460,8 +2460,9 @@ def count_nonzero(input, dim=None, *, axis=None) -> Any:
 def cov(input, *, correction=1, fweights=None, aweights=None) -> Any:
     """``torch.cov``: the covariance matrix of the variables in ``input``'s rows (its columns are the
     observations; a 1-D input is one variable), divided by observations − ``correction``, size-1 dims squeezed
-    as torch squeezes them. No degrees of freedom left divides by 0 (torch warns the same). Integers give
-    float32. ``fweights`` and ``aweights`` are not supported (yet): refused.
+    as torch squeezes them; observations weighed by the integer ``fweights`` times the float ``aweights`` (read
+    eagerly: refused in a traced program). No degrees of freedom left divides by 0 (torch warns the same).
+    Integers give float32.
     """
 
 def cross(input, other, dim=None) -> Any:

@@ -922,15 +922,37 @@ def cumulative_trapezoid(y, x=None, *, dx=None, dim=-1):
     return F.cumsum((left + right) * spacing, axis=d) / 2.0
 
 
+def _weights(kind: str, w, observations: int):
+    """cov's ``fweights`` (integers) or ``aweights`` (floats): ≤ 1-D, one per observation, none negative. Their
+    values are read (as torch reads them), so a traced program refuses them rather than skip the checks."""
+    if w is None:
+        return None
+    if not hasattr(w, "shape"):
+        raise ArgumentError(f"cov(): {kind} must be a tensor, got {describe(w)}")
+    if len(w.shape) > 1:
+        raise ShapeError(f"cov(): expected {kind} to have one or fewer dimensions, got shape {tuple(w.shape)}")
+    integral = not D.is_floating(w.dtype) and w.dtype != D.bool_
+    if (kind == "fweights") != integral:
+        raise ArgumentError(f"cov(): expected {kind} to have {'an integral' if kind == 'fweights' else 'a floating'}"
+                            f" dtype, got {w.dtype}")
+    if (w.shape[0] if w.shape else 1) != observations:
+        raise ShapeError(f"cov(): expected {kind} to have one element per observation ({observations}), got shape "
+                         f"{tuple(w.shape)}")
+    if getattr(w, "interpreter", None) is not None:
+        raise ArgumentError(f"cov(): {kind} in a traced program: torch's checks of their values (none negative, "
+                            "a sum other than 0) need them; compute cov with weights eagerly")
+    if observations and bool((w < 0).numpy().any()):
+        raise ArgumentError(f"cov(): {kind} cannot be negative")
+    return w
+
+
 @function
 def cov(input, *, correction=1, fweights=None, aweights=None):
     """``torch.cov``: the covariance matrix of the variables in ``input``'s rows (its columns are the
     observations; a 1-D input is one variable), divided by observations − ``correction``, size-1 dims squeezed as
-    torch squeezes them. No degrees of freedom left divides by 0 (torch warns the same). Integers give float32.
-    ``fweights`` and ``aweights`` are not supported (yet): refused."""
-    if fweights is not None or aweights is not None:
-        raise ArgumentError("cov(): fweights and aweights are not supported by opforge (yet); without them the "
-                            "observations weigh alike")
+    torch squeezes them; observations weighed by the integer ``fweights`` times the float ``aweights`` (read
+    eagerly: refused in a traced program). No degrees of freedom left divides by 0 (torch warns the same).
+    Integers give float32."""
     if len(input.shape) > 2:
         raise ShapeError(f"cov(): expected input to have two or fewer dimensions, got shape {tuple(input.shape)}")
     if input.dtype == D.bool_:
@@ -938,14 +960,26 @@ def cov(input, *, correction=1, fweights=None, aweights=None):
     if isinstance(correction, (bool, np.bool_)) or not isinstance(correction, (int, np.integer)):
         raise ArgumentError(f"cov(): argument 'correction' must be an int, got {describe(correction)}")
     rows = input if len(input.shape) == 2 else F.reshape(input, shape=[1, -1])
-    n = rows.shape[1]
-    centred = rows - F.unsqueeze(F.sum(rows, axis=[1]) / n, axis=1)
-    factor = n - int(correction)
-    if factor <= 0:
+    n, correction = rows.shape[1], int(correction)
+    fweights, aweights = _weights("fweights", fweights, n), _weights("aweights", aweights, n)
+    w = aweights if fweights is None else fweights if aweights is None else fweights * aweights
+    if w is None:
+        total, factor = n, n - correction
+        weighed = rows
+    else:  # torch's formula: the weighted mean, and the sum of weights less the correction's share of them
+        total = F.sum(w)
+        if not bool((total != 0).numpy()):
+            raise ArgumentError("cov(): weights sum to zero, can't be normalized")
+        factor = total - (correction * F.sum(w * aweights) / total if aweights is not None and correction else
+                          correction)
+        weighed = rows * w
+    centred = rows - F.unsqueeze(F.sum(weighed, axis=[1]) / total, axis=1)
+    if bool(factor <= 0) if w is None else bool((factor <= 0).numpy()):
         warnings.warn("cov(): degrees of freedom is <= 0. Correction should be strictly less than the number of "
                       "observations.", UserWarning, stacklevel=2)
         factor = 0
-    return F.squeeze(F.matmul(centred, F.transpose(centred, perm=[1, 0])) / factor)
+    other = centred if w is None else centred * w
+    return F.squeeze(F.matmul(centred, F.transpose(other, perm=[1, 0])) / factor)
 
 
 @function
