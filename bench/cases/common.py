@@ -60,6 +60,7 @@ def step_check(step, params):
     return check
 
 
+@functools.cache  # once per process, as load_torch: eager JAX steps call it per call (a jitted one when traced)
 def load_jax():
     import jax
 
