@@ -154,3 +154,18 @@ def test_adaptive_pool_none_over_a_size_known_only_at_run_time_is_refused():
     with pytest.raises(of.ShapeError, match=r"adaptive_avg_pool2d\(\): output_size \(None, 2\) keeps a spatial dim "
                                             r"whose size is known only at run time"):
         of.trace(lambda x: F.adaptive_avg_pool2d(x, (None, 2)), x=of.Spec((1, 2, None, 4), "float64"))
+
+
+@pytest.mark.parametrize("called, call", [
+    ("max_pool2d", lambda: F.max_pool2d(of.randn(3), 2)),
+    ("max_pool2d", lambda: F.max_pool2d(of.randn(1, 3, 4, 4), 2, stride=-1, return_indices=True)),
+    ("max_pool1d", lambda: F.max_pool1d(of.randn(2, 3, 4, 5), 2)),
+    ("adaptive_avg_pool2d", lambda: F.adaptive_avg_pool2d(of.randn(3), 2)),
+    ("adaptive_max_pool1d", lambda: F.adaptive_max_pool1d(of.randn(3), 2, return_indices=True)),
+])
+def test_a_pooling_functions_errors_name_the_function_called_not_its_op(called, call):
+    """torch's F.max_pool2d is the op max_pool2d_values (or _with_indices) here: its errors said
+    "max_pool2d_values(): ...", a name the user never wrote."""
+    with pytest.raises(of.OpforgeError) as e:
+        call()
+    assert str(e.value).startswith(f"{called}(): "), str(e.value)

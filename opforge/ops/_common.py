@@ -7,7 +7,7 @@ import numpy as np
 from ..core import dtypes as D
 from ..core.declare import function, op
 from ..core.devices import array_module
-from ..core.errors import ShapeError
+from ..core.errors import OpforgeError, ShapeError
 from ..core.opdef import Sample
 from ..core.sbp import B, P, S
 from ..core.spec import Spec, broadcast_shapes, shapes_agree
@@ -18,7 +18,7 @@ except ImportError:  # a NumPy that moved them: the public functions below set t
     _extobj_contextvar = _make_extobj = None
 
 __all__ = ["B", "D", "P", "S", "Sample", "ShapeError", "Spec", "array_module", "broadcast_shapes", "function",
-           "normalize_axes", "np", "op", "promoted", "reduce_at", "shapes_agree"]
+           "named_as_called", "normalize_axes", "np", "op", "promoted", "reduce_at", "shapes_agree"]
 
 
 # The ufuncs of the hottest small kernels, bound once: a module attribute lookup is 20 ns of a 0.3–0.5 µs kernel on
@@ -66,6 +66,15 @@ def reduce_at(ufunc, out, where, values) -> None:
         step *= 2
     rows = out.reshape(-1, row)
     rows[place] = combine(rows[place], result)
+
+
+def named_as_called(error: Exception, op_name: str, called: str) -> None:
+    """An error of the op ``op_name`` raised inside the function ``called`` (torch's ``F.max_pool2d``, whose op is
+    ``max_pool2d_values``), renamed in place to name what the user called: a message that begins "op_name():"
+    begins "called():". Call it in an ``except`` block, then ``raise``."""
+    message = str(error) if isinstance(error, OpforgeError) else ""
+    if message.startswith(op_name + "("):
+        error.args = (called + message[len(op_name):], *error.args[1:])
 
 
 def normalize_axes(op_name: str, axes, ndim: int) -> tuple:

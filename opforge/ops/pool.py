@@ -25,8 +25,9 @@ import math
 
 from opforge import ops as F
 
+from ..core.errors import OpforgeError
 from . import _window as win
-from ._common import D, S, Sample, ShapeError, Spec, array_module, function, np, op, shapes_agree
+from ._common import D, S, Sample, ShapeError, Spec, array_module, function, named_as_called, np, op, shapes_agree
 
 # -- geometry --------------------------------------------------------------------------------------------------------
 
@@ -318,7 +319,11 @@ def _max_pool_function(nd: int):
 
     def pool(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
         op_name = f"{name}_with_indices" if return_indices else f"{name}_values"
-        return getattr(F, op_name)(input, kernel_size, stride, padding, dilation, ceil_mode)
+        try:
+            return getattr(F, op_name)(input, kernel_size, stride, padding, dilation, ceil_mode)
+        except OpforgeError as e:  # named as the user called it
+            named_as_called(e, op_name, name)
+            raise
 
     pool.__name__ = pool.__qualname__ = name
     pool.__doc__ = (f"``torch.nn.functional.{name}(input, kernel_size, stride=None, padding=0, dilation=1, "
@@ -1193,7 +1198,11 @@ def _adaptive_max_function(nd: int):
 
     def pool(input, output_size, return_indices=False):
         op_name = f"{name}_with_indices" if return_indices else f"{name}_values"
-        return getattr(F, op_name)(input, output_size=_output_sizes(name, nd, input, output_size))
+        try:
+            return getattr(F, op_name)(input, output_size=_output_sizes(name, nd, input, output_size))
+        except OpforgeError as e:  # named as the user called it
+            named_as_called(e, op_name, name)
+            raise
 
     pool.__name__ = pool.__qualname__ = name
     pool.__doc__ = (f"``torch.nn.functional.{name}(input, output_size, return_indices=False)``: the op "
@@ -1211,7 +1220,11 @@ def _adaptive_avg_function(nd: int):
     name = f"adaptive_avg_pool{nd}d"
 
     def pool(input, output_size):
-        return getattr(F, f"{name}_sized")(input, output_size=_output_sizes(name, nd, input, output_size))
+        try:
+            return getattr(F, f"{name}_sized")(input, output_size=_output_sizes(name, nd, input, output_size))
+        except OpforgeError as e:  # named as the user called it
+            named_as_called(e, f"{name}_sized", name)
+            raise
 
     pool.__name__ = pool.__qualname__ = name
     pool.__doc__ = (f"``torch.nn.functional.{name}(input, output_size)``: the op ``{name}_sized``; a None in "
