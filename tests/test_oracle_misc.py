@@ -397,9 +397,9 @@ _I = of.tensor(np.array([0, 1, 2]))
     (lambda: F.embedding_bag(of.tensor([[0]]), _z(3, 2), None, per_sample_weights=_z(1, 1)),
      r"embedding_bag\(\): per_sample_weights are for mode 'sum' only"),
     (lambda: F.embedding_bag(of.tensor([[0]]), _z(3, 2), mode="min"), r"embedding_bag\(\): argument 'mode'"),
-    (lambda: F.dropout2d(_z(2, 3)), r"dropout2d_with_mask\(\): expects an input of rank 3 or 4"),
-    (lambda: F.dropout1d(_z(2, 3, 4, 5)), r"dropout1d_with_mask\(\): expects an input of rank 2 or 3"),
-    (lambda: F.dropout3d(_z(2, 3, 4), p=1.5), r"dropout3d_with_mask\(\): argument 'p'"),
+    (lambda: F.dropout2d(_z(2, 3)), r"dropout2d\(\): expects an input of rank 3 or 4"),
+    (lambda: F.dropout1d(_z(2, 3, 4, 5)), r"dropout1d\(\): expects an input of rank 2 or 3"),
+    (lambda: F.dropout3d(_z(2, 3, 4), p=1.5), r"dropout3d\(\): argument 'p'"),
     (lambda: nn.EmbeddingBag(3, 2, mode="min"), r"EmbeddingBag\(\): mode must be"),
 ])
 def test_errors_name_the_op(call, message):

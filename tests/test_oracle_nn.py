@@ -876,7 +876,7 @@ WRONG_CALLS = [
     (lambda: F.batch_norm(_t(1, 3), None, None, training=True), "more than one value per channel"),
     (lambda: F.batch_norm(_t(4), None, None, training=True), "the input must be (N, C, ...)"),
     (lambda: F.batch_norm(_t(4, 3), _t(3), _t(3), momentum=2.0), "argument 'momentum' must be in [0, 1]"),
-    (lambda: F.dropout(_t(3), p=1.5), "dropout_with_mask(): argument 'p' must be a probability"),
+    (lambda: F.dropout(_t(3), p=1.5), "dropout(): argument 'p' must be a probability"),
     (lambda: F.embedding(of.tensor(np.array([0, 5])), _t(5, 2)), "embedding(): index holds 5, outside [0, 5)"),
     (lambda: F.embedding(_IDX, _t(5, 2, 2)), "embedding(): weight must be 2-D"),
     (lambda: F.embedding(_IDX, _t(5, 2), padding_idx=5), "padding_idx 5 is out of range for 5 embeddings"),

@@ -168,7 +168,7 @@ def test_backward_is_one_normalize_grad():
     (lambda: F.group_norm(of.zeros(6), num_groups=2), r"group_norm\(\): the input must be \(N, C, \.\.\.\)"),
     (lambda: F.group_norm(of.zeros((2, 6)), 2, of.zeros(3)), r"weight must have shape \(6,\)"),
     (lambda: F.group_norm(of.zeros((2, 6)), num_groups=0), r"argument 'num_groups' must be >= 1"),
-    (lambda: F.instance_norm(of.zeros((2, 3))), r"instance_norm_affine\(\): the input must be \(N, C, L, \.\.\.\)"),
+    (lambda: F.instance_norm(of.zeros((2, 3))), r"instance_norm\(\): the input must be \(N, C, L, \.\.\.\)"),
     (lambda: F.rms_norm(of.zeros((2, 3)), normalized_shape=[2]), r"normalized_shape \[2\] must be the last dims"),
     (lambda: F.rms_norm(of.zeros((2, 3)), normalized_shape=[3], eps=-1.0), r"argument 'eps' must be >= 0"),
     (lambda: F.normalize_grad(of.zeros((2, 3)), of.zeros(3), axes=[1], eps=0.0), r"g must have the shape of x"),

@@ -162,10 +162,17 @@ def test_adaptive_pool_none_over_a_size_known_only_at_run_time_is_refused():
     ("max_pool1d", lambda: F.max_pool1d(of.randn(2, 3, 4, 5), 2)),
     ("adaptive_avg_pool2d", lambda: F.adaptive_avg_pool2d(of.randn(3), 2)),
     ("adaptive_max_pool1d", lambda: F.adaptive_max_pool1d(of.randn(3), 2, return_indices=True)),
+    ("dropout", lambda: F.dropout(of.randn(2, 3), p=2.0)),
+    ("dropout2d", lambda: F.dropout2d(of.randn(3), p=0.5)),
+    ("batch_norm", lambda: F.batch_norm(of.randn(2, 3), of.zeros(4), of.ones(4))),
+    ("instance_norm", lambda: F.instance_norm(of.randn(3))),
+    ("scaled_dot_product_attention", lambda: F.scaled_dot_product_attention(of.randn(2, 3), of.randn(2, 4),
+                                                                             of.randn(2, 3))),
 ])
-def test_a_pooling_functions_errors_name_the_function_called_not_its_op(called, call):
-    """torch's F.max_pool2d is the op max_pool2d_values (or _with_indices) here: its errors said
-    "max_pool2d_values(): ...", a name the user never wrote."""
+def test_a_torch_functions_errors_name_the_function_called_not_its_op(called, call):
+    """torch's F.max_pool2d is the op max_pool2d_values (or _with_indices) here, F.dropout the op dropout_with_mask,
+    F.batch_norm batch_norm_with_stats...: their errors said "max_pool2d_values(): ...", a name the user never
+    wrote."""
     with pytest.raises(of.OpforgeError) as e:
         call()
     assert str(e.value).startswith(f"{called}(): "), str(e.value)

@@ -13,7 +13,7 @@ import math
 
 from opforge import ops as F
 
-from ..core.errors import ArgumentError
+from ..core.errors import ArgumentError, OpforgeError
 from ..core.grad_mode import no_grad
 from ..core.sbp import Decomposition
 from ._common import (
@@ -25,6 +25,7 @@ from ._common import (
     ShapeError,
     Spec,
     function,
+    named_as_called,
     normalize_axes,
     np,
     op,
@@ -657,8 +658,12 @@ def _update(statistic, value) -> None:
 def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
     """``torch.nn.functional.batch_norm``: ``y`` (``batch_norm_with_stats``'s); with ``training``, the running
     statistics given are updated in place to (1 − momentum)·running + momentum·the batch's statistic."""
-    y, mean, var = F.batch_norm_with_stats(x, running_mean, running_var, weight, bias, training=training,
-                                           momentum=momentum, eps=eps)
+    try:
+        y, mean, var = F.batch_norm_with_stats(x, running_mean, running_var, weight, bias, training=training,
+                                               momentum=momentum, eps=eps)
+    except OpforgeError as e:  # named as the user called it
+        named_as_called(e, "batch_norm_with_stats", "batch_norm")
+        raise
     if training and running_mean is not None:
         _update(running_mean, mean)
         _update(running_var, var)
@@ -686,7 +691,11 @@ def instance_norm(x, running_mean=None, running_var=None, weight=None, bias=None
         for statistic, value in ((running_mean, mean), (running_var, var)):
             if statistic is not None:
                 _update(statistic, statistic * (1 - momentum) + value * momentum)
-    return F.instance_norm_affine(x, weight, bias, eps=eps)
+    try:
+        return F.instance_norm_affine(x, weight, bias, eps=eps)
+    except OpforgeError as e:  # named as the user called it
+        named_as_called(e, "instance_norm_affine", "instance_norm")
+        raise
 
 
 @function
