@@ -17,8 +17,8 @@ try:  # NumPy's own handle on its ufunc settings (private: the fast way to chang
 except ImportError:  # a NumPy that moved them: the public functions below set the same settings, only slower
     _extobj_contextvar = _make_extobj = None
 
-__all__ = ["B", "D", "P", "S", "Sample", "ShapeError", "Spec", "array_module", "broadcast_shapes", "function",
-           "named_as_called", "normalize_axes", "np", "op", "promoted", "reduce_at", "shapes_agree"]
+__all__ = ["B", "D", "P", "S", "Sample", "ShapeError", "Spec", "array_module", "broadcast_shapes", "called_as",
+           "function", "normalize_axes", "np", "op", "promoted", "reduce_at", "shapes_agree"]
 
 
 # The ufuncs of the hottest small kernels, bound once: a module attribute lookup is 20 ns of a 0.3–0.5 µs kernel on
@@ -68,13 +68,19 @@ def reduce_at(ufunc, out, where, values) -> None:
     rows[place] = combine(rows[place], result)
 
 
-def named_as_called(error: Exception, op_name: str, called: str) -> None:
-    """An error of the op ``op_name`` raised inside the function ``called`` (torch's ``F.max_pool2d``, whose op is
-    ``max_pool2d_values``), renamed in place to name what the user called: a message that begins "op_name():"
-    begins "called():". Call it in an ``except`` block, then ``raise``."""
-    message = str(error) if isinstance(error, OpforgeError) else ""
-    if message.startswith(op_name + "("):
-        error.args = (called + message[len(op_name):], *error.args[1:])
+def called_as(called: str, op_name: str, *args, **kwargs):
+    """The op ``op_name`` called for the function ``called`` (torch's ``F.max_pool2d``, whose op is
+    ``max_pool2d_values``): its result, or its error renamed to name what the user called (a message that begins
+    "op_name(" begins "called(")."""
+    from opforge import ops as F
+
+    try:
+        return getattr(F, op_name)(*args, **kwargs)
+    except OpforgeError as e:
+        message = str(e)
+        if message.startswith(op_name + "("):
+            e.args = (called + message[len(op_name):], *e.args[1:])
+        raise
 
 
 def normalize_axes(op_name: str, axes, ndim: int) -> tuple:

@@ -146,10 +146,6 @@ def _on_gpu(opdef, ufunc_name: str, promote):
         return ufunc(x, y) if out is None else ufunc(x, y, out=out)  # (CuPy parses keywords slowly)
 
 
-def _promoted_dtype(x, y):
-    return D.result_type(x, y)
-
-
 @div.infer
 def _(x, y):
     return Spec(broadcast_shapes(x.shape, y.shape, op="div"), _div_dtype(x, y))
@@ -426,6 +422,6 @@ def _(rng):
     yield Sample.of(np.array(True), rng.standard_normal((2, 1)) > 0)
 
 
-for _opdef, _ufunc, _promote in ((add, "add", _promoted_dtype), (sub, "subtract", _promoted_dtype),
-                                 (mul, "multiply", _promoted_dtype), (div, "true_divide", _div_dtype)):
+for _opdef, _ufunc, _promote in ((add, "add", D.result_type), (sub, "subtract", D.result_type),
+                                 (mul, "multiply", D.result_type), (div, "true_divide", _div_dtype)):
     _on_gpu(_opdef, _ufunc, _promote)

@@ -10,7 +10,7 @@ import math
 
 from opforge import ops as F
 
-from ..core.errors import ArgumentError, OpforgeError
+from ..core.errors import ArgumentError
 from ..core.sbp import Decomposition, PerRank
 from ._common import (
     B,
@@ -22,11 +22,11 @@ from ._common import (
     Spec,
     array_module,
     broadcast_shapes,
+    called_as,
     constant_row,
     function,
     max_last,
     max_over,
-    named_as_called,
     normalize_axes,
     np,
     op,
@@ -342,11 +342,7 @@ def functional_dropout(op, module: str = __name__):
     name = op.name.removesuffix("_with_mask")
 
     def dropout(x, p=0.5, training=True, inplace=False):
-        try:
-            y = op(x, p=p, training=training)[0]
-        except OpforgeError as e:  # named as the user called it
-            named_as_called(e, op.name, name)
-            raise
+        y = called_as(name, op.name, x, p=p, training=training)[0]
         return x.copy_(y) if inplace else y
 
     dropout.__name__ = dropout.__qualname__ = name
@@ -706,11 +702,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         raise ArgumentError(f"scaled_dot_product_attention(): argument 'dropout_p' must be a probability in [0, 1], "
                             f"got {dropout_p!r}")
     if dropout_p == 0.0:
-        try:
-            return F.dot_product_attention(query, key, value, attn_mask, is_causal, scale=scale)
-        except OpforgeError as e:  # named as the user called it
-            named_as_called(e, "dot_product_attention", "scaled_dot_product_attention")
-            raise
+        return called_as("scaled_dot_product_attention", "dot_product_attention", query, key, value, attn_mask,
+                         is_causal, scale=scale)
     dot_product_attention.infer_fn(*(None if t is None else Spec(tuple(t.shape), t.dtype)
                                      for t in (query, key, value, attn_mask)), is_causal=is_causal, scale=scale)
     probs = _attention_probs(query, key, attn_mask, is_causal, _attention_scale(query.shape[-1], scale))

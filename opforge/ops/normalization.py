@@ -13,7 +13,7 @@ import math
 
 from opforge import ops as F
 
-from ..core.errors import ArgumentError, OpforgeError
+from ..core.errors import ArgumentError
 from ..core.grad_mode import no_grad
 from ..core.sbp import Decomposition
 from ._common import (
@@ -24,8 +24,8 @@ from ._common import (
     Sample,
     ShapeError,
     Spec,
+    called_as,
     function,
-    named_as_called,
     normalize_axes,
     np,
     op,
@@ -658,12 +658,8 @@ def _update(statistic, value) -> None:
 def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
     """``torch.nn.functional.batch_norm``: ``y`` (``batch_norm_with_stats``'s); with ``training``, the running
     statistics given are updated in place to (1 − momentum)·running + momentum·the batch's statistic."""
-    try:
-        y, mean, var = F.batch_norm_with_stats(x, running_mean, running_var, weight, bias, training=training,
-                                               momentum=momentum, eps=eps)
-    except OpforgeError as e:  # named as the user called it
-        named_as_called(e, "batch_norm_with_stats", "batch_norm")
-        raise
+    y, mean, var = called_as("batch_norm", "batch_norm_with_stats", x, running_mean, running_var, weight, bias,
+                             training=training, momentum=momentum, eps=eps)
     if training and running_mean is not None:
         _update(running_mean, mean)
         _update(running_var, var)
@@ -691,11 +687,7 @@ def instance_norm(x, running_mean=None, running_var=None, weight=None, bias=None
         for statistic, value in ((running_mean, mean), (running_var, var)):
             if statistic is not None:
                 _update(statistic, statistic * (1 - momentum) + value * momentum)
-    try:
-        return F.instance_norm_affine(x, weight, bias, eps=eps)
-    except OpforgeError as e:  # named as the user called it
-        named_as_called(e, "instance_norm_affine", "instance_norm")
-        raise
+    return called_as("instance_norm", "instance_norm_affine", x, weight, bias, eps=eps)
 
 
 @function

@@ -25,9 +25,8 @@ import math
 
 from opforge import ops as F
 
-from ..core.errors import OpforgeError
 from . import _window as win
-from ._common import D, S, Sample, ShapeError, Spec, array_module, function, named_as_called, np, op, shapes_agree
+from ._common import D, S, Sample, ShapeError, Spec, array_module, called_as, function, np, op, shapes_agree
 
 # -- geometry --------------------------------------------------------------------------------------------------------
 
@@ -319,11 +318,7 @@ def _max_pool_function(nd: int):
 
     def pool(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
         op_name = f"{name}_with_indices" if return_indices else f"{name}_values"
-        try:
-            return getattr(F, op_name)(input, kernel_size, stride, padding, dilation, ceil_mode)
-        except OpforgeError as e:  # named as the user called it
-            named_as_called(e, op_name, name)
-            raise
+        return called_as(name, op_name, input, kernel_size, stride, padding, dilation, ceil_mode)
 
     pool.__name__ = pool.__qualname__ = name
     pool.__doc__ = (f"``torch.nn.functional.{name}(input, kernel_size, stride=None, padding=0, dilation=1, "
@@ -1198,11 +1193,7 @@ def _adaptive_max_function(nd: int):
 
     def pool(input, output_size, return_indices=False):
         op_name = f"{name}_with_indices" if return_indices else f"{name}_values"
-        try:
-            return getattr(F, op_name)(input, output_size=_output_sizes(name, nd, input, output_size))
-        except OpforgeError as e:  # named as the user called it
-            named_as_called(e, op_name, name)
-            raise
+        return called_as(name, op_name, input, output_size=_output_sizes(name, nd, input, output_size))
 
     pool.__name__ = pool.__qualname__ = name
     pool.__doc__ = (f"``torch.nn.functional.{name}(input, output_size, return_indices=False)``: the op "
@@ -1220,11 +1211,7 @@ def _adaptive_avg_function(nd: int):
     name = f"adaptive_avg_pool{nd}d"
 
     def pool(input, output_size):
-        try:
-            return getattr(F, f"{name}_sized")(input, output_size=_output_sizes(name, nd, input, output_size))
-        except OpforgeError as e:  # named as the user called it
-            named_as_called(e, f"{name}_sized", name)
-            raise
+        return called_as(name, f"{name}_sized", input, output_size=_output_sizes(name, nd, input, output_size))
 
     pool.__name__ = pool.__qualname__ = name
     pool.__doc__ = (f"``torch.nn.functional.{name}(input, output_size)``: the op ``{name}_sized``; a None in "
