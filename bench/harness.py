@@ -84,6 +84,11 @@ def blas_info() -> list:
                       "num_threads": torch.get_num_threads()})
     if "jax" in sys.modules:
         pools.append({"user_api": "blas", "internal_api": "XLA's own CPU kernels", "num_threads": None})
+    gemm = sys.modules.get("opforge.program.gemm")
+    if gemm is not None and gemm.blas.cache_info().currsize:  # a compiled program ran GEMMs: in which library
+        chosen = gemm.blas()
+        pools.append({"user_api": "blas", "internal_api": f"compiled GEMMs: {chosen.name} ({chosen.why})",
+                      "num_threads": 1 if chosen.name == "mkl" else None})
     return pools
 
 

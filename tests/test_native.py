@@ -522,8 +522,10 @@ def _sums_of_products(x, w, v, c, h):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("rows", [32, 256])  # 32 rows of float32: the products are summed transposed (few rows)
-def test_a_sum_of_matrix_products_is_one_step_of_gemms_equal_to_the_unfused_sum(dtype, rows):
+def test_a_sum_of_matrix_products_is_one_step_of_gemms_equal_to_the_unfused_sum(dtype, rows, blas_library):
     from opforge.program import gemm
+
+    blas_library("openblas")  # (NumPy's own: the few-rows rule is OpenBLAS's; test_blas.py runs the sums in MKL)
 
     rng = np.random.default_rng(10)
     feeds = {"x": rng.standard_normal((rows, 300)), "w": rng.standard_normal((512, 300)),
@@ -538,6 +540,10 @@ def test_a_sum_of_matrix_products_is_one_step_of_gemms_equal_to_the_unfused_sum(
     assert source.count("gemm_sum(") == (3 if rows == 256 else 2 if few_rows else 1)
     assert "gemm_sum" not in unfused.plan(feeds).source
     assert source.count(", True)") == few_rows
+    # where the first sum is a GEMM sum, the bias's broadcast is no step of its own: its first pass reads c broadcast
+    gemm_first = rows == 256 or few_rows
+    labels = fused.plan(feeds).line_ops.values()
+    assert gemm_first == (" = c + " in source) != any(" broadcast_to -> " in label for label in labels)
     got, want = fused.run(feeds), unfused.run(feeds)
     exact = {k: _sums_of_products(*(of.tensor(feeds[n].astype(np.float64)) for n in "xwvch"))[k].numpy()
              for k in want}
@@ -608,7 +614,8 @@ def test_gemm_sum_writes_into_a_dying_summand_not_into_an_operand_and_keeps_nan(
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("rows", [8, 64, 300])  # (8 to 64 float32 rows: linear's transposed product)
-def test_a_bias_after_a_gemm_joins_the_activation_loop_with_the_same_bits(dtype, rows):
+def test_a_bias_after_a_gemm_joins_the_activation_loop_with_the_same_bits(dtype, rows, blas_library):
+    blas_library("openblas")  # the GEMM in eager's library: the same bits (in MKL, test_blas.py: within rounding)
     rng = np.random.default_rng(13)
     feeds = {"x": rng.standard_normal((rows, 300)), "w": rng.standard_normal((256, 300)),
              "b": rng.standard_normal(256), "w2": rng.standard_normal((256, 300))}
@@ -905,3 +912,4 @@ def test_layer_norm_backward_is_one_native_row_loop(dtype, width):
         dx = next(iter(out.values())).reshape(-1, width)
         finite = np.isfinite(x).all(axis=-1).reshape(-1)
         np.testing.assert_allclose(dx[finite], tx.grad.numpy().reshape(-1, width)[finite], rtol=1e-6, atol=1e-6)
+

@@ -563,10 +563,13 @@ def test_linear_is_matmul_with_the_transposed_weight_and_a_bias():
 
 @pytest.mark.parametrize(("x_shape", "bias"), [((64, 784), True), ((2, 4, 784), True), ((33, 784), False)],
                          ids=["64-rows", "8-rows-in-a-batch", "33-rows-no-bias"])
-def test_linear_with_few_float32_rows_computes_the_transposed_product(x_shape, bias):
+def test_linear_with_few_float32_rows_computes_the_transposed_product(x_shape, bias, blas_library):
     # OpenBLAS's float32 x·Wᵀ is slow for a row-major result of few rows: linear computes W·xᵀ and copies it out
-    # with the bias added. The result is that product's, bit for bit, eager and compiled alike, and as accurate.
+    # with the bias added. The result is that product's, bit for bit, eager and compiled alike (compiled GEMMs in
+    # NumPy's OpenBLAS: in MKL, tests/test_blas.py), and as accurate.
     from opforge.ops import linalg
+
+    blas_library("openblas")
 
     rng = np.random.default_rng(11)
     x = rng.standard_normal(x_shape).astype(np.float32)

@@ -412,6 +412,7 @@ class Executor:
             if use_native:  # p − s·(a @ b) as one GEMM adding into p
                 ops, kernels = gemm.gemm_updates(ops, kernels, specs, roots)
                 ops, kernels = gemm.gemm_sums(ops, kernels, specs, roots)  # sums of products: GEMMs with beta = 1
+                ops, kernels = gemm.gemm_products(ops, kernels, specs)  # the other products, in MKL if chosen
             removed["fused"] = before - len(ops)
             if use_native:
                 native.compile_groups([op for op, _ in ops if isinstance(op, FusedOp)])

@@ -19,6 +19,11 @@ of a transposed one. What changes: the products are added after the other summan
 being rounded to its dtype first; a transposed product's summation order is BLAS's for ``bᵀ·aᵀ``: each sum is within
 a few ulp (of its summands' size) of the unfused one. The same switch keeps the unfused program bit for bit.
 
+Which BLAS (``blas()``): NumPy's own OpenBLAS, or Intel's MKL where it is installed (``opforge[mkl]``) and NumPy's BLAS
+runs on one thread of an Intel CPU (``OPFORGE_BLAS`` chooses otherwise). With MKL the sums and updates above call it,
+and so does every other 2-D matmul and linear of floats large enough (``GemmProduct``): its products differ from
+NumPy's matmul (eager mode's) in the last bits, another summation order; the switch above keeps eager's bits.
+
 A forward epilogue: a ``linear`` whose result only pointwise ops read (its activation) leaves its bias to an ``add``
 that joins their native loop (``bias_epilogues``): bias and activation in one pass after the GEMM, the same bits.
 """
@@ -27,10 +32,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import importlib.metadata
+import math
+import os
 from pathlib import Path
 
 import numpy as np
 
+from ..core.errors import ArgumentError
 from ..core.opdef import Kernel, registry
 from .desc import OpDesc
 from .fusion import FusedOp, _allocator
@@ -39,29 +48,137 @@ FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 @functools.cache
-def _numpy_cblas() -> dict:
-    """NumPy's own OpenBLAS ``cblas_?gemm`` (64-bit ints, as NumPy's wheels build it), by dtype, or {} where it
-    cannot be found: the GEMM then runs in the library that computes NumPy's matmul, as fast (SciPy's OpenBLAS,
-    another build, took 8% longer at 512×512 by 512×784 here)."""
+def _numpy_openblas():
+    """NumPy's own OpenBLAS (as NumPy's wheels build it: 64-bit ints, ``scipy_``-prefixed names), or None."""
     libs = Path(np.__file__).resolve().parent.parent / "numpy.libs"
     try:
         maps = Path("/proc/self/maps").read_text().split()
     except OSError:
-        return {}
+        return None
     path = next((m for m in maps if m.startswith(str(libs)) and "openblas" in m), None)
-    if path is None:
-        return {}
     try:
-        lib = ctypes.CDLL(path)
-        functions = {np.dtype(np.float32): (lib.scipy_cblas_sgemm64_, ctypes.c_float),
-                     np.dtype(np.float64): (lib.scipy_cblas_dgemm64_, ctypes.c_double)}
-    except (OSError, AttributeError):
+        return None if path is None else ctypes.CDLL(path)
+    except OSError:
+        return None
+
+
+def _cblas_gemms(lib, sgemm: str, dgemm: str) -> dict:
+    """A library's row-major ``cblas_?gemm`` with 64-bit ints, by dtype ({} if it lacks them)."""
+    try:
+        functions = {np.dtype(np.float32): (getattr(lib, sgemm), ctypes.c_float),
+                     np.dtype(np.float64): (getattr(lib, dgemm), ctypes.c_double)}
+    except AttributeError:
         return {}
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     for fn, real in functions.values():
         fn.restype = None  # order, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc
         fn.argtypes = [ctypes.c_int] * 3 + [i64] * 3 + [real, ptr, i64, ptr, i64, real, ptr, i64]
     return {dtype: fn for dtype, (fn, _) in functions.items()}
+
+
+@functools.cache
+def _numpy_cblas() -> dict:
+    """NumPy's own OpenBLAS ``cblas_?gemm`` by dtype, or {} where it cannot be found: the GEMM then runs in the library
+    that computes NumPy's matmul, as fast (SciPy's OpenBLAS, another build, took 8% longer at 512×512 by 512×784
+    here)."""
+    lib = _numpy_openblas()
+    return {} if lib is None else _cblas_gemms(lib, "scipy_cblas_sgemm64_", "scipy_cblas_dgemm64_")
+
+
+def _numpy_blas_threads() -> int | None:
+    """The threads NumPy's OpenBLAS runs a GEMM on now, or None where that cannot be asked."""
+    lib = _numpy_openblas()
+    try:
+        return None if lib is None else int(lib.scipy_openblas_get_num_threads64_())
+    except AttributeError:
+        return None
+
+
+MKL_SEQUENTIAL = 1  # mkl_set_threading_layer's MKL_THREADING_SEQUENTIAL
+
+
+@functools.cache
+def _mkl():
+    """(MKL's single library ``libmkl_rt``, its version) as the PyPI package ``mkl`` (``opforge[mkl]``) installs it,
+    in its sequential threading layer; None where it is not installed or does not load."""
+    try:
+        files = importlib.metadata.distribution("mkl").files or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    path = next((f for f in files if f.name.startswith("libmkl_rt.so")), None)
+    if path is None:
+        return None
+    try:
+        lib = ctypes.CDLL(str(path.locate()))
+        # before any other MKL call: one thread, no OpenMP runtime beside the ones NumPy and torch bring
+        lib.MKL_Set_Threading_Layer(ctypes.c_int(MKL_SEQUENTIAL))
+        text = ctypes.create_string_buffer(256)
+        lib.mkl_get_version_string(text, ctypes.c_int(len(text)))
+    except (OSError, AttributeError):
+        return None
+    return lib, text.value.decode(errors="replace").strip()
+
+
+def _intel_cpu() -> bool:
+    try:
+        return "GenuineIntel" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+class Blas:
+    """The library a compiled program's GEMMs call (``blas()``): ``name`` "mkl" or "openblas" (NumPy's own),
+    ``gemm`` its row-major ``cblas_?gemm`` with 64-bit ints by dtype, ``why`` how it was chosen."""
+
+    def __init__(self, name: str, gemm: dict, version: str, why: str):
+        self.name, self.gemm, self.version, self.why = name, gemm, version, why
+
+    def __repr__(self) -> str:
+        return f"Blas({self.name}, {self.version!r}: {self.why})"
+
+
+BLAS_CHOICES = ("auto", "mkl", "openblas")
+
+
+@functools.cache
+def blas() -> Blas:
+    """Which BLAS the GEMMs of compiled programs call, chosen once per process by ``OPFORGE_BLAS``:
+
+    - ``openblas``: NumPy's own OpenBLAS, the library of NumPy's matmul and of eager mode;
+    - ``mkl``: Intel's MKL, sequential (``pip install 'opforge[mkl]'``); an error where it is not installed;
+    - ``auto`` (the default): MKL where it is installed, the CPU is Intel's and NumPy's BLAS runs on one thread,
+      else OpenBLAS. On one thread of this project's Xeon (AVX-512), float32, MKL's GEMMs of the bench's MLP took
+      22-34% less time than OpenBLAS's (x·Wᵀ, 64 × 784 by 784 × 512: 343 against 507 µs; h·W2ᵀ 238 against 335;
+      Rd2·W2 195 against 246; Rd1ᵀ·x 330 against 375); on AMD's CPUs MKL takes slower paths, and with several
+      threads MKL would start a second thread pool beside OpenBLAS's: there OpenBLAS stays.
+
+    With MKL, a compiled program's 2-D matmul and linear of floats (``GemmProduct``) and the sums and updates of this
+    module call it: their results may differ from eager mode's (NumPy's OpenBLAS) in the last bits, as two BLAS
+    libraries sum a dot product in different orders. ``OPFORGE_NATIVE=0`` keeps the eager bits."""
+    choice = os.environ.get("OPFORGE_BLAS", "auto").strip().lower() or "auto"
+    if choice not in BLAS_CHOICES:
+        raise ArgumentError(f"OPFORGE_BLAS={os.environ['OPFORGE_BLAS']!r}: expected one of {', '.join(BLAS_CHOICES)}")
+    openblas = Blas("openblas", _numpy_cblas(), "NumPy's", "OPFORGE_BLAS=openblas")
+    if choice == "openblas":
+        return openblas
+    if choice == "mkl":
+        mkl = _mkl()
+        if mkl is None:
+            raise ArgumentError("OPFORGE_BLAS=mkl: MKL is not installed (or does not load); "
+                                "pip install 'opforge[mkl]', or set OPFORGE_BLAS=openblas")
+        return Blas("mkl", _cblas_gemms(mkl[0], "cblas_sgemm_64", "cblas_dgemm_64"), mkl[1], "OPFORGE_BLAS=mkl")
+    threads = _numpy_blas_threads()  # (MKL is loaded only where it would be taken)
+    if threads != 1:
+        openblas.why = f"NumPy's BLAS runs on {threads or 'several'} threads"
+    elif not _intel_cpu():
+        openblas.why = "not an Intel CPU"
+    elif (mkl := _mkl()) is None:
+        openblas.why = "MKL is not installed"
+    else:
+        gemm = _cblas_gemms(mkl[0], "cblas_sgemm_64", "cblas_dgemm_64")
+        if gemm:
+            return Blas("mkl", gemm, mkl[1], "installed, an Intel CPU, one BLAS thread")
+    return openblas
 
 
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
@@ -86,22 +203,29 @@ def _fortran(m):
     return np.asfortranarray(m), 0
 
 
-def add_product(c, alpha: float, a, b) -> None:
-    """``c += alpha · (a @ b)`` in place: ``c`` a C-ordered (m, n) array, ``a`` (m, k), ``b`` (k, n), one dtype."""
-    gemm = _numpy_cblas().get(c.dtype)
+def _gemm(dtype):
+    """The ``cblas_?gemm`` compiled programs call for this dtype (``blas()``), or None (SciPy's then)."""
+    chosen = blas()
+    return chosen.gemm.get(dtype) if chosen.name == "mkl" else _numpy_cblas().get(dtype)
+
+
+def add_product(c, alpha: float, a, b, beta: float = 1.0) -> None:
+    """``c = alpha · (a @ b) + beta · c`` in place: ``c`` a C-ordered (m, n) array, ``a`` (m, k), ``b`` (k, n), one
+    dtype. With beta = 0, c's old values are not read (BLAS's contract: NaN there does not propagate)."""
+    gemm = _gemm(c.dtype)
     if gemm is not None:
         a = a if _row_major(a) else np.ascontiguousarray(a)
         b = b if _row_major(b) else np.ascontiguousarray(b)
         (ta, lda), (tb, ldb) = _row_major(a), _row_major(b)
         (m, k), n = a.shape, b.shape[1]
-        gemm(ROW_MAJOR, ta, tb, m, n, k, alpha, a.ctypes.data, lda, b.ctypes.data, ldb, 1.0, c.ctypes.data, n)
+        gemm(ROW_MAJOR, ta, tb, m, n, k, alpha, a.ctypes.data, lda, b.ctypes.data, ldb, beta, c.ctypes.data, n)
         return
-    from scipy.linalg import blas  # SciPy's wrapper: column-major, c's memory is cᵀ's, cᵀ += alpha · bᵀ·aᵀ
+    from scipy.linalg import blas as scipy_blas  # column-major, c's memory is cᵀ's, cᵀ = alpha · bᵀ·aᵀ + beta · cᵀ
 
     x, trans_x = _fortran(b.T)
     y, trans_y = _fortran(a.T)
-    r = (blas.sgemm if c.dtype == np.float32 else blas.dgemm)(alpha, x, y, beta=1.0, c=c.T, trans_a=trans_x,
-                                                              trans_b=trans_y, overwrite_c=1)
+    r = (scipy_blas.sgemm if c.dtype == np.float32 else scipy_blas.dgemm)(
+        alpha, x, y, beta=beta, c=c.T, trans_a=trans_x, trans_b=trans_y, overwrite_c=1)
     if r.ctypes.data != c.ctypes.data:  # the wrapper copied c after all
         np.copyto(c, r.T)
 
@@ -234,6 +358,9 @@ def accumulate(dst, others: list, products: list, few_rows: bool = False) -> Non
             np.copyto(dst, rest.pop(0))
         for x in rest:
             np.add(dst, x, out=dst)
+    elif blas().name == "mkl":
+        add_product(dst, 1.0, *products[0], beta=0.0)
+        products = products[1:]
     else:
         np.matmul(*products[0], out=dst)
         products = products[1:]
@@ -281,7 +408,7 @@ class GemmSum(FusedOp):
         self.output, self.specs, self.spec = output, specs, specs[output]
         self.scratch, self.donated, self.native = [], set(), None
         self.inplace_inputs = [n for n in others if specs[n] == self.spec]
-        self.few_rows = _few_rows(self.spec, products, specs)
+        self.few_rows = _few_rows(self.spec, products, specs) and blas().name != "mkl"  # (MKL has no such need)
 
     def __repr__(self) -> str:
         terms = [*self.others, *(f"({a} @ {b})" + ("ᵀ" if t else "") for a, b, t in self.products)]
@@ -364,8 +491,18 @@ def gemm_sums(ops: list, kernels: list, specs: dict, keep: set) -> tuple[list, l
         if not _worth_it(spec, [(ops[j][0].inputs["x"][0], None, None) for j, _ in filter(None, found.values())],
                          specs):
             continue
-        others = [n for n in summands if found[n] is None]
-        members, products = [], []
+        others, members = [], []
+        for n in summands:
+            if found[n] is not None:
+                continue
+            j = producer.get(n)  # a broadcast summand (a bias's gradient's gradient) is read as it was broadcast:
+            if (j is not None and n not in keep and readers[n] == [i] and isinstance(ops[j][0], OpDesc)
+                    and ops[j][0].type == "broadcast_to" and specs[ops[j][0].input_names()[0]].dtype == spec.dtype):
+                members.append((ops[j][0], ops[j][1], kernels[j]))  # the sum's first pass broadcasts it
+                gone.add(j)
+                n = ops[j][0].input_names()[0]
+            others.append(n)
+        products = []
         for n in summands:
             if found[n] is None:
                 continue
@@ -380,6 +517,86 @@ def gemm_sums(ops: list, kernels: list, specs: dict, keep: set) -> tuple[list, l
         members.append((op, attrs, kernel))
         replaced[i] = GemmSum(members, others, products, out, specs)
     return _spliced(ops, kernels, replaced, gone)
+
+
+# MKL's call through ctypes costs more than NumPy's matmul on small products: measured on this project's machine
+# (one thread, float32), 64 × 512 by 512 × 10 took 15.1 µs in MKL against 9.5 in NumPy, 64 × 10 by 10 × 512 13.7
+# against 12.5; from 64 × 512 by 512 × 512 on MKL is ahead (242 against 325 µs).
+PRODUCT_MIN_DIM = 32
+PRODUCT_MIN_WORK = 1 << 18  # m·n·k
+
+
+class GemmProduct(FusedOp):
+    """A 2-D ``matmul``, or ``linear`` of a 2-D x (its weight read transposed, its bias, if any, broadcast into the
+    result before the GEMM adds the product with beta = 1), as one call of the chosen BLAS (``blas()``: MKL; with
+    NumPy's own BLAS the ops' kernels run as they are). ``inputs`` [a, b] or [x, weight(, bias)]."""
+
+    type = "gemm_product"
+
+    def __init__(self, member: tuple, specs: dict):
+        op = member[0]
+        self.members, self.linear = [member], op.type == "linear"
+        self.inputs = op.input_names()
+        self.output = op.output_names()[0]
+        self.specs, self.spec = specs, specs[self.output]
+        self.scratch, self.donated, self.native, self.inplace_inputs = [], set(), None, []
+
+    def __repr__(self) -> str:
+        a, b, *bias = self.inputs
+        return f"gemm_product({self.output} = {a} @ {b}{'ᵀ' if self.linear else ''}{''.join(' + ' + n for n in bias)})"
+
+    def prepare(self, out_input) -> None:
+        pass
+
+    def source(self, name: str, pools: list, env: dict) -> tuple[list, dict]:
+        env[f"{name}_e"] = _allocator(env["_empty"], self.spec)
+        env.setdefault("_add_product", add_product)
+        env.setdefault("_shares", np.may_share_memory)
+        bias = len(self.inputs) == 3
+        lines = [f"def {name}(a, b, {'c, ' if bias else ''}W, out=None):  # {self!r}",
+                 "    dst = out if out is not None and out.flags.c_contiguous else None",
+                 "    if dst is None or _shares(dst, a) or _shares(dst, b)" + (" or _shares(dst, c)" if bias else "")
+                 + ":",
+                 f"        dst = {name}_e()"]
+        if bias:
+            lines.append("    _copyto(dst, c)")
+        lines += [f"    _add_product(dst, 1.0, a, {'b.T' if self.linear else 'b'}, {'1.0' if bias else '0.0'})",
+                  "    if out is not None and dst is not out:", "        _copyto(out, dst)", "        dst = out",
+                  "    return dst"]
+        return lines, {len(lines) - 4: f"{self.members[0][0].type} ({blas().name})"}
+
+
+def _product_operands(op, specs) -> tuple | None:
+    """(m, k, n) if ``op`` is a matmul of two 2-D floats or a linear of a 2-D x (bias absent or one per output
+    feature), every operand of its result's dtype; else None."""
+    if not isinstance(op, OpDesc) or op.type not in ("matmul", "linear"):
+        return None
+    names = op.input_names()
+    (out,) = op.output_names()
+    spec = specs[out]
+    if spec.dtype not in FLOATS or any(specs[n].dtype != spec.dtype for n in names):
+        return None
+    a, b = specs[names[0]].shape, specs[names[1]].shape
+    if len(a) != 2 or len(b) != 2:
+        return None
+    if op.type == "linear":
+        if len(names) == 3 and specs[names[2]].shape != (b[0],):
+            return None
+        b = b[::-1]
+    return a[0], a[1], b[1]
+
+
+def gemm_products(ops: list, kernels: list, specs: dict) -> tuple[list, list]:
+    """With MKL chosen (``blas()``), each 2-D matmul and linear of floats large enough (``PRODUCT_MIN_*``) not taken
+    into a GEMM sum or update becomes a ``GemmProduct``."""
+    if blas().name != "mkl":
+        return ops, kernels
+    replaced = {}
+    for i, ((op, attrs), kernel) in enumerate(zip(ops, kernels)):
+        dims = _product_operands(op, specs)
+        if dims is not None and min(dims) >= PRODUCT_MIN_DIM and math.prod(dims) >= PRODUCT_MIN_WORK:
+            replaced[i] = GemmProduct((op, attrs, kernel), specs)
+    return _spliced(ops, kernels, replaced, set())
 
 
 def bias_epilogues(ops: list, kernels: list, specs: dict, keep: set, device) -> tuple[list, list]:
