@@ -913,3 +913,29 @@ def test_layer_norm_backward_is_one_native_row_loop(dtype, width):
         finite = np.isfinite(x).all(axis=-1).reshape(-1)
         np.testing.assert_allclose(dx[finite], tx.grad.numpy().reshape(-1, width)[finite], rtol=1e-6, atol=1e-6)
 
+
+# -- a lone pointwise op of several passes: a loop of its own ------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_lone_relu_grad_is_one_loop_with_the_kernels_bits(dtype):
+    rng = np.random.default_rng(21)
+    feeds = {"y": rng.standard_normal((64, 512)).astype(dtype), "dy": rng.standard_normal((64, 512)).astype(dtype),
+             "a": rng.standard_normal((64, 512)).astype(dtype)}
+    feeds["y"][0, :4] = [np.nan, 0.0, -0.0, np.inf]
+    feeds["dy"][1, :3] = [np.nan, np.inf, -np.inf]
+
+    def fn(y, dy, a):
+        # relu_grad alone (three passes as a kernel: compare, multiply, NaN check); an add alone (one pass) stays
+        return {"g": F.relu_grad(y, dy), "gt": F.relu_grad(F.transpose(y), F.transpose(a)), "s": y + a,
+                "small": F.relu_grad(y[:2, :8], dy[:2, :8])}
+
+    program = of.trace(fn, **{k: of.Spec(a.shape, a.dtype) for k, a in feeds.items()})
+    fused, unfused = of.Executor(program, native=True), of.Executor(program, native=False)
+    labels = list(fused.plan(feeds).line_ops.values())
+    assert sum("fused(relu_grad" in label and " -> " in label for label in labels) == 2, labels  # (16 elements: not)
+    assert any(" relu_grad -> " in label for label in labels) and any(" add -> " in label for label in labels)
+    got, want = fused.run(feeds), unfused.run(feeds)
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)  # bit for bit, NaN and infinities included
+    assert native.single_loops([], [], {}) == ([], [])

@@ -413,9 +413,11 @@ class Executor:
                 ops, kernels = gemm.gemm_updates(ops, kernels, specs, roots)
                 ops, kernels = gemm.gemm_sums(ops, kernels, specs, roots)  # sums of products: GEMMs with beta = 1
                 ops, kernels = gemm.gemm_products(ops, kernels, specs)  # the other products, in MKL if chosen
-            removed["fused"] = before - len(ops)
-            if use_native:
+            if use_native:  # a lone pointwise op of several passes: a loop of its own
+                ops, kernels = native.single_loops(ops, kernels, specs)
                 native.compile_groups([op for op, _ in ops if isinstance(op, FusedOp)])
+                ops, kernels = native.unwrap_singles(ops, kernels)
+            removed["fused"] = before - len(ops)
         elif self.optimize and program.device.makes_elementwise_kernels and (
                 native.switched_on() if self.native is None else self.native):
             # each fused group one generated kernel of the device; the GEMM epilogues and the Adam and layer_norm
