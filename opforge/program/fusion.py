@@ -262,6 +262,21 @@ class FusedOp:
                             for k, (a, n) in enumerate(zip(args, self.inputs)))
         lines += [f"    if {check}:", f"        _mismatch({repr(self)!r}, ({inputs}), {name}_specs)"]
         env.setdefault("_mismatch", _mismatch)
+        if len(self.members) == 1:  # an op alone (native.single_loops): in another layout its kernel, which reads
+            # strides, beats copying each input for the loop (a conv's NHWC output read as NCHW: 2-4x)
+            op, attrs, kernel = self.members[0]
+            opdef = registry.get(op.type)
+            env[f"{name}_k"], env[f"{name}_a"] = kernel.bind(env["_device"]), attrs
+            slots = ", ".join(f"i{self.inputs.index(op.inputs[p.name][0])}" if op.inputs[p.name] else "None"
+                              for p in opdef.inputs)
+            strided = " or ".join([f"not {a}.flags.c_contiguous" for a, n in zip(args, self.inputs)
+                                   if self.specs[n].shape != ()] + ["(out is not None and not out.flags.c_contiguous)"])
+            lines.append(f"    if {strided}:")
+            if kernel.takes_out:
+                lines.append(f"        return {name}_k({slots}, **{name}_a, out=out)")
+            else:
+                lines += [f"        y = {name}_k({slots}, **{name}_a)",
+                          "        return y if out is None else (_copyto(out, y), out)[1]"]
         lines += [f"    if not {a}.flags.c_contiguous: {a} = _contiguous({a})" for a, n in zip(args, self.inputs)
                   if self.specs[n].shape != ()]
         lines += [f"    dst = out if out is not None and out.flags.c_contiguous and not _overlap(out, ({inputs})) "
