@@ -26,7 +26,7 @@ them for old OpenBLAS builds, and they slow current NumPy. Each worker reports t
 and its CPU time over wall time (≈ 1: one busy thread; well below 1: the machine was busy elsewhere).
 Ratios are taken between medians measured in the same run: absolute times drift by 20–50% between runs here, and
 other work on the machine comes and goes within a run, so by default each framework's worker runs twice, in turn with
-the others (--rounds), and the repeats of both are pooled.
+the others (--rounds; every other round in reverse order), and the repeats of both are pooled.
 """
 
 from __future__ import annotations
@@ -536,8 +536,9 @@ def main(argv=None) -> int:
             if not installed(fw):
                 workers[fw] = {"status": f"skipped: {' '.join(PACKAGES[fw])} not installed"}
                 print(f"{group:>12} / {fw:<16} skipped (not installed)", file=sys.stderr)
-        for _ in range(args.rounds):  # each round: a fresh process per framework, in turn
-            for fw in module.FRAMEWORKS:
+        for round_ in range(args.rounds):  # each round: a fresh process per framework, in turn, every other round
+            # in reverse order (a slow spell of the machine at a group's start or end does not always hit one side)
+            for fw in module.FRAMEWORKS[::-1] if round_ % 2 else module.FRAMEWORKS:
                 if fw not in workers and (not args.frameworks or fw in args.frameworks
                                           or (fw == "floor" and "numpy" in args.frameworks)):
                     workers[fw] = None
