@@ -939,3 +939,149 @@ def test_a_lone_relu_grad_is_one_loop_with_the_kernels_bits(dtype):
     for k in want:
         np.testing.assert_array_equal(got[k], want[k], err_msg=k)  # bit for bit, NaN and infinities included
     assert native.single_loops([], [], {}) == ([], [])
+
+
+# -- softmax, log_softmax and their gradients as one row loop --------------------------------------------------------
+
+
+def _softmax_rows(dtype, shape):
+    """Rows for every path of the kernels: random (Σ exp(x) ≥ 1: no max taken), very negative (Σ exp(x) < 1) and very
+    large (overflow: the max), with a NaN, with +inf, all −inf."""
+    rng = np.random.default_rng(8)
+    x = (rng.standard_normal(shape) * 3).astype(dtype)
+    flat = x.reshape(-1, shape[-1])
+    flat[1] -= 200
+    flat[2] += 1000
+    flat[3, 0] = np.nan
+    flat[4, 0] = np.inf
+    flat[5] = -np.inf
+    return x
+
+
+ROW_OPS = {"softmax": (F.softmax, "softmax"), "log_softmax": (F.log_softmax, "log_softmax"),
+           "softmax_grad": (F.softmax_grad, "_softmax_backward_data"),
+           "log_softmax_grad": (F.log_softmax_grad, "_log_softmax_backward_data")}
+
+
+def _torch_rows(kind, *arrays):
+    import torch
+
+    t = [torch.from_numpy(a) for a in arrays]
+    if kind in ("softmax", "log_softmax"):
+        return getattr(torch, kind)(t[0], -1).numpy()
+    y, dy = t
+    return getattr(torch.ops.aten, ROW_OPS[kind][1])(dy, y, -1, y.dtype).numpy()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("width", [1, 3, 10, 200])
+@pytest.mark.parametrize("kind", list(ROW_OPS))
+def test_softmax_family_is_one_native_row_loop(kind, dtype, width):
+    """Each op of the softmax family over the last axis runs as one row loop (the plan holds it, the kernel is not
+    called): the kernel's values up to the order of each row sum (a few ulp), NaN/inf rows as the kernel has them,
+    and torch's values."""
+    x = _softmax_rows(dtype, (8, 3, width))
+    fn = ROW_OPS[kind][0]
+    if kind.endswith("_grad"):  # from a real forward output y and an upstream gradient dy
+        forward = F.softmax if kind == "softmax_grad" else F.log_softmax
+        feeds = {"y": forward(of.tensor(x), axis=-1).numpy(),
+                 "dy": np.random.default_rng(9).standard_normal(x.shape).astype(dtype)}
+    else:
+        feeds = {"x": x}
+    program = of.trace(lambda **a: fn(*a.values(), axis=-1), **{k: of.Spec(v.shape, dtype) for k, v in feeds.items()})
+    exe = of.Executor(program)
+    source = exe.plan(**feeds).source
+    assert f"{kind}_row_step" in source and ", native" in source  # the plan holds the native row loop
+    _no_kernel_fallback(exe.plan(**feeds))
+    (y,) = exe.run(feeds).values()
+    (unfused,) = of.Executor(program, native=False).run(feeds).values()
+    eager = fn(*map(of.tensor, feeds.values()), axis=-1).numpy()
+    np.testing.assert_array_equal(unfused, eager)
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(eager))  # NaN rows and elements where the kernel has them
+    ulps = 8 * np.finfo(dtype).eps  # (the row sums' order: pairwise here, a BLAS dot in the kernel)
+    np.testing.assert_allclose(y, eager, rtol=ulps, atol=ulps)
+    expected = _torch_rows(kind, *feeds.values())
+    rows = np.isfinite(expected).all(axis=-1) & np.isfinite(np.stack(list(feeds.values()))).all(axis=(0, -1))
+    np.testing.assert_allclose(y[rows], expected[rows], rtol=1e-5 if dtype == "float32" else 1e-12,
+                               atol=1e-6 if dtype == "float32" else 1e-13)
+
+
+def test_softmax_loop_takes_the_kernel_where_it_does_not_apply():
+    """Another axis or another dtype keeps the op; an input in another layout is read by the kernel."""
+    x = np.random.default_rng(10).standard_normal((4, 8)).astype(np.float32)
+    other_axis = of.trace(lambda x: F.softmax(x, axis=0), x=of.Spec((4, 8), "float32"))
+    assert "row_step" not in of.Executor(other_axis).plan(x=x).source
+    half = of.trace(lambda x: F.softmax(x, axis=-1), x=of.Spec((4, 8), "float16"))
+    assert "row_step" not in of.Executor(half).plan(x=x.astype(np.float16)).source
+    program = of.trace(lambda x: F.log_softmax(x, axis=-1), x=of.Spec((4, 8), "float32"))
+    exe = of.Executor(program)
+    assert "log_softmax_row_step" in exe.plan(x=x).source
+    xt = np.asfortranarray(x)
+    (y,) = exe.run(x=xt).values()
+    np.testing.assert_array_equal(y, F.log_softmax(of.tensor(xt), axis=-1).numpy())  # the kernel's bits
+    assert "row_step" not in of.Executor(program, native=False).plan(x=x).source
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_softmax_loops_in_a_training_step(dtype):
+    """A classifier's loss through softmax and log_softmax: the compiled loss and gradient (both row loops, forward
+    and backward) against the unfused program and torch; and second order (a Hessian-vector product) in float64."""
+    import torch
+
+    rng = np.random.default_rng(11)
+    x0, w0 = rng.standard_normal((16, 10)).astype(dtype), rng.standard_normal((10, 10)).astype(dtype)
+    w = of.tensor(w0, requires_grad=True)
+
+    def loss(x):
+        z = F.matmul(x, w)
+        return {"loss": (F.softmax(z, axis=-1) * F.log_softmax(z * 0.5, axis=-1)).sum()}
+
+    program = of.trace(loss, x=of.Spec(x0.shape, dtype))
+    grads = of.append_backward(program, program.outputs["loss"])
+    (p,) = program.parameters()
+    fetch = {"loss": program.outputs["loss"], "grad": grads[f"{p}@GRAD"]}
+    exe = of.Executor(program, fetch=fetch)
+    source = exe.plan(x=x0).source
+    for kind in ROW_OPS:
+        assert f"{kind}_row_step" in source
+    out, unfused = exe.run(x=x0), of.Executor(program, fetch=fetch, native=False).run(x=x0)
+    tol = 1e-5 if dtype == "float32" else 1e-12
+    for key in fetch:
+        np.testing.assert_allclose(out[key], unfused[key], rtol=tol, atol=tol)
+    tw = torch.tensor(w0, requires_grad=True)
+    tz = torch.tensor(x0) @ tw
+    tl = (torch.softmax(tz, -1) * torch.log_softmax(tz * 0.5, -1)).sum()
+    tl.backward()
+    np.testing.assert_allclose(out["loss"], tl.item(), rtol=tol * 10)
+    np.testing.assert_allclose(out["grad"], tw.grad.numpy(), rtol=tol * 10, atol=tol * 10)
+
+
+def test_softmax_loops_in_a_compiled_hessian_vector_product():
+    """Second order through the row loops (float64): of.compile'd double backward of a softmax/log_softmax loss, whose
+    plan holds the loops, against torch's double backward and the unfused program."""
+    import torch
+
+    rng = np.random.default_rng(12)
+    x0, w0, v0 = rng.standard_normal((16, 10)), rng.standard_normal((10, 10)), rng.standard_normal((10, 10))
+    w, v = of.tensor(w0, requires_grad=True), of.tensor(v0)
+
+    def hvp(x):
+        z = F.matmul(x, w)
+        loss = (F.softmax(z, axis=-1) * F.log_softmax(z * 0.5, axis=-1)).sum()
+        (g,) = of.grad(loss, [w], create_graph=True)
+        return of.grad((g * v).sum(), [w])[0]
+
+    compiled = of.compile(hvp)
+    got = compiled(of.tensor(x0)).numpy()
+    program = compiled.program(of.tensor(x0))
+    (feed,) = program.feeds
+    source = of.Executor(program).plan(**{feed: x0}).source
+    for kind in ROW_OPS:  # (the double backward's softmax_grad and log_softmax_grad, and their forwards)
+        assert f"{kind}_row_step" in source
+    tw = torch.tensor(w0, requires_grad=True)
+    tz = torch.tensor(x0) @ tw
+    (tg,) = torch.autograd.grad((torch.softmax(tz, -1) * torch.log_softmax(tz * 0.5, -1)).sum(), [tw],
+                                create_graph=True)
+    (expected,) = torch.autograd.grad((tg * torch.tensor(v0)).sum(), [tw])
+    np.testing.assert_allclose(got, expected.numpy(), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(got, hvp(of.tensor(x0)).numpy(), rtol=1e-12, atol=1e-12)

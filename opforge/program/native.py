@@ -33,6 +33,11 @@ A ``layer_norm`` over rows of float32 or float64 (``LayerNormStep``) and its bac
 pointwise ops): NumPy's pairwise sum for each mean, the kernel's recentring, each operation rounded to the dtype in its
 order, so the kernels' bits; a row whose variance overflows, another layout or mixed dtypes take the kernel.
 
+``softmax``, ``log_softmax``, ``softmax_grad`` and ``log_softmax_grad`` over the last axis of C-ordered float32 or
+float64 rows (``SoftmaxRowStep``) are one loop per row each too, in the kernels' steps and rounding; what differs is
+the order of each row sum (NumPy's pairwise sum here, a BLAS dot in the kernels: a few ulp) and exp/log from glibc.
+cross_entropy and its gradient keep their kernels (its rule emits cross_entropy_grad, not the softmax ops).
+
 Switch: ``OPFORGE_NATIVE=0`` keeps the NumPy path, bit for bit (``Executor(native=False)`` for one program).
 Compiled libraries are cached on disk by the hash of their source, the compiler and the CPU
 (``$OPFORGE_CACHE_DIR``, else ``$XDG_CACHE_HOME/opforge`` or ``~/.cache/opforge``), so another process reuses them.
@@ -567,8 +572,9 @@ def compile_groups(groups: list) -> None:
     """Give each fused group it can translate its native function (``fused.native``); the others keep NumPy's."""
     sources, chosen = {}, []
     for k, fused in enumerate(groups):
-        if isinstance(fused, (AdamStep, LayerNormStep)):  # (always worth it: each makes ~15 NumPy calls)
-            arguments = len(fused.inputs) + len(fused.output_names()) + 1 if isinstance(fused, LayerNormStep) else 5
+        if isinstance(fused, (AdamStep, LayerNormStep)):  # (always worth it: each makes ~5-15 NumPy calls)
+            arguments = (len(fused.inputs) + len(fused.output_names()) + fused.flagged
+                         if isinstance(fused, LayerNormStep) else 5)
             sources[f"opforge_group{k}"] = (fused.c_function(f"opforge_group{k}"), arguments)
             chosen.append((f"opforge_group{k}", fused))
             continue
@@ -584,6 +590,8 @@ def compile_groups(groups: list) -> None:
         return
     opdefs = {registry.get(op.type) for _, fused in chosen if not isinstance(fused, (AdamStep, LayerNormStep))
               for op, _, _ in fused.members}
+    if any(isinstance(fused, SoftmaxRowStep) for _, fused in chosen):  # their exp and log: libmvec's vector forms
+        opdefs |= {registry.get("exp"), registry.get("log")}
     try:
         functions = build(sources, opdefs)
     except (Unsupported, OSError) as e:  # no working compiler after all (no libmvec, a read-only cache...)
@@ -763,6 +771,7 @@ class LayerNormStep(FusedOp):
     an array of another shape or layout, or no compiler: the op's own kernel runs."""
 
     type = "layer_norm_step"
+    flagged = True  # its C function takes a flag: set where a row needs the kernel's path
 
     def __init__(self, member: tuple, inputs: list, output: str, specs: dict):
         self.members, self.inputs, self.output, self.specs = [member], inputs, output, specs
@@ -987,6 +996,125 @@ def layer_norms(ops: list, kernels: list, specs: dict) -> tuple[list, list]:
                     and axes == list(range(len(spec.shape) - len(axes), len(spec.shape)))
                     and n * spec.dtype.itemsize <= 1 << 16):
                 new_ops.append((NormalizeGradStep((op, attrs, kernel), [x, g], op.output_names(), specs), {}))
+                new_kernels.append(Kernel(None, None, None, False, False, False))
+                continue
+        new_ops.append((op, attrs))
+        new_kernels.append(kernel)
+    return new_ops, new_kernels
+
+
+# -- softmax and log_softmax rows, and their gradients: one row loop each ---------------------------------------------
+
+
+class SoftmaxRowStep(LayerNormStep):
+    """``softmax``, ``log_softmax``, ``softmax_grad`` or ``log_softmax_grad`` over the last axis of C-ordered rows of
+    one dtype (float32 or float64) as one loop per row, in the kernels' steps (``opforge.ops.nn``): softmax's
+    exp(x) and its sum, taken again from x − max x in a row whose sum is not in [1, ∞) (``_exp_sums``), then e·(1/Σ);
+    log_softmax's (x − max) − log Σ exp(x − max); softmax_grad's (dy − Σ dy·y)·y; log_softmax_grad's
+    dy − exp(y)·Σ dy. Each operation rounds to the dtype in the kernel's order (no FMA, IEEE division); what changes
+    is the order of each row sum: NumPy's pairwise sum here, a BLAS dot (``np.vecdot``) in the kernels, so a sum may
+    differ in its last bits (and what follows it); exp and log are glibc's (libmvec's in the loop), NumPy's SIMD
+    functions in the kernels (within their few ulp). NaN and ±inf propagate as in the kernels (a NaN max, −inf − −inf).
+    Another shape or layout, or no compiler: the op's kernel runs."""
+
+    type = "softmax_row_step"
+    flagged = False  # no path of these loops needs the kernel
+
+    def __init__(self, member: tuple, inputs: list, output: str, specs: dict):
+        super().__init__(member, inputs, output, specs)
+        self.kind = member[0].type
+
+    def __repr__(self) -> str:
+        return f"{self.kind}_row_step({self.inputs[0]})"
+
+    def c_function(self, name: str) -> str:
+        """``void <name>(x, y)`` for softmax and log_softmax, ``void <name>(y, dy, dx)`` for their gradients."""
+        t = CTYPES[self.spec.dtype]
+        n = self.spec.shape[-1]
+        rows = math.prod(self.spec.shape) // n
+        f = "f" if t == "float" else ""
+        body = {
+            "softmax": [
+                f"    {t} s = ({t})0 + {name}_sum_exp(xr, yr, n, ({t})0);",
+                f"    if (!(s >= 1 && s < INFINITY)) s = ({t})0 + {name}_sum_exp(xr, yr, n, {name}_max(xr, n));",
+                f"    const {t} r = ({t})1 / s;",
+                "    for (int64_t i = 0; i < n; i++) yr[i] = yr[i] * r;"],
+            "log_softmax": [
+                f"    const {t} m = {name}_max(xr, n);",
+                "    for (int64_t i = 0; i < n; i++) { yr[i] = xr[i] - m; sq[i] = exp" + f + "(yr[i]); }",
+                f"    const {t} l = log{f}(({t})0 + {name}_sum(sq, n));",
+                "    for (int64_t i = 0; i < n; i++) yr[i] = yr[i] - l;"],
+            "softmax_grad": [
+                "    for (int64_t i = 0; i < n; i++) sq[i] = dr[i] * xr[i];",
+                f"    const {t} s = ({t})0 + {name}_sum(sq, n);",
+                "    for (int64_t i = 0; i < n; i++) yr[i] = (dr[i] - s) * xr[i];"],
+            "log_softmax_grad": [
+                f"    const {t} s = ({t})0 + {name}_sum(dr, n);",
+                "    for (int64_t i = 0; i < n; i++) yr[i] = dr[i] - exp" + f + "(xr[i]) * s;"],
+        }[self.kind]
+        grad = self.kind.endswith("_grad")
+        params = f"const {t} *x, " + (f"const {t} *dy, " if grad else "") + f"{t} *y"
+        return "\n".join([
+            _row_sums(name, t),
+            f"static {t} {name}_max(const {t} *a, int64_t n) {{  /* np.maximum.reduce: a NaN wins */",
+            f"  {t} m = a[0];",
+            "  for (int64_t i = 1; i < n; i++) m = (m != m || m >= a[i]) ? m : a[i];",
+            "  return m;",
+            "}",
+            f"static {t} {name}_sum_exp(const {t} *x, {t} *e, int64_t n, {t} c) {{  /* e = exp(x − c), Σ e */",
+            f"  for (int64_t i = 0; i < n; i++) e[i] = exp{f}(x[i] - c);",
+            f"  return {name}_sum(e, n);",
+            "}",
+            f"void {name}({params}) {{",
+            f"  const int64_t n = {n}L;",
+            f"  {t} sq[{n}];",
+            "  (void)sq;",
+            f"  for (int64_t row = 0; row < {rows}L; row++) {{",
+            f"    const {t} *xr = x + row * n;",
+            *([f"    const {t} *dr = dy + row * n;"] if grad else []),
+            f"    {t} *yr = y + row * n;",
+            *body,
+            "  }",
+            "}"])
+
+    def source(self, name: str, pools: list, env: dict) -> tuple[list, dict]:
+        (_, attrs, kernel), = self.members
+        args = [f"i{k}" for k in range(len(self.inputs))]
+        env[f"{name}_k"], env[f"{name}_a"] = kernel.bind(env["_device"]), attrs
+        call = f"{name}_k({', '.join(args)}, **{name}_a)"
+        lines = [f"def {name}({''.join(a + ', ' for a in args)}W, out=None):  # {self!r}, "
+                 + ("native" if self.native is not None else "kernel")]
+        if self.native is None:
+            return [*lines, f"    return {call}"], {1: self.kind}
+        env[f"{name}_n"], env[f"{name}_e"] = self.native, _allocator(env["_empty"], self.spec)
+        env[f"{name}_spec"] = (self.spec.shape, self.spec.dtype)
+        # The loop reads rows of the plan's static shape, C-ordered: other arrays take the kernel.
+        same = " and ".join(f"({a}.shape, {a}.dtype) == {name}_spec and {a}.flags.c_contiguous" for a in args)
+        lines += [f"    if not ({same}):",
+                  f"        return {call}",
+                  f"    y = {name}_e()",
+                  f"    {name}_n({''.join(a + '.ctypes.data, ' for a in args)}y.ctypes.data)",
+                  "    return y"]
+        return lines, {4: f"{self.kind} (one row loop)"}
+
+
+SOFTMAX_ROWS = {"softmax": ("x",), "log_softmax": ("x",), "softmax_grad": ("y", "dy"), "log_softmax_grad": ("y", "dy")}
+
+
+def softmax_rows(ops: list, kernels: list, specs: dict) -> tuple[list, list]:
+    """Replace each op of ``SOFTMAX_ROWS`` over the last axis of float32 or float64 rows (its inputs of its output's
+    shape and dtype, the row not empty and at most 64 KiB: the loop keeps a row on the stack) by a
+    ``SoftmaxRowStep``; the others keep the op."""
+    new_ops, new_kernels = [], []
+    for (op, attrs), kernel in zip(ops, kernels):
+        if isinstance(op, OpDesc) and op.type in SOFTMAX_ROWS:
+            names = [op.inputs[p][0] for p in SOFTMAX_ROWS[op.type]]
+            (y,) = op.output_names()
+            spec = specs[y]
+            if (spec.dtype in FLOATS and spec.shape and None not in spec.shape and spec.shape[-1] > 0
+                    and attrs["axis"] in (-1, len(spec.shape) - 1) and all(specs[m] == spec for m in names)
+                    and spec.shape[-1] * spec.dtype.itemsize <= 1 << 16):
+                new_ops.append((SoftmaxRowStep((op, attrs, kernel), names, y, specs), {}))
                 new_kernels.append(Kernel(None, None, None, False, False, False))
                 continue
         new_ops.append((op, attrs))
