@@ -946,7 +946,7 @@ def test_a_lone_relu_grad_is_one_loop_with_the_kernels_bits(dtype):
 
 def _softmax_rows(dtype, shape):
     """Rows for every path of the kernels: random (Σ exp(x) ≥ 1: no max taken), very negative (Σ exp(x) < 1) and very
-    large (overflow: the max), with a NaN, with +inf, all −inf."""
+    large (overflow: the max), with a NaN or +inf first or last, all −inf."""
     rng = np.random.default_rng(8)
     x = (rng.standard_normal(shape) * 3).astype(dtype)
     flat = x.reshape(-1, shape[-1])
@@ -955,6 +955,8 @@ def _softmax_rows(dtype, shape):
     flat[3, 0] = np.nan
     flat[4, 0] = np.inf
     flat[5] = -np.inf
+    flat[6, -1] = np.nan  # (last: past the loop's 16 running maxima)
+    flat[7, -1] = np.inf
     return x
 
 
@@ -974,7 +976,7 @@ def _torch_rows(kind, *arrays):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("width", [1, 3, 10, 200])
+@pytest.mark.parametrize("width", [1, 3, 10, 37, 200])
 @pytest.mark.parametrize("kind", list(ROW_OPS))
 def test_softmax_family_is_one_native_row_loop(kind, dtype, width):
     """Each op of the softmax family over the last axis runs as one row loop (the plan holds it, the kernel is not
