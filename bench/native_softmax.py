@@ -1,13 +1,12 @@
-"""Issue 32 (b): compiled programs with ``softmax``, ``log_softmax`` and their gradients as native row loops
-(``native.SoftmaxRowStep``) against the same programs with the ops' NumPy kernels (``native.softmax_rows`` off,
+"""Issue 32 (b): compiled programs with ``softmax``, ``log_softmax``, their gradients and ``cross_entropy_grad`` as
+native row loops (``native.SoftmaxRowStep``, ``CrossEntropyGradStep``) against the same programs with the ops' NumPy kernels (``native.softmax_rows`` off,
 everything else native), in one process pinned to one core with one thread, the two alternating call by call;
 CPU-time medians (``time.process_time``).
 
     python bench/native_softmax.py [--repeats 300]
 
 Cases: bench/cases/hvp.py's compiled Hessian-vector product (batch 64 × 10 classes: its softmax and softmax_grad),
-bench/cases/mlp.py's compiled SGD step at batch 64 and 512 (its loss is cross_entropy, whose kernels stay: a check
-that nothing else moved), and softmax, log_softmax and cross_entropy of 64×1000 and 128×10 float32, forward and
+bench/cases/mlp.py's compiled SGD step at batch 64 and 512 (its cross_entropy_grad), and softmax, log_softmax and cross_entropy of 64×1000 and 128×10 float32, forward and
 backward (loss sum(f(x)·c) for a constant c, gradient in x; cross_entropy's mean loss and gradient)."""
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ def hvp_case() -> dict:
 
 
 def mlp_cases() -> dict:
-    return {f"MLP SGD step, batch {b} (cross_entropy: kernels either way)": mlp.build("opforge.compiled", b)[0]
+    return {f"MLP SGD step, batch {b}": mlp.build("opforge.compiled", b)[0]
             for b in mlp.BATCHES}
 
 
@@ -62,8 +61,7 @@ def row_cases() -> dict:
                  "log_softmax": _forward_backward(lambda x, c=c: F.sum(F.log_softmax(x, axis=-1) * c)),
                  "cross_entropy": _forward_backward(lambda x, t=t: F.cross_entropy(x, t))}
         for name, step in steps.items():
-            note = " (kernels either way)" if name == "cross_entropy" else ""
-            cases[f"{name} {rows}×{classes} float32, forward and backward{note}"] = lambda step=step, x=x: step(x)
+            cases[f"{name} {rows}×{classes} float32, forward and backward"] = lambda step=step, x=x: step(x)
     return cases
 
 

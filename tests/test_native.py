@@ -1087,3 +1087,88 @@ def test_softmax_loops_in_a_compiled_hessian_vector_product():
     (expected,) = torch.autograd.grad((tg * torch.tensor(v0)).sum(), [tw])
     np.testing.assert_allclose(got, expected.numpy(), rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(got, hvp(of.tensor(x0)).numpy(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("reduction,smoothing,ignore", [("mean", 0.0, -100), ("mean", 0.2, 1), ("sum", 0.0, 1),
+                                                        ("none", 0.1, -100), ("mean", 0.0, 1)])
+@pytest.mark.parametrize("classes", [1, 10, 37])
+def test_cross_entropy_grad_is_one_native_row_loop(dtype, reduction, smoothing, ignore, classes):
+    """cross_entropy's backward in a compiled program is one row loop (the plan holds it, the kernel is not called):
+    the kernel's values up to the row sums' order, NaN/inf rows as the kernel has them, torch's gradient; ignored
+    targets, label smoothing and each reduction."""
+    import torch
+
+    x = _softmax_rows(dtype, (24, classes))
+    t = np.random.default_rng(13).integers(0, classes, 24)
+    t[::5] = ignore if ignore < classes else t[::5]
+
+    def loss_and_grad(x, t):
+        loss = F.cross_entropy(x, t, reduction=reduction, label_smoothing=smoothing, ignore_index=ignore)
+        return (loss, *of.grad(loss.sum(), [x]))
+
+    program = of.compile(loss_and_grad).program(of.tensor(x, requires_grad=True), of.tensor(t))
+    feeds = dict(zip(program.feeds, [x, t]))
+    exe = of.Executor(program)
+    assert "cross_entropy_grad_row_step" in exe.plan(**feeds).source and ", native" in exe.plan(**feeds).source
+    _no_kernel_fallback(exe.plan(**feeds))
+    got = list(exe.run(feeds).values())[1]
+    unfused = list(of.Executor(program, native=False).run(feeds).values())[1]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(unfused))
+    ulps = 8 * np.finfo(dtype).eps  # (the row sums' order: pairwise here, a BLAS dot in the kernel)
+    np.testing.assert_allclose(got, unfused, rtol=ulps, atol=ulps)
+    finite = np.isfinite(x).all(axis=1)  # (torch in float64 on the finite rows: "mean" over those alone)
+    tx = torch.tensor(x[finite].astype(np.float64), requires_grad=True)
+    tl = torch.nn.functional.cross_entropy(tx, torch.tensor(t[finite]), reduction=reduction,
+                                           label_smoothing=smoothing, ignore_index=ignore)
+    tl.sum().backward()
+    sub = of.compile(loss_and_grad).program(of.tensor(x[finite], requires_grad=True), of.tensor(t[finite]))
+    sub_feeds = dict(zip(sub.feeds, [x[finite], t[finite]]))
+    assert "cross_entropy_grad_row_step" in of.Executor(sub).plan(**sub_feeds).source
+    got = list(of.Executor(sub).run(sub_feeds).values())[1]
+    tol = 1e-6 if dtype == "float32" else 1e-13
+    np.testing.assert_allclose(got, tx.grad.numpy(), rtol=tol, atol=tol)
+
+
+def test_cross_entropy_grad_loop_takes_the_kernel_where_it_does_not_apply():
+    """A target out of range runs the kernel, which names it; class weights keep the op."""
+    x = np.random.default_rng(14).standard_normal((4, 3))
+    d = np.array(1.0)
+    program = of.trace(lambda x, t, d: F.cross_entropy_grad(x, t, d), x=of.Spec((4, 3), "float64"),
+                       t=of.Spec((4,), "int64"), d=of.Spec((), "float64"))
+    exe = of.Executor(program)
+    assert "cross_entropy_grad_row_step" in exe.plan(x=x, t=np.zeros(4, np.int64), d=d).source
+    with pytest.raises(of.ArgumentError, match=r"cross_entropy_grad\(\): target holds class 3"):
+        exe.run(x=x, t=np.array([0, 1, 3, 2]), d=d)
+    weighted = of.trace(lambda x, t, d, w: F.cross_entropy_grad(x, t, d, w), x=of.Spec((4, 3), "float64"),
+                        t=of.Spec((4,), "int64"), d=of.Spec((), "float64"), w=of.Spec((3,), "float64"))
+    feeds = {"x": x, "t": np.zeros(4, np.int64), "d": d, "w": np.ones(3)}
+    assert "row_step" not in of.Executor(weighted).plan(**feeds).source
+
+
+def test_cross_entropy_loops_in_a_compiled_hessian_vector_product():
+    """Second order of cross_entropy (float64): a compiled H·v of a linear classifier's loss, whose plan holds
+    cross_entropy_grad's rule as row loops (its softmax and softmax_grad; the first-order gradient itself is dead
+    and pruned), against torch's double backward."""
+    import torch
+
+    rng = np.random.default_rng(15)
+    x0, w0, v0 = rng.standard_normal((32, 6)), rng.standard_normal((6, 10)), rng.standard_normal((6, 10))
+    t0 = rng.integers(0, 10, 32)
+    w, v = of.tensor(w0, requires_grad=True), of.tensor(v0)
+
+    def hvp(x, t):
+        (g,) = of.grad(F.cross_entropy(F.matmul(x, w), t, label_smoothing=0.1), [w], create_graph=True)
+        return of.grad((g * v).sum(), [w])[0]
+
+    compiled = of.compile(hvp)
+    program = compiled.program(of.tensor(x0), of.tensor(t0))
+    feeds = dict(zip(program.feeds, [x0, t0]))
+    source = of.Executor(program).plan(**feeds).source
+    assert "softmax_row_step" in source and "softmax_grad_row_step" in source and ", native" in source
+    tw = torch.tensor(w0, requires_grad=True)
+    tloss = torch.nn.functional.cross_entropy(torch.tensor(x0) @ tw, torch.tensor(t0), label_smoothing=0.1)
+    (tg,) = torch.autograd.grad(tloss, [tw], create_graph=True)
+    (expected,) = torch.autograd.grad((tg * torch.tensor(v0)).sum(), [tw])
+    np.testing.assert_allclose(compiled(of.tensor(x0), of.tensor(t0)).numpy(), expected.numpy(), rtol=1e-10,
+                               atol=1e-12)

@@ -406,7 +406,7 @@ class Executor:
             if use_native:  # each parameter's Adam step: one loop writing its three variables in place;
                 ops, kernels = native.adam_steps(ops, kernels, specs, updates)
                 ops, kernels = native.layer_norms(ops, kernels, specs)  # each a row loop
-                ops, kernels = native.softmax_rows(ops, kernels, specs)  # softmax's family too
+                ops, kernels = native.softmax_rows(ops, kernels, specs)  # softmax's family, cross_entropy_grad
                 # regions whose results are read outside them too: one loop each
                 ops, kernels = native.several_results(ops, kernels, specs, roots, set(updates.values()))
             ops, kernels = fuse(ops, kernels, specs, roots)

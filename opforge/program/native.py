@@ -36,7 +36,9 @@ order, so the kernels' bits; a row whose variance overflows, another layout or m
 ``softmax``, ``log_softmax``, ``softmax_grad`` and ``log_softmax_grad`` over the last axis of C-ordered float32 or
 float64 rows (``SoftmaxRowStep``) are one loop per row each too, in the kernels' steps and rounding; what differs is
 the order of each row sum (NumPy's pairwise sum here, a BLAS dot in the kernels: a few ulp) and exp/log from glibc.
-cross_entropy and its gradient keep their kernels (its rule emits cross_entropy_grad, not the softmax ops).
+So is ``cross_entropy_grad`` of 2-D logits against class indices without class weights (``CrossEntropyGradStep``:
+ignore_index, label smoothing and every reduction, in the kernel's steps); with class weights, or the forward pass's
+saved rows, it keeps its kernel, as does ``cross_entropy`` itself (its loss, a log of a ratio per row, is the kernel's).
 
 Switch: ``OPFORGE_NATIVE=0`` keeps the NumPy path, bit for bit (``Executor(native=False)`` for one program).
 Compiled libraries are cached on disk by the hash of their source, the compiler and the CPU
@@ -1055,6 +1057,25 @@ class SoftmaxRowStep(LayerNormStep):
         grad = self.kind.endswith("_grad")
         params = f"const {t} *x, " + (f"const {t} *dy, " if grad else "") + f"{t} *y"
         return "\n".join([
+            self.row_helpers(name, t),
+            f"void {name}({params}) {{",
+            f"  const int64_t n = {n}L;",
+            f"  {t} sq[{n}];",
+            "  (void)sq;",
+            f"  for (int64_t row = 0; row < {rows}L; row++) {{",
+            f"    const {t} *xr = x + row * n;",
+            *([f"    const {t} *dr = dy + row * n;"] if grad else []),
+            f"    {t} *yr = y + row * n;",
+            *body,
+            "  }",
+            "}"])
+
+    @staticmethod
+    def row_helpers(name: str, t: str) -> str:
+        """C functions of a row: ``<name>_sum`` and ``_sumsq`` (``_row_sums``), ``<name>_max`` (NaN-propagating, as
+        np.maximum.reduce) and ``<name>_sum_exp(x, e, n, c)``: e = exp(x − c) and Σ e."""
+        f = "f" if t == "float" else ""
+        return "\n".join([
             _row_sums(name, t),
             f"static {t} {name}_max(const {t} *a, int64_t n) {{  /* np.maximum.reduce: a NaN wins */",
             f"  {t} lane[16], m = a[0];  /* 16 running maxima: the compiler makes them vector selects */",
@@ -1070,17 +1091,6 @@ class SoftmaxRowStep(LayerNormStep):
             f"static {t} {name}_sum_exp(const {t} *x, {t} *e, int64_t n, {t} c) {{  /* e = exp(x − c), Σ e */",
             f"  for (int64_t i = 0; i < n; i++) e[i] = exp{f}(x[i] - c);",
             f"  return {name}_sum(e, n);",
-            "}",
-            f"void {name}({params}) {{",
-            f"  const int64_t n = {n}L;",
-            f"  {t} sq[{n}];",
-            "  (void)sq;",
-            f"  for (int64_t row = 0; row < {rows}L; row++) {{",
-            f"    const {t} *xr = x + row * n;",
-            *([f"    const {t} *dr = dy + row * n;"] if grad else []),
-            f"    {t} *yr = y + row * n;",
-            *body,
-            "  }",
             "}"])
 
     def source(self, name: str, pools: list, env: dict) -> tuple[list, dict]:
@@ -1104,13 +1114,96 @@ class SoftmaxRowStep(LayerNormStep):
         return lines, {4: f"{self.kind} (one row loop)"}
 
 
+class CrossEntropyGradStep(SoftmaxRowStep):
+    """``cross_entropy_grad`` of 2-D C-ordered logits (float32 or float64) against class indices, without class
+    weights or the forward pass's saved rows (what compiled programs hold), as one loop per row in the kernel's steps:
+    each row's scale s (dloss, or dloss over the number of rows that count for "mean"; 0 in an ignored row), the
+    smoothed shares (hot = s·(1 − ε), spread = s·ε/C), exp(x − c) and its sum as softmax makes them (c the max where
+    smoothing or an overflow asks for it), then e·((hot + spread·C)/Σ), minus hot at the target and spread everywhere.
+    As SoftmaxRowStep: each row sum in NumPy's pairwise order, not the kernel's BLAS dot. A target out of range
+    (neither a class nor ignore_index): the kernel runs, and names it."""
+
+    type = "cross_entropy_grad_step"
+    flagged = True
+
+    def c_function(self, name: str) -> str:
+        """``void <name>(logits, target, dloss, dlogits, flag)``."""
+        (_, attrs, _), = self.members
+        t = CTYPES[self.spec.dtype]
+        rows, n = self.spec.shape
+        target = "int64_t" if self.specs[self.inputs[1]].dtype == np.int64 else "int32_t"
+        eps, reduction = float(attrs["label_smoothing"]), attrs["reduction"]
+        scale = {"mean": f"dloss[0] / ({t})count", "sum": "dloss[0]", "none": "dloss[row]"}[reduction]
+        if eps:  # the kernel's hot·(1 − ε) and s·(ε/C), each constant rounded to the dtype as NumPy does
+            shares = [f"    const {t} spread = s * ({t}){eps / n!r}, hot = s * ({t}){1 - eps!r};",
+                      f"    const {t} sq = hot + spread * ({t}){n}L;",
+                      f"    const {t} sum = ({t})0 + {name}_sum_exp(xr, pr, n, {name}_max(xr, n));"]
+        else:
+            shares = [f"    const {t} hot = s, sq = hot;",
+                      f"    {t} sum = ({t})0 + {name}_sum_exp(xr, pr, n, ({t})0);",
+                      "    if (!(sum >= 1 && sum < INFINITY))  /* an overflow, or all very negative: the max */",
+                      f"      sum = ({t})0 + {name}_sum_exp(xr, pr, n, {name}_max(xr, n));"]
+        return "\n".join([
+            self.row_helpers(name, t),
+            f"void {name}(const {t} *x, const {target} *target, const {t} *dloss, {t} *dx, int64_t *flag) {{",
+            f"  const int64_t n = {n}L, ignore = {int(attrs['ignore_index'])}L;",
+            "  int64_t count = 0;",
+            f"  for (int64_t row = 0; row < {rows}L; row++) {{  /* _targets: a class, or ignore_index */",
+            "    const int64_t k = target[row];",
+            "    if (k == ignore) continue;",
+            "    if (k < 0 || k >= n) { flag[0] = 1; return; }",
+            "    count++;",
+            "  }",
+            f"  const {t} total = {scale if reduction != 'none' else '0'};",
+            "  (void)total; (void)count;",
+            f"  for (int64_t row = 0; row < {rows}L; row++) {{",
+            f"    const {t} *xr = x + row * n;",
+            f"    {t} *pr = dx + row * n;",
+            "    const int ignored = target[row] == ignore;",
+            f"    const {t} s = ignored ? ({t})0 : {'dloss[row]' if reduction == 'none' else 'total'};",
+            *shares,
+            f"    const {t} factor = sq / sum;",
+            "    for (int64_t i = 0; i < n; i++) pr[i] = pr[i] * factor;",
+            "    pr[ignored ? 0 : target[row]] -= hot;",
+            *(["    for (int64_t i = 0; i < n; i++) pr[i] -= spread;"] if eps else []),
+            "  }",
+            "}"])
+
+    def source(self, name: str, pools: list, env: dict) -> tuple[list, dict]:
+        (_, attrs, kernel), = self.members
+        env[f"{name}_k"], env[f"{name}_a"] = kernel.bind(env["_device"]), attrs
+        call = f"{name}_k(x, t, d, None, None, None, **{name}_a)"
+        lines = [f"def {name}(x, t, d, W, out=None):  # {self!r}, "
+                 + ("native" if self.native is not None else "kernel")]
+        if self.native is None:
+            return [*lines, f"    return {call}"], {1: self.kind}
+        env[f"{name}_n"], env[f"{name}_e"] = self.native, _allocator(env["_empty"], self.spec)
+        flag = np.zeros(1, np.int64)
+        env[f"{name}_flag"], env[f"{name}_fp"] = flag, flag.ctypes.data
+        env[f"{name}_specs"] = [(self.specs[n].shape, self.specs[n].dtype) for n in self.inputs]
+        env[f"{name}_c"] = np.ascontiguousarray
+        same = " and ".join(f"({a}.shape, {a}.dtype) == {name}_specs[{k}] and {a}.flags.c_contiguous"
+                            for k, a in enumerate(("x", "t")))
+        # (dloss per row is often a broadcast of one value, the gradient of a sum: a copy of it costs little)
+        lines += [f"    if not ({same} and (d.shape, d.dtype) == {name}_specs[2]):",
+                  f"        return {call}",
+                  f"    y, dc = {name}_e(), d if d.flags.c_contiguous else {name}_c(d)",
+                  f"    {name}_n(x.ctypes.data, t.ctypes.data, dc.ctypes.data, y.ctypes.data, {name}_fp)",
+                  f"    if {name}_flag[0]:  # a target out of range: the kernel names it",
+                  f"        {name}_flag[0] = 0",
+                  f"        return {call}",
+                  "    return y"]
+        return lines, {4: "cross_entropy_grad (one row loop)"}
+
+
 SOFTMAX_ROWS = {"softmax": ("x",), "log_softmax": ("x",), "softmax_grad": ("y", "dy"), "log_softmax_grad": ("y", "dy")}
 
 
 def softmax_rows(ops: list, kernels: list, specs: dict) -> tuple[list, list]:
     """Replace each op of ``SOFTMAX_ROWS`` over the last axis of float32 or float64 rows (its inputs of its output's
     shape and dtype, the row not empty and at most 64 KiB: the loop keeps a row on the stack) by a
-    ``SoftmaxRowStep``; the others keep the op."""
+    ``SoftmaxRowStep``, and each ``cross_entropy_grad`` of 2-D float32 or float64 logits without class weights or
+    saved rows by a ``CrossEntropyGradStep``; the others keep the op."""
     new_ops, new_kernels = [], []
     for (op, attrs), kernel in zip(ops, kernels):
         if isinstance(op, OpDesc) and op.type in SOFTMAX_ROWS:
@@ -1121,6 +1214,17 @@ def softmax_rows(ops: list, kernels: list, specs: dict) -> tuple[list, list]:
                     and attrs["axis"] in (-1, len(spec.shape) - 1) and all(specs[m] == spec for m in names)
                     and spec.shape[-1] * spec.dtype.itemsize <= 1 << 16):
                 new_ops.append((SoftmaxRowStep((op, attrs, kernel), names, y, specs), {}))
+                new_kernels.append(Kernel(None, None, None, False, False, False))
+                continue
+        if isinstance(op, OpDesc) and op.type == "cross_entropy_grad" and not any(
+                op.inputs.get(p) for p in ("weight", "exp_rows", "row_sums")):
+            names = [op.inputs[p][0] for p in ("logits", "target", "dloss")]
+            (y,) = op.output_names()
+            spec, target, dloss = specs[y], specs[names[1]], specs[names[2]]
+            if (spec.dtype in FLOATS and len(spec.shape) == 2 and None not in spec.shape and 0 not in spec.shape
+                    and specs[names[0]] == spec and dloss.dtype == spec.dtype
+                    and target.dtype in (np.dtype(np.int64), np.dtype(np.int32))):
+                new_ops.append((CrossEntropyGradStep((op, attrs, kernel), names, y, specs), {}))
                 new_kernels.append(Kernel(None, None, None, False, False, False))
                 continue
         new_ops.append((op, attrs))
