@@ -1,13 +1,14 @@
 """Issue 32 (b): compiled programs with ``softmax``, ``log_softmax``, their gradients and ``cross_entropy_grad`` as
-native row loops (``native.SoftmaxRowStep``, ``CrossEntropyGradStep``) against the same programs with the ops' NumPy kernels (``native.softmax_rows`` off,
-everything else native), in one process pinned to one core with one thread, the two alternating call by call;
-CPU-time medians (``time.process_time``).
+native row loops (``native.SoftmaxRowStep``, ``CrossEntropyGradStep``) against the same programs with the ops' NumPy
+kernels (``native.softmax_rows`` off, everything else native), in one process pinned to one core with one thread,
+the two alternating call by call (which one first alternates too); CPU-time medians (``time.process_time``).
 
     python bench/native_softmax.py [--repeats 300]
 
 Cases: bench/cases/hvp.py's compiled Hessian-vector product (batch 64 × 10 classes: its softmax and softmax_grad),
-bench/cases/mlp.py's compiled SGD step at batch 64 and 512 (its cross_entropy_grad), and softmax, log_softmax and cross_entropy of 64×1000 and 128×10 float32, forward and
-backward (loss sum(f(x)·c) for a constant c, gradient in x; cross_entropy's mean loss and gradient)."""
+bench/cases/mlp.py's compiled SGD step at batch 64 and 512 (its cross_entropy_grad), and softmax, log_softmax and
+cross_entropy of 64×1000 and 128×10 float32, forward and backward (loss sum(f(x)·c) for a constant c, gradient in x;
+cross_entropy's mean loss and gradient)."""
 
 from __future__ import annotations
 
