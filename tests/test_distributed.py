@@ -21,9 +21,9 @@ import checks  # noqa: E402  (tests/distributed/checks.py: run here on threads, 
 MPIEXEC = Path(sys.executable).with_name("mpiexec")
 TRAINING_CHECKS = [
     "eager data parallel sgd equals one process on the whole batch",
-    "compiled data parallel sgd equals one process, and eager data parallel bit for bit",
+    "compiled data parallel sgd equals one process, and eager data parallel bit for bit (OPFORGE_NATIVE=0)",
     "eager data parallel adam equals one process on the whole batch",
-    "compiled data parallel adam equals one process, and eager data parallel bit for bit",
+    "compiled data parallel adam equals one process, and eager data parallel bit for bit (OPFORGE_NATIVE=0)",
     "tensor-parallel MLP equals one process, forward and gradients",
     "sampler gives each rank its part of every batch, reproducibly",
     "checkpoint written once by rank 0 and loaded by every rank",

@@ -91,7 +91,9 @@ def test_gradient_for_a_fixed_mask_numerically_and_as_torch():
         np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-10, atol=1e-12)
 
 
-def test_manual_seed_repeats_the_draw_eagerly_and_compiled():
+@pytest.mark.parametrize("native", [True, False])
+def test_manual_seed_repeats_the_draw_eagerly_and_compiled(native, monkeypatch):
+    monkeypatch.setenv("OPFORGE_NATIVE", "1" if native else "0")
     q, k, v = (of.tensor(t.astype(np.float32), requires_grad=True) for t in _qkv(3, 2))
 
     def step(q, k, v):
@@ -109,8 +111,11 @@ def test_manual_seed_repeats_the_draw_eagerly_and_compiled():
     second = compiled(q, k, v)
     for a, b, c, d in zip(eager, again, first, second):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
-        np.testing.assert_array_equal(a.numpy(), c.numpy())
-        np.testing.assert_array_equal(a.numpy(), d.numpy())
+        np.testing.assert_array_equal(c.numpy(), d.numpy())
+        if native:  # the softmax rows as native loops: another summation order (opforge.program.native), a few ulp
+            np.testing.assert_allclose(c.numpy(), a.numpy(), rtol=1e-5, atol=1e-6)  # (another mask: O(1) apart)
+        else:  # OPFORGE_NATIVE=0: eager's bits
+            np.testing.assert_array_equal(a.numpy(), c.numpy())
     of.manual_seed(4)
     assert not np.array_equal(step(q, k, v)[0].numpy(), eager[0].numpy())  # another seed, another mask
 

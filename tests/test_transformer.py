@@ -505,7 +505,11 @@ class Seq2Seq(nn.Module):
         return self.out(h)
 
 
-def test_a_compiled_training_step_equals_eager():
+@pytest.mark.parametrize("native", [True, False])
+def test_a_compiled_training_step_equals_eager(native, monkeypatch):
+    """With native code off (OPFORGE_NATIVE=0) the compiled steps give eager's bits; with it on, eager's values within
+    the rounding of the native loops' other summation order (opforge.program.native)."""
+    monkeypatch.setenv("OPFORGE_NATIVE", "1" if native else "0")
     models, steps = [], []
     for compiled in (False, True):
         of.manual_seed(8)
@@ -530,9 +534,23 @@ def test_a_compiled_training_step_equals_eager():
         for i, step in enumerate(steps):
             losses[i].append(step(src, tgt, padding).item())
     assert losses[0][-1] < losses[0][0]
+    if not native:
+        assert losses[1] == losses[0]
+        for (name, a), b in zip(models[0].state_dict().items(), models[1].state_dict().values()):
+            np.testing.assert_array_equal(b.numpy(), a.numpy(), err_msg=name)
+        return
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-10)
     for (name, a), b in zip(models[0].state_dict().items(), models[1].state_dict().values()):
-        close(b, a.numpy(), rtol=1e-9, atol=1e-12, msg=name)
+        a, b = a.numpy(), b.numpy()
+        if name.endswith("in_proj_bias"):
+            # The key bias (the middle third) starts at 0 and its gradient is 0 in exact arithmetic (it adds q·b_k to
+            # a whole row of scores, which softmax ignores): rounding noise, which Adam's g/(√v + eps) turns into
+            # steps of ~lr·g/eps (~1e-11 here) whose sign follows the noise. Compiled, the softmax rows sum in another
+            # order than the eager kernels: there the two agree within that noise's size, not relatively.
+            d = len(a) // 3
+            close(b[d:2 * d], a[d:2 * d], rtol=0, atol=1e-10, msg=name)
+            a, b = a[np.r_[:d, 2 * d:3 * d]], b[np.r_[:d, 2 * d:3 * d]]
+        close(b, a, rtol=1e-9, atol=1e-12, msg=name)
 
 
 def test_transformer_exports_to_onnx_and_runs_in_onnxruntime():

@@ -7,12 +7,15 @@ broadcast inputs read through static strides (a plan is made for one set of shap
 and the output written once. A group with an op that has no expression, or a dtype other than float32, float64 and
 bool, keeps its NumPy blocks, as does every group when the backend is off.
 
-What changes against the NumPy kernels, and only that: the transcendental functions (exp, log, tanh, erf, ...) come
-from glibc's vector math library (libmvec, the loop is vectorised), whose results may differ from NumPy's SIMD
-functions in the last bits (glibc documents at most 4 ulp; on this project's machine float32 tanh and exp agree with
-NumPy's to 1 ulp). Arithmetic, comparisons and selects give NumPy's bits: each op rounds to its dtype, as NumPy's
-ufuncs do, and the compiler may not contract a·b + c into one FMA (``-ffp-contract=off``) nor reorder (no
-``-ffast-math``: NaN, infinities, signed zeros and subnormals as NumPy has them).
+What changes against the NumPy kernels (so against eager), and only that: (1) the transcendental functions (exp, log,
+tanh, erf, ...) come from glibc's vector math library (libmvec, the loop is vectorised), whose results may differ from
+NumPy's SIMD functions in the last bits (glibc documents at most 4 ulp; on this project's machine float32 tanh and exp
+agree with NumPy's to 1 ulp); (2) the softmax family's row sums (below): NumPy's pairwise order, not the kernels'
+BLAS dot, so a row sum and what follows from it may differ in the last bits (the tests allow 8 ulp; measured 1–2).
+Arithmetic, comparisons and selects give NumPy's bits: each op rounds to its dtype, as NumPy's ufuncs do, and the
+compiler may not contract a·b + c into one FMA (``-ffp-contract=off``) nor reorder (no ``-ffast-math``: NaN,
+infinities, signed zeros and subnormals as NumPy has them). The GEMM steps of ``opforge.program.gemm`` differ within
+rounding too (their docstring says how).
 
 Why C through the system compiler, and not Numba: measured on this machine (Xeon with AVX-512, 1 thread, 1,000,000
 float32, medians), ``1/(1+exp(-x))·y`` takes 11.8 ms as a Numba loop (its llvmlite has no SVML here, so every exp is
@@ -39,8 +42,13 @@ the order of each row sum (NumPy's pairwise sum here, a BLAS dot in the kernels:
 So is ``cross_entropy_grad`` of 2-D logits against class indices without class weights (``CrossEntropyGradStep``:
 ignore_index, label smoothing and every reduction, in the kernel's steps); with class weights, or the forward pass's
 saved rows, it keeps its kernel, as does ``cross_entropy`` itself (its loss, a log of a ratio per row, is the kernel's).
+These are the only loops here whose results are not the kernels' bits up to libm: a compiled program with any of these
+ops (attention, a classifier's loss) gives eager's values within a few ulp per row, not eager's bits, and where a
+value is rounding noise in exact arithmetic (the gradient of attention's key bias, which softmax cancels) the two
+noises differ, and an optimizer that divides by √v (Adam) can make them differ by its step size.
 
-Switch: ``OPFORGE_NATIVE=0`` keeps the NumPy path, bit for bit (``Executor(native=False)`` for one program).
+Switch: ``OPFORGE_NATIVE=0`` keeps the NumPy path: compiled programs give eager's bits (``Executor(native=False)`` for
+one program).
 Compiled libraries are cached on disk by the hash of their source, the compiler and the CPU
 (``$OPFORGE_CACHE_DIR``, else ``$XDG_CACHE_HOME/opforge`` or ``~/.cache/opforge``), so another process reuses them.
 """

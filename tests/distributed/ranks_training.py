@@ -2,6 +2,7 @@
 data- and tensor-parallel training on MPI ranks against one process on the whole batch, then every check of
 checks.py (which the tests also run on ranks that are threads). Prints `ok <check>` per check."""
 
+import os
 import sys
 
 import checks
@@ -77,22 +78,31 @@ for kind in ("sgd", "adam"):
     assert_close(eager, want, f"eager {kind}")
     ok(f"eager data parallel {kind} equals one process on the whole batch")
 
-    # compiled under a mesh: the same program, all-reduces inserted
-    model = of.distributed.DistributedDataParallel(float64_model())
-    with of.distributed.Mesh():
-        step = train(model, optimizer(kind, model.parameters()), X[ROWS], Y[ROWS], compiled=True)
-    ((entry,),) = step.cache.values()  # the program traced under the mesh (the cache key does not hold the mesh)
-    program = entry.program
-    text = str(program)
-    # every gradient in one bucket; the others are scalars: the loss's sum and count over every rank's rows
-    reductions = [line for line in text.splitlines() if "= all_reduce(" in line]
-    assert [line for line in reductions if "float64[] = " not in line] == [
-        line for line in reductions if "all_reduce(x=concat" in line] and len(reductions) == 4, text
-    compiled = params(model)
-    assert_close(compiled, want, f"compiled {kind}")
+    # compiled under a mesh: the same program, all-reduces inserted. With native code on, cross_entropy_grad is a
+    # row loop that sums each row in another order than the kernel (opforge.program.native): close to one process,
+    # as eager is; with it off (OPFORGE_NATIVE=0), eager DistributedDataParallel's bits.
+    inherited = os.environ.get("OPFORGE_NATIVE")
+    for native in ("1", "0"):
+        os.environ["OPFORGE_NATIVE"] = native
+        model = of.distributed.DistributedDataParallel(float64_model())
+        with of.distributed.Mesh():
+            step = train(model, optimizer(kind, model.parameters()), X[ROWS], Y[ROWS], compiled=True)
+        ((entry,),) = step.cache.values()  # the program traced under the mesh (the cache key does not hold the mesh)
+        program = entry.program
+        text = str(program)
+        # every gradient in one bucket; the others are scalars: the loss's sum and count over every rank's rows
+        reductions = [line for line in text.splitlines() if "= all_reduce(" in line]
+        assert [line for line in reductions if "float64[] = " not in line] == [
+            line for line in reductions if "all_reduce(x=concat" in line] and len(reductions) == 4, text
+        compiled = params(model)
+        assert_close(compiled, want, f"compiled {kind}, OPFORGE_NATIVE={native}")
+    if inherited is None:
+        del os.environ["OPFORGE_NATIVE"]
+    else:
+        os.environ["OPFORGE_NATIVE"] = inherited
     for c, e in zip(compiled, eager):
         assert np.array_equal(c, e), f"compiled {kind} differs from eager by {np.abs(c - e).max()}"
-    ok(f"compiled data parallel {kind} equals one process, and eager data parallel bit for bit")
+    ok(f"compiled data parallel {kind} equals one process, and eager data parallel bit for bit (OPFORGE_NATIVE=0)")
 
 # tensor parallel: column-parallel Linear (weight S(0), bias S(0)), then row-parallel (weight S(1))
 w1, b1, w2, b2 = (of.tensor(rng.standard_normal(shape), dtype="float64", requires_grad=True)
