@@ -242,6 +242,11 @@ ORACLE: dict[str, Oracle] = {
         Sample.of(randn(3, 4), np.array([1, -100, 3]), randn(3), reduction="none", label_smoothing=0.25),
         Sample.of(randn(2, 3, 2), np.array([[0, 2], [-100, 1]]), randn(), uniform(0.5, 2, 3), label_smoothing=0.4),
         Sample.of(randn(3, 4), np.array([1, 2, 3]), randn(), ignore_index=2, reduction="sum", label_smoothing=1.0),
+        # no weight, no smoothing (the rule's sums of the one-hot target taken from the targets that count alone)
+        Sample.of(randn(4, 5), np.array([1, -100, 3, 0]), randn()),
+        Sample.of(randn(2, 3, 2), np.array([[0, -100], [2, 1]]), randn(), reduction="sum"),
+        Sample.of(randn(2, 3, 2), np.array([[0, -100], [2, 1]]), randn(2, 2), reduction="none"),
+        Sample.of(randn(5), np.array(2), randn()),
         # (Every target ignored is cross_entropy's case above: here torch's third derivatives are nan or 0 by
         # accident of how its backward divides by 0.)
     )),
@@ -660,6 +665,32 @@ def test_cross_entropy_backward_from_the_forward_residuals_is_bit_for_bit_the_re
     want = F.cross_entropy_grad(of.tensor(x), target, dloss, weight, **attrs)
     assert got.dtype == want.dtype
     np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_second_derivative_without_weight_or_smoothing_makes_no_one_hot_target(reduction):
+    # The Hessian-vector product's backward through cross_entropy_grad needs the one-hot target only through its
+    # sums (per sample, and over all for "mean"): those come from target != ignore_index, no scatter of the classes.
+    rng = np.random.default_rng(12)
+    x, v, r = rng.standard_normal((6, 5)), rng.standard_normal((6, 5)), rng.standard_normal(6)
+    target = np.array([1, -100, 3, 0, 4, -100])
+
+    def hvp(x, t, v):
+        loss = F.cross_entropy(x, t, reduction=reduction)
+        (g,) = of.grad(F.sum(loss * of.tensor(r)) if reduction == "none" else loss, [x], create_graph=True)
+        return of.grad(F.sum(g * v), [x])[0]
+
+    compiled = of.compile(hvp)
+    got = compiled(of.tensor(x, requires_grad=True), of.tensor(target), of.tensor(v)).numpy()
+    ((entry,),) = compiled.cache.values()
+    assert "nll_loss_grad(" not in str(entry.program), entry.program
+    tx = torch.tensor(x, requires_grad=True)
+    loss = TF.cross_entropy(tx, torch.tensor(target), reduction=reduction)
+    (tg,) = torch.autograd.grad((loss * torch.tensor(r)).sum() if reduction == "none" else loss, tx, create_graph=True)
+    (want,) = torch.autograd.grad((tg * torch.tensor(v)).sum(), tx)
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-12, atol=1e-15)
+    eager = hvp(of.tensor(x, requires_grad=True), of.tensor(target), of.tensor(v)).numpy()
+    np.testing.assert_allclose(got, eager, rtol=1e-13, atol=1e-16)  # (compiled: native softmax rows, another order)
 
 
 def test_cross_entropy_grad_refuses_residuals_that_do_not_fit():

@@ -602,22 +602,32 @@ def _(logits, target, weight, dloss, ddlogits, *, ignore_index, reduction, label
     axis = _class_axis(logits.ndim)
     classes = logits.shape[axis]
     eps = label_smoothing
-    # w[target] at the target class, 0 elsewhere and in ignored samples: nll_loss_grad of −1 per sample.
-    hot = -F.nll_loss_grad(F.ones_like(target, dtype=logits.dtype), target, weight, num_classes=classes,
-                           ignore_index=ignore_index, reduction="none")
-    q = hot
-    if eps:
-        counted = F.unsqueeze(F.cast(target != ignore_index, dtype=logits.dtype), axis=axis)
-        spread = counted * (eps / classes)
-        if weight is not None:
-            spread = spread * F.reshape(weight.detach(), shape=[classes, *[1] * (logits.ndim - axis - 1)])
-        q = hot * (1 - eps) + spread
-    big_q = F.sum(q, axis=[axis], keepdim=True)
+
+    def counted():  # per sample: 1, or 0 where its target is ignored
+        return F.cast(target != ignore_index, dtype=logits.dtype)
+
+    def one_hot():  # w[target] at the target class, 0 elsewhere and in ignored samples: nll_loss_grad of −1 each
+        return -F.nll_loss_grad(F.ones_like(target, dtype=logits.dtype), target, weight, num_classes=classes,
+                                ignore_index=ignore_index, reduction="none")
+
+    if weight is None and not eps:
+        # q is the one-hot target: its sum over the classes is `counted` and its sum over all is Σ counted, the
+        # same values (sums of ones) without making q (a scatter, a negation and a sum over the logits' size)
+        q, weights = None, counted()
+        big_q = F.unsqueeze(weights, axis=axis)
+    else:
+        hot = q = one_hot()
+        if eps:
+            spread = F.unsqueeze(counted(), axis=axis) * (eps / classes)
+            if weight is not None:
+                spread = spread * F.reshape(weight.detach(), shape=[classes, *[1] * (logits.ndim - axis - 1)])
+            q = hot * (1 - eps) + spread
+        big_q, weights = F.sum(q, axis=[axis], keepdim=True), hot
     s = dloss
     if reduction == "none":
         s = F.unsqueeze(dloss, axis=axis)
     elif reduction == "mean":
-        total = F.sum(hot)
+        total = F.sum(weights)
         none_counted = total == 0
         total = F.where(none_counted, 1.0, total)  # every target ignored: the gradient is 0, not 0/0
         s = dloss / total
@@ -625,7 +635,7 @@ def _(logits, target, weight, dloss, ddlogits, *, ignore_index, reduction, label
     dlogits = F.softmax_grad(p, ddlogits * (s * big_q), axis=axis) if needs_input_grad[0] else None
     ddloss = None
     if needs_input_grad[2]:
-        ddloss = F.sum(ddlogits * (big_q * p - q), axis=[axis])
+        ddloss = F.sum(ddlogits * (big_q * p - (one_hot() if q is None else q)), axis=[axis])
         if reduction != "none":
             ddloss = F.sum(ddloss) if reduction == "sum" else F.sum(ddloss) / total
         if reduction == "mean":  # every target ignored: nan, as torch's (and as 0/0), with derivatives 0
