@@ -1130,6 +1130,79 @@ def test_cross_entropy_grad_is_one_native_row_loop(dtype, reduction, smoothing, 
     np.testing.assert_allclose(got, tx.grad.numpy(), rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("ignore", [-100, 1])
+@pytest.mark.parametrize("classes", [1, 10, 37])
+def test_cross_entropy_is_one_native_row_loop(dtype, reduction, ignore, classes):
+    """cross_entropy in a compiled program is one row loop (the plan holds it, the kernel is not called): the
+    kernel's values up to the row sums' order and glibc's log, NaN/inf rows as the kernel has them (a NaN row's loss
+    is NaN, an ignored one's 0), targets far below their row's max (log Σ − (x[t] − c) where e[t] is under the
+    smallest normal number or the ratio Σ/e[t] overflows), every reduction; torch's values on the finite rows."""
+    import torch
+
+    x = _softmax_rows(dtype, (24, classes))
+    t = np.random.default_rng(16).integers(0, classes, 24)
+    t[::5] = ignore if ignore < classes else t[::5]
+    if classes > 2:  # (target k, not the ignore_index 1)
+        k = classes - 1
+        x[8], x[8, 0], x[8, k], t[8] = -1e4, 0, -88 if dtype == "float32" else -709, k  # e[t] subnormal, Σ/e[t] finite
+        x[9], x[9, k], t[9] = 0, -120 if dtype == "float32" else -800, k  # e[t] = 0: Σ/e[t] = inf
+    program = of.trace(lambda x, t: F.cross_entropy(x, t, reduction=reduction, ignore_index=ignore),
+                       x=of.Spec(x.shape, dtype), t=of.Spec(t.shape, "int64"))
+    exe = of.Executor(program)
+    source = exe.plan(x=x, t=t).source
+    assert "cross_entropy_row_step" in source and ", native" in source
+    _no_kernel_fallback(exe.plan(x=x, t=t))
+    (got,) = exe.run(x=x, t=t).values()
+    (unfused,) = of.Executor(program, native=False).run(x=x, t=t).values()
+    assert got.shape == unfused.shape and got.dtype == unfused.dtype
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(unfused))
+    ulps = 8 * np.finfo(dtype).eps  # (the row sums' order: pairwise here, a BLAS dot in the kernel; glibc's log)
+    np.testing.assert_allclose(got, unfused, rtol=ulps, atol=ulps)
+    finite = np.isfinite(x).all(axis=1)  # (torch in float64 on the finite rows)
+    want = torch.nn.functional.cross_entropy(torch.tensor(x[finite].astype(np.float64)), torch.tensor(t[finite]),
+                                             reduction=reduction, ignore_index=ignore).numpy()
+    sub = of.trace(lambda x, t: F.cross_entropy(x, t, reduction=reduction, ignore_index=ignore),
+                   x=of.Spec(x[finite].shape, dtype), t=of.Spec(t[finite].shape, "int64"))
+    assert "cross_entropy_row_step" in of.Executor(sub).plan(x=x[finite], t=t[finite]).source
+    (got,) = of.Executor(sub).run(x=x[finite], t=t[finite]).values()
+    tol = 1e-6 if dtype == "float32" else 1e-13
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+def test_cross_entropy_loop_takes_the_kernel_where_it_does_not_apply():
+    """A target out of range runs the kernel, which names it; every target ignored gives the kernel's nan for "mean";
+    class weights, label smoothing, probability targets and logits of another rank keep the op."""
+    x = np.random.default_rng(17).standard_normal((4, 3))
+    program = of.trace(lambda x, t: F.cross_entropy(x, t), x=of.Spec((4, 3), "float64"), t=of.Spec((4,), "int64"))
+    exe = of.Executor(program)
+    assert "cross_entropy_row_step" in exe.plan(x=x, t=np.zeros(4, np.int64)).source
+    with pytest.raises(of.ArgumentError, match=r"cross_entropy\(\): target holds class 3"):
+        exe.run(x=x, t=np.array([0, 1, 3, 2]))
+    with pytest.raises(of.ArgumentError, match=r"cross_entropy\(\): target holds class -2"):
+        exe.run(x=x, t=np.array([0, -2, 1, 2]))
+    (loss,) = exe.run(x=x, t=np.array([0, 1, 2, 2])).values()  # the loop again after a refused call
+    np.testing.assert_allclose(loss, F.cross_entropy(of.tensor(x), of.tensor(np.array([0, 1, 2, 2]))).numpy(),
+                               rtol=1e-15)
+    (loss,) = exe.run(x=x, t=np.full(4, -100)).values()
+    assert loss.shape == () and np.isnan(loss)
+    others = {
+        "weight": (lambda x, t, w: F.cross_entropy(x, t, w), {"w": (np.ones(3), of.Spec((3,), "float64"))}),
+        "smoothing": (lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1), {}),
+    }
+    for name, (fn, extra) in others.items():
+        specs = {"x": of.Spec((4, 3), "float64"), "t": of.Spec((4,), "int64"), **{k: v[1] for k, v in extra.items()}}
+        feeds = {"x": x, "t": np.zeros(4, np.int64), **{k: v[0] for k, v in extra.items()}}
+        assert "row_step" not in of.Executor(of.trace(fn, **specs)).plan(**feeds).source, name
+    probabilities = of.trace(lambda x, p: F.cross_entropy(x, p), x=of.Spec((4, 3), "float64"),
+                             p=of.Spec((4, 3), "float64"))
+    assert "row_step" not in of.Executor(probabilities).plan(x=x, p=np.full((4, 3), 1 / 3)).source
+    three_d = of.trace(lambda x, t: F.cross_entropy(x, t), x=of.Spec((2, 3, 2), "float64"),
+                       t=of.Spec((2, 2), "int64"))
+    assert "row_step" not in of.Executor(three_d).plan(x=np.zeros((2, 3, 2)), t=np.zeros((2, 2), np.int64)).source
+
+
 def test_cross_entropy_grad_loop_takes_the_kernel_where_it_does_not_apply():
     """A target out of range runs the kernel, which names it; class weights keep the op."""
     x = np.random.default_rng(14).standard_normal((4, 3))

@@ -11,10 +11,10 @@ Preparing (once per distinct set of feed shapes) does the work eager mode repeat
      kernels (CUDA), one kernel launch per group (``opforge.program.device_kernels``); with native code on, an update
      ``p − s·(a @ b)`` whose product nothing else reads is one GEMM adding into p, and a sum with such products
      among its terms adds each by a GEMM into its one buffer (``opforge.program.gemm``); softmax, log_softmax, their
-     gradients and cross_entropy_grad over rows are one C loop per row each. With native code on, results are eager's
-     within float rounding, not its bits: libm's exp/log/tanh (a few ulp), the rows' sums in pairwise order rather
-     than a BLAS dot, the GEMM steps' unrounded products (each module's docstring says what); ``OPFORGE_NATIVE=0``
-     (or ``Executor(native=False)``) keeps one kernel call per op or block: eager's bits;
+     gradients, cross_entropy and cross_entropy_grad over rows are one C loop per row each. With native code on,
+     results are eager's within float rounding, not its bits: libm's exp/log/tanh (a few ulp), the rows' sums in
+     pairwise order rather than a BLAS dot, the GEMM steps' unrounded products (each module's docstring says what);
+     ``OPFORGE_NATIVE=0`` (or ``Executor(native=False)``) keeps one kernel call per op or block: eager's bits;
   4. liveness: each intermediate is dropped right after its last reader; a kernel that takes ``out=`` writes
      into its declared ``inplace`` input when that input dies at this op (or the other input of a commutative
      op), and otherwise into a buffer of the plan's workspace;
@@ -410,7 +410,7 @@ class Executor:
             if use_native:  # each parameter's Adam step: one loop writing its three variables in place;
                 ops, kernels = native.adam_steps(ops, kernels, specs, updates)
                 ops, kernels = native.layer_norms(ops, kernels, specs)  # each a row loop
-                ops, kernels = native.softmax_rows(ops, kernels, specs)  # softmax's family, cross_entropy_grad
+                ops, kernels = native.softmax_rows(ops, kernels, specs)  # softmax's family, cross_entropy (+ grad)
                 # regions whose results are read outside them too: one loop each
                 ops, kernels = native.several_results(ops, kernels, specs, roots, set(updates.values()))
             ops, kernels = fuse(ops, kernels, specs, roots)

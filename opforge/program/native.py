@@ -41,7 +41,8 @@ float64 rows (``SoftmaxRowStep``) are one loop per row each too, in the kernels'
 the order of each row sum (NumPy's pairwise sum here, a BLAS dot in the kernels: a few ulp) and exp/log from glibc.
 So is ``cross_entropy_grad`` of 2-D logits against class indices without class weights (``CrossEntropyGradStep``:
 ignore_index, label smoothing and every reduction, in the kernel's steps); with class weights, or the forward pass's
-saved rows, it keeps its kernel, as does ``cross_entropy`` itself (its loss, a log of a ratio per row, is the kernel's).
+saved rows, it keeps its kernel. So is ``cross_entropy`` itself there without label smoothing (``CrossEntropyStep``:
+each row's log(Σ exp / exp at the target), then the losses' pairwise sum, as the kernel); smoothed, its kernel.
 These are the only loops here whose results are not the kernels' bits up to libm: a compiled program with any of these
 ops (attention, a classifier's loss) gives eager's values within a few ulp per row, not eager's bits, and where a
 value is rounding noise in exact arithmetic (the gradient of attention's key bias, which softmax cancels) the two
@@ -583,7 +584,7 @@ def compile_groups(groups: list) -> None:
     sources, chosen = {}, []
     for k, fused in enumerate(groups):
         if isinstance(fused, (AdamStep, LayerNormStep)):  # (always worth it: each makes ~5-15 NumPy calls)
-            arguments = (len(fused.inputs) + len(fused.output_names()) + fused.flagged
+            arguments = (len(fused.inputs) + len(fused.output_names()) + fused.extra_pointers
                          if isinstance(fused, LayerNormStep) else 5)
             sources[f"opforge_group{k}"] = (fused.c_function(f"opforge_group{k}"), arguments)
             chosen.append((f"opforge_group{k}", fused))
@@ -781,7 +782,7 @@ class LayerNormStep(FusedOp):
     an array of another shape or layout, or no compiler: the op's own kernel runs."""
 
     type = "layer_norm_step"
-    flagged = True  # its C function takes a flag: set where a row needs the kernel's path
+    extra_pointers = 1  # its C function takes a flag after its inputs and output: set where a row needs the kernel
 
     def __init__(self, member: tuple, inputs: list, output: str, specs: dict):
         self.members, self.inputs, self.output, self.specs = [member], inputs, output, specs
@@ -1028,7 +1029,7 @@ class SoftmaxRowStep(LayerNormStep):
     Another shape or layout, or no compiler: the op's kernel runs."""
 
     type = "softmax_row_step"
-    flagged = False  # no path of these loops needs the kernel
+    extra_pointers = 0  # no flag: no path of these loops needs the kernel
 
     def __init__(self, member: tuple, inputs: list, output: str, specs: dict):
         super().__init__(member, inputs, output, specs)
@@ -1132,7 +1133,7 @@ class CrossEntropyGradStep(SoftmaxRowStep):
     (neither a class nor ignore_index): the kernel runs, and names it."""
 
     type = "cross_entropy_grad_step"
-    flagged = True
+    extra_pointers = 1  # the flag
 
     def c_function(self, name: str) -> str:
         """``void <name>(logits, target, dloss, dlogits, flag)``."""
@@ -1204,14 +1205,98 @@ class CrossEntropyGradStep(SoftmaxRowStep):
         return lines, {4: "cross_entropy_grad (one row loop)"}
 
 
+class CrossEntropyStep(SoftmaxRowStep):
+    """``cross_entropy`` of 2-D C-ordered logits (float32 or float64) against class indices, without class weights or
+    label smoothing, as one loop per row in the kernel's steps (``opforge.ops.loss``): exp(x − c) and its sum as
+    softmax makes them (c = 0, or the row's max where that sum is not in [1, ∞)), the loss log(Σ/e[t]), or
+    log Σ − (x[t] − c) where e[t] is under the smallest normal number or the ratio overflows; 0 in an ignored row;
+    then the losses' pairwise sum for "sum", over the number of rows that count for "mean" (0/0: nan). As
+    SoftmaxRowStep: each row sum in NumPy's pairwise order, not the kernel's BLAS dot, and log from glibc. A target
+    out of range (neither a class nor ignore_index): the kernel runs, and names it."""
+
+    type = "cross_entropy_step"
+    extra_pointers = 2  # each row's loss (before the reduction) and the flag
+
+    def __repr__(self) -> str:
+        return f"cross_entropy_row_step({self.inputs[0]})"
+
+    def c_function(self, name: str) -> str:
+        """``void <name>(logits, target, losses, loss, flag)``: losses holds each row's (it is the result for
+        "none"), loss their reduction."""
+        (_, attrs, _), = self.members
+        logits = self.specs[self.inputs[0]]
+        t = CTYPES[logits.dtype]
+        rows, n = logits.shape
+        f = "f" if t == "float" else ""
+        target = "int64_t" if self.specs[self.inputs[1]].dtype == np.int64 else "int32_t"
+        reduce = {"none": [],
+                  "sum": [f"  loss[0] = {name}_sum(losses, {rows}L);"],
+                  "mean": [f"  loss[0] = {name}_sum(losses, {rows}L) / ({t})count;"]}[attrs["reduction"]]
+        return "\n".join([
+            self.row_helpers(name, t),
+            f"void {name}(const {t} *x, const {target} *target, {t} *losses, {t} *loss, int64_t *flag) {{",
+            f"  const int64_t n = {n}L, ignore = {int(attrs['ignore_index'])}L;",
+            f"  const {t} tiny = ({t}){float(np.finfo(logits.dtype).tiny)!r};  /* the smallest normal number */",
+            f"  {t} e[{n}];",
+            "  int64_t count = 0;",
+            f"  for (int64_t row = 0; row < {rows}L; row++) {{  /* _targets: a class, or ignore_index */",
+            "    const int64_t k = target[row];",
+            "    if (k == ignore) continue;",
+            "    if (k < 0 || k >= n) { flag[0] = 1; return; }",
+            "    count++;",
+            "  }",
+            "  (void)count; (void)loss;",
+            f"  for (int64_t row = 0; row < {rows}L; row++) {{",
+            f"    const {t} *xr = x + row * n;",
+            "    const int64_t k = target[row];",
+            f"    if (k == ignore) {{ losses[row] = ({t})0; continue; }}",
+            f"    {t} c = ({t})0, sum = ({t})0 + {name}_sum_exp(xr, e, n, ({t})0);",
+            "    if (!(sum >= 1 && sum < INFINITY)) {  /* an overflow, or all very negative: the max */",
+            f"      c = {name}_max(xr, n);",
+            f"      sum = ({t})0 + {name}_sum_exp(xr, e, n, c);",
+            "    }",
+            f"    const {t} ratio = sum / e[k];",
+            f"    losses[row] = (e[k] >= tiny && ratio < INFINITY) ? log{f}(ratio) : log{f}(sum) - (xr[k] - c);",
+            "  }",
+            *reduce,
+            "}"])
+
+    def source(self, name: str, pools: list, env: dict) -> tuple[list, dict]:
+        (_, attrs, kernel), = self.members
+        env[f"{name}_k"], env[f"{name}_a"] = kernel.bind(env["_device"]), attrs
+        call = f"{name}_k(x, t, None, **{name}_a)"  # (the plan makes a 0-d result, a NumPy scalar, an array)
+        lines = [f"def {name}(x, t, W, out=None):  # {self!r}, " + ("native" if self.native is not None else "kernel")]
+        if self.native is None:
+            return [*lines, f"    return {call}"], {1: "cross_entropy"}
+        rows = self.specs[self.inputs[0]].shape[0]
+        env[f"{name}_n"], env[f"{name}_e"] = self.native, _allocator(env["_empty"], self.spec)
+        env[f"{name}_rows"] = _allocator(env["_empty"], Spec((rows,), self.spec.dtype))
+        env[f"{name}_flag"] = functools.partial(np.zeros, 1, np.int64)  # one per call: runs may share the plan
+        env[f"{name}_specs"] = [(self.specs[n].shape, self.specs[n].dtype) for n in self.inputs]
+        same = " and ".join(f"({a}.shape, {a}.dtype) == {name}_specs[{k}] and {a}.flags.c_contiguous"
+                            for k, a in enumerate(("x", "t")))
+        none = attrs["reduction"] == "none"
+        lines += [f"    if not ({same}):",
+                  f"        return {call}",
+                  f"    y, flag = {name}_e(), {name}_flag()",
+                  f"    losses = {'y' if none else name + '_rows()'}",
+                  f"    {name}_n(x.ctypes.data, t.ctypes.data, losses.ctypes.data, y.ctypes.data, flag.ctypes.data)",
+                  "    if flag[0]:  # a target out of range: the kernel names it",
+                  f"        return {call}",
+                  "    return y"]
+        return lines, {4: "cross_entropy (one row loop)"}
+
+
 SOFTMAX_ROWS = {"softmax": ("x",), "log_softmax": ("x",), "softmax_grad": ("y", "dy"), "log_softmax_grad": ("y", "dy")}
 
 
 def softmax_rows(ops: list, kernels: list, specs: dict) -> tuple[list, list]:
     """Replace each op of ``SOFTMAX_ROWS`` over the last axis of float32 or float64 rows (its inputs of its output's
     shape and dtype, the row not empty and at most 64 KiB: the loop keeps a row on the stack) by a
-    ``SoftmaxRowStep``, and each ``cross_entropy_grad`` of 2-D float32 or float64 logits without class weights or
-    saved rows by a ``CrossEntropyGradStep``; the others keep the op."""
+    ``SoftmaxRowStep``, each ``cross_entropy_grad`` of 2-D float32 or float64 logits without class weights or
+    saved rows by a ``CrossEntropyGradStep``, and each ``cross_entropy`` of such logits (a row of at most 64 KiB)
+    against class indices without class weights or label smoothing by a ``CrossEntropyStep``; the others keep the
+    op."""
     new_ops, new_kernels = [], []
     for (op, attrs), kernel in zip(ops, kernels):
         if isinstance(op, OpDesc) and op.type in SOFTMAX_ROWS:
@@ -1222,6 +1307,18 @@ def softmax_rows(ops: list, kernels: list, specs: dict) -> tuple[list, list]:
                     and attrs["axis"] in (-1, len(spec.shape) - 1) and all(specs[m] == spec for m in names)
                     and spec.shape[-1] * spec.dtype.itemsize <= 1 << 16):
                 new_ops.append((SoftmaxRowStep((op, attrs, kernel), names, y, specs), {}))
+                new_kernels.append(Kernel(None, None, None, False, False, False))
+                continue
+        if (isinstance(op, OpDesc) and op.type == "cross_entropy" and not op.inputs.get("weight")
+                and not attrs["label_smoothing"]):
+            names = [op.inputs[p][0] for p in ("logits", "target")]
+            (y,) = op.output_names()
+            logits, target = specs[names[0]], specs[names[1]]
+            if (logits.dtype in FLOATS and len(logits.shape) == 2 and None not in logits.shape
+                    and 0 not in logits.shape and logits.shape[1] * logits.dtype.itemsize <= 1 << 16
+                    and specs[y].dtype == logits.dtype
+                    and target.dtype in (np.dtype(np.int64), np.dtype(np.int32))):
+                new_ops.append((CrossEntropyStep((op, attrs, kernel), names, y, specs), {}))
                 new_kernels.append(Kernel(None, None, None, False, False, False))
                 continue
         if isinstance(op, OpDesc) and op.type == "cross_entropy_grad" and not any(
