@@ -862,6 +862,51 @@ def test_layer_norm_loop_takes_the_kernel_where_it_does_not_apply():
     assert "layer_norm_step" not in of.Executor(mixed).plan(x=x.astype(np.float64), w=np.ones(8, np.float32)).source
 
 
+def _flagged_cases():
+    """(program, feeds that make the row loop ask for the kernel, feeds that do not, the kernel's answer to the first:
+    a result, or the error it raises) for each row loop with a flag."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    big = x.copy()
+    big[1] *= 1e20  # a row whose variance overflows: the kernel's scaled path
+    layer_norm = of.trace(lambda x: F.layer_norm(x, [8]), x=of.Spec((4, 8), "float32"))
+    yield layer_norm, {"x": big}, {"x": x}, F.layer_norm(of.tensor(big), [8]).numpy()
+    t, bad = np.array([0, 1, 2, 3]), np.array([0, 1, 8, 3])  # class 8 of 8: out of range, the kernel names it
+    loss = of.trace(lambda x, t: F.cross_entropy(x, t), x=of.Spec((4, 8), "float32"), t=of.Spec((4,), "int64"))
+    yield loss, {"x": x, "t": bad}, {"x": x, "t": t}, of.ArgumentError
+    grad = of.trace(lambda x, t, d: F.cross_entropy_grad(x, t, d), x=of.Spec((4, 8), "float32"),
+                    t=of.Spec((4,), "int64"), d=of.Spec((), "float32"))
+    d = np.float32(1.0)
+    yield grad, {"x": x, "t": bad, "d": d}, {"x": x, "t": t, "d": d}, of.ArgumentError
+
+
+@pytest.mark.parametrize("case", range(3))
+def test_a_row_loop_reads_the_flag_of_its_own_call(case):
+    """Threads may run one plan at once (ctypes lets go of the GIL in the loop): a run whose loop asked for the kernel
+    gets the kernel's answer even when another run of the plan finishes between its loop and its look at the flag
+    (with one flag per plan, that run cleared it and this one returned its unfinished array)."""
+    program, flagged, plain, want = list(_flagged_cases())[case]
+    exe = of.Executor(program)
+    plan = exe.plan(**flagged)
+    (loop,) = [k for k in plan.fn.__globals__ if k.startswith("k") and k.endswith("_n")]
+    native, calls = plan.fn.__globals__[loop], []
+
+    def interleaved(*pointers):
+        native(*pointers)
+        calls.append(pointers)
+        if len(calls) == 1:  # the flagged run's loop: another run of the plan comes and goes meanwhile
+            exe.run(**plain)
+
+    plan.fn.__globals__[loop] = interleaved
+    if isinstance(want, type):
+        with pytest.raises(want):
+            exe.run(**flagged)
+    else:
+        (got,) = exe.run(**flagged).values()
+        np.testing.assert_array_equal(got, want)
+    assert len(calls) == 2
+
+
 def test_layer_norm_loop_in_a_training_step():
     """Forward and backward through the loop: the loss and gradients are the unfused program's bits and torch's."""
     import torch

@@ -772,6 +772,12 @@ def adam_steps(ops: list, kernels: list, specs: dict, updates: dict) -> tuple[li
 # -- layer_norm: one row loop ----------------------------------------------------------------------------------------
 
 
+# A row loop's flag (set where a row needs the kernel's path), new at each call: threads may run one plan at once,
+# and a flag kept in the plan could be set by one run and cleared by another, which would then return an unfinished
+# result.
+_new_flag = functools.partial(np.zeros, 1, np.int64)
+
+
 class LayerNormStep(FusedOp):
     """A ``layer_norm`` over C-ordered rows (``inputs`` [x, weight?, bias?], one dtype, float32 or float64) as one loop
     per row: mean, x − μ, the variance, the kernel's recentring (``_recentred``) where the rounding of μ matters, then
@@ -853,8 +859,7 @@ class LayerNormStep(FusedOp):
             lines.append(f"    return {name}_k({call}, **{name}_a)")
             return lines, {1: "layer_norm"}
         env[f"{name}_n"], env[f"{name}_e"] = self.native, _allocator(env["_empty"], self.spec)
-        flag = np.zeros(1, np.int64)
-        env[f"{name}_flag"], env[f"{name}_fp"] = flag, flag.ctypes.data
+        env[f"{name}_flag"] = _new_flag
         env[f"{name}_specs"] = [(self.specs[n].shape, self.specs[n].dtype) for n in self.inputs]
         # The loop reads rows of the plan's static shapes, C-ordered: other arrays take the kernel (which also
         # names a shape error as layer_norm's).
@@ -862,10 +867,9 @@ class LayerNormStep(FusedOp):
                             for k, a in enumerate(args))
         lines += [f"    if not ({same}):",
                   f"        return {name}_k({call}, **{name}_a)",
-                  f"    y = {name}_e()",
-                  f"    {name}_n({''.join(a + '.ctypes.data, ' for a in args)}y.ctypes.data, {name}_fp)",
-                  f"    if {name}_flag[0]:  # a row whose variance overflowed: the kernel's scaled path",
-                  f"        {name}_flag[0] = 0",
+                  f"    y, flag = {name}_e(), {name}_flag()",
+                  f"    {name}_n({''.join(a + '.ctypes.data, ' for a in args)}y.ctypes.data, flag.ctypes.data)",
+                  "    if flag[0]:  # a row whose variance overflowed: the kernel's scaled path",
                   f"        return {name}_k({call}, **{name}_a)",
                   "    return y"]
         return lines, {5: "layer_norm (one row loop)"}
@@ -936,16 +940,14 @@ class NormalizeGradStep(LayerNormStep):
             lines.append(f"    return {name}_k(x, g, **{name}_a)")
             return lines, {1: "normalize_grad"}
         env[f"{name}_n"], env[f"{name}_e"] = self.native, _allocator(env["_empty"], self.spec)
-        flag = np.zeros(1, np.int64)
-        env[f"{name}_flag"], env[f"{name}_fp"] = flag, flag.ctypes.data
+        env[f"{name}_flag"] = _new_flag
         env[f"{name}_spec"] = (self.spec.shape, self.spec.dtype)
         lines += [f"    if not ((x.shape, x.dtype) == (g.shape, g.dtype) == {name}_spec",
                   "            and x.flags.c_contiguous and g.flags.c_contiguous):",
                   f"        return {name}_k(x, g, **{name}_a)",
-                  f"    dx, xh = {name}_e(), {name}_e()",
-                  f"    {name}_n(x.ctypes.data, g.ctypes.data, dx.ctypes.data, xh.ctypes.data, {name}_fp)",
-                  f"    if {name}_flag[0]:  # the kernel's overflow path",
-                  f"        {name}_flag[0] = 0",
+                  f"    dx, xh, flag = {name}_e(), {name}_e(), {name}_flag()",
+                  f"    {name}_n(x.ctypes.data, g.ctypes.data, dx.ctypes.data, xh.ctypes.data, flag.ctypes.data)",
+                  "    if flag[0]:  # the kernel's overflow path",
                   f"        return {name}_k(x, g, **{name}_a)",
                   "    return dx, xh"]
         return lines, {5: "normalize_grad (one row loop)"}
@@ -1187,8 +1189,7 @@ class CrossEntropyGradStep(SoftmaxRowStep):
         if self.native is None:
             return [*lines, f"    return {call}"], {1: self.kind}
         env[f"{name}_n"], env[f"{name}_e"] = self.native, _allocator(env["_empty"], self.spec)
-        flag = np.zeros(1, np.int64)
-        env[f"{name}_flag"], env[f"{name}_fp"] = flag, flag.ctypes.data
+        env[f"{name}_flag"] = _new_flag
         env[f"{name}_specs"] = [(self.specs[n].shape, self.specs[n].dtype) for n in self.inputs]
         env[f"{name}_c"] = np.ascontiguousarray
         same = " and ".join(f"({a}.shape, {a}.dtype) == {name}_specs[{k}] and {a}.flags.c_contiguous"
@@ -1196,10 +1197,9 @@ class CrossEntropyGradStep(SoftmaxRowStep):
         # (dloss per row is often a broadcast of one value, the gradient of a sum: a copy of it costs little)
         lines += [f"    if not ({same} and (d.shape, d.dtype) == {name}_specs[2]):",
                   f"        return {call}",
-                  f"    y, dc = {name}_e(), d if d.flags.c_contiguous else {name}_c(d)",
-                  f"    {name}_n(x.ctypes.data, t.ctypes.data, dc.ctypes.data, y.ctypes.data, {name}_fp)",
-                  f"    if {name}_flag[0]:  # a target out of range: the kernel names it",
-                  f"        {name}_flag[0] = 0",
+                  f"    y, dc, flag = {name}_e(), d if d.flags.c_contiguous else {name}_c(d), {name}_flag()",
+                  f"    {name}_n(x.ctypes.data, t.ctypes.data, dc.ctypes.data, y.ctypes.data, flag.ctypes.data)",
+                  "    if flag[0]:  # a target out of range: the kernel names it",
                   f"        return {call}",
                   "    return y"]
         return lines, {4: "cross_entropy_grad (one row loop)"}
@@ -1271,7 +1271,7 @@ class CrossEntropyStep(SoftmaxRowStep):
         rows = self.specs[self.inputs[0]].shape[0]
         env[f"{name}_n"], env[f"{name}_e"] = self.native, _allocator(env["_empty"], self.spec)
         env[f"{name}_rows"] = _allocator(env["_empty"], Spec((rows,), self.spec.dtype))
-        env[f"{name}_flag"] = functools.partial(np.zeros, 1, np.int64)  # one per call: runs may share the plan
+        env[f"{name}_flag"] = _new_flag
         env[f"{name}_specs"] = [(self.specs[n].shape, self.specs[n].dtype) for n in self.inputs]
         same = " and ".join(f"({a}.shape, {a}.dtype) == {name}_specs[{k}] and {a}.flags.c_contiguous"
                             for k, a in enumerate(("x", "t")))
@@ -1284,7 +1284,7 @@ class CrossEntropyStep(SoftmaxRowStep):
                   "    if flag[0]:  # a target out of range: the kernel names it",
                   f"        return {call}",
                   "    return y"]
-        return lines, {4: "cross_entropy (one row loop)"}
+        return lines, {5: "cross_entropy (one row loop)"}
 
 
 SOFTMAX_ROWS = {"softmax": ("x",), "log_softmax": ("x",), "softmax_grad": ("y", "dy"), "log_softmax_grad": ("y", "dy")}
