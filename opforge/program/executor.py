@@ -13,7 +13,8 @@ Preparing (once per distinct set of feed shapes) does the work eager mode repeat
      among its terms adds each by a GEMM into its one buffer (``opforge.program.gemm``); softmax, log_softmax, their
      gradients, cross_entropy and cross_entropy_grad over rows are one C loop per row each. With native code on,
      results are eager's within float rounding, not its bits: libm's exp/log/tanh (a few ulp), the rows' sums in
-     pairwise order rather than a BLAS dot, the GEMM steps' unrounded products (each module's docstring says what);
+     pairwise order rather than a BLAS dot, the GEMM steps' unrounded products and MKL's summation order where it
+     is chosen (each module's docstring says what);
      ``OPFORGE_NATIVE=0`` (or ``Executor(native=False)``) keeps one kernel call per op or block: eager's bits;
   4. liveness: each intermediate is dropped right after its last reader; a kernel that takes ``out=`` writes
      into its declared ``inplace`` input when that input dies at this op (or the other input of a commutative
