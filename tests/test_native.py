@@ -1232,6 +1232,13 @@ def test_cross_entropy_loop_takes_the_kernel_where_it_does_not_apply():
                                rtol=1e-15)
     (loss,) = exe.run(x=x, t=np.full(4, -100)).values()
     assert loss.shape == () and np.isnan(loss)
+    int32 = of.trace(lambda x, t: F.cross_entropy(x, t, reduction="sum"), x=of.Spec((4, 3), "float64"),
+                     t=of.Spec((4,), "int32"))
+    t32 = np.array([2, 0, -100, 1], np.int32)
+    assert "cross_entropy_row_step" in of.Executor(int32).plan(x=x, t=t32).source
+    (loss,) = of.Executor(int32).run(x=x, t=t32).values()
+    np.testing.assert_allclose(loss, F.cross_entropy(of.tensor(x), of.tensor(t32), reduction="sum").numpy(),
+                               rtol=1e-15)
     others = {
         "weight": (lambda x, t, w: F.cross_entropy(x, t, w), {"w": (np.ones(3), of.Spec((3,), "float64"))}),
         "smoothing": (lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1), {}),
