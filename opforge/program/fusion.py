@@ -74,7 +74,9 @@ class FusedOp:
         """Run the group as ``fn`` (a C loop that reads every input at an element before it writes the output there,
         so the output may go to any input of its Spec) instead of its members' kernels."""
         self.native, self.c_source = fn, c_source
-        self.inplace_inputs = [n for n in self.inputs if self.specs[n] == self.spec]
+        if len(self.members) > 1:  # (an op alone writes where its kernel may: where it runs its kernel, the buffers
+            # flow as without the loop; a conv's strided output taken for relu_grad's made each step allocate anew)
+            self.inplace_inputs = [n for n in self.inputs if self.specs[n] == self.spec]
         self.prepare(None)
 
     def input_names(self) -> list:
