@@ -724,7 +724,7 @@ def _inputs_c_ordered(op, opdef, var) -> str:
     CNN's relu, max-pool and their gradients took 3-4x their eager time. Such a call makes its output in its inputs'
     order instead. (Matmul writes C order whatever its operands' order: it keeps its buffer.) An op alone in a native
     loop (``native.single_loops``) is that op here: given inputs in another order, it runs its kernel."""
-    if isinstance(op, FusedOp) and len(op.members) == 1 and type(op) is FusedOp:
+    if isinstance(op, FusedOp) and op.alone:
         op = op.members[0][0]
         opdef = registry.get(op.type)
     if opdef is None or not ("elementwise" in opdef.traits or "broadcast" in opdef.traits):

@@ -45,6 +45,7 @@ class FusedOp:
     ``donated`` those of them that die in the group and own their buffers, which members may write into."""
 
     type = "fused"
+    alone = False  # one op standing alone (native.single_loops): it keeps its kernel's layouts and in-place slots
 
     def __init__(self, members: list, inputs: list, output: str, spec: Spec, specs: dict, donated: set):
         self.members = members
@@ -74,7 +75,7 @@ class FusedOp:
         """Run the group as ``fn`` (a C loop that reads every input at an element before it writes the output there,
         so the output may go to any input of its Spec) instead of its members' kernels."""
         self.native, self.c_source = fn, c_source
-        if len(self.members) > 1:  # (an op alone writes where its kernel may: where it runs its kernel, the buffers
+        if not self.alone:  # (an op alone writes where its kernel may: where it runs its kernel, the buffers
             # flow as without the loop; a conv's strided output taken for relu_grad's made each step allocate anew)
             self.inplace_inputs = [n for n in self.inputs if self.specs[n] == self.spec]
         self.prepare(None)
@@ -264,7 +265,7 @@ class FusedOp:
                             for k, (a, n) in enumerate(zip(args, self.inputs)))
         lines += [f"    if {check}:", f"        _mismatch({repr(self)!r}, ({inputs}), {name}_specs)"]
         env.setdefault("_mismatch", _mismatch)
-        if len(self.members) == 1:  # an op alone (native.single_loops): in another layout its kernel, which reads
+        if self.alone:  # an op alone (native.single_loops): in another layout its kernel, which reads
             # strides, beats copying each input for the loop (a conv's NHWC output read as NCHW: 2-4x)
             op, attrs, kernel = self.members[0]
             opdef = registry.get(op.type)

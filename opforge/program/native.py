@@ -559,7 +559,9 @@ def single_loops(ops: list, kernels: list, specs: dict) -> tuple[list, list]:
             if (None not in spec.shape and math.prod(spec.shape) >= SMALL and spec.dtype in CTYPES
                     and _operations(opdef.scalar_expression) >= SINGLE_MIN_OPERATIONS):
                 inputs = list(dict.fromkeys(op.input_names()))
-                new_ops.append((FusedOp([(op, attrs, kernel)], inputs, out, spec, specs, set()), {}))
+                alone = FusedOp([(op, attrs, kernel)], inputs, out, spec, specs, set())
+                alone.alone = True
+                new_ops.append((alone, {}))
                 new_kernels.append(Kernel(None, None, None, True, False, False))
                 continue
         new_ops.append((op, attrs))
@@ -571,7 +573,7 @@ def unwrap_singles(ops: list, kernels: list) -> tuple[list, list]:
     """The groups of one that ``compile_groups`` gave no loop, back as their op and kernel."""
     new_ops, new_kernels = [], []
     for (op, attrs), kernel in zip(ops, kernels):
-        if type(op) is FusedOp and len(op.members) == 1 and op.native is None:
+        if isinstance(op, FusedOp) and op.alone and op.native is None:
             member_op, member_attrs, kernel = op.members[0]
             op, attrs = member_op, member_attrs
         new_ops.append((op, attrs))
