@@ -780,6 +780,28 @@ def adam_steps(ops: list, kernels: list, specs: dict, updates: dict) -> tuple[li
 _new_flag = functools.partial(np.zeros, 1, np.int64)
 
 
+def _loop_head(step, name: str, env: dict, params: str, call: str, label: str) -> tuple[list, dict | None]:
+    """The first lines of a one-op loop step's Python side: its kernel and attrs bound in ``env`` (``<name>_k``,
+    ``<name>_a``) and its ``def`` line; where no loop was compiled, the kernel's ``call`` after it and the labels
+    (the step is then whole); else labels None, with the loop and its output's allocator in ``env``
+    (``<name>_n``, ``<name>_e``)."""
+    (_, attrs, kernel), = step.members
+    env[f"{name}_k"], env[f"{name}_a"] = kernel.bind(env["_device"]), attrs
+    lines = [f"def {name}({params}W, out=None):  # {step!r}, " + ("native" if step.native is not None else "kernel")]
+    if step.native is None:
+        return [*lines, f"    return {call}"], {1: label}
+    env[f"{name}_n"], env[f"{name}_e"] = step.native, _allocator(env["_empty"], step.spec)
+    return lines, None
+
+
+def _as_planned(step, name: str, env: dict, args) -> str:
+    """The generated test that the arrays ``args`` (the step's first inputs) have the plan's shapes and dtypes and are
+    C-ordered, as the loop reads them; ``<name>_specs`` in ``env``."""
+    env[f"{name}_specs"] = [(step.specs[n].shape, step.specs[n].dtype) for n in step.inputs]
+    return " and ".join(f"({a}.shape, {a}.dtype) == {name}_specs[{k}] and {a}.flags.c_contiguous"
+                        for k, a in enumerate(args))
+
+
 class LayerNormStep(FusedOp):
     """A ``layer_norm`` over C-ordered rows (``inputs`` [x, weight?, bias?], one dtype, float32 or float64) as one loop
     per row: mean, x − μ, the variance, the kernel's recentring (``_recentred``) where the rounding of μ matters, then
@@ -850,23 +872,18 @@ class LayerNormStep(FusedOp):
             "}"])
 
     def source(self, name: str, pools: list, env: dict) -> tuple[list, dict]:
-        (op, attrs, kernel), = self.members
+        op = self.members[0][0]
         args = [f"i{k}" for k in range(len(self.inputs))]
         given = iter(args)  # the kernel's x, weight, bias: None where the op has none
         call = ", ".join(next(given) if op.inputs.get(p) else "None" for p in ("x", "weight", "bias"))
-        env[f"{name}_k"], env[f"{name}_a"] = kernel.bind(env["_device"]), attrs
-        lines = [f"def {name}({''.join(a + ', ' for a in args)}W, out=None):  # {self!r}, "
-                 + ("native" if self.native is not None else "kernel")]
-        if self.native is None:
-            lines.append(f"    return {name}_k({call}, **{name}_a)")
-            return lines, {1: "layer_norm"}
-        env[f"{name}_n"], env[f"{name}_e"] = self.native, _allocator(env["_empty"], self.spec)
+        lines, labels = _loop_head(self, name, env, "".join(a + ", " for a in args), f"{name}_k({call}, **{name}_a)",
+                                   "layer_norm")
+        if labels:
+            return lines, labels
         env[f"{name}_flag"] = _new_flag
-        env[f"{name}_specs"] = [(self.specs[n].shape, self.specs[n].dtype) for n in self.inputs]
         # The loop reads rows of the plan's static shapes, C-ordered: other arrays take the kernel (which also
         # names a shape error as layer_norm's).
-        same = " and ".join(f"({a}.shape, {a}.dtype) == {name}_specs[{k}] and {a}.flags.c_contiguous"
-                            for k, a in enumerate(args))
+        same = _as_planned(self, name, env, args)
         lines += [f"    if not ({same}):",
                   f"        return {name}_k({call}, **{name}_a)",
                   f"    y, flag = {name}_e(), {name}_flag()",
@@ -874,7 +891,7 @@ class LayerNormStep(FusedOp):
                   "    if flag[0]:  # a row whose variance overflowed: the kernel's scaled path",
                   f"        return {name}_k({call}, **{name}_a)",
                   "    return y"]
-        return lines, {5: "layer_norm (one row loop)"}
+        return lines, {4: "layer_norm (one row loop)"}
 
 
 class NormalizeGradStep(LayerNormStep):
@@ -935,24 +952,18 @@ class NormalizeGradStep(LayerNormStep):
             "}"])
 
     def source(self, name: str, pools: list, env: dict) -> tuple[list, dict]:
-        (_, attrs, kernel), = self.members
-        env[f"{name}_k"], env[f"{name}_a"] = kernel.bind(env["_device"]), attrs
-        lines = [f"def {name}(x, g, W, out=None):  # {self!r}, " + ("native" if self.native is not None else "kernel")]
-        if self.native is None:
-            lines.append(f"    return {name}_k(x, g, **{name}_a)")
-            return lines, {1: "normalize_grad"}
-        env[f"{name}_n"], env[f"{name}_e"] = self.native, _allocator(env["_empty"], self.spec)
+        lines, labels = _loop_head(self, name, env, "x, g, ", f"{name}_k(x, g, **{name}_a)", "normalize_grad")
+        if labels:
+            return lines, labels
         env[f"{name}_flag"] = _new_flag
-        env[f"{name}_spec"] = (self.spec.shape, self.spec.dtype)
-        lines += [f"    if not ((x.shape, x.dtype) == (g.shape, g.dtype) == {name}_spec",
-                  "            and x.flags.c_contiguous and g.flags.c_contiguous):",
+        lines += [f"    if not ({_as_planned(self, name, env, ('x', 'g'))}):",
                   f"        return {name}_k(x, g, **{name}_a)",
                   f"    dx, xh, flag = {name}_e(), {name}_e(), {name}_flag()",
                   f"    {name}_n(x.ctypes.data, g.ctypes.data, dx.ctypes.data, xh.ctypes.data, flag.ctypes.data)",
                   "    if flag[0]:  # the kernel's overflow path",
                   f"        return {name}_k(x, g, **{name}_a)",
                   "    return dx, xh"]
-        return lines, {5: "normalize_grad (one row loop)"}
+        return lines, {4: "normalize_grad (one row loop)"}
 
 
 def _row_sums(name: str, t: str) -> str:
@@ -1107,18 +1118,13 @@ class SoftmaxRowStep(LayerNormStep):
             "}"])
 
     def source(self, name: str, pools: list, env: dict) -> tuple[list, dict]:
-        (_, attrs, kernel), = self.members
         args = [f"i{k}" for k in range(len(self.inputs))]
-        env[f"{name}_k"], env[f"{name}_a"] = kernel.bind(env["_device"]), attrs
         call = f"{name}_k({', '.join(args)}, **{name}_a)"
-        lines = [f"def {name}({''.join(a + ', ' for a in args)}W, out=None):  # {self!r}, "
-                 + ("native" if self.native is not None else "kernel")]
-        if self.native is None:
-            return [*lines, f"    return {call}"], {1: self.kind}
-        env[f"{name}_n"], env[f"{name}_e"] = self.native, _allocator(env["_empty"], self.spec)
-        env[f"{name}_spec"] = (self.spec.shape, self.spec.dtype)
+        lines, labels = _loop_head(self, name, env, "".join(a + ", " for a in args), call, self.kind)
+        if labels:
+            return lines, labels
         # The loop reads rows of the plan's static shape, C-ordered: other arrays take the kernel.
-        same = " and ".join(f"({a}.shape, {a}.dtype) == {name}_spec and {a}.flags.c_contiguous" for a in args)
+        same = _as_planned(self, name, env, args)
         lines += [f"    if not ({same}):",
                   f"        return {call}",
                   f"    y = {name}_e()",
@@ -1183,19 +1189,13 @@ class CrossEntropyGradStep(SoftmaxRowStep):
             "}"])
 
     def source(self, name: str, pools: list, env: dict) -> tuple[list, dict]:
-        (_, attrs, kernel), = self.members
-        env[f"{name}_k"], env[f"{name}_a"] = kernel.bind(env["_device"]), attrs
         call = f"{name}_k(x, t, d, None, None, None, **{name}_a)"
-        lines = [f"def {name}(x, t, d, W, out=None):  # {self!r}, "
-                 + ("native" if self.native is not None else "kernel")]
-        if self.native is None:
-            return [*lines, f"    return {call}"], {1: self.kind}
-        env[f"{name}_n"], env[f"{name}_e"] = self.native, _allocator(env["_empty"], self.spec)
+        lines, labels = _loop_head(self, name, env, "x, t, d, ", call, self.kind)
+        if labels:
+            return lines, labels
         env[f"{name}_flag"] = _new_flag
-        env[f"{name}_specs"] = [(self.specs[n].shape, self.specs[n].dtype) for n in self.inputs]
         env[f"{name}_c"] = np.ascontiguousarray
-        same = " and ".join(f"({a}.shape, {a}.dtype) == {name}_specs[{k}] and {a}.flags.c_contiguous"
-                            for k, a in enumerate(("x", "t")))
+        same = _as_planned(self, name, env, ("x", "t"))
         # (dloss per row is often a broadcast of one value, the gradient of a sum: a copy of it costs little)
         lines += [f"    if not ({same} and (d.shape, d.dtype) == {name}_specs[2]):",
                   f"        return {call}",
@@ -1264,20 +1264,15 @@ class CrossEntropyStep(SoftmaxRowStep):
             "}"])
 
     def source(self, name: str, pools: list, env: dict) -> tuple[list, dict]:
-        (_, attrs, kernel), = self.members
-        env[f"{name}_k"], env[f"{name}_a"] = kernel.bind(env["_device"]), attrs
         call = f"{name}_k(x, t, None, **{name}_a)"  # (the plan makes a 0-d result, a NumPy scalar, an array)
-        lines = [f"def {name}(x, t, W, out=None):  # {self!r}, " + ("native" if self.native is not None else "kernel")]
-        if self.native is None:
-            return [*lines, f"    return {call}"], {1: "cross_entropy"}
+        lines, labels = _loop_head(self, name, env, "x, t, ", call, "cross_entropy")
+        if labels:
+            return lines, labels
         rows = self.specs[self.inputs[0]].shape[0]
-        env[f"{name}_n"], env[f"{name}_e"] = self.native, _allocator(env["_empty"], self.spec)
         env[f"{name}_rows"] = _allocator(env["_empty"], Spec((rows,), self.spec.dtype))
         env[f"{name}_flag"] = _new_flag
-        env[f"{name}_specs"] = [(self.specs[n].shape, self.specs[n].dtype) for n in self.inputs]
-        same = " and ".join(f"({a}.shape, {a}.dtype) == {name}_specs[{k}] and {a}.flags.c_contiguous"
-                            for k, a in enumerate(("x", "t")))
-        none = attrs["reduction"] == "none"
+        same = _as_planned(self, name, env, ("x", "t"))
+        none = self.members[0][1]["reduction"] == "none"
         lines += [f"    if not ({same}):",
                   f"        return {call}",
                   f"    y, flag = {name}_e(), {name}_flag()",
