@@ -271,8 +271,11 @@ def test_the_compiled_library_is_cached_on_disk_for_other_processes(tmp_path):
             for _ in range(2)]
     assert runs[0].stdout == runs[1].stdout
     compiles = [line for line in log.read_text().splitlines() if "--version" not in line]
-    assert len(compiles) == 1  # the second process loaded the first one's library
-    assert len(list((tmp_path / "cache" / "native").glob("*.so"))) == 1
+    loops = [line for line in compiles if "fastcall.c" not in line]
+    assert len(loops) == 1  # the second process loaded the first one's library
+    assert len(compiles) - len(loops) <= 1  # and the call extension (opforge.program.fastcall), built once too
+    libraries = (tmp_path / "cache" / "native").glob("*.so")
+    assert len([p for p in libraries if not p.name.startswith("fastcall-")]) == 1
 
 
 def test_an_input_the_shape_rules_did_not_promise_fails_before_the_loop_reads_it():
@@ -889,6 +892,8 @@ def test_a_row_loop_reads_the_flag_of_its_own_call(case):
     exe = of.Executor(program)
     plan = exe.plan(**flagged)
     (loop,) = [k for k in plan.fn.__globals__ if k.startswith("k") and k.endswith("_n")]
+    if "_call" in plan.fn.__globals__:  # the plan's one loop called through opforge.program.fastcall
+        loop = "_call"
     native, calls = plan.fn.__globals__[loop], []
 
     def interleaved(*pointers):

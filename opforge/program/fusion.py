@@ -30,6 +30,7 @@ import numpy as np
 from ..core.errors import ShapeError
 from ..core.opdef import Kernel, registry
 from ..core.spec import Spec
+from . import fastcall
 
 # Elements per block. Blocking pays where a group's arrays outgrow the caches: on this machine (1 MiB of L2 and
 # 32 MiB of L3), a 9-op float32 group on whole arrays costs 1.2 ns per element at 250K elements, 1.9 at 1M and 3.4
@@ -284,7 +285,7 @@ class FusedOp:
                   if self.specs[n].shape != ()]
         lines += [f"    dst = out if out is not None and out.flags.c_contiguous and not _overlap(out, ({inputs})) "
                   f"else {name}_e()",
-                  f"    {name}_n({''.join(f'{a}.ctypes.data, ' for a in args)}dst.ctypes.data)",
+                  f"    {fastcall.pointer_call(name + '_n', [*args, 'dst'], env)}",
                   "    if out is not None and dst is not out:", "        _copyto(out, dst)", "        dst = out",
                   "    return dst"]
         env.setdefault("_contiguous", np.ascontiguousarray)

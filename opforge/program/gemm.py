@@ -41,6 +41,7 @@ import numpy as np
 
 from ..core.errors import ArgumentError
 from ..core.opdef import Kernel, registry
+from . import fastcall
 from .desc import OpDesc
 from .fusion import FusedOp, _allocator
 
@@ -132,6 +133,8 @@ class Blas:
 
     def __init__(self, name: str, gemm: dict, version: str, why: str):
         self.name, self.gemm, self.version, self.why = name, gemm, version, why
+        # (sgemm, dgemm) addresses for fastcall.gemm, or None
+        self.addresses = tuple(fastcall.address(gemm[d]) for d in FLOATS) if all(d in gemm for d in FLOATS) else None
 
     def __repr__(self) -> str:
         return f"Blas({self.name}, {self.version!r}: {self.why})"
@@ -212,6 +215,11 @@ def _gemm(dtype):
 def add_product(c, alpha: float, a, b, beta: float = 1.0) -> None:
     """``c = alpha · (a @ b) + beta · c`` in place: ``c`` a C-ordered (m, n) array, ``a`` (m, k), ``b`` (k, n), one
     dtype. With beta = 0, c's old values are not read (BLAS's contract: NaN there does not propagate)."""
+    chosen, fast = blas(), fastcall.module()
+    if fast is not None and chosen.addresses is not None:  # the same call, its checks in C (fastcall's docstring)
+        if not fast.gemm(*chosen.addresses, c, alpha, a, b, beta):  # an operand BLAS cannot read in place
+            fast.gemm(*chosen.addresses, c, alpha, np.ascontiguousarray(a), np.ascontiguousarray(b), beta)
+        return
     gemm = _gemm(c.dtype)
     if gemm is not None:
         a = a if _row_major(a) else np.ascontiguousarray(a)

@@ -1,0 +1,248 @@
+"""Calling native code from a plan without ctypes' per-argument cost: a small CPython extension, compiled on first
+use like the plans' loops (``opforge.program.native``) and cached beside them.
+
+A native step used to pass each array as ``a.ctypes.data`` to a ctypes function. That property builds a Python
+object per array (NumPy's ``_ctypes`` class, written in Python) and ctypes converts each argument again: measured on
+this project's machine (one thread), 1.3 µs per array, and 12 µs for the first array after a large GEMM has pushed
+the interpreter's data out of the core's caches (every step of a compiled Hessian-vector product runs in that state);
+a GEMM through ``add_product`` (layout checks in Python, three pointers, fourteen ctypes arguments) 8.6 µs of Python
+a call, 22.6 µs cold. Here the same calls take the arrays themselves:
+
+- ``call(address, *arguments)``: calls the C function at ``address`` (``void f(T *a, T *b, ...)``, every argument
+  a pointer) with each argument's data pointer: an array's (``PyArray_DATA``), or an int taken as an address. The GIL
+  is released during the call, as ctypes releases it.
+- ``gemm(sgemm, dgemm, c, alpha, a, b, beta)``: ``c = alpha · a @ b + beta · c`` through a CBLAS ``?gemm`` with
+  64-bit ints (the two addresses, by dtype), reading each operand in place where BLAS can (row-major or its transpose)
+  and returning False where it cannot, for the caller to copy; the checks ``add_product`` made in Python, in C.
+
+Nothing changes in what is computed: the same C functions and the same BLAS calls get the same pointers. Where the
+extension cannot be built (no C compiler, no Python headers), ``module()`` is None and the callers keep ctypes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+MAX_ARGUMENTS = 32  # pointers a native function called through ``call`` may take (a fused group's inputs and outputs)
+
+_CALL_CASE = "    case {n}: ((void (*)({types}))f)({args}); break;"
+
+SOURCE = r"""
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+#include <stdint.h>
+
+static int pointer(PyObject *o, void **p, Py_ssize_t k) {
+  if (PyArray_Check(o)) { *p = PyArray_DATA((PyArrayObject *)o); return 0; }
+  if (PyLong_Check(o)) { *p = PyLong_AsVoidPtr(o); return PyErr_Occurred() ? -1 : 0; }
+  PyErr_Format(PyExc_TypeError, "opforge native call: argument %zd is %.200s, not a NumPy array or an address",
+               k, Py_TYPE(o)->tp_name);
+  return -1;
+}
+
+static PyObject *call(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  void *p[MAX_ARGUMENTS];
+  if (nargs < 1 || nargs > MAX_ARGUMENTS + 1) {
+    PyErr_Format(PyExc_TypeError, "opforge native call: %zd arguments (1 to %d)", nargs, MAX_ARGUMENTS + 1);
+    return NULL;
+  }
+  void *f = PyLong_AsVoidPtr(args[0]);
+  if (f == NULL) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "opforge native call: a null function address");
+    return NULL;
+  }
+  for (Py_ssize_t k = 1; k < nargs; k++)
+    if (pointer(args[k], &p[k - 1], k) < 0) return NULL;
+  Py_BEGIN_ALLOW_THREADS
+  switch (nargs - 1) {
+CASES
+  }
+  Py_END_ALLOW_THREADS
+  Py_RETURN_NONE;
+}
+
+typedef void (*sgemm_t)(int, int, int, int64_t, int64_t, int64_t, float, const float *, int64_t, const float *,
+                        int64_t, float, float *, int64_t);
+typedef void (*dgemm_t)(int, int, int, int64_t, int64_t, int64_t, double, const double *, int64_t, const double *,
+                        int64_t, double, double *, int64_t);
+
+/* (trans, leading dimension) of a 2-D array as row-major BLAS reads it in place; 0 if it cannot */
+static int row_major(PyArrayObject *m, int *trans, int64_t *ld) {
+  npy_intp item = PyArray_ITEMSIZE(m), *s = PyArray_STRIDES(m), *d = PyArray_DIMS(m);
+  if (s[1] == item && s[0] % item == 0 && s[0] >= (d[1] > 1 ? d[1] : 1) * item) {
+    *trans = 111; *ld = s[0] / item; return 1;
+  }
+  if (s[0] == item && s[1] % item == 0 && s[1] >= (d[0] > 1 ? d[0] : 1) * item) {
+    *trans = 112; *ld = s[1] / item; return 1;
+  }
+  return 0;
+}
+
+static PyObject *gemm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 7) {
+    PyErr_SetString(PyExc_TypeError, "gemm(sgemm, dgemm, c, alpha, a, b, beta)");
+    return NULL;
+  }
+  PyObject *c = args[2], *a = args[4], *b = args[5];
+  if (!PyArray_Check(c) || !PyArray_Check(a) || !PyArray_Check(b)) {
+    PyErr_SetString(PyExc_TypeError, "opforge gemm: c, a and b must be NumPy arrays");
+    return NULL;
+  }
+  PyArrayObject *C = (PyArrayObject *)c, *A = (PyArrayObject *)a, *B = (PyArrayObject *)b;
+  int type = PyArray_TYPE(C);
+  if (PyArray_NDIM(A) != 2 || PyArray_NDIM(B) != 2 || PyArray_NDIM(C) != 2
+      || PyArray_TYPE(A) != type || PyArray_TYPE(B) != type || (type != NPY_FLOAT32 && type != NPY_FLOAT64)
+      || !PyArray_ISNOTSWAPPED(A) || !PyArray_ISNOTSWAPPED(B) || !PyArray_ISNOTSWAPPED(C)) {
+    PyErr_SetString(PyExc_TypeError, "opforge gemm: c, a and b must be 2-D arrays of one dtype, float32 or float64");
+    return NULL;
+  }
+  int64_t m = PyArray_DIM(A, 0), k = PyArray_DIM(A, 1), n = PyArray_DIM(B, 1);
+  if (PyArray_DIM(B, 0) != k || PyArray_DIM(C, 0) != m || PyArray_DIM(C, 1) != n) {
+    PyErr_Format(PyExc_ValueError, "opforge gemm: shapes (%lld, %lld) @ (%lld, %lld) into (%lld, %lld)",
+                 (long long)m, (long long)k, (long long)PyArray_DIM(B, 0), (long long)n,
+                 (long long)PyArray_DIM(C, 0), (long long)PyArray_DIM(C, 1));
+    return NULL;
+  }
+  if (!PyArray_IS_C_CONTIGUOUS(C) || !PyArray_ISWRITEABLE(C)) {
+    PyErr_SetString(PyExc_ValueError, "opforge gemm: c must be a writeable C-ordered array");
+    return NULL;
+  }
+  int ta, tb;
+  int64_t lda, ldb;
+  if (!row_major(A, &ta, &lda) || !row_major(B, &tb, &ldb)) Py_RETURN_FALSE;
+  double alpha = PyFloat_AsDouble(args[3]), beta = PyFloat_AsDouble(args[6]);
+  if (PyErr_Occurred()) return NULL;
+  void *f = PyLong_AsVoidPtr(args[type == NPY_FLOAT32 ? 0 : 1]);
+  if (f == NULL) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "opforge gemm: a null function address");
+    return NULL;
+  }
+  int64_t ldc = n > 1 ? n : 1;
+  Py_BEGIN_ALLOW_THREADS
+  if (type == NPY_FLOAT32)
+    ((sgemm_t)f)(101, ta, tb, m, n, k, (float)alpha, PyArray_DATA(A), lda, PyArray_DATA(B), ldb, (float)beta,
+                 PyArray_DATA(C), ldc);
+  else
+    ((dgemm_t)f)(101, ta, tb, m, n, k, alpha, PyArray_DATA(A), lda, PyArray_DATA(B), ldb, beta, PyArray_DATA(C), ldc);
+  Py_END_ALLOW_THREADS
+  Py_RETURN_TRUE;
+}
+
+static PyMethodDef methods[] = {
+  {"call", (PyCFunction)(void (*)(void))call, METH_FASTCALL, "call(address, *arrays): a native function's call"},
+  {"gemm", (PyCFunction)(void (*)(void))gemm, METH_FASTCALL, "gemm(sgemm, dgemm, c, alpha, a, b, beta) -> bool"},
+  {NULL, NULL, 0, NULL}
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "opforge_fastcall", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit_opforge_fastcall(void) {
+  import_array();
+  return PyModule_Create(&module);
+}
+"""
+
+
+@functools.cache
+def compiler() -> str | None:
+    """The C compiler native code is built with (``CC``, else ``cc``), or None."""
+    return shutil.which(os.environ.get("CC", "cc"))
+
+
+def cache_dir() -> Path:
+    """Where built libraries are kept for other processes (the module docstring of ``opforge.program.native``)."""
+    if os.environ.get("OPFORGE_CACHE_DIR"):
+        return Path(os.environ["OPFORGE_CACHE_DIR"]) / "native"
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "opforge" / "native"
+
+
+@functools.cache
+def toolchain() -> str:
+    """What a built library depends on besides its source: the compiler's version and the CPU's flags."""
+    version = subprocess.run([compiler(), "--version"], capture_output=True, text=True).stdout
+    try:
+        cpu = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
+    except OSError:
+        cpu = ""
+    return version + cpu
+
+
+def _source() -> str:
+    cases = []
+    for n in range(1, MAX_ARGUMENTS + 1):
+        cases.append(_CALL_CASE.format(n=n, types=", ".join(["void *"] * n),
+                                       args=", ".join(f"p[{k}]" for k in range(n))))
+    return f"#define MAX_ARGUMENTS {MAX_ARGUMENTS}\n" + SOURCE.replace("CASES", "\n".join(cases))
+
+
+def _load(path: Path):
+    loader = importlib.machinery.ExtensionFileLoader("opforge_fastcall", str(path))
+    spec = importlib.util.spec_from_file_location("opforge_fastcall", str(path), loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+@functools.cache
+def module():
+    """The extension (``call``, ``gemm``), built or loaded from the native cache; None where it cannot be (no
+    compiler, no Python or NumPy headers), or with ``OPFORGE_FASTCALL=0``."""
+    if os.environ.get("OPFORGE_FASTCALL", "1").strip() == "0" or compiler() is None:
+        return None
+    include = sysconfig.get_paths().get("include")
+    if not include or not (Path(include) / "Python.h").exists():
+        return None
+    source = _source()
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    key = hashlib.sha256("\n".join([toolchain(), sys.version, np.__version__, np.get_include(), include,
+                                    suffix, source]).encode()).hexdigest()[:32]
+    path = cache_dir() / f"fastcall-{key}{suffix}"
+    try:
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory() as tmp:
+                c_file, so_file = Path(tmp) / "fastcall.c", Path(tmp) / f"fastcall{suffix}"
+                c_file.write_text(source)
+                done = subprocess.run([compiler(), "-O2", "-fPIC", "-shared", f"-I{include}",
+                                       f"-I{np.get_include()}", str(c_file), "-o", str(so_file)],
+                                      capture_output=True, text=True)
+                if done.returncode != 0:
+                    return None
+                os.replace(so_file, path)  # atomic: another process sees the whole file or none
+        return _load(path)
+    except (OSError, ImportError):
+        return None
+
+
+def address(fn) -> int:
+    """The address of a ctypes function (what ``call`` takes)."""
+    return ctypes.cast(fn, ctypes.c_void_p).value
+
+
+def pointer_call(function: str, arrays: list, env: dict, addresses: tuple = ()) -> str:
+    """The Python expression calling the native function ``env[function]`` with the data pointers of ``arrays`` (the
+    names of array variables) and then ``addresses`` (names of ints): through ``call`` here where the extension
+    is built (the arrays passed as they are), else ctypes with each ``.ctypes.data``."""
+    fast = module()
+    if fast is not None and len(arrays) + len(addresses) <= MAX_ARGUMENTS:
+        env.setdefault("_call", fast.call)
+        env[f"{function}_at"] = address(env[function])
+        return f"_call({function}_at, {', '.join([*arrays, *addresses])})"
+    return f"{function}({', '.join([*(a + '.ctypes.data' for a in arrays), *addresses])})"
+

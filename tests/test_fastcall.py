@@ -1,0 +1,147 @@
+"""opforge.program.fastcall: native steps and GEMMs called with the arrays themselves, not ``.ctypes.data``: the same
+C functions get the same pointers (bits equal to the ctypes path), and what the C side cannot take is refused loudly
+or handed back to the Python path, never read wrongly."""
+
+import ctypes
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import opforge as of
+from opforge import ops as F
+from opforge.program import fastcall, gemm, native
+
+pytestmark = pytest.mark.skipif(native.compiler() is None or fastcall.module() is None,
+                                reason="no C compiler or no Python headers: native steps keep ctypes")
+
+
+def _sgemm():
+    chosen = gemm.blas()
+    if chosen.addresses is None:
+        pytest.skip("no CBLAS ?gemm with 64-bit ints found")
+    return chosen
+
+
+def _ctypes_product(c, alpha, a, b, beta):
+    """The same product through the library's ctypes function, as add_product called it before fastcall."""
+    fn = gemm.blas().gemm[c.dtype]
+    (ta, lda), (tb, ldb) = gemm._row_major(a), gemm._row_major(b)
+    (m, k), n = a.shape, b.shape[1]
+    fn(gemm.ROW_MAJOR, ta, tb, m, n, k, alpha, a.ctypes.data, lda, b.ctypes.data, ldb, beta, c.ctypes.data, n)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("layout", ["nn", "nt", "tn", "tt", "strided rows"])
+def test_gemm_gives_the_ctypes_calls_bits_for_every_layout_blas_reads(dtype, layout):
+    chosen = _sgemm()
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((37, 45)).astype(dtype)
+    b = rng.standard_normal((45, 29)).astype(dtype)
+    if "t" in layout[:1]:
+        a = np.asfortranarray(a)
+    if layout[1:2] == "t":
+        b = np.asfortranarray(b)
+    if layout == "strided rows":  # every other row of a larger array: lda = 2·k
+        a = rng.standard_normal((74, 45)).astype(dtype)[::2]
+    c0 = rng.standard_normal((37, 29)).astype(dtype)
+    fast, slow = c0.copy(), c0.copy()
+    assert fastcall.module().gemm(*chosen.addresses, fast, 0.5, a, b, 1.0) is True
+    _ctypes_product(slow, 0.5, a, b, 1.0)
+    np.testing.assert_array_equal(fast, slow)
+    np.testing.assert_allclose(fast, c0 + 0.5 * (a.astype(np.float64) @ b),
+                               rtol=1e-4 if dtype == np.float32 else 1e-12, atol=1e-5 if dtype == np.float32 else 1e-12)
+
+
+def test_gemm_hands_back_an_operand_blas_cannot_read_and_add_product_copies_it():
+    chosen = _sgemm()
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((8, 12)).astype(np.float32)[:, ::2]  # neither dim contiguous
+    b = rng.standard_normal((6, 5)).astype(np.float32)
+    c = np.zeros((8, 5), np.float32)
+    assert fastcall.module().gemm(*chosen.addresses, c, 1.0, a, b, 0.0) is False
+    assert not c.any()  # nothing written
+    gemm.add_product(c, 1.0, a, b, beta=0.0)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-5)
+
+
+def test_gemm_refuses_what_it_must_not_read():
+    chosen, fast = _sgemm(), fastcall.module()
+    a, b, c = np.ones((4, 3), np.float32), np.ones((3, 2), np.float32), np.zeros((4, 2), np.float32)
+    with pytest.raises(TypeError, match="one dtype"):
+        fast.gemm(*chosen.addresses, c, 1.0, a.astype(np.float64), b, 0.0)
+    with pytest.raises(TypeError, match="2-D"):
+        fast.gemm(*chosen.addresses, c, 1.0, a.reshape(12), b, 0.0)
+    with pytest.raises(TypeError, match="NumPy arrays"):
+        fast.gemm(*chosen.addresses, c, 1.0, a.tolist(), b, 0.0)
+    with pytest.raises(ValueError, match=r"shapes \(4, 3\) @ \(3, 2\) into \(2, 4\)"):
+        fast.gemm(*chosen.addresses, np.zeros((2, 4), np.float32), 1.0, a, b, 0.0)
+    with pytest.raises(ValueError, match="C-ordered"):
+        fast.gemm(*chosen.addresses, np.zeros((2, 4), np.float32).T, 1.0, a, b, 0.0)
+    frozen = np.zeros((4, 2), np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="writeable"):
+        fast.gemm(*chosen.addresses, frozen, 1.0, a, b, 0.0)
+    swapped = a.astype(">f4")
+    with pytest.raises(TypeError):
+        fast.gemm(*chosen.addresses, c, 1.0, swapped, b, 0.0)
+    assert not c.any()
+
+
+def test_call_passes_each_arrays_data_and_each_int_as_an_address():
+    libc = ctypes.CDLL(None)
+    memcpy = fastcall.address(libc.memcpy)
+    src = np.arange(6, dtype=np.float64)[::-1].copy()
+    dst = np.zeros(6)
+    fastcall.module().call(memcpy, dst, src, 48)  # memcpy(dst, src, n): an int goes as it is (here the size)
+    np.testing.assert_array_equal(dst, src)
+
+
+def test_call_refuses_what_is_not_an_array_or_an_address():
+    libc = ctypes.CDLL(None)
+    memcpy, call = fastcall.address(libc.memcpy), fastcall.module().call
+    dst = np.zeros(2)
+    with pytest.raises(TypeError, match="argument 2 is list, not a NumPy array or an address"):
+        call(memcpy, dst, [1.0, 2.0], 16)
+    with pytest.raises(TypeError, match=r"argument 1 is numpy\.float64"):  # a NumPy scalar: not an array
+        call(memcpy, np.float64(1.0), dst, 8)
+    with pytest.raises(TypeError, match="arguments"):
+        call(memcpy, *([dst] * (fastcall.MAX_ARGUMENTS + 1)))
+    with pytest.raises(ValueError, match="null function address"):
+        call(0, dst)
+
+
+PROGRAM = """
+rng = np.random.default_rng(2)
+x, w = rng.standard_normal((64, 96)).astype(np.float32), rng.standard_normal((128, 96)).astype(np.float32)
+program = of.trace(lambda x, w: {"out": F.softmax(F.tanh(F.linear(x, w)) * 2.0 + 0.5, axis=-1)},
+                   x=of.Spec(x.shape, x.dtype), w=of.Spec(w.shape, w.dtype))
+"""
+
+
+def test_a_plans_native_steps_go_through_call_and_give_the_ctypes_paths_bits(tmp_path):
+    space = {"np": np, "of": of, "F": F}
+    exec(PROGRAM, space)
+    program, x, w = space["program"], space["x"], space["w"]
+    plan = of.Executor(program, native=True).plan(x=x, w=w)
+    assert "_call(" in plan.source and ".ctypes.data" not in plan.source
+    out = of.Executor(program, native=True).run(x=x, w=w)["out"]
+    script = textwrap.dedent("""
+        import sys, numpy as np
+        sys.path.insert(0, sys.argv[1])
+        import opforge as of
+        from opforge import ops as F
+        exec(sys.argv[3])
+        exe = of.Executor(program, native=True)
+        source = exe.plan(x=x, w=w).source
+        assert "_call(" not in source and ".ctypes.data" in source, source
+        np.save(sys.argv[2], exe.run(x=x, w=w)["out"])
+    """)
+    root = Path(of.__file__).parent.parent
+    env = dict(os.environ, OPFORGE_FASTCALL="0")
+    subprocess.run([sys.executable, "-c", script, str(root), str(tmp_path / "out.npy"), PROGRAM], env=env, check=True)
+    np.testing.assert_array_equal(out, np.load(tmp_path / "out.npy"))
