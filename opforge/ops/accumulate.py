@@ -28,8 +28,9 @@ def add_n(xs, out=None):
         else:
             rest = xs[:into] + xs[into + 1:]
         total = out
-    for x in rest:
-        if np.result_type(total, x) == total.dtype and np.broadcast_shapes(total.shape, x.shape) == total.shape:
+    for x in rest:  # (the common case first: NumPy's result_type and broadcast_shapes cost 10 µs or more cold)
+        if (x.shape == total.shape and x.dtype == total.dtype) or (
+                np.result_type(total, x) == total.dtype and np.broadcast_shapes(total.shape, x.shape) == total.shape):
             np.add(total, x, out=total)  # total is our own array: accumulate into it
         else:
             total = total + x

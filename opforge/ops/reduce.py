@@ -63,8 +63,9 @@ def _reduce_samples(rng):
 @op("sum(Tensor x, int[] axis/dim=None, bool keepdim/keepdims=False) -> Tensor y")
 def sum(x, *, axis, keepdim):
     """Sum over ``axis`` (all axes when None). Integer and bool tensors sum to int64."""
-    axes = reduction_axes("sum", axis, x.ndim)
-    return np.sum(x, axis=axes, keepdims=keepdim, dtype=None if D.is_floating(x.dtype) else np.int64)
+    axes = None if axis is None else reduction_axes("sum", axis, x.ndim)  # (None: every axis, as all of them)
+    # the array's method: np.sum's reduce without its Python wrapper (10 µs against 21 cold, 2.0 against 4.4 warm)
+    return x.sum(axis=axes, keepdims=keepdim, dtype=None if D.is_floating(x.dtype) else np.int64)
 
 
 @sum.onnx

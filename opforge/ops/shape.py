@@ -120,7 +120,10 @@ def _(rng):
 @op("transpose(Tensor x, *, int[] perm=None) -> Tensor y", traits=["view"])
 def transpose(x, *, perm):
     """Permutes the dims (reverses them when ``perm`` is None)."""
-    return np.transpose(x, perm)
+    # The array's own method, which np.transpose calls after its Python wrapper: a compiled plan runs this right
+    # after large GEMMs have pushed the interpreter out of the core's caches, where each wrapper costs several µs
+    # (measured: 4.9 µs for np.transpose cold against 2.4 for the method; 0.8 against 0.3 warm).
+    return x.transpose() if perm is None else x.transpose(perm)
 
 
 @transpose.onnx
@@ -370,7 +373,12 @@ def _(rng):
 @op("unsqueeze(Tensor x, int axis/dim) -> Tensor y", traits=["view"])
 def unsqueeze(x, *, axis):
     """Inserts a dim of size 1 at ``axis`` (in [-ndim-1, ndim], counted in the result)."""
-    return np.expand_dims(x, axis)
+    a = axis + x.ndim + 1 if axis < 0 else axis
+    if not 0 <= a <= x.ndim:
+        return np.expand_dims(x, axis)  # (its error)
+    # a reshape adding a dim of size 1 is always a view, as expand_dims's; without its Python layers (18 µs cold
+    # after a GEMM, 2.3 warm; the reshape 2.4 and 0.4)
+    return x.reshape((*x.shape[:a], 1, *x.shape[a:]))
 
 
 unsqueeze.onnx(lambda g, x, *, axis: g.op("Unsqueeze", x, g.ints([axis])))
