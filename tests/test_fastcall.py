@@ -80,16 +80,47 @@ def test_gemm_refuses_what_it_must_not_read():
         fast.gemm(*chosen.addresses, c, 1.0, a.tolist(), b, 0.0)
     with pytest.raises(ValueError, match=r"shapes \(4, 3\) @ \(3, 2\) into \(2, 4\)"):
         fast.gemm(*chosen.addresses, np.zeros((2, 4), np.float32), 1.0, a, b, 0.0)
-    with pytest.raises(ValueError, match="C-ordered"):
-        fast.gemm(*chosen.addresses, np.zeros((2, 4), np.float32).T, 1.0, a, b, 0.0)
-    frozen = np.zeros((4, 2), np.float32)
-    frozen.flags.writeable = False
-    with pytest.raises(ValueError, match="writeable"):
-        fast.gemm(*chosen.addresses, frozen, 1.0, a, b, 0.0)
     swapped = a.astype(">f4")
     with pytest.raises(TypeError):
         fast.gemm(*chosen.addresses, c, 1.0, swapped, b, 0.0)
+    with pytest.raises(TypeError, match="bias"):
+        fast.gemm(*chosen.addresses, c, 1.0, a, b, 0.0, np.ones(3, np.float32))
     assert not c.any()
+
+
+def test_gemm_declines_an_output_its_python_path_must_take_and_writes_nothing():
+    """False (the plan's step then runs its Python lines, which copy or allocate) for an output in another layout,
+    read-only, or sharing memory with an operand or the bias; nothing written."""
+    chosen, fast = _sgemm(), fastcall.module()
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((3, 4)).astype(np.float32)
+    frozen = np.zeros((4, 4), np.float32)
+    frozen.flags.writeable = False
+    square = rng.standard_normal((4, 4)).astype(np.float32)
+    bias = rng.standard_normal(8).astype(np.float32)
+    for c, a_, b_, extra in [(np.zeros((4, 4), np.float32).T, a, b, ()), (frozen, a, b, ()),
+                             (square, square, b.T @ b, ()), (square, a @ b, square[:, ::-1], ()),
+                             (np.zeros((4, 4), np.float32), a, b, (bias[::2],))]:
+        before = c.copy()
+        assert fast.gemm(*chosen.addresses, c, 1.0, a_, b_, 0.0, *extra) is False
+        np.testing.assert_array_equal(c, before)
+    both = np.zeros(20, np.float32)
+    assert fast.gemm(*chosen.addresses, both[:16].reshape(4, 4), 1.0, a, b, 0.0, both[12:16]) is False  # inside c
+    assert not both.any()
+    assert fast.gemm(*chosen.addresses, both[4:].reshape(4, 4), 1.0, a, b, 0.0, both[:4]) is True  # beside it
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gemm_with_a_bias_starts_each_row_from_it_as_linear_does(dtype):
+    chosen = _sgemm()
+    rng = np.random.default_rng(4)
+    x, w, bias = (rng.standard_normal(s).astype(dtype) for s in [(9, 33), (17, 33), (17,)])
+    c = np.full((9, 17), np.nan, dtype)  # (beta is 1 after the bias is copied in: nothing of c's old values is read)
+    assert fastcall.module().gemm(*chosen.addresses, c, 1.0, x, w.T, 0.0, bias) is True
+    slow = np.empty_like(c)
+    np.copyto(slow, bias)
+    _ctypes_product(slow, 1.0, x, w.T, 1.0)
+    np.testing.assert_array_equal(c, slow)
 
 
 def test_call_passes_each_arrays_data_and_each_int_as_an_address():
@@ -145,3 +176,32 @@ def test_a_plans_native_steps_go_through_call_and_give_the_ctypes_paths_bits(tmp
     env = dict(os.environ, OPFORGE_FASTCALL="0")
     subprocess.run([sys.executable, "-c", script, str(root), str(tmp_path / "out.npy"), PROGRAM], env=env, check=True)
     np.testing.assert_array_equal(out, np.load(tmp_path / "out.npy"))
+
+
+def test_a_gemm_product_step_given_an_out_it_must_not_write_directly_takes_its_python_lines(blas_library):
+    """The step's one C call declines an ``out`` in another layout, read-only, or sharing memory with an operand;
+    the lines after it then compute into a buffer of their own and copy (the same numbers either way)."""
+    blas_library("mkl")  # (a plan's products become GemmProduct steps with MKL only)
+    rng = np.random.default_rng(5)
+    x, w, bias = (rng.standard_normal(s).astype(np.float32) for s in [(64, 64), (64, 64), (64,)])
+    program = of.trace(lambda x, w, b: {"out": F.linear(x, w, b)},
+                       x=of.Spec(x.shape, x.dtype), w=of.Spec(w.shape, w.dtype), b=of.Spec(bias.shape, bias.dtype))
+    plan = of.Executor(program, native=True).plan(x=x, w=w, b=bias)
+    (step,) = [line.split("(")[0][4:] for line in plan.source.splitlines()
+               if line.startswith("def k") and "gemm_product" in line]
+    assert "_gemm(_gemm_s, _gemm_d, dst, 1.0, a, b.T, 0.0, c)" in plan.source
+    fn = plan.fn.__globals__[step]
+    want = fn(x, w, bias, None)
+    np.testing.assert_allclose(want, x.astype(np.float64) @ w.T + bias, rtol=1e-4, atol=1e-4)
+    frozen = np.zeros((64, 64), np.float32)
+    frozen.flags.writeable = False
+    x_again, w_again = x.copy(), w.copy()
+    cases = [(x, w, np.zeros((64, 64), np.float32)),  # the C call writes it
+             (x, w, np.zeros((64, 64), np.float32).T),  # another layout
+             (x_again, w, x_again), (x, w_again, w_again)]  # the output's buffer is an operand's
+    for a, b, out in cases:
+        got = fn(a, b, bias, None, out=out)
+        assert got is out
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match="read-only"):
+        fn(x, w, bias, None, out=frozen)

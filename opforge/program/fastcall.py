@@ -11,9 +11,12 @@ a call, 22.6 µs cold. Here the same calls take the arrays themselves:
 - ``call(address, *arguments)``: calls the C function at ``address`` (``void f(T *a, T *b, ...)``, every argument
   a pointer) with each argument's data pointer: an array's (``PyArray_DATA``), or an int taken as an address. The GIL
   is released during the call, as ctypes releases it.
-- ``gemm(sgemm, dgemm, c, alpha, a, b, beta)``: ``c = alpha · a @ b + beta · c`` through a CBLAS ``?gemm`` with
-  64-bit ints (the two addresses, by dtype), reading each operand in place where BLAS can (row-major or its transpose)
-  and returning False where it cannot, for the caller to copy; the checks ``add_product`` made in Python, in C.
+- ``gemm(sgemm, dgemm, c, alpha, a, b, beta[, bias])``: ``c = alpha · a @ b + beta · c`` through a CBLAS ``?gemm``
+  with 64-bit ints (the two addresses, by dtype), each operand read in place (row-major or its transpose); with a bias
+  (one per column), c's rows are set to it first and beta is 1, as ``linear`` adds it. It returns False and writes
+  nothing where the caller's Python path must take over: an operand BLAS cannot read in place, ``c`` not a writeable
+  C-ordered array, ``c`` sharing memory with an operand or the bias (the bounds test of ``np.may_share_memory``).
+  Arrays of other dtypes or ranks, or shapes that do not fit, are errors.
 
 Nothing changes in what is computed: the same C functions and the same BLAS calls get the same pointers. Where the
 extension cannot be built (no C compiler, no Python headers), ``module()`` is None and the callers keep ctypes.
@@ -46,6 +49,7 @@ SOURCE = r"""
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 #include <stdint.h>
+#include <string.h>
 
 static int pointer(PyObject *o, void **p, Py_ssize_t k) {
   if (PyArray_Check(o)) { *p = PyArray_DATA((PyArrayObject *)o); return 0; }
@@ -93,9 +97,26 @@ static int row_major(PyArrayObject *m, int *trans, int64_t *ld) {
   return 0;
 }
 
+/* the bytes an array's elements span, [lo, hi); lo == hi when it has none */
+static void span(PyArrayObject *m, char **lo, char **hi) {
+  npy_intp low = 0, high = PyArray_ITEMSIZE(m);
+  for (int i = 0; i < PyArray_NDIM(m); i++) {
+    npy_intp d = PyArray_DIM(m, i), s = PyArray_STRIDE(m, i);
+    if (d == 0) { *lo = *hi = PyArray_BYTES(m); return; }
+    if (s > 0) high += s * (d - 1); else low += s * (d - 1);
+  }
+  *lo = PyArray_BYTES(m) + low; *hi = PyArray_BYTES(m) + high;
+}
+
+static int overlap(PyArrayObject *x, PyArrayObject *y) {  /* np.may_share_memory's bounds test */
+  char *xl, *xh, *yl, *yh;
+  span(x, &xl, &xh); span(y, &yl, &yh);
+  return xl < xh && yl < yh && xl < yh && yl < xh;
+}
+
 static PyObject *gemm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-  if (nargs != 7) {
-    PyErr_SetString(PyExc_TypeError, "gemm(sgemm, dgemm, c, alpha, a, b, beta)");
+  if (nargs != 7 && nargs != 8) {
+    PyErr_SetString(PyExc_TypeError, "gemm(sgemm, dgemm, c, alpha, a, b, beta[, bias])");
     return NULL;
   }
   PyObject *c = args[2], *a = args[4], *b = args[5];
@@ -118,15 +139,30 @@ static PyObject *gemm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
                  (long long)PyArray_DIM(C, 0), (long long)PyArray_DIM(C, 1));
     return NULL;
   }
-  if (!PyArray_IS_C_CONTIGUOUS(C) || !PyArray_ISWRITEABLE(C)) {
-    PyErr_SetString(PyExc_ValueError, "opforge gemm: c must be a writeable C-ordered array");
-    return NULL;
+  PyArrayObject *bias = NULL;
+  if (nargs == 8) {
+    if (!PyArray_Check(args[7]) || PyArray_NDIM((PyArrayObject *)args[7]) != 1
+        || PyArray_TYPE((PyArrayObject *)args[7]) != type || !PyArray_ISNOTSWAPPED((PyArrayObject *)args[7])
+        || PyArray_DIM((PyArrayObject *)args[7], 0) != n) {
+      PyErr_SetString(PyExc_TypeError, "opforge gemm: the bias must be a 1-D array of c's dtype, one per column");
+      return NULL;
+    }
+    bias = (PyArrayObject *)args[7];
+    if (!PyArray_IS_C_CONTIGUOUS(bias) || overlap(C, bias)) Py_RETURN_FALSE;
   }
+  /* what the caller's Python path takes instead: c in another layout or read-only, c sharing memory with an
+     operand (the GEMM would read what it writes), an operand BLAS cannot read in place */
+  if (!PyArray_IS_C_CONTIGUOUS(C) || !PyArray_ISWRITEABLE(C) || overlap(C, A) || overlap(C, B)) Py_RETURN_FALSE;
   int ta, tb;
   int64_t lda, ldb;
   if (!row_major(A, &ta, &lda) || !row_major(B, &tb, &ldb)) Py_RETURN_FALSE;
   double alpha = PyFloat_AsDouble(args[3]), beta = PyFloat_AsDouble(args[6]);
   if (PyErr_Occurred()) return NULL;
+  if (bias != NULL) {  /* c's rows start as the bias (np.copyto's bits: a copy), then the product adds onto them */
+    npy_intp row = n * PyArray_ITEMSIZE(C);
+    for (int64_t i = 0; i < m; i++) memcpy(PyArray_BYTES(C) + i * row, PyArray_BYTES(bias), row);
+    beta = 1.0;
+  }
   void *f = PyLong_AsVoidPtr(args[type == NPY_FLOAT32 ? 0 : 1]);
   if (f == NULL) {
     if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "opforge gemm: a null function address");
@@ -145,7 +181,8 @@ static PyObject *gemm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
 
 static PyMethodDef methods[] = {
   {"call", (PyCFunction)(void (*)(void))call, METH_FASTCALL, "call(address, *arrays): a native function's call"},
-  {"gemm", (PyCFunction)(void (*)(void))gemm, METH_FASTCALL, "gemm(sgemm, dgemm, c, alpha, a, b, beta) -> bool"},
+  {"gemm", (PyCFunction)(void (*)(void))gemm, METH_FASTCALL,
+   "gemm(sgemm, dgemm, c, alpha, a, b, beta[, bias]) -> bool"},
   {NULL, NULL, 0, NULL}
 };
 

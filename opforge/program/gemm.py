@@ -217,8 +217,9 @@ def add_product(c, alpha: float, a, b, beta: float = 1.0) -> None:
     dtype. With beta = 0, c's old values are not read (BLAS's contract: NaN there does not propagate)."""
     chosen, fast = blas(), fastcall.module()
     if fast is not None and chosen.addresses is not None:  # the same call, its checks in C (fastcall's docstring)
-        if not fast.gemm(*chosen.addresses, c, alpha, a, b, beta):  # an operand BLAS cannot read in place
-            fast.gemm(*chosen.addresses, c, alpha, np.ascontiguousarray(a), np.ascontiguousarray(b), beta)
+        if not (fast.gemm(*chosen.addresses, c, alpha, a, b, beta)  # or else an operand BLAS cannot read in place:
+                or fast.gemm(*chosen.addresses, c, alpha, np.ascontiguousarray(a), np.ascontiguousarray(b), beta)):
+            raise ValueError("add_product: c must be a writeable C-ordered array sharing no memory with a or b")
         return
     gemm = _gemm(c.dtype)
     if gemm is not None:
@@ -561,17 +562,29 @@ class GemmProduct(FusedOp):
         env.setdefault("_add_product", add_product)
         env.setdefault("_shares", np.may_share_memory)
         bias = len(self.inputs) == 3
-        lines = [f"def {name}(a, b, {'c, ' if bias else ''}W, out=None):  # {self!r}",
-                 "    dst = out if out is not None and out.flags.c_contiguous else None",
+        b = "b.T" if self.linear else "b"
+        lines = [f"def {name}(a, b, {'c, ' if bias else ''}W, out=None):  # {self!r}"]
+        chosen, fast = blas(), fastcall.module()
+        if fast is not None and chosen.addresses is not None:
+            # one C call doing the checks below (each Python-level look costs ~4 µs with the caches cold after a
+            # GEMM); where it declines (out in another layout or sharing memory), the lines after it
+            env.setdefault("_gemm", fast.gemm)
+            env.setdefault("_gemm_s", chosen.addresses[0])
+            env.setdefault("_gemm_d", chosen.addresses[1])
+            lines += [f"    dst = out if out is not None else {name}_e()",
+                      f"    if _gemm(_gemm_s, _gemm_d, dst, 1.0, a, {b}, 0.0{', c' if bias else ''}):",
+                      "        return dst"]
+        labels = {len(lines) - 2: f"{self.members[0][0].type} ({blas().name})"} if len(lines) > 1 else {}
+        lines += ["    dst = out if out is not None and out.flags.c_contiguous else None",
                  "    if dst is None or _shares(dst, a) or _shares(dst, b)" + (" or _shares(dst, c)" if bias else "")
                  + ":",
                  f"        dst = {name}_e()"]
         if bias:
             lines.append("    _copyto(dst, c)")
-        lines += [f"    _add_product(dst, 1.0, a, {'b.T' if self.linear else 'b'}, {'1.0' if bias else '0.0'})",
+        lines += [f"    _add_product(dst, 1.0, a, {b}, {'1.0' if bias else '0.0'})",
                   "    if out is not None and dst is not out:", "        _copyto(out, dst)", "        dst = out",
                   "    return dst"]
-        return lines, {len(lines) - 4: f"{self.members[0][0].type} ({blas().name})"}
+        return lines, {len(lines) - 4: f"{self.members[0][0].type} ({blas().name})", **labels}
 
 
 def _product_operands(op, specs) -> tuple | None:
