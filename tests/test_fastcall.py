@@ -205,3 +205,66 @@ def test_a_gemm_product_step_given_an_out_it_must_not_write_directly_takes_its_p
         np.testing.assert_array_equal(got, want)
     with pytest.raises(ValueError, match="read-only"):
         fn(x, w, bias, None, out=frozen)
+
+
+def test_planned_says_yes_only_for_the_plans_shapes_and_dtypes_in_c_order():
+    planned = fastcall.module().planned
+    specs = fastcall.plan_specs([((2, 3), np.float32), ((), np.float64), ((None, 3), np.float32)])
+    a, s = np.zeros((2, 3), np.float32), np.array(1.0)
+    assert planned(specs, a, s) is True
+    assert planned(specs, a) is True  # the first arrays only
+    for wrong in [np.zeros((3, 2), np.float32), np.zeros((2, 3), np.float64), np.zeros((2, 3, 1), np.float32),
+                  np.zeros((2, 3), ">f4"), np.zeros((3, 2), np.float32).T, np.zeros((2, 6), np.float32)[:, ::2],
+                  [[0.0] * 3] * 2, np.float32(0)]:
+        assert planned(specs, wrong, s) is False, wrong
+    assert planned(specs, a, np.float64(1.0)) is False  # a NumPy scalar is not an array
+    assert planned(specs, a, s, np.zeros((2, 3), np.float32)) is False  # a dim known at run time only: never
+    with pytest.raises(TypeError, match="one per array"):
+        planned(specs[:1], a, s)
+    with pytest.raises(TypeError, match="shape tuple, dtype"):
+        planned((((2, 3), "float32"),), a)
+
+
+def test_into_allows_the_output_to_be_an_input_itself_and_nothing_else_sharing_its_memory():
+    into = fastcall.module().into
+    x, y = np.zeros((4, 4)), np.ones((4, 4))
+    assert into(x, x, y) is True  # written in place over an input read at the same element first
+    assert into(x, x.T, y) is False  # the same memory in another layout
+    assert into(x, x[1:], y) is False
+    assert into(x.T, y) is False  # not C-ordered
+    frozen = np.zeros((4, 4))
+    frozen.flags.writeable = False
+    assert into(frozen, y) is False
+    assert into(x, y, 3.0, None) is True  # (what is not an array shares nothing)
+    assert into([0.0], y) is False
+
+
+@pytest.mark.parametrize("library", ["mkl", "openblas"])
+@pytest.mark.parametrize("out_case", ["given", "none", "another layout", "an operand's memory"])
+def test_a_gemm_sum_step_gives_the_same_numbers_whatever_out_it_is_handed(blas_library, out_case, library):
+    blas_library(library)
+    rng = np.random.default_rng(6)
+    a, b, c, d = (rng.standard_normal((256, 256)).astype(np.float32) for _ in range(4))  # (LARGE)
+    bias = rng.standard_normal(256).astype(np.float32)
+    program = of.trace(lambda a, b, c, d, bias: {"out": F.add_n([a @ b, c @ d.T, F.broadcast_to(bias, [256, 256])])},
+                       **{k: of.Spec(v.shape, v.dtype) for k, v in dict(a=a, b=b, c=c, d=d, bias=bias).items()})
+    plan = of.Executor(program, native=True).plan(a=a, b=b, c=c, d=d, bias=bias)
+    (step,) = [line.split("(")[0][4:] for line in plan.source.splitlines()
+               if line.startswith("def k") and "gemm_sum" in line]
+    assert "_disjoint(dst, " in plan.source
+    fn = plan.fn.__globals__[step]
+    assert f"def {step}(o0, a0, b0, a1, b1, W, out=None)" in plan.source  # bias, then each product's operands
+    args = [bias, a, b, c, d.T]  # (d's transpose is a step of its own before)
+    want = fn(*args, None)
+    np.testing.assert_allclose(want, a.astype(np.float64) @ b + c.astype(np.float64) @ d.T + bias, rtol=1e-4,
+                               atol=1e-4)
+    if out_case == "none":
+        return
+    a_again = a.copy()
+    out = {"given": np.zeros((256, 256), np.float32), "another layout": np.zeros((256, 256), np.float32).T,
+           "an operand's memory": a_again}[out_case]
+    if out_case == "an operand's memory":
+        args = [bias, a_again, b, c, d.T]
+    got = fn(*args, None, out=out)
+    assert got is out
+    np.testing.assert_array_equal(got, want)

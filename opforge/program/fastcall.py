@@ -17,6 +17,12 @@ a call, 22.6 µs cold. Here the same calls take the arrays themselves:
   nothing where the caller's Python path must take over: an operand BLAS cannot read in place, ``c`` not a writeable
   C-ordered array, ``c`` sharing memory with an operand or the bias (the bounds test of ``np.may_share_memory``).
   Arrays of other dtypes or ranks, or shapes that do not fit, are errors.
+- ``disjoint(c, *arrays)``: whether ``c`` is a writeable C-ordered array sharing no memory with any of ``arrays``
+  (the same bounds test): what a GEMM sum checks before it writes its other terms into ``c``.
+- ``planned(specs, *arrays)``: whether each array has its spec's shape and dtype and is C-ordered, as a native
+  loop reads it; ``into(out, *inputs)``: whether a loop may write into ``out`` (writeable, C-ordered, sharing memory
+  with no input but itself). A native step's Python side asks these first and runs its own checks (which name the
+  mismatch, or copy) only where one says no.
 
 Nothing changes in what is computed: the same C functions and the same BLAS calls get the same pointers. Where the
 extension cannot be built (no C compiler, no Python headers), ``module()`` is None and the callers keep ctypes.
@@ -179,10 +185,73 @@ static PyObject *gemm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   Py_RETURN_TRUE;
 }
 
+static PyObject *disjoint(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  for (Py_ssize_t k = 0; k < nargs; k++)
+    if (!PyArray_Check(args[k])) {
+      PyErr_Format(PyExc_TypeError, "opforge disjoint: argument %zd is %.200s, not a NumPy array", k,
+                   Py_TYPE(args[k])->tp_name);
+      return NULL;
+    }
+  if (nargs < 1) { PyErr_SetString(PyExc_TypeError, "disjoint(c, *arrays)"); return NULL; }
+  PyArrayObject *C = (PyArrayObject *)args[0];
+  if (!PyArray_IS_C_CONTIGUOUS(C) || !PyArray_ISWRITEABLE(C)) Py_RETURN_FALSE;
+  for (Py_ssize_t k = 1; k < nargs; k++)
+    if (overlap(C, (PyArrayObject *)args[k])) Py_RETURN_FALSE;
+  Py_RETURN_TRUE;
+}
+
+/* planned(specs, *arrays): each array has its spec's shape and dtype (specs: a tuple of (shape, dtype), one per
+   array, in order) and is C-ordered */
+static PyObject *planned(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs < 1 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) < nargs - 1) {
+    PyErr_SetString(PyExc_TypeError, "planned(specs, *arrays): specs a tuple of (shape, dtype), one per array");
+    return NULL;
+  }
+  for (Py_ssize_t k = 1; k < nargs; k++) {
+    PyObject *spec = PyTuple_GET_ITEM(args[0], k - 1);
+    if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 2 || !PyTuple_Check(PyTuple_GET_ITEM(spec, 0))
+        || !PyArray_DescrCheck(PyTuple_GET_ITEM(spec, 1))) {
+      PyErr_SetString(PyExc_TypeError, "planned(specs, *arrays): a spec is not a (shape tuple, dtype)");
+      return NULL;
+    }
+    if (!PyArray_Check(args[k])) Py_RETURN_FALSE;
+    PyArrayObject *a = (PyArrayObject *)args[k];
+    PyObject *shape = PyTuple_GET_ITEM(spec, 0);
+    if (PyTuple_GET_SIZE(shape) != PyArray_NDIM(a)) Py_RETURN_FALSE;
+    for (int i = 0; i < PyArray_NDIM(a); i++) {
+      PyObject *d = PyTuple_GET_ITEM(shape, i);
+      if (!PyLong_Check(d) || PyLong_AsSsize_t(d) != PyArray_DIM(a, i)) {
+        PyErr_Clear();
+        Py_RETURN_FALSE;
+      }
+    }
+    if (!PyArray_EquivTypes(PyArray_DESCR(a), (PyArray_Descr *)PyTuple_GET_ITEM(spec, 1))
+        || !PyArray_IS_C_CONTIGUOUS(a)) Py_RETURN_FALSE;
+  }
+  Py_RETURN_TRUE;
+}
+
+/* into(out, *inputs): out is a writeable C-ordered array sharing memory with no input but itself */
+static PyObject *into(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs < 1) { PyErr_SetString(PyExc_TypeError, "into(out, *inputs)"); return NULL; }
+  if (!PyArray_Check(args[0])) Py_RETURN_FALSE;
+  PyArrayObject *out = (PyArrayObject *)args[0];
+  if (!PyArray_IS_C_CONTIGUOUS(out) || !PyArray_ISWRITEABLE(out)) Py_RETURN_FALSE;
+  for (Py_ssize_t k = 1; k < nargs; k++)
+    if (args[k] != args[0] && PyArray_Check(args[k]) && overlap(out, (PyArrayObject *)args[k])) Py_RETURN_FALSE;
+  Py_RETURN_TRUE;
+}
+
 static PyMethodDef methods[] = {
   {"call", (PyCFunction)(void (*)(void))call, METH_FASTCALL, "call(address, *arrays): a native function's call"},
   {"gemm", (PyCFunction)(void (*)(void))gemm, METH_FASTCALL,
    "gemm(sgemm, dgemm, c, alpha, a, b, beta[, bias]) -> bool"},
+  {"disjoint", (PyCFunction)(void (*)(void))disjoint, METH_FASTCALL,
+   "disjoint(c, *arrays) -> bool: c writeable, C-ordered, sharing no memory with the arrays"},
+  {"planned", (PyCFunction)(void (*)(void))planned, METH_FASTCALL,
+   "planned(specs, *arrays) -> bool: each array of its (shape, dtype) and C-ordered"},
+  {"into", (PyCFunction)(void (*)(void))into, METH_FASTCALL,
+   "into(out, *inputs) -> bool: out writeable, C-ordered, sharing memory with no input but itself"},
   {NULL, NULL, 0, NULL}
 };
 
@@ -283,3 +352,19 @@ def pointer_call(function: str, arrays: list, env: dict, addresses: tuple = ()) 
         return f"_call({function}_at, {', '.join([*arrays, *addresses])})"
     return f"{function}({', '.join([*(a + '.ctypes.data' for a in arrays), *addresses])})"
 
+
+def checks(env: dict) -> bool:
+    """Put ``_planned`` and ``_into`` in a plan's ``env`` where the extension is built; whether they are there."""
+    fast = module()
+    if fast is None:
+        return False
+    env.setdefault("_planned", fast.planned)
+    env.setdefault("_into", fast.into)
+    return True
+
+
+def plan_specs(specs: list) -> tuple:
+    """(shape, dtype) pairs as ``planned`` reads them: shapes of Python ints (a dim that is none, unknown until run
+    time, as -1: no array matches it, and the caller's own checks run)."""
+    return tuple((tuple(d if isinstance(d, int) and d >= 0 else -1 for d in shape), np.dtype(dtype))
+                 for shape, dtype in specs)

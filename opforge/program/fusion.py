@@ -264,7 +264,7 @@ class FusedOp:
         env[f"{name}_specs"] = [(self.specs[n].shape, self.specs[n].dtype) for n in self.inputs]
         check = " or ".join(f"{a}.shape != {self.specs[n].shape!r} or {a}.dtype != {name}_specs[{k}][1]"
                             for k, (a, n) in enumerate(zip(args, self.inputs)))
-        lines += [f"    if {check}:", f"        _mismatch({repr(self)!r}, ({inputs}), {name}_specs)"]
+        slow = [f"    if {check}:", f"        _mismatch({repr(self)!r}, ({inputs}), {name}_specs)"]
         env.setdefault("_mismatch", _mismatch)
         if self.alone:  # an op alone (native.single_loops): in another layout its kernel, which reads
             # strides, beats copying each input for the loop (a conv's NHWC output read as NCHW: 2-4x)
@@ -275,17 +275,24 @@ class FusedOp:
                               for p in opdef.inputs)
             strided = " or ".join([f"not {a}.flags.c_contiguous" for a, n in zip(args, self.inputs)
                                    if self.specs[n].shape != ()] + ["(out is not None and not out.flags.c_contiguous)"])
-            lines.append(f"    if {strided}:")
             if kernel.takes_out:
-                lines.append(f"        return {name}_k({slots}, **{name}_a, out=out)")
+                run_kernel = [f"        return {name}_k({slots}, **{name}_a, out=out)"]
             else:
-                lines += [f"        y = {name}_k({slots}, **{name}_a)",
-                          "        return y if out is None else (_copyto(out, y), out)[1]"]
-        lines += [f"    if not {a}.flags.c_contiguous: {a} = _contiguous({a})" for a, n in zip(args, self.inputs)
-                  if self.specs[n].shape != ()]
-        lines += [f"    dst = out if out is not None and out.flags.c_contiguous and not _overlap(out, ({inputs})) "
-                  f"else {name}_e()",
-                  f"    {fastcall.pointer_call(name + '_n', [*args, 'dst'], env)}",
+                run_kernel = [f"        y = {name}_k({slots}, **{name}_a)",
+                              "        return y if out is None else (_copyto(out, y), out)[1]"]
+            slow += [f"    if {strided}:", *run_kernel]
+        slow += [f"    if not {a}.flags.c_contiguous: {a} = _contiguous({a})" for a, n in zip(args, self.inputs)
+                 if self.specs[n].shape != ()]
+        if fastcall.checks(env):  # the same looks in C first; the lines above where they say no
+            env[f"{name}_plan"] = fastcall.plan_specs(env[f"{name}_specs"])
+            lines += [f"    if not _planned({name}_plan, {inputs}):", *("    " + line for line in slow)]
+            if self.alone:  # (its inputs in order, its output maybe not)
+                lines += ["    if out is not None and not out.flags.c_contiguous:", *run_kernel]
+            lines.append(f"    dst = out if out is not None and _into(out, {inputs}) else {name}_e()")
+        else:
+            lines += [*slow, "    dst = out if out is not None and out.flags.c_contiguous and "
+                             f"not _overlap(out, ({inputs})) else {name}_e()"]
+        lines += [f"    {fastcall.pointer_call(name + '_n', [*args, 'dst'], env)}",
                   "    if out is not None and dst is not out:", "        _copyto(out, dst)", "        dst = out",
                   "    return dst"]
         env.setdefault("_contiguous", np.ascontiguousarray)

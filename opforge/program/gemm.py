@@ -434,15 +434,39 @@ class GemmSum(FusedOp):
         factors = [f"a{k}, b{k}" for k in range(len(self.products))]
         products = [f"(b{k}.T, a{k}.T)" if t else f"(a{k}, b{k})" for k, (_, _, t) in enumerate(self.products)]
         operands = " or ".join(f"_shares(dst, a{k}) or _shares(dst, b{k})" for k in range(len(self.products)))
-        lines = [f"def {name}({''.join(o + ', ' for o in others)}{', '.join(factors)}, W, out=None):  # {self!r}",
-                 "    dst = out if out is not None and out.flags.c_contiguous else None",
-                 f"    if dst is None or {operands}:",  # a GEMM must not write what it reads
-                 f"        dst = {name}_e()",
-                 f"    _accumulate(dst, [{', '.join(others)}], [{', '.join(products)}]"
-                 + (", True)" if self.few_rows else ")"),
-                 "    if out is not None and dst is not out:", "        _copyto(out, dst)", "        dst = out",
-                 "    return dst"]
-        return lines, {5: " + ".join(op.type for op, _, _ in self.members) + " (products by GEMM)"}
+        lines = [f"def {name}({''.join(o + ', ' for o in others)}{', '.join(factors)}, W, out=None):  # {self!r}"]
+        chosen, fast = blas(), fastcall.module()
+        if fast is not None and chosen.addresses is not None and not self.few_rows:
+            # accumulate's work with its checks in C (each Python-level look costs ~4 µs with the caches cold after a
+            # GEMM): the same order and calls; where the output cannot be written directly, the lines after these
+            env.setdefault("_gemm", fast.gemm)
+            env.setdefault("_gemm_s", chosen.addresses[0])
+            env.setdefault("_gemm_d", chosen.addresses[1])
+            env.setdefault("_disjoint", fast.disjoint)
+            env.setdefault("_add_product", add_product)
+            env.setdefault("_matmul", np.matmul)
+            pairs = [(f"b{k}.T", f"a{k}.T") if t else (f"a{k}", f"b{k}") for k, (_, _, t) in enumerate(self.products)]
+            lines += [f"    dst = out if out is not None else {name}_e()",
+                      f"    if _disjoint(dst, {', '.join(factors)}):"]
+            if others:
+                lines.append(f"        _accumulate(dst, [{', '.join(others)}], [])")
+            elif chosen.name != "mkl":  # (as accumulate: the first product by NumPy's matmul)
+                lines.append(f"        _matmul({pairs[0][0]}, {pairs[0][1]}, out=dst)")
+                pairs = pairs[1:]
+            for k, (x, y) in enumerate(pairs):
+                beta = "1.0" if others or k or chosen.name != "mkl" else "0.0"
+                lines.append(f"        _gemm(_gemm_s, _gemm_d, dst, 1.0, {x}, {y}, {beta}) "
+                             f"or _add_product(dst, 1.0, {x}, {y}, {beta})")  # (an operand to copy first)
+            lines.append("        return dst")
+        label = len(lines) + 3
+        lines += ["    dst = out if out is not None and out.flags.c_contiguous else None",
+                  f"    if dst is None or {operands}:",  # a GEMM must not write what it reads
+                  f"        dst = {name}_e()",
+                  f"    _accumulate(dst, [{', '.join(others)}], [{', '.join(products)}]"
+                  + (", True)" if self.few_rows else ")"),
+                  "    if out is not None and dst is not out:", "        _copyto(out, dst)", "        dst = out",
+                  "    return dst"]
+        return lines, {label: " + ".join(op.type for op, _, _ in self.members) + " (products by GEMM)"}
 
 
 def _transposed(op, specs) -> bool:

@@ -786,6 +786,9 @@ def _as_planned(step, name: str, env: dict, args) -> str:
     """The generated test that the arrays ``args`` (the step's first inputs) have the plan's shapes and dtypes and are
     C-ordered, as the loop reads them; ``<name>_specs`` in ``env``."""
     env[f"{name}_specs"] = [(step.specs[n].shape, step.specs[n].dtype) for n in step.inputs]
+    if fastcall.checks(env):  # the same test in one C call
+        env[f"{name}_plan"] = fastcall.plan_specs(env[f"{name}_specs"])
+        return f"_planned({name}_plan, {', '.join(args)})"
     return " and ".join(f"({a}.shape, {a}.dtype) == {name}_specs[{k}] and {a}.flags.c_contiguous"
                         for k, a in enumerate(args))
 
