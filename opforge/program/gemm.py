@@ -435,7 +435,7 @@ class GemmSum(FusedOp):
         products = [f"(b{k}.T, a{k}.T)" if t else f"(a{k}, b{k})" for k, (_, _, t) in enumerate(self.products)]
         operands = " or ".join(f"_shares(dst, a{k}) or _shares(dst, b{k})" for k in range(len(self.products)))
         lines = [f"def {name}({''.join(o + ', ' for o in others)}{', '.join(factors)}, W, out=None):  # {self!r}"]
-        chosen, fast = blas(), fastcall.module()
+        chosen, fast, fast_at = blas(), fastcall.module(), None
         if fast is not None and chosen.addresses is not None and not self.few_rows:
             # accumulate's work with its checks in C (each Python-level look costs ~4 µs with the caches cold after a
             # GEMM): the same order and calls; where the output cannot be written directly, the lines after these
@@ -448,6 +448,7 @@ class GemmSum(FusedOp):
             pairs = [(f"b{k}.T", f"a{k}.T") if t else (f"a{k}", f"b{k}") for k, (_, _, t) in enumerate(self.products)]
             lines += [f"    dst = out if out is not None else {name}_e()",
                       f"    if _disjoint(dst, {', '.join(factors)}):"]
+            fast_at = len(lines)  # (its first call's line: what names a failure there)
             if others:
                 lines.append(f"        _accumulate(dst, [{', '.join(others)}], [])")
             elif chosen.name != "mkl":  # (as accumulate: the first product by NumPy's matmul)
@@ -466,7 +467,8 @@ class GemmSum(FusedOp):
                   + (", True)" if self.few_rows else ")"),
                   "    if out is not None and dst is not out:", "        _copyto(out, dst)", "        dst = out",
                   "    return dst"]
-        return lines, {label: " + ".join(op.type for op, _, _ in self.members) + " (products by GEMM)"}
+        what = " + ".join(op.type for op, _, _ in self.members) + " (products by GEMM)"
+        return lines, {label: what, **({} if fast_at is None else {fast_at: what})}
 
 
 def _transposed(op, specs) -> bool:
