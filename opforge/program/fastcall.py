@@ -26,6 +26,8 @@ a call, 22.6 µs cold. Here the same calls take the arrays themselves:
 
 Nothing changes in what is computed: the same C functions and the same BLAS calls get the same pointers. Where the
 extension cannot be built (no C compiler, no Python headers), ``module()`` is None and the callers keep ctypes.
+It is built once per machine, Python and NumPy (0.25 s here) into the native cache (``cache_dir``; the C compiler,
+``compiler``, is the one the loops use), and loaded from there by every later process.
 """
 
 from __future__ import annotations
@@ -325,7 +327,9 @@ def module():
             with tempfile.TemporaryDirectory() as tmp:
                 c_file, so_file = Path(tmp) / "fastcall.c", Path(tmp) / f"fastcall{suffix}"
                 c_file.write_text(source)
-                done = subprocess.run([compiler(), "-O2", "-fPIC", "-shared", f"-I{include}",
+                # (macOS links an extension's Python symbols when it is loaded, as Linux does by default)
+                lazy = ["-undefined", "dynamic_lookup"] if sys.platform == "darwin" else []
+                done = subprocess.run([compiler(), "-O2", "-fPIC", "-shared", *lazy, f"-I{include}",
                                        f"-I{np.get_include()}", str(c_file), "-o", str(so_file)],
                                       capture_output=True, text=True)
                 if done.returncode != 0:
