@@ -449,7 +449,15 @@ class GemmSum(FusedOp):
             lines += [f"    dst = out if out is not None else {name}_e()",
                       f"    if _disjoint(dst, {', '.join(factors)}):"]
             fast_at = len(lines)  # (its first call's line: what names a failure there)
-            if others:
+            row = self.specs[self.others[0]] if len(self.others) == 1 else None
+            if row is not None and row.shape == self.spec.shape[1:] and row.dtype == self.spec.dtype:
+                # one other term, a row broadcast over the result (a bias's tangent): the first GEMM copies it into
+                # each row itself (np.copyto's values) and adds its product with beta = 1, as accumulate does
+                (x, y), pairs = pairs[0], pairs[1:]
+                lines += [f"        if not _gemm(_gemm_s, _gemm_d, dst, 1.0, {x}, {y}, 0.0, o0):",
+                          "            _accumulate(dst, [o0], [])",
+                          f"            _add_product(dst, 1.0, {x}, {y}, 1.0)"]
+            elif others:
                 lines.append(f"        _accumulate(dst, [{', '.join(others)}], [])")
             elif chosen.name != "mkl":  # (as accumulate: the first product by NumPy's matmul)
                 lines.append(f"        _matmul({pairs[0][0]}, {pairs[0][1]}, out=dst)")
