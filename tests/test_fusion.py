@@ -294,3 +294,43 @@ def test_sgd_update_blocks_give_the_bits_of_param_minus_lr_times_grad():
         lr = np.array(0.03, np.float32)
         got = F.sgd_update(of.tensor(p), of.tensor(g), of.tensor(lr)).numpy()
         assert np.array_equal(got, p - lr.item() * g)
+
+
+# -- add_n reads a broadcast before it was broadcast (fusion.broadcast_summands) ---------------------------------------
+
+
+def _add_n_plan(fn, **feeds):
+    program = of.trace(fn, **{k: of.Spec(v.shape, v.dtype) for k, v in feeds.items()})
+    exe = of.Executor(program)
+    steps = " ".join(exe.plan(**feeds).line_ops.values())  # "op #i <type> -> <outputs>" per step
+    return steps, exe.run(**feeds), of.Executor(program, optimize=False).run(**feeds)
+
+
+def test_an_add_n_sums_a_broadcast_it_alone_reads_without_the_broadcast_step():
+    rng = np.random.default_rng(0)
+    x, y, b = rng.standard_normal((6, 5)), rng.standard_normal((6, 5)), rng.standard_normal(5)
+    source, got, want = _add_n_plan(lambda x, y, b: {"out": F.add_n([F.broadcast_to(b, [6, 5]), x, y])}, x=x, y=y, b=b)
+    assert " broadcast_to " not in source and " add_n " in source
+    np.testing.assert_array_equal(got["out"], want["out"])  # the same sums in the same order
+    np.testing.assert_array_equal(got["out"], (b + x) + y)
+    assert got["out"].shape == (6, 5)
+
+
+def test_a_broadcast_read_elsewhere_or_every_summand_broadcast_keeps_its_step():
+    rng = np.random.default_rng(1)
+    x, b, c = rng.standard_normal((4, 3)), rng.standard_normal(3), rng.standard_normal((4, 1))
+
+    def shared(x, b):
+        wide = F.broadcast_to(b, [4, 3])
+        return {"out": F.add_n([wide, x]), "wide": wide * 2.0}
+
+    source, got, want = _add_n_plan(shared, x=x, b=b)
+    assert " broadcast_to " in source
+    np.testing.assert_array_equal(got["out"], want["out"])
+    def both_broadcast(b, c):
+        return {"out": F.add_n([F.broadcast_to(b, [4, 3]), F.broadcast_to(c, [4, 3])])}
+
+    source, got, want = _add_n_plan(both_broadcast, b=b, c=c)
+    assert source.count(" broadcast_to ") == 1  # one kept: the sum still has the whole shape
+    assert got["out"].shape == (4, 3)
+    np.testing.assert_array_equal(got["out"], want["out"])

@@ -44,7 +44,7 @@ from ..core.spec import Dim, Elem, Spec
 from ..tensor import Tensor
 from . import device_kernels, gemm, native
 from .desc import OpDesc, Program
-from .fusion import FusedOp, escapes, fuse, in_place_inputs, overlap
+from .fusion import FusedOp, broadcast_summands, escapes, fuse, in_place_inputs, overlap
 from .trace import Variable
 
 # Outputs smaller than this are not kept in the workspace: the allocator serves them from its free lists at no
@@ -404,6 +404,7 @@ class Executor:
         kernels = [self._kernel(op, attrs, specs) for op, attrs in ops]
         host = program.device.host  # fusion and the workspace work on host (NumPy) arrays
         if self.optimize and host:
+            ops, kernels = broadcast_summands(ops, kernels, specs, roots)  # add_n broadcasts: no broadcast_to step
             use_native = native.enabled() if self.native is None else self.native
             if use_native:  # a bias after a GEMM joins the native loop of the activation reading it
                 ops, kernels = gemm.bias_epilogues(ops, kernels, specs, roots, program.device)
