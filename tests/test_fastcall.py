@@ -271,3 +271,17 @@ def test_a_gemm_sum_step_gives_the_same_numbers_whatever_out_it_is_handed(blas_l
     got = fn(*args, None, out=out)
     assert got is out
     np.testing.assert_array_equal(got, want)
+
+
+def test_without_python_headers_or_switched_off_there_is_no_extension_and_plans_keep_ctypes(monkeypatch, tmp_path):
+    import sysconfig
+
+    monkeypatch.setattr(sysconfig, "get_paths", lambda: {"include": str(tmp_path)})  # no Python.h there
+    assert fastcall.module.__wrapped__() is None
+    monkeypatch.undo()
+    monkeypatch.setenv("OPFORGE_FASTCALL", "0")
+    assert fastcall.module.__wrapped__() is None
+    monkeypatch.setattr(fastcall, "module", lambda: None)
+    env = {"k0_n": object()}
+    assert fastcall.pointer_call("k0_n", ["i0", "dst"], env) == "k0_n(i0.ctypes.data, dst.ctypes.data)"
+    assert fastcall.checks(env) is False and "_call" not in env
