@@ -285,3 +285,15 @@ def test_without_python_headers_or_switched_off_there_is_no_extension_and_plans_
     env = {"k0_n": object()}
     assert fastcall.pointer_call("k0_n", ["i0", "dst"], env) == "k0_n(i0.ctypes.data, dst.ctypes.data)"
     assert fastcall.checks(env) is False and "_call" not in env
+
+
+def test_a_compiler_that_fails_on_the_extension_is_said_once_and_plans_keep_ctypes(monkeypatch, tmp_path):
+    broken = tmp_path / "cc"
+    broken.write_text("#!/bin/sh\necho 'cc: error: no' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setattr(fastcall, "compiler", lambda: str(broken))
+    monkeypatch.setattr(fastcall, "toolchain", lambda: "a broken compiler")
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.warns(RuntimeWarning, match="did not build"):
+        assert fastcall.module.__wrapped__() is None
+    assert not list((tmp_path / "cache").rglob("*.so"))

@@ -25,7 +25,8 @@ a call, 22.6 µs cold. Here the same calls take the arrays themselves:
   mismatch, or copy) only where one says no.
 
 Nothing changes in what is computed: the same C functions and the same BLAS calls get the same pointers. Where the
-extension cannot be built (no C compiler, no Python headers), ``module()`` is None and the callers keep ctypes.
+extension cannot be built (no C compiler, no Python headers; a compiler that fails on it says so once, as a
+RuntimeWarning), ``module()`` is None and the callers keep ctypes.
 It is built once per machine, Python and NumPy (0.25 s here) into the native cache (``cache_dir``; the C compiler,
 ``compiler``, is the one the loops use), and loaded from there by every later process.
 """
@@ -43,6 +44,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -332,7 +334,9 @@ def module():
                 done = subprocess.run([compiler(), "-O2", "-fPIC", "-shared", *lazy, f"-I{include}",
                                        f"-I{np.get_include()}", str(c_file), "-o", str(so_file)],
                                       capture_output=True, text=True)
-                if done.returncode != 0:
+                if done.returncode != 0:  # (unexpected where the headers are there: say so, once)
+                    warnings.warn("opforge: the extension calling native code did not build, plans call it through "
+                                  f"ctypes (slower per call):\n{done.stderr[-1000:]}", RuntimeWarning, stacklevel=2)
                     return None
                 os.replace(so_file, path)  # atomic: another process sees the whole file or none
         return _load(path)
