@@ -212,6 +212,19 @@ def _gemm(dtype):
     return chosen.gemm.get(dtype) if chosen.name == "mkl" else _numpy_cblas().get(dtype)
 
 
+def _fast_gemm(env: dict) -> bool:
+    """Put ``_gemm`` (fastcall.gemm) and the chosen BLAS's ``_gemm_s``/``_gemm_d`` addresses in a plan's ``env``,
+    with ``_add_product`` for what it declines, where the extension is built; whether they are there."""
+    chosen, fast = blas(), fastcall.module()
+    if fast is None or chosen.addresses is None:
+        return False
+    env.setdefault("_gemm", fast.gemm)
+    env.setdefault("_gemm_s", chosen.addresses[0])
+    env.setdefault("_gemm_d", chosen.addresses[1])
+    env.setdefault("_add_product", add_product)
+    return True
+
+
 def add_product(c, alpha: float, a, b, beta: float = 1.0) -> None:
     """``c = alpha · (a @ b) + beta · c`` in place: ``c`` a C-ordered (m, n) array, ``a`` (m, k), ``b`` (k, n), one
     dtype. With beta = 0, c's old values are not read (BLAS's contract: NaN there does not propagate)."""
@@ -432,20 +445,16 @@ class GemmSum(FusedOp):
         env.setdefault("_shares", np.may_share_memory)
         others = [f"o{k}" for k in range(len(self.others))]
         factors = [f"a{k}, b{k}" for k in range(len(self.products))]
-        products = [f"(b{k}.T, a{k}.T)" if t else f"(a{k}, b{k})" for k, (_, _, t) in enumerate(self.products)]
+        products = [(f"b{k}.T", f"a{k}.T") if t else (f"a{k}", f"b{k}") for k, (_, _, t) in enumerate(self.products)]
         operands = " or ".join(f"_shares(dst, a{k}) or _shares(dst, b{k})" for k in range(len(self.products)))
         lines = [f"def {name}({''.join(o + ', ' for o in others)}{', '.join(factors)}, W, out=None):  # {self!r}"]
-        chosen, fast, fast_at = blas(), fastcall.module(), None
-        if fast is not None and chosen.addresses is not None and not self.few_rows:
+        chosen, fast_at = blas(), None
+        if not self.few_rows and _fast_gemm(env):
             # accumulate's work with its checks in C (each Python-level look costs ~4 µs with the caches cold after a
             # GEMM): the same order and calls; where the output cannot be written directly, the lines after these
-            env.setdefault("_gemm", fast.gemm)
-            env.setdefault("_gemm_s", chosen.addresses[0])
-            env.setdefault("_gemm_d", chosen.addresses[1])
-            env.setdefault("_disjoint", fast.disjoint)
-            env.setdefault("_add_product", add_product)
+            env.setdefault("_disjoint", fastcall.module().disjoint)
             env.setdefault("_matmul", np.matmul)
-            pairs = [(f"b{k}.T", f"a{k}.T") if t else (f"a{k}", f"b{k}") for k, (_, _, t) in enumerate(self.products)]
+            pairs = products
             lines += [f"    dst = out if out is not None else {name}_e()",
                       f"    if _disjoint(dst, {', '.join(factors)}):"]
             fast_at = len(lines)  # (its first call's line: what names a failure there)
@@ -471,7 +480,7 @@ class GemmSum(FusedOp):
         lines += ["    dst = out if out is not None and out.flags.c_contiguous else None",
                   f"    if dst is None or {operands}:",  # a GEMM must not write what it reads
                   f"        dst = {name}_e()",
-                  f"    _accumulate(dst, [{', '.join(others)}], [{', '.join(products)}]"
+                  f"    _accumulate(dst, [{', '.join(others)}], [{', '.join(f'({x}, {y})' for x, y in products)}]"
                   + (", True)" if self.few_rows else ")"),
                   "    if out is not None and dst is not out:", "        _copyto(out, dst)", "        dst = out",
                   "    return dst"]
@@ -598,13 +607,9 @@ class GemmProduct(FusedOp):
         bias = len(self.inputs) == 3
         b = "b.T" if self.linear else "b"
         lines = [f"def {name}(a, b, {'c, ' if bias else ''}W, out=None):  # {self!r}"]
-        chosen, fast = blas(), fastcall.module()
-        if fast is not None and chosen.addresses is not None:
+        if _fast_gemm(env):
             # one C call doing the checks below (each Python-level look costs ~4 µs with the caches cold after a
             # GEMM); where it declines (out in another layout or sharing memory), the lines after it
-            env.setdefault("_gemm", fast.gemm)
-            env.setdefault("_gemm_s", chosen.addresses[0])
-            env.setdefault("_gemm_d", chosen.addresses[1])
             lines += [f"    dst = out if out is not None else {name}_e()",
                       f"    if _gemm(_gemm_s, _gemm_d, dst, 1.0, a, {b}, 0.0{', c' if bias else ''}):",
                       "        return dst"]

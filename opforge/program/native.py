@@ -1124,6 +1124,18 @@ class SoftmaxRowStep(LayerNormStep):
         return lines, {4: f"{self.kind} (one row loop)"}
 
 
+def _counted_targets(rows: int) -> list:
+    """C lines of a cross_entropy row loop's function (``n`` classes, ``ignore``, ``count`` and ``flag`` declared):
+    count the rows whose target is a class, as _targets reads them; a target out of range sets flag[0] and returns
+    before anything is written (the kernel then names it)."""
+    return [f"  for (int64_t row = 0; row < {rows}L; row++) {{  /* _targets: a class, or ignore_index */",
+            "    const int64_t k = target[row];",
+            "    if (k == ignore) continue;",
+            "    if (k < 0 || k >= n) { flag[0] = 1; return; }",
+            "    count++;",
+            "  }"]
+
+
 class CrossEntropyGradStep(SoftmaxRowStep):
     """``cross_entropy_grad`` of 2-D C-ordered logits (float32 or float64) against class indices, without class
     weights or the forward pass's saved rows (what compiled programs hold), as one loop per row in the kernel's steps:
@@ -1158,12 +1170,7 @@ class CrossEntropyGradStep(SoftmaxRowStep):
             f"void {name}(const {t} *x, const {target} *target, const {t} *dloss, {t} *dx, int64_t *flag) {{",
             f"  const int64_t n = {n}L, ignore = {int(attrs['ignore_index'])}L;",
             "  int64_t count = 0;",
-            f"  for (int64_t row = 0; row < {rows}L; row++) {{  /* _targets: a class, or ignore_index */",
-            "    const int64_t k = target[row];",
-            "    if (k == ignore) continue;",
-            "    if (k < 0 || k >= n) { flag[0] = 1; return; }",
-            "    count++;",
-            "  }",
+            *_counted_targets(rows),
             f"  const {t} total = {scale if reduction != 'none' else '0'};",
             "  (void)total; (void)count;",
             f"  for (int64_t row = 0; row < {rows}L; row++) {{",
@@ -1232,12 +1239,7 @@ class CrossEntropyStep(SoftmaxRowStep):
             f"  const {t} tiny = ({t}){float(np.finfo(logits.dtype).tiny)!r};  /* the smallest normal number */",
             f"  {t} e[{n}];",
             "  int64_t count = 0;",
-            f"  for (int64_t row = 0; row < {rows}L; row++) {{  /* _targets: a class, or ignore_index */",
-            "    const int64_t k = target[row];",
-            "    if (k == ignore) continue;",
-            "    if (k < 0 || k >= n) { flag[0] = 1; return; }",
-            "    count++;",
-            "  }",
+            *_counted_targets(rows),
             "  (void)count; (void)loss;",
             f"  for (int64_t row = 0; row < {rows}L; row++) {{",
             f"    const {t} *xr = x + row * n;",
